@@ -1,0 +1,22 @@
+"""Homomorphic encryption for fedps: addition-only CKKS on raw SEAL ciphertexts.
+
+The key holder owns a :class:`SecretContext`; clients and shards hold only its
+:class:`PublicContext`. Clients encrypt with :class:`BlockEncryptor`; shards validate and add
+packed blocks with :class:`CiphertextSum` without ever touching a secret key.
+"""
+
+from crypto.block_encryptor import BlockEncryptor, num_blocks
+from crypto.ciphertext_sum import CiphertextSum, unpack_block
+from crypto.params import CkksParams
+from crypto.public_context import PublicContext
+from crypto.secret_context import SecretContext
+
+__all__ = [
+    "BlockEncryptor",
+    "CiphertextSum",
+    "CkksParams",
+    "PublicContext",
+    "SecretContext",
+    "num_blocks",
+    "unpack_block",
+]

@@ -1,0 +1,113 @@
+"""Private helpers: move SEAL objects to and from bytes.
+
+TenSEAL's ``sealapi`` binds SEAL's ``save``/``load`` with file paths only, so objects go
+through files in a private (mode 0700) directory, in memory (``/dev/shm``) where the system
+has it. SEAL's ``load`` checks every loaded object against the context (parameters and
+coefficient range), so bytes loaded here are validated by SEAL as well as by our own checks.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+import threading
+from typing import Any, Protocol
+
+import zstandard
+
+from fedps.errors import InvalidArgumentError
+
+SEAL_MAGIC = 0xA15E
+_HEADER = struct.Struct("<HBBBBHQ")  # magic, header size, major, minor, compr mode, reserved, size
+HEADER_SIZE = _HEADER.size
+_COMPR_NONE = 0
+_COMPR_ZSTD = 2
+_MAX_OBJECT_BYTES = 1 << 28
+
+_local = threading.local()
+_tmp_root = tempfile.mkdtemp(
+    prefix="fedps-seal-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+)
+
+
+class _Saveable(Protocol):
+    def save(self, path: str) -> None: ...
+
+
+def _scratch_path() -> str:
+    path: str | None = getattr(_local, "path", None)
+    if path is None:
+        path = os.path.join(_tmp_root, f"obj-{os.getpid()}-{threading.get_ident()}")
+        _local.path = path
+    return path
+
+
+def save_bytes(obj: _Saveable) -> bytes:
+    """Serialise a SEAL object with SEAL's own format (possibly compressed)."""
+    path = _scratch_path()
+    try:
+        obj.save(path)
+        with open(path, "rb") as fh:
+            return fh.read()
+    finally:
+        _remove(path)
+
+
+def load_into(obj: Any, context: Any, data: bytes) -> None:
+    """Load ``data`` into ``obj`` with SEAL's validating ``load(context, path)``."""
+    path = _scratch_path()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        try:
+            obj.load(context, path)
+        except (RuntimeError, ValueError) as exc:
+            raise InvalidArgumentError(f"SEAL refused the object: {exc}") from exc
+    finally:
+        _remove(path)
+
+
+def load_plain(obj: Any, data: bytes) -> None:
+    """Load ``data`` into a SEAL object whose ``load`` takes only a path (parameters)."""
+    path = _scratch_path()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        try:
+            obj.load(path)
+        except (RuntimeError, ValueError) as exc:
+            raise InvalidArgumentError(f"SEAL refused the object: {exc}") from exc
+    finally:
+        _remove(path)
+
+
+def uncompressed_body(data: bytes) -> bytes:
+    """Return the body of a SEAL-serialised object without its header, decompressed."""
+    if len(data) < HEADER_SIZE:
+        raise InvalidArgumentError("SEAL object shorter than its header")
+    magic, header_size, _major, _minor, mode, _res, size = _HEADER.unpack_from(data)
+    if magic != SEAL_MAGIC or header_size != HEADER_SIZE or size != len(data):
+        raise InvalidArgumentError("not a SEAL object (bad header)")
+    body = data[HEADER_SIZE:]
+    if mode == _COMPR_NONE:
+        return body
+    if mode == _COMPR_ZSTD:
+        out: bytes = zstandard.ZstdDecompressor().decompress(body, max_output_size=_MAX_OBJECT_BYTES)
+        return out
+    raise InvalidArgumentError(f"unsupported SEAL compression mode {mode}")
+
+
+def with_header(body: bytes, *, version: tuple[int, int] = (4, 3)) -> bytes:
+    """Prefix an uncompressed body with a SEAL header."""
+    size = HEADER_SIZE + len(body)
+    return _HEADER.pack(SEAL_MAGIC, HEADER_SIZE, version[0], version[1], _COMPR_NONE, 0, size) + body
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,70 @@
+"""Shard side: validate packed ciphertext blocks and add them modulo q.
+
+A shard never holds a secret key and never builds SEAL objects from network bytes: a packed
+block is checked for its exact length, unpacked to 2N integers, checked coefficient by
+coefficient (every value below q), and only then added into the running sum. The sum's
+memory is one block whatever the number of contributors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from crypto import bitpack
+from crypto.public_context import PublicContext
+from fedps.errors import InvalidArgumentError
+
+__all__ = ["CiphertextSum", "unpack_block"]
+
+
+def unpack_block(public: PublicContext, data: bytes) -> np.ndarray:
+    """Validate one packed block and return its 2N coefficients (uint64).
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the length is not exactly one block or a coefficient is not below q.
+    """
+    if len(data) != public.block_bytes:
+        raise InvalidArgumentError(
+            f"ciphertext block must be exactly {public.block_bytes} bytes, got {len(data)}"
+        )
+    coeffs = bitpack.unpack(data, public.coeffs_per_block, public.coeff_bits)
+    if int(coeffs.max()) >= public.modulus:
+        raise InvalidArgumentError("ciphertext coefficient out of range (not below q)")
+    return coeffs
+
+
+class CiphertextSum:
+    """Running sum of validated ciphertext blocks for one parameter block."""
+
+    def __init__(self, public: PublicContext, coeffs: np.ndarray | None = None) -> None:
+        self._q = np.uint64(public.modulus)
+        self._public = public
+        self._acc = (
+            np.zeros(public.coeffs_per_block, dtype=np.uint64) if coeffs is None else coeffs
+        )
+
+    def add(self, coeffs: np.ndarray, multiplier: int = 1) -> None:
+        """Add already-validated coefficients (times a small integer constant) modulo q."""
+        if multiplier != 1:
+            if not 0 < multiplier < 2**16:
+                raise InvalidArgumentError("multiplier must be in (0, 2**16)")
+            # (c mod q) * m < 2**(bits + 16) <= 2**64 for bits <= 48.
+            coeffs = (coeffs * np.uint64(multiplier)) % self._q
+        acc = self._acc
+        np.add(acc, coeffs, out=acc)
+        np.subtract(acc, self._q, out=acc, where=acc >= self._q)
+
+    def add_packed(self, data: bytes) -> None:
+        """Validate a packed block and add it."""
+        self.add(unpack_block(self._public, data))
+
+    @property
+    def coefficients(self) -> np.ndarray:
+        """The current sum's coefficients (a copy)."""
+        return self._acc.copy()
+
+    def packed(self) -> bytes:
+        """The current sum as a packed block (same wire format as a client's block)."""
+        return bitpack.pack(self._acc, self._public.coeff_bits)

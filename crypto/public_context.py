@@ -1,0 +1,182 @@
+"""The public half of the key holder's CKKS keys: what clients and shards may hold.
+
+A ``PublicContext`` carries the encryption parameters and the public key, never the secret
+key, relinearisation keys or Galois keys: addition-only aggregation needs none of them. Its
+``serialize()`` bytes are what the key holder serves; ``PublicContext.from_bytes`` validates
+them with SEAL before use. ``context_id`` (SHA-256 of those bytes) names the key generation,
+so a shard can refuse blocks encrypted under any other key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import tenseal.sealapi as seal
+
+from crypto import _seal_io
+from crypto.params import CkksParams
+from fedps.errors import InvalidArgumentError
+
+__all__ = ["PublicContext"]
+
+_WIRE_MAGIC = b"FEDPSCTX1"
+_LEN = struct.Struct("<I")
+# parms_id (4 x u64), is_ntt_form (u8), size, N, coeff count, scale (f64), correction factor,
+# then the coefficient array's own SEAL header and element count.
+_CT_PREFIX_SIZE = 32 + 1 + 8 * 5 + _seal_io.HEADER_SIZE + 8
+_MAX_PARAM_BYTES = 1 << 12
+_MAX_KEY_BYTES = 1 << 24
+
+
+def make_seal_context(params: CkksParams) -> tuple[Any, Any]:
+    """Build SEAL encryption parameters and a validated SEAL context for ``params``."""
+    parms = seal.EncryptionParameters(seal.SCHEME_TYPE.CKKS)
+    parms.set_poly_modulus_degree(params.poly_modulus_degree)
+    parms.set_coeff_modulus(
+        seal.CoeffModulus.Create(params.poly_modulus_degree, [params.coeff_modulus_bits])
+    )
+    context = seal.SEALContext(parms, True, seal.SEC_LEVEL_TYPE.TC128)
+    if not context.parameters_set():
+        raise InvalidArgumentError(
+            f"SEAL refused the parameters: {context.parameters_error_message()}"
+        )
+    return parms, context
+
+
+class PublicContext:
+    """Encryption parameters and public key of one key generation.
+
+    Parameters
+    ----------
+    params
+        The scheme parameters.
+    public_key
+        A SEAL ``PublicKey`` valid for ``params``.
+    """
+
+    def __init__(self, params: CkksParams, public_key: Any, *, _seal: tuple[Any, Any]) -> None:
+        self.params = params
+        self._parms, self._context = _seal
+        self._public_key = public_key
+
+    @property
+    def seal_context(self) -> Any:
+        """The SEAL context (parameters only, no keys)."""
+        return self._context
+
+    @property
+    def public_key(self) -> Any:
+        """The SEAL public key."""
+        return self._public_key
+
+    @cached_property
+    def modulus(self) -> int:
+        """The coefficient modulus q."""
+        return int(self._parms.coeff_modulus()[0].value())
+
+    @property
+    def coeff_bits(self) -> int:
+        """Bits per coefficient on the wire: ``ceil(log2 q)``."""
+        return self.modulus.bit_length()
+
+    @property
+    def coeffs_per_block(self) -> int:
+        """Coefficients of one ciphertext: two polynomials of N coefficients."""
+        return 2 * self.params.poly_modulus_degree
+
+    @property
+    def block_bytes(self) -> int:
+        """Exact size of one packed ciphertext block on the wire."""
+        return self.coeffs_per_block * self.coeff_bits // 8
+
+    @cached_property
+    def ciphertext_prefix(self) -> bytes:
+        """SEAL's serialised ciphertext metadata for fresh ciphertexts of this context."""
+        encoder = seal.CKKSEncoder(self._context)
+        plain = seal.Plaintext()
+        encoder.encode(0.0, self.params.scale, plain)
+        cipher = seal.Ciphertext()
+        seal.Encryptor(self._context, self._public_key).encrypt(plain, cipher)
+        body = _seal_io.uncompressed_body(_seal_io.save_bytes(cipher))
+        if len(body) != _CT_PREFIX_SIZE + 8 * self.coeffs_per_block:
+            raise InvalidArgumentError("unexpected SEAL ciphertext layout")
+        return body[:_CT_PREFIX_SIZE]
+
+    def coefficients_of(self, cipher: Any) -> np.ndarray:
+        """Return the raw coefficients (uint64, 2N) of a SEAL ciphertext of this context."""
+        body = _seal_io.uncompressed_body(_seal_io.save_bytes(cipher))
+        prefix = self.ciphertext_prefix
+        if body[: len(prefix)] != prefix or len(body) != len(prefix) + 8 * self.coeffs_per_block:
+            raise InvalidArgumentError("ciphertext does not match the public context")
+        return np.frombuffer(body, dtype="<u8", offset=len(prefix)).copy()
+
+    def ciphertext_from(self, coeffs: np.ndarray) -> Any:
+        """Rebuild a SEAL ciphertext from raw coefficients; SEAL validates it on load."""
+        if coeffs.dtype != np.uint64 or coeffs.shape != (self.coeffs_per_block,):
+            raise InvalidArgumentError("coefficient array has the wrong shape or type")
+        data = _seal_io.with_header(self.ciphertext_prefix + coeffs.astype("<u8").tobytes())
+        cipher = seal.Ciphertext()
+        _seal_io.load_into(cipher, self._context, data)
+        return cipher
+
+    def serialize(self) -> bytes:
+        """Serialise parameters and public key (never a secret key)."""
+        parts = [
+            struct.pack("<III", *_params_tuple(self.params)),
+            _seal_io.save_bytes(self._parms),
+            _seal_io.save_bytes(self._public_key),
+        ]
+        out = bytearray(_WIRE_MAGIC)
+        for part in parts:
+            out += _LEN.pack(len(part)) + part
+        return bytes(out)
+
+    @cached_property
+    def context_id(self) -> str:
+        """SHA-256 of the serialised public context: names this key generation."""
+        return hashlib.sha256(self.serialize()).hexdigest()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PublicContext:
+        """Load and validate a serialised public context.
+
+        Raises
+        ------
+        InvalidArgumentError
+            If the bytes are not a valid public context.
+        """
+        if not data.startswith(_WIRE_MAGIC):
+            raise InvalidArgumentError("not a fedps public context")
+        parts: list[bytes] = []
+        pos = len(_WIRE_MAGIC)
+        for limit in (12, _MAX_PARAM_BYTES, _MAX_KEY_BYTES):
+            if pos + _LEN.size > len(data):
+                raise InvalidArgumentError("public context is truncated")
+            (size,) = _LEN.unpack_from(data, pos)
+            pos += _LEN.size
+            if size > limit or pos + size > len(data):
+                raise InvalidArgumentError("public context has an invalid field size")
+            parts.append(data[pos : pos + size])
+            pos += size
+        if pos != len(data):
+            raise InvalidArgumentError("public context has trailing bytes")
+        n, q_bits, scale_bits = struct.unpack("<III", parts[0])
+        params = CkksParams(
+            poly_modulus_degree=n, coeff_modulus_bits=q_bits, scale_bits=scale_bits
+        )
+        parms, context = make_seal_context(params)
+        sent = seal.EncryptionParameters(seal.SCHEME_TYPE.CKKS)
+        _seal_io.load_plain(sent, parts[1])
+        if [m.value() for m in sent.coeff_modulus()] != [m.value() for m in parms.coeff_modulus()]:
+            raise InvalidArgumentError("public context parameters do not match its header")
+        public_key = seal.PublicKey()
+        _seal_io.load_into(public_key, context, parts[2])
+        return cls(params, public_key, _seal=(parms, context))
+
+
+def _params_tuple(params: CkksParams) -> tuple[int, int, int]:
+    return (params.poly_modulus_degree, params.coeff_modulus_bits, params.scale_bits)

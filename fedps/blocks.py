@@ -1,0 +1,94 @@
+"""Model <-> flat vector <-> parameter blocks.
+
+The global model is one flat float vector: every trainable parameter of the
+``torch.nn.Module`` in ``named_parameters()`` order, flattened. The vector is cut into blocks
+of ``values_per_block`` values (the CKKS scheme's N, so one block is one ciphertext); the last
+block is zero-padded. Block ``b`` lives on the shard the hash ring assigns it to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedps.errors import InvalidArgumentError
+
+__all__ = ["BlockLayout", "flatten_model", "load_flat"]
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """How a flat vector of ``num_params`` values is cut into blocks."""
+
+    num_params: int
+    values_per_block: int
+
+    def __post_init__(self) -> None:
+        if self.num_params < 1 or self.values_per_block < 1:
+            raise InvalidArgumentError("num_params and values_per_block must be positive")
+
+    @property
+    def num_blocks(self) -> int:
+        """Number of blocks (the last one zero-padded)."""
+        return -(-self.num_params // self.values_per_block)
+
+    def block_of(self, vector: np.ndarray, block: int) -> np.ndarray:
+        """Block ``block`` of ``vector`` as ``values_per_block`` values (zero-padded)."""
+        if not 0 <= block < self.num_blocks:
+            raise InvalidArgumentError(f"block {block} out of range [0, {self.num_blocks})")
+        start = block * self.values_per_block
+        part = vector[start : start + self.values_per_block]
+        if part.size == self.values_per_block:
+            return part
+        out = np.zeros(self.values_per_block, dtype=vector.dtype)
+        out[: part.size] = part
+        return out
+
+    def join(self, blocks: dict[int, np.ndarray]) -> np.ndarray:
+        """Assemble the flat vector from every block (float64).
+
+        Raises
+        ------
+        InvalidArgumentError
+            If a block is missing or has the wrong length.
+        """
+        missing = set(range(self.num_blocks)) - set(blocks)
+        if missing:
+            raise InvalidArgumentError(f"missing blocks: {sorted(missing)[:10]}")
+        out = np.empty(self.num_blocks * self.values_per_block, dtype=np.float64)
+        for b in range(self.num_blocks):
+            values = blocks[b]
+            if values.shape != (self.values_per_block,):
+                raise InvalidArgumentError(f"block {b} has shape {values.shape}")
+            out[b * self.values_per_block : (b + 1) * self.values_per_block] = values
+        return out[: self.num_params]
+
+
+def flatten_model(model: torch.nn.Module) -> np.ndarray:
+    """The model's trainable parameters as one flat float64 vector."""
+    with torch.no_grad():
+        parts = [p.detach().reshape(-1).to(torch.float64) for p in model.parameters()]
+        return torch.cat(parts).cpu().numpy() if parts else np.zeros(0)
+
+
+def load_flat(model: torch.nn.Module, vector: np.ndarray) -> None:
+    """Copy a flat vector into the model's trainable parameters, in place.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the vector's length is not the model's parameter count.
+    """
+    params = list(model.parameters())
+    total = sum(p.numel() for p in params)
+    if vector.shape != (total,):
+        raise InvalidArgumentError(f"model has {total} parameters, vector has {vector.shape}")
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            chunk = torch.from_numpy(np.ascontiguousarray(vector[offset : offset + n]))
+            p.copy_(chunk.reshape(p.shape).to(p.dtype))
+            offset += n

@@ -1,0 +1,187 @@
+"""fedps configuration: one TOML file validated into typed settings.
+
+Every field has a default that works on one machine, so ``fedps demo`` needs no file at all.
+The ``[cluster]`` table is the cluster spec (like TensorFlow's ``TF_CONFIG``): the addresses
+of the key holder, the coordinator and every shard. Errors name the bad field::
+
+    [cluster]
+    keyholder = "127.0.0.1:7100"
+    coordinator = "127.0.0.1:7000"
+    shards = ["127.0.0.1:7201", "127.0.0.1:7202"]
+
+    [training]
+    rounds = 30
+    clients = 4
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fedps.errors import ConfigError
+
+__all__ = [
+    "ClusterConfig",
+    "FedPSConfig",
+    "HEConfig",
+    "PrivacyConfig",
+    "TrainingConfig",
+    "load_config",
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClusterConfig(_Section):
+    """Where each role listens (``host:port``)."""
+
+    keyholder: str = "127.0.0.1:7100"
+    coordinator: str = "127.0.0.1:7000"
+    shards: list[str] = Field(default_factory=lambda: ["127.0.0.1:7201", "127.0.0.1:7202"])
+    virtual_nodes: int = Field(128, ge=1, le=4096)
+    state_dir: Path = Path("fedps-state")
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterConfig:
+        if not self.shards:
+            raise ValueError("at least one shard address is required")
+        for addr in [self.keyholder, self.coordinator, *self.shards]:
+            host, sep, port = addr.rpartition(":")
+            if not sep or not host or not port.isdigit() or int(port) > 65535:
+                raise ValueError(f"address {addr!r} is not host:port")
+        if len(set(self.shards)) != len(self.shards):
+            raise ValueError("shard addresses must be distinct")
+        return self
+
+    @property
+    def shard_ids(self) -> list[str]:
+        """Stable shard names, by position in ``shards``."""
+        return [f"shard-{i}" for i in range(len(self.shards))]
+
+
+class TrainingConfig(_Section):
+    """Federated training: rounds, cohort, quorum, deadline and local SGD."""
+
+    dataset: Literal["digits", "mnist5k", "fashion_mnist"] = "digits"
+    data_dir: str | None = None
+    model: str = "mlp"
+    partition: Literal["iid", "dirichlet", "shard"] = "iid"
+    dirichlet_alpha: float = Field(0.5, gt=0)
+    shards_per_client: int = Field(2, ge=1)
+    rounds: int = Field(30, ge=1)
+    clients: int = Field(4, ge=1, description="clients expected to register")
+    cohort_size: int = Field(0, ge=0, description="clients per round (0: all registered)")
+    min_quorum: int = Field(2, ge=1, description="fewest updates a round may close with")
+    deadline_s: float = Field(60.0, gt=0)
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.5, gt=0)
+    server_optimizer: Literal["fedavg", "fedavgm", "fedadam"] = "fedavg"
+    server_lr: float = Field(1.0, gt=0)
+    server_momentum: float = Field(0.9, ge=0, lt=1)
+    eval_every: int = Field(1, ge=1)
+    checkpoint_every: int = Field(5, ge=1)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainingConfig:
+        if self.min_quorum > self.clients:
+            raise ValueError(f"min_quorum ({self.min_quorum}) exceeds clients ({self.clients})")
+        if self.cohort_size and self.cohort_size < self.min_quorum:
+            raise ValueError("cohort_size must be 0 (all) or at least min_quorum")
+        return self
+
+
+class PrivacyConfig(_Section):
+    """Per-client DP-SGD (Opacus): give a noise multiplier or a target epsilon."""
+
+    noise_multiplier: float | None = Field(None, ge=0)
+    target_epsilon: float | None = Field(7.5, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    delta: float = Field(1e-5, gt=0, lt=1)
+    accountant: Literal["rdp", "prv", "gdp"] = "rdp"
+
+    @model_validator(mode="after")
+    def _check(self) -> PrivacyConfig:
+        if self.noise_multiplier is not None and self.target_epsilon is not None:
+            if "target_epsilon" not in self.model_fields_set:
+                return self.model_copy(update={"target_epsilon": None})
+            raise ValueError("give noise_multiplier or target_epsilon, not both")
+        if self.noise_multiplier is None and self.target_epsilon is None:
+            raise ValueError("give noise_multiplier or target_epsilon")
+        return self
+
+
+class HEConfig(_Section):
+    """CKKS parameters (see docs/crypto.md for their derivation)."""
+
+    poly_modulus_degree: Literal[2048, 4096, 8192, 16384] = 2048
+    coeff_modulus_bits: int = Field(45, ge=20, le=60)
+    scale_bits: int = Field(30, ge=10, le=56)
+    max_abs_value: float = Field(
+        16.0, gt=0, description="clients clip each weighted update value to this magnitude"
+    )
+    weight_unit: float = Field(
+        256.0, gt=0, description="examples per unit of aggregation weight"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> HEConfig:
+        if self.scale_bits > self.coeff_modulus_bits - 4:
+            raise ValueError("scale_bits must be at most coeff_modulus_bits - 4")
+        return self
+
+
+class FedPSConfig(_Section):
+    """The whole configuration."""
+
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    he: HEConfig = Field(default_factory=HEConfig)
+
+
+def load_config(path: Path | None = None, **overrides: dict[str, object]) -> FedPSConfig:
+    """Load and validate a TOML file (``None``: all defaults).
+
+    Parameters
+    ----------
+    path
+        The TOML file.
+    overrides
+        Per-section dictionaries merged over the file, e.g. ``training={"rounds": 3}``.
+
+    Raises
+    ------
+    ConfigError
+        With one line per bad field, naming it (``training.rounds: ...``).
+    """
+    data: dict[str, object] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {path}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    for section, values in overrides.items():
+        current = data.get(section, {})
+        if not isinstance(current, dict):
+            raise ConfigError(f"{section}: must be a table")
+        data[section] = {**current, **values}
+    try:
+        return FedPSConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "config"
+            lines.append(f"{loc}: {err['msg']}")
+        raise ConfigError("invalid configuration: " + "; ".join(lines)) from None
+    except ConfigError as exc:
+        raise ConfigError(f"invalid configuration: {exc}") from None

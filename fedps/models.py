@@ -1,0 +1,79 @@
+"""Opacus-compatible models by name (no BatchNorm: per-sample gradients need GroupNorm).
+
+``create_model("mlp", num_features=64, num_classes=10)`` builds the digits default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from fedps.errors import ConfigError
+
+__all__ = ["create_model", "model_names"]
+
+
+def _mlp(num_features: int, num_classes: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(num_features, 64), nn.ReLU(), nn.Linear(64, num_classes)
+    )
+
+
+def _logreg(num_features: int, num_classes: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(num_features, num_classes))
+
+
+class _Cnn(nn.Module):
+    """A small CNN for 28x28 images (in the spirit of Tramer and Boneh 2021)."""
+
+    def __init__(self, num_features: int, num_classes: int) -> None:
+        super().__init__()
+        side = int(round(num_features**0.5))
+        if side * side != num_features:
+            raise ConfigError(f"cnn needs square images, got {num_features} features")
+        self.side = side
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 16, 8, stride=2, padding=3),
+            nn.Tanh(),
+            nn.MaxPool2d(2, 1),
+            nn.Conv2d(16, 32, 4, stride=2),
+            nn.Tanh(),
+            nn.MaxPool2d(2, 1),
+        )
+        with torch.no_grad():
+            out = self.features(torch.zeros(1, 1, side, side)).numel()
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(out, 32), nn.Tanh(), nn.Linear(32, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.features(x.view(-1, 1, self.side, self.side)))
+        return out
+
+
+_MODELS: dict[str, Callable[[int, int], nn.Module]] = {
+    "cnn": _Cnn,
+    "logreg": _logreg,
+    "mlp": _mlp,
+}
+
+
+def model_names() -> list[str]:
+    """Registered model names."""
+    return sorted(_MODELS)
+
+
+def create_model(name: str, *, num_features: int, num_classes: int, seed: int = 0) -> nn.Module:
+    """Build a registered model with deterministic initial weights.
+
+    Raises
+    ------
+    ConfigError
+        If ``name`` is not registered.
+    """
+    try:
+        factory = _MODELS[name]
+    except KeyError:
+        raise ConfigError(f"unknown model {name!r}; choose one of {model_names()}") from None
+    torch.manual_seed(seed)
+    return factory(num_features, num_classes)
