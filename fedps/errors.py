@@ -29,9 +29,9 @@ class InvalidArgumentError(FedPSError, ValueError):
 
 
 class UnknownClientError(FedPSError):
-    """The caller is not a registered member of the current cohort."""
+    """The caller is not a registered client, or not in the current cohort."""
 
-    status = grpc.StatusCode.PERMISSION_DENIED
+    status = grpc.StatusCode.NOT_FOUND
 
 
 class RoundClosedError(FedPSError):

@@ -30,6 +30,8 @@ from fedps.errors import (
 __all__ = [
     "MAX_MESSAGE_BYTES",
     "TARGET_MESSAGE_BYTES",
+    "batched",
+    "bind",
     "call",
     "create_channel",
     "create_server",
@@ -71,7 +73,7 @@ _OPTIONS: list[tuple[str, int | str]] = [
 _FROM_STATUS: dict[grpc.StatusCode, type[FedPSError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
     grpc.StatusCode.PERMISSION_DENIED: PolicyError,
-    grpc.StatusCode.UNAUTHENTICATED: UnknownClientError,
+    grpc.StatusCode.NOT_FOUND: UnknownClientError,
     grpc.StatusCode.FAILED_PRECONDITION: RoundClosedError,
     grpc.StatusCode.UNAVAILABLE: PeerUnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: PeerUnavailableError,
@@ -132,3 +134,18 @@ def _from_rpc_error(exc: grpc.RpcError, what: str) -> FedPSError:
     err = cls(f"{what}: {details}")
     err.status = code
     return err
+
+
+def batched(items: list[_T], size_of: Callable[[_T], int]) -> Iterator[list[_T]]:
+    """Cut ``items`` into lists of about :data:`TARGET_MESSAGE_BYTES` each."""
+    batch: list[_T] = []
+    size = 0
+    for item in items:
+        n = size_of(item)
+        if batch and size + n > TARGET_MESSAGE_BYTES:
+            yield batch
+            batch, size = [], 0
+        batch.append(item)
+        size += n
+    if batch:
+        yield batch

@@ -1,0 +1,260 @@
+"""The edge client (worker): register, pull, train with DP-SGD, encrypt, push, report.
+
+One round as the client sees it:
+
+1. ``GetTask`` from the coordinator says ``TRAIN`` round r on model version v.
+2. Pull version v's blocks from the shards (:class:`fedps.parameter_client.ParameterClient`).
+3. Train locally with DP-SGD (:class:`clients.dp_trainer.DPTrainer`); its accountant keeps
+   every step of the run.
+4. Weight the update by ``num_examples / weight_unit``, clip it into the range the CKKS
+   parameters can sum without wrapping, cut it into blocks, encrypt each block under the key
+   holder's public context and push each block to the shard that owns it.
+5. Report to the coordinator (epsilon spent, bytes pushed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from clients.dp_trainer import DPTrainer
+from crypto import BlockEncryptor, PublicContext
+from fedps.blocks import BlockLayout, flatten_model
+from fedps.config import FedPSConfig
+from fedps.datasets import Dataset, load_dataset
+from fedps.errors import (
+    FedPSError,
+    InvalidArgumentError,
+    PeerUnavailableError,
+    RoundClosedError,
+    UnknownClientError,
+)
+from fedps.hash_ring import HashRing
+from fedps.models import create_model
+from fedps.parameter_client import ParameterClient
+from fedps.partitioners import create_partitioner
+from fedps.proto import (
+    common_pb2,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+    keyholder_pb2_grpc,
+    shard_pb2,
+)
+from fedps.transport import batched, call, create_channel
+
+__all__ = ["ClientSummary", "EdgeClient", "client_partition"]
+
+_log = logging.getLogger("fedps")
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class ClientSummary:
+    """What one client did over the run."""
+
+    client_id: str
+    rounds_trained: int
+    epsilon: float
+    delta: float
+    bytes_pushed: int
+
+
+def client_partition(config: FedPSConfig, index: int) -> Dataset:
+    """The training partition of client ``index`` under the configured partitioner."""
+    t = config.training
+    if not 0 <= index < t.clients:
+        raise InvalidArgumentError(f"client index {index} out of range [0, {t.clients})")
+    train, _ = load_dataset(t.dataset, data_dir=t.data_dir)
+    kwargs: dict[str, object] = {}
+    if t.partition == "dirichlet":
+        kwargs = {"alpha": t.dirichlet_alpha}
+    elif t.partition == "shard":
+        kwargs = {"num_shards_per_partition": t.shards_per_client}
+    parts = create_partitioner(t.partition, **kwargs).partition(train.y, t.clients, t.seed)
+    idx = parts[index]
+    return Dataset(x=train.x[idx], y=train.y[idx], num_classes=train.num_classes, name=train.name)
+
+
+class EdgeClient:
+    """A federated worker.
+
+    Parameters
+    ----------
+    config
+        The cluster configuration (the coordinator's address and training settings).
+    index
+        Which data partition this client holds.
+    """
+
+    def __init__(self, config: FedPSConfig, *, index: int, name: str = "") -> None:
+        self.config = config
+        self.name = name or f"edge-{index}"
+        data = client_partition(config, index)
+        model = create_model(
+            config.training.model,
+            num_features=data.num_features,
+            num_classes=data.num_classes,
+            seed=config.training.seed,
+        )
+        self.num_params = flatten_model(model).size
+        self.trainer = DPTrainer(
+            model,
+            data,
+            training=config.training,
+            privacy=config.privacy,
+            seed=config.training.seed * 1000 + index + 1,
+        )
+        self._coordinator = coordinator_pb2_grpc.CoordinatorStub(
+            create_channel(config.cluster.coordinator)
+        )
+        self.client_id = ""
+        self.bytes_pushed = 0
+        self.rounds_trained = 0
+
+    def run(self, *, timeout_s: float = 3600.0) -> ClientSummary:
+        """Take part in training until the coordinator says done."""
+        reply = self._register(timeout_s)
+        shards = {s.shard_id: s.address for s in reply.shards}
+        keyholder = keyholder_pb2_grpc.KeyHolderStub(create_channel(reply.keyholder))
+        ctx = self._retry(
+            lambda: keyholder.GetPublicContext(common_pb2.Empty()), "public context", timeout_s
+        )
+        public = PublicContext.from_bytes(ctx.context)
+        if public.context_id != ctx.context_id:
+            raise InvalidArgumentError("public context does not match its id")
+        self._public = public
+        self._encryptor = BlockEncryptor(public)
+        self._ring = HashRing(sorted(shards), virtual_nodes=reply.virtual_nodes)
+        self._layout = BlockLayout(self.num_params, public.params.values_per_block)
+        self._params = ParameterClient(shards)
+        _log.info("%s registered as %s", self.name, self.client_id)
+        deadline = time.time() + timeout_s
+        try:
+            while time.time() < deadline:
+                try:
+                    task = self._retry(
+                        lambda: self._coordinator.GetTask(
+                            coordinator_pb2.TaskRequest(client_id=self.client_id)
+                        ),
+                        "get task",
+                        timeout_s,
+                    )
+                except UnknownClientError:  # the coordinator restarted without us
+                    self._register(timeout_s)
+                    continue
+                if task.kind == coordinator_pb2.Task.DONE:
+                    break
+                if task.kind == coordinator_pb2.Task.TRAIN:
+                    if not self._train(task):
+                        break
+                else:
+                    time.sleep(max(0.05, task.retry_after))
+        finally:
+            self._params.close()
+        return ClientSummary(
+            self.client_id,
+            self.rounds_trained,
+            self.trainer.epsilon(),
+            self.config.privacy.delta,
+            self.bytes_pushed,
+        )
+
+    def _register(self, timeout_s: float) -> coordinator_pb2.RegisterReply:
+        request = coordinator_pb2.RegisterRequest(
+            name=self.name,
+            num_examples=self.trainer.num_examples,
+            num_params=self.num_params,
+            client_id=self.client_id,
+        )
+        reply = self._retry(lambda: self._coordinator.Register(request), "register", timeout_s)
+        self.client_id = reply.client_id
+        return reply
+
+    def _train(self, task: coordinator_pb2.Task) -> bool:
+        """Train and push one round; returns False when the privacy budget is spent."""
+        if not self.trainer.can_train_round():
+            _log.info("%s: privacy budget spent (epsilon %.3f)", self.name, self.trainer.epsilon())
+            self._report(task.round, 0, budget_exhausted=True)
+            return False
+        try:
+            vector, version = self._params.pull(self._layout, min_version=task.version)
+        except FedPSError as exc:
+            _log.info("%s: cannot pull version %d: %s", self.name, task.version, exc)
+            time.sleep(0.2)
+            return True
+        if version != task.version:
+            _log.info("%s: shards moved to version %d; skipping round", self.name, version)
+            return True
+        delta = self.trainer.train_round(vector)
+        pushed = self.push(task.round, task.version, delta)
+        self.rounds_trained += 1
+        self._report(task.round, pushed, budget_exhausted=False)
+        return True
+
+    def push(self, round_: int, version: int, delta: np.ndarray) -> int:
+        """Weight, clip, encrypt and push an update; returns bytes pushed."""
+        he = self.config.he
+        weight = self.trainer.num_examples / he.weight_unit
+        weighted = delta * weight
+        clipped = np.clip(weighted, -he.max_abs_value, he.max_abs_value)
+        if not np.array_equal(clipped, weighted):
+            _log.warning("%s: update clipped to +-%g for encryption", self.name, he.max_abs_value)
+        encrypted = self._encryptor.encrypt(clipped)
+        by_shard: dict[str, list[shard_pb2.EncryptedBlock]] = {}
+        for block, data in encrypted.items():
+            owner = self._ring.owner(block)
+            by_shard.setdefault(owner, []).append(
+                shard_pb2.EncryptedBlock(block=block, ciphertext=data)
+            )
+        total = 0
+        for sid, blocks in by_shard.items():
+            messages = [
+                shard_pb2.PushRequest(
+                    client_id=self.client_id,
+                    round=round_,
+                    version=version,
+                    weight=weight,
+                    context_id=self._public.context_id,
+                    blocks=batch,
+                )
+                for batch in batched(blocks, lambda b: len(b.ciphertext))
+            ]
+            stub = self._params.stubs[sid]
+            try:
+                call(lambda s=stub, m=messages: s.PushBlocks(iter(m)), f"push to {sid}")
+            except RoundClosedError as exc:
+                _log.info("%s: push refused: %s", self.name, exc)
+                continue
+            total += sum(m.ByteSize() for m in messages)
+        self.bytes_pushed += total
+        return total
+
+    def _report(self, round_: int, pushed: int, *, budget_exhausted: bool) -> None:
+        report = coordinator_pb2.UpdateReport(
+            client_id=self.client_id,
+            round=round_,
+            weight=self.trainer.num_examples / self.config.he.weight_unit,
+            epsilon=self.trainer.epsilon(),
+            delta=self.config.privacy.delta,
+            bytes_pushed=pushed,
+            budget_exhausted=budget_exhausted,
+        )
+        self._retry(lambda: self._coordinator.ReportUpdate(report), "report", 60.0)
+
+    def _retry(self, fn: Callable[[], _T], what: str, timeout_s: float) -> _T:
+        """Call ``fn``, retrying while the peer is unavailable (restarts, slow starts)."""
+        until = time.time() + timeout_s
+        delay = 0.2
+        while True:
+            try:
+                return call(fn, what)
+            except PeerUnavailableError:
+                if time.time() > until:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 1.5, 2.0)

@@ -1,0 +1,60 @@
+"""Reading the published model from the shards: what clients and the coordinator share.
+
+Each shard streams the plaintext blocks it owns with their version; the caller checks that
+every block arrived at one version and assembles the flat vector.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedps.blocks import BlockLayout
+from fedps.errors import InvalidArgumentError, RoundClosedError
+from fedps.proto import shard_pb2, shard_pb2_grpc
+from fedps.transport import call, create_channel
+
+__all__ = ["ParameterClient"]
+
+
+class ParameterClient:
+    """Pulls the current model from a set of shards.
+
+    Parameters
+    ----------
+    shards
+        ``{shard_id: address}``.
+    """
+
+    def __init__(self, shards: dict[str, str]) -> None:
+        self._channels = {sid: create_channel(addr) for sid, addr in shards.items()}
+        self.stubs = {sid: shard_pb2_grpc.ShardStub(ch) for sid, ch in self._channels.items()}
+
+    def close(self) -> None:
+        """Close every channel."""
+        for channel in self._channels.values():
+            channel.close()
+
+    def pull(self, layout: BlockLayout, min_version: int = 0) -> tuple[np.ndarray, int]:
+        """Return ``(flat vector, version)`` of the published model.
+
+        Raises
+        ------
+        RoundClosedError
+            If a shard has not published ``min_version`` yet, or shards disagree on the
+            version (a publish is in flight); retry shortly.
+        """
+        blocks: dict[int, np.ndarray] = {}
+        versions: set[int] = set()
+        request = shard_pb2.PullRequest(min_version=min_version)
+        for sid, stub in self.stubs.items():
+            replies = call(lambda s=stub: list(s.PullBlocks(request)), f"pull from {sid}")
+            for reply in replies:
+                for block in reply.blocks:
+                    values = np.frombuffer(block.values, dtype="<f4")
+                    if values.size != layout.values_per_block:
+                        raise InvalidArgumentError(f"{sid} sent block {block.block} of bad size")
+                    blocks[block.block] = values.astype(np.float64)
+                    versions.add(block.version)
+        if len(versions) > 1:
+            raise RoundClosedError(f"shards are at different versions {sorted(versions)}")
+        return layout.join(blocks), (versions.pop() if versions else 0)

@@ -1,0 +1,439 @@
+"""The coordinator (chief): registration, synchronous rounds, evaluation and checkpoints.
+
+One round: pick a cohort of live clients, open the round on every shard at the current model
+version with a deadline, hand ``TRAIN`` tasks to the cohort, and close when every member has
+reported or the deadline passes. Shards report which clients pushed all their blocks; if at
+least ``min_quorum`` did, the key holder decrypts and applies the aggregate and publishes the
+next version, otherwise the round is abandoned and its sums are discarded, never decrypted.
+Every ``eval_every`` rounds the published model is pulled from the shards and evaluated on the
+held-out split; every ``checkpoint_every`` rounds the state is written atomically, so a
+restarted coordinator resumes instead of starting over.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import secrets
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+
+from crypto import CkksParams
+from fedps.blocks import BlockLayout
+from fedps.config import FedPSConfig
+from fedps.errors import FedPSError, InvalidArgumentError, PolicyError, UnknownClientError
+from fedps.parameter_client import ParameterClient
+from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc, shard_pb2
+from fedps.transport import call, create_channel
+from server.evaluator import Evaluator
+
+__all__ = ["Coordinator", "RoundRecord", "Task"]
+
+_log = logging.getLogger("fedps")
+
+CHECKPOINT_FILE = "coordinator-checkpoint.npz"
+_WAIT_S = 0.2
+_T = TypeVar("_T")
+
+
+@dataclass
+class RoundRecord:
+    """The outcome of one round."""
+
+    round: int
+    version: int
+    contributors: int
+    accuracy: float = -1.0
+    loss: float = -1.0
+    max_epsilon: float = 0.0
+    bytes_pushed: int = 0
+    seconds: float = 0.0
+    abandoned: bool = False
+
+
+@dataclass(frozen=True)
+class Task:
+    """What a client should do next."""
+
+    kind: str  # "wait" | "train" | "done"
+    round: int = 0
+    version: int = 0
+    deadline_unix: float = 0.0
+    retry_after: float = _WAIT_S
+
+
+@dataclass
+class _Client:
+    name: str
+    num_examples: int
+    last_seen: float = field(default_factory=time.time)
+    epsilon: float = 0.0
+    delta: float = 0.0
+    bytes_pushed: int = 0
+    exhausted: bool = False
+
+
+@dataclass
+class _OpenRound:
+    round: int
+    version: int
+    deadline: float
+    cohort: frozenset[str]
+    reported: set[str] = field(default_factory=set)
+
+
+class Coordinator:
+    """The chief of a fedps cluster.
+
+    Parameters
+    ----------
+    config
+        The cluster configuration.
+    state_dir
+        Where checkpoints are written.
+    """
+
+    def __init__(self, config: FedPSConfig, *, state_dir: Path) -> None:
+        self.config = config
+        self._training = config.training
+        self._dir = state_dir
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._stop = threading.Event()
+        self.run_id = secrets.token_hex(8)
+        self.clients: dict[str, _Client] = {}
+        self.round = 0
+        self.version = 0
+        self.history: list[RoundRecord] = []
+        self.finished = False
+        self.last_checkpoint = 0.0
+        self._open: _OpenRound | None = None
+        self._rng = random.Random(self._training.seed)
+        self.evaluator = Evaluator(self._training)
+        self._vector: np.ndarray = self.evaluator.initial_vector()
+        self._shard_ids = config.cluster.shard_ids
+        shards = dict(zip(self._shard_ids, config.cluster.shards, strict=True))
+        self._params = ParameterClient(shards)
+        self._keyholder = keyholder_pb2_grpc.KeyHolderStub(
+            create_channel(config.cluster.keyholder)
+        )
+        self.layout = BlockLayout(
+            self._vector.size,
+            CkksParams(
+                poly_modulus_degree=config.he.poly_modulus_degree,
+                coeff_modulus_bits=config.he.coeff_modulus_bits,
+                scale_bits=config.he.scale_bits,
+            ).values_per_block,
+        )
+        self._restore()
+
+    # ------------------------------------------------------------------ client-facing
+    def register(self, name: str, num_examples: int, num_params: int, client_id: str) -> str:
+        """Register a client (or re-register a known id); returns its client id."""
+        if num_params != self.layout.num_params:
+            raise InvalidArgumentError(
+                f"client model has {num_params} parameters, the run's model has "
+                f"{self.layout.num_params}"
+            )
+        if num_examples < 1:
+            raise InvalidArgumentError("a client needs at least one training example")
+        with self._changed:
+            if client_id and client_id in self.clients:
+                self.clients[client_id].last_seen = time.time()
+                return client_id
+            if not client_id:
+                client_id = f"client-{len(self.clients)}-{secrets.token_hex(4)}"
+            self.clients[client_id] = _Client(name=name or client_id, num_examples=num_examples)
+            self._changed.notify_all()
+        _log.info("registered %s (%s, %d examples)", client_id, name, num_examples)
+        return client_id
+
+    def get_task(self, client_id: str) -> Task:
+        """The next task for ``client_id``."""
+        with self._lock:
+            client = self._known(client_id)
+            client.last_seen = time.time()
+            if self.finished:
+                return Task("done")
+            current = self._open
+            if (
+                current is not None
+                and client_id in current.cohort
+                and client_id not in current.reported
+                and time.time() < current.deadline
+            ):
+                return Task("train", current.round, current.version, current.deadline)
+            return Task("wait")
+
+    def report(
+        self,
+        client_id: str,
+        round_: int,
+        *,
+        epsilon: float,
+        delta: float,
+        bytes_pushed: int,
+        budget_exhausted: bool,
+    ) -> None:
+        """A client says it pushed its update for ``round_`` (or ran out of budget)."""
+        with self._changed:
+            client = self._known(client_id)
+            client.epsilon = max(client.epsilon, epsilon)
+            client.delta = delta
+            client.bytes_pushed += bytes_pushed
+            client.exhausted = client.exhausted or budget_exhausted
+            if self._open is not None and self._open.round == round_:
+                self._open.reported.add(client_id)
+            self._changed.notify_all()
+
+    def _known(self, client_id: str) -> _Client:
+        client = self.clients.get(client_id)
+        if client is None:
+            raise UnknownClientError(f"unknown client {client_id!r}; register first")
+        return client
+
+    @property
+    def max_epsilon(self) -> tuple[float, float]:
+        """The largest epsilon any client reported, with its delta."""
+        with self._lock:
+            worst = max(self.clients.values(), key=lambda c: c.epsilon, default=None)
+            return (worst.epsilon, worst.delta) if worst else (0.0, 0.0)
+
+    @property
+    def bytes_pushed(self) -> int:
+        """Bytes of encrypted updates the clients report having pushed."""
+        with self._lock:
+            return sum(c.bytes_pushed for c in self.clients.values())
+
+    # ------------------------------------------------------------------ the round loop
+    def stop(self) -> None:
+        """Ask :meth:`run` to return soon."""
+        self._stop.set()
+        with self._changed:
+            self._changed.notify_all()
+
+    def run(self) -> None:
+        """Run rounds until ``training.rounds`` are done or :meth:`stop` is called."""
+        self._bootstrap()
+        while self.round < self._training.rounds and not self._stop.is_set():
+            cohort = self._wait_for_cohort()
+            if cohort is None:
+                break
+            self._run_round(self.round + 1, cohort)
+        with self._lock:
+            self.finished = not self._stop.is_set()
+        if self.finished:
+            self._checkpoint()
+            _log.info("training finished after %d rounds", self.round)
+
+    def _bootstrap(self) -> None:
+        """Wait for the key holder and give it the initial model (the chief's job)."""
+        state = self._retry(
+            lambda: self._keyholder.GetModelState(common_pb2.Empty()), "key holder state"
+        )
+        if state.initialized and state.version >= self.version:
+            self.version = state.version
+            self.round = max(self.round, state.last_round)
+            if state.num_params != self.layout.num_params:
+                raise FedPSError("the key holder's model does not match the configured model")
+            # Republish: shards may have restarted empty.
+            self._initialize(force=False)
+        else:
+            self._initialize(force=True)
+        self._context_id = self._retry(
+            lambda: self._keyholder.GetPublicContext(common_pb2.Empty()), "public context"
+        ).context_id
+
+    def _initialize(self, *, force: bool) -> None:
+        layout = self.layout
+        blocks = [
+            common_pb2.ParameterBlock(
+                block=b, version=self.version, values=layout.block_of(self._vector, b).astype("<f4").tobytes()
+            )
+            for b in range(layout.num_blocks)
+        ]
+        request = keyholder_pb2.InitializeRequest(
+            num_params=layout.num_params, blocks=blocks, force=force, version=self.version
+        )
+        state = self._retry(
+            lambda: self._keyholder.InitializeModel(iter([request])), "initialise model"
+        )
+        self.version = state.version
+
+    def _retry(self, fn: Callable[[], _T], what: str) -> _T:
+        delay = 0.2
+        while True:
+            try:
+                return call(fn, what)
+            except FedPSError as exc:
+                if self._stop.is_set():
+                    raise
+                _log.info("%s not ready (%s); retrying", what, exc)
+                time.sleep(delay)
+                delay = min(delay * 1.5, 2.0)
+
+    def _wait_for_cohort(self) -> frozenset[str] | None:
+        expected = self._training.clients
+        grace_until = time.time() + self._training.deadline_s
+        with self._changed:
+            while not self._stop.is_set():
+                live = [cid for cid, c in self.clients.items() if self._is_live(c)]
+                if len(live) >= expected or (
+                    len(live) >= self._training.min_quorum and time.time() > grace_until
+                ):
+                    size = self._training.cohort_size or len(live)
+                    chosen = sorted(self._rng.sample(sorted(live), min(size, len(live))))
+                    return frozenset(chosen)
+                usable = [c for c in self.clients.values() if not c.exhausted]
+                if len(self.clients) >= expected and len(usable) < self._training.min_quorum:
+                    _log.warning("fewer than min_quorum clients have privacy budget left")
+                    self._stop.set()
+                    return None
+                self._changed.wait(timeout=_WAIT_S)
+        return None
+
+    def _is_live(self, client: _Client) -> bool:
+        timeout = max(30.0, 3 * self._training.deadline_s)
+        return not client.exhausted and time.time() - client.last_seen < timeout
+
+    def _run_round(self, round_: int, cohort: frozenset[str]) -> None:
+        started = time.time()
+        bytes_before = self.bytes_pushed
+        version = self.version
+        for sid, stub in self._params.stubs.items():
+            request = shard_pb2.OpenRoundRequest(
+                round=round_, version=version, cohort=sorted(cohort), context_id=self._context_id
+            )
+            self._retry(lambda s=stub: s.OpenRound(request), f"open round on {sid}")
+        deadline = started + self._training.deadline_s
+        with self._changed:
+            self._open = _OpenRound(round_, version, deadline, cohort)
+            self._changed.notify_all()
+            while (
+                not self._stop.is_set()
+                and time.time() < deadline
+                and not cohort <= self._open.reported
+            ):
+                self._changed.wait(timeout=min(_WAIT_S, max(0.0, deadline - time.time())))
+            self._open = None
+        if self._stop.is_set():
+            return
+        accepted = self._close_on_shards(round_, cohort)
+        record = RoundRecord(round=round_, version=version, contributors=len(accepted))
+        if len(accepted) < self._training.min_quorum:
+            _log.warning(
+                "round %d abandoned: %d of %d clients complete, quorum is %d",
+                round_,
+                len(accepted),
+                len(cohort),
+                self._training.min_quorum,
+            )
+            self._discard(round_)
+            record.abandoned = True
+        else:
+            try:
+                reply = self._apply_round(round_, version)
+            except PolicyError as exc:
+                _log.warning("round %d refused by the key holder: %s", round_, exc)
+                self._discard(round_)
+                record.abandoned = True
+            else:
+                self.version = reply.version
+                record.version = reply.version
+        self.round = round_
+        if not record.abandoned and (
+            round_ % self._training.eval_every == 0 or round_ == self._training.rounds
+        ):
+            self._vector, _ = self._retry(
+                lambda: self._params.pull(self.layout, self.version), "pull model"
+            )
+            record.accuracy, record.loss = self.evaluator.evaluate(self._vector)
+        record.max_epsilon = self.max_epsilon[0]
+        record.bytes_pushed = self.bytes_pushed - bytes_before
+        record.seconds = time.time() - started
+        with self._lock:
+            self.history.append(record)
+        _log.info("round %d: %s", round_, record)
+        if round_ % self._training.checkpoint_every == 0:
+            self._checkpoint()
+
+    def _apply_round(self, round_: int, version: int) -> keyholder_pb2.ApplyRoundReply:
+        request = keyholder_pb2.ApplyRoundRequest(round=round_, version=version)
+        reply: keyholder_pb2.ApplyRoundReply = call(
+            lambda: self._keyholder.ApplyRound(request), f"apply round {round_}"
+        )
+        return reply
+
+    def _close_on_shards(self, round_: int, cohort: frozenset[str]) -> set[str]:
+        accepted = set(cohort)
+        for sid, stub in self._params.stubs.items():
+            request = shard_pb2.CloseRoundRequest(round=round_)
+            reply = self._retry(lambda s=stub: s.CloseRound(request), f"close round on {sid}")
+            if reply.blocks:
+                accepted &= set(reply.complete_clients)
+        return accepted
+
+    def _discard(self, round_: int) -> None:
+        for sid, stub in self._params.stubs.items():
+            request = shard_pb2.CloseRoundRequest(round=round_)
+            try:
+                call(lambda s=stub: s.DiscardRound(request), f"discard round on {sid}")
+            except FedPSError as exc:
+                _log.warning("could not discard round %d on %s: %s", round_, sid, exc)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoint(self) -> None:
+        if self.version and self.history and self.history[-1].accuracy < 0:
+            try:
+                self._vector, _ = call(lambda: self._params.pull(self.layout), "pull model")
+            except FedPSError as exc:
+                _log.warning("checkpoint without a fresh model: %s", exc)
+        meta = {
+            "run_id": self.run_id,
+            "round": self.round,
+            "version": self.version,
+            "history": [asdict(r) for r in self.history],
+            "clients": {cid: asdict(c) for cid, c in self.clients.items()},
+        }
+        path = self._dir / CHECKPOINT_FILE
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            np.savez(
+                fh,
+                model=self._vector,
+                meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+            )
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        self.last_checkpoint = time.time()
+        _log.info("checkpoint at round %d (version %d)", self.round, self.version)
+
+    def _restore(self) -> None:
+        path = self._dir / CHECKPOINT_FILE
+        if not path.exists():
+            return
+        with np.load(path) as data:
+            meta = json.loads(bytes(data["meta"]).decode())
+            vector = data["model"]
+        if vector.shape != self._vector.shape:
+            raise FedPSError(f"checkpoint {path} is for another model")
+        self._vector = vector
+        self.run_id = meta["run_id"]
+        self.round = int(meta["round"])
+        self.version = int(meta["version"])
+        self.history = [RoundRecord(**r) for r in meta["history"]]
+        self.clients = {cid: _Client(**c) for cid, c in meta["clients"].items()}
+        for client in self.clients.values():
+            client.last_seen = time.time()
+        self.last_checkpoint = path.stat().st_mtime
+        _log.info("resumed from checkpoint: round %d, version %d", self.round, self.version)

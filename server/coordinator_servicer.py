@@ -1,0 +1,104 @@
+"""gRPC face of :class:`server.coordinator.Coordinator`."""
+
+from __future__ import annotations
+
+import grpc
+
+from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from fedps.transport import rpc_errors
+from server.coordinator import Coordinator
+
+__all__ = ["CoordinatorServicer"]
+
+_KINDS = {
+    "wait": coordinator_pb2.Task.WAIT,
+    "train": coordinator_pb2.Task.TRAIN,
+    "done": coordinator_pb2.Task.DONE,
+}
+
+
+class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
+    """Thin servicer over a :class:`Coordinator`."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.coordinator = coordinator
+
+    def Register(  # noqa: N802 (gRPC method name)
+        self, request: coordinator_pb2.RegisterRequest, context: grpc.ServicerContext
+    ) -> coordinator_pb2.RegisterReply:
+        c = self.coordinator
+        with rpc_errors(context):
+            client_id = c.register(
+                request.name, request.num_examples, request.num_params, request.client_id
+            )
+        cluster = c.config.cluster
+        return coordinator_pb2.RegisterReply(
+            client_id=client_id,
+            run_id=c.run_id,
+            keyholder=cluster.keyholder,
+            shards=[
+                coordinator_pb2.ShardAddress(shard_id=sid, address=addr)
+                for sid, addr in zip(cluster.shard_ids, cluster.shards, strict=True)
+            ],
+            virtual_nodes=cluster.virtual_nodes,
+            num_params=c.layout.num_params,
+            rounds=c.config.training.rounds,
+        )
+
+    def GetTask(  # noqa: N802
+        self, request: coordinator_pb2.TaskRequest, context: grpc.ServicerContext
+    ) -> coordinator_pb2.Task:
+        with rpc_errors(context):
+            task = self.coordinator.get_task(request.client_id)
+        return coordinator_pb2.Task(
+            kind=_KINDS[task.kind],
+            round=task.round,
+            version=task.version,
+            deadline_unix=task.deadline_unix,
+            retry_after=task.retry_after,
+        )
+
+    def ReportUpdate(  # noqa: N802
+        self, request: coordinator_pb2.UpdateReport, context: grpc.ServicerContext
+    ) -> common_pb2.Empty:
+        with rpc_errors(context):
+            self.coordinator.report(
+                request.client_id,
+                request.round,
+                epsilon=request.epsilon,
+                delta=request.delta,
+                bytes_pushed=request.bytes_pushed,
+                budget_exhausted=request.budget_exhausted,
+            )
+        return common_pb2.Empty()
+
+    def GetStatus(  # noqa: N802
+        self, request: common_pb2.Empty, context: grpc.ServicerContext
+    ) -> coordinator_pb2.ClusterStatus:
+        c = self.coordinator
+        epsilon, delta = c.max_epsilon
+        return coordinator_pb2.ClusterStatus(
+            run_id=c.run_id,
+            round=c.round,
+            version=c.version,
+            registered=len(c.clients),
+            finished=c.finished,
+            history=[
+                coordinator_pb2.RoundSummary(
+                    round=r.round,
+                    version=r.version,
+                    contributors=r.contributors,
+                    accuracy=r.accuracy,
+                    loss=r.loss,
+                    max_epsilon=r.max_epsilon,
+                    bytes_pushed=r.bytes_pushed,
+                    seconds=r.seconds,
+                    abandoned=r.abandoned,
+                )
+                for r in list(c.history)
+            ],
+            max_epsilon=epsilon,
+            delta=delta,
+            bytes_pushed=c.bytes_pushed,
+            last_checkpoint_unix=c.last_checkpoint,
+        )

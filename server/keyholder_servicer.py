@@ -1,0 +1,74 @@
+"""gRPC face of :class:`server.keyholder.KeyHolder`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+
+from fedps.blocks import BlockLayout
+from fedps.errors import InvalidArgumentError
+from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc
+from fedps.transport import rpc_errors
+from server.keyholder import KeyHolder
+
+__all__ = ["KeyHolderServicer"]
+
+
+class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
+    """Thin servicer over a :class:`KeyHolder`."""
+
+    def __init__(self, keyholder: KeyHolder) -> None:
+        self.keyholder = keyholder
+        self._context = keyholder.keys.public.serialize()
+
+    def GetPublicContext(  # noqa: N802 (gRPC method name)
+        self, request: common_pb2.Empty, context: grpc.ServicerContext
+    ) -> keyholder_pb2.PublicContextReply:
+        return keyholder_pb2.PublicContextReply(
+            context=self._context, context_id=self.keyholder.keys.public.context_id
+        )
+
+    def InitializeModel(  # noqa: N802
+        self,
+        request_iterator: Iterator[keyholder_pb2.InitializeRequest],
+        context: grpc.ServicerContext,
+    ) -> keyholder_pb2.ModelState:
+        with rpc_errors(context):
+            blocks: dict[int, np.ndarray] = {}
+            num_params = 0
+            force = False
+            version = 0
+            for message in request_iterator:
+                num_params, force, version = message.num_params, message.force, message.version
+                for block in message.blocks:
+                    blocks[block.block] = np.frombuffer(block.values, dtype="<f4")
+            if num_params == 0:
+                raise InvalidArgumentError("initial model has no parameters")
+            layout = BlockLayout(num_params, self.keyholder.keys.public.params.values_per_block)
+            self.keyholder.initialize(layout.join(blocks), version=version, force=force)
+        return self.GetModelState(common_pb2.Empty(), context)
+
+    def ApplyRound(  # noqa: N802
+        self, request: keyholder_pb2.ApplyRoundRequest, context: grpc.ServicerContext
+    ) -> keyholder_pb2.ApplyRoundReply:
+        with rpc_errors(context):
+            result = self.keyholder.apply_round(request.round, request.version)
+        return keyholder_pb2.ApplyRoundReply(
+            version=result.version,
+            min_contributors=result.min_contributors,
+            total_weight=result.total_weight,
+            update_norm=result.update_norm,
+        )
+
+    def GetModelState(  # noqa: N802
+        self, request: common_pb2.Empty, context: grpc.ServicerContext
+    ) -> keyholder_pb2.ModelState:
+        kh = self.keyholder
+        return keyholder_pb2.ModelState(
+            version=kh.version,
+            num_params=0 if kh.params is None else kh.params.size,
+            initialized=kh.params is not None,
+            last_round=kh.last_round,
+        )

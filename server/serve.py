@@ -1,0 +1,131 @@
+"""Wire each role's handler into a gRPC server.
+
+Each ``add_*`` function builds a role from the configuration and registers its servicer on a
+server that the caller created and bound (tests bind port 0 first, then build the config from
+the bound ports). :func:`serve_forever` is what ``fedps keyholder|shard|coordinator`` run.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+
+import grpc
+
+from crypto import CkksParams, PublicContext
+from fedps.config import FedPSConfig
+from fedps.errors import InvalidArgumentError
+from fedps.hash_ring import HashRing
+from fedps.proto import common_pb2, coordinator_pb2_grpc, keyholder_pb2_grpc, shard_pb2_grpc
+from fedps.transport import bind, call, create_channel, create_server
+from server.coordinator import Coordinator
+from server.coordinator_servicer import CoordinatorServicer
+from server.keyholder import KeyHolder
+from server.keyholder_servicer import KeyHolderServicer
+from server.server_optimizer import create_server_optimizer
+from server.shard import Shard
+from server.shard_servicer import ShardServicer
+
+__all__ = ["add_coordinator", "add_keyholder", "add_shard", "serve_forever"]
+
+_log = logging.getLogger("fedps")
+
+
+def _ring(config: FedPSConfig) -> HashRing:
+    return HashRing(config.cluster.shard_ids, virtual_nodes=config.cluster.virtual_nodes)
+
+
+def ckks_params(config: FedPSConfig) -> CkksParams:
+    """The scheme parameters of the configuration (validated for 128-bit security)."""
+    he = config.he
+    return CkksParams(
+        poly_modulus_degree=he.poly_modulus_degree,
+        coeff_modulus_bits=he.coeff_modulus_bits,
+        scale_bits=he.scale_bits,
+    )
+
+
+def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> KeyHolder:
+    """Build the key holder and register its servicer."""
+    t = config.training
+    keyholder = KeyHolder(
+        state_dir=state_dir,
+        params=ckks_params(config),
+        shards=dict(zip(config.cluster.shard_ids, config.cluster.shards, strict=True)),
+        ring=_ring(config),
+        optimizer=create_server_optimizer(
+            t.server_optimizer, lr=t.server_lr, momentum=t.server_momentum
+        ),
+        min_cohort=t.min_quorum,
+    )
+    keyholder_pb2_grpc.add_KeyHolderServicer_to_server(KeyHolderServicer(keyholder), server)
+    return keyholder
+
+
+def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
+    """Build shard ``index`` and register its servicer."""
+    ids = config.cluster.shard_ids
+    if not 0 <= index < len(ids):
+        raise InvalidArgumentError(f"shard index {index} out of range [0, {len(ids)})")
+    stub = keyholder_pb2_grpc.KeyHolderStub(create_channel(config.cluster.keyholder))
+    contexts: dict[str, PublicContext] = {}
+    lock = threading.Lock()
+
+    def public_context(context_id: str) -> PublicContext:
+        with lock:
+            if context_id not in contexts:
+                reply = call(
+                    lambda: stub.GetPublicContext(common_pb2.Empty()), "fetch public context"
+                )
+                public = PublicContext.from_bytes(reply.context)
+                contexts[public.context_id] = public
+            if context_id not in contexts:
+                raise InvalidArgumentError("unknown key generation (context id)")
+            return contexts[context_id]
+
+    shard = Shard(ids[index], _ring(config), public_context)
+    shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(shard), server)
+    return shard
+
+
+def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> Coordinator:
+    """Build the coordinator, register its servicer and start its round loop thread."""
+    coordinator = Coordinator(config, state_dir=state_dir)
+    coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
+        CoordinatorServicer(coordinator), server
+    )
+    threading.Thread(target=coordinator.run, name="rounds", daemon=True).start()
+    return coordinator
+
+
+def serve_forever(role: str, config: FedPSConfig, *, index: int = 0) -> None:
+    """Run one role until SIGINT/SIGTERM, then stop gracefully."""
+    cluster = config.cluster
+    address = {
+        "keyholder": cluster.keyholder,
+        "coordinator": cluster.coordinator,
+        "shard": cluster.shards[index] if 0 <= index < len(cluster.shards) else "",
+    }[role]
+    if not address:
+        raise InvalidArgumentError(f"shard index {index} out of range")
+    server = create_server()
+    bind(server, address)
+    coordinator: Coordinator | None = None
+    if role == "keyholder":
+        add_keyholder(server, config, cluster.state_dir / "keyholder")
+    elif role == "shard":
+        add_shard(server, config, index)
+    else:
+        coordinator = add_coordinator(server, config, cluster.state_dir / "coordinator")
+    server.start()
+    _log.info("%s listening on %s", role, address)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    if coordinator is not None:
+        coordinator.stop()
+    server.stop(grace=2.0).wait()
+    _log.info("%s stopped", role)

@@ -1,0 +1,276 @@
+"""A parameter-server shard: plaintext model blocks out, encrypted update blocks in.
+
+The shard owns the blocks the consistent-hash ring gives it. It serves their current
+published values, and for the open round it validates every pushed ciphertext block (exact
+size, every coefficient below q, the key generation's context id, ownership, cohort
+membership, round and version) before adding it into a running sum modulo q. The sum is one
+block per owned block, whatever the number of clients; the manifest records who is in it and
+with what weight, so a client's block is never counted twice. A shard never holds a secret
+key: it can add ciphertexts, never read them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from crypto import CiphertextSum, PublicContext, unpack_block
+from fedps.errors import InvalidArgumentError, NotReadyError, RoundClosedError, UnknownClientError
+from fedps.hash_ring import HashRing
+
+__all__ = ["Aggregate", "PushBatch", "Shard"]
+
+_log = logging.getLogger("fedps")
+
+_MAX_WEIGHT = 1e6
+
+
+@dataclass(frozen=True)
+class PushBatch:
+    """One push message: some encrypted blocks of one client's update."""
+
+    client_id: str
+    round: int
+    version: int
+    weight: float
+    context_id: str
+    blocks: list[tuple[int, bytes]]
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """A closed round's encrypted sum for one block, with its manifest."""
+
+    block: int
+    ciphertext: bytes
+    contributions: dict[str, float]
+
+
+@dataclass
+class _Round:
+    round: int
+    version: int
+    cohort: frozenset[str]
+    context_id: str
+    sums: dict[int, CiphertextSum] = field(default_factory=dict)
+    manifest: dict[int, dict[str, float]] = field(default_factory=dict)
+    closed: bool = False
+
+
+class Shard:
+    """The shard's state and rules, independent of gRPC.
+
+    Parameters
+    ----------
+    shard_id
+        This shard's name on the ring.
+    ring
+        The cluster's hash ring.
+    public_context
+        Returns the key holder's public context for a context id (fetched once per key
+        generation).
+    """
+
+    def __init__(
+        self,
+        shard_id: str,
+        ring: HashRing,
+        public_context: Callable[[str], PublicContext],
+    ) -> None:
+        if shard_id not in ring.nodes:
+            raise InvalidArgumentError(f"{shard_id} is not on the ring {ring.nodes}")
+        self.shard_id = shard_id
+        self._ring = ring
+        self._public_context = public_context
+        self._lock = threading.Lock()
+        self._values: dict[int, np.ndarray] = {}
+        self._owned: list[int] = []
+        self._num_blocks = 0
+        self._values_per_block = 0
+        self.version = 0
+        self._published = False
+        self._rounds: dict[int, _Round] = {}
+        self._open: _Round | None = None
+        self.stats = {"accepted": 0, "duplicates": 0, "refused": 0, "bytes": 0}
+
+    # ------------------------------------------------------------------ model blocks
+    def publish(
+        self, version: int, num_blocks: int, values_per_block: int, blocks: dict[int, np.ndarray]
+    ) -> int:
+        """Install version ``version`` of every block this shard owns."""
+        owned = self._ring_owned(num_blocks)
+        if set(blocks) != set(owned):
+            raise InvalidArgumentError(
+                f"publish must carry exactly this shard's {len(owned)} blocks, got {len(blocks)}"
+            )
+        for b, values in blocks.items():
+            if values.shape != (values_per_block,) or not np.all(np.isfinite(values)):
+                raise InvalidArgumentError(f"published block {b} is malformed")
+        with self._lock:
+            if self._published and version < self.version:
+                raise InvalidArgumentError(f"version {version} is older than {self.version}")
+            self._num_blocks, self._values_per_block = num_blocks, values_per_block
+            self._owned = owned
+            self._values = {b: v.astype("<f4") for b, v in blocks.items()}
+            self.version = version
+            self._published = True
+        _log.info("%s published version %d (%d blocks)", self.shard_id, version, len(owned))
+        return len(owned)
+
+    def pull(self, min_version: int) -> tuple[int, dict[int, bytes]]:
+        """The current version and this shard's blocks as float32 bytes."""
+        with self._lock:
+            if not self._published:
+                raise NotReadyError(f"{self.shard_id} has no model yet")
+            if self.version < min_version:
+                raise RoundClosedError(
+                    f"{self.shard_id} is at version {self.version}, not {min_version} yet"
+                )
+            return self.version, {b: v.tobytes() for b, v in self._values.items()}
+
+    def _ring_owned(self, num_blocks: int) -> list[int]:
+        return [b for b in range(num_blocks) if self._ring.owner(b) == self.shard_id]
+
+    # ------------------------------------------------------------------ rounds
+    def open_round(self, round_: int, version: int, cohort: Iterable[str], context_id: str) -> None:
+        """Start accepting pushes for ``round_`` from ``cohort`` (idempotent)."""
+        members = frozenset(cohort)
+        if not members:
+            raise InvalidArgumentError("a round needs a non-empty cohort")
+        self._public_context(context_id)  # fetch and validate the key generation now
+        with self._lock:
+            existing = self._rounds.get(round_)
+            if existing is not None and (existing.version, existing.cohort) == (version, members):
+                return
+            if existing is not None:
+                # A restarted coordinator reopens an unfinished round: start it afresh.
+                _log.warning("%s: round %d reopened; its old sums are discarded", self.shard_id, round_)
+            if self._open is not None and not self._open.closed:
+                _log.warning("%s: round %d replaced by %d", self.shard_id, self._open.round, round_)
+                self._open.closed = True
+            state = _Round(round_, version, members, context_id)
+            self._rounds[round_] = state
+            self._open = state
+            for old in [r for r in self._rounds if r < round_ - 2]:
+                del self._rounds[old]
+
+    def push(self, batch: PushBatch) -> tuple[int, int]:
+        """Validate and add one push message; returns ``(accepted, duplicates)``.
+
+        Every block of the message is validated before any is added, so a bad message
+        changes nothing.
+        """
+        try:
+            return self._push(batch)
+        except (InvalidArgumentError, RoundClosedError, UnknownClientError):
+            with self._lock:
+                self.stats["refused"] += 1
+            raise
+
+    def _push(self, batch: PushBatch) -> tuple[int, int]:
+        state = self._rounds.get(batch.round)
+        if state is None or state.closed:
+            raise RoundClosedError(f"round {batch.round} is not open on {self.shard_id}")
+        if batch.client_id not in state.cohort:
+            raise UnknownClientError(
+                f"client {batch.client_id!r} is not in the cohort of round {batch.round}"
+            )
+        if batch.version != state.version:
+            raise InvalidArgumentError(
+                f"round {batch.round} trains version {state.version}, update is for "
+                f"version {batch.version}"
+            )
+        if batch.context_id != state.context_id:
+            raise InvalidArgumentError("ciphertexts use another key generation (context id)")
+        if not (math.isfinite(batch.weight) and 0 < batch.weight <= _MAX_WEIGHT):
+            raise InvalidArgumentError(f"weight must be in (0, {_MAX_WEIGHT:g}]")
+        if not batch.blocks:
+            raise InvalidArgumentError("push carries no blocks")
+        public = self._public_context(state.context_id)
+        owned = set(self._owned)
+        seen: set[int] = set()
+        checked: list[tuple[int, np.ndarray]] = []
+        for block, data in batch.blocks:
+            if block not in owned:
+                raise InvalidArgumentError(
+                    f"block {block} is not owned by {self.shard_id} (owner: "
+                    f"{self._ring.owner(block) if block < self._num_blocks else 'none'})"
+                )
+            if block in seen:
+                raise InvalidArgumentError(f"block {block} appears twice in one message")
+            seen.add(block)
+            checked.append((block, unpack_block(public, data)))
+        accepted = duplicates = 0
+        with self._lock:
+            if state.closed:
+                raise RoundClosedError(f"round {batch.round} closed during the push")
+            for block, coeffs in checked:
+                manifest = state.manifest.setdefault(block, {})
+                if batch.client_id in manifest:
+                    duplicates += 1
+                    continue
+                state.sums.setdefault(block, CiphertextSum(public)).add(coeffs)
+                manifest[batch.client_id] = batch.weight
+                accepted += 1
+            self.stats["accepted"] += accepted
+            self.stats["duplicates"] += duplicates
+            self.stats["bytes"] += sum(len(d) for _, d in batch.blocks)
+        return accepted, duplicates
+
+    def close_round(self, round_: int) -> list[str]:
+        """Stop accepting pushes; return the clients that pushed every owned block."""
+        with self._lock:
+            state = self._require(round_)
+            state.closed = True
+            if not self._owned:
+                return sorted(state.cohort)
+            complete = set(state.cohort)
+            for block in self._owned:
+                complete &= set(state.manifest.get(block, {}))
+            return sorted(complete)
+
+    def discard_round(self, round_: int) -> None:
+        """Forget an abandoned round's sums; they are never decrypted."""
+        with self._lock:
+            state = self._require(round_)
+            state.closed = True
+            state.sums.clear()
+            state.manifest.clear()
+
+    def aggregates(self, round_: int) -> list[Aggregate]:
+        """The closed round's sums and manifests, for the key holder."""
+        with self._lock:
+            state = self._require(round_)
+            if not state.closed:
+                raise RoundClosedError(f"round {round_} is still open")
+            return [
+                Aggregate(b, state.sums[b].packed(), dict(state.manifest[b]))
+                for b in self._owned
+                if b in state.sums
+            ]
+
+    def _require(self, round_: int) -> _Round:
+        state = self._rounds.get(round_)
+        if state is None:
+            raise RoundClosedError(f"round {round_} is unknown to {self.shard_id}")
+        return state
+
+    @property
+    def open_round_number(self) -> int:
+        """The number of the most recent round (0 if none)."""
+        return self._open.round if self._open else 0
+
+    @property
+    def round_is_open(self) -> bool:
+        """Whether the most recent round still accepts pushes."""
+        return self._open is not None and not self._open.closed
+
+    @property
+    def owned_blocks(self) -> list[int]:
+        """Blocks this shard owns in the published model."""
+        return list(self._owned)

@@ -1,0 +1,133 @@
+"""gRPC face of :class:`server.shard.Shard`: decode messages, call the handler, map errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+
+from fedps.errors import InvalidArgumentError
+from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
+from fedps.transport import batched, rpc_errors
+from server.shard import PushBatch, Shard
+
+__all__ = ["ShardServicer"]
+
+
+class ShardServicer(shard_pb2_grpc.ShardServicer):
+    """Thin servicer over a :class:`Shard`."""
+
+    def __init__(self, shard: Shard) -> None:
+        self.shard = shard
+
+    def OpenRound(  # noqa: N802 (gRPC method name)
+        self, request: shard_pb2.OpenRoundRequest, context: grpc.ServicerContext
+    ) -> shard_pb2.OpenRoundReply:
+        with rpc_errors(context):
+            self.shard.open_round(
+                request.round, request.version, list(request.cohort), request.context_id
+            )
+        return shard_pb2.OpenRoundReply()
+
+    def PushBlocks(  # noqa: N802
+        self, request_iterator: Iterator[shard_pb2.PushRequest], context: grpc.ServicerContext
+    ) -> shard_pb2.PushReply:
+        accepted = duplicates = 0
+        with rpc_errors(context):
+            for message in request_iterator:
+                a, d = self.shard.push(
+                    PushBatch(
+                        client_id=message.client_id,
+                        round=message.round,
+                        version=message.version,
+                        weight=message.weight,
+                        context_id=message.context_id,
+                        blocks=[(b.block, b.ciphertext) for b in message.blocks],
+                    )
+                )
+                accepted += a
+                duplicates += d
+        return shard_pb2.PushReply(accepted=accepted, duplicates=duplicates)
+
+    def PullBlocks(  # noqa: N802
+        self, request: shard_pb2.PullRequest, context: grpc.ServicerContext
+    ) -> Iterator[shard_pb2.PullReply]:
+        with rpc_errors(context):
+            version, blocks = self.shard.pull(request.min_version)
+        items = sorted(blocks.items())
+        for batch in batched(items, lambda item: len(item[1])):
+            yield shard_pb2.PullReply(
+                blocks=[
+                    common_pb2.ParameterBlock(block=b, version=version, values=v) for b, v in batch
+                ]
+            )
+
+    def CloseRound(  # noqa: N802
+        self, request: shard_pb2.CloseRoundRequest, context: grpc.ServicerContext
+    ) -> shard_pb2.CloseRoundReply:
+        with rpc_errors(context):
+            complete = self.shard.close_round(request.round)
+        return shard_pb2.CloseRoundReply(
+            complete_clients=complete, blocks=len(self.shard.owned_blocks)
+        )
+
+    def DiscardRound(  # noqa: N802
+        self, request: shard_pb2.CloseRoundRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Empty:
+        with rpc_errors(context):
+            self.shard.discard_round(request.round)
+        return common_pb2.Empty()
+
+    def FetchAggregate(  # noqa: N802
+        self, request: shard_pb2.FetchAggregateRequest, context: grpc.ServicerContext
+    ) -> Iterator[shard_pb2.FetchAggregateReply]:
+        with rpc_errors(context):
+            aggregates = self.shard.aggregates(request.round)
+        for batch in batched(aggregates, lambda a: len(a.ciphertext)):
+            yield shard_pb2.FetchAggregateReply(
+                blocks=[
+                    common_pb2.AggregateBlock(
+                        block=a.block,
+                        ciphertext=a.ciphertext,
+                        contributions=[
+                            common_pb2.Contribution(client_id=c, weight=w)
+                            for c, w in sorted(a.contributions.items())
+                        ],
+                    )
+                    for a in batch
+                ]
+            )
+
+    def Publish(  # noqa: N802
+        self, request_iterator: Iterator[shard_pb2.PublishRequest], context: grpc.ServicerContext
+    ) -> shard_pb2.PublishReply:
+        with rpc_errors(context):
+            blocks: dict[int, np.ndarray] = {}
+            header: tuple[int, int, int] | None = None
+            for message in request_iterator:
+                this = (message.version, message.num_blocks, message.values_per_block)
+                if header is not None and this != header:
+                    raise InvalidArgumentError("publish messages disagree on the version")
+                header = this
+                for block in message.blocks:
+                    blocks[block.block] = np.frombuffer(block.values, dtype="<f4")
+            if header is None:
+                raise InvalidArgumentError("empty publish")
+            count = self.shard.publish(header[0], header[1], header[2], blocks)
+        return shard_pb2.PublishReply(blocks=count)
+
+    def GetStatus(  # noqa: N802
+        self, request: common_pb2.Empty, context: grpc.ServicerContext
+    ) -> shard_pb2.ShardStatus:
+        s = self.shard
+        return shard_pb2.ShardStatus(
+            shard_id=s.shard_id,
+            version=s.version,
+            blocks=len(s.owned_blocks),
+            open_round=s.open_round_number,
+            round_open=s.round_is_open,
+            pushes_accepted=s.stats["accepted"],
+            pushes_refused=s.stats["refused"],
+            bytes_received=s.stats["bytes"],
+        )

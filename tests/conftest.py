@@ -1,0 +1,97 @@
+"""Shared fixtures: a real fedps cluster (key holder, shards, coordinator) on loopback."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from fedps.config import FedPSConfig, load_config
+from fedps.transport import bind, create_server
+from server.coordinator import Coordinator
+from server.keyholder import KeyHolder
+from server.serve import add_coordinator, add_keyholder, add_shard
+from server.shard import Shard
+
+
+@dataclass
+class Cluster:
+    """Running servers plus the configuration that points at them."""
+
+    config: FedPSConfig
+    keyholder: KeyHolder
+    shards: list[Shard]
+    coordinator: Coordinator
+    servers: dict[str, grpc.Server]
+    state_dir: Path
+
+    def stop(self) -> None:
+        self.coordinator.stop()
+        for server in self.servers.values():
+            server.stop(grace=None)
+
+
+def start_cluster(
+    tmp_path: Path, *, num_shards: int = 2, coordinator: bool = True, **sections: dict[str, object]
+) -> Cluster:
+    """Bind every server on port 0, then build the roles from the bound addresses."""
+    servers = {"keyholder": create_server(), "coordinator": create_server()}
+    for i in range(num_shards):
+        servers[f"shard-{i}"] = create_server()
+    ports = {name: bind(server, "127.0.0.1:0") for name, server in servers.items()}
+    cluster = {
+        "keyholder": f"127.0.0.1:{ports['keyholder']}",
+        "coordinator": f"127.0.0.1:{ports['coordinator']}",
+        "shards": [f"127.0.0.1:{ports[f'shard-{i}']}" for i in range(num_shards)],
+        "state_dir": str(tmp_path / "state"),
+    }
+    config = load_config(None, cluster=cluster, **sections)
+    keyholder = add_keyholder(servers["keyholder"], config, tmp_path / "state" / "keyholder")
+    shards = [add_shard(servers[f"shard-{i}"], config, i) for i in range(num_shards)]
+    for name, server in servers.items():
+        if name != "coordinator":
+            server.start()
+    coord: Coordinator | None = None
+    if coordinator:
+        coord = add_coordinator(servers["coordinator"], config, tmp_path / "state" / "coordinator")
+        servers["coordinator"].start()
+    return Cluster(config, keyholder, shards, coord, servers, tmp_path / "state")  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def small_training() -> dict[str, object]:
+    """A short, fast training section for integration tests."""
+    return {"rounds": 2, "clients": 3, "min_quorum": 2, "deadline_s": 30.0, "lr": 0.3}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, small_training: dict[str, object]) -> Iterator[Cluster]:
+    """A running cluster with 2 shards and a coordinator."""
+    c = start_cluster(tmp_path, training=small_training)
+    yield c
+    c.stop()
+
+
+def run_clients(clients: list[object], timeout_s: float = 120.0) -> list[object]:
+    """Run ``EdgeClient.run`` for each client in its own thread; return the summaries."""
+    results: list[object] = [None] * len(clients)
+    errors: list[BaseException] = []
+
+    def target(i: int) -> None:
+        try:
+            results[i] = clients[i].run(timeout_s=timeout_s)  # type: ignore[attr-defined]
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(len(clients))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    if errors:
+        raise errors[0]
+    return results
