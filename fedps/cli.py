@@ -1,0 +1,166 @@
+"""The ``fedps`` command: one face that starts every role.
+
+This is the only module of ``fedps`` that imports ``clients`` and ``server``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from fedps.config import FedPSConfig, load_config
+from fedps.errors import FedPSError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    help="fedps: secure federated training (DP-SGD clients, CKKS-encrypted aggregation).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+ConfigOpt = Annotated[
+    Optional[Path],  # noqa: UP045 - typer needs Optional here
+    typer.Option("--config", "-c", help="TOML configuration (default: built-in defaults)."),
+]
+_log = logging.getLogger("fedps")
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _load(config: Path | None) -> FedPSConfig:
+    return load_config(config)
+
+
+@app.command()
+def keyholder(config: ConfigOpt = None) -> None:
+    """Run the key holder (generates the CKKS keys on first start)."""
+    from server.serve import serve_forever
+
+    _setup_logging(True)
+    serve_forever("keyholder", _load(config))
+
+
+@app.command()
+def shard(
+    config: ConfigOpt = None,
+    index: Annotated[int, typer.Option(help="Which shard of [cluster] shards.")] = 0,
+) -> None:
+    """Run one parameter-server shard."""
+    from server.serve import serve_forever
+
+    _setup_logging(True)
+    serve_forever("shard", _load(config), index=index)
+
+
+@app.command()
+def coordinator(config: ConfigOpt = None) -> None:
+    """Run the coordinator (chief): rounds, evaluation, checkpoints."""
+    from server.serve import serve_forever
+
+    _setup_logging(True)
+    serve_forever("coordinator", _load(config))
+
+
+@app.command()
+def client(
+    config: ConfigOpt = None,
+    index: Annotated[int, typer.Option(help="Which data partition this client holds.")] = 0,
+    name: Annotated[str, typer.Option(help="A display name.")] = "",
+) -> None:
+    """Run one edge client until training is done."""
+    from clients.edge_client import EdgeClient
+
+    _setup_logging(True)
+    summary = EdgeClient(_load(config), index=index, name=name).run()
+    _log.info(
+        "client %s done: %d rounds, epsilon %.3f (delta %g), %d bytes pushed",
+        summary.client_id,
+        summary.rounds_trained,
+        summary.epsilon,
+        summary.delta,
+        summary.bytes_pushed,
+    )
+
+
+@app.command()
+def up(config: Annotated[Path, typer.Argument(help="Cluster configuration (TOML).")]) -> None:
+    """Start key holder, shards and coordinator as processes; Ctrl-C stops them cleanly."""
+    from server.deployment import Deployment
+
+    _setup_logging(True)
+    cfg = _load(config)
+    deployment = Deployment(config, cfg)
+    try:
+        deployment.start_servers()
+        typer.echo(f"fedps cluster up; coordinator at {cfg.cluster.coordinator}. Ctrl-C to stop.")
+        while True:
+            deployment.check_alive()
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        typer.echo("stopping...")
+    finally:
+        deployment.stop()
+
+
+@app.command()
+def demo(
+    config: ConfigOpt = None,
+    json_out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--json", help="Write a JSON summary to this file."),
+    ] = None,
+    rounds: Annotated[Optional[int], typer.Option(help="Override training.rounds.")] = None,  # noqa: UP045
+    clients: Annotated[Optional[int], typer.Option(help="Override training.clients.")] = None,  # noqa: UP045
+) -> None:
+    """Train on digits with a key holder, 2 shards, a coordinator and 4 clients, locally."""
+    from server.demo import run_demo
+
+    _setup_logging(False)
+    overrides: dict[str, dict[str, object]] = {}
+    training: dict[str, object] = {}
+    if rounds is not None:
+        training["rounds"] = rounds
+    if clients is not None:
+        training["clients"] = clients
+    if training:
+        overrides["training"] = training
+    with tempfile.TemporaryDirectory(prefix="fedps-demo-") as tmp:
+        summary = run_demo(config, Path(tmp), overrides)
+    if json_out is not None:
+        json_out.write_text(json.dumps(summary, indent=2) + "\n")
+        typer.echo(f"summary written to {json_out}")
+
+
+@app.command()
+def status(config: ConfigOpt = None) -> None:
+    """Print the cluster's health as the coordinator sees it."""
+    from server.cluster_status import print_status
+
+    print_status(_load(config))
+
+
+def main() -> None:
+    """Console-script entry point: expected errors become one line on stderr, exit 2."""
+    try:
+        app()
+    except FedPSError as exc:
+        print(f"fedps: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""``fedps status``: which roles are up, the current round and version, the last checkpoint."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+from fedps.config import FedPSConfig
+from fedps.errors import FedPSError
+from fedps.proto import common_pb2, coordinator_pb2_grpc, keyholder_pb2_grpc, shard_pb2_grpc
+from fedps.transport import call, create_channel
+
+__all__ = ["print_status"]
+
+
+def print_status(config: FedPSConfig) -> None:
+    """Print the cluster's health; raise :class:`FedPSError` if the coordinator is down."""
+    cluster = config.cluster
+    coordinator = coordinator_pb2_grpc.CoordinatorStub(create_channel(cluster.coordinator))
+    status = call(lambda: coordinator.GetStatus(common_pb2.Empty(), timeout=5), "coordinator")
+    age = time.time() - status.last_checkpoint_unix if status.last_checkpoint_unix else None
+    typer.echo(f"coordinator {cluster.coordinator}: up, run {status.run_id}")
+    typer.echo(
+        f"  round {status.round}, version {status.version}, {status.registered} clients, "
+        f"{'finished' if status.finished else 'training'}, max epsilon "
+        f"{status.max_epsilon:.3f} (delta {status.delta:g}), last checkpoint "
+        f"{'never' if age is None else f'{age:.0f}s ago'}"
+    )
+    keyholder = keyholder_pb2_grpc.KeyHolderStub(create_channel(cluster.keyholder))
+    try:
+        state = call(lambda: keyholder.GetModelState(common_pb2.Empty(), timeout=5), "key holder")
+        typer.echo(f"key holder {cluster.keyholder}: up, version {state.version}")
+    except FedPSError as exc:
+        typer.echo(f"key holder {cluster.keyholder}: DOWN ({exc})")
+    for sid, address in zip(cluster.shard_ids, cluster.shards, strict=True):
+        stub = shard_pb2_grpc.ShardStub(create_channel(address))
+        try:
+            s = call(lambda st=stub: st.GetStatus(common_pb2.Empty(), timeout=5), sid)
+            typer.echo(
+                f"{sid} {address}: up, version {s.version}, {s.blocks} blocks, "
+                f"{s.pushes_accepted} pushes accepted, {s.pushes_refused} refused"
+            )
+        except FedPSError as exc:
+            typer.echo(f"{sid} {address}: DOWN ({exc})")

@@ -1,0 +1,129 @@
+"""``fedps demo``: the whole platform on loopback, watched round by round.
+
+Starts a key holder, the shards, a coordinator and the edge clients as separate processes on
+free loopback ports, prints each round's accuracy, max epsilon over clients and bytes pushed
+as the coordinator reports them, and returns a summary.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from fedps.config import load_config
+from fedps.errors import FedPSError, PeerUnavailableError
+from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from fedps.transport import call, create_channel
+from server.deployment import Deployment, free_port, write_config
+
+__all__ = ["run_demo"]
+
+
+def run_demo(
+    config_path: Path | None,
+    workdir: Path,
+    overrides: dict[str, dict[str, object]],
+    *,
+    console: Console | None = None,
+    timeout_s: float = 1800.0,
+) -> dict[str, object]:
+    """Run the demo; returns the summary (rounds, final accuracy, max epsilon, ...)."""
+    console = console or Console(stderr=False)
+    base = load_config(config_path, **overrides)
+    shards = len(base.cluster.shards)
+    cluster = {
+        "keyholder": f"127.0.0.1:{free_port()}",
+        "coordinator": f"127.0.0.1:{free_port()}",
+        "shards": [f"127.0.0.1:{free_port()}" for _ in range(shards)],
+        "state_dir": str(workdir / "state"),
+    }
+    config = load_config(config_path, **{**overrides, "cluster": cluster})
+    path = workdir / "fedps.toml"
+    write_config(config, path)
+    t = config.training
+    console.print(
+        f"fedps demo: {t.dataset}, {t.clients} clients, {shards} shards, {t.rounds} rounds, "
+        f"DP-SGD (target epsilon {config.privacy.target_epsilon}, delta {config.privacy.delta}), "
+        f"CKKS N={config.he.poly_modulus_degree}"
+    )
+    started = time.time()
+    deployment = Deployment(path, config)
+    try:
+        deployment.start_servers()
+        for i in range(t.clients):
+            deployment.start(f"client-{i}", "client", "--index", str(i))
+        status = _watch(deployment, config.cluster.coordinator, t.rounds, console, timeout_s)
+    finally:
+        deployment.stop()
+    seconds = time.time() - started
+    evaluated = [r for r in status.history if r.accuracy >= 0]
+    summary: dict[str, object] = {
+        "rounds": status.round,
+        "final_accuracy": evaluated[-1].accuracy if evaluated else None,
+        "max_epsilon": status.max_epsilon,
+        "delta": status.delta or config.privacy.delta,
+        "bytes_pushed": status.bytes_pushed,
+        "seconds": round(seconds, 2),
+        "clients": t.clients,
+        "shards": shards,
+        "abandoned_rounds": sum(1 for r in status.history if r.abandoned),
+    }
+    console.print(
+        f"done in {seconds:.1f}s: accuracy {summary['final_accuracy']}, max epsilon "
+        f"{status.max_epsilon:.3f} (delta {summary['delta']:g}), "
+        f"{status.bytes_pushed / 1e6:.2f} MB pushed"
+    )
+    return summary
+
+
+def _watch(
+    deployment: Deployment,
+    address: str,
+    rounds: int,
+    console: Console,
+    timeout_s: float,
+) -> coordinator_pb2.ClusterStatus:
+    stub = coordinator_pb2_grpc.CoordinatorStub(create_channel(address))
+    shown = 0
+    until = time.time() + timeout_s
+    columns = (
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} rounds"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("training", total=rounds)
+        while True:
+            servers = [n for n in deployment.processes if not n.startswith("client")]
+            deployment.check_alive(servers)
+            try:
+                status: coordinator_pb2.ClusterStatus = call(
+                    lambda: stub.GetStatus(common_pb2.Empty()), "coordinator status"
+                )
+            except FedPSError:
+                status = coordinator_pb2.ClusterStatus()
+            for record in status.history[shown:]:
+                acc = f"{record.accuracy:.4f}" if record.accuracy >= 0 else "  -   "
+                note = "  (abandoned: no quorum)" if record.abandoned else ""
+                progress.console.print(
+                    f"round {record.round:3d}  acc {acc}  eps {record.max_epsilon:5.2f}  "
+                    f"clients {record.contributors}  {record.bytes_pushed / 1e3:6.1f} kB  "
+                    f"{record.seconds:4.1f}s{note}"
+                )
+            shown = len(status.history)
+            progress.update(task, completed=status.round)
+            if status.finished:
+                return status
+            clients = [p for n, p in deployment.processes.items() if n.startswith("client")]
+            if clients and all(p.poll() is not None for p in clients) and status.round < rounds:
+                raise PeerUnavailableError(
+                    f"every client exited before training finished; see {deployment.log_dir}"
+                )
+            if time.time() > until:
+                raise PeerUnavailableError("the demo timed out")
+            time.sleep(0.3)
