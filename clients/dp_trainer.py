@@ -62,7 +62,9 @@ class DPTrainer:
         self._epochs = training.local_epochs
         dataset = TensorDataset(torch.from_numpy(data.x), torch.from_numpy(data.y))
         batch_size = min(training.batch_size, self.num_examples)
-        loader = DataLoader(dataset, batch_size=batch_size, generator=torch.Generator().manual_seed(seed))
+        loader = DataLoader(
+            dataset, batch_size=batch_size, generator=torch.Generator().manual_seed(seed)
+        )
         optimizer = torch.optim.SGD(model.parameters(), lr=training.lr)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # secure_mode=False and RNG warnings
@@ -142,7 +144,8 @@ class DPTrainer:
             warnings.filterwarnings("ignore", message="Full backward hook")
             self._epochs_loop(loss_fn)
         self.optimizer.zero_grad()
-        return flatten_model(self.model) - global_params
+        delta: np.ndarray = flatten_model(self.model) - global_params
+        return delta
 
     def _epochs_loop(self, loss_fn: torch.nn.Module) -> None:
         for _ in range(self._epochs):

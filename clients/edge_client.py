@@ -226,7 +226,7 @@ class EdgeClient:
             ]
             stub = self._params.stubs[sid]
             try:
-                call(lambda s=stub, m=messages: s.PushBlocks(iter(m)), f"push to {sid}")
+                call(lambda: stub.PushBlocks(iter(messages)), f"push to {sid}")  # noqa: B023
             except RoundClosedError as exc:
                 _log.info("%s: push refused: %s", self.name, exc)
                 continue

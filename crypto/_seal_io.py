@@ -8,6 +8,7 @@ coefficient range), so bytes loaded here are validated by SEAL as well as by our
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import tempfile
@@ -95,7 +96,9 @@ def uncompressed_body(data: bytes) -> bytes:
     if mode == _COMPR_NONE:
         return body
     if mode == _COMPR_ZSTD:
-        out: bytes = zstandard.ZstdDecompressor().decompress(body, max_output_size=_MAX_OBJECT_BYTES)
+        out: bytes = zstandard.ZstdDecompressor().decompress(
+            body, max_output_size=_MAX_OBJECT_BYTES
+        )
         return out
     raise InvalidArgumentError(f"unsupported SEAL compression mode {mode}")
 
@@ -103,11 +106,11 @@ def uncompressed_body(data: bytes) -> bytes:
 def with_header(body: bytes, *, version: tuple[int, int] = (4, 3)) -> bytes:
     """Prefix an uncompressed body with a SEAL header."""
     size = HEADER_SIZE + len(body)
-    return _HEADER.pack(SEAL_MAGIC, HEADER_SIZE, version[0], version[1], _COMPR_NONE, 0, size) + body
+    return (
+        _HEADER.pack(SEAL_MAGIC, HEADER_SIZE, version[0], version[1], _COMPR_NONE, 0, size) + body
+    )
 
 
 def _remove(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass

@@ -41,9 +41,7 @@ class CiphertextSum:
     def __init__(self, public: PublicContext, coeffs: np.ndarray | None = None) -> None:
         self._q = np.uint64(public.modulus)
         self._public = public
-        self._acc = (
-            np.zeros(public.coeffs_per_block, dtype=np.uint64) if coeffs is None else coeffs
-        )
+        self._acc = np.zeros(public.coeffs_per_block, dtype=np.uint64) if coeffs is None else coeffs
 
     def add(self, coeffs: np.ndarray, multiplier: int = 1) -> None:
         """Add already-validated coefficients (times a small integer constant) modulo q."""

@@ -165,9 +165,7 @@ class PublicContext:
         if pos != len(data):
             raise InvalidArgumentError("public context has trailing bytes")
         n, q_bits, scale_bits = struct.unpack("<III", parts[0])
-        params = CkksParams(
-            poly_modulus_degree=n, coeff_modulus_bits=q_bits, scale_bits=scale_bits
-        )
+        params = CkksParams(poly_modulus_degree=n, coeff_modulus_bits=q_bits, scale_bits=scale_bits)
         parms, context = make_seal_context(params)
         sent = seal.EncryptionParameters(seal.SCHEME_TYPE.CKKS)
         _seal_io.load_plain(sent, parts[1])

@@ -17,6 +17,7 @@ of the key holder, the coordinator and every shard. Errors name the bad field::
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -127,9 +128,7 @@ class HEConfig(_Section):
     max_abs_value: float = Field(
         16.0, gt=0, description="clients clip each weighted update value to this magnitude"
     )
-    weight_unit: float = Field(
-        256.0, gt=0, description="examples per unit of aggregation weight"
-    )
+    weight_unit: float = Field(256.0, gt=0, description="examples per unit of aggregation weight")
 
     @model_validator(mode="after")
     def _check(self) -> HEConfig:
@@ -147,7 +146,7 @@ class FedPSConfig(_Section):
     he: HEConfig = Field(default_factory=HEConfig)
 
 
-def load_config(path: Path | None = None, **overrides: dict[str, object]) -> FedPSConfig:
+def load_config(path: Path | None = None, **overrides: Mapping[str, object]) -> FedPSConfig:
     """Load and validate a TOML file (``None``: all defaults).
 
     Parameters

@@ -16,9 +16,7 @@ __all__ = ["create_model", "model_names"]
 
 
 def _mlp(num_features: int, num_classes: int) -> nn.Module:
-    return nn.Sequential(
-        nn.Linear(num_features, 64), nn.ReLU(), nn.Linear(64, num_classes)
-    )
+    return nn.Sequential(nn.Linear(num_features, 64), nn.ReLU(), nn.Linear(64, num_classes))
 
 
 def _logreg(num_features: int, num_classes: int) -> nn.Module:
@@ -30,7 +28,7 @@ class _Cnn(nn.Module):
 
     def __init__(self, num_features: int, num_classes: int) -> None:
         super().__init__()
-        side = int(round(num_features**0.5))
+        side = round(num_features**0.5)
         if side * side != num_features:
             raise ConfigError(f"cnn needs square images, got {num_features} features")
         self.side = side
@@ -44,7 +42,9 @@ class _Cnn(nn.Module):
         )
         with torch.no_grad():
             out = self.features(torch.zeros(1, 1, side, side)).numel()
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(out, 32), nn.Tanh(), nn.Linear(32, num_classes))
+        self.head = nn.Sequential(
+            nn.Flatten(), nn.Linear(out, 32), nn.Tanh(), nn.Linear(32, num_classes)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.head(self.features(x.view(-1, 1, self.side, self.side)))

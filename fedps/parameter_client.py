@@ -47,7 +47,7 @@ class ParameterClient:
         versions: set[int] = set()
         request = shard_pb2.PullRequest(min_version=min_version)
         for sid, stub in self.stubs.items():
-            replies = call(lambda s=stub: list(s.PullBlocks(request)), f"pull from {sid}")
+            replies = call(lambda: list(stub.PullBlocks(request)), f"pull from {sid}")  # noqa: B023
             for reply in replies:
                 for block in reply.blocks:
                     values = np.frombuffer(block.values, dtype="<f4")

@@ -85,7 +85,11 @@ _T = TypeVar("_T")
 
 def create_channel(address: str) -> grpc.Channel:
     """An insecure channel with fedps's message limits and retry policy."""
-    options = [*_OPTIONS, ("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(_RETRY_POLICY))]
+    options = [
+        *_OPTIONS,
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", json.dumps(_RETRY_POLICY)),
+    ]
     return grpc.insecure_channel(address, options=options)
 
 

@@ -36,7 +36,7 @@ def print_status(config: FedPSConfig) -> None:
     for sid, address in zip(cluster.shard_ids, cluster.shards, strict=True):
         stub = shard_pb2_grpc.ShardStub(create_channel(address))
         try:
-            s = call(lambda st=stub: st.GetStatus(common_pb2.Empty(), timeout=5), sid)
+            s = call(lambda: stub.GetStatus(common_pb2.Empty(), timeout=5), sid)  # noqa: B023
             typer.echo(
                 f"{sid} {address}: up, version {s.version}, {s.blocks} blocks, "
                 f"{s.pushes_accepted} pushes accepted, {s.pushes_refused} refused"

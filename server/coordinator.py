@@ -19,8 +19,8 @@ import random
 import secrets
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -123,9 +123,7 @@ class Coordinator:
         self._shard_ids = config.cluster.shard_ids
         shards = dict(zip(self._shard_ids, config.cluster.shards, strict=True))
         self._params = ParameterClient(shards)
-        self._keyholder = keyholder_pb2_grpc.KeyHolderStub(
-            create_channel(config.cluster.keyholder)
-        )
+        self._keyholder = keyholder_pb2_grpc.KeyHolderStub(create_channel(config.cluster.keyholder))
         self.layout = BlockLayout(
             self._vector.size,
             CkksParams(
@@ -257,7 +255,9 @@ class Coordinator:
         layout = self.layout
         blocks = [
             common_pb2.ParameterBlock(
-                block=b, version=self.version, values=layout.block_of(self._vector, b).astype("<f4").tobytes()
+                block=b,
+                version=self.version,
+                values=layout.block_of(self._vector, b).astype("<f4").tobytes(),
             )
             for b in range(layout.num_blocks)
         ]
@@ -313,7 +313,7 @@ class Coordinator:
             request = shard_pb2.OpenRoundRequest(
                 round=round_, version=version, cohort=sorted(cohort), context_id=self._context_id
             )
-            self._retry(lambda s=stub: s.OpenRound(request), f"open round on {sid}")
+            self._retry(lambda: stub.OpenRound(request), f"open round on {sid}")  # noqa: B023
         deadline = started + self._training.deadline_s
         with self._changed:
             self._open = _OpenRound(round_, version, deadline, cohort)
@@ -377,7 +377,7 @@ class Coordinator:
         accepted = set(cohort)
         for sid, stub in self._params.stubs.items():
             request = shard_pb2.CloseRoundRequest(round=round_)
-            reply = self._retry(lambda s=stub: s.CloseRound(request), f"close round on {sid}")
+            reply = self._retry(lambda: stub.CloseRound(request), f"close round on {sid}")  # noqa: B023
             if reply.blocks:
                 accepted &= set(reply.complete_clients)
         return accepted
@@ -386,7 +386,7 @@ class Coordinator:
         for sid, stub in self._params.stubs.items():
             request = shard_pb2.CloseRoundRequest(round=round_)
             try:
-                call(lambda s=stub: s.DiscardRound(request), f"discard round on {sid}")
+                call(lambda: stub.DiscardRound(request), f"discard round on {sid}")  # noqa: B023
             except FedPSError as exc:
                 _log.warning("could not discard round %d on %s: %s", round_, sid, exc)
 

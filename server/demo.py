@@ -8,6 +8,7 @@ as the coordinator reports them, and returns a summary.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from rich.console import Console
@@ -25,7 +26,7 @@ __all__ = ["run_demo"]
 def run_demo(
     config_path: Path | None,
     workdir: Path,
-    overrides: dict[str, dict[str, object]],
+    overrides: Mapping[str, Mapping[str, object]],
     *,
     console: Console | None = None,
     timeout_s: float = 1800.0,
@@ -40,7 +41,8 @@ def run_demo(
         "shards": [f"127.0.0.1:{free_port()}" for _ in range(shards)],
         "state_dir": str(workdir / "state"),
     }
-    config = load_config(config_path, **{**overrides, "cluster": cluster})
+    merged: dict[str, Mapping[str, object]] = {**overrides, "cluster": cluster}
+    config = load_config(config_path, **merged)
     path = workdir / "fedps.toml"
     write_config(config, path)
     t = config.training

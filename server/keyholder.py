@@ -165,7 +165,7 @@ class KeyHolder:
         weight0 = 0.0
         for sid, stub in self._stubs.items():
             request = shard_pb2.FetchAggregateRequest(round=round_)
-            replies = call(lambda s=stub: list(s.FetchAggregate(request)), f"fetch from {sid}")
+            replies = call(lambda: list(stub.FetchAggregate(request)), f"fetch from {sid}")  # noqa: B023
             for reply in replies:
                 for agg in reply.blocks:
                     self._check_aggregate(sid, agg, layout, averaged)
@@ -228,7 +228,7 @@ class KeyHolder:
                 )
             ]
             stub = self._stubs[sid]
-            call(lambda s=stub, m=messages: s.Publish(iter(m)), f"publish to {sid}")
+            call(lambda: stub.Publish(iter(messages)), f"publish to {sid}")  # noqa: B023
 
     # ------------------------------------------------------------------ durability
     def _save_state(self) -> None:
@@ -240,13 +240,13 @@ class KeyHolder:
             "last_round": self.last_round,
             "released": {str(k): asdict(v) for k, v in self._released.items()},
         }
+        arrays: dict[str, np.ndarray] = {
+            "params": self.params,
+            "meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+        }
+        arrays.update({f"opt_{k}": v for k, v in self._optimizer.state.items()})
         with open(tmp, "wb") as fh:
-            np.savez(
-                fh,
-                params=self.params,
-                meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-                **{f"opt_{k}": v for k, v in self._optimizer.state.items()},
-            )
+            np.savez(fh, *[], **arrays)  # type: ignore[arg-type]
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -258,9 +258,7 @@ class KeyHolder:
         with np.load(path) as data:
             meta = json.loads(bytes(data["meta"]).decode())
             self.params = data["params"]
-            self._optimizer.state = {
-                k[4:]: data[k] for k in data.files if k.startswith("opt_")
-            }
+            self._optimizer.state = {k[4:]: data[k] for k in data.files if k.startswith("opt_")}
         self.version = int(meta["version"])
         self.last_round = int(meta["last_round"])
         self._released = {int(k): RoundResult(**v) for k, v in meta["released"].items()}

@@ -93,9 +93,7 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
 def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> Coordinator:
     """Build the coordinator, register its servicer and start its round loop thread."""
     coordinator = Coordinator(config, state_dir=state_dir)
-    coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
-        CoordinatorServicer(coordinator), server
-    )
+    coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coordinator), server)
     threading.Thread(target=coordinator.run, name="rounds", daemon=True).start()
     return coordinator
 

@@ -33,7 +33,8 @@ class FedAvg(ServerOptimizer):
     """x <- x + lr * delta (McMahan et al. 2017)."""
 
     def step(self, params: np.ndarray, delta: np.ndarray) -> np.ndarray:
-        return params + self.lr * delta
+        out: np.ndarray = params + self.lr * delta
+        return out
 
 
 class FedAvgM(ServerOptimizer):
@@ -47,7 +48,8 @@ class FedAvgM(ServerOptimizer):
         m = self.state.get("m", np.zeros_like(params))
         m = self.momentum * m + delta
         self.state["m"] = m
-        return params + self.lr * m
+        out: np.ndarray = params + self.lr * m
+        return out
 
 
 class FedAdam(ServerOptimizer):
@@ -65,7 +67,8 @@ class FedAdam(ServerOptimizer):
         m = self.beta1 * m + (1 - self.beta1) * delta
         v = self.beta2 * v + (1 - self.beta2) * delta * delta
         self.state["m"], self.state["v"] = m, v
-        return params + self.lr * m / (np.sqrt(v) + self.tau)
+        out: np.ndarray = params + self.lr * m / (np.sqrt(v) + self.tau)
+        return out
 
 
 _OPTIMIZERS: dict[str, Callable[[float, float], ServerOptimizer]] = {

@@ -149,7 +149,9 @@ class Shard:
                 return
             if existing is not None:
                 # A restarted coordinator reopens an unfinished round: start it afresh.
-                _log.warning("%s: round %d reopened; its old sums are discarded", self.shard_id, round_)
+                _log.warning(
+                    "%s: round %d reopened; its old sums are discarded", self.shard_id, round_
+                )
             if self._open is not None and not self._open.closed:
                 _log.warning("%s: round %d replaced by %d", self.shard_id, self._open.round, round_)
                 self._open.closed = True

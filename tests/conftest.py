@@ -25,12 +25,13 @@ class Cluster:
     config: FedPSConfig
     keyholder: KeyHolder
     shards: list[Shard]
-    coordinator: Coordinator
+    coordinator: Coordinator  # not started (None) when start_cluster(coordinator=False)
     servers: dict[str, grpc.Server]
     state_dir: Path
 
     def stop(self) -> None:
-        self.coordinator.stop()
+        if self.coordinator is not None:
+            self.coordinator.stop()
         for server in self.servers.values():
             server.stop(grace=None)
 
@@ -84,7 +85,7 @@ def run_clients(clients: list[object], timeout_s: float = 120.0) -> list[object]
     def target(i: int) -> None:
         try:
             results[i] = clients[i].run(timeout_s=timeout_s)  # type: ignore[attr-defined]
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=target, args=(i,)) for i in range(len(clients))]

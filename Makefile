@@ -1,0 +1,37 @@
+# fedps developer commands. `make demo` and `make check` are the README's two commands.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo check test lint typecheck protos protos-check clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/fedps demo --json demo-summary.json
+
+check: lint typecheck protos-check test
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy fedps crypto clients server
+
+protos: $(STAMP)
+	PATH=$(BIN):$$PATH bash fedps/proto/generate.sh
+
+protos-check: $(STAMP)
+	PATH=$(BIN):$$PATH bash fedps/proto/generate.sh --check
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,255 @@
+"""Tests for fedps.config: defaults, TOML round trips and one named error per bad field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fedps.config import FedPSConfig, load_config
+from fedps.errors import ConfigError
+from server.deployment import write_config
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "fedps.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_load_and_validate() -> None:
+    # Prepare / Execute
+    config = load_config(None)
+
+    # Assert: the documented single-machine defaults, and they re-validate unchanged.
+    assert config.training.rounds == 30
+    assert config.training.clients == 4
+    assert config.cluster.shards == ["127.0.0.1:7201", "127.0.0.1:7202"]
+    assert config.cluster.shard_ids == ["shard-0", "shard-1"]
+    assert config.privacy.target_epsilon == 7.5
+    assert config.privacy.noise_multiplier is None
+    assert config.he.poly_modulus_degree == 2048
+    assert config.he.scale_bits <= config.he.coeff_modulus_bits - 4
+    assert FedPSConfig.model_validate(config.model_dump()) == config
+
+
+def test_toml_file_round_trip(tmp_path: Path) -> None:
+    # Prepare
+    path = _write(
+        tmp_path,
+        """
+[cluster]
+keyholder = "10.0.0.1:7100"
+coordinator = "10.0.0.2:7000"
+shards = ["10.0.0.3:7201", "10.0.0.4:7202", "10.0.0.5:7203"]
+
+[training]
+rounds = 7
+clients = 5
+min_quorum = 3
+server_optimizer = "fedadam"
+
+[privacy]
+noise_multiplier = 1.1
+
+[he]
+poly_modulus_degree = 4096
+scale_bits = 35
+""",
+    )
+
+    # Execute
+    config = load_config(path)
+
+    # Assert
+    assert config.cluster.keyholder == "10.0.0.1:7100"
+    assert config.cluster.shard_ids == ["shard-0", "shard-1", "shard-2"]
+    assert (config.training.rounds, config.training.clients, config.training.min_quorum) == (
+        7,
+        5,
+        3,
+    )
+    assert config.training.server_optimizer == "fedadam"
+    # A noise multiplier given alone drops the default target epsilon.
+    assert config.privacy.noise_multiplier == 1.1
+    assert config.privacy.target_epsilon is None
+    assert (config.he.poly_modulus_degree, config.he.scale_bits) == (4096, 35)
+    assert config.he.coeff_modulus_bits == 45  # untouched default
+
+
+def test_overrides_merge_over_the_file(tmp_path: Path) -> None:
+    # Prepare
+    path = _write(tmp_path, "[training]\nrounds = 7\nclients = 6\n")
+
+    # Execute
+    config = load_config(path, training={"rounds": 3})
+
+    # Assert
+    assert config.training.rounds == 3
+    assert config.training.clients == 6
+
+
+@pytest.mark.parametrize(
+    ("sections", "expected"),
+    [
+        ({"training": {"rounds": 0}}, "training.rounds: "),
+        ({"training": {"lr": -1.0}}, "training.lr: "),
+        ({"training": {"batch_size": "big"}}, "training.batch_size: "),
+        ({"training": {"unknown_knob": 1}}, "training.unknown_knob: "),
+        ({"cluster": {"unknown_knob": 1}}, "cluster.unknown_knob: "),
+        ({"he": {"poly_modulus_degree": 3000}}, "he.poly_modulus_degree: "),
+        ({"he": {"coeff_modulus_bits": 61}}, "he.coeff_modulus_bits: "),
+        ({"privacy": {"delta": 1.5}}, "privacy.delta: "),
+        ({"privacy": {"accountant": "moments"}}, "privacy.accountant: "),
+        ({"training": {"dataset": "cifar"}}, "training.dataset: "),
+    ],
+)
+def test_bad_field_is_named(sections: dict[str, dict[str, object]], expected: str) -> None:
+    # Prepare / Execute
+    with pytest.raises(ConfigError) as info:
+        load_config(None, **sections)
+
+    # Assert
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("sections", "fragments"),
+    [
+        ({"cluster": {"shards": ["nohost"]}}, ["cluster: ", "'nohost'", "host:port"]),
+        ({"cluster": {"coordinator": "nohost"}}, ["cluster: ", "'nohost'"]),
+        ({"cluster": {"keyholder": "host:99999"}}, ["cluster: ", "'host:99999'"]),
+        ({"cluster": {"keyholder": ":7100"}}, ["cluster: ", "':7100'"]),
+        ({"cluster": {"shards": []}}, ["cluster: ", "shard"]),
+        ({"cluster": {"shards": ["h:1", "h:2", "h:1"]}}, ["cluster: ", "distinct"]),
+        ({"training": {"min_quorum": 5, "clients": 4}}, ["training: ", "min_quorum", "clients"]),
+        ({"training": {"cohort_size": 1, "min_quorum": 2}}, ["training: ", "cohort_size"]),
+        (
+            {"privacy": {"noise_multiplier": 1.0, "target_epsilon": 3.0}},
+            ["privacy: ", "noise_multiplier", "target_epsilon"],
+        ),
+        ({"he": {"coeff_modulus_bits": 45, "scale_bits": 42}}, ["he: ", "scale_bits"]),
+    ],
+)
+def test_cross_field_error_names_section_and_field(
+    sections: dict[str, dict[str, object]], fragments: list[str]
+) -> None:
+    # Prepare / Execute
+    with pytest.raises(ConfigError) as info:
+        load_config(None, **sections)
+
+    # Assert
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_scale_bits_at_the_limit_is_accepted() -> None:
+    # Prepare / Execute: scale_bits == coeff_modulus_bits - 4 is the largest allowed.
+    config = load_config(None, he={"coeff_modulus_bits": 45, "scale_bits": 41})
+
+    # Assert
+    assert config.he.scale_bits == 41
+
+
+def test_unknown_key_in_file_names_it(tmp_path: Path) -> None:
+    # Prepare
+    path = _write(tmp_path, "[privacy]\nepsilon = 3.0\n")
+
+    # Execute / Assert
+    with pytest.raises(ConfigError, match=r"privacy\.epsilon: "):
+        load_config(path)
+
+
+def test_unknown_section_is_refused(tmp_path: Path) -> None:
+    # Prepare
+    path = _write(tmp_path, "[trianing]\nrounds = 3\n")
+
+    # Execute / Assert
+    with pytest.raises(ConfigError, match=r"trianing: "):
+        load_config(path)
+
+
+def test_invalid_toml(tmp_path: Path) -> None:
+    # Prepare
+    path = _write(tmp_path, "[training\nrounds = = 3\n")
+
+    # Execute / Assert
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(path)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    # Prepare
+    path = tmp_path / "absent.toml"
+
+    # Execute / Assert
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(path)
+
+
+def test_section_that_is_not_a_table(tmp_path: Path) -> None:
+    # Prepare
+    path = _write(tmp_path, 'training = "fast"\n')
+
+    # Execute / Assert
+    with pytest.raises(ConfigError, match="training"):
+        load_config(path, training={"rounds": 3})
+
+
+def test_write_config_round_trip_of_defaults(tmp_path: Path) -> None:
+    # Prepare
+    config = load_config(None)
+    path = tmp_path / "out.toml"
+
+    # Execute
+    write_config(config, path)
+    loaded = load_config(path)
+
+    # Assert
+    assert loaded == config
+
+
+@given(
+    rounds=st.integers(1, 1000),
+    clients=st.integers(1, 50),
+    shards=st.integers(1, 5),
+    lr=st.floats(1e-4, 10.0),
+    noise=st.one_of(st.none(), st.floats(0.0, 20.0)),
+    poly=st.sampled_from([2048, 4096, 8192, 16384]),
+    state_dir=st.text(
+        st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"]), min_size=1, max_size=20
+    ),
+)
+def test_write_config_round_trip(
+    tmp_path_factory: pytest.TempPathFactory,
+    rounds: int,
+    clients: int,
+    shards: int,
+    lr: float,
+    noise: float | None,
+    poly: int,
+    state_dir: str,
+) -> None:
+    # Prepare
+    privacy: dict[str, object] = {} if noise is None else {"noise_multiplier": noise}
+    config = load_config(
+        None,
+        cluster={
+            "shards": [f"127.0.0.1:{7201 + i}" for i in range(shards)],
+            "state_dir": state_dir,
+        },
+        training={"rounds": rounds, "clients": clients, "min_quorum": 1, "lr": lr},
+        privacy=privacy,
+        he={"poly_modulus_degree": poly},
+    )
+    path = tmp_path_factory.mktemp("cfg") / "out.toml"
+
+    # Execute
+    write_config(config, path)
+    loaded = load_config(path)
+
+    # Assert
+    assert loaded == config

@@ -1,0 +1,33 @@
+"""The README's demo, as a user runs it: separate processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_demo_reaches_target_accuracy_within_budget(tmp_path: Path) -> None:
+    # Prepare
+    out = tmp_path / "summary.json"
+    # Execute
+    result = subprocess.run(
+        [sys.executable, "-m", "fedps.cli", "demo", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    # Assert
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["rounds"] == 30
+    assert summary["final_accuracy"] >= 0.90
+    assert 0 < summary["max_epsilon"] <= 8.0
+    assert summary["delta"] == 1e-5
+    assert summary["bytes_pushed"] > 0
+    assert summary["abandoned_rounds"] == 0

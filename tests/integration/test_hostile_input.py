@@ -1,0 +1,144 @@
+"""Bad input against a real shard over gRPC: a clear status each time, and it keeps serving."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from crypto import BlockEncryptor, bitpack
+from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
+from fedps.transport import MAX_MESSAGE_BYTES, create_channel
+from tests.conftest import Cluster, start_cluster
+
+pytestmark = pytest.mark.integration
+
+COHORT = ["client-a", "client-b"]
+
+
+@pytest.fixture(scope="module")
+def open_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Key holder and one shard, model published, round 1 open for COHORT."""
+    tmp: Path = tmp_path_factory.mktemp("hostile")
+    cluster = start_cluster(tmp, num_shards=1, coordinator=False)
+    kh = cluster.keyholder
+    kh.initialize(np.zeros(3000))
+    cluster.shards[0].open_round(1, 0, COHORT, kh.keys.public.context_id)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(open_cluster: Cluster) -> shard_pb2_grpc.ShardStub:
+    return shard_pb2_grpc.ShardStub(create_channel(open_cluster.config.cluster.shards[0]))
+
+
+def _push(
+    cluster: Cluster,
+    *,
+    client: str = "client-a",
+    round_: int = 1,
+    version: int = 0,
+    blocks: list[tuple[int, bytes]] | None = None,
+    context_id: str | None = None,
+) -> shard_pb2.PushRequest:
+    public = cluster.keyholder.keys.public
+    if blocks is None:
+        enc = BlockEncryptor(public).encrypt(np.full(3000, 0.5))
+        blocks = sorted(enc.items())
+    return shard_pb2.PushRequest(
+        client_id=client,
+        round=round_,
+        version=version,
+        weight=1.0,
+        context_id=public.context_id if context_id is None else context_id,
+        blocks=[shard_pb2.EncryptedBlock(block=b, ciphertext=c) for b, c in blocks],
+    )
+
+
+def _expect(
+    stub: shard_pb2_grpc.ShardStub, request: shard_pb2.PushRequest, code: grpc.StatusCode
+) -> str:
+    with pytest.raises(grpc.RpcError) as info:
+        stub.PushBlocks(iter([request]))
+    assert info.value.code() == code, info.value.details()
+    details: str = info.value.details()
+    assert details
+    return details
+
+
+def _still_serving(stub: shard_pb2_grpc.ShardStub) -> None:
+    replies = list(stub.PullBlocks(shard_pb2.PullRequest()))
+    assert sum(len(r.blocks) for r in replies) == 2
+
+
+def test_malformed_ciphertext_length(open_cluster: Cluster, stub: shard_pb2_grpc.ShardStub) -> None:
+    # Prepare
+    request = _push(open_cluster, blocks=[(0, b"\x00" * 100)])
+    # Execute
+    details = _expect(stub, request, grpc.StatusCode.INVALID_ARGUMENT)
+    # Assert
+    assert "exactly" in details
+    _still_serving(stub)
+
+
+def test_coefficient_out_of_range(open_cluster: Cluster, stub: shard_pb2_grpc.ShardStub) -> None:
+    # Prepare: a ciphertext whose coefficients are all q (wrong parameters / forged)
+    public = open_cluster.keyholder.keys.public
+    coeffs = np.full(public.coeffs_per_block, public.modulus, dtype=np.uint64)
+    request = _push(open_cluster, blocks=[(0, bitpack.pack(coeffs, public.coeff_bits))])
+    # Execute
+    details = _expect(stub, request, grpc.StatusCode.INVALID_ARGUMENT)
+    # Assert
+    assert "below q" in details
+    _still_serving(stub)
+
+
+def test_foreign_key_generation(open_cluster: Cluster, stub: shard_pb2_grpc.ShardStub) -> None:
+    request = _push(open_cluster, context_id="f" * 64)
+    details = _expect(stub, request, grpc.StatusCode.INVALID_ARGUMENT)
+    assert "key generation" in details
+    _still_serving(stub)
+
+
+def test_unknown_client(open_cluster: Cluster, stub: shard_pb2_grpc.ShardStub) -> None:
+    details = _expect(stub, _push(open_cluster, client="mallory"), grpc.StatusCode.NOT_FOUND)
+    assert "mallory" in details
+    _still_serving(stub)
+
+
+def test_closed_or_unknown_round(open_cluster: Cluster, stub: shard_pb2_grpc.ShardStub) -> None:
+    details = _expect(stub, _push(open_cluster, round_=7), grpc.StatusCode.FAILED_PRECONDITION)
+    assert "round 7" in details
+    _still_serving(stub)
+
+
+def test_wrong_version(open_cluster: Cluster, stub: shard_pb2_grpc.ShardStub) -> None:
+    details = _expect(stub, _push(open_cluster, version=5), grpc.StatusCode.INVALID_ARGUMENT)
+    assert "version" in details
+
+
+def test_oversized_message(open_cluster: Cluster, stub: shard_pb2_grpc.ShardStub) -> None:
+    # Prepare: one message larger than the negotiated maximum
+    request = _push(open_cluster, blocks=[(0, b"\x01" * (MAX_MESSAGE_BYTES + 1024))])
+    # Execute / Assert
+    _expect(stub, request, grpc.StatusCode.RESOURCE_EXHAUSTED)
+    _still_serving(stub)
+
+
+def test_duplicate_push_is_acknowledged_not_added(
+    open_cluster: Cluster, stub: shard_pb2_grpc.ShardStub
+) -> None:
+    # Prepare
+    request = _push(open_cluster, client="client-b")
+    # Execute
+    first = stub.PushBlocks(iter([request]))
+    second = stub.PushBlocks(iter([request]))
+    # Assert
+    assert (first.accepted, first.duplicates) == (2, 0)
+    assert (second.accepted, second.duplicates) == (0, 2)
+    status = stub.GetStatus(common_pb2.Empty())
+    assert status.pushes_refused >= 1

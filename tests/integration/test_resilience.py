@@ -1,0 +1,117 @@
+"""Dropouts, restarts and key custody with real servers on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clients.edge_client import EdgeClient
+from crypto import _seal_io
+from server.coordinator import Coordinator
+from server.deployment import write_config
+from tests.conftest import Cluster, run_clients, start_cluster
+
+pytestmark = pytest.mark.integration
+
+
+def test_killed_client_does_not_stop_the_round(tmp_path: Path) -> None:
+    # Prepare: three clients, quorum two, a short deadline; client 2 is a real process
+    cluster = start_cluster(
+        tmp_path,
+        training={"rounds": 1, "clients": 3, "min_quorum": 2, "deadline_s": 8.0},
+    )
+    try:
+        config_path = tmp_path / "fedps.toml"
+        write_config(cluster.config, config_path)
+        victim = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fedps.cli",
+                "client",
+                "--index",
+                "2",
+                "--config",
+                str(config_path),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        survivors = [EdgeClient(cluster.config, index=i) for i in range(2)]
+        killer_done = threading.Event()
+
+        def kill_when_round_opens() -> None:
+            until = time.time() + 60
+            while time.time() < until and cluster.coordinator._open is None:
+                time.sleep(0.02)
+            victim.send_signal(signal.SIGKILL)
+            killer_done.set()
+
+        threading.Thread(target=kill_when_round_opens, daemon=True).start()
+
+        # Execute
+        run_clients(survivors, timeout_s=120)
+
+        # Assert
+        assert killer_done.is_set()
+        assert victim.wait(10) == -signal.SIGKILL
+        record = cluster.coordinator.history[0]
+        assert not record.abandoned
+        assert record.contributors == 2
+        assert cluster.keyholder.version == 1
+    finally:
+        cluster.stop()
+
+
+def test_coordinator_restart_resumes_from_checkpoint(tmp_path: Path) -> None:
+    # Prepare: two rounds, checkpoint every round
+    training = {"rounds": 2, "clients": 2, "min_quorum": 2, "checkpoint_every": 1}
+    cluster = start_cluster(tmp_path, training=training)
+    run_clients([EdgeClient(cluster.config, index=i) for i in range(2)])
+    model_after_2 = cluster.keyholder.params.copy()  # type: ignore[union-attr]
+    cluster.coordinator.stop()
+
+    # Execute: a new coordinator on the same state directory, asked for four rounds
+    config = cluster.config.model_copy(
+        update={"training": cluster.config.training.model_copy(update={"rounds": 4})}
+    )
+    restarted = Coordinator(config, state_dir=tmp_path / "state" / "coordinator")
+
+    # Assert: round, version and model come back from the checkpoint
+    assert (restarted.round, restarted.version) == (2, 2)
+    assert [r.round for r in restarted.history] == [1, 2]
+    np.testing.assert_allclose(restarted._vector, model_after_2, rtol=1e-6, atol=1e-6)
+    cluster.stop()
+
+
+def test_no_secret_key_outside_the_key_holder(cluster: Cluster) -> None:
+    # Prepare
+    clients = [EdgeClient(cluster.config, index=i) for i in range(cluster.config.training.clients)]
+    run_clients(clients)
+    secret = _seal_io.uncompressed_body(_seal_io.save_bytes(cluster.keyholder.keys._secret_key))
+    key_dir = cluster.state_dir / "keyholder" / "keys"
+    probes = [secret[i : i + 64] for i in range(64, len(secret) - 64, 4096)]
+
+    # Execute: every file any role wrote, except the key holder's own key directory
+    written = [p for p in cluster.state_dir.rglob("*") if p.is_file() and key_dir not in p.parents]
+    written += [Path(_seal_io._tmp_root) / f for f in os.listdir(_seal_io._tmp_root)]
+
+    # Assert
+    assert written, "expected the coordinator and key holder to have written state"
+    for path in written:
+        data = path.read_bytes()
+        assert not any(p in data for p in probes), f"{path} contains secret-key material"
+    for client in clients:
+        assert not hasattr(client._public, "_secret_key")
+    for shard in cluster.shards:
+        public = shard._public_context(cluster.keyholder.keys.public.context_id)
+        assert not hasattr(public, "_secret_key")
+    assert oct((key_dir / "secret.key").stat().st_mode & 0o777) == "0o600"
