@@ -93,6 +93,7 @@ class DPTrainer:
         self.noise_multiplier = float(self.optimizer.noise_multiplier)
         self.sample_rate = 1.0 / len(self.loader)
         self.budget = privacy.target_epsilon
+        self._epsilon_cache: dict[tuple[tuple[float, float, int], ...], float] = {}
         _log.info(
             "DP-SGD: %d examples, sample rate %.4f, noise multiplier %.3f",
             self.num_examples,
@@ -107,18 +108,29 @@ class DPTrainer:
 
     def epsilon(self) -> float:
         """Epsilon spent so far (at ``privacy.delta``), over the whole run."""
-        if not self.engine.accountant.history:
-            return 0.0
-        return float(self.engine.accountant.get_epsilon(delta=self.privacy.delta))
+        return self._epsilon_of(list(self.engine.accountant.history))
 
     def epsilon_after_next_round(self) -> float:
         """Epsilon the client would have spent after one more round."""
-        future = create_accountant(mechanism=self.privacy.accountant)
-        future.history = [
-            *self.engine.accountant.history,
-            (self.noise_multiplier, self.sample_rate, self.steps_per_round),
-        ]
-        return float(future.get_epsilon(delta=self.privacy.delta))
+        step = (self.noise_multiplier, self.sample_rate, self.steps_per_round)
+        history = list(self.engine.accountant.history)
+        if history and history[-1][:2] == step[:2]:
+            # Opacus merges consecutive steps with the same noise and sample rate.
+            history[-1] = (*step[:2], history[-1][2] + step[2])
+        else:
+            history.append(step)
+        return self._epsilon_of(history)
+
+    def _epsilon_of(self, history: list[tuple[float, float, int]]) -> float:
+        """Epsilon of an accountant history; cached, the RDP computation is slow."""
+        if not history:
+            return 0.0
+        key = tuple(history)
+        if key not in self._epsilon_cache:
+            accountant = create_accountant(mechanism=self.privacy.accountant)
+            accountant.history = list(history)
+            self._epsilon_cache = {key: float(accountant.get_epsilon(delta=self.privacy.delta))}
+        return self._epsilon_cache[key]
 
     def can_train_round(self) -> bool:
         """Whether one more round stays within the epsilon budget (if there is one)."""

@@ -6,7 +6,7 @@ packed blocks with :class:`CiphertextSum` without ever touching a secret key.
 """
 
 from crypto.block_encryptor import BlockEncryptor, num_blocks
-from crypto.ciphertext_sum import CiphertextSum, unpack_block
+from crypto.ciphertext_sum import CiphertextSum, unpack_block, unpack_blocks
 from crypto.params import CkksParams
 from crypto.public_context import PublicContext
 from crypto.secret_context import SecretContext
@@ -19,4 +19,5 @@ __all__ = [
     "SecretContext",
     "num_blocks",
     "unpack_block",
+    "unpack_blocks",
 ]

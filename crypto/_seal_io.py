@@ -37,10 +37,12 @@ class _Saveable(Protocol):
 
 
 def _scratch_path() -> str:
-    path: str | None = getattr(_local, "path", None)
-    if path is None:
-        path = os.path.join(_tmp_root, f"obj-{os.getpid()}-{threading.get_ident()}")
-        _local.path = path
+    # Keyed by process too: forked workers inherit this thread-local.
+    key = (os.getpid(), threading.get_ident())
+    if getattr(_local, "key", None) != key:
+        _local.key = key
+        _local.path = os.path.join(_tmp_root, f"obj-{key[0]}-{key[1]}")
+    path: str = _local.path
     return path
 
 

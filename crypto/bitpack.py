@@ -42,7 +42,7 @@ import numpy.typing as npt
 
 from fedps.errors import InvalidArgumentError
 
-__all__ = ["pack", "packed_size", "unpack"]
+__all__ = ["pack", "pack_rows", "packed_size", "unpack", "unpack_rows"]
 
 _WORD_BITS = 64
 _GROUP = 64  # values per column: the value count must be a multiple of this
@@ -194,17 +194,86 @@ def pack(values: npt.NDArray[np.uint64], bits: int) -> bytes:
 
     groups = count // _GROUP
     rows = np.ascontiguousarray(values).reshape(_GROUP, groups)
-    words = np.empty((bits, groups), dtype=_UINT64)
-    scratch = np.empty(groups, dtype=_UINT64)
+    return _pack_columns(rows, bits).astype(_WIRE_DTYPE, copy=False).tobytes()
+
+
+def _pack_columns(rows: npt.NDArray[np.uint64], bits: int) -> npt.NDArray[np.uint64]:
+    """Pack each column of a (64, M) array of values into a column of ``bits`` words."""
+    columns = rows.shape[1]
+    words = np.empty((bits, columns), dtype=_UINT64)
+    scratch = np.empty(columns, dtype=_UINT64)
     for word, contributions in zip(words, _pack_plan(bits), strict=True):
         for index, contribution in enumerate(contributions):
-            shift_op = np.left_shift if contribution.left else np.right_shift
             # The first contribution initialises the word; the others are ORed into it.
+            shift_op = np.left_shift if contribution.left else np.right_shift
             target = word if index == 0 else scratch
             shift_op(rows[contribution.row], contribution.shift, out=target)
             if index:
                 np.bitwise_or(word, scratch, out=word)
-    return words.astype(_WIRE_DTYPE, copy=False).tobytes()
+    return words
+
+
+def _unpack_columns(words: npt.NDArray[np.uint64], bits: int) -> npt.NDArray[np.uint64]:
+    """Inverse of :func:`_pack_columns`: (bits, M) words to (64, M) values."""
+    columns = words.shape[1]
+    rows = np.empty((_GROUP, columns), dtype=_UINT64)
+    scratch = np.empty(columns, dtype=_UINT64)
+    mask = np.uint64((1 << bits) - 1)
+    for row, extraction in zip(rows, _unpack_plan(bits), strict=True):
+        np.right_shift(words[extraction.first], extraction.shift, out=row)
+        if extraction.spills:
+            np.left_shift(words[extraction.first + 1], extraction.spill_shift, out=scratch)
+            np.bitwise_or(row, scratch, out=row)
+        if extraction.masked:
+            np.bitwise_and(row, mask, out=row)
+    return rows
+
+
+def pack_rows(values: npt.NDArray[np.uint64], bits: int) -> list[bytes]:
+    """Pack each row of a (B, count) array separately; same bytes as :func:`pack` per row.
+
+    All rows are packed in one pass (the per-row layouts are independent columns), so many
+    small blocks cost about as much as one large one.
+    """
+    _check_bits(bits)
+    bits = int(bits)
+    if values.dtype != _UINT64 or values.ndim != 2 or values.shape[1] % _GROUP:
+        raise InvalidArgumentError("values must be a (B, multiple of 64) uint64 array")
+    blocks, count = values.shape
+    if blocks == 0 or count == 0:
+        return [b""] * blocks
+    if bits < _WORD_BITS and int(values.max()) >> bits:
+        raise InvalidArgumentError(f"a value does not fit in {bits} bits")
+    groups = count // _GROUP
+    columns = values.reshape(blocks, _GROUP, groups).transpose(1, 0, 2).reshape(_GROUP, -1)
+    words = _pack_columns(np.ascontiguousarray(columns), bits)
+    per_block = np.ascontiguousarray(words.reshape(bits, blocks, groups).transpose(1, 0, 2))
+    wire = per_block.astype(_WIRE_DTYPE, copy=False)
+    return [wire[b].tobytes() for b in range(blocks)]
+
+
+def unpack_rows(data: list[bytes], count: int, bits: int) -> npt.NDArray[np.uint64]:
+    """Unpack several packed rows of ``count`` values each into a (B, count) array."""
+    expected = packed_size(count, bits)
+    count, bits = int(count), int(bits)
+    for item in data:
+        if len(item) != expected:
+            raise InvalidArgumentError(
+                f"packed data for {count} values of {bits} bits must be {expected} bytes, "
+                f"got {len(item)}"
+            )
+    blocks = len(data)
+    if blocks == 0 or count == 0:
+        return np.empty((blocks, count), dtype=_UINT64)
+    groups = count // _GROUP
+    words = np.frombuffer(b"".join(data), dtype=_WIRE_DTYPE).astype(_UINT64, copy=False)
+    columns = np.ascontiguousarray(
+        words.reshape(blocks, bits, groups).transpose(1, 0, 2).reshape(bits, -1)
+    )
+    rows = _unpack_columns(columns, bits)
+    return np.ascontiguousarray(
+        rows.reshape(_GROUP, blocks, groups).transpose(1, 0, 2).reshape(blocks, count)
+    )
 
 
 def unpack(data: bytes | memoryview, count: int, bits: int) -> npt.NDArray[np.uint64]:
@@ -249,14 +318,4 @@ def unpack(data: bytes | memoryview, count: int, bits: int) -> npt.NDArray[np.ui
     words = np.frombuffer(view.cast("B"), dtype=_WIRE_DTYPE).reshape(bits, groups)
     if words.dtype != _UINT64:  # big-endian host: convert to native order once
         words = words.astype(_UINT64)
-    rows = np.empty((_GROUP, groups), dtype=_UINT64)
-    scratch = np.empty(groups, dtype=_UINT64)
-    mask = np.uint64((1 << bits) - 1)
-    for row, extraction in zip(rows, _unpack_plan(bits), strict=True):
-        np.right_shift(words[extraction.first], extraction.shift, out=row)
-        if extraction.spills:
-            np.left_shift(words[extraction.first + 1], extraction.spill_shift, out=scratch)
-            np.bitwise_or(row, scratch, out=row)
-        if extraction.masked:
-            np.bitwise_and(row, mask, out=row)
-    return rows.reshape(count)
+    return _unpack_columns(words, bits).reshape(count)

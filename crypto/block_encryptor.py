@@ -2,21 +2,34 @@
 
 A vector of P values is cut into ``ceil(P / N)`` blocks of N values (the last one padded with
 zeros). Block ``b`` packs values ``b*N .. b*N + N/2`` into the real parts of the N/2 complex
-slots and the next N/2 into the imaginary parts, is encrypted under the public key, and leaves
-as its 2N raw coefficients bit-packed to ``ceil(log2 q)`` bits (``crypto.bitpack``). The shard
-adds such blocks as integer arrays modulo q without ever building a SEAL object.
+slots and the next N/2 into the imaginary parts. Encryption is SEAL's public-key encryption
+split in two, as SEAL itself computes it: ``Enc(m) = Enc(0) + (m, 0)``.
+
+- Offline: fresh encryptions of zero are drawn with SEAL (:meth:`precompute`, optionally on
+  several processes) and kept in memory as raw coefficients; each is used exactly once.
+- Online: all blocks are encoded at once in numpy (:class:`crypto.ckks_encoder.CkksEncoder`),
+  added to the first polynomial of their zero modulo q, and bit-packed to ``ceil(log2 q)``
+  bits per coefficient (:func:`crypto.bitpack.pack_rows`).
+
+Ciphertexts travel in coefficient (non-NTT) form; the key holder moves the sum back to NTT
+form before decrypting. The shard adds blocks as integer arrays modulo q either way.
 """
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ProcessPoolExecutor
+
 import numpy as np
-import tenseal.sealapi as seal
 
 from crypto import bitpack
+from crypto.ckks_encoder import CkksEncoder
 from crypto.public_context import PublicContext
 from fedps.errors import InvalidArgumentError
 
 __all__ = ["BlockEncryptor", "num_blocks"]
+
+_worker_context: PublicContext | None = None
 
 
 def num_blocks(num_values: int, values_per_block: int) -> int:
@@ -24,29 +37,76 @@ def num_blocks(num_values: int, values_per_block: int) -> int:
     return max(1, -(-num_values // values_per_block))
 
 
-class BlockEncryptor:
-    """Encrypts blocks of real values under a :class:`PublicContext`."""
+def _init_worker(context: bytes) -> None:
+    global _worker_context
+    _worker_context = PublicContext.from_bytes(context)
 
-    def __init__(self, public: PublicContext) -> None:
+
+def _zeros_in_worker(count: int) -> np.ndarray:
+    assert _worker_context is not None
+    return _worker_context.encrypt_zeros(count)
+
+
+class BlockEncryptor:
+    """Encrypts blocks of real values under a :class:`PublicContext`.
+
+    Parameters
+    ----------
+    public
+        The key holder's public context.
+    workers
+        Processes used to draw encryptions of zero (1: in this process).
+    """
+
+    def __init__(self, public: PublicContext, *, workers: int = 1) -> None:
         self.public = public
-        self._encoder = seal.CKKSEncoder(public.seal_context)
-        self._encryptor = seal.Encryptor(public.seal_context, public.public_key)
+        self.workers = max(1, workers)
+        n = public.params.poly_modulus_degree
+        self._encoder = CkksEncoder(n, public.params.scale, public.modulus)
+        self._q = np.uint64(public.modulus)
+        self._pool: list[np.ndarray] = []
+        self._pooled = 0
+        self._lock = threading.Lock()
+
+    @property
+    def pooled(self) -> int:
+        """Encryptions of zero ready for use."""
+        return self._pooled
+
+    def precompute(self, blocks: int) -> None:
+        """Draw encryptions of zero until at least ``blocks`` are ready."""
+        missing = blocks - self._pooled
+        if missing <= 0:
+            return
+        fresh = self._draw(missing)
+        with self._lock:
+            self._pool.append(fresh)
+            self._pooled += len(fresh)
+
+    def _draw(self, count: int) -> np.ndarray:
+        if self.workers == 1 or count < 2 * self.workers:
+            return self.public.encrypt_zeros(count)
+        shares = [count // self.workers + (i < count % self.workers) for i in range(self.workers)]
+        with ProcessPoolExecutor(
+            self.workers, initializer=_init_worker, initargs=(self.public.serialize(),)
+        ) as pool:
+            return np.concatenate(list(pool.map(_zeros_in_worker, shares)))
+
+    def _take_zeros(self, count: int) -> np.ndarray:
+        self.precompute(count)
+        with self._lock:
+            stacked = np.concatenate(self._pool) if len(self._pool) > 1 else self._pool[0]
+            taken, rest = stacked[:count], stacked[count:]
+            self._pool = [rest] if len(rest) else []
+            self._pooled = len(rest)
+        return taken
 
     def encrypt_block(self, values: np.ndarray) -> bytes:
-        """Encrypt exactly N real values (float64) into one packed block."""
+        """Encrypt exactly N real values into one packed block."""
         n = self.public.params.values_per_block
         if values.shape != (n,):
             raise InvalidArgumentError(f"a block holds exactly {n} values, got {values.shape}")
-        if not np.all(np.isfinite(values)):
-            raise InvalidArgumentError("cannot encrypt NaN or infinite values")
-        half = n // 2
-        slots = values[:half] + 1j * values[half:]
-        plain = seal.Plaintext()
-        self._encoder.encode(slots.tolist(), self.public.params.scale, plain)
-        cipher = seal.Ciphertext()
-        self._encryptor.encrypt(plain, cipher)
-        coeffs = self.public.coefficients_of(cipher)
-        return bitpack.pack(coeffs, self.public.coeff_bits)
+        return self.encrypt(values)[0]
 
     def encrypt(self, vector: np.ndarray, blocks: list[int] | None = None) -> dict[int, bytes]:
         """Encrypt a flat vector; returns ``{block index: packed ciphertext}``.
@@ -57,16 +117,25 @@ class BlockEncryptor:
             The values (any float dtype), 1-D.
         blocks
             Only these block indices (default: all).
+
+        Raises
+        ------
+        InvalidArgumentError
+            If a value is not finite, too large to encode, or a block index is out of range.
         """
         n = self.public.params.values_per_block
         flat = np.asarray(vector, dtype=np.float64).reshape(-1)
         total = num_blocks(flat.size, n)
+        chosen = list(range(total)) if blocks is None else list(blocks)
+        if any(not 0 <= b < total for b in chosen):
+            raise InvalidArgumentError(f"block index out of range [0, {total})")
         padded = np.zeros(total * n, dtype=np.float64)
         padded[: flat.size] = flat
-        chosen = range(total) if blocks is None else blocks
-        out: dict[int, bytes] = {}
-        for b in chosen:
-            if not 0 <= b < total:
-                raise InvalidArgumentError(f"block {b} out of range [0, {total})")
-            out[b] = self.encrypt_block(padded[b * n : (b + 1) * n])
-        return out
+        values = padded.reshape(total, n)[chosen]
+        plain = self._encoder.encode(values)
+        cipher = self._take_zeros(len(chosen))
+        c0 = cipher[:, :n]
+        np.add(c0, plain, out=c0)
+        np.subtract(c0, self._q, out=c0, where=c0 >= self._q)
+        packed = bitpack.pack_rows(cipher, self.public.coeff_bits)
+        return dict(zip(chosen, packed, strict=True))

@@ -14,7 +14,7 @@ from crypto import bitpack
 from crypto.public_context import PublicContext
 from fedps.errors import InvalidArgumentError
 
-__all__ = ["CiphertextSum", "unpack_block"]
+__all__ = ["CiphertextSum", "unpack_block", "unpack_blocks"]
 
 
 def unpack_block(public: PublicContext, data: bytes) -> np.ndarray:
@@ -35,6 +35,30 @@ def unpack_block(public: PublicContext, data: bytes) -> np.ndarray:
     return coeffs
 
 
+def unpack_blocks(public: PublicContext, data: list[bytes]) -> np.ndarray:
+    """Validate several packed blocks at once; returns their coefficients, shape (B, 2N).
+
+    Raises
+    ------
+    InvalidArgumentError
+        Naming the position of the first block with a wrong length or a coefficient not
+        below q.
+    """
+    for i, item in enumerate(data):
+        if len(item) != public.block_bytes:
+            raise InvalidArgumentError(
+                f"ciphertext block #{i} must be exactly {public.block_bytes} bytes, got {len(item)}"
+            )
+    coeffs = bitpack.unpack_rows(data, public.coeffs_per_block, public.coeff_bits)
+    if len(data):
+        bad = np.flatnonzero(coeffs.max(axis=1) >= np.uint64(public.modulus))
+        if bad.size:
+            raise InvalidArgumentError(
+                f"ciphertext block #{int(bad[0])}: coefficient out of range (not below q)"
+            )
+    return coeffs
+
+
 class CiphertextSum:
     """Running sum of validated ciphertext blocks for one parameter block."""
 
@@ -46,9 +70,10 @@ class CiphertextSum:
     def add(self, coeffs: np.ndarray, multiplier: int = 1) -> None:
         """Add already-validated coefficients (times a small integer constant) modulo q."""
         if multiplier != 1:
-            if not 0 < multiplier < 2**16:
-                raise InvalidArgumentError("multiplier must be in (0, 2**16)")
-            # (c mod q) * m < 2**(bits + 16) <= 2**64 for bits <= 48.
+            limit = 1 << (64 - self._public.coeff_bits)
+            if not 0 < multiplier < limit:
+                raise InvalidArgumentError(f"multiplier must be in (0, {limit})")
+            # c < q < 2**bits and m < 2**(64 - bits): the product fits in 64 bits.
             coeffs = (coeffs * np.uint64(multiplier)) % self._q
         acc = self._acc
         np.add(acc, coeffs, out=acc)

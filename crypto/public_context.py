@@ -19,7 +19,7 @@ import tenseal.sealapi as seal
 
 from crypto import _seal_io
 from crypto.params import CkksParams
-from fedps.errors import InvalidArgumentError
+from fedps.errors import ConfigError, InvalidArgumentError
 
 __all__ = ["PublicContext"]
 
@@ -95,24 +95,42 @@ class PublicContext:
 
     @cached_property
     def ciphertext_prefix(self) -> bytes:
-        """SEAL's serialised ciphertext metadata for fresh ciphertexts of this context."""
-        encoder = seal.CKKSEncoder(self._context)
-        plain = seal.Plaintext()
-        encoder.encode(0.0, self.params.scale, plain)
-        cipher = seal.Ciphertext()
-        seal.Encryptor(self._context, self._public_key).encrypt(plain, cipher)
+        """SEAL's serialised metadata of a fresh coefficient-form ciphertext of this context."""
+        cipher = self._fresh_zero()
         body = _seal_io.uncompressed_body(_seal_io.save_bytes(cipher))
         if len(body) != _CT_PREFIX_SIZE + 8 * self.coeffs_per_block:
             raise InvalidArgumentError("unexpected SEAL ciphertext layout")
         return body[:_CT_PREFIX_SIZE]
 
-    def coefficients_of(self, cipher: Any) -> np.ndarray:
-        """Return the raw coefficients (uint64, 2N) of a SEAL ciphertext of this context."""
-        body = _seal_io.uncompressed_body(_seal_io.save_bytes(cipher))
+    def _fresh_zero(self) -> Any:
+        """A fresh public-key encryption of zero, moved out of NTT form, at our scale."""
+        cipher = seal.Ciphertext()
+        seal.Encryptor(self._context, self._public_key).encrypt_zero(cipher)
+        seal.Evaluator(self._context).transform_from_ntt_inplace(cipher)
+        cipher.scale = self.params.scale
+        return cipher
+
+    def encrypt_zeros(self, count: int) -> np.ndarray:
+        """``count`` fresh encryptions of zero as raw coefficients, shape (count, 2N).
+
+        SEAL's public-key encryption is ``Enc(m) = Enc(0) + (m, 0)``: adding an encoded
+        plaintext to the first polynomial of a fresh ``Enc(0)`` *is* encryption. Each zero
+        must be used for exactly one block.
+        """
+        encryptor = seal.Encryptor(self._context, self._public_key)
+        evaluator = seal.Evaluator(self._context)
         prefix = self.ciphertext_prefix
-        if body[: len(prefix)] != prefix or len(body) != len(prefix) + 8 * self.coeffs_per_block:
-            raise InvalidArgumentError("ciphertext does not match the public context")
-        return np.frombuffer(body, dtype="<u8", offset=len(prefix)).copy()
+        out = np.empty((count, self.coeffs_per_block), dtype=np.uint64)
+        cipher = seal.Ciphertext()
+        for i in range(count):
+            encryptor.encrypt_zero(cipher)
+            evaluator.transform_from_ntt_inplace(cipher)
+            cipher.scale = self.params.scale
+            body = _seal_io.uncompressed_body(_seal_io.save_bytes(cipher))
+            if body[: len(prefix)] != prefix:
+                raise InvalidArgumentError("ciphertext does not match the public context")
+            out[i] = np.frombuffer(body, dtype="<u8", offset=len(prefix))
+        return out
 
     def ciphertext_from(self, coeffs: np.ndarray) -> Any:
         """Rebuild a SEAL ciphertext from raw coefficients; SEAL validates it on load."""
@@ -164,8 +182,15 @@ class PublicContext:
             pos += size
         if pos != len(data):
             raise InvalidArgumentError("public context has trailing bytes")
+        if len(parts[0]) != 12:
+            raise InvalidArgumentError("public context header has the wrong size")
         n, q_bits, scale_bits = struct.unpack("<III", parts[0])
-        params = CkksParams(poly_modulus_degree=n, coeff_modulus_bits=q_bits, scale_bits=scale_bits)
+        try:
+            params = CkksParams(
+                poly_modulus_degree=n, coeff_modulus_bits=q_bits, scale_bits=scale_bits
+            )
+        except ConfigError as exc:
+            raise InvalidArgumentError(f"public context has invalid parameters: {exc}") from exc
         parms, context = make_seal_context(params)
         sent = seal.EncryptionParameters(seal.SCHEME_TYPE.CKKS)
         _seal_io.load_plain(sent, parts[1])

@@ -42,6 +42,7 @@ class SecretContext:
         self._secret_key = secret_key
         self._decryptor = seal.Decryptor(public.seal_context, secret_key)
         self._encoder = seal.CKKSEncoder(public.seal_context)
+        self._evaluator = seal.Evaluator(public.seal_context)
 
     def __repr__(self) -> str:
         return f"SecretContext(context_id={self.public.context_id[:12]}..., secret=<hidden>)"
@@ -104,11 +105,12 @@ class SecretContext:
         return keys
 
     def decrypt(self, coeffs: np.ndarray) -> np.ndarray:
-        """Decrypt one aggregate ciphertext given by its raw coefficients.
+        """Decrypt one aggregate ciphertext given by its raw (coefficient-form) coefficients.
 
         Returns the N real values (real parts of the slots, then imaginary parts), float64.
         """
         cipher = self.public.ciphertext_from(coeffs)
+        self._evaluator.transform_to_ntt_inplace(cipher)
         plain = seal.Plaintext()
         self._decryptor.decrypt(cipher, plain)
         slots = np.asarray(self._encoder.decode_complex(plain), dtype=np.complex128)

@@ -80,11 +80,15 @@ def client(
     config: ConfigOpt = None,
     index: Annotated[int, typer.Option(help="Which data partition this client holds.")] = 0,
     name: Annotated[str, typer.Option(help="A display name.")] = "",
+    threads: Annotated[int, typer.Option(help="Torch CPU threads for local training.")] = 1,
 ) -> None:
     """Run one edge client until training is done."""
+    import torch
+
     from clients.edge_client import EdgeClient
 
     _setup_logging(True)
+    torch.set_num_threads(max(1, threads))
     summary = EdgeClient(_load(config), index=index, name=name).run()
     _log.info(
         "client %s done: %d rounds, epsilon %.3f (delta %g), %d bytes pushed",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from crypto import CiphertextSum, PublicContext, unpack_block
+from crypto import CiphertextSum, PublicContext, unpack_blocks
 from fedps.errors import InvalidArgumentError, NotReadyError, RoundClosedError, UnknownClientError
 from fedps.hash_ring import HashRing
 
@@ -196,8 +196,7 @@ class Shard:
         public = self._public_context(state.context_id)
         owned = set(self._owned)
         seen: set[int] = set()
-        checked: list[tuple[int, np.ndarray]] = []
-        for block, data in batch.blocks:
+        for block, _ in batch.blocks:
             if block not in owned:
                 raise InvalidArgumentError(
                     f"block {block} is not owned by {self.shard_id} (owner: "
@@ -206,12 +205,12 @@ class Shard:
             if block in seen:
                 raise InvalidArgumentError(f"block {block} appears twice in one message")
             seen.add(block)
-            checked.append((block, unpack_block(public, data)))
+        coefficients = unpack_blocks(public, [data for _, data in batch.blocks])
         accepted = duplicates = 0
         with self._lock:
             if state.closed:
                 raise RoundClosedError(f"round {batch.round} closed during the push")
-            for block, coeffs in checked:
+            for (block, _), coeffs in zip(batch.blocks, coefficients, strict=True):
                 manifest = state.manifest.setdefault(block, {})
                 if batch.client_id in manifest:
                     duplicates += 1

@@ -1,0 +1,98 @@
+"""Tests for the ``fedps`` command: expected errors are one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from server.deployment import free_port
+
+_TIMEOUT_S = 60
+_ENV = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fedps.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT_S,
+        cwd=cwd,
+        env=_ENV,
+        check=False,
+    )
+
+
+def _assert_one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("fedps: error:")
+    return lines[0]
+
+
+def test_demo_with_bad_config_field(tmp_path: Path) -> None:
+    # Prepare
+    config = tmp_path / "bad.toml"
+    config.write_text("[training]\nrounds = 0\n")
+
+    # Execute
+    result = _run("demo", "--config", str(config), cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "training.rounds" in line
+    assert "Traceback" not in result.stdout
+
+
+def test_status_with_coordinator_down(tmp_path: Path) -> None:
+    # Prepare: every address is a loopback port nobody listens on.
+    ports = [free_port() for _ in range(3)]
+    config = tmp_path / "down.toml"
+    config.write_text(
+        "[cluster]\n"
+        f'coordinator = "127.0.0.1:{ports[0]}"\n'
+        f'keyholder = "127.0.0.1:{ports[1]}"\n'
+        f'shards = ["127.0.0.1:{ports[2]}"]\n'
+    )
+
+    # Execute
+    result = _run("status", "--config", str(config), cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "coordinator" in line
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    # Prepare / Execute
+    result = _run("status", "--config", str(tmp_path / "absent.toml"), cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "not found" in line
+
+
+def test_help_lists_every_command(tmp_path: Path) -> None:
+    # Prepare: the installed console script when there is one, else the module.
+    script = Path(sys.executable).with_name("fedps")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "fedps.cli"]
+
+    # Execute
+    result = subprocess.run(
+        [*command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT_S,
+        cwd=tmp_path,
+        env=_ENV,
+        check=False,
+    )
+
+    # Assert
+    assert result.returncode == 0, result.stderr
+    listed = {line.strip("│ ").split(" ")[0] for line in result.stdout.splitlines()}
+    for name in ["keyholder", "shard", "coordinator", "client", "up", "demo", "status"]:
+        assert name in listed, result.stdout
