@@ -23,7 +23,7 @@ from typing import TypeVar
 import numpy as np
 
 from clients.dp_trainer import DPTrainer
-from crypto import BlockEncryptor, PublicContext
+from crypto import PLAINTEXT_CONTEXT_ID, BlockEncryptor, PlainContext, PublicContext
 from fedps.blocks import BlockLayout, flatten_model
 from fedps.config import FedPSConfig
 from fedps.datasets import Dataset, load_dataset
@@ -124,13 +124,10 @@ class EdgeClient:
         ctx = self._retry(
             lambda: keyholder.GetPublicContext(common_pb2.Empty()), "public context", timeout_s
         )
-        public = PublicContext.from_bytes(ctx.context)
-        if public.context_id != ctx.context_id:
-            raise InvalidArgumentError("public context does not match its id")
-        self._public = public
-        self._encryptor = BlockEncryptor(public)
+        self._context_id = ctx.context_id
+        self._encryptor = self._make_encryptor(ctx.context, ctx.context_id)
         self._ring = HashRing(sorted(shards), virtual_nodes=reply.virtual_nodes)
-        self._layout = BlockLayout(self.num_params, public.params.values_per_block)
+        self._layout = BlockLayout(self.num_params, self._values_per_block)
         self._params = ParameterClient(shards)
         _log.info("%s registered as %s", self.name, self.client_id)
         deadline = time.time() + timeout_s
@@ -164,6 +161,23 @@ class EdgeClient:
             self.bytes_pushed,
         )
 
+    def _make_encryptor(self, context: bytes, context_id: str) -> BlockEncryptor | PlainContext:
+        """An encryptor for the key holder's public context (plaintext only if we agreed)."""
+        params = self.config.he
+        if context_id == PLAINTEXT_CONTEXT_ID:
+            if params.enabled:
+                raise InvalidArgumentError("the key holder offers no encryption; refusing")
+            _log.warning("%s: encryption is OFF (insecure baseline)", self.name)
+            self._values_per_block = int(params.poly_modulus_degree)
+            return PlainContext(self._values_per_block)
+        public = PublicContext.from_bytes(context)
+        if public.context_id != context_id:
+            raise InvalidArgumentError("public context does not match its id")
+        self._values_per_block = public.params.values_per_block
+        encryptor = BlockEncryptor(public)
+        encryptor.precompute(-(-self.num_params // self._values_per_block))
+        return encryptor
+
     def _register(self, timeout_s: float) -> coordinator_pb2.RegisterReply:
         request = coordinator_pb2.RegisterRequest(
             name=self.name,
@@ -194,6 +208,9 @@ class EdgeClient:
         pushed = self.push(task.round, task.version, delta)
         self.rounds_trained += 1
         self._report(task.round, pushed, budget_exhausted=False)
+        if isinstance(self._encryptor, BlockEncryptor):
+            # Offline half of encryption, while we wait for the next round.
+            self._encryptor.precompute(self._layout.num_blocks)
         return True
 
     def push(self, round_: int, version: int, delta: np.ndarray) -> int:
@@ -219,7 +236,7 @@ class EdgeClient:
                     round=round_,
                     version=version,
                     weight=weight,
-                    context_id=self._public.context_id,
+                    context_id=self._context_id,
                     blocks=batch,
                 )
                 for batch in batched(blocks, lambda b: len(b.ciphertext))

@@ -6,17 +6,22 @@ packed blocks with :class:`CiphertextSum` without ever touching a secret key.
 """
 
 from crypto.block_encryptor import BlockEncryptor, num_blocks
-from crypto.ciphertext_sum import CiphertextSum, unpack_block, unpack_blocks
+from crypto.ciphertext_sum import CiphertextSum, PlainSum, new_sum, unpack_block, unpack_blocks
 from crypto.params import CkksParams
+from crypto.plain_context import PLAINTEXT_CONTEXT_ID, PlainContext
 from crypto.public_context import PublicContext
 from crypto.secret_context import SecretContext
 
 __all__ = [
+    "PLAINTEXT_CONTEXT_ID",
     "BlockEncryptor",
     "CiphertextSum",
     "CkksParams",
+    "PlainContext",
+    "PlainSum",
     "PublicContext",
     "SecretContext",
+    "new_sum",
     "num_blocks",
     "unpack_block",
     "unpack_blocks",

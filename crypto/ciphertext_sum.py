@@ -11,10 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from crypto import bitpack
+from crypto.plain_context import PlainContext
 from crypto.public_context import PublicContext
 from fedps.errors import InvalidArgumentError
 
-__all__ = ["CiphertextSum", "unpack_block", "unpack_blocks"]
+__all__ = ["CiphertextSum", "PlainSum", "new_sum", "unpack_block", "unpack_blocks"]
 
 
 def unpack_block(public: PublicContext, data: bytes) -> np.ndarray:
@@ -35,7 +36,7 @@ def unpack_block(public: PublicContext, data: bytes) -> np.ndarray:
     return coeffs
 
 
-def unpack_blocks(public: PublicContext, data: list[bytes]) -> np.ndarray:
+def unpack_blocks(public: PublicContext | PlainContext, data: list[bytes]) -> np.ndarray:
     """Validate several packed blocks at once; returns their coefficients, shape (B, 2N).
 
     Raises
@@ -44,6 +45,8 @@ def unpack_blocks(public: PublicContext, data: list[bytes]) -> np.ndarray:
         Naming the position of the first block with a wrong length or a coefficient not
         below q.
     """
+    if isinstance(public, PlainContext):
+        return public.unpack_blocks(data)
     for i, item in enumerate(data):
         if len(item) != public.block_bytes:
             raise InvalidArgumentError(
@@ -91,3 +94,30 @@ class CiphertextSum:
     def packed(self) -> bytes:
         """The current sum as a packed block (same wire format as a client's block)."""
         return bitpack.pack(self._acc, self._public.coeff_bits)
+
+
+class PlainSum:
+    """Running sum of plaintext blocks (encryption switched off; insecure baseline)."""
+
+    def __init__(self, context: PlainContext) -> None:
+        self._acc = np.zeros(context.values_per_block, dtype=np.float64)
+
+    def add(self, values: np.ndarray, multiplier: int = 1) -> None:
+        """Add validated values (times a small integer constant)."""
+        self._acc += values * multiplier
+
+    @property
+    def coefficients(self) -> np.ndarray:
+        """The current sum (a copy)."""
+        return self._acc.copy()
+
+    def packed(self) -> bytes:
+        """The sum as float64 bytes."""
+        return self._acc.astype("<f8").tobytes()
+
+
+def new_sum(context: PublicContext | PlainContext) -> CiphertextSum | PlainSum:
+    """An empty running sum for blocks of ``context``."""
+    if isinstance(context, PlainContext):
+        return PlainSum(context)
+    return CiphertextSum(context)

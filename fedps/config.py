@@ -122,6 +122,9 @@ class PrivacyConfig(_Section):
 class HEConfig(_Section):
     """CKKS parameters (see docs/crypto.md for their derivation)."""
 
+    enabled: bool = Field(
+        True, description="false: plaintext updates (insecure baseline for benchmarks only)"
+    )
     poly_modulus_degree: Literal[2048, 4096, 8192, 16384] = 2048
     coeff_modulus_bits: int = Field(45, ge=20, le=60)
     scale_bits: int = Field(30, ge=10, le=56)

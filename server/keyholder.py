@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crypto import CkksParams, SecretContext, unpack_block
+from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, SecretContext, unpack_block
 from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError, NotReadyError, PolicyError
 from fedps.hash_ring import HashRing
@@ -73,6 +73,7 @@ class KeyHolder:
         ring: HashRing,
         optimizer: ServerOptimizer,
         min_cohort: int,
+        encrypted: bool = True,
     ) -> None:
         if min_cohort < 1:
             raise InvalidArgumentError("min_cohort must be at least 1")
@@ -84,6 +85,9 @@ class KeyHolder:
         }
         self._optimizer = optimizer
         self.min_cohort = min_cohort
+        self.encrypted = encrypted
+        if not encrypted:
+            _log.warning("encryption is OFF: updates travel and are summed in plaintext")
         self._lock = threading.Lock()
         self.params: np.ndarray | None = None
         self.version = 0
@@ -159,7 +163,6 @@ class KeyHolder:
             return result
 
     def _decrypt_average(self, round_: int, layout: BlockLayout) -> tuple[np.ndarray, int, float]:
-        public = self.keys.public
         averaged: dict[int, np.ndarray] = {}
         min_contrib = 1 << 30
         weight0 = 0.0
@@ -171,8 +174,7 @@ class KeyHolder:
                     self._check_aggregate(sid, agg, layout, averaged)
                     weights = {c.client_id: c.weight for c in agg.contributions}
                     total = float(sum(weights.values()))
-                    coeffs = unpack_block(public, agg.ciphertext)
-                    averaged[agg.block] = self.keys.decrypt(coeffs) / total
+                    averaged[agg.block] = self._open(agg.ciphertext) / total
                     min_contrib = min(min_contrib, len(weights))
                     if agg.block == 0:
                         weight0 = total
@@ -180,6 +182,19 @@ class KeyHolder:
         if missing:
             raise PolicyError(f"round {round_}: no aggregate for blocks {missing[:10]}")
         return layout.join(averaged), min_contrib, weight0
+
+    @property
+    def context_id(self) -> str:
+        """The id clients must encrypt under (or the plaintext id, encryption off)."""
+        return self.keys.public.context_id if self.encrypted else PLAINTEXT_CONTEXT_ID
+
+    def _open(self, data: bytes) -> np.ndarray:
+        """Decrypt one aggregate block (or read it, encryption off)."""
+        if not self.encrypted:
+            plain = PlainContext(self.keys.public.params.values_per_block)
+            values: np.ndarray = plain.unpack_blocks([data])[0]
+            return values
+        return self.keys.decrypt(unpack_block(self.keys.public, data))
 
     def _check_aggregate(
         self,

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 
+from crypto import PLAINTEXT_CONTEXT_ID
 from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc
@@ -26,8 +27,10 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
     def GetPublicContext(  # noqa: N802 (gRPC method name)
         self, request: common_pb2.Empty, context: grpc.ServicerContext
     ) -> keyholder_pb2.PublicContextReply:
+        if not self.keyholder.encrypted:
+            return keyholder_pb2.PublicContextReply(context=b"", context_id=PLAINTEXT_CONTEXT_ID)
         return keyholder_pb2.PublicContextReply(
-            context=self._context, context_id=self.keyholder.keys.public.context_id
+            context=self._context, context_id=self.keyholder.context_id
         )
 
     def InitializeModel(  # noqa: N802

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 
-from crypto import CkksParams, PublicContext
+from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, PublicContext
 from fedps.config import FedPSConfig
 from fedps.errors import InvalidArgumentError
 from fedps.hash_ring import HashRing
@@ -59,6 +59,7 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
             t.server_optimizer, lr=t.server_lr, momentum=t.server_momentum
         ),
         min_cohort=t.min_quorum,
+        encrypted=config.he.enabled,
     )
     keyholder_pb2_grpc.add_KeyHolderServicer_to_server(KeyHolderServicer(keyholder), server)
     return keyholder
@@ -73,7 +74,11 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
     contexts: dict[str, PublicContext] = {}
     lock = threading.Lock()
 
-    def public_context(context_id: str) -> PublicContext:
+    def public_context(context_id: str) -> PublicContext | PlainContext:
+        if context_id == PLAINTEXT_CONTEXT_ID:
+            if config.he.enabled:
+                raise InvalidArgumentError("this shard only accepts encrypted updates")
+            return PlainContext(ckks_params(config).values_per_block)
         with lock:
             if context_id not in contexts:
                 reply = call(

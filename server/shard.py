@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from crypto import CiphertextSum, PublicContext, unpack_blocks
+from crypto import CiphertextSum, PlainContext, PlainSum, PublicContext, new_sum, unpack_blocks
 from fedps.errors import InvalidArgumentError, NotReadyError, RoundClosedError, UnknownClientError
 from fedps.hash_ring import HashRing
 
@@ -57,7 +57,7 @@ class _Round:
     version: int
     cohort: frozenset[str]
     context_id: str
-    sums: dict[int, CiphertextSum] = field(default_factory=dict)
+    sums: dict[int, CiphertextSum | PlainSum] = field(default_factory=dict)
     manifest: dict[int, dict[str, float]] = field(default_factory=dict)
     closed: bool = False
 
@@ -80,7 +80,7 @@ class Shard:
         self,
         shard_id: str,
         ring: HashRing,
-        public_context: Callable[[str], PublicContext],
+        public_context: Callable[[str], PublicContext | PlainContext],
     ) -> None:
         if shard_id not in ring.nodes:
             raise InvalidArgumentError(f"{shard_id} is not on the ring {ring.nodes}")
@@ -215,7 +215,7 @@ class Shard:
                 if batch.client_id in manifest:
                     duplicates += 1
                     continue
-                state.sums.setdefault(block, CiphertextSum(public)).add(coeffs)
+                state.sums.setdefault(block, new_sum(public)).add(coeffs)
                 manifest[batch.client_id] = batch.weight
                 accepted += 1
             self.stats["accepted"] += accepted

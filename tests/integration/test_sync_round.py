@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from clients.edge_client import EdgeClient
-from tests.conftest import Cluster, run_clients
+from fedps.errors import InvalidArgumentError
+from tests.conftest import Cluster, run_clients, start_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -46,3 +49,42 @@ def test_applied_model_equals_plaintext_fedavg(cluster: Cluster) -> None:
     assert rel < 1e-4
     assert cluster.coordinator.finished
     assert all(r.contributors == 3 for r in cluster.coordinator.history)
+
+
+def test_encryption_off_baseline_trains_the_same_way(tmp_path: Path) -> None:
+    """The insecure plaintext baseline (for benchmarks) gives the same FedAvg result."""
+    # Prepare
+    cluster = start_cluster(
+        tmp_path, training={"rounds": 1, "clients": 2, "min_quorum": 2}, he={"enabled": False}
+    )
+    try:
+        clients = [RecordingClient(cluster.config, index=i) for i in range(2)]
+        initial = cluster.coordinator.evaluator.initial_vector()
+        # Execute
+        run_clients(clients)
+        # Assert
+        sent = [c.sent[1] for c in clients]
+        expected = initial + sum(w * d for w, d in sent) / sum(w for w, _ in sent)
+        applied = cluster.keyholder.params
+        assert applied is not None
+        np.testing.assert_allclose(applied, expected, rtol=1e-9, atol=1e-12)
+    finally:
+        cluster.stop()
+
+
+def test_client_refuses_a_downgrade_to_plaintext(tmp_path: Path) -> None:
+    """A key holder without encryption cannot talk an encrypting client into plaintext."""
+    # Prepare
+    cluster = start_cluster(
+        tmp_path, training={"rounds": 1, "clients": 1, "min_quorum": 1}, he={"enabled": False}
+    )
+    try:
+        secure = cluster.config.model_copy(
+            update={"he": cluster.config.he.model_copy(update={"enabled": True})}
+        )
+        client = EdgeClient(secure, index=0)
+        # Execute / Assert
+        with pytest.raises(InvalidArgumentError, match="no encryption"):
+            client.run(timeout_s=30)
+    finally:
+        cluster.stop()
