@@ -6,8 +6,9 @@ One round as the client sees it:
 2. Pull version v's blocks from the shards (:class:`fedps.parameter_client.ParameterClient`).
 3. Train locally with DP-SGD (:class:`clients.dp_trainer.DPTrainer`); its accountant keeps
    every step of the run.
-4. Weight the update by ``num_examples / weight_unit``, clip it into the range the CKKS
-   parameters can sum without wrapping, cut it into blocks, encrypt each block under the key
+4. Weight the update by ``num_examples / weight_scale`` (the cohort's largest
+   ``num_examples``, so weights are in (0, 1]), clip it to ``he.max_abs_value`` (the range the
+   CKKS parameters were sized for), cut it into blocks, encrypt each block under the key
    holder's public context and push each block to the shard that owns it.
 5. Report to the coordinator (epsilon spent, bytes pushed).
 """
@@ -23,7 +24,7 @@ from typing import TypeVar
 import numpy as np
 
 from clients.dp_trainer import DPTrainer
-from crypto import PLAINTEXT_CONTEXT_ID, BlockEncryptor, PlainContext, PublicContext
+from crypto import PLAINTEXT_CONTEXT_ID, BlockEncryptor, CkksParams, PlainContext, PublicContext
 from fedps.blocks import BlockLayout, flatten_model
 from fedps.config import FedPSConfig
 from fedps.datasets import Dataset, load_dataset
@@ -115,6 +116,7 @@ class EdgeClient:
         self.client_id = ""
         self.bytes_pushed = 0
         self.rounds_trained = 0
+        self.weight = 1.0  # num_examples / the round's weight_scale
 
     def run(self, *, timeout_s: float = 3600.0) -> ClientSummary:
         """Take part in training until the coordinator says done."""
@@ -168,7 +170,7 @@ class EdgeClient:
             if params.enabled:
                 raise InvalidArgumentError("the key holder offers no encryption; refusing")
             _log.warning("%s: encryption is OFF (insecure baseline)", self.name)
-            self._values_per_block = int(params.poly_modulus_degree)
+            self._values_per_block = CkksParams.from_config(params).values_per_block
             return PlainContext(self._values_per_block)
         public = PublicContext.from_bytes(context)
         if public.context_id != context_id:
@@ -205,6 +207,7 @@ class EdgeClient:
             _log.info("%s: shards moved to version %d; skipping round", self.name, version)
             return True
         delta = self.trainer.train_round(vector)
+        self.weight = self.trainer.num_examples / max(task.weight_scale, 1.0)
         pushed = self.push(task.round, task.version, delta)
         self.rounds_trained += 1
         self._report(task.round, pushed, budget_exhausted=False)
@@ -216,7 +219,7 @@ class EdgeClient:
     def push(self, round_: int, version: int, delta: np.ndarray) -> int:
         """Weight, clip, encrypt and push an update; returns bytes pushed."""
         he = self.config.he
-        weight = self.trainer.num_examples / he.weight_unit
+        weight = self.weight
         weighted = delta * weight
         clipped = np.clip(weighted, -he.max_abs_value, he.max_abs_value)
         if not np.array_equal(clipped, weighted):
@@ -255,7 +258,7 @@ class EdgeClient:
         report = coordinator_pb2.UpdateReport(
             client_id=self.client_id,
             round=round_,
-            weight=self.trainer.num_examples / self.config.he.weight_unit,
+            weight=self.weight,
             epsilon=self.trainer.epsilon(),
             delta=self.config.privacy.delta,
             bytes_pushed=pushed,

@@ -13,16 +13,22 @@ per value. See docs/crypto.md for the derivation of the defaults.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from fedps.config import HEConfig
 from fedps.errors import ConfigError
 
-__all__ = ["MAX_COEFF_BITS_128", "CkksParams"]
+__all__ = ["MAX_COEFF_BITS_128", "NOISE_AT_N2048", "CkksParams"]
 
 #: Largest total coefficient-modulus size (bits) for 128-bit security, by ring dimension.
 MAX_COEFF_BITS_128: dict[int, int] = {2048: 54, 4096: 109, 8192: 218, 16384: 438}
 
 _SEAL_MAX_PRIME_BITS = 60
+
+#: Largest decoding error of one fresh public-key encryption at N=2048, in units of the
+#: scale (measured: 3.6e-5 * 2**30 ~ 38,650; docs/crypto.md), doubled as a safety margin.
+NOISE_AT_N2048 = 2 * 38_650.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,54 @@ class CkksParams:
                 f"{self.coeff_modulus_bits - 4}], got {self.scale_bits}"
             )
 
+    @classmethod
+    def for_workload(
+        cls, *, max_clients: int, max_abs_value: float, precision: float
+    ) -> CkksParams:
+        """The cheapest secure parameters for summing ``max_clients`` updates.
+
+        Each update value is at most ``max_abs_value`` in magnitude (clients clip to it), and
+        the decrypted sum must be within ``precision * max_abs_value`` of the exact sum.
+
+        - scale: the noise of a sum of K fresh ciphertexts is about ``c * sqrt(K) / scale``
+          (``c`` = :data:`NOISE_AT_N2048`, growing like sqrt(N)), so
+          ``scale_bits = ceil(log2(c * sqrt(K) / (precision * B)))``;
+        - headroom: the sum ``K * B * scale`` must stay below ``q / 4``, so
+          ``coeff_modulus_bits = scale_bits + ceil(log2(K * B)) + 2``;
+        - security: the smallest N whose 128-bit bound admits that modulus.
+
+        Wire cost is ``coeff_modulus_bits / 4`` bytes per value, whatever N.
+        """
+        if max_clients < 1 or max_abs_value <= 0 or not 0 < precision < 1:
+            raise ConfigError("max_clients >= 1, max_abs_value > 0 and 0 < precision < 1")
+        for n in sorted(MAX_COEFF_BITS_128):
+            noise = NOISE_AT_N2048 * math.sqrt(n / 2048) * math.sqrt(max_clients)
+            scale_bits = max(10, math.ceil(math.log2(noise / (precision * max_abs_value))))
+            headroom = max(0, math.ceil(math.log2(max_clients * max_abs_value)))
+            coeff_bits = max(20, scale_bits + headroom + 2)
+            if coeff_bits <= min(MAX_COEFF_BITS_128[n], _SEAL_MAX_PRIME_BITS):
+                return cls(
+                    poly_modulus_degree=n, coeff_modulus_bits=coeff_bits, scale_bits=scale_bits
+                )
+        raise ConfigError(
+            f"no single-prime parameters give precision {precision:g} for {max_clients} "
+            f"clients of magnitude {max_abs_value:g}; relax one of them"
+        )
+
+    @classmethod
+    def from_config(cls, he: HEConfig) -> CkksParams:
+        """Parameters fixed in the ``[he]`` section, or derived from its workload fields."""
+        if he.poly_modulus_degree is not None:
+            assert he.coeff_modulus_bits is not None and he.scale_bits is not None
+            return cls(
+                poly_modulus_degree=he.poly_modulus_degree,
+                coeff_modulus_bits=he.coeff_modulus_bits,
+                scale_bits=he.scale_bits,
+            )
+        return cls.for_workload(
+            max_clients=he.max_clients, max_abs_value=he.max_abs_value, precision=he.precision
+        )
+
     @property
     def values_per_block(self) -> int:
         """Real values per ciphertext (two per complex slot)."""
@@ -73,9 +127,9 @@ class CkksParams:
 
     @property
     def max_abs_sum(self) -> float:
-        """Largest magnitude a sum of encoded values may reach before it wraps modulo q.
+        """Largest magnitude a sum of encoded values may reach: ``2**(log2 q - 2) / scale``.
 
-        Coefficients are centred in (-q/2, q/2]; one bit is kept as margin for the encryption
-        noise and the canonical-embedding spread.
+        Coefficients are centred in (-q/2, q/2]; one more bit is kept as margin for the
+        encryption noise and the canonical-embedding spread.
         """
         return float(2 ** (self.coeff_modulus_bits - 2 - self.scale_bits))

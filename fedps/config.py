@@ -120,22 +120,33 @@ class PrivacyConfig(_Section):
 
 
 class HEConfig(_Section):
-    """CKKS parameters (see docs/crypto.md for their derivation)."""
+    """Homomorphic encryption. By default the CKKS parameters are derived from the workload
+    (``max_clients``, ``max_abs_value``, ``precision``; see docs/crypto.md); give
+    ``poly_modulus_degree``, ``coeff_modulus_bits`` and ``scale_bits`` to fix them."""
 
     enabled: bool = Field(
         True, description="false: plaintext updates (insecure baseline for benchmarks only)"
     )
-    poly_modulus_degree: Literal[2048, 4096, 8192, 16384] = 2048
-    coeff_modulus_bits: int = Field(45, ge=20, le=60)
-    scale_bits: int = Field(30, ge=10, le=56)
+    max_clients: int = Field(100, ge=1, description="most updates one aggregate may sum")
     max_abs_value: float = Field(
-        16.0, gt=0, description="clients clip each weighted update value to this magnitude"
+        1.0, gt=0, description="clients clip each weighted update value to this magnitude"
     )
-    weight_unit: float = Field(256.0, gt=0, description="examples per unit of aggregation weight")
+    precision: float = Field(
+        1e-5, gt=0, lt=1, description="max error of a decrypted sum, relative to max_abs_value"
+    )
+    poly_modulus_degree: Literal[2048, 4096, 8192, 16384] | None = None
+    coeff_modulus_bits: int | None = Field(None, ge=20, le=60)
+    scale_bits: int | None = Field(None, ge=10, le=56)
 
     @model_validator(mode="after")
     def _check(self) -> HEConfig:
-        if self.scale_bits > self.coeff_modulus_bits - 4:
+        fixed = [self.poly_modulus_degree, self.coeff_modulus_bits, self.scale_bits]
+        if any(v is not None for v in fixed) and any(v is None for v in fixed):
+            raise ValueError(
+                "give all of poly_modulus_degree, coeff_modulus_bits and scale_bits, or none"
+            )
+        bits, scale = self.coeff_modulus_bits, self.scale_bits
+        if bits is not None and scale is not None and scale > bits - 4:
             raise ValueError("scale_bits must be at most coeff_modulus_bits - 4")
         return self
 
@@ -147,6 +158,16 @@ class FedPSConfig(_Section):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     he: HEConfig = Field(default_factory=HEConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> FedPSConfig:
+        cohort = self.training.cohort_size or self.training.clients
+        if cohort > self.he.max_clients:
+            raise ValueError(
+                f"a round of {cohort} clients exceeds he.max_clients ({self.he.max_clients}), "
+                "which sizes the CKKS headroom; raise he.max_clients"
+            )
+        return self
 
 
 def load_config(path: Path | None = None, **overrides: Mapping[str, object]) -> FedPSConfig:

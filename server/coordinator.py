@@ -68,6 +68,7 @@ class Task:
     version: int = 0
     deadline_unix: float = 0.0
     retry_after: float = _WAIT_S
+    weight_scale: float = 1.0
 
 
 @dataclass
@@ -126,11 +127,7 @@ class Coordinator:
         self._keyholder = keyholder_pb2_grpc.KeyHolderStub(create_channel(config.cluster.keyholder))
         self.layout = BlockLayout(
             self._vector.size,
-            CkksParams(
-                poly_modulus_degree=config.he.poly_modulus_degree,
-                coeff_modulus_bits=config.he.coeff_modulus_bits,
-                scale_bits=config.he.scale_bits,
-            ).values_per_block,
+            CkksParams.from_config(config.he).values_per_block,
         )
         self._restore()
 
@@ -169,7 +166,16 @@ class Coordinator:
                 and client_id not in current.reported
                 and time.time() < current.deadline
             ):
-                return Task("train", current.round, current.version, current.deadline)
+                scale = max(
+                    self.clients[c].num_examples for c in current.cohort if c in self.clients
+                )
+                return Task(
+                    "train",
+                    current.round,
+                    current.version,
+                    current.deadline,
+                    weight_scale=float(scale),
+                )
             return Task("wait")
 
     def report(

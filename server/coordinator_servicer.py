@@ -56,6 +56,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             version=task.version,
             deadline_unix=task.deadline_unix,
             retry_after=task.retry_after,
+            weight_scale=task.weight_scale,
         )
 
     def ReportUpdate(  # noqa: N802

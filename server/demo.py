@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from crypto import CkksParams
 from fedps.config import load_config
 from fedps.errors import FedPSError, PeerUnavailableError
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
@@ -49,7 +50,7 @@ def run_demo(
     console.print(
         f"fedps demo: {t.dataset}, {t.clients} clients, {shards} shards, {t.rounds} rounds, "
         f"DP-SGD (target epsilon {config.privacy.target_epsilon}, delta {config.privacy.delta}), "
-        f"CKKS N={config.he.poly_modulus_degree}"
+        f"CKKS {CkksParams.from_config(config.he) if config.he.enabled else 'OFF'}"
     )
     started = time.time()
     deployment = Deployment(path, config)

@@ -74,6 +74,7 @@ class KeyHolder:
         optimizer: ServerOptimizer,
         min_cohort: int,
         encrypted: bool = True,
+        max_clients: int = 1 << 30,
     ) -> None:
         if min_cohort < 1:
             raise InvalidArgumentError("min_cohort must be at least 1")
@@ -86,6 +87,7 @@ class KeyHolder:
         self._optimizer = optimizer
         self.min_cohort = min_cohort
         self.encrypted = encrypted
+        self.max_clients = max_clients
         if not encrypted:
             _log.warning("encryption is OFF: updates travel and are summed in plaintext")
         self._lock = threading.Lock()
@@ -214,6 +216,11 @@ class KeyHolder:
             raise PolicyError(
                 f"block {agg.block}: {len(ids)} contributors, policy needs at least "
                 f"{self.min_cohort}; refusing to decrypt"
+            )
+        if len(ids) > self.max_clients:
+            raise PolicyError(
+                f"block {agg.block}: {len(ids)} contributors, but the CKKS parameters are "
+                f"sized for at most {self.max_clients} (he.max_clients); the sum may have wrapped"
             )
         if not all(np.isfinite(c.weight) and c.weight > 0 for c in agg.contributions):
             raise PolicyError(f"block {agg.block}: invalid weights")

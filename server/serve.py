@@ -39,12 +39,7 @@ def _ring(config: FedPSConfig) -> HashRing:
 
 def ckks_params(config: FedPSConfig) -> CkksParams:
     """The scheme parameters of the configuration (validated for 128-bit security)."""
-    he = config.he
-    return CkksParams(
-        poly_modulus_degree=he.poly_modulus_degree,
-        coeff_modulus_bits=he.coeff_modulus_bits,
-        scale_bits=he.scale_bits,
-    )
+    return CkksParams.from_config(config.he)
 
 
 def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> KeyHolder:
@@ -60,6 +55,7 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
         ),
         min_cohort=t.min_quorum,
         encrypted=config.he.enabled,
+        max_clients=config.he.max_clients,
     )
     keyholder_pb2_grpc.add_KeyHolderServicer_to_server(KeyHolderServicer(keyholder), server)
     return keyholder

@@ -151,12 +151,17 @@ class Task(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     DEADLINE_UNIX_FIELD_NUMBER: _builtins.int
     RETRY_AFTER_FIELD_NUMBER: _builtins.int
+    WEIGHT_SCALE_FIELD_NUMBER: _builtins.int
     kind: Global___Task.Kind.ValueType
     round: _builtins.int
     version: _builtins.int
     deadline_unix: _builtins.float
     retry_after: _builtins.float
     """seconds, for WAIT"""
+    weight_scale: _builtins.float
+    """Largest num_examples in the cohort: a client's aggregation weight is
+    num_examples / weight_scale, in (0, 1], so weighted updates stay within he.max_abs_value.
+    """
     def __init__(
         self,
         *,
@@ -165,10 +170,11 @@ class Task(_message.Message):
         version: _builtins.int = ...,
         deadline_unix: _builtins.float = ...,
         retry_after: _builtins.float = ...,
+        weight_scale: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline_unix", b"deadline_unix", "kind", b"kind", "retry_after", b"retry_after", "round", b"round", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline_unix", b"deadline_unix", "kind", b"kind", "retry_after", b"retry_after", "round", b"round", "version", b"version", "weight_scale", b"weight_scale"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -13,7 +13,7 @@ fi
 cd "$root"
 python -m grpc_tools.protoc -I . \
   --python_out="$out" --grpc_python_out="$out" --mypy_out="$out" --mypy_grpc_out="$out" \
-  fedps/proto/*.proto > /dev/null
+  fedps/proto/*.proto 2> >(grep -v '^Writing mypy to' >&2)
 if [[ "${1:-}" == "--check" ]]; then
   status=0
   for f in "$out"/fedps/proto/*_pb2*.py*; do

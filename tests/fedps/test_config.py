@@ -30,8 +30,13 @@ def test_defaults_load_and_validate() -> None:
     assert config.cluster.shard_ids == ["shard-0", "shard-1"]
     assert config.privacy.target_epsilon == 7.5
     assert config.privacy.noise_multiplier is None
-    assert config.he.poly_modulus_degree == 2048
-    assert config.he.scale_bits <= config.he.coeff_modulus_bits - 4
+    # CKKS parameters are derived from the workload unless fixed.
+    assert config.he.poly_modulus_degree is None
+    assert (config.he.max_clients, config.he.max_abs_value, config.he.precision) == (
+        100,
+        1.0,
+        1e-5,
+    )
     assert FedPSConfig.model_validate(config.model_dump()) == config
 
 
@@ -56,6 +61,7 @@ noise_multiplier = 1.1
 
 [he]
 poly_modulus_degree = 4096
+coeff_modulus_bits = 45
 scale_bits = 35
 """,
     )
@@ -76,7 +82,7 @@ scale_bits = 35
     assert config.privacy.noise_multiplier == 1.1
     assert config.privacy.target_epsilon is None
     assert (config.he.poly_modulus_degree, config.he.scale_bits) == (4096, 35)
-    assert config.he.coeff_modulus_bits == 45  # untouched default
+    assert config.he.coeff_modulus_bits == 45
 
 
 def test_overrides_merge_over_the_file(tmp_path: Path) -> None:
@@ -130,7 +136,12 @@ def test_bad_field_is_named(sections: dict[str, dict[str, object]], expected: st
             {"privacy": {"noise_multiplier": 1.0, "target_epsilon": 3.0}},
             ["privacy: ", "noise_multiplier", "target_epsilon"],
         ),
-        ({"he": {"coeff_modulus_bits": 45, "scale_bits": 42}}, ["he: ", "scale_bits"]),
+        (
+            {"he": {"poly_modulus_degree": 2048, "coeff_modulus_bits": 45, "scale_bits": 42}},
+            ["he: ", "scale_bits"],
+        ),
+        ({"he": {"coeff_modulus_bits": 45}}, ["he: ", "all of"]),
+        ({"training": {"clients": 200}}, ["he.max_clients"]),
     ],
 )
 def test_cross_field_error_names_section_and_field(
@@ -148,7 +159,9 @@ def test_cross_field_error_names_section_and_field(
 
 def test_scale_bits_at_the_limit_is_accepted() -> None:
     # Prepare / Execute: scale_bits == coeff_modulus_bits - 4 is the largest allowed.
-    config = load_config(None, he={"coeff_modulus_bits": 45, "scale_bits": 41})
+    config = load_config(
+        None, he={"poly_modulus_degree": 2048, "coeff_modulus_bits": 45, "scale_bits": 41}
+    )
 
     # Assert
     assert config.he.scale_bits == 41
@@ -243,7 +256,7 @@ def test_write_config_round_trip(
         },
         training={"rounds": rounds, "clients": clients, "min_quorum": 1, "lr": lr},
         privacy=privacy,
-        he={"poly_modulus_degree": poly},
+        he={"poly_modulus_degree": poly, "coeff_modulus_bits": 45, "scale_bits": 30},
     )
     path = tmp_path_factory.mktemp("cfg") / "out.toml"
 

@@ -22,8 +22,7 @@ class RecordingClient(EdgeClient):
         self.sent: dict[int, tuple[float, np.ndarray]] = {}
 
     def push(self, round_: int, version: int, delta: np.ndarray) -> int:
-        weight = self.trainer.num_examples / self.config.he.weight_unit
-        self.sent[round_] = (weight, delta.copy())
+        self.sent[round_] = (self.weight, delta.copy())
         return super().push(round_, version, delta)
 
 

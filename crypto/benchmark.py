@@ -1,0 +1,156 @@
+"""Micro-benchmarks of the encryption paths, all measured in one run on the same sizes.
+
+Three schemes, each from the client's encryption to the key holder's decryption:
+
+- ``packed``: fedps's wire format (raw SEAL coefficients of N=2048, one 45-bit prime,
+  bit-packed; numpy encoding and modular addition).
+- ``tenseal``: TenSEAL's default CKKS vectors (N=8192, [60, 40, 40, 60], scale 2^40),
+  serialised with ``serialize()``, summed after ``ckks_vector_from``: the path NVIDIA FLARE
+  takes.
+- ``plain``: no encryption (float64 on the wire), the floor.
+
+Throughputs are values per second on one core unless the name says otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tenseal as ts
+
+from crypto.block_encryptor import BlockEncryptor
+from crypto.ciphertext_sum import CiphertextSum, unpack_blocks
+from crypto.params import CkksParams
+from crypto.plain_context import PlainContext
+from crypto.secret_context import SecretContext
+
+__all__ = ["decryption_error", "measure_packed", "measure_plain", "measure_tenseal"]
+
+_MESSAGE_BLOCKS = 90  # blocks per push message (about 2 MB)
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def measure_packed(
+    num_params: int, *, keys: SecretContext, workers: int = 0, clients: int = 2
+) -> dict[str, float]:
+    """Client encrypt (offline + online), bytes, shard ingest and decrypt for ``packed``."""
+    rng = np.random.default_rng(0)
+    public = keys.public
+    n = public.params.values_per_block
+    blocks = -(-num_params // n)
+    updates = [rng.normal(0, 0.01, num_params) for _ in range(clients)]
+    enc = BlockEncryptor(public)
+    _, offline = _timed(lambda: enc.precompute(blocks))
+    packed, online = _timed(lambda: enc.encrypt(updates[0]))
+    result = {
+        "encrypt_offline_values_per_s": num_params / offline,
+        "encrypt_online_values_per_s": num_params / online,
+        "encrypt_values_per_s": num_params / (offline + online),
+        "bytes_per_param": sum(len(b) for b in packed.values()) / num_params,
+    }
+    cores = workers or os.cpu_count() or 1
+    if cores > 1:
+        multi = BlockEncryptor(public, workers=cores)
+        _, offline_all = _timed(lambda: multi.precompute(blocks))
+        _, online_all = _timed(lambda: multi.encrypt(updates[0]))
+        result["encrypt_all_cores_values_per_s"] = num_params / (offline_all + online_all)
+        result["cores"] = float(cores)
+    pushes = [packed] + [enc.encrypt(u) for u in updates[1:]]
+    sums = {b: CiphertextSum(public) for b in range(blocks)}
+
+    def ingest() -> None:
+        for push in pushes:
+            items = sorted(push.items())
+            for start in range(0, len(items), _MESSAGE_BLOCKS):
+                batch = items[start : start + _MESSAGE_BLOCKS]
+                rows = unpack_blocks(public, [data for _, data in batch])
+                for (b, _), row in zip(batch, rows, strict=True):
+                    sums[b].add(row)
+
+    _, ingest_s = _timed(ingest)
+    result["shard_ingest_values_per_s"] = clients * num_params / ingest_s
+    decrypted, decrypt_s = _timed(
+        lambda: np.concatenate([keys.decrypt(sums[b].coefficients) for b in range(blocks)])
+    )
+    result["decrypt_values_per_s"] = num_params / decrypt_s
+    expected = np.sum(updates, axis=0)
+    result["sum_max_abs_error"] = float(np.abs(decrypted[:num_params] - expected).max())
+    return result
+
+
+def measure_tenseal(num_params: int, *, clients: int = 2) -> dict[str, float]:
+    """The same measurements for TenSEAL's default CKKS vectors (one thread)."""
+    rng = np.random.default_rng(0)
+    ctx = ts.context(
+        ts.SCHEME_TYPE.CKKS,
+        poly_modulus_degree=8192,
+        coeff_mod_bit_sizes=[60, 40, 40, 60],
+        n_threads=1,
+    )
+    ctx.global_scale = 2**40
+    public = ts.context_from(ctx.serialize(save_secret_key=False))
+    updates = [rng.normal(0, 0.01, num_params) for _ in range(clients)]
+    first, encrypt_s = _timed(lambda: ts.ckks_vector(public, updates[0].tolist()).serialize())
+    wires = [first] + [ts.ckks_vector(public, u.tolist()).serialize() for u in updates[1:]]
+
+    def ingest() -> Any:
+        total = ts.ckks_vector_from(public, wires[0])
+        for wire in wires[1:]:
+            total = total + ts.ckks_vector_from(public, wire)
+        return total.serialize()
+
+    summed, ingest_s = _timed(ingest)
+    decrypted, decrypt_s = _timed(lambda: np.array(ts.ckks_vector_from(ctx, summed).decrypt()))
+    expected = np.sum(updates, axis=0)
+    return {
+        "encrypt_values_per_s": num_params / encrypt_s,
+        "bytes_per_param": len(first) / num_params,
+        "shard_ingest_values_per_s": clients * num_params / ingest_s,
+        "decrypt_values_per_s": num_params / decrypt_s,
+        "sum_max_abs_error": float(np.abs(decrypted[:num_params] - expected).max()),
+    }
+
+
+def measure_plain(num_params: int, *, clients: int = 2) -> dict[str, float]:
+    """The plaintext floor: float64 blocks, summed in numpy."""
+    rng = np.random.default_rng(0)
+    context = PlainContext(CkksParams().values_per_block)
+    updates = [rng.normal(0, 0.01, num_params) for _ in range(clients)]
+    packed, encode_s = _timed(lambda: context.encrypt(updates[0]))
+    pushes = [packed] + [context.encrypt(u) for u in updates[1:]]
+
+    def ingest() -> None:
+        acc = np.zeros((len(packed), context.values_per_block))
+        for push in pushes:
+            acc += context.unpack_blocks([push[b] for b in range(len(packed))])
+
+    _, ingest_s = _timed(ingest)
+    return {
+        "encrypt_values_per_s": num_params / encode_s,
+        "bytes_per_param": sum(len(b) for b in packed.values()) / num_params,
+        "shard_ingest_values_per_s": clients * num_params / ingest_s,
+    }
+
+
+def decryption_error(keys: SecretContext, *, updates: int = 100, scale: float = 1.0) -> float:
+    """Max |decrypted sum - exact sum| over one block after summing ``updates`` updates,
+    relative to the update scale (the largest |value| of one update)."""
+    rng = np.random.default_rng(1)
+    public = keys.public
+    n = public.params.values_per_block
+    enc = BlockEncryptor(public)
+    values = rng.uniform(-scale, scale, (updates, n))
+    total = CiphertextSum(public)
+    for row in values:
+        total.add_packed(enc.encrypt_block(row))
+    error = np.abs(keys.decrypt(total.coefficients) - values.sum(axis=0)).max()
+    return float(error / scale)
