@@ -150,6 +150,44 @@ def demo(
 
 
 @app.command()
+def bench(
+    json_out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--json", help="Write the results as JSON to this file."),
+    ] = None,
+    sizes: Annotated[
+        str, typer.Option(help="Model sizes (parameters) for the crypto paths, comma-separated.")
+    ] = "100000,1000000,10000000",
+    models: Annotated[
+        str, typer.Option(help="Models for the end-to-end secure vs plaintext rounds.")
+    ] = "mlp,mlp1m",
+    memory_clients: Annotated[
+        str, typer.Option(help="Client counts for the shard memory measurement.")
+    ] = "10,200",
+    rounds: Annotated[int, typer.Option(help="Rounds per end-to-end run.")] = 4,
+) -> None:
+    """Measure encryption cost against TenSEAL's default and plaintext, in one run."""
+    from rich.console import Console
+
+    from server.bench_report import render_table
+    from server.benchmark import run_bench
+
+    _setup_logging(False)
+    console = Console()
+    results = run_bench(
+        sizes=[int(s) for s in sizes.split(",") if s],
+        e2e_models=[m for m in models.split(",") if m],
+        memory_clients=[int(c) for c in memory_clients.split(",") if c],
+        rounds=rounds,
+        console=console,
+    )
+    console.print(render_table(results))
+    if json_out is not None:
+        json_out.write_text(json.dumps(results, indent=2) + "\n")
+        typer.echo(f"results written to {json_out}")
+
+
+@app.command()
 def status(config: ConfigOpt = None) -> None:
     """Print the cluster's health as the coordinator sees it."""
     from server.cluster_status import print_status

@@ -19,6 +19,17 @@ def _mlp(num_features: int, num_classes: int) -> nn.Module:
     return nn.Sequential(nn.Linear(num_features, 64), nn.ReLU(), nn.Linear(64, num_classes))
 
 
+def _mlp1m(num_features: int, num_classes: int) -> nn.Module:
+    """A wide MLP of about one million parameters (benchmarks at scale)."""
+    return nn.Sequential(
+        nn.Linear(num_features, 1000),
+        nn.ReLU(),
+        nn.Linear(1000, 1000),
+        nn.ReLU(),
+        nn.Linear(1000, num_classes),
+    )
+
+
 def _logreg(num_features: int, num_classes: int) -> nn.Module:
     return nn.Sequential(nn.Linear(num_features, num_classes))
 
@@ -55,6 +66,7 @@ _MODELS: dict[str, Callable[[int, int], nn.Module]] = {
     "cnn": _Cnn,
     "logreg": _logreg,
     "mlp": _mlp,
+    "mlp1m": _mlp1m,
 }
 
 

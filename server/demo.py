@@ -31,9 +31,10 @@ def run_demo(
     *,
     console: Console | None = None,
     timeout_s: float = 1800.0,
+    quiet: bool = False,
 ) -> dict[str, object]:
     """Run the demo; returns the summary (rounds, final accuracy, max epsilon, ...)."""
-    console = console or Console(stderr=False)
+    console = console or Console(stderr=False, quiet=quiet)
     base = load_config(config_path, **overrides)
     shards = len(base.cluster.shards)
     cluster = {
@@ -73,6 +74,7 @@ def run_demo(
         "clients": t.clients,
         "shards": shards,
         "abandoned_rounds": sum(1 for r in status.history if r.abandoned),
+        "round_seconds": [round(r.seconds, 3) for r in status.history],
     }
     console.print(
         f"done in {seconds:.1f}s: accuracy {summary['final_accuracy']}, max epsilon "

@@ -17,7 +17,7 @@ def test_registry_names() -> None:
     names = model_names()
 
     # Assert
-    assert names == ["cnn", "logreg", "mlp"]
+    assert names == ["cnn", "logreg", "mlp", "mlp1m"]
 
 
 def test_unknown_name_raises_config_error_listing_choices() -> None:

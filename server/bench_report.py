@@ -1,0 +1,61 @@
+"""Render ``fedps bench`` results as a markdown table (ratios against same-run baselines)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["render_table"]
+
+
+def _m(value: float) -> str:
+    return f"{value / 1e6:.2f} M/s"
+
+
+def render_table(results: dict[str, Any]) -> str:
+    """Markdown tables of the crypto paths, the end-to-end rounds and shard memory."""
+    m = results["machine"]
+    lines = [
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Python {m['python']}",
+        f"Scheme: {results['params']}",
+        f"Decryption error after summing 100 updates: {results['sum_of_100_error_relative']:.2e}"
+        " of the update scale",
+        "",
+        "| params | path | encrypt (1 core) | vs TenSEAL | bytes/param | vs TenSEAL |"
+        " shard ingest | decrypt |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size, paths in results["crypto"].items():
+        base = paths["tenseal"]
+        for name, r in paths.items():
+            enc_ratio = r["encrypt_values_per_s"] / base["encrypt_values_per_s"]
+            size_ratio = base["bytes_per_param"] / r["bytes_per_param"]
+            decrypt = _m(r["decrypt_values_per_s"]) if "decrypt_values_per_s" in r else "-"
+            lines.append(
+                f"| {int(size):,} | {name} | {_m(r['encrypt_values_per_s'])} | "
+                f"{enc_ratio:.1f}x | {r['bytes_per_param']:.2f} | {size_ratio:.1f}x smaller | "
+                f"{_m(r['shard_ingest_values_per_s'])} | {decrypt} |"
+            )
+            if name == "packed":
+                extra = (
+                    f"|  | packed: offline {_m(r['encrypt_offline_values_per_s'])}, "
+                    f"online {_m(r['encrypt_online_values_per_s'])}"
+                )
+                if "encrypt_all_cores_values_per_s" in r:
+                    extra += (
+                        f", all {int(r['cores'])} cores {_m(r['encrypt_all_cores_values_per_s'])}"
+                    )
+                lines.append(extra + " |  |  |  |  |  |  |")
+    lines += ["", "| model | secure round | plaintext round | ratio |", "|---|---:|---:|---:|"]
+    for model, r in results["e2e"].items():
+        lines.append(
+            f"| {model} | {r['secure']['median_round_s']:.2f} s | "
+            f"{r['plaintext']['median_round_s']:.2f} s | {r['ratio']:.2f}x |"
+        )
+    lines += ["", "| clients | shard peak RSS |", "|---:|---:|"]
+    for clients, r in results["shard_memory"].items():
+        lines.append(f"| {clients} | {r['peak_rss_mib']:.0f} MiB |")
+    mem = results["shard_memory"]
+    if len(mem) >= 2:
+        values = [r["peak_rss_mib"] for r in mem.values()]
+        lines.append(f"\nShard memory, most clients vs fewest: {values[-1] / values[0]:.2f}x")
+    return "\n".join(lines)
