@@ -17,6 +17,7 @@ form before decrypting. The shard adds blocks as integer arrays modulo q either 
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 from concurrent.futures import ProcessPoolExecutor
 
@@ -67,6 +68,7 @@ class BlockEncryptor:
         self._pool: list[np.ndarray] = []
         self._pooled = 0
         self._lock = threading.Lock()
+        self._executor: ProcessPoolExecutor | None = None
 
     @property
     def pooled(self) -> int:
@@ -86,11 +88,22 @@ class BlockEncryptor:
     def _draw(self, count: int) -> np.ndarray:
         if self.workers == 1 or count < 2 * self.workers:
             return self.public.encrypt_zeros(count)
+        if self._executor is None:
+            # spawn, not fork: the parent may hold gRPC threads, which must not be forked.
+            self._executor = ProcessPoolExecutor(
+                self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(self.public.serialize(),),
+            )
         shares = [count // self.workers + (i < count % self.workers) for i in range(self.workers)]
-        with ProcessPoolExecutor(
-            self.workers, initializer=_init_worker, initargs=(self.public.serialize(),)
-        ) as pool:
-            return np.concatenate(list(pool.map(_zeros_in_worker, shares)))
+        return np.concatenate(list(self._executor.map(_zeros_in_worker, shares)))
+
+    def close(self) -> None:
+        """Stop the worker processes, if any."""
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None
 
     def _take_zeros(self, count: int) -> np.ndarray:
         self.precompute(count)

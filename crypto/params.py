@@ -91,7 +91,7 @@ class CkksParams:
             noise = NOISE_AT_N2048 * math.sqrt(n / 2048) * math.sqrt(max_clients)
             scale_bits = max(10, math.ceil(math.log2(noise / (precision * max_abs_value))))
             headroom = max(0, math.ceil(math.log2(max_clients * max_abs_value)))
-            coeff_bits = max(20, scale_bits + headroom + 2)
+            coeff_bits = max(20, scale_bits + 4, scale_bits + headroom + 2)
             if coeff_bits <= min(MAX_COEFF_BITS_128[n], _SEAL_MAX_PRIME_BITS):
                 return cls(
                     poly_modulus_degree=n, coeff_modulus_bits=coeff_bits, scale_bits=scale_bits

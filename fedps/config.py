@@ -30,6 +30,8 @@ __all__ = [
     "FedPSConfig",
     "HEConfig",
     "PrivacyConfig",
+    "SecurityConfig",
+    "TlsConfig",
     "TrainingConfig",
     "load_config",
 ]
@@ -151,6 +153,29 @@ class HEConfig(_Section):
         return self
 
 
+class SecurityConfig(_Section):
+    """Release hygiene, rate limits and poisoning guard (see docs/security.md)."""
+
+    flood_bits: int = Field(
+        10,
+        ge=0,
+        le=40,
+        description="noise flooding: std = 2**flood_bits x the worst-case decryption error",
+    )
+    max_pushes_per_round: int = Field(
+        64, ge=1, description="push messages one client may send to one shard per round"
+    )
+    norm_slack: float = Field(
+        4.0, gt=0, description="poisoning guard: allowed factor over the cohort's norm bound"
+    )
+
+
+class TlsConfig(_Section):
+    """Mutual TLS between every party (certificates from ``fedps certs``)."""
+
+    enabled: bool = False
+
+
 class FedPSConfig(_Section):
     """The whole configuration."""
 
@@ -158,6 +183,8 @@ class FedPSConfig(_Section):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     he: HEConfig = Field(default_factory=HEConfig)
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
+    tls: TlsConfig = Field(default_factory=TlsConfig)
 
     @model_validator(mode="after")
     def _check(self) -> FedPSConfig:
