@@ -25,6 +25,7 @@ import numpy as np
 
 from clients.dp_trainer import DPTrainer
 from crypto import PLAINTEXT_CONTEXT_ID, BlockEncryptor, CkksParams, PlainContext, PublicContext
+from crypto.signing import CHUNKS, BlockSigner, merkle_proof, sign_update
 from fedps.blocks import BlockLayout, flatten_model
 from fedps.config import FedPSConfig
 from fedps.datasets import Dataset, load_dataset
@@ -43,6 +44,7 @@ from fedps.proto import (
     common_pb2,
     coordinator_pb2,
     coordinator_pb2_grpc,
+    keyholder_pb2,
     keyholder_pb2_grpc,
     shard_pb2,
 )
@@ -117,12 +119,16 @@ class EdgeClient:
         self.bytes_pushed = 0
         self.rounds_trained = 0
         self.weight = 1.0  # num_examples / the round's weight_scale
+        self._signer = BlockSigner()
+        self.run_id = ""
 
     def run(self, *, timeout_s: float = 3600.0) -> ClientSummary:
         """Take part in training until the coordinator says done."""
         reply = self._register(timeout_s)
         shards = {s.shard_id: s.address for s in reply.shards}
         keyholder = keyholder_pb2_grpc.KeyHolderStub(create_channel(reply.keyholder))
+        self._keyholder = keyholder
+        self.run_id = reply.run_id
         ctx = self._retry(
             lambda: keyholder.GetPublicContext(common_pb2.Empty()), "public context", timeout_s
         )
@@ -186,6 +192,7 @@ class EdgeClient:
             num_examples=self.trainer.num_examples,
             num_params=self.num_params,
             client_id=self.client_id,
+            signing_key=self._signer.public_key,
         )
         reply = self._retry(lambda: self._coordinator.Register(request), "register", timeout_s)
         self.client_id = reply.client_id
@@ -224,7 +231,18 @@ class EdgeClient:
         clipped = np.clip(weighted, -he.max_abs_value, he.max_abs_value)
         if not np.array_equal(clipped, weighted):
             _log.warning("%s: update clipped to +-%g for encryption", self.name, he.max_abs_value)
-        encrypted = self._encryptor.encrypt(clipped)
+        encrypted, coefficients = self._encryptor.encrypt_with_coefficients(clipped)
+        nonce, signature, roots = sign_update(
+            self._signer,
+            coefficients,
+            run_id=self.run_id,
+            round_=round_,
+            client_id=self.client_id,
+            context_id=self._context_id,
+            weight=weight,
+        )
+        if isinstance(self._encryptor, BlockEncryptor):
+            self._submit_audit(round_, coefficients)
         by_shard: dict[str, list[shard_pb2.EncryptedBlock]] = {}
         for block, data in encrypted.items():
             owner = self._ring.owner(block)
@@ -241,6 +259,9 @@ class EdgeClient:
                     weight=weight,
                     context_id=self._context_id,
                     blocks=batch,
+                    nonce=nonce,
+                    signature=signature,
+                    roots=roots,
                 )
                 for batch in batched(blocks, lambda b: len(b.ciphertext))
             ]
@@ -253,6 +274,32 @@ class EdgeClient:
             total += sum(m.ByteSize() for m in messages)
         self.bytes_pushed += total
         return total
+
+    def _submit_audit(self, round_: int, coefficients: np.ndarray) -> None:
+        """Send the key holder the secretly planned chunks, so it can check the aggregate."""
+        plan = call(
+            lambda: self._keyholder.GetAuditPlan(
+                keyholder_pb2.AuditPlanRequest(round=round_, client_id=self.client_id)
+            ),
+            "audit plan",
+        )
+        size = coefficients.shape[1] // CHUNKS
+        chunks = [
+            keyholder_pb2.AuditChunk(
+                block=block,
+                chunk=chunk,
+                coefficients=coefficients[block, chunk * size : (chunk + 1) * size]
+                .astype("<u8")
+                .tobytes(),
+                proof=merkle_proof(coefficients[block], chunk),
+            )
+            for block, chunk in zip(plan.blocks, plan.chunks, strict=True)
+            if block < len(coefficients)
+        ]
+        submission = keyholder_pb2.AuditSubmission(
+            client_id=self.client_id, round=round_, chunks=chunks
+        )
+        call(lambda: self._keyholder.SubmitAudit(submission), "submit audit")
 
     def _report(self, round_: int, pushed: int, *, budget_exhausted: bool) -> None:
         report = coordinator_pb2.UpdateReport(

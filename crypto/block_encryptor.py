@@ -122,7 +122,13 @@ class BlockEncryptor:
         return self.encrypt(values)[0]
 
     def encrypt(self, vector: np.ndarray, blocks: list[int] | None = None) -> dict[int, bytes]:
-        """Encrypt a flat vector; returns ``{block index: packed ciphertext}``.
+        """Encrypt a flat vector; returns ``{block index: packed ciphertext}``."""
+        return self.encrypt_with_coefficients(vector, blocks)[0]
+
+    def encrypt_with_coefficients(
+        self, vector: np.ndarray, blocks: list[int] | None = None
+    ) -> tuple[dict[int, bytes], np.ndarray]:
+        """Encrypt a flat vector; returns the packed blocks and their raw coefficients.
 
         Parameters
         ----------
@@ -151,4 +157,4 @@ class BlockEncryptor:
         np.add(c0, plain, out=c0)
         np.subtract(c0, self._q, out=c0, where=c0 >= self._q)
         packed = bitpack.pack_rows(cipher, self.public.coeff_bits)
-        return dict(zip(chosen, packed, strict=True))
+        return dict(zip(chosen, packed, strict=True)), cipher

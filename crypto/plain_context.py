@@ -34,12 +34,17 @@ class PlainContext:
 
     def encrypt(self, vector: np.ndarray) -> dict[int, bytes]:
         """Cut a flat vector into blocks of float64 bytes (no encryption)."""
+        return self.encrypt_with_coefficients(vector)[0]
+
+    def encrypt_with_coefficients(self, vector: np.ndarray) -> tuple[dict[int, bytes], np.ndarray]:
+        """The blocks as bytes, and as a (B, N) float64 array."""
         n = self.values_per_block
         flat = np.asarray(vector, dtype="<f8").reshape(-1)
         total = max(1, -(-flat.size // n))
         padded = np.zeros(total * n, dtype="<f8")
         padded[: flat.size] = flat
-        return {b: padded[b * n : (b + 1) * n].tobytes() for b in range(total)}
+        rows = padded.reshape(total, n)
+        return {b: rows[b].tobytes() for b in range(total)}, rows
 
     def unpack_blocks(self, data: list[bytes]) -> np.ndarray:
         """Validate blocks (exact length, finite values); returns shape (B, N) float64."""

@@ -31,6 +31,13 @@ ConfigOpt = Annotated[
     Optional[Path],  # noqa: UP045 - typer needs Optional here
     typer.Option("--config", "-c", help="TOML configuration (default: built-in defaults)."),
 ]
+InsecureOpt = Annotated[
+    bool,
+    typer.Option(
+        "--insecure",
+        help="Acknowledge that without [tls] enabled traffic is unencrypted (no warning).",
+    ),
+]
 _log = logging.getLogger("fedps")
 
 
@@ -41,38 +48,55 @@ def _setup_logging(verbose: bool) -> None:
     )
 
 
-def _load(config: Path | None) -> FedPSConfig:
+def _load(config: Path | None, *, insecure: bool = False) -> FedPSConfig:
+    if insecure:
+        return load_config(config, tls={"insecure": True})
     return load_config(config)
 
 
+def _setup_tls(cfg: FedPSConfig, name: str) -> None:
+    """Before anything connects: load identity ``tls.name`` (default ``name``) when TLS is on,
+    else warn once that traffic is plaintext (unless ``tls.insecure``)."""
+    from fedps.transport import setup_tls
+
+    setup_tls(cfg.tls, name)
+
+
 @app.command()
-def keyholder(config: ConfigOpt = None) -> None:
+def keyholder(config: ConfigOpt = None, insecure: InsecureOpt = False) -> None:
     """Run the key holder (generates the CKKS keys on first start)."""
     from server.serve import serve_forever
 
     _setup_logging(True)
-    serve_forever("keyholder", _load(config))
+    cfg = _load(config, insecure=insecure)
+    _setup_tls(cfg, "keyholder")
+    serve_forever("keyholder", cfg)
 
 
 @app.command()
 def shard(
     config: ConfigOpt = None,
     index: Annotated[int, typer.Option(help="Which shard of [cluster] shards.")] = 0,
+    insecure: InsecureOpt = False,
 ) -> None:
     """Run one parameter-server shard."""
     from server.serve import serve_forever
 
     _setup_logging(True)
-    serve_forever("shard", _load(config), index=index)
+    cfg = _load(config, insecure=insecure)
+    _setup_tls(cfg, f"shard-{index}")
+    serve_forever("shard", cfg, index=index)
 
 
 @app.command()
-def coordinator(config: ConfigOpt = None) -> None:
+def coordinator(config: ConfigOpt = None, insecure: InsecureOpt = False) -> None:
     """Run the coordinator (chief): rounds, evaluation, checkpoints."""
     from server.serve import serve_forever
 
     _setup_logging(True)
-    serve_forever("coordinator", _load(config))
+    cfg = _load(config, insecure=insecure)
+    _setup_tls(cfg, "coordinator")
+    serve_forever("coordinator", cfg)
 
 
 @app.command()
@@ -81,15 +105,19 @@ def client(
     index: Annotated[int, typer.Option(help="Which data partition this client holds.")] = 0,
     name: Annotated[str, typer.Option(help="A display name.")] = "",
     threads: Annotated[int, typer.Option(help="Torch CPU threads for local training.")] = 1,
+    insecure: InsecureOpt = False,
 ) -> None:
     """Run one edge client until training is done."""
+    _setup_logging(True)
+    cfg = _load(config, insecure=insecure)
+    _setup_tls(cfg, f"client-{index}")
+
     import torch
 
     from clients.edge_client import EdgeClient
 
-    _setup_logging(True)
     torch.set_num_threads(max(1, threads))
-    summary = EdgeClient(_load(config), index=index, name=name).run()
+    summary = EdgeClient(cfg, index=index, name=name).run()
     _log.info(
         "client %s done: %d rounds, epsilon %.3f (delta %g), %d bytes pushed",
         summary.client_id,
@@ -97,6 +125,33 @@ def client(
         summary.epsilon,
         summary.delta,
         summary.bytes_pushed,
+    )
+
+
+@app.command()
+def certs(
+    config: ConfigOpt = None,
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--out", "-o", help="Directory to write to (default: tls.directory)."),
+    ] = None,
+) -> None:
+    """Create the deployment's CA (or reuse the one in DIR) and a certificate per party."""
+    from crypto.tls import issue_cluster_certificates
+
+    cfg = _load(config)
+    directory = out if out is not None else cfg.tls.directory
+    try:
+        written = issue_cluster_certificates(cfg, directory)
+    except OSError as exc:
+        where = exc.filename or directory
+        raise FedPSError(f"cannot write certificates to {where}: {exc.strerror}") from None
+    for paths in written:
+        typer.echo(f"{paths.cert}  {paths.key} (private, mode 600)")
+    typer.echo(
+        f"{len(written) - 1} identities signed by {written[0].cert}; copy each party's NAME.crt, "
+        f"NAME.key and ca.crt (never ca.key) to its machine, and set [tls] enabled = true, "
+        f'directory = "{directory}".'
     )
 
 
@@ -192,7 +247,12 @@ def status(config: ConfigOpt = None) -> None:
     """Print the cluster's health as the coordinator sees it."""
     from server.cluster_status import print_status
 
-    print_status(_load(config))
+    cfg = _load(config)
+    if cfg.tls.enabled:
+        from crypto.tls import OPERATOR_NAME
+
+        _setup_tls(cfg, OPERATOR_NAME)
+    print_status(cfg)
 
 
 def main() -> None:

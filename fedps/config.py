@@ -157,7 +157,7 @@ class SecurityConfig(_Section):
     """Release hygiene, rate limits and poisoning guard (see docs/security.md)."""
 
     flood_bits: int = Field(
-        10,
+        4,
         ge=0,
         le=40,
         description="noise flooding: std = 2**flood_bits x the worst-case decryption error",
@@ -165,15 +165,41 @@ class SecurityConfig(_Section):
     max_pushes_per_round: int = Field(
         64, ge=1, description="push messages one client may send to one shard per round"
     )
-    norm_slack: float = Field(
-        4.0, gt=0, description="poisoning guard: allowed factor over the cohort's norm bound"
+    audit_blocks: int = Field(
+        16, ge=1, description="blocks per round whose aggregate is checked against clients"
     )
 
 
 class TlsConfig(_Section):
-    """Mutual TLS between every party (certificates from ``fedps certs``)."""
+    """Mutual TLS between every party (certificates from ``fedps certs``).
+
+    With ``enabled`` every channel and port uses TLS and both ends present a certificate
+    signed by the deployment's CA. Without it, each role warns at start that its traffic is
+    unencrypted and unauthenticated, unless ``insecure`` (``--insecure``) acknowledges that.
+    """
 
     enabled: bool = False
+    directory: Path = Field(
+        Path("fedps-certs"), description="where `fedps certs` writes and roles read certificates"
+    )
+    name: str = Field(
+        "",
+        description="identity (NAME.crt, NAME.key) this process uses; empty: the role's name "
+        "(keyholder, coordinator, shard-N, client-N)",
+    )
+    insecure: bool = Field(
+        False, description="acknowledge plaintext traffic when TLS is off (no warning)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> TlsConfig:
+        if self.name and (
+            "/" in self.name or "\\" in self.name or self.name.startswith(".") or self.name == "ca"
+        ):
+            raise ValueError(f"name {self.name!r} is not a certificate file stem")
+        if self.enabled and self.insecure:
+            raise ValueError("enabled and insecure contradict each other; set one")
+        return self
 
 
 class FedPSConfig(_Section):

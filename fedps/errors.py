@@ -40,6 +40,12 @@ class RoundClosedError(FedPSError):
     status = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class RateLimitedError(FedPSError):
+    """A caller exceeded its per-round request budget."""
+
+    status = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class PolicyError(FedPSError):
     """The key holder's decryption policy refuses the request."""
 

@@ -5,16 +5,24 @@ our expected errors into a gRPC status with the error's message. Callers wrap st
 :func:`call`, which maps a status back to the same exception class with one table.
 Message-size limits are set explicitly on both ends; channels retry UNAVAILABLE with
 exponential backoff and jitter through gRPC's own retry policy.
+
+Mutual TLS is process-wide: a role calls :func:`setup_tls` (or :func:`configure_tls` with a
+loaded identity) once at start, before it creates any channel or server; from then on
+:func:`create_channel` presents the identity's certificate and verifies the peer against the
+deployment's CA, :func:`bind` opens TLS ports that require a client certificate signed by that
+CA, and servers from :func:`create_server` refuse, with ``UNAUTHENTICATED``, any call whose
+peer has no verified certificate.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
 
@@ -27,15 +35,23 @@ from fedps.errors import (
     UnknownClientError,
 )
 
+if TYPE_CHECKING:
+    from crypto.tls import TlsIdentity
+    from fedps.config import TlsConfig
+
 __all__ = [
     "MAX_MESSAGE_BYTES",
     "TARGET_MESSAGE_BYTES",
     "batched",
     "bind",
     "call",
+    "configure_tls",
     "create_channel",
     "create_server",
+    "reset_tls",
     "rpc_errors",
+    "setup_tls",
+    "tls_identity",
 ]
 
 _log = logging.getLogger("fedps")
@@ -83,27 +99,192 @@ _FROM_STATUS: dict[grpc.StatusCode, type[FedPSError]] = {
 _T = TypeVar("_T")
 
 
+# The process-wide TLS identity (None: plaintext), set by configure_tls before any connection.
+_tls: TlsIdentity | None = None
+_tls_lock = threading.Lock()
+_warned_insecure = False
+
+
+def configure_tls(identity: TlsIdentity | None) -> None:
+    """Use ``identity`` for mutual TLS on every channel and server created from now on.
+
+    ``None`` goes back to plaintext. Call it before creating channels or servers: existing
+    ones keep the credentials they were created with.
+    """
+    global _tls
+    with _tls_lock:
+        _tls = identity
+
+
+def reset_tls() -> None:
+    """Back to plaintext and forget the insecure-mode warning (for tests)."""
+    global _warned_insecure
+    configure_tls(None)
+    with _tls_lock:
+        _warned_insecure = False
+
+
+def tls_identity() -> TlsIdentity | None:
+    """The identity configured with :func:`configure_tls`, or ``None``."""
+    return _tls
+
+
+def setup_tls(tls: TlsConfig, name: str) -> None:
+    """Configure this process's TLS from the ``[tls]`` section, before anything connects.
+
+    With ``tls.enabled``, load identity ``tls.name`` (default ``name``, the role's name such
+    as ``shard-0`` or ``client-3``) from ``tls.directory`` and :func:`configure_tls` it.
+    Otherwise, unless ``tls.insecure`` acknowledges it, log once that traffic is plaintext.
+
+    Raises
+    ------
+    ConfigError
+        A certificate or key file is missing (the message names it and suggests
+        ``fedps certs``) or the key is readable by others.
+    """
+    global _warned_insecure
+    if tls.enabled:
+        from crypto.tls import TlsIdentity  # here: crypto imports the (heavy) CKKS stack
+
+        identity = TlsIdentity.load(tls.directory, tls.name or name)
+        if identity == _tls:
+            return  # already set up (the CLI and serve_forever both call this)
+        configure_tls(identity)
+        _log.info("mutual TLS on as %r (certificates in %s)", tls.name or name, tls.directory)
+        return
+    configure_tls(None)
+    with _tls_lock:
+        if tls.insecure or _warned_insecure:
+            return
+        _warned_insecure = True
+    _log.warning(
+        "TLS is off: gRPC traffic of %s is unencrypted and unauthenticated. Set [tls] "
+        "enabled = true (certificates from `fedps certs`), or acknowledge plaintext with "
+        "--insecure or tls.insecure = true",
+        name,
+    )
+
+
 def create_channel(address: str) -> grpc.Channel:
-    """An insecure channel with fedps's message limits and retry policy."""
+    """A channel with fedps's message limits and retry policy; mutual TLS once configured."""
     options = [
         *_OPTIONS,
         ("grpc.enable_retries", 1),
         ("grpc.service_config", json.dumps(_RETRY_POLICY)),
     ]
-    return grpc.insecure_channel(address, options=options)
+    identity = _tls
+    if identity is None:
+        return grpc.insecure_channel(address, options=options)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=identity.ca_cert,
+        private_key=identity.key,
+        certificate_chain=identity.cert,
+    )
+    return grpc.secure_channel(address, credentials, options=options)
 
 
 def create_server(max_workers: int = 16) -> grpc.Server:
-    """A thread-pool server with fedps's message limits; add servicers, then bind."""
-    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS)
+    """A thread-pool server with fedps's message limits; add servicers, then bind.
+
+    Once TLS is configured, the server also refuses every call whose peer presented no
+    verified client certificate (``UNAUTHENTICATED``), whatever port it came in on.
+    """
+    interceptors: list[grpc.ServerInterceptor[Any, Any]] = []
+    if _tls is not None:
+        interceptors.append(_RequireClientCertificate())
+    return grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers),
+        options=_OPTIONS,
+        interceptors=interceptors,
+    )
 
 
 def bind(server: grpc.Server, address: str) -> int:
-    """Bind ``address`` (``host:0`` picks a free port) and return the bound port."""
-    port = server.add_insecure_port(address)
+    """Bind ``address`` (``host:0`` picks a free port) and return the bound port.
+
+    Once TLS is configured the port speaks only TLS and requires a client certificate signed
+    by the deployment's CA.
+    """
+    identity = _tls
+    if identity is None:
+        port = server.add_insecure_port(address)
+    else:
+        credentials = grpc.ssl_server_credentials(
+            [(identity.key, identity.cert)],
+            root_certificates=identity.ca_cert,
+            require_client_auth=True,
+        )
+        port = server.add_secure_port(address, credentials)
     if port == 0:
         raise PeerUnavailableError(f"cannot bind {address}")
     return port
+
+
+if TYPE_CHECKING:
+    _Interceptor = grpc.ServerInterceptor[Any, Any]  # generic only in the type stubs
+else:
+    _Interceptor = grpc.ServerInterceptor
+
+
+class _RequireClientCertificate(_Interceptor):
+    """Abort calls whose peer has no verified certificate with ``UNAUTHENTICATED``.
+
+    TLS ports from :func:`bind` already refuse such peers during the handshake (the caller
+    sees ``UNAVAILABLE``: gRPC's Python API cannot request a client certificate without
+    requiring it); this catches calls on any port that is not mutual TLS.
+    """
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                _authenticated(handler.unary_unary, method),
+                handler.request_deserializer,
+                handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                _authenticated(handler.unary_stream, method),
+                handler.request_deserializer,
+                handler.response_serializer,
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                _authenticated(handler.stream_unary, method),
+                handler.request_deserializer,
+                handler.response_serializer,
+            )
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                _authenticated(handler.stream_stream, method),
+                handler.request_deserializer,
+                handler.response_serializer,
+            )
+        return handler
+
+
+def _authenticated(
+    behavior: Callable[[Any, grpc.ServicerContext], Any], method: str
+) -> Callable[[Any, grpc.ServicerContext], Any]:
+    def guarded(request: Any, context: grpc.ServicerContext) -> Any:
+        if not context.peer_identities():
+            _log.warning(
+                "refused %s from %s: no verified client certificate", method, context.peer()
+            )
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "mutual TLS required: no verified client certificate from the deployment's CA",
+            )
+        return behavior(request, context)
+
+    return guarded
 
 
 @contextmanager

@@ -26,6 +26,7 @@ from rich.console import Console
 
 from crypto import BlockEncryptor, CkksParams, PublicContext, SecretContext
 from crypto.benchmark import decryption_error, measure_packed, measure_plain, measure_tenseal
+from crypto.signing import BlockSigner, sign_update
 from fedps.config import load_config
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc, shard_pb2, shard_pb2_grpc
 from fedps.transport import batched, call, create_channel
@@ -162,13 +163,33 @@ def _push_updates(keyholder: str, shard: str, clients: int, num_params: int) -> 
     init = keyholder_pb2.InitializeRequest(num_params=num_params, blocks=blocks, force=True)
     call(lambda: kh.InitializeModel(iter([init])), "initialise")
     stub = shard_pb2_grpc.ShardStub(create_channel(shard))
-    ids = [f"bench-{i}" for i in range(clients)]
-    request = shard_pb2.OpenRoundRequest(round=1, version=0, cohort=ids, context_id=ctx.context_id)
+    signers = {f"bench-{i}": BlockSigner() for i in range(clients)}
+    request = shard_pb2.OpenRoundRequest(
+        round=1,
+        version=0,
+        members=[
+            common_pb2.CohortMember(client_id=c, signing_key=s.public_key)
+            for c, s in signers.items()
+        ],
+        context_id=ctx.context_id,
+        run_id="bench",
+    )
     call(lambda: stub.OpenRound(request), "open round")
     encryptor = BlockEncryptor(public)
-    distinct = [encryptor.encrypt(np.full(num_params, 0.001 * (i + 1))) for i in range(4)]
-    for i, client in enumerate(ids):
-        update = distinct[i % len(distinct)]
+    distinct = [
+        encryptor.encrypt_with_coefficients(np.full(num_params, 0.001 * (i + 1))) for i in range(4)
+    ]
+    for i, (client, signer) in enumerate(signers.items()):
+        update, coefficients = distinct[i % len(distinct)]
+        nonce, signature, roots = sign_update(
+            signer,
+            coefficients,
+            run_id="bench",
+            round_=1,
+            client_id=client,
+            context_id=ctx.context_id,
+            weight=1.0,
+        )
         items = [shard_pb2.EncryptedBlock(block=b, ciphertext=c) for b, c in sorted(update.items())]
         messages = [
             shard_pb2.PushRequest(
@@ -178,6 +199,9 @@ def _push_updates(keyholder: str, shard: str, clients: int, num_params: int) -> 
                 weight=1.0,
                 context_id=ctx.context_id,
                 blocks=batch,
+                nonce=nonce,
+                signature=signature,
+                roots=roots,
             )
             for batch in batched(items, lambda e: len(e.ciphertext))
         ]

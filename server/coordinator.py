@@ -75,6 +75,7 @@ class Task:
 class _Client:
     name: str
     num_examples: int
+    signing_key: str = ""  # Ed25519 public key, hex
     last_seen: float = field(default_factory=time.time)
     epsilon: float = 0.0
     delta: float = 0.0
@@ -132,8 +133,21 @@ class Coordinator:
         self._restore()
 
     # ------------------------------------------------------------------ client-facing
-    def register(self, name: str, num_examples: int, num_params: int, client_id: str) -> str:
-        """Register a client (or re-register a known id); returns its client id."""
+    def register(
+        self,
+        name: str,
+        num_examples: int,
+        num_params: int,
+        client_id: str,
+        signing_key: bytes = b"",
+    ) -> str:
+        """Register a client (or re-register a known id); returns its client id.
+
+        ``signing_key`` is the client's Ed25519 public key; a known id must present the same
+        key again (it cannot be taken over by another key).
+        """
+        if len(signing_key) != 32:
+            raise InvalidArgumentError("registration needs a 32-byte Ed25519 signing key")
         if num_params != self.layout.num_params:
             raise InvalidArgumentError(
                 f"client model has {num_params} parameters, the run's model has "
@@ -142,12 +156,16 @@ class Coordinator:
         if num_examples < 1:
             raise InvalidArgumentError("a client needs at least one training example")
         with self._changed:
-            if client_id and client_id in self.clients:
-                self.clients[client_id].last_seen = time.time()
+            known = self.clients.get(client_id) if client_id else None
+            if known is not None:
+                if known.signing_key != signing_key.hex():
+                    raise UnknownClientError(f"{client_id} is registered with another key")
+                known.last_seen = time.time()
                 return client_id
-            if not client_id:
-                client_id = f"client-{len(self.clients)}-{secrets.token_hex(4)}"
-            self.clients[client_id] = _Client(name=name or client_id, num_examples=num_examples)
+            client_id = f"client-{len(self.clients)}-{secrets.token_hex(4)}"
+            self.clients[client_id] = _Client(
+                name=name or client_id, num_examples=num_examples, signing_key=signing_key.hex()
+            )
             self._changed.notify_all()
         _log.info("registered %s (%s, %d examples)", client_id, name, num_examples)
         return client_id
@@ -317,7 +335,11 @@ class Coordinator:
         version = self.version
         for sid, stub in self._params.stubs.items():
             request = shard_pb2.OpenRoundRequest(
-                round=round_, version=version, cohort=sorted(cohort), context_id=self._context_id
+                round=round_,
+                version=version,
+                members=self._members(cohort),
+                context_id=self._context_id,
+                run_id=self.run_id,
             )
             self._retry(lambda: stub.OpenRound(request), f"open round on {sid}")  # noqa: B023
         deadline = started + self._training.deadline_s
@@ -347,7 +369,7 @@ class Coordinator:
             record.abandoned = True
         else:
             try:
-                reply = self._apply_round(round_, version)
+                reply = self._apply_round(round_, version, cohort)
             except PolicyError as exc:
                 _log.warning("round %d refused by the key holder: %s", round_, exc)
                 self._discard(round_)
@@ -372,8 +394,20 @@ class Coordinator:
         if round_ % self._training.checkpoint_every == 0:
             self._checkpoint()
 
-    def _apply_round(self, round_: int, version: int) -> keyholder_pb2.ApplyRoundReply:
-        request = keyholder_pb2.ApplyRoundRequest(round=round_, version=version)
+    def _members(self, cohort: frozenset[str]) -> list[common_pb2.CohortMember]:
+        return [
+            common_pb2.CohortMember(
+                client_id=c, signing_key=bytes.fromhex(self.clients[c].signing_key)
+            )
+            for c in sorted(cohort)
+        ]
+
+    def _apply_round(
+        self, round_: int, version: int, cohort: frozenset[str]
+    ) -> keyholder_pb2.ApplyRoundReply:
+        request = keyholder_pb2.ApplyRoundRequest(
+            round=round_, version=version, run_id=self.run_id, members=self._members(cohort)
+        )
         reply: keyholder_pb2.ApplyRoundReply = call(
             lambda: self._keyholder.ApplyRound(request), f"apply round {round_}"
         )

@@ -29,7 +29,11 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         c = self.coordinator
         with rpc_errors(context):
             client_id = c.register(
-                request.name, request.num_examples, request.num_params, request.client_id
+                request.name,
+                request.num_examples,
+                request.num_params,
+                request.client_id,
+                request.signing_key,
             )
         cluster = c.config.cluster
         return coordinator_pb2.RegisterReply(

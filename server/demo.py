@@ -44,7 +44,16 @@ def run_demo(
         "state_dir": str(workdir / "state"),
     }
     merged: dict[str, Mapping[str, object]] = {**overrides, "cluster": cluster}
+    if base.tls.enabled:  # a fresh CA and certificates for this run's parties
+        tls = {**overrides.get("tls", {}), "directory": str(workdir / "certs"), "name": ""}
+        merged["tls"] = tls
     config = load_config(config_path, **merged)
+    if config.tls.enabled:
+        from crypto.tls import OPERATOR_NAME, issue_cluster_certificates
+        from fedps.transport import setup_tls
+
+        issue_cluster_certificates(config, config.tls.directory)
+        setup_tls(config.tls, OPERATOR_NAME)  # for the watcher in this process
     path = workdir / "fedps.toml"
     write_config(config, path)
     t = config.training

@@ -20,11 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, SecretContext, unpack_block
+from crypto.release import decryption_error_bound, flood_and_round, released_std
 from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError, NotReadyError, PolicyError
 from fedps.hash_ring import HashRing
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
 from fedps.transport import batched, call, create_channel
+from server.aggregate_verifier import AggregateVerifier, AuditChunk, audit_plan
 from server.server_optimizer import ServerOptimizer
 
 __all__ = ["KeyHolder", "RoundResult"]
@@ -75,6 +77,9 @@ class KeyHolder:
         min_cohort: int,
         encrypted: bool = True,
         max_clients: int = 1 << 30,
+        max_abs_value: float = 1.0,
+        flood_bits: int = 4,
+        audit_blocks: int = 16,
     ) -> None:
         if min_cohort < 1:
             raise InvalidArgumentError("min_cohort must be at least 1")
@@ -88,6 +93,11 @@ class KeyHolder:
         self.min_cohort = min_cohort
         self.encrypted = encrypted
         self.max_clients = max_clients
+        self.max_abs_value = max_abs_value
+        self.flood_bits = flood_bits
+        self.audit_blocks = audit_blocks
+        self._audit_key = _load_or_create_secret(state_dir / "keys" / "audit.key")
+        self._audits: dict[int, dict[str, dict[int, AuditChunk]]] = {}
         if not encrypted:
             _log.warning("encryption is OFF: updates travel and are summed in plaintext")
         self._lock = threading.Lock()
@@ -120,14 +130,40 @@ class KeyHolder:
             self._save_state()
             self._publish()
 
-    def apply_round(self, round_: int, version: int) -> RoundResult:
-        """Decrypt round ``round_``'s aggregates, apply them, publish the next version.
+    # ------------------------------------------------------------------ audits
+    def audit_plan(self, round_: int) -> dict[int, int]:
+        """The secret ``{block: chunk}`` pairs whose aggregate is checked in ``round_``."""
+        if not self.encrypted:
+            return {}
+        return audit_plan(self._audit_key, round_, self.layout.num_blocks, self.audit_blocks)
+
+    def submit_audit(self, client_id: str, round_: int, chunks: dict[int, AuditChunk]) -> None:
+        """Keep a client's planned chunks until the round is applied (checked then)."""
+        plan = self.audit_plan(round_)
+        if set(chunks) != set(plan) or any(chunks[b].chunk != c for b, c in plan.items()):
+            raise InvalidArgumentError("audit chunks do not follow the round's plan")
+        with self._lock:
+            if round_ <= self.last_round:
+                raise PolicyError(f"round {round_} is already applied")
+            per_round = self._audits.setdefault(round_, {})
+            per_round.setdefault(client_id, chunks)
+            for old in [r for r in self._audits if r < round_ - 2]:
+                del self._audits[old]
+
+    # ------------------------------------------------------------------ rounds
+    def apply_round(
+        self, round_: int, version: int, run_id: str = "", members: dict[str, bytes] | None = None
+    ) -> RoundResult:
+        """Verify, decrypt and apply round ``round_``'s aggregates; publish the next version.
 
         Raises
         ------
         PolicyError
-            If an aggregate has fewer than ``min_cohort`` distinct contributors, a block is
-            missing, or the round does not follow the current version.
+            If the decryption policy refuses: an aggregate of fewer than ``min_cohort``
+            distinct signed contributors, a contribution that is not signed by a cohort member,
+            a tampered aggregate, a missing block, an out-of-bounds result, or a round that does
+            not follow the current version. A round already applied returns its released
+            result again, never a fresh decryption.
         """
         with self._lock:
             cached = self._released.get(round_)
@@ -141,8 +177,16 @@ class KeyHolder:
                 )
             if round_ <= self.last_round:
                 raise PolicyError(f"round {round_} is not after the last applied round")
+            verifier = AggregateVerifier(
+                run_id=run_id,
+                round_=round_,
+                context_id=self.context_id,
+                members=members or {},
+                min_cohort=self.min_cohort,
+                max_clients=self.max_clients,
+            )
             layout = self.layout
-            delta, min_contrib, weight0 = self._decrypt_average(round_, layout)
+            delta, min_contrib, weight0 = self._decrypt_average(round_, layout, verifier)
             self.params = self._optimizer.step(self.params, delta)
             self.version += 1
             self.last_round = round_
@@ -153,7 +197,8 @@ class KeyHolder:
                 total_weight=weight0,
                 update_norm=float(np.linalg.norm(delta)),
             )
-            self._released = {round_: result}
+            self._released[round_] = result
+            self._audits.pop(round_, None)
             self._save_state()
             self._publish()
             _log.info(
@@ -164,26 +209,67 @@ class KeyHolder:
             )
             return result
 
-    def _decrypt_average(self, round_: int, layout: BlockLayout) -> tuple[np.ndarray, int, float]:
+    def _fetch(self, round_: int) -> list[shard_pb2.FetchAggregateReply]:
+        replies: list[shard_pb2.FetchAggregateReply] = []
+        for sid, stub in self._stubs.items():
+            request = shard_pb2.FetchAggregateRequest(round=round_)
+            got = call(lambda: list(stub.FetchAggregate(request)), f"fetch from {sid}")  # noqa: B023
+            for reply in got:
+                for agg in reply.blocks:
+                    if self._ring.owner(agg.block) != sid:
+                        raise PolicyError(f"{sid} sent block {agg.block}, which it does not own")
+            replies.extend(got)
+        return replies
+
+    def _decrypt_average(
+        self, round_: int, layout: BlockLayout, verifier: AggregateVerifier
+    ) -> tuple[np.ndarray, int, float]:
+        replies = self._fetch(round_)
+        for reply in replies:
+            for update in reply.updates:
+                verifier.add_update(update)
+        plan = self.audit_plan(round_)
+        audits = self._audits.get(round_, {})
         averaged: dict[int, np.ndarray] = {}
         min_contrib = 1 << 30
         weight0 = 0.0
-        for sid, stub in self._stubs.items():
-            request = shard_pb2.FetchAggregateRequest(round=round_)
-            replies = call(lambda: list(stub.FetchAggregate(request)), f"fetch from {sid}")  # noqa: B023
-            for reply in replies:
-                for agg in reply.blocks:
-                    self._check_aggregate(sid, agg, layout, averaged)
-                    weights = {c.client_id: c.weight for c in agg.contributions}
-                    total = float(sum(weights.values()))
-                    averaged[agg.block] = self._open(agg.ciphertext) / total
-                    min_contrib = min(min_contrib, len(weights))
-                    if agg.block == 0:
-                        weight0 = total
+        for reply in replies:
+            for agg in reply.blocks:
+                if not 0 <= agg.block < layout.num_blocks or agg.block in averaged:
+                    raise PolicyError(f"block {agg.block} is out of range or aggregated twice")
+                weights = verifier.check_manifest(agg)
+                if agg.block in plan:
+                    chunk = plan[agg.block]
+                    per_client = {c: a[agg.block] for c, a in audits.items() if agg.block in a}
+                    verifier.check_chunk(self.keys.public, agg, chunk, per_client)
+                total = float(sum(weights.values()))
+                summed = self._release(self._open(agg.ciphertext), len(weights), agg.block)
+                averaged[agg.block] = summed / total
+                min_contrib = min(min_contrib, len(weights))
+                if agg.block == 0:
+                    weight0 = total
         missing = sorted(set(range(layout.num_blocks)) - set(averaged))
         if missing:
             raise PolicyError(f"round {round_}: no aggregate for blocks {missing[:10]}")
         return layout.join(averaged), min_contrib, weight0
+
+    def _release(self, summed: np.ndarray, contributors: int, block: int) -> np.ndarray:
+        """Flood and round a decrypted sum, then refuse it if it breaks the clipping bound."""
+        margin = 0.0
+        if self.encrypted and self.flood_bits > 0:
+            sigma = 2.0**self.flood_bits * decryption_error_bound(
+                self.keys.public.params, contributors
+            )
+            summed = flood_and_round(summed, sigma)
+            margin = 8 * released_std(sigma)
+        bound = contributors * self.max_abs_value * (1 + 1e-6) + margin
+        worst = float(np.abs(summed).max())
+        if worst > bound:
+            raise PolicyError(
+                f"block {block}: decrypted sum reaches {worst:.4g}, beyond the {bound:.4g} that "
+                f"{contributors} clients clipped to {self.max_abs_value:g} allow; refusing to apply"
+            )
+        return summed
 
     @property
     def context_id(self) -> str:
@@ -197,33 +283,6 @@ class KeyHolder:
             values: np.ndarray = plain.unpack_blocks([data])[0]
             return values
         return self.keys.decrypt(unpack_block(self.keys.public, data))
-
-    def _check_aggregate(
-        self,
-        sid: str,
-        agg: common_pb2.AggregateBlock,
-        layout: BlockLayout,
-        seen: dict[int, np.ndarray],
-    ) -> None:
-        if not 0 <= agg.block < layout.num_blocks or self._ring.owner(agg.block) != sid:
-            raise PolicyError(f"{sid} sent block {agg.block}, which it does not own")
-        if agg.block in seen:
-            raise PolicyError(f"block {agg.block} aggregated twice")
-        ids = [c.client_id for c in agg.contributions]
-        if len(set(ids)) != len(ids):
-            raise PolicyError(f"block {agg.block}: a client is counted twice")
-        if len(ids) < self.min_cohort:
-            raise PolicyError(
-                f"block {agg.block}: {len(ids)} contributors, policy needs at least "
-                f"{self.min_cohort}; refusing to decrypt"
-            )
-        if len(ids) > self.max_clients:
-            raise PolicyError(
-                f"block {agg.block}: {len(ids)} contributors, but the CKKS parameters are "
-                f"sized for at most {self.max_clients} (he.max_clients); the sum may have wrapped"
-            )
-        if not all(np.isfinite(c.weight) and c.weight > 0 for c in agg.contributions):
-            raise PolicyError(f"block {agg.block}: invalid weights")
 
     def _publish(self) -> None:
         assert self.params is not None
@@ -285,3 +344,15 @@ class KeyHolder:
         self.last_round = int(meta["last_round"])
         self._released = {int(k): RoundResult(**v) for k, v in meta["released"].items()}
         _log.info("key holder resumed at version %d (round %d)", self.version, self.last_round)
+
+
+def _load_or_create_secret(path: Path) -> bytes:
+    """A 32-byte secret kept in a 0600 file (created on first use)."""
+    if path.exists():
+        return path.read_bytes()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    secret = os.urandom(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(secret)
+    return secret

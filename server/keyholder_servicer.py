@@ -12,6 +12,7 @@ from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc
 from fedps.transport import rpc_errors
+from server.aggregate_verifier import AuditChunk
 from server.keyholder import KeyHolder
 
 __all__ = ["KeyHolderServicer"]
@@ -57,13 +58,41 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
         self, request: keyholder_pb2.ApplyRoundRequest, context: grpc.ServicerContext
     ) -> keyholder_pb2.ApplyRoundReply:
         with rpc_errors(context):
-            result = self.keyholder.apply_round(request.round, request.version)
+            result = self.keyholder.apply_round(
+                request.round,
+                request.version,
+                request.run_id,
+                {m.client_id: m.signing_key for m in request.members},
+            )
         return keyholder_pb2.ApplyRoundReply(
             version=result.version,
             min_contributors=result.min_contributors,
             total_weight=result.total_weight,
             update_norm=result.update_norm,
         )
+
+    def GetAuditPlan(  # noqa: N802
+        self, request: keyholder_pb2.AuditPlanRequest, context: grpc.ServicerContext
+    ) -> keyholder_pb2.AuditPlan:
+        with rpc_errors(context):
+            plan = self.keyholder.audit_plan(request.round)
+        return keyholder_pb2.AuditPlan(blocks=list(plan), chunks=list(plan.values()))
+
+    def SubmitAudit(  # noqa: N802
+        self, request: keyholder_pb2.AuditSubmission, context: grpc.ServicerContext
+    ) -> common_pb2.Empty:
+        with rpc_errors(context):
+            chunks = {}
+            for item in request.chunks:
+                if item.block in chunks or len(item.coefficients) % 8:
+                    raise InvalidArgumentError("malformed audit submission")
+                chunks[item.block] = AuditChunk(
+                    chunk=item.chunk,
+                    coefficients=np.frombuffer(item.coefficients, dtype="<u8").astype(np.uint64),
+                    proof=list(item.proof),
+                )
+            self.keyholder.submit_audit(request.client_id, request.round, chunks)
+        return common_pb2.Empty()
 
     def GetModelState(  # noqa: N802
         self, request: common_pb2.Empty, context: grpc.ServicerContext

@@ -56,6 +56,9 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
         min_cohort=t.min_quorum,
         encrypted=config.he.enabled,
         max_clients=config.he.max_clients,
+        max_abs_value=config.he.max_abs_value,
+        flood_bits=config.security.flood_bits,
+        audit_blocks=config.security.audit_blocks,
     )
     keyholder_pb2_grpc.add_KeyHolderServicer_to_server(KeyHolderServicer(keyholder), server)
     return keyholder
@@ -86,7 +89,12 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
                 raise InvalidArgumentError("unknown key generation (context id)")
             return contexts[context_id]
 
-    shard = Shard(ids[index], _ring(config), public_context)
+    shard = Shard(
+        ids[index],
+        _ring(config),
+        public_context,
+        max_messages_per_round=config.security.max_pushes_per_round,
+    )
     shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(shard), server)
     return shard
 
@@ -101,6 +109,9 @@ def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -
 
 def serve_forever(role: str, config: FedPSConfig, *, index: int = 0) -> None:
     """Run one role until SIGINT/SIGTERM, then stop gracefully."""
+    from fedps.transport import setup_tls  # before any channel or port exists
+
+    setup_tls(config.tls, f"shard-{index}" if role == "shard" else role)
     cluster = config.cluster
     address = {
         "keyholder": cluster.keyholder,

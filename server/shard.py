@@ -14,16 +14,23 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from crypto import CiphertextSum, PlainContext, PlainSum, PublicContext, new_sum, unpack_blocks
-from fedps.errors import InvalidArgumentError, NotReadyError, RoundClosedError, UnknownClientError
+from crypto.signing import chunk_root, update_digest, verify_block
+from fedps.errors import (
+    InvalidArgumentError,
+    NotReadyError,
+    RateLimitedError,
+    RoundClosedError,
+    UnknownClientError,
+)
 from fedps.hash_ring import HashRing
 
-__all__ = ["Aggregate", "PushBatch", "Shard"]
+__all__ = ["Aggregate", "PushBatch", "Shard", "SignedUpdate"]
 
 _log = logging.getLogger("fedps")
 
@@ -31,8 +38,19 @@ _MAX_WEIGHT = 1e6
 
 
 @dataclass(frozen=True)
+class SignedUpdate:
+    """A client's signed commitment to its whole update for one round."""
+
+    client_id: str
+    weight: float
+    nonce: bytes
+    signature: bytes
+    roots: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
 class PushBatch:
-    """One push message: some encrypted blocks of one client's update."""
+    """One push message: some encrypted blocks of one client's update, and its signature."""
 
     client_id: str
     round: int
@@ -40,6 +58,9 @@ class PushBatch:
     weight: float
     context_id: str
     blocks: list[tuple[int, bytes]]
+    nonce: bytes = b""
+    signature: bytes = b""
+    roots: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -48,17 +69,20 @@ class Aggregate:
 
     block: int
     ciphertext: bytes
-    contributions: dict[str, float]
+    contributions: dict[str, tuple[float, bytes]]  # client -> (weight, signed root)
 
 
 @dataclass
 class _Round:
     round: int
     version: int
-    cohort: frozenset[str]
+    members: dict[str, bytes]  # client id -> Ed25519 public key
     context_id: str
+    run_id: str
     sums: dict[int, CiphertextSum | PlainSum] = field(default_factory=dict)
-    manifest: dict[int, dict[str, float]] = field(default_factory=dict)
+    manifest: dict[int, dict[str, tuple[float, bytes]]] = field(default_factory=dict)
+    updates: dict[str, SignedUpdate] = field(default_factory=dict)
+    messages: dict[str, int] = field(default_factory=dict)
     closed: bool = False
 
 
@@ -81,12 +105,15 @@ class Shard:
         shard_id: str,
         ring: HashRing,
         public_context: Callable[[str], PublicContext | PlainContext],
+        *,
+        max_messages_per_round: int = 64,
     ) -> None:
         if shard_id not in ring.nodes:
             raise InvalidArgumentError(f"{shard_id} is not on the ring {ring.nodes}")
         self.shard_id = shard_id
         self._ring = ring
         self._public_context = public_context
+        self._max_messages = max_messages_per_round
         self._lock = threading.Lock()
         self._values: dict[int, np.ndarray] = {}
         self._owned: list[int] = []
@@ -137,15 +164,30 @@ class Shard:
         return [b for b in range(num_blocks) if self._ring.owner(b) == self.shard_id]
 
     # ------------------------------------------------------------------ rounds
-    def open_round(self, round_: int, version: int, cohort: Iterable[str], context_id: str) -> None:
-        """Start accepting pushes for ``round_`` from ``cohort`` (idempotent)."""
-        members = frozenset(cohort)
+    def open_round(
+        self,
+        round_: int,
+        version: int,
+        members: dict[str, bytes],
+        context_id: str,
+        run_id: str = "",
+    ) -> None:
+        """Start accepting pushes for ``round_`` from ``members`` (idempotent).
+
+        ``members`` maps each cohort client to the Ed25519 key it registered.
+        """
         if not members:
             raise InvalidArgumentError("a round needs a non-empty cohort")
+        if any(len(key) != 32 for key in members.values()):
+            raise InvalidArgumentError("every cohort member needs a 32-byte Ed25519 key")
         self._public_context(context_id)  # fetch and validate the key generation now
         with self._lock:
             existing = self._rounds.get(round_)
-            if existing is not None and (existing.version, existing.cohort) == (version, members):
+            if existing is not None and (existing.version, existing.members, existing.run_id) == (
+                version,
+                members,
+                run_id,
+            ):
                 return
             if existing is not None:
                 # A restarted coordinator reopens an unfinished round: start it afresh.
@@ -155,7 +197,7 @@ class Shard:
             if self._open is not None and not self._open.closed:
                 _log.warning("%s: round %d replaced by %d", self.shard_id, self._open.round, round_)
                 self._open.closed = True
-            state = _Round(round_, version, members, context_id)
+            state = _Round(round_, version, dict(members), context_id, run_id)
             self._rounds[round_] = state
             self._open = state
             for old in [r for r in self._rounds if r < round_ - 2]:
@@ -169,7 +211,7 @@ class Shard:
         """
         try:
             return self._push(batch)
-        except (InvalidArgumentError, RoundClosedError, UnknownClientError):
+        except (InvalidArgumentError, RoundClosedError, UnknownClientError, RateLimitedError):
             with self._lock:
                 self.stats["refused"] += 1
             raise
@@ -178,7 +220,7 @@ class Shard:
         state = self._rounds.get(batch.round)
         if state is None or state.closed:
             raise RoundClosedError(f"round {batch.round} is not open on {self.shard_id}")
-        if batch.client_id not in state.cohort:
+        if batch.client_id not in state.members:
             raise UnknownClientError(
                 f"client {batch.client_id!r} is not in the cohort of round {batch.round}"
             )
@@ -193,6 +235,15 @@ class Shard:
             raise InvalidArgumentError(f"weight must be in (0, {_MAX_WEIGHT:g}]")
         if not batch.blocks:
             raise InvalidArgumentError("push carries no blocks")
+        with self._lock:
+            sent = state.messages.get(batch.client_id, 0) + 1
+            state.messages[batch.client_id] = sent
+        if sent > self._max_messages:
+            raise RateLimitedError(
+                f"client {batch.client_id!r} sent more than {self._max_messages} push messages "
+                f"in round {batch.round}"
+            )
+        update = self._check_signature(state, batch)
         public = self._public_context(state.context_id)
         owned = set(self._owned)
         seen: set[int] = set()
@@ -206,6 +257,11 @@ class Shard:
                 raise InvalidArgumentError(f"block {block} appears twice in one message")
             seen.add(block)
         coefficients = unpack_blocks(public, [data for _, data in batch.blocks])
+        for (block, _), coeffs in zip(batch.blocks, coefficients, strict=True):
+            if chunk_root(coeffs) != update.roots[block]:
+                raise InvalidArgumentError(
+                    f"block {block} does not match the client's signed commitment"
+                )
         accepted = duplicates = 0
         with self._lock:
             if state.closed:
@@ -216,12 +272,45 @@ class Shard:
                     duplicates += 1
                     continue
                 state.sums.setdefault(block, new_sum(public)).add(coeffs)
-                manifest[batch.client_id] = batch.weight
+                manifest[batch.client_id] = (batch.weight, update.roots[block])
+                state.updates.setdefault(batch.client_id, update)
                 accepted += 1
             self.stats["accepted"] += accepted
             self.stats["duplicates"] += duplicates
             self.stats["bytes"] += sum(len(d) for _, d in batch.blocks)
         return accepted, duplicates
+
+    def _check_signature(self, state: _Round, batch: PushBatch) -> SignedUpdate:
+        """The signed update a push belongs to; verified once per client and round."""
+        update = SignedUpdate(
+            batch.client_id, batch.weight, batch.nonce, batch.signature, tuple(batch.roots)
+        )
+        known = state.updates.get(batch.client_id)
+        if known is not None:
+            if known != update:
+                raise InvalidArgumentError(
+                    f"client {batch.client_id!r} sent a second, different update in this round"
+                )
+            return known
+        if len(update.roots) != self._num_blocks:
+            raise InvalidArgumentError(
+                f"a signed update commits to {len(update.roots)} blocks; the model has "
+                f"{self._num_blocks}"
+            )
+        digest = update_digest(
+            run_id=state.run_id,
+            round_=state.round,
+            client_id=batch.client_id,
+            context_id=state.context_id,
+            weight=batch.weight,
+            nonce=batch.nonce,
+            roots=list(update.roots),
+        )
+        if not verify_block(state.members[batch.client_id], digest, batch.signature):
+            raise InvalidArgumentError(
+                f"push from {batch.client_id!r} is unsigned or its signature does not verify"
+            )
+        return update
 
     def close_round(self, round_: int) -> list[str]:
         """Stop accepting pushes; return the clients that pushed every owned block."""
@@ -229,8 +318,8 @@ class Shard:
             state = self._require(round_)
             state.closed = True
             if not self._owned:
-                return sorted(state.cohort)
-            complete = set(state.cohort)
+                return sorted(state.members)
+            complete = set(state.members)
             for block in self._owned:
                 complete &= set(state.manifest.get(block, {}))
             return sorted(complete)
@@ -243,17 +332,18 @@ class Shard:
             state.sums.clear()
             state.manifest.clear()
 
-    def aggregates(self, round_: int) -> list[Aggregate]:
-        """The closed round's sums and manifests, for the key holder."""
+    def aggregates(self, round_: int) -> tuple[list[Aggregate], list[SignedUpdate]]:
+        """The closed round's sums, manifests and signed updates, for the key holder."""
         with self._lock:
             state = self._require(round_)
             if not state.closed:
                 raise RoundClosedError(f"round {round_} is still open")
-            return [
+            aggregates = [
                 Aggregate(b, state.sums[b].packed(), dict(state.manifest[b]))
                 for b in self._owned
                 if b in state.sums
             ]
+            return aggregates, list(state.updates.values())
 
     def _require(self, round_: int) -> _Round:
         state = self._rounds.get(round_)

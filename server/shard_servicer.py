@@ -26,7 +26,11 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     ) -> shard_pb2.OpenRoundReply:
         with rpc_errors(context):
             self.shard.open_round(
-                request.round, request.version, list(request.cohort), request.context_id
+                request.round,
+                request.version,
+                {m.client_id: m.signing_key for m in request.members},
+                request.context_id,
+                request.run_id,
             )
         return shard_pb2.OpenRoundReply()
 
@@ -44,6 +48,9 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                         weight=message.weight,
                         context_id=message.context_id,
                         blocks=[(b.block, b.ciphertext) for b in message.blocks],
+                        nonce=message.nonce,
+                        signature=message.signature,
+                        roots=tuple(message.roots),
                     )
                 )
                 accepted += a
@@ -83,7 +90,20 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         self, request: shard_pb2.FetchAggregateRequest, context: grpc.ServicerContext
     ) -> Iterator[shard_pb2.FetchAggregateReply]:
         with rpc_errors(context):
-            aggregates = self.shard.aggregates(request.round)
+            aggregates, updates = self.shard.aggregates(request.round)
+        for chunk in batched(updates, lambda u: 32 * len(u.roots) + 256):
+            yield shard_pb2.FetchAggregateReply(
+                updates=[
+                    common_pb2.SignedUpdate(
+                        client_id=u.client_id,
+                        weight=u.weight,
+                        nonce=u.nonce,
+                        signature=u.signature,
+                        roots=list(u.roots),
+                    )
+                    for u in chunk
+                ]
+            )
         for batch in batched(aggregates, lambda a: len(a.ciphertext)):
             yield shard_pb2.FetchAggregateReply(
                 blocks=[
@@ -91,8 +111,8 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                         block=a.block,
                         ciphertext=a.ciphertext,
                         contributions=[
-                            common_pb2.Contribution(client_id=c, weight=w)
-                            for c, w in sorted(a.contributions.items())
+                            common_pb2.Contribution(client_id=c, weight=w, root=root)
+                            for c, (w, root) in sorted(a.contributions.items())
                         ],
                     )
                     for a in batch

@@ -54,21 +54,86 @@ class Contribution(_message.Message):
 
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
+    ROOT_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     weight: _builtins.float
+    root: _builtins.bytes
+    """the client's signed commitment to this block's ciphertext"""
     def __init__(
         self,
         *,
         client_id: _builtins.str = ...,
         weight: _builtins.float = ...,
+        root: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "root", b"root", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Contribution: _TypeAlias = Contribution  # noqa: Y015
+
+@_typing.final
+class CohortMember(_message.Message):
+    """A cohort member and the Ed25519 key it registered."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    SIGNING_KEY_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    signing_key: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        signing_key: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "signing_key", b"signing_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CohortMember: _TypeAlias = CohortMember  # noqa: Y015
+
+@_typing.final
+class SignedUpdate(_message.Message):
+    """A client's signed commitment to its whole update for one round."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    NONCE_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    ROOTS_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    weight: _builtins.float
+    nonce: _builtins.bytes
+    signature: _builtins.bytes
+    """Ed25519 over crypto.signing.update_digest(...)"""
+    @_builtins.property
+    def roots(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """one per block of the model"""
+
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        weight: _builtins.float = ...,
+        nonce: _builtins.bytes = ...,
+        signature: _builtins.bytes = ...,
+        roots: _abc.Iterable[_builtins.bytes] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "nonce", b"nonce", "roots", b"roots", "signature", b"signature", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SignedUpdate: _TypeAlias = SignedUpdate  # noqa: Y015
 
 @_typing.final
 class AggregateBlock(_message.Message):

@@ -27,11 +27,14 @@ class RegisterRequest(_message.Message):
     NUM_EXAMPLES_FIELD_NUMBER: _builtins.int
     NUM_PARAMS_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    SIGNING_KEY_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     num_examples: _builtins.int
     num_params: _builtins.int
     client_id: _builtins.str
     """set when re-registering after a restart"""
+    signing_key: _builtins.bytes
+    """Ed25519 public key the client signs its updates with"""
     def __init__(
         self,
         *,
@@ -39,10 +42,11 @@ class RegisterRequest(_message.Message):
         num_examples: _builtins.int = ...,
         num_params: _builtins.int = ...,
         client_id: _builtins.str = ...,
+        signing_key: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "name", b"name", "num_examples", b"num_examples", "num_params", b"num_params"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "name", b"name", "num_examples", b"num_examples", "num_params", b"num_params", "signing_key", b"signing_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

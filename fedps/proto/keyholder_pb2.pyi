@@ -20,6 +20,112 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class AuditPlanRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROUND_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    round: _builtins.int
+    client_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        round: _builtins.int = ...,
+        client_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "round", b"round"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuditPlanRequest: _TypeAlias = AuditPlanRequest  # noqa: Y015
+
+@_typing.final
+class AuditPlan(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BLOCKS_FIELD_NUMBER: _builtins.int
+    CHUNKS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def blocks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def chunks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """chunks[i] is the chunk of blocks[i] to reveal"""
+
+    def __init__(
+        self,
+        *,
+        blocks: _abc.Iterable[_builtins.int] | None = ...,
+        chunks: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "chunks", b"chunks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuditPlan: _TypeAlias = AuditPlan  # noqa: Y015
+
+@_typing.final
+class AuditChunk(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BLOCK_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    COEFFICIENTS_FIELD_NUMBER: _builtins.int
+    PROOF_FIELD_NUMBER: _builtins.int
+    block: _builtins.int
+    chunk: _builtins.int
+    coefficients: _builtins.bytes
+    """little-endian uint64"""
+    @_builtins.property
+    def proof(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """every chunk hash of the block (see crypto.signing)"""
+
+    def __init__(
+        self,
+        *,
+        block: _builtins.int = ...,
+        chunk: _builtins.int = ...,
+        coefficients: _builtins.bytes = ...,
+        proof: _abc.Iterable[_builtins.bytes] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "chunk", b"chunk", "coefficients", b"coefficients", "proof", b"proof"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuditChunk: _TypeAlias = AuditChunk  # noqa: Y015
+
+@_typing.final
+class AuditSubmission(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    ROUND_FIELD_NUMBER: _builtins.int
+    CHUNKS_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    round: _builtins.int
+    @_builtins.property
+    def chunks(self) -> _containers.RepeatedCompositeFieldContainer[Global___AuditChunk]: ...
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        round: _builtins.int = ...,
+        chunks: _abc.Iterable[Global___AuditChunk] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks", b"chunks", "client_id", b"client_id", "round", b"round"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuditSubmission: _TypeAlias = AuditSubmission  # noqa: Y015
+
+@_typing.final
 class PublicContextReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -105,18 +211,25 @@ class ApplyRoundRequest(_message.Message):
 
     ROUND_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
     round: _builtins.int
     version: _builtins.int
     """the version the round trained on"""
+    run_id: _builtins.str
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.CohortMember]: ...
     def __init__(
         self,
         *,
         round: _builtins.int = ...,
         version: _builtins.int = ...,
+        run_id: _builtins.str = ...,
+        members: _abc.Iterable[_common_pb2.CohortMember] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["round", b"round", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["members", b"members", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

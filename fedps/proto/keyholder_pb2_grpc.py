@@ -56,6 +56,16 @@ class KeyHolderStub:
                 request_serializer=fedps_dot_proto_dot_common__pb2.Empty.SerializeToString,
                 response_deserializer=fedps_dot_proto_dot_keyholder__pb2.ModelState.FromString,
                 _registered_method=True)
+        self.GetAuditPlan = channel.unary_unary(
+                '/fedps.proto.KeyHolder/GetAuditPlan',
+                request_serializer=fedps_dot_proto_dot_keyholder__pb2.AuditPlanRequest.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_keyholder__pb2.AuditPlan.FromString,
+                _registered_method=True)
+        self.SubmitAudit = channel.unary_unary(
+                '/fedps.proto.KeyHolder/SubmitAudit',
+                request_serializer=fedps_dot_proto_dot_keyholder__pb2.AuditSubmission.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class KeyHolderServicer:
@@ -88,6 +98,20 @@ class KeyHolderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAuditPlan(self, request, context):
+        """Client: which chunk of which blocks to reveal for this round's aggregate check.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitAudit(self, request, context):
+        """Client: the planned chunks of its ciphertexts, sent directly (never through a shard).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KeyHolderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +134,16 @@ def add_KeyHolderServicer_to_server(servicer, server):
                     servicer.GetModelState,
                     request_deserializer=fedps_dot_proto_dot_common__pb2.Empty.FromString,
                     response_serializer=fedps_dot_proto_dot_keyholder__pb2.ModelState.SerializeToString,
+            ),
+            'GetAuditPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAuditPlan,
+                    request_deserializer=fedps_dot_proto_dot_keyholder__pb2.AuditPlanRequest.FromString,
+                    response_serializer=fedps_dot_proto_dot_keyholder__pb2.AuditPlan.SerializeToString,
+            ),
+            'SubmitAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitAudit,
+                    request_deserializer=fedps_dot_proto_dot_keyholder__pb2.AuditSubmission.FromString,
+                    response_serializer=fedps_dot_proto_dot_common__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -221,6 +255,60 @@ class KeyHolder:
             '/fedps.proto.KeyHolder/GetModelState',
             fedps_dot_proto_dot_common__pb2.Empty.SerializeToString,
             fedps_dot_proto_dot_keyholder__pb2.ModelState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAuditPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedps.proto.KeyHolder/GetAuditPlan',
+            fedps_dot_proto_dot_keyholder__pb2.AuditPlanRequest.SerializeToString,
+            fedps_dot_proto_dot_keyholder__pb2.AuditPlan.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedps.proto.KeyHolder/SubmitAudit',
+            fedps_dot_proto_dot_keyholder__pb2.AuditSubmission.SerializeToString,
+            fedps_dot_proto_dot_common__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

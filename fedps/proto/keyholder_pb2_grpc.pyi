@@ -40,6 +40,10 @@ class KeyHolderStub:
     ApplyRound: _grpc.UnaryUnaryMultiCallable[_keyholder_pb2.ApplyRoundRequest, _keyholder_pb2.ApplyRoundReply]
     """Coordinator: decrypt the closed round's aggregates, apply them, publish the next version."""
     GetModelState: _grpc.UnaryUnaryMultiCallable[_common_pb2.Empty, _keyholder_pb2.ModelState]
+    GetAuditPlan: _grpc.UnaryUnaryMultiCallable[_keyholder_pb2.AuditPlanRequest, _keyholder_pb2.AuditPlan]
+    """Client: which chunk of which blocks to reveal for this round's aggregate check."""
+    SubmitAudit: _grpc.UnaryUnaryMultiCallable[_keyholder_pb2.AuditSubmission, _common_pb2.Empty]
+    """Client: the planned chunks of its ciphertexts, sent directly (never through a shard)."""
 
 @_typing.type_check_only
 class KeyHolderAsyncStub(KeyHolderStub):
@@ -52,6 +56,10 @@ class KeyHolderAsyncStub(KeyHolderStub):
     ApplyRound: _aio.UnaryUnaryMultiCallable[_keyholder_pb2.ApplyRoundRequest, _keyholder_pb2.ApplyRoundReply]  # type: ignore[assignment]
     """Coordinator: decrypt the closed round's aggregates, apply them, publish the next version."""
     GetModelState: _aio.UnaryUnaryMultiCallable[_common_pb2.Empty, _keyholder_pb2.ModelState]  # type: ignore[assignment]
+    GetAuditPlan: _aio.UnaryUnaryMultiCallable[_keyholder_pb2.AuditPlanRequest, _keyholder_pb2.AuditPlan]  # type: ignore[assignment]
+    """Client: which chunk of which blocks to reveal for this round's aggregate check."""
+    SubmitAudit: _aio.UnaryUnaryMultiCallable[_keyholder_pb2.AuditSubmission, _common_pb2.Empty]  # type: ignore[assignment]
+    """Client: the planned chunks of its ciphertexts, sent directly (never through a shard)."""
 
 class KeyHolderServicer(metaclass=_abc_1.ABCMeta):
     """The key holder: the only owner of the secret key and of the global model's optimizer state."""
@@ -85,5 +93,21 @@ class KeyHolderServicer(metaclass=_abc_1.ABCMeta):
         request: _common_pb2.Empty,
         context: _ServicerContext,
     ) -> _typing.Union[_keyholder_pb2.ModelState, _abc.Awaitable[_keyholder_pb2.ModelState]]: ...
+
+    @_abc_1.abstractmethod
+    def GetAuditPlan(
+        self,
+        request: _keyholder_pb2.AuditPlanRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_keyholder_pb2.AuditPlan, _abc.Awaitable[_keyholder_pb2.AuditPlan]]:
+        """Client: which chunk of which blocks to reveal for this round's aggregate check."""
+
+    @_abc_1.abstractmethod
+    def SubmitAudit(
+        self,
+        request: _keyholder_pb2.AuditSubmission,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.Empty, _abc.Awaitable[_common_pb2.Empty]]:
+        """Client: the planned chunks of its ciphertexts, sent directly (never through a shard)."""
 
 def add_KeyHolderServicer_to_server(servicer: KeyHolderServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -25,24 +25,27 @@ class OpenRoundRequest(_message.Message):
 
     ROUND_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
-    COHORT_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
     CONTEXT_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
     round: _builtins.int
     version: _builtins.int
     context_id: _builtins.str
+    run_id: _builtins.str
     @_builtins.property
-    def cohort(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.CohortMember]: ...
     def __init__(
         self,
         *,
         round: _builtins.int = ...,
         version: _builtins.int = ...,
-        cohort: _abc.Iterable[_builtins.str] | None = ...,
+        members: _abc.Iterable[_common_pb2.CohortMember] | None = ...,
         context_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cohort", b"cohort", "context_id", b"context_id", "round", b"round", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "members", b"members", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -96,6 +99,9 @@ class PushRequest(_message.Message):
     WEIGHT_FIELD_NUMBER: _builtins.int
     CONTEXT_ID_FIELD_NUMBER: _builtins.int
     BLOCKS_FIELD_NUMBER: _builtins.int
+    NONCE_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    ROOTS_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     round: _builtins.int
     version: _builtins.int
@@ -103,8 +109,13 @@ class PushRequest(_message.Message):
     weight: _builtins.float
     """aggregation weight (plaintext metadata, as in FedAvg)"""
     context_id: _builtins.str
+    nonce: _builtins.bytes
+    """The signed commitment to the whole update (same in every message of the update)."""
+    signature: _builtins.bytes
     @_builtins.property
     def blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___EncryptedBlock]: ...
+    @_builtins.property
+    def roots(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
     def __init__(
         self,
         *,
@@ -114,10 +125,13 @@ class PushRequest(_message.Message):
         weight: _builtins.float = ...,
         context_id: _builtins.str = ...,
         blocks: _abc.Iterable[Global___EncryptedBlock] | None = ...,
+        nonce: _builtins.bytes = ...,
+        signature: _builtins.bytes = ...,
+        roots: _abc.Iterable[_builtins.bytes] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "client_id", b"client_id", "context_id", b"context_id", "round", b"round", "version", b"version", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "client_id", b"client_id", "context_id", b"context_id", "nonce", b"nonce", "roots", b"roots", "round", b"round", "signature", b"signature", "version", b"version", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -254,16 +268,22 @@ class FetchAggregateReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     BLOCKS_FIELD_NUMBER: _builtins.int
+    UPDATES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def blocks(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.AggregateBlock]: ...
+    @_builtins.property
+    def updates(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SignedUpdate]:
+        """each contributor's signed commitment, once"""
+
     def __init__(
         self,
         *,
         blocks: _abc.Iterable[_common_pb2.AggregateBlock] | None = ...,
+        updates: _abc.Iterable[_common_pb2.SignedUpdate] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "updates", b"updates"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from crypto import BlockEncryptor, bitpack
+from crypto.signing import BlockSigner, sign_update
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
 from fedps.transport import MAX_MESSAGE_BYTES, create_channel
 from tests.conftest import Cluster, start_cluster
@@ -17,6 +18,8 @@ from tests.conftest import Cluster, start_cluster
 pytestmark = pytest.mark.integration
 
 COHORT = ["client-a", "client-b"]
+SIGNERS = {client: BlockSigner() for client in [*COHORT, "mallory"]}
+RUN = "hostile-run"
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +29,8 @@ def open_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     cluster = start_cluster(tmp, num_shards=1, coordinator=False)
     kh = cluster.keyholder
     kh.initialize(np.zeros(3000))
-    cluster.shards[0].open_round(1, 0, COHORT, kh.keys.public.context_id)
+    members = {c: SIGNERS[c].public_key for c in COHORT}
+    cluster.shards[0].open_round(1, 0, members, kh.keys.public.context_id, RUN)
     yield cluster
     cluster.stop()
 
@@ -44,11 +48,24 @@ def _push(
     version: int = 0,
     blocks: list[tuple[int, bytes]] | None = None,
     context_id: str | None = None,
+    signed_round: int | None = None,
+    signer: BlockSigner | None = None,
+    unsigned: bool = False,
 ) -> shard_pb2.PushRequest:
+    """A push of a real update, signed as a client would sign it unless told otherwise."""
     public = cluster.keyholder.keys.public
+    packed, coefficients = BlockEncryptor(public).encrypt_with_coefficients(np.full(3000, 0.5))
+    nonce, signature, roots = sign_update(
+        signer or SIGNERS[client],
+        coefficients,
+        run_id=RUN,
+        round_=round_ if signed_round is None else signed_round,
+        client_id=client,
+        context_id=public.context_id,
+        weight=1.0,
+    )
     if blocks is None:
-        enc = BlockEncryptor(public).encrypt(np.full(3000, 0.5))
-        blocks = sorted(enc.items())
+        blocks = sorted(packed.items())
     return shard_pb2.PushRequest(
         client_id=client,
         round=round_,
@@ -56,6 +73,9 @@ def _push(
         weight=1.0,
         context_id=public.context_id if context_id is None else context_id,
         blocks=[shard_pb2.EncryptedBlock(block=b, ciphertext=c) for b, c in blocks],
+        nonce=nonce,
+        signature=b"" if unsigned else signature,
+        roots=roots,
     )
 
 
@@ -142,3 +162,38 @@ def test_duplicate_push_is_acknowledged_not_added(
     assert (second.accepted, second.duplicates) == (0, 2)
     status = stub.GetStatus(common_pb2.Empty())
     assert status.pushes_refused >= 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"unsigned": True},
+        {"signer": BlockSigner()},  # signed with a key the client did not register
+        {"signed_round": 0},  # a signature replayed from another round
+    ],
+    ids=["unsigned", "mis-signed", "replayed"],
+)
+def test_signature_is_required(
+    open_cluster: Cluster, stub: shard_pb2_grpc.ShardStub, bad: dict[str, object]
+) -> None:
+    # Prepare
+    request = _push(open_cluster, **bad)  # type: ignore[arg-type]
+    # Execute
+    details = _expect(stub, request, grpc.StatusCode.INVALID_ARGUMENT)
+    # Assert
+    assert "signature" in details
+    _still_serving(stub)
+
+
+def test_block_swapped_after_signing_is_refused(
+    open_cluster: Cluster, stub: shard_pb2_grpc.ShardStub
+) -> None:
+    # Prepare: a valid signed push whose ciphertext is replaced by another valid ciphertext
+    request = _push(open_cluster)
+    other = BlockEncryptor(open_cluster.keyholder.keys.public).encrypt(np.full(3000, 9.0))
+    request.blocks[0].ciphertext = other[request.blocks[0].block]
+    # Execute
+    details = _expect(stub, request, grpc.StatusCode.INVALID_ARGUMENT)
+    # Assert
+    assert "signed commitment" in details
+    _still_serving(stub)

@@ -1,0 +1,147 @@
+"""Ed25519 signatures that bind each encrypted block to where it belongs.
+
+For every round, a client commits to each of its encrypted blocks with the Merkle root of
+the block's coefficient chunks (:func:`chunk_root`, :data:`CHUNKS` chunks per block) and
+signs one digest binding ``(run, round, client, context id, weight, nonce, all roots)``
+(:func:`update_digest`). A shard checks the signature and that each block it adds hashes to
+its signed root; the key holder checks every contribution of an aggregate again, and checks
+the aggregate against secretly chosen chunks that the clients sent it directly
+(``server.keyholder``), so a shard can neither invent, re-weight, replay nor swap a
+contribution undetected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+
+import numpy as np
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from fedps.errors import InvalidArgumentError
+
+__all__ = [
+    "CHUNKS",
+    "BlockSigner",
+    "chunk_hashes",
+    "chunk_root",
+    "merkle_proof",
+    "sign_update",
+    "update_digest",
+    "verify_block",
+    "verify_proof",
+]
+
+#: Committed chunks per block (each 2N / 16 coefficients).
+CHUNKS = 16
+_DOMAIN = b"fedps-update-v1"
+
+
+def chunk_hashes(coeffs: np.ndarray) -> list[bytes]:
+    """SHA-256 of each of the :data:`CHUNKS` chunks of the raw bytes of ``coeffs``
+    (uint64 coefficients, or float64 values with encryption off)."""
+    data = np.ascontiguousarray(coeffs).data.cast("B")
+    if len(data) % CHUNKS:
+        raise InvalidArgumentError("coefficient count must be a multiple of the chunk count")
+    size = len(data) // CHUNKS
+    return [hashlib.sha256(data[i : i + size]).digest() for i in range(0, len(data), size)]
+
+
+def _root_of(hashes: list[bytes]) -> bytes:
+    return hashlib.sha256(b"\x01" + b"".join(hashes)).digest()
+
+
+def chunk_root(coeffs: np.ndarray) -> bytes:
+    """Commitment to a ciphertext: SHA-256 over its :data:`CHUNKS` chunk hashes."""
+    return _root_of(chunk_hashes(coeffs))
+
+
+def merkle_proof(coeffs: np.ndarray, chunk: int) -> list[bytes]:
+    """What proves one chunk against the root: every chunk hash (a one-level tree)."""
+    if not 0 <= chunk < CHUNKS:
+        raise InvalidArgumentError(f"chunk must be in [0, {CHUNKS})")
+    return chunk_hashes(coeffs)
+
+
+def verify_proof(chunk_coeffs: np.ndarray, chunk: int, proof: list[bytes], root: bytes) -> bool:
+    """Whether ``chunk_coeffs`` is chunk ``chunk`` of the ciphertext committed to by ``root``."""
+    if len(proof) != CHUNKS or not 0 <= chunk < CHUNKS:
+        return False
+    own = hashlib.sha256(np.ascontiguousarray(chunk_coeffs).tobytes()).digest()
+    return own == proof[chunk] and _root_of(proof) == root
+
+
+def update_digest(
+    *,
+    run_id: str,
+    round_: int,
+    client_id: str,
+    context_id: str,
+    weight: float,
+    nonce: bytes,
+    roots: list[bytes],
+) -> bytes:
+    """The message a client signs for one round: every block's root, bound to its context."""
+    out = hashlib.sha256()
+    for part in [_DOMAIN, run_id.encode(), client_id.encode(), context_id.encode(), nonce]:
+        out.update(struct.pack("<I", len(part)) + part)
+    out.update(struct.pack("<QdI", round_, weight, len(roots)))
+    for root in roots:
+        if len(root) != 32:
+            raise InvalidArgumentError("a chunk root is 32 bytes")
+        out.update(root)
+    return out.digest()
+
+
+class BlockSigner:
+    """A client's Ed25519 key; :attr:`public_key` (32 bytes) is registered with the cluster."""
+
+    def __init__(self, key: Ed25519PrivateKey | None = None) -> None:
+        self._key = key or Ed25519PrivateKey.generate()
+        self.public_key = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    def __repr__(self) -> str:
+        return f"BlockSigner(public_key={self.public_key.hex()[:16]}..., private=<hidden>)"
+
+    def sign(self, digest: bytes) -> bytes:
+        """Sign a block digest."""
+        return self._key.sign(digest)
+
+
+def sign_update(
+    signer: BlockSigner,
+    coefficients: np.ndarray,
+    *,
+    run_id: str,
+    round_: int,
+    client_id: str,
+    context_id: str,
+    weight: float,
+) -> tuple[bytes, bytes, list[bytes]]:
+    """Commit to every block of an update and sign; returns ``(nonce, signature, roots)``."""
+    roots = [chunk_root(row) for row in coefficients]
+    nonce = os.urandom(16)
+    digest = update_digest(
+        run_id=run_id,
+        round_=round_,
+        client_id=client_id,
+        context_id=context_id,
+        weight=weight,
+        nonce=nonce,
+        roots=roots,
+    )
+    return nonce, signer.sign(digest), roots
+
+
+def verify_block(public_key: bytes, digest: bytes, signature: bytes) -> bool:
+    """Whether ``signature`` is a valid Ed25519 signature of ``digest`` by ``public_key``."""
+    if len(public_key) != 32 or len(signature) != 64:
+        return False
+    try:
+        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, digest)
+    except (InvalidSignature, ValueError):
+        return False
+    return True

@@ -1,0 +1,331 @@
+"""Certificates for mutual TLS between fedps parties: one small CA per deployment.
+
+:func:`make_ca` creates the CA (ECDSA P-256, self-signed, valid one year) and
+:func:`issue_certificate` signs one identity with it: ``NAME.key`` (written with mode 0600)
+and ``NAME.crt`` carrying a SubjectAltName for every host the identity serves on (IP addresses
+and DNS names; ``127.0.0.1`` and ``localhost`` always included) and the ExtendedKeyUsage of
+its role. :class:`TlsIdentity` is what a process loads to speak TLS: the CA certificate it
+trusts plus its own certificate and key. ``fedps certs`` writes all of them for a cluster.
+
+Key material is never logged or put into an error message; only file names are.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import secrets
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from fedps.config import FedPSConfig
+from fedps.errors import ConfigError
+
+__all__ = [
+    "CA_CERT_FILE",
+    "CA_KEY_FILE",
+    "DEFAULT_HOSTS",
+    "OPERATOR_NAME",
+    "CertPaths",
+    "TlsIdentity",
+    "issue_certificate",
+    "issue_cluster_certificates",
+    "make_ca",
+]
+
+#: The CA's certificate and key inside a certificate directory.
+CA_CERT_FILE = "ca.crt"
+CA_KEY_FILE = "ca.key"
+#: Hosts every certificate names, so that loopback connections always verify.
+DEFAULT_HOSTS = ("127.0.0.1", "localhost")
+#: Client identity of operator tools (``fedps status``, the demo's watcher).
+OPERATOR_NAME = "operator"
+#: Validity of the CA and of every certificate it issues.
+VALIDITY = datetime.timedelta(days=365)
+# Tolerate this much clock skew between the machine issuing and the machines verifying.
+_BACKDATE = datetime.timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class CertPaths:
+    """Where a certificate and its private key were written."""
+
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True)
+class TlsIdentity:
+    """What one process needs for mutual TLS: the CA to trust, its certificate and key (PEM).
+
+    ``repr`` leaves the key out, so an identity can be logged or shown in a traceback safely.
+    """
+
+    ca_cert: bytes
+    cert: bytes
+    key: bytes = field(repr=False)
+
+    @classmethod
+    def load(cls, directory: Path, name: str) -> TlsIdentity:
+        """Load ``ca.crt``, ``NAME.crt`` and ``NAME.key`` from ``directory``.
+
+        Raises
+        ------
+        ConfigError
+            A file is missing or unreadable (naming it and suggesting ``fedps certs``), or the
+            key file is readable by group or others.
+        """
+        if not name or "/" in name or name.startswith("."):
+            raise ConfigError(f"invalid TLS identity name {name!r}")
+        ca_path = directory / CA_CERT_FILE
+        cert_path = directory / f"{name}.crt"
+        key_path = directory / f"{name}.key"
+        ca_cert, cert = _read(ca_path), _read(cert_path)
+        mode = stat.S_IMODE(key_path.stat().st_mode) if key_path.exists() else 0
+        if mode & 0o077:
+            raise ConfigError(
+                f"TLS key {key_path} is readable by group or others (mode {mode:o}); chmod 600 it"
+            )
+        return cls(ca_cert=ca_cert, cert=cert, key=_read(key_path))
+
+
+def make_ca(directory: Path, *, common_name: str = "fedps deployment CA") -> CertPaths:
+    """Create a new CA in ``directory`` (``ca.crt``, and ``ca.key`` with mode 0600).
+
+    The CA is self-signed, may sign only end-entity certificates (path length 0) and is valid
+    for one year. A random suffix in its name tells deployments' CAs apart.
+
+    Raises
+    ------
+    FileExistsError
+        ``directory`` already holds a CA key: replacing it would invalidate every certificate
+        it issued. Remove the directory to start over.
+    """
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    paths = CertPaths(directory / CA_CERT_FILE, directory / CA_KEY_FILE)
+    if paths.key.exists():
+        raise FileExistsError(f"{paths.key} exists; remove {directory} to create a new CA")
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedps"),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"{common_name} {secrets.token_hex(4)}"),
+        ]
+    )
+    now = datetime.datetime.now(datetime.UTC)
+    public = key.public_key()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    _write_private(paths.key, _key_pem(key))
+    _write_public(paths.cert, cert.public_bytes(serialization.Encoding.PEM))
+    return paths
+
+
+def issue_certificate(
+    ca_dir: Path,
+    name: str,
+    *,
+    hosts: list[str],
+    out_dir: Path | None = None,
+    client: bool,
+    server: bool,
+) -> CertPaths:
+    """Sign a new key for identity ``name`` with the CA in ``ca_dir``.
+
+    Parameters
+    ----------
+    ca_dir
+        Directory holding ``ca.crt`` and ``ca.key`` (from :func:`make_ca`).
+    name
+        The identity (``keyholder``, ``shard-0``, ``client-3``...): the certificate's common
+        name and the stem of the files written.
+    hosts
+        Host names and IP addresses the identity is reached at; they go into the
+        SubjectAltName together with ``127.0.0.1`` and ``localhost``.
+    out_dir
+        Where ``NAME.crt`` and ``NAME.key`` (mode 0600) go; default ``ca_dir``.
+    client, server
+        ExtendedKeyUsage: TLS client authentication, TLS server authentication (or both).
+    """
+    if not (client or server):
+        raise ValueError("a certificate needs client or server usage (or both)")
+    if not name or "/" in name or name.startswith(".") or name == "ca":
+        raise ValueError(f"invalid identity name {name!r}")
+    out_dir = ca_dir if out_dir is None else out_dir
+    ca_key = serialization.load_pem_private_key(_read(ca_dir / CA_KEY_FILE), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ConfigError(f"{ca_dir / CA_KEY_FILE} is not an ECDSA key made by fedps certs")
+    ca_cert = x509.load_pem_x509_certificate(_read(ca_dir / CA_CERT_FILE))
+    key = ec.generate_private_key(ec.SECP256R1())
+    public = key.public_key()
+    usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + (
+        [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
+    )
+    now = datetime.datetime.now(datetime.UTC)
+    not_after = min(now + VALIDITY, ca_cert.not_valid_after_utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedps"),
+                    x509.NameAttribute(NameOID.COMMON_NAME, name),
+                ]
+            )
+        )
+        .issuer_name(ca_cert.subject)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(x509.SubjectAlternativeName(_san(hosts)), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    paths = CertPaths(out_dir / f"{name}.crt", out_dir / f"{name}.key")
+    _write_private(paths.key, _key_pem(key))
+    _write_public(paths.cert, cert.public_bytes(serialization.Encoding.PEM))
+    return paths
+
+
+def issue_cluster_certificates(config: FedPSConfig, out_dir: Path) -> list[CertPaths]:
+    """The CA (reused if ``out_dir`` has one) and one certificate per party of ``config``.
+
+    Key holder, coordinator and shards get server and client usage (they also call each
+    other), with the host of their ``[cluster]`` address in the SubjectAltName. Each of the
+    ``training.clients`` clients (``client-0``...) and the operator get client usage only.
+    """
+    if (out_dir / CA_KEY_FILE).exists():
+        written = [CertPaths(out_dir / CA_CERT_FILE, out_dir / CA_KEY_FILE)]
+        _read(out_dir / CA_CERT_FILE)  # a CA key without its certificate: say which is missing
+    else:
+        written = [make_ca(out_dir)]
+    cluster = config.cluster
+    servers = {
+        "keyholder": cluster.keyholder,
+        "coordinator": cluster.coordinator,
+        **dict(zip(cluster.shard_ids, cluster.shards, strict=True)),
+    }
+    for name, address in servers.items():
+        host = _host_of(address)
+        hosts = [host] if host else []
+        written.append(issue_certificate(out_dir, name, hosts=hosts, client=True, server=True))
+    clients = [f"client-{i}" for i in range(config.training.clients)] + [OPERATOR_NAME]
+    for name in clients:
+        written.append(issue_certificate(out_dir, name, hosts=[], client=True, server=False))
+    return written
+
+
+def _host_of(address: str) -> str:
+    """The host of ``host:port``; empty for wildcard binds, which no peer dials."""
+    host = address.rpartition(":")[0].removeprefix("[").removesuffix("]")
+    return "" if host in ("", "0.0.0.0", "::") else host
+
+
+def _san(hosts: list[str]) -> list[x509.GeneralName]:
+    """IP addresses as iPAddress entries, everything else as dNSName; no duplicates."""
+    names: list[x509.GeneralName] = []
+    seen: set[str] = set()
+    for raw in [*hosts, *DEFAULT_HOSTS]:
+        host = raw.strip().removeprefix("[").removesuffix("]")
+        if not host or host in seen:
+            continue
+        seen.add(host)
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return names
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(
+            f"TLS file {path} not found; create the certificates with `fedps certs`"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read TLS file {path}: {exc.strerror}") from None
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write a key readable by its owner only; it is never world-readable, not even briefly."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o600)  # exactly 0600 whatever the umask
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _write_public(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

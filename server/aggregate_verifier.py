@@ -1,0 +1,150 @@
+"""The key holder's checks on what a shard hands it, before anything is decrypted.
+
+For each block aggregate the verifier checks that every listed contribution belongs to a
+cohort member whose Ed25519 signature over its whole update verifies, with the same weight
+and the same committed root as the manifest says, that no client is counted twice, that the
+aggregate has at least ``min_cohort`` and at most ``max_clients`` contributors, and, for the
+round's secretly planned (block, chunk) pairs, that the aggregate's chunk equals the sum
+modulo q of the chunks the contributors sent the key holder directly (each proven against
+its signed root). A shard that isolates one client (decrypt just its ciphertext), scales a
+ciphertext, drops or invents contributions, or re-weights one, is caught: see
+docs/security.md for the detection probability of the chunk check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from crypto import PublicContext, unpack_block
+from crypto.signing import CHUNKS, update_digest, verify_block, verify_proof
+from fedps.errors import PolicyError
+from fedps.proto import common_pb2
+
+__all__ = ["AggregateVerifier", "AuditChunk", "audit_plan"]
+
+
+@dataclass(frozen=True)
+class AuditChunk:
+    """One chunk of one client's ciphertext, sent to the key holder for the check."""
+
+    chunk: int
+    coefficients: np.ndarray
+    proof: list[bytes]
+
+
+def audit_plan(key: bytes, round_: int, num_blocks: int, audit_blocks: int) -> dict[int, int]:
+    """The secret ``{block: chunk}`` pairs checked in ``round_`` (HMAC-derived, stable)."""
+    seed = hmac.new(key, b"audit" + struct.pack("<Q", round_), hashlib.sha256).digest()
+    rng = np.random.default_rng(int.from_bytes(seed, "little"))
+    count = min(num_blocks, audit_blocks)
+    blocks = rng.choice(num_blocks, size=count, replace=False)
+    chunks = rng.integers(0, CHUNKS, size=count)
+    return {int(b): int(c) for b, c in zip(blocks, chunks, strict=True)}
+
+
+class AggregateVerifier:
+    """Checks one round's aggregates against signatures and the clients' audit chunks."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        round_: int,
+        context_id: str,
+        members: dict[str, bytes],
+        min_cohort: int,
+        max_clients: int,
+    ) -> None:
+        self.run_id = run_id
+        self.round = round_
+        self.context_id = context_id
+        self.members = members
+        self.min_cohort = min_cohort
+        self.max_clients = max_clients
+        self.updates: dict[str, common_pb2.SignedUpdate] = {}
+
+    def add_update(self, update: common_pb2.SignedUpdate) -> None:
+        """Verify and remember one client's signed update (from any shard)."""
+        key = self.members.get(update.client_id)
+        if key is None:
+            raise PolicyError(f"{update.client_id!r} is not in the cohort of round {self.round}")
+        digest = update_digest(
+            run_id=self.run_id,
+            round_=self.round,
+            client_id=update.client_id,
+            context_id=self.context_id,
+            weight=update.weight,
+            nonce=update.nonce,
+            roots=list(update.roots),
+        )
+        if not verify_block(key, digest, update.signature):
+            raise PolicyError(f"the signature of {update.client_id!r} does not verify")
+        known = self.updates.get(update.client_id)
+        if known is not None and known.SerializeToString() != update.SerializeToString():
+            raise PolicyError(f"two different updates of {update.client_id!r} in one round")
+        self.updates[update.client_id] = update
+
+    def check_manifest(self, agg: common_pb2.AggregateBlock) -> dict[str, float]:
+        """Check one block's manifest; returns ``{client: weight}``."""
+        ids = [c.client_id for c in agg.contributions]
+        if len(set(ids)) != len(ids):
+            raise PolicyError(f"block {agg.block}: a client is counted twice")
+        if len(ids) < self.min_cohort:
+            raise PolicyError(
+                f"block {agg.block}: {len(ids)} contributors, policy needs at least "
+                f"{self.min_cohort}; refusing to decrypt"
+            )
+        if len(ids) > self.max_clients:
+            raise PolicyError(
+                f"block {agg.block}: {len(ids)} contributors, but the CKKS parameters are "
+                f"sized for at most {self.max_clients} (he.max_clients); the sum may have wrapped"
+            )
+        weights: dict[str, float] = {}
+        for c in agg.contributions:
+            update = self.updates.get(c.client_id)
+            if update is None:
+                raise PolicyError(f"block {agg.block}: no signed update from {c.client_id!r}")
+            if agg.block >= len(update.roots) or update.roots[agg.block] != c.root:
+                raise PolicyError(
+                    f"block {agg.block}: {c.client_id!r}'s root is not the signed one"
+                )
+            if c.weight != update.weight or not (np.isfinite(c.weight) and c.weight > 0):
+                raise PolicyError(f"block {agg.block}: {c.client_id!r}'s weight was altered")
+            weights[c.client_id] = c.weight
+        return weights
+
+    def check_chunk(
+        self,
+        public: PublicContext,
+        agg: common_pb2.AggregateBlock,
+        chunk: int,
+        audits: dict[str, AuditChunk],
+    ) -> None:
+        """The aggregate's ``chunk`` must equal the sum of the contributors' chunks mod q."""
+        q = np.uint64(public.modulus)
+        size = public.coeffs_per_block // CHUNKS
+        total = np.zeros(size, dtype=np.uint64)
+        for c in agg.contributions:
+            audit = audits.get(c.client_id)
+            if audit is None or audit.chunk != chunk:
+                raise PolicyError(f"block {agg.block}: no audit chunk from {c.client_id!r}")
+            if audit.coefficients.shape != (size,) or not verify_proof(
+                audit.coefficients, chunk, audit.proof, c.root
+            ):
+                raise PolicyError(
+                    f"block {agg.block}: {c.client_id!r}'s audit chunk is not its own"
+                )
+            if int(audit.coefficients.max()) >= public.modulus:
+                raise PolicyError(f"block {agg.block}: audit chunk out of range")
+            total = (total + audit.coefficients) % q
+        aggregate = unpack_block(public, agg.ciphertext)[chunk * size : (chunk + 1) * size]
+        if not np.array_equal(aggregate, total):
+            raise PolicyError(
+                f"block {agg.block}: the aggregate is not the sum of its signed contributions "
+                "(shard tampering detected); refusing to decrypt"
+            )

@@ -1,0 +1,241 @@
+"""Tests for the deployment CA and its certificates (crypto/tls.py) and ``fedps certs``."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
+from typer.testing import CliRunner
+
+from crypto.tls import (
+    CA_CERT_FILE,
+    CA_KEY_FILE,
+    TlsIdentity,
+    issue_certificate,
+    issue_cluster_certificates,
+    make_ca,
+)
+from fedps.cli import app
+from fedps.config import load_config
+from fedps.errors import ConfigError
+
+
+@pytest.fixture
+def loose_umask() -> Iterator[None]:
+    """A umask that would leave new files world-readable: keys must be 0600 regardless."""
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _cert(path: Path) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def _san(cert: x509.Certificate) -> x509.SubjectAlternativeName:
+    return cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+
+
+def _eku(cert: x509.Certificate) -> set[x509.ObjectIdentifier]:
+    return set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+
+
+def test_make_ca_is_a_private_self_signed_ca(tmp_path: Path, loose_umask: None) -> None:
+    # Execute
+    paths = make_ca(tmp_path / "certs")
+
+    # Assert
+    assert paths.cert == tmp_path / "certs" / CA_CERT_FILE
+    assert paths.key == tmp_path / "certs" / CA_KEY_FILE
+    assert _mode(paths.key) == 0o600
+    ca = _cert(paths.cert)
+    assert ca.subject == ca.issuer
+    ca.verify_directly_issued_by(ca)
+    constraints = ca.extensions.get_extension_for_class(x509.BasicConstraints).value
+    assert constraints.ca and constraints.path_length == 0
+    lifetime = ca.not_valid_after_utc - ca.not_valid_before_utc
+    assert 365 <= lifetime.days <= 366
+
+
+def test_make_ca_refuses_to_replace_a_ca(tmp_path: Path) -> None:
+    make_ca(tmp_path)
+    before = (tmp_path / CA_KEY_FILE).read_bytes()
+
+    with pytest.raises(FileExistsError):
+        make_ca(tmp_path)
+    assert (tmp_path / CA_KEY_FILE).read_bytes() == before
+
+
+def test_issue_server_certificate(tmp_path: Path, loose_umask: None) -> None:
+    # Prepare
+    make_ca(tmp_path / "ca")
+
+    # Execute
+    paths = issue_certificate(
+        tmp_path / "ca",
+        "shard-0",
+        hosts=["10.1.2.3", "ps.example.org"],
+        out_dir=tmp_path / "out",
+        client=True,
+        server=True,
+    )
+
+    # Assert: key 0600, signed by the CA, SAN has the hosts plus loopback, both usages.
+    assert paths.key == tmp_path / "out" / "shard-0.key"
+    assert _mode(paths.key) == 0o600
+    cert = _cert(paths.cert)
+    cert.verify_directly_issued_by(_cert(tmp_path / "ca" / CA_CERT_FILE))
+    san = _san(cert)
+    ips = san.get_values_for_type(x509.IPAddress)
+    assert ipaddress.ip_address("127.0.0.1") in ips
+    assert ipaddress.ip_address("10.1.2.3") in ips
+    assert set(san.get_values_for_type(x509.DNSName)) == {"localhost", "ps.example.org"}
+    assert _eku(cert) == {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
+    assert not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+
+
+def test_issue_client_certificate_has_client_usage_only(tmp_path: Path) -> None:
+    make_ca(tmp_path)
+
+    paths = issue_certificate(tmp_path, "client-3", hosts=[], client=True, server=False)
+
+    cert = _cert(paths.cert)
+    assert _eku(cert) == {ExtendedKeyUsageOID.CLIENT_AUTH}
+    assert ipaddress.ip_address("127.0.0.1") in _san(cert).get_values_for_type(x509.IPAddress)
+
+
+def test_certificate_from_another_ca_does_not_verify(tmp_path: Path) -> None:
+    make_ca(tmp_path / "a")
+    make_ca(tmp_path / "b")
+    paths = issue_certificate(tmp_path / "a", "keyholder", hosts=[], client=True, server=True)
+
+    with pytest.raises((ValueError, TypeError)):
+        _cert(paths.cert).verify_directly_issued_by(_cert(tmp_path / "b" / CA_CERT_FILE))
+
+
+def test_identity_load_and_repr_hides_the_key(tmp_path: Path) -> None:
+    make_ca(tmp_path)
+    issue_certificate(tmp_path, "coordinator", hosts=[], client=True, server=True)
+
+    identity = TlsIdentity.load(tmp_path, "coordinator")
+
+    assert identity.ca_cert == (tmp_path / CA_CERT_FILE).read_bytes()
+    assert identity.cert == (tmp_path / "coordinator.crt").read_bytes()
+    assert identity.key == (tmp_path / "coordinator.key").read_bytes()
+    assert b"PRIVATE KEY" in identity.key
+    assert "PRIVATE" not in repr(identity)
+
+
+def test_identity_load_missing_file_names_it(tmp_path: Path) -> None:
+    make_ca(tmp_path)
+
+    with pytest.raises(ConfigError) as excinfo:
+        TlsIdentity.load(tmp_path, "shard-1")
+
+    message = str(excinfo.value)
+    assert str(tmp_path / "shard-1.crt") in message
+    assert "fedps certs" in message
+
+
+def test_identity_load_refuses_a_readable_key(tmp_path: Path) -> None:
+    make_ca(tmp_path)
+    paths = issue_certificate(tmp_path, "keyholder", hosts=[], client=True, server=True)
+    paths.key.chmod(0o644)
+
+    with pytest.raises(ConfigError, match="chmod 600"):
+        TlsIdentity.load(tmp_path, "keyholder")
+
+
+def test_cluster_certificates_cover_every_party(tmp_path: Path) -> None:
+    config = load_config(
+        None,
+        cluster={
+            "keyholder": "10.0.0.1:7100",
+            "coordinator": "coord.internal:7000",
+            "shards": ["10.0.0.2:7201", "0.0.0.0:7202"],
+        },
+        training={"clients": 3},
+    )
+
+    written = issue_cluster_certificates(config, tmp_path)
+
+    servers = {"ca", "keyholder", "coordinator", "shard-0", "shard-1"}
+    assert {p.cert.stem for p in written} == {
+        *servers,
+        "client-0",
+        "client-1",
+        "client-2",
+        "operator",
+    }
+    kh = _san(_cert(tmp_path / "keyholder.crt"))
+    assert ipaddress.ip_address("10.0.0.1") in kh.get_values_for_type(x509.IPAddress)
+    coord = _san(_cert(tmp_path / "coordinator.crt"))
+    assert "coord.internal" in coord.get_values_for_type(x509.DNSName)
+    wildcard = _san(_cert(tmp_path / "shard-1.crt")).get_values_for_type(x509.IPAddress)
+    assert ipaddress.ip_address("0.0.0.0") not in wildcard
+    assert _eku(_cert(tmp_path / "client-2.crt")) == {ExtendedKeyUsageOID.CLIENT_AUTH}
+    assert all(_mode(p.key) == 0o600 for p in written)
+
+    # A second run reuses the CA, so certificates already handed out stay valid.
+    ca_before = (tmp_path / CA_CERT_FILE).read_bytes()
+    issue_cluster_certificates(config, tmp_path)
+    assert (tmp_path / CA_CERT_FILE).read_bytes() == ca_before
+
+
+def test_tls_config_rejects_enabled_and_insecure() -> None:
+    with pytest.raises(ConfigError, match="tls"):
+        load_config(None, tls={"enabled": True, "insecure": True})
+
+
+def test_certs_command_writes_every_identity(tmp_path: Path) -> None:
+    # Prepare
+    config = tmp_path / "cluster.toml"
+    config.write_text('[cluster]\nshards = ["127.0.0.1:7301"]\n[training]\nclients = 2\n')
+
+    # Execute
+    result = CliRunner().invoke(
+        app, ["certs", "--config", str(config), "--out", str(tmp_path / "certs")]
+    )
+
+    # Assert
+    assert result.exit_code == 0, result.output
+    for name in ["ca", "keyholder", "coordinator", "shard-0", "client-0", "client-1"]:
+        assert (tmp_path / "certs" / f"{name}.crt").exists()
+        assert str(tmp_path / "certs" / f"{name}.crt") in result.output
+    assert "BEGIN" not in result.output  # no key material printed
+
+
+def test_role_without_its_certificate_is_one_clear_error(tmp_path: Path) -> None:
+    # Prepare: a CA, but no certificate for client-7.
+    make_ca(tmp_path / "certs")
+    config = tmp_path / "tls.toml"
+    config.write_text(f'[tls]\nenabled = true\ndirectory = "{tmp_path / "certs"}"\n')
+
+    # Execute
+    result = subprocess.run(
+        [sys.executable, "-m", "fedps.cli", "client", "--config", str(config), "--index", "7"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    # Assert
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("fedps: error:")
+    assert str(tmp_path / "certs" / "client-7.crt") in lines[0]
+    assert "fedps certs" in lines[0]
