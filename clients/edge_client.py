@@ -120,6 +120,7 @@ class EdgeClient:
         self.rounds_trained = 0
         self.weight = 1.0  # num_examples / the round's weight_scale
         self._signer = BlockSigner()
+        self._credential = b""
         self.run_id = ""
 
     def run(self, *, timeout_s: float = 3600.0) -> ClientSummary:
@@ -144,7 +145,8 @@ class EdgeClient:
                 try:
                     task = self._retry(
                         lambda: self._coordinator.GetTask(
-                            coordinator_pb2.TaskRequest(client_id=self.client_id)
+                            coordinator_pb2.TaskRequest(client_id=self.client_id),
+                            metadata=self._metadata(),
                         ),
                         "get task",
                         timeout_s,
@@ -194,8 +196,14 @@ class EdgeClient:
             client_id=self.client_id,
             signing_key=self._signer.public_key,
         )
-        reply = self._retry(lambda: self._coordinator.Register(request), "register", timeout_s)
+        reply = self._retry(
+            lambda: self._coordinator.Register(request, metadata=self._metadata()),
+            "register",
+            timeout_s,
+        )
         self.client_id = reply.client_id
+        if reply.credential:
+            self._credential = reply.credential
         return reply
 
     def _train(self, task: coordinator_pb2.Task) -> bool:
@@ -311,7 +319,15 @@ class EdgeClient:
             bytes_pushed=pushed,
             budget_exhausted=budget_exhausted,
         )
-        self._retry(lambda: self._coordinator.ReportUpdate(report), "report", 60.0)
+        self._retry(
+            lambda: self._coordinator.ReportUpdate(report, metadata=self._metadata()),
+            "report",
+            60.0,
+        )
+
+    def _metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        """The credential the coordinator issued us, as call metadata."""
+        return (("x-fedps-credential", self._credential.hex()),) if self._credential else ()
 
     def _retry(self, fn: Callable[[], _T], what: str, timeout_s: float) -> _T:
         """Call ``fn``, retrying while the peer is unavailable (restarts, slow starts)."""

@@ -40,6 +40,12 @@ class RoundClosedError(FedPSError):
     status = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class UnauthenticatedError(FedPSError):
+    """The caller presented no valid credential."""
+
+    status = grpc.StatusCode.UNAUTHENTICATED
+
+
 class RateLimitedError(FedPSError):
     """A caller exceeded its per-round request budget."""
 

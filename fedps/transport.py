@@ -152,7 +152,6 @@ def setup_tls(tls: TlsConfig, name: str) -> None:
         configure_tls(identity)
         _log.info("mutual TLS on as %r (certificates in %s)", tls.name or name, tls.directory)
         return
-    configure_tls(None)
     with _tls_lock:
         if tls.insecure or _warned_insecure:
             return
@@ -275,9 +274,7 @@ def _authenticated(
 ) -> Callable[[Any, grpc.ServicerContext], Any]:
     def guarded(request: Any, context: grpc.ServicerContext) -> Any:
         if not context.peer_identities():
-            _log.warning(
-                "refused %s from %s: no verified client certificate", method, context.peer()
-            )
+            _log.info("refused %s from %s: no verified client certificate", method, context.peer())
             context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
                 "mutual TLS required: no verified client certificate from the deployment's CA",

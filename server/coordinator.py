@@ -12,6 +12,8 @@ restarted coordinator resumes instead of starting over.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -29,7 +31,13 @@ import numpy as np
 from crypto import CkksParams
 from fedps.blocks import BlockLayout
 from fedps.config import FedPSConfig
-from fedps.errors import FedPSError, InvalidArgumentError, PolicyError, UnknownClientError
+from fedps.errors import (
+    FedPSError,
+    InvalidArgumentError,
+    PolicyError,
+    UnauthenticatedError,
+    UnknownClientError,
+)
 from fedps.parameter_client import ParameterClient
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc, shard_pb2
 from fedps.transport import call, create_channel
@@ -76,6 +84,7 @@ class _Client:
     name: str
     num_examples: int
     signing_key: str = ""  # Ed25519 public key, hex
+    credential_hash: str = ""  # SHA-256 of the credential issued at registration, hex
     last_seen: float = field(default_factory=time.time)
     epsilon: float = 0.0
     delta: float = 0.0
@@ -140,11 +149,13 @@ class Coordinator:
         num_params: int,
         client_id: str,
         signing_key: bytes = b"",
-    ) -> str:
-        """Register a client (or re-register a known id); returns its client id.
+        credential: bytes = b"",
+    ) -> tuple[str, bytes]:
+        """Register a client; returns its client id and a fresh credential.
 
-        ``signing_key`` is the client's Ed25519 public key; a known id must present the same
-        key again (it cannot be taken over by another key).
+        ``signing_key`` is the client's Ed25519 public key. A known id re-registers (after a
+        restart) only with its credential and the same key, and keeps both; the returned
+        credential is then empty.
         """
         if len(signing_key) != 32:
             raise InvalidArgumentError("registration needs a 32-byte Ed25519 signing key")
@@ -158,22 +169,28 @@ class Coordinator:
         with self._changed:
             known = self.clients.get(client_id) if client_id else None
             if known is not None:
+                self._check_credential(known, client_id, credential)
                 if known.signing_key != signing_key.hex():
-                    raise UnknownClientError(f"{client_id} is registered with another key")
+                    raise UnauthenticatedError(f"{client_id} is registered with another key")
                 known.last_seen = time.time()
-                return client_id
+                return client_id, b""
             client_id = f"client-{len(self.clients)}-{secrets.token_hex(4)}"
+            issued = secrets.token_bytes(32)
             self.clients[client_id] = _Client(
-                name=name or client_id, num_examples=num_examples, signing_key=signing_key.hex()
+                name=name or client_id,
+                num_examples=num_examples,
+                signing_key=signing_key.hex(),
+                credential_hash=hashlib.sha256(issued).hexdigest(),
             )
             self._changed.notify_all()
         _log.info("registered %s (%s, %d examples)", client_id, name, num_examples)
-        return client_id
+        return client_id, issued
 
-    def get_task(self, client_id: str) -> Task:
-        """The next task for ``client_id``."""
+    def get_task(self, client_id: str, credential: bytes = b"") -> Task:
+        """The next task for ``client_id`` (authenticated by its credential)."""
         with self._lock:
             client = self._known(client_id)
+            self._check_credential(client, client_id, credential)
             client.last_seen = time.time()
             if self.finished:
                 return Task("done")
@@ -205,10 +222,12 @@ class Coordinator:
         delta: float,
         bytes_pushed: int,
         budget_exhausted: bool,
+        credential: bytes = b"",
     ) -> None:
         """A client says it pushed its update for ``round_`` (or ran out of budget)."""
         with self._changed:
             client = self._known(client_id)
+            self._check_credential(client, client_id, credential)
             client.epsilon = max(client.epsilon, epsilon)
             client.delta = delta
             client.bytes_pushed += bytes_pushed
@@ -216,6 +235,12 @@ class Coordinator:
             if self._open is not None and self._open.round == round_:
                 self._open.reported.add(client_id)
             self._changed.notify_all()
+
+    @staticmethod
+    def _check_credential(client: _Client, client_id: str, credential: bytes) -> None:
+        digest = hashlib.sha256(credential).hexdigest()
+        if not credential or not hmac.compare_digest(digest, client.credential_hash):
+            raise UnauthenticatedError(f"missing or wrong credential for {client_id!r}")
 
     def _known(self, client_id: str) -> _Client:
         client = self.clients.get(client_id)
@@ -245,6 +270,14 @@ class Coordinator:
 
     def run(self) -> None:
         """Run rounds until ``training.rounds`` are done or :meth:`stop` is called."""
+        try:
+            self._run()
+        except FedPSError:
+            if not self._stop.is_set():
+                _log.exception("the round loop stopped")
+                raise
+
+    def _run(self) -> None:
         self._bootstrap()
         while self.round < self._training.rounds and not self._stop.is_set():
             cohort = self._wait_for_cohort()

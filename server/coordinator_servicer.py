@@ -8,7 +8,10 @@ from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fedps.transport import rpc_errors
 from server.coordinator import Coordinator
 
-__all__ = ["CoordinatorServicer"]
+__all__ = ["CREDENTIAL_HEADER", "CoordinatorServicer"]
+
+#: Metadata key carrying a client's credential (hex).
+CREDENTIAL_HEADER = "x-fedps-credential"
 
 _KINDS = {
     "wait": coordinator_pb2.Task.WAIT,
@@ -28,12 +31,13 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> coordinator_pb2.RegisterReply:
         c = self.coordinator
         with rpc_errors(context):
-            client_id = c.register(
+            client_id, credential = c.register(
                 request.name,
                 request.num_examples,
                 request.num_params,
                 request.client_id,
                 request.signing_key,
+                _credential(context),
             )
         cluster = c.config.cluster
         return coordinator_pb2.RegisterReply(
@@ -47,13 +51,14 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             virtual_nodes=cluster.virtual_nodes,
             num_params=c.layout.num_params,
             rounds=c.config.training.rounds,
+            credential=credential,
         )
 
     def GetTask(  # noqa: N802
         self, request: coordinator_pb2.TaskRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.Task:
         with rpc_errors(context):
-            task = self.coordinator.get_task(request.client_id)
+            task = self.coordinator.get_task(request.client_id, _credential(context))
         return coordinator_pb2.Task(
             kind=_KINDS[task.kind],
             round=task.round,
@@ -74,6 +79,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 delta=request.delta,
                 bytes_pushed=request.bytes_pushed,
                 budget_exhausted=request.budget_exhausted,
+                credential=_credential(context),
             )
         return common_pb2.Empty()
 
@@ -107,3 +113,14 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             bytes_pushed=c.bytes_pushed,
             last_checkpoint_unix=c.last_checkpoint,
         )
+
+
+def _credential(context: grpc.ServicerContext) -> bytes:
+    """The ``x-fedps-credential`` metadata of a call (hex), as bytes."""
+    for key, value in context.invocation_metadata():
+        if key == CREDENTIAL_HEADER:
+            try:
+                return bytes.fromhex(value if isinstance(value, str) else value.decode())
+            except ValueError:
+                return b""
+    return b""

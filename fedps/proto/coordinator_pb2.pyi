@@ -85,12 +85,15 @@ class RegisterReply(_message.Message):
     VIRTUAL_NODES_FIELD_NUMBER: _builtins.int
     NUM_PARAMS_FIELD_NUMBER: _builtins.int
     ROUNDS_FIELD_NUMBER: _builtins.int
+    CREDENTIAL_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     run_id: _builtins.str
     keyholder: _builtins.str
     virtual_nodes: _builtins.int
     num_params: _builtins.int
     rounds: _builtins.int
+    credential: _builtins.bytes
+    """Issued at first registration; sent as "x-fedps-credential" metadata on every later call."""
     @_builtins.property
     def shards(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShardAddress]: ...
     def __init__(
@@ -103,10 +106,11 @@ class RegisterReply(_message.Message):
         virtual_nodes: _builtins.int = ...,
         num_params: _builtins.int = ...,
         rounds: _builtins.int = ...,
+        credential: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "keyholder", b"keyholder", "num_params", b"num_params", "rounds", b"rounds", "run_id", b"run_id", "shards", b"shards", "virtual_nodes", b"virtual_nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "credential", b"credential", "keyholder", b"keyholder", "num_params", b"num_params", "rounds", b"rounds", "run_id", b"run_id", "shards", b"shards", "virtual_nodes", b"virtual_nodes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,64 @@
+"""Per-client credentials issued at registration, checked on every later coordinator call."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from crypto.signing import BlockSigner
+from fedps.proto import coordinator_pb2, coordinator_pb2_grpc
+from fedps.transport import create_channel
+from tests.conftest import Cluster
+
+pytestmark = pytest.mark.integration
+
+
+def _register(stub: coordinator_pb2_grpc.CoordinatorStub, cluster: Cluster) -> tuple[str, bytes]:
+    reply = stub.Register(
+        coordinator_pb2.RegisterRequest(
+            name="probe",
+            num_examples=10,
+            num_params=cluster.coordinator.layout.num_params,
+            signing_key=BlockSigner().public_key,
+        )
+    )
+    return reply.client_id, reply.credential
+
+
+@pytest.mark.parametrize("credential", [None, "00" * 32, "not-hex"])
+def test_calls_without_the_issued_credential_are_unauthenticated(
+    cluster: Cluster, credential: str | None
+) -> None:
+    # Prepare
+    stub = coordinator_pb2_grpc.CoordinatorStub(create_channel(cluster.config.cluster.coordinator))
+    client_id, issued = _register(stub, cluster)
+    metadata = () if credential is None else (("x-fedps-credential", credential),)
+    # Execute
+    with pytest.raises(grpc.RpcError) as info:
+        stub.GetTask(coordinator_pb2.TaskRequest(client_id=client_id), metadata=metadata)
+    # Assert
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    good = stub.GetTask(
+        coordinator_pb2.TaskRequest(client_id=client_id),
+        metadata=(("x-fedps-credential", issued.hex()),),
+    )
+    assert good.kind in (coordinator_pb2.Task.WAIT, coordinator_pb2.Task.TRAIN)
+
+
+def test_known_id_cannot_be_taken_over(cluster: Cluster) -> None:
+    # Prepare
+    stub = coordinator_pb2_grpc.CoordinatorStub(create_channel(cluster.config.cluster.coordinator))
+    client_id, _ = _register(stub, cluster)
+    # Execute: another party re-registers the id with its own key and no credential
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Register(
+            coordinator_pb2.RegisterRequest(
+                name="mallory",
+                num_examples=10,
+                num_params=cluster.coordinator.layout.num_params,
+                client_id=client_id,
+                signing_key=BlockSigner().public_key,
+            )
+        )
+    # Assert
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
