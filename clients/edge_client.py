@@ -25,7 +25,14 @@ import numpy as np
 
 from clients.dp_trainer import DPTrainer
 from crypto import PLAINTEXT_CONTEXT_ID, BlockEncryptor, CkksParams, PlainContext, PublicContext
-from crypto.signing import CHUNKS, BlockSigner, merkle_proof, sign_update
+from crypto.signing import (
+    CHUNKS,
+    BlockSigner,
+    context_digest,
+    merkle_proof,
+    sign_update,
+    verify_block,
+)
 from fedps.blocks import BlockLayout, flatten_model
 from fedps.config import FedPSConfig
 from fedps.datasets import Dataset, load_dataset
@@ -133,6 +140,7 @@ class EdgeClient:
         ctx = self._retry(
             lambda: keyholder.GetPublicContext(common_pb2.Empty()), "public context", timeout_s
         )
+        self._keyholder_key = self._check_keyholder(ctx)
         self._context_id = ctx.context_id
         self._encryptor = self._make_encryptor(ctx.context, ctx.context_id)
         self._ring = HashRing(sorted(shards), virtual_nodes=reply.virtual_nodes)
@@ -170,6 +178,24 @@ class EdgeClient:
             self.config.privacy.delta,
             self.bytes_pushed,
         )
+
+    def _check_keyholder(self, ctx: keyholder_pb2.PublicContextReply) -> bytes:
+        """Verify the key holder's signature on its public context, against the pinned key."""
+        pinned = self.config.security.keyholder_key
+        if pinned and bytes.fromhex(pinned) != ctx.signing_key:
+            raise InvalidArgumentError(
+                "the key holder's signing key does not match security.keyholder_key (pinned)"
+            )
+        if not pinned:
+            _log.warning(
+                "%s: key holder key not pinned (security.keyholder_key); trusting %s on first use",
+                self.name,
+                ctx.signing_key.hex()[:16],
+            )
+        digest = context_digest(ctx.context, ctx.context_id)
+        if not verify_block(ctx.signing_key, digest, ctx.signature):
+            raise InvalidArgumentError("the public context's signature does not verify")
+        return bytes(ctx.signing_key)
 
     def _make_encryptor(self, context: bytes, context_id: str) -> BlockEncryptor | PlainContext:
         """An encryptor for the key holder's public context (plaintext only if we agreed)."""
@@ -213,7 +239,9 @@ class EdgeClient:
             self._report(task.round, 0, budget_exhausted=True)
             return False
         try:
-            vector, version = self._params.pull(self._layout, min_version=task.version)
+            vector, version = self._params.pull(
+                self._layout, min_version=task.version, verify_key=self._keyholder_key
+            )
         except FedPSError as exc:
             _log.info("%s: cannot pull version %d: %s", self.name, task.version, exc)
             time.sleep(0.2)

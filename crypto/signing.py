@@ -15,11 +15,17 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+from pathlib import Path
 
 import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+)
 
 from fedps.errors import InvalidArgumentError
 
@@ -28,7 +34,9 @@ __all__ = [
     "BlockSigner",
     "chunk_hashes",
     "chunk_root",
+    "context_digest",
     "merkle_proof",
+    "model_block_digest",
     "sign_update",
     "update_digest",
     "verify_block",
@@ -109,6 +117,30 @@ class BlockSigner:
     def sign(self, digest: bytes) -> bytes:
         """Sign a block digest."""
         return self._key.sign(digest)
+
+    @classmethod
+    def load_or_create(cls, path: Path) -> BlockSigner:
+        """A signing key kept in a 0600 file (created on first use)."""
+        if path.exists():
+            return cls(Ed25519PrivateKey.from_private_bytes(path.read_bytes()))
+        signer = cls()
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        raw = signer._key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+        return signer
+
+
+def context_digest(context: bytes, context_id: str) -> bytes:
+    """What the key holder signs to vouch for its public context."""
+    return hashlib.sha256(b"fedps-context-v1" + context_id.encode() + context).digest()
+
+
+def model_block_digest(version: int, block: int, values: bytes) -> bytes:
+    """What the key holder signs for each published model block."""
+    head = b"fedps-model-v1" + struct.pack("<QI", version, block)
+    return hashlib.sha256(head + hashlib.sha256(values).digest()).digest()
 
 
 def sign_update(

@@ -158,10 +158,12 @@ def certs(
 @app.command()
 def up(config: Annotated[Path, typer.Argument(help="Cluster configuration (TOML).")]) -> None:
     """Start key holder, shards and coordinator as processes; Ctrl-C stops them cleanly."""
+    from crypto.tls import OPERATOR_NAME
     from server.deployment import Deployment
 
     _setup_logging(True)
     cfg = _load(config)
+    _setup_tls(cfg, OPERATOR_NAME)  # to probe the servers' ports
     deployment = Deployment(config, cfg)
     try:
         deployment.start_servers()

@@ -168,6 +168,11 @@ class SecurityConfig(_Section):
     audit_blocks: int = Field(
         16, ge=1, description="blocks per round whose aggregate is checked against clients"
     )
+    keyholder_key: str = Field(
+        "",
+        pattern=r"^([0-9a-f]{64})?$",
+        description="pinned Ed25519 key of the key holder (hex, from keys/signing.pub)",
+    )
 
 
 class TlsConfig(_Section):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from crypto.signing import model_block_digest, verify_block
 from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError, RoundClosedError
 from fedps.proto import shard_pb2, shard_pb2_grpc
@@ -34,8 +35,13 @@ class ParameterClient:
         for channel in self._channels.values():
             channel.close()
 
-    def pull(self, layout: BlockLayout, min_version: int = 0) -> tuple[np.ndarray, int]:
+    def pull(
+        self, layout: BlockLayout, min_version: int = 0, *, verify_key: bytes | None = None
+    ) -> tuple[np.ndarray, int]:
         """Return ``(flat vector, version)`` of the published model.
+
+        With ``verify_key`` (the key holder's Ed25519 public key), every block's signature
+        must verify, so a shard cannot serve a model the key holder did not publish.
 
         Raises
         ------
@@ -53,6 +59,14 @@ class ParameterClient:
                     values = np.frombuffer(block.values, dtype="<f4")
                     if values.size != layout.values_per_block:
                         raise InvalidArgumentError(f"{sid} sent block {block.block} of bad size")
+                    if verify_key is not None and not verify_block(
+                        verify_key,
+                        model_block_digest(block.version, block.block, block.values),
+                        block.signature,
+                    ):
+                        raise InvalidArgumentError(
+                            f"{sid} served block {block.block} without a valid key-holder signature"
+                        )
                     blocks[block.block] = values.astype(np.float64)
                     versions.add(block.version)
         if len(versions) > 1:

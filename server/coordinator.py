@@ -128,6 +128,7 @@ class Coordinator:
         self.finished = False
         self.last_checkpoint = 0.0
         self._open: _OpenRound | None = None
+        self._keyholder_key: bytes | None = None  # verifies published blocks
         self._rng = random.Random(self._training.seed)
         self.evaluator = Evaluator(self._training)
         self._vector: np.ndarray = self.evaluator.initial_vector()
@@ -304,9 +305,11 @@ class Coordinator:
             self._initialize(force=False)
         else:
             self._initialize(force=True)
-        self._context_id = self._retry(
+        context = self._retry(
             lambda: self._keyholder.GetPublicContext(common_pb2.Empty()), "public context"
-        ).context_id
+        )
+        self._context_id = context.context_id
+        self._keyholder_key = bytes(context.signing_key)
 
     def _initialize(self, *, force: bool) -> None:
         layout = self.layout
@@ -414,9 +417,7 @@ class Coordinator:
         if not record.abandoned and (
             round_ % self._training.eval_every == 0 or round_ == self._training.rounds
         ):
-            self._vector, _ = self._retry(
-                lambda: self._params.pull(self.layout, self.version), "pull model"
-            )
+            self._vector, _ = self._retry(self._pull_model, "pull model")
             record.accuracy, record.loss = self.evaluator.evaluate(self._vector)
         record.max_epsilon = self.max_epsilon[0]
         record.bytes_pushed = self.bytes_pushed - bytes_before
@@ -446,6 +447,10 @@ class Coordinator:
         )
         return reply
 
+    def _pull_model(self) -> tuple[np.ndarray, int]:
+        """The published model, every block's key-holder signature checked."""
+        return self._params.pull(self.layout, self.version, verify_key=self._keyholder_key)
+
     def _close_on_shards(self, round_: int, cohort: frozenset[str]) -> set[str]:
         accepted = set(cohort)
         for sid, stub in self._params.stubs.items():
@@ -467,7 +472,7 @@ class Coordinator:
     def _checkpoint(self) -> None:
         if self.version and self.history and self.history[-1].accuracy < 0:
             try:
-                self._vector, _ = call(lambda: self._params.pull(self.layout), "pull model")
+                self._vector, _ = call(self._pull_model, "pull model")
             except FedPSError as exc:
                 _log.warning("checkpoint without a fresh model: %s", exc)
         meta = {

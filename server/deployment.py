@@ -20,6 +20,7 @@ import grpc
 
 from fedps.config import FedPSConfig
 from fedps.errors import PeerUnavailableError
+from fedps.transport import create_channel
 
 __all__ = ["Deployment", "free_port", "write_config"]
 
@@ -96,7 +97,7 @@ class Deployment:
         """Block until every address accepts a gRPC connection."""
         until = time.time() + timeout_s
         for address in addresses:
-            with grpc.insecure_channel(address) as channel:
+            with create_channel(address) as channel:
                 while True:
                     self.check_alive()
                     try:

@@ -21,6 +21,7 @@ import numpy as np
 
 from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, SecretContext, unpack_block
 from crypto.release import decryption_error_bound, flood_and_round, released_std
+from crypto.signing import BlockSigner, model_block_digest
 from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError, NotReadyError, PolicyError
 from fedps.hash_ring import HashRing
@@ -97,6 +98,8 @@ class KeyHolder:
         self.flood_bits = flood_bits
         self.audit_blocks = audit_blocks
         self._audit_key = _load_or_create_secret(state_dir / "keys" / "audit.key")
+        self.signer = BlockSigner.load_or_create(state_dir / "keys" / "signing.key")
+        (state_dir / "keys" / "signing.pub").write_text(self.signer.public_key.hex() + "\n")
         self._audits: dict[int, dict[str, dict[int, AuditChunk]]] = {}
         if not encrypted:
             _log.warning("encryption is OFF: updates travel and are summed in plaintext")
@@ -291,8 +294,11 @@ class KeyHolder:
         per_shard: dict[str, list[common_pb2.ParameterBlock]] = {s: [] for s in self._stubs}
         for b in range(layout.num_blocks):
             values = layout.block_of(self.params, b).astype("<f4").tobytes()
+            signature = self.signer.sign(model_block_digest(self.version, b, values))
             per_shard[self._ring.owner(b)].append(
-                common_pb2.ParameterBlock(block=b, version=self.version, values=values)
+                common_pb2.ParameterBlock(
+                    block=b, version=self.version, values=values, signature=signature
+                )
             )
         for sid, blocks in per_shard.items():
             messages = [

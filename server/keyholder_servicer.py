@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 
-from crypto import PLAINTEXT_CONTEXT_ID
+from crypto.signing import context_digest
 from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc
@@ -28,10 +28,14 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
     def GetPublicContext(  # noqa: N802 (gRPC method name)
         self, request: common_pb2.Empty, context: grpc.ServicerContext
     ) -> keyholder_pb2.PublicContextReply:
-        if not self.keyholder.encrypted:
-            return keyholder_pb2.PublicContextReply(context=b"", context_id=PLAINTEXT_CONTEXT_ID)
+        context_bytes = self._context if self.keyholder.encrypted else b""
+        context_id = self.keyholder.context_id
+        signer = self.keyholder.signer
         return keyholder_pb2.PublicContextReply(
-            context=self._context, context_id=self.keyholder.context_id
+            context=context_bytes,
+            context_id=context_id,
+            signing_key=signer.public_key,
+            signature=signer.sign(context_digest(context_bytes, context_id)),
         )
 
     def InitializeModel(  # noqa: N802

@@ -116,6 +116,7 @@ class Shard:
         self._max_messages = max_messages_per_round
         self._lock = threading.Lock()
         self._values: dict[int, np.ndarray] = {}
+        self._signatures: dict[int, bytes] = {}
         self._owned: list[int] = []
         self._num_blocks = 0
         self._values_per_block = 0
@@ -127,7 +128,12 @@ class Shard:
 
     # ------------------------------------------------------------------ model blocks
     def publish(
-        self, version: int, num_blocks: int, values_per_block: int, blocks: dict[int, np.ndarray]
+        self,
+        version: int,
+        num_blocks: int,
+        values_per_block: int,
+        blocks: dict[int, np.ndarray],
+        signatures: dict[int, bytes] | None = None,
     ) -> int:
         """Install version ``version`` of every block this shard owns."""
         owned = self._ring_owned(num_blocks)
@@ -144,6 +150,7 @@ class Shard:
             self._num_blocks, self._values_per_block = num_blocks, values_per_block
             self._owned = owned
             self._values = {b: v.astype("<f4") for b, v in blocks.items()}
+            self._signatures = dict(signatures or {})
             self.version = version
             self._published = True
         _log.info("%s published version %d (%d blocks)", self.shard_id, version, len(owned))
@@ -159,6 +166,10 @@ class Shard:
                     f"{self.shard_id} is at version {self.version}, not {min_version} yet"
                 )
             return self.version, {b: v.tobytes() for b, v in self._values.items()}
+
+    def signature_of(self, block: int) -> bytes:
+        """The key holder's signature of the published block (empty if none)."""
+        return self._signatures.get(block, b"")
 
     def _ring_owned(self, num_blocks: int) -> list[int]:
         return [b for b in range(num_blocks) if self._ring.owner(b) == self.shard_id]
@@ -331,6 +342,7 @@ class Shard:
             state.closed = True
             state.sums.clear()
             state.manifest.clear()
+            state.updates.clear()
 
     def aggregates(self, round_: int) -> tuple[list[Aggregate], list[SignedUpdate]]:
         """The closed round's sums, manifests and signed updates, for the key holder."""

@@ -66,7 +66,10 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         for batch in batched(items, lambda item: len(item[1])):
             yield shard_pb2.PullReply(
                 blocks=[
-                    common_pb2.ParameterBlock(block=b, version=version, values=v) for b, v in batch
+                    common_pb2.ParameterBlock(
+                        block=b, version=version, values=v, signature=self.shard.signature_of(b)
+                    )
+                    for b, v in batch
                 ]
             )
 
@@ -124,6 +127,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     ) -> shard_pb2.PublishReply:
         with rpc_errors(context):
             blocks: dict[int, np.ndarray] = {}
+            signatures: dict[int, bytes] = {}
             header: tuple[int, int, int] | None = None
             for message in request_iterator:
                 this = (message.version, message.num_blocks, message.values_per_block)
@@ -132,9 +136,10 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 header = this
                 for block in message.blocks:
                     blocks[block.block] = np.frombuffer(block.values, dtype="<f4")
+                    signatures[block.block] = block.signature
             if header is None:
                 raise InvalidArgumentError("empty publish")
-            count = self.shard.publish(header[0], header[1], header[2], blocks)
+            count = self.shard.publish(header[0], header[1], header[2], blocks, signatures)
         return shard_pb2.PublishReply(blocks=count)
 
     def GetStatus(  # noqa: N802

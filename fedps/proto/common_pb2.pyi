@@ -27,20 +27,24 @@ class ParameterBlock(_message.Message):
     BLOCK_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     VALUES_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
     block: _builtins.int
     version: _builtins.int
     values: _builtins.bytes
     """little-endian float32, N values (the last block zero-padded)"""
+    signature: _builtins.bytes
+    """the key holder's Ed25519 signature (crypto.signing.model_block_digest)"""
     def __init__(
         self,
         *,
         block: _builtins.int = ...,
         version: _builtins.int = ...,
         values: _builtins.bytes = ...,
+        signature: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "values", b"values", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "signature", b"signature", "values", b"values", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

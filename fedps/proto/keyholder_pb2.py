@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from fedps.proto import common_pb2 as fedps_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x65\x64ps/proto/keyholder.proto\x12\x0b\x66\x65\x64ps.proto\x1a\x18\x66\x65\x64ps/proto/common.proto\"4\n\x10\x41uditPlanRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x11\n\tclient_id\x18\x02 \x01(\t\"+\n\tAuditPlan\x12\x0e\n\x06\x62locks\x18\x01 \x03(\r\x12\x0e\n\x06\x63hunks\x18\x02 \x03(\r\"O\n\nAuditChunk\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\r\n\x05\x63hunk\x18\x02 \x01(\r\x12\x14\n\x0c\x63oefficients\x18\x03 \x01(\x0c\x12\r\n\x05proof\x18\x04 \x03(\x0c\"\\\n\x0f\x41uditSubmission\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\'\n\x06\x63hunks\x18\x03 \x03(\x0b\x32\x17.fedps.proto.AuditChunk\"9\n\x12PublicContextReply\x12\x0f\n\x07\x63ontext\x18\x01 \x01(\x0c\x12\x12\n\ncontext_id\x18\x02 \x01(\t\"t\n\x11InitializeRequest\x12\x12\n\nnum_params\x18\x01 \x01(\x04\x12+\n\x06\x62locks\x18\x02 \x03(\x0b\x32\x1b.fedps.proto.ParameterBlock\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\x12\x0f\n\x07version\x18\x04 \x01(\x04\"Z\n\nModelState\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x12\n\nnum_params\x18\x02 \x01(\x04\x12\x13\n\x0binitialized\x18\x03 \x01(\x08\x12\x12\n\nlast_round\x18\x04 \x01(\x04\"o\n\x11\x41pplyRoundRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12*\n\x07members\x18\x04 \x03(\x0b\x32\x19.fedps.proto.CohortMember\"g\n\x0f\x41pplyRoundReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x18\n\x10min_contributors\x18\x02 \x01(\r\x12\x14\n\x0ctotal_weight\x18\x03 \x01(\x01\x12\x13\n\x0bupdate_norm\x18\x04 \x01(\x01\x32\xb4\x03\n\tKeyHolder\x12G\n\x10GetPublicContext\x12\x12.fedps.proto.Empty\x1a\x1f.fedps.proto.PublicContextReply\x12L\n\x0fInitializeModel\x12\x1e.fedps.proto.InitializeRequest\x1a\x17.fedps.proto.ModelState(\x01\x12J\n\nApplyRound\x12\x1e.fedps.proto.ApplyRoundRequest\x1a\x1c.fedps.proto.ApplyRoundReply\x12<\n\rGetModelState\x12\x12.fedps.proto.Empty\x1a\x17.fedps.proto.ModelState\x12\x45\n\x0cGetAuditPlan\x12\x1d.fedps.proto.AuditPlanRequest\x1a\x16.fedps.proto.AuditPlan\x12?\n\x0bSubmitAudit\x12\x1c.fedps.proto.AuditSubmission\x1a\x12.fedps.proto.Emptyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x65\x64ps/proto/keyholder.proto\x12\x0b\x66\x65\x64ps.proto\x1a\x18\x66\x65\x64ps/proto/common.proto\"4\n\x10\x41uditPlanRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x11\n\tclient_id\x18\x02 \x01(\t\"+\n\tAuditPlan\x12\x0e\n\x06\x62locks\x18\x01 \x03(\r\x12\x0e\n\x06\x63hunks\x18\x02 \x03(\r\"O\n\nAuditChunk\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\r\n\x05\x63hunk\x18\x02 \x01(\r\x12\x14\n\x0c\x63oefficients\x18\x03 \x01(\x0c\x12\r\n\x05proof\x18\x04 \x03(\x0c\"\\\n\x0f\x41uditSubmission\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\'\n\x06\x63hunks\x18\x03 \x03(\x0b\x32\x17.fedps.proto.AuditChunk\"a\n\x12PublicContextReply\x12\x0f\n\x07\x63ontext\x18\x01 \x01(\x0c\x12\x12\n\ncontext_id\x18\x02 \x01(\t\x12\x13\n\x0bsigning_key\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"t\n\x11InitializeRequest\x12\x12\n\nnum_params\x18\x01 \x01(\x04\x12+\n\x06\x62locks\x18\x02 \x03(\x0b\x32\x1b.fedps.proto.ParameterBlock\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\x12\x0f\n\x07version\x18\x04 \x01(\x04\"Z\n\nModelState\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x12\n\nnum_params\x18\x02 \x01(\x04\x12\x13\n\x0binitialized\x18\x03 \x01(\x08\x12\x12\n\nlast_round\x18\x04 \x01(\x04\"o\n\x11\x41pplyRoundRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12*\n\x07members\x18\x04 \x03(\x0b\x32\x19.fedps.proto.CohortMember\"g\n\x0f\x41pplyRoundReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x18\n\x10min_contributors\x18\x02 \x01(\r\x12\x14\n\x0ctotal_weight\x18\x03 \x01(\x01\x12\x13\n\x0bupdate_norm\x18\x04 \x01(\x01\x32\xb4\x03\n\tKeyHolder\x12G\n\x10GetPublicContext\x12\x12.fedps.proto.Empty\x1a\x1f.fedps.proto.PublicContextReply\x12L\n\x0fInitializeModel\x12\x1e.fedps.proto.InitializeRequest\x1a\x17.fedps.proto.ModelState(\x01\x12J\n\nApplyRound\x12\x1e.fedps.proto.ApplyRoundRequest\x1a\x1c.fedps.proto.ApplyRoundReply\x12<\n\rGetModelState\x12\x12.fedps.proto.Empty\x1a\x17.fedps.proto.ModelState\x12\x45\n\x0cGetAuditPlan\x12\x1d.fedps.proto.AuditPlanRequest\x1a\x16.fedps.proto.AuditPlan\x12?\n\x0bSubmitAudit\x12\x1c.fedps.proto.AuditSubmission\x1a\x12.fedps.proto.Emptyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,15 +41,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AUDITSUBMISSION']._serialized_start=250
   _globals['_AUDITSUBMISSION']._serialized_end=342
   _globals['_PUBLICCONTEXTREPLY']._serialized_start=344
-  _globals['_PUBLICCONTEXTREPLY']._serialized_end=401
-  _globals['_INITIALIZEREQUEST']._serialized_start=403
-  _globals['_INITIALIZEREQUEST']._serialized_end=519
-  _globals['_MODELSTATE']._serialized_start=521
-  _globals['_MODELSTATE']._serialized_end=611
-  _globals['_APPLYROUNDREQUEST']._serialized_start=613
-  _globals['_APPLYROUNDREQUEST']._serialized_end=724
-  _globals['_APPLYROUNDREPLY']._serialized_start=726
-  _globals['_APPLYROUNDREPLY']._serialized_end=829
-  _globals['_KEYHOLDER']._serialized_start=832
-  _globals['_KEYHOLDER']._serialized_end=1268
+  _globals['_PUBLICCONTEXTREPLY']._serialized_end=441
+  _globals['_INITIALIZEREQUEST']._serialized_start=443
+  _globals['_INITIALIZEREQUEST']._serialized_end=559
+  _globals['_MODELSTATE']._serialized_start=561
+  _globals['_MODELSTATE']._serialized_end=651
+  _globals['_APPLYROUNDREQUEST']._serialized_start=653
+  _globals['_APPLYROUNDREQUEST']._serialized_end=764
+  _globals['_APPLYROUNDREPLY']._serialized_start=766
+  _globals['_APPLYROUNDREPLY']._serialized_end=869
+  _globals['_KEYHOLDER']._serialized_start=872
+  _globals['_KEYHOLDER']._serialized_end=1308
 # @@protoc_insertion_point(module_scope)

@@ -131,17 +131,25 @@ class PublicContextReply(_message.Message):
 
     CONTEXT_FIELD_NUMBER: _builtins.int
     CONTEXT_ID_FIELD_NUMBER: _builtins.int
+    SIGNING_KEY_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
     context: _builtins.bytes
     context_id: _builtins.str
+    signing_key: _builtins.bytes
+    """the key holder's Ed25519 public key (pin it)"""
+    signature: _builtins.bytes
+    """over crypto.signing.context_digest(context, context_id)"""
     def __init__(
         self,
         *,
         context: _builtins.bytes = ...,
         context_id: _builtins.str = ...,
+        signing_key: _builtins.bytes = ...,
+        signature: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "context_id", b"context_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "context_id", b"context_id", "signature", b"signature", "signing_key", b"signing_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

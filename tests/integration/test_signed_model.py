@@ -1,0 +1,53 @@
+"""The key holder signs its public context and every published block; clients check both."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from clients.edge_client import EdgeClient
+from fedps.errors import InvalidArgumentError
+from fedps.parameter_client import ParameterClient
+from tests.conftest import Cluster
+
+pytestmark = pytest.mark.integration
+
+
+def _wait_published(cluster: Cluster) -> None:
+
+    until = time.time() + 30
+    while (
+        time.time() < until and cluster.shards[0].version == 0 and not cluster.shards[0]._published
+    ):
+        time.sleep(0.05)
+
+
+def test_pull_verifies_every_block_signature(cluster: Cluster) -> None:
+    # Prepare: the coordinator has initialised and published version 0
+    _wait_published(cluster)
+    kh = cluster.keyholder
+    layout = kh.layout
+    shards = dict(zip(cluster.config.cluster.shard_ids, cluster.config.cluster.shards, strict=True))
+    client = ParameterClient(shards)
+    # Execute: an honest pull verifies
+    vector, _ = client.pull(layout, verify_key=kh.signer.public_key)
+    np.testing.assert_allclose(vector, kh.params, atol=1e-6)
+    # A shard that alters a block it serves is caught
+    shard = next(s for s in cluster.shards if s.owned_blocks)
+    block = shard.owned_blocks[0]
+    shard._values[block] = shard._values[block] + np.float32(0.5)
+    with pytest.raises(InvalidArgumentError, match="signature"):
+        client.pull(layout, verify_key=kh.signer.public_key)
+    client.close()
+
+
+def test_client_refuses_a_key_holder_that_is_not_the_pinned_one(cluster: Cluster) -> None:
+    # Prepare: pin some other key
+    security = cluster.config.security.model_copy(update={"keyholder_key": "ab" * 32})
+    config = cluster.config.model_copy(update={"security": security})
+    client = EdgeClient(config, index=0)
+    # Execute / Assert
+    with pytest.raises(InvalidArgumentError, match="pinned"):
+        client.run(timeout_s=30)
