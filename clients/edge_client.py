@@ -137,12 +137,8 @@ class EdgeClient:
         keyholder = keyholder_pb2_grpc.KeyHolderStub(create_channel(reply.keyholder))
         self._keyholder = keyholder
         self.run_id = reply.run_id
-        ctx = self._retry(
-            lambda: keyholder.GetPublicContext(common_pb2.Empty()), "public context", timeout_s
-        )
-        self._keyholder_key = self._check_keyholder(ctx)
-        self._context_id = ctx.context_id
-        self._encryptor = self._make_encryptor(ctx.context, ctx.context_id)
+        self._keyholder_key = b""
+        self._fetch_context(timeout_s)
         self._ring = HashRing(sorted(shards), virtual_nodes=reply.virtual_nodes)
         self._layout = BlockLayout(self.num_params, self._values_per_block)
         self._params = ParameterClient(shards)
@@ -178,6 +174,23 @@ class EdgeClient:
             self.config.privacy.delta,
             self.bytes_pushed,
         )
+
+    def _fetch_context(self, timeout_s: float = 60.0) -> None:
+        """Fetch, verify and adopt the key holder's current public context."""
+        ctx = self._retry(
+            lambda: self._keyholder.GetPublicContext(common_pb2.Empty()),
+            "public context",
+            timeout_s,
+        )
+        key = self._check_keyholder(ctx)
+        if self._keyholder_key and key != self._keyholder_key:
+            raise InvalidArgumentError("the key holder's signing key changed during the run")
+        self._keyholder_key = key
+        self._context_id = ctx.context_id
+        old = getattr(self, "_encryptor", None)
+        if isinstance(old, BlockEncryptor):
+            old.close()
+        self._encryptor = self._make_encryptor(ctx.context, ctx.context_id)
 
     def _check_keyholder(self, ctx: keyholder_pb2.PublicContextReply) -> bytes:
         """Verify the key holder's signature on its public context, against the pinned key."""
@@ -234,6 +247,8 @@ class EdgeClient:
 
     def _train(self, task: coordinator_pb2.Task) -> bool:
         """Train and push one round; returns False when the privacy budget is spent."""
+        if task.context_id and task.context_id != self._context_id:
+            self._fetch_context()  # the key holder rotated its keys
         if not self.trainer.can_train_round():
             _log.info("%s: privacy budget spent (epsilon %.3f)", self.name, self.trainer.epsilon())
             self._report(task.round, 0, budget_exhausted=True)

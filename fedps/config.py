@@ -168,6 +168,9 @@ class SecurityConfig(_Section):
     audit_blocks: int = Field(
         16, ge=1, description="blocks per round whose aggregate is checked against clients"
     )
+    rotate_every_rounds: int = Field(
+        0, ge=0, description="generate a new CKKS key pair every N applied rounds (0: never)"
+    )
     keyholder_key: str = Field(
         "",
         pattern=r"^([0-9a-f]{64})?$",

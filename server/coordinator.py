@@ -77,6 +77,7 @@ class Task:
     deadline_unix: float = 0.0
     retry_after: float = _WAIT_S
     weight_scale: float = 1.0
+    context_id: str = ""
 
 
 @dataclass
@@ -211,6 +212,7 @@ class Coordinator:
                     current.version,
                     current.deadline,
                     weight_scale=float(scale),
+                    context_id=self._context_id,
                 )
             return Task("wait")
 
@@ -367,6 +369,9 @@ class Coordinator:
 
     def _run_round(self, round_: int, cohort: frozenset[str]) -> None:
         started = time.time()
+        self._context_id = self._retry(
+            lambda: self._keyholder.GetPublicContext(common_pb2.Empty()), "public context"
+        ).context_id  # it changes when the key holder rotates keys
         bytes_before = self.bytes_pushed
         version = self.version
         for sid, stub in self._params.stubs.items():

@@ -66,6 +66,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             deadline_unix=task.deadline_unix,
             retry_after=task.retry_after,
             weight_scale=task.weight_scale,
+            context_id=task.context_id,
         )
 
     def ReportUpdate(  # noqa: N802

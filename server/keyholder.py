@@ -81,6 +81,7 @@ class KeyHolder:
         max_abs_value: float = 1.0,
         flood_bits: int = 4,
         audit_blocks: int = 16,
+        rotate_every_rounds: int = 0,
     ) -> None:
         if min_cohort < 1:
             raise InvalidArgumentError("min_cohort must be at least 1")
@@ -97,6 +98,8 @@ class KeyHolder:
         self.max_abs_value = max_abs_value
         self.flood_bits = flood_bits
         self.audit_blocks = audit_blocks
+        self.rotate_every_rounds = rotate_every_rounds
+        self._params_config = params
         self._audit_key = _load_or_create_secret(state_dir / "keys" / "audit.key")
         self.signer = BlockSigner.load_or_create(state_dir / "keys" / "signing.key")
         (state_dir / "keys" / "signing.pub").write_text(self.signer.public_key.hex() + "\n")
@@ -202,6 +205,8 @@ class KeyHolder:
             )
             self._released[round_] = result
             self._audits.pop(round_, None)
+            if self.rotate_every_rounds and round_ % self.rotate_every_rounds == 0:
+                self._rotate_keys()
             self._save_state()
             self._publish()
             _log.info(
@@ -211,6 +216,13 @@ class KeyHolder:
                 self.version,
             )
             return result
+
+    def _rotate_keys(self) -> None:
+        """Replace the key pair: later rounds encrypt under a new context, old keys are gone."""
+        keys = SecretContext.generate(self._params_config)
+        keys.save(self._dir / "keys")
+        self.keys = keys
+        _log.info("rotated the CKKS keys; new context %s", keys.public.context_id[:12])
 
     def _fetch(self, round_: int) -> list[shard_pb2.FetchAggregateReply]:
         replies: list[shard_pb2.FetchAggregateReply] = []

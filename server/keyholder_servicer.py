@@ -23,12 +23,11 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
 
     def __init__(self, keyholder: KeyHolder) -> None:
         self.keyholder = keyholder
-        self._context = keyholder.keys.public.serialize()
 
     def GetPublicContext(  # noqa: N802 (gRPC method name)
         self, request: common_pb2.Empty, context: grpc.ServicerContext
     ) -> keyholder_pb2.PublicContextReply:
-        context_bytes = self._context if self.keyholder.encrypted else b""
+        context_bytes = self.keyholder.keys.public.serialize() if self.keyholder.encrypted else b""
         context_id = self.keyholder.context_id
         signer = self.keyholder.signer
         return keyholder_pb2.PublicContextReply(

@@ -59,6 +59,7 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
         max_abs_value=config.he.max_abs_value,
         flood_bits=config.security.flood_bits,
         audit_blocks=config.security.audit_blocks,
+        rotate_every_rounds=config.security.rotate_every_rounds,
     )
     keyholder_pb2_grpc.add_KeyHolderServicer_to_server(KeyHolderServicer(keyholder), server)
     return keyholder

@@ -160,6 +160,7 @@ class Task(_message.Message):
     DEADLINE_UNIX_FIELD_NUMBER: _builtins.int
     RETRY_AFTER_FIELD_NUMBER: _builtins.int
     WEIGHT_SCALE_FIELD_NUMBER: _builtins.int
+    CONTEXT_ID_FIELD_NUMBER: _builtins.int
     kind: Global___Task.Kind.ValueType
     round: _builtins.int
     version: _builtins.int
@@ -170,6 +171,8 @@ class Task(_message.Message):
     """Largest num_examples in the cohort: a client's aggregation weight is
     num_examples / weight_scale, in (0, 1], so weighted updates stay within he.max_abs_value.
     """
+    context_id: _builtins.str
+    """The key generation to encrypt under (it changes when the key holder rotates keys)."""
     def __init__(
         self,
         *,
@@ -179,10 +182,11 @@ class Task(_message.Message):
         deadline_unix: _builtins.float = ...,
         retry_after: _builtins.float = ...,
         weight_scale: _builtins.float = ...,
+        context_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline_unix", b"deadline_unix", "kind", b"kind", "retry_after", b"retry_after", "round", b"round", "version", b"version", "weight_scale", b"weight_scale"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "deadline_unix", b"deadline_unix", "kind", b"kind", "retry_after", b"retry_after", "round", b"round", "version", b"version", "weight_scale", b"weight_scale"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

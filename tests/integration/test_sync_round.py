@@ -87,3 +87,31 @@ def test_client_refuses_a_downgrade_to_plaintext(tmp_path: Path) -> None:
             client.run(timeout_s=30)
     finally:
         cluster.stop()
+
+
+def test_key_rotation_every_round_keeps_training_exact(tmp_path: Path) -> None:
+    """With a new key pair after every round, clients follow the new context and the applied
+    model still equals the plaintext FedAvg of what they sent."""
+    # Prepare
+    cluster = start_cluster(
+        tmp_path,
+        training={"rounds": 2, "clients": 2, "min_quorum": 2},
+        security={"rotate_every_rounds": 1},
+    )
+    try:
+        first_context = cluster.keyholder.keys.public.context_id
+        clients = [RecordingClient(cluster.config, index=i) for i in range(2)]
+        initial = cluster.coordinator.evaluator.initial_vector()
+        # Execute
+        run_clients(clients)
+        # Assert
+        assert cluster.keyholder.keys.public.context_id != first_context
+        expected = initial.copy()
+        for round_ in (1, 2):
+            sent = [c.sent[round_] for c in clients]
+            expected = expected + sum(w * d for w, d in sent) / sum(w for w, _ in sent)
+        applied = cluster.keyholder.params
+        assert applied is not None
+        assert np.linalg.norm(applied - expected) / np.linalg.norm(expected) < 1e-4
+    finally:
+        cluster.stop()
