@@ -167,6 +167,8 @@ class EdgeClient:
                     time.sleep(max(0.05, task.retry_after))
         finally:
             self._params.close()
+            if isinstance(self._encryptor, BlockEncryptor):
+                self._encryptor.close()
         return ClientSummary(
             self.client_id,
             self.rounds_trained,
@@ -270,8 +272,8 @@ class EdgeClient:
         self.rounds_trained += 1
         self._report(task.round, pushed, budget_exhausted=False)
         if isinstance(self._encryptor, BlockEncryptor):
-            # Offline half of encryption, while we wait for the next round.
-            self._encryptor.precompute(self._layout.num_blocks)
+            # Offline half of encryption, at low priority while we wait for the next round.
+            self._encryptor.precompute_in_background(self._layout.num_blocks)
         return True
 
     def push(self, round_: int, version: int, delta: np.ndarray) -> int:

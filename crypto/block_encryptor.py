@@ -18,8 +18,9 @@ form before decrypting. The shard adds blocks as integer arrays modulo q either 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 
 import numpy as np
 
@@ -41,6 +42,11 @@ def num_blocks(num_values: int, values_per_block: int) -> int:
 def _init_worker(context: bytes) -> None:
     global _worker_context
     _worker_context = PublicContext.from_bytes(context)
+
+
+def _init_background_worker(context: bytes) -> None:
+    os.nice(10)  # yield the cores to training; draw zeros with what is left over
+    _init_worker(context)
 
 
 def _zeros_in_worker(count: int) -> np.ndarray:
@@ -69,6 +75,8 @@ class BlockEncryptor:
         self._pooled = 0
         self._lock = threading.Lock()
         self._executor: ProcessPoolExecutor | None = None
+        self._background: ProcessPoolExecutor | None = None
+        self._pending: Future[np.ndarray] | None = None
 
     @property
     def pooled(self) -> int:
@@ -84,6 +92,34 @@ class BlockEncryptor:
         with self._lock:
             self._pool.append(fresh)
             self._pooled += len(fresh)
+
+    def precompute_in_background(self, blocks: int) -> None:
+        """Start drawing zeros for ``blocks`` blocks in a low-priority process; returns at once.
+
+        The next :meth:`encrypt` collects them (waiting only if they are not ready yet), so
+        the offline half of encryption overlaps with waiting and training instead of adding
+        to a round.
+        """
+        self._collect_background()
+        missing = blocks - self._pooled
+        if missing <= 0:
+            return
+        if self._background is None:
+            self._background = ProcessPoolExecutor(
+                1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_background_worker,
+                initargs=(self.public.serialize(),),
+            )
+        self._pending = self._background.submit(_zeros_in_worker, missing)
+
+    def _collect_background(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            fresh = pending.result()
+            with self._lock:
+                self._pool.append(fresh)
+                self._pooled += len(fresh)
 
     def _draw(self, count: int) -> np.ndarray:
         if self.workers == 1 or count < 2 * self.workers:
@@ -101,11 +137,14 @@ class BlockEncryptor:
 
     def close(self) -> None:
         """Stop the worker processes, if any."""
-        if self._executor is not None:
-            self._executor.shutdown()
-            self._executor = None
+        for executor in (self._executor, self._background):
+            if executor is not None:
+                executor.shutdown(cancel_futures=True)
+        self._executor = self._background = None
+        self._pending = None
 
     def _take_zeros(self, count: int) -> np.ndarray:
+        self._collect_background()
         self.precompute(count)
         with self._lock:
             stacked = np.concatenate(self._pool) if len(self._pool) > 1 else self._pool[0]

@@ -53,11 +53,23 @@ class CkksEncoder:
         self._slot_pos = (powers - 1) // 2  # odd power 2l+1 = 3^j (SEAL uses generator 3)
         self._conj_pos = (2 * n - powers - 1) // 2  # its conjugate, -3^j mod 2N
         t = np.arange(n)
-        self._untwist = np.exp(-1j * np.pi * t / n)  # zeta^-t
-        self._twist = np.exp(1j * np.pi * t / n)  # zeta^t
+        self._twist = np.exp(1j * np.pi * t / n)  # zeta^t, for decode
+        # Half-length encoding: slot j lands at l with 4l+1 = +-3^j (mod 2N).
+        positive = powers % 4 == 1
+        target = np.where(positive, (powers - 1) // 4, (2 * n - powers - 1) // 4)
+        self._gather = np.empty(half, dtype=np.int64)
+        self._gather[target] = np.arange(half)
+        self._conj_sign = np.where(positive, 1.0, -1.0)[self._gather]
+        self._half_untwist = np.exp(-1j * np.pi * np.arange(half) / n)  # zeta^-t, t < N/2
 
     def encode(self, values: np.ndarray) -> np.ndarray:
         """Encode a (B, N) float array into (B, N) uint64 coefficients modulo q.
+
+        Uses the half-length transform for real negacyclic polynomials: with
+        ``psi_l = zeta^(4l+1)`` and ``M = N/2``, ``m(psi_l) = sum_t a_t e^(2 pi i l t / M)`` where
+        ``a_t = (m_t + i m_(t+M)) zeta^t``. Each slot's power ``3^j`` is either some ``4l+1``
+        (the slot value goes to ``l``) or its negative (the conjugate goes to ``l``), so one
+        length-M FFT of the gathered slots gives ``a``, and untwisting gives ``m``.
 
         Raises
         ------
@@ -73,14 +85,20 @@ class CkksEncoder:
         limit = 2.0**_MAX_COEFF_BITS / self.scale / self.n
         if values.size and float(np.abs(values).max()) > limit:
             raise InvalidArgumentError(f"values must be below {limit:g} in magnitude to encode")
-        slots = (values[:, :half] + 1j * values[:, half:]) * self.scale
-        spectrum = np.zeros((values.shape[0], self.n), dtype=np.complex128)
-        spectrum[:, self._slot_pos] = slots
-        spectrum[:, self._conj_pos] = np.conj(slots)
-        coeffs = np.rint((np.fft.fft(spectrum, axis=1) / self.n * self._untwist).real)
-        signed = coeffs.astype(np.int64)
-        out: np.ndarray = np.where(signed < 0, signed + self.modulus, signed).astype(np.uint64)
-        return out
+        spectrum = np.empty((values.shape[0], half), dtype=np.complex128)
+        spectrum.real = values[:, self._gather]
+        spectrum.imag = values[:, half + self._gather]
+        spectrum.imag *= self._conj_sign
+        spectrum *= self.scale / half
+        folded = np.fft.fft(spectrum, axis=1)
+        folded *= self._half_untwist
+        out = np.empty((values.shape[0], self.n), dtype=np.int64)
+        np.rint(folded.real, out=folded.real)
+        np.rint(folded.imag, out=folded.imag)
+        out[:, :half] = folded.real
+        out[:, half:] = folded.imag
+        out[out < 0] += self.modulus
+        return out.view(np.uint64)
 
     def decode(self, coeffs: np.ndarray) -> np.ndarray:
         """Decode (B, N) coefficients modulo q (centred) back to (B, N) real values."""
