@@ -128,6 +128,10 @@ class EdgeClient:
         self.weight = 1.0  # num_examples / the round's weight_scale
         self._signer = BlockSigner()
         self._credential = b""
+        self._round = 0
+        t = config.training
+        slow = index < round(t.slow_fraction * t.clients)
+        self.slowdown = t.slow_factor if slow else 1.0
         self.run_id = ""
 
     def run(self, *, timeout_s: float = 3600.0) -> ClientSummary:
@@ -219,7 +223,7 @@ class EdgeClient:
             if params.enabled:
                 raise InvalidArgumentError("the key holder offers no encryption; refusing")
             _log.warning("%s: encryption is OFF (insecure baseline)", self.name)
-            self._values_per_block = CkksParams.from_config(params).values_per_block
+            self._values_per_block = CkksParams.for_config(self.config).values_per_block
             return PlainContext(self._values_per_block)
         public = PublicContext.from_bytes(context)
         if public.context_id != context_id:
@@ -266,11 +270,15 @@ class EdgeClient:
         if version != task.version:
             _log.info("%s: shards moved to version %d; skipping round", self.name, version)
             return True
+        started = time.perf_counter()
         delta = self.trainer.train_round(vector)
+        if self.slowdown > 1:  # simulated slow device
+            time.sleep((self.slowdown - 1) * (time.perf_counter() - started))
         self.weight = self.trainer.num_examples / max(task.weight_scale, 1.0)
+        self._round = task.round
         pushed = self.push(task.round, task.version, delta)
         self.rounds_trained += 1
-        self._report(task.round, pushed, budget_exhausted=False)
+        self._report(self._round, pushed, budget_exhausted=False)
         if isinstance(self._encryptor, BlockEncryptor):
             # Offline half of encryption, at low priority while we wait for the next round.
             self._encryptor.precompute_in_background(self._layout.num_blocks)
@@ -285,6 +293,45 @@ class EdgeClient:
         if not np.array_equal(clipped, weighted):
             _log.warning("%s: update clipped to +-%g for encryption", self.name, he.max_abs_value)
         encrypted, coefficients = self._encryptor.encrypt_with_coefficients(clipped)
+        by_shard: dict[str, list[shard_pb2.EncryptedBlock]] = {}
+        for block, data in encrypted.items():
+            owner = self._ring.owner(block)
+            by_shard.setdefault(owner, []).append(
+                shard_pb2.EncryptedBlock(block=block, ciphertext=data)
+            )
+        total = 0
+        attempts = 3 if self.config.training.mode == "async" else 1
+        for _ in range(attempts):
+            sent, refused = self._push_signed(round_, version, weight, coefficients, by_shard)
+            total += sent
+            by_shard = {sid: by_shard[sid] for sid in refused}
+            if not by_shard:
+                break
+            # Async: the buffer flushed while we pushed; the rest goes to the next buffer.
+            task = self._retry(
+                lambda: self._coordinator.GetTask(
+                    coordinator_pb2.TaskRequest(client_id=self.client_id),
+                    metadata=self._metadata(),
+                ),
+                "get task",
+                60.0,
+            )
+            if task.kind != coordinator_pb2.Task.TRAIN or task.round == round_:
+                break
+            round_ = self._round = task.round
+        self.bytes_pushed += total
+        return total
+
+    def _push_signed(
+        self,
+        round_: int,
+        version: int,
+        weight: float,
+        coefficients: np.ndarray,
+        by_shard: dict[str, list[shard_pb2.EncryptedBlock]],
+    ) -> tuple[int, list[str]]:
+        """Sign the update for ``round_``, send the audit chunks, push each shard's blocks;
+        returns bytes pushed and the shards that refused because the round had closed."""
         nonce, signature, roots = sign_update(
             self._signer,
             coefficients,
@@ -293,16 +340,12 @@ class EdgeClient:
             client_id=self.client_id,
             context_id=self._context_id,
             weight=weight,
+            version=version,
         )
         if isinstance(self._encryptor, BlockEncryptor):
             self._submit_audit(round_, coefficients)
-        by_shard: dict[str, list[shard_pb2.EncryptedBlock]] = {}
-        for block, data in encrypted.items():
-            owner = self._ring.owner(block)
-            by_shard.setdefault(owner, []).append(
-                shard_pb2.EncryptedBlock(block=block, ciphertext=data)
-            )
         total = 0
+        refused: list[str] = []
         for sid, blocks in by_shard.items():
             messages = [
                 shard_pb2.PushRequest(
@@ -323,10 +366,10 @@ class EdgeClient:
                 call(lambda: stub.PushBlocks(iter(messages)), f"push to {sid}")  # noqa: B023
             except RoundClosedError as exc:
                 _log.info("%s: push refused: %s", self.name, exc)
+                refused.append(sid)
                 continue
             total += sum(m.ByteSize() for m in messages)
-        self.bytes_pushed += total
-        return total
+        return total, refused
 
     def _submit_audit(self, round_: int, coefficients: np.ndarray) -> None:
         """Send the key holder the secretly planned chunks, so it can check the aggregate."""

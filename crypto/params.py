@@ -16,15 +16,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fedps.config import HEConfig
+from fedps.config import FedPSConfig, HEConfig
 from fedps.errors import ConfigError
 
-__all__ = ["MAX_COEFF_BITS_128", "NOISE_AT_N2048", "CkksParams"]
+__all__ = ["ASYNC_WEIGHT_BITS", "MAX_COEFF_BITS_128", "NOISE_AT_N2048", "CkksParams"]
 
 #: Largest total coefficient-modulus size (bits) for 128-bit security, by ring dimension.
 MAX_COEFF_BITS_128: dict[int, int] = {2048: 54, 4096: 109, 8192: 218, 16384: 438}
 
 _SEAL_MAX_PRIME_BITS = 60
+
+#: Bits of the integer staleness multipliers applied to ciphertexts in async mode.
+ASYNC_WEIGHT_BITS = 6
 
 #: Largest decoding error of one fresh public-key encryption at N=2048, in units of the
 #: scale (measured: 3.6e-5 * 2**30 ~ 38,650; docs/crypto.md), doubled as a safety margin.
@@ -69,7 +72,7 @@ class CkksParams:
 
     @classmethod
     def for_workload(
-        cls, *, max_clients: int, max_abs_value: float, precision: float
+        cls, *, max_clients: int, max_abs_value: float, precision: float, extra_bits: int = 0
     ) -> CkksParams:
         """The cheapest secure parameters for summing ``max_clients`` updates.
 
@@ -81,6 +84,7 @@ class CkksParams:
           ``scale_bits = ceil(log2(c * sqrt(K) / (precision * B)))``;
         - headroom: the sum ``K * B * scale`` must stay below ``q / 4``, so
           ``coeff_modulus_bits = scale_bits + ceil(log2(K * B)) + 2``;
+        - ``extra_bits`` more headroom for integer multipliers (staleness weights);
         - security: the smallest N whose 128-bit bound admits that modulus.
 
         Wire cost is ``coeff_modulus_bits / 4`` bytes per value, whatever N.
@@ -91,7 +95,7 @@ class CkksParams:
             noise = NOISE_AT_N2048 * math.sqrt(n / 2048) * math.sqrt(max_clients)
             scale_bits = max(10, math.ceil(math.log2(noise / (precision * max_abs_value))))
             headroom = max(0, math.ceil(math.log2(max_clients * max_abs_value)))
-            coeff_bits = max(20, scale_bits + 4, scale_bits + headroom + 2)
+            coeff_bits = max(20, scale_bits + 4, scale_bits + headroom + 2 + extra_bits)
             if coeff_bits <= min(MAX_COEFF_BITS_128[n], _SEAL_MAX_PRIME_BITS):
                 return cls(
                     poly_modulus_degree=n, coeff_modulus_bits=coeff_bits, scale_bits=scale_bits
@@ -102,7 +106,14 @@ class CkksParams:
         )
 
     @classmethod
-    def from_config(cls, he: HEConfig) -> CkksParams:
+    def for_config(cls, config: FedPSConfig) -> CkksParams:
+        """The run's parameters: ``[he]``, plus headroom for staleness multipliers in async
+        mode (integer weights of up to ``2**ASYNC_WEIGHT_BITS``)."""
+        extra = ASYNC_WEIGHT_BITS if config.training.mode == "async" else 0
+        return cls.from_config(config.he, extra_bits=extra)
+
+    @classmethod
+    def from_config(cls, he: HEConfig, *, extra_bits: int = 0) -> CkksParams:
         """Parameters fixed in the ``[he]`` section, or derived from its workload fields."""
         if he.poly_modulus_degree is not None:
             assert he.coeff_modulus_bits is not None and he.scale_bits is not None
@@ -112,7 +123,10 @@ class CkksParams:
                 scale_bits=he.scale_bits,
             )
         return cls.for_workload(
-            max_clients=he.max_clients, max_abs_value=he.max_abs_value, precision=he.precision
+            max_clients=he.max_clients,
+            max_abs_value=he.max_abs_value,
+            precision=he.precision,
+            extra_bits=extra_bits,
         )
 
     @property

@@ -91,12 +91,14 @@ def update_digest(
     weight: float,
     nonce: bytes,
     roots: list[bytes],
+    version: int = 0,
 ) -> bytes:
-    """The message a client signs for one round: every block's root, bound to its context."""
+    """The message a client signs for one round (or async buffer): every block's root, bound
+    to its context and to the model version it trained on (which sets its staleness)."""
     out = hashlib.sha256()
     for part in [_DOMAIN, run_id.encode(), client_id.encode(), context_id.encode(), nonce]:
         out.update(struct.pack("<I", len(part)) + part)
-    out.update(struct.pack("<QdI", round_, weight, len(roots)))
+    out.update(struct.pack("<QQdI", round_, version, weight, len(roots)))
     for root in roots:
         if len(root) != 32:
             raise InvalidArgumentError("a chunk root is 32 bytes")
@@ -152,6 +154,7 @@ def sign_update(
     client_id: str,
     context_id: str,
     weight: float,
+    version: int = 0,
 ) -> tuple[bytes, bytes, list[bytes]]:
     """Commit to every block of an update and sign; returns ``(nonce, signature, roots)``."""
     roots = [chunk_root(row) for row in coefficients]
@@ -164,6 +167,7 @@ def sign_update(
         weight=weight,
         nonce=nonce,
         roots=roots,
+        version=version,
     )
     return nonce, signer.sign(digest), roots
 

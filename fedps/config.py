@@ -91,9 +91,24 @@ class TrainingConfig(_Section):
     eval_every: int = Field(1, ge=1)
     checkpoint_every: int = Field(5, ge=1)
     seed: int = 0
+    # Asynchronous training (FedBuff): rounds count buffer flushes.
+    mode: Literal["sync", "async"] = "sync"
+    buffer_size: int = Field(3, ge=1, description="updates per flush (K)")
+    staleness: Literal["constant", "polynomial", "hinge"] = "polynomial"
+    staleness_a: float = Field(0.5, ge=0, description="polynomial exponent / hinge slope")
+    staleness_b: float = Field(4.0, ge=0, description="hinge: staleness without discount")
+    max_staleness: int = Field(8, ge=0, description="older updates are refused")
+    # Simulated heterogeneity: this fraction of clients is slow_factor times slower.
+    slow_fraction: float = Field(0.0, ge=0, le=1)
+    slow_factor: float = Field(1.0, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> TrainingConfig:
+        if self.mode == "async" and self.buffer_size < self.min_quorum:
+            raise ValueError(
+                f"buffer_size ({self.buffer_size}) is below min_quorum ({self.min_quorum}), "
+                "the smallest aggregate the key holder will decrypt"
+            )
         if self.min_quorum > self.clients:
             raise ValueError(f"min_quorum ({self.min_quorum}) exceeds clients ({self.clients})")
         if self.cohort_size and self.cohort_size < self.min_quorum:

@@ -46,6 +46,12 @@ class UnauthenticatedError(FedPSError):
     status = grpc.StatusCode.UNAUTHENTICATED
 
 
+class StaleUpdateError(FedPSError):
+    """An asynchronous update is older than the maximum staleness."""
+
+    status = grpc.StatusCode.FAILED_PRECONDITION
+
+
 class RateLimitedError(FedPSError):
     """A caller exceeded its per-round request budget."""
 

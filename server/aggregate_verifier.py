@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,7 @@ from crypto import PublicContext, unpack_block
 from crypto.signing import CHUNKS, update_digest, verify_block, verify_proof
 from fedps.errors import PolicyError
 from fedps.proto import common_pb2
+from server.staleness import multiplier
 
 __all__ = ["AggregateVerifier", "AuditChunk", "audit_plan"]
 
@@ -59,6 +61,9 @@ class AggregateVerifier:
         members: dict[str, bytes],
         min_cohort: int,
         max_clients: int,
+        version: int = 0,
+        staleness: Callable[[int], float] | None = None,
+        max_staleness: int = 0,
     ) -> None:
         self.run_id = run_id
         self.round = round_
@@ -66,6 +71,9 @@ class AggregateVerifier:
         self.members = members
         self.min_cohort = min_cohort
         self.max_clients = max_clients
+        self.version = version
+        self.staleness = staleness
+        self.max_staleness = max_staleness
         self.updates: dict[str, common_pb2.SignedUpdate] = {}
 
     def add_update(self, update: common_pb2.SignedUpdate) -> None:
@@ -81,6 +89,7 @@ class AggregateVerifier:
             weight=update.weight,
             nonce=update.nonce,
             roots=list(update.roots),
+            version=update.version,
         )
         if not verify_block(key, digest, update.signature):
             raise PolicyError(f"the signature of {update.client_id!r} does not verify")
@@ -89,8 +98,11 @@ class AggregateVerifier:
             raise PolicyError(f"two different updates of {update.client_id!r} in one round")
         self.updates[update.client_id] = update
 
-    def check_manifest(self, agg: common_pb2.AggregateBlock) -> dict[str, float]:
-        """Check one block's manifest; returns ``{client: weight}``."""
+    def check_manifest(
+        self, agg: common_pb2.AggregateBlock
+    ) -> tuple[dict[str, float], dict[str, int]]:
+        """Check one block's manifest; returns ``{client: weight}`` and the staleness
+        multipliers ``{client: m}`` (all 1 in sync mode), recomputed, not trusted."""
         ids = [c.client_id for c in agg.contributions]
         if len(set(ids)) != len(ids):
             raise PolicyError(f"block {agg.block}: a client is counted twice")
@@ -105,7 +117,9 @@ class AggregateVerifier:
                 f"sized for at most {self.max_clients} (he.max_clients); the sum may have wrapped"
             )
         weights: dict[str, float] = {}
+        multipliers: dict[str, int] = {}
         for c in agg.contributions:
+            multipliers[c.client_id] = self._expected_multiplier(agg.block, c)
             update = self.updates.get(c.client_id)
             if update is None:
                 raise PolicyError(f"block {agg.block}: no signed update from {c.client_id!r}")
@@ -115,8 +129,27 @@ class AggregateVerifier:
                 )
             if c.weight != update.weight or not (np.isfinite(c.weight) and c.weight > 0):
                 raise PolicyError(f"block {agg.block}: {c.client_id!r}'s weight was altered")
+            if update.version != c.version:
+                raise PolicyError(f"block {agg.block}: {c.client_id!r}'s version was altered")
             weights[c.client_id] = c.weight
-        return weights
+        return weights, multipliers
+
+    def _expected_multiplier(self, block: int, c: common_pb2.Contribution) -> int:
+        if self.staleness is None:
+            expected, age = 1, 0
+            if c.version != self.version:
+                raise PolicyError(f"block {block}: {c.client_id!r} trained another version")
+        else:
+            age = self.version - c.version
+            if not 0 <= age <= self.max_staleness:
+                raise PolicyError(f"block {block}: {c.client_id!r}'s update is too stale")
+            expected = multiplier(self.staleness, age)
+        if c.multiplier != expected:
+            raise PolicyError(
+                f"block {block}: {c.client_id!r} weighted by {c.multiplier}, staleness {age} "
+                f"gives {expected}"
+            )
+        return expected
 
     def check_chunk(
         self,
@@ -124,6 +157,7 @@ class AggregateVerifier:
         agg: common_pb2.AggregateBlock,
         chunk: int,
         audits: dict[str, AuditChunk],
+        multipliers: dict[str, int] | None = None,
     ) -> None:
         """The aggregate's ``chunk`` must equal the sum of the contributors' chunks mod q."""
         q = np.uint64(public.modulus)
@@ -141,7 +175,8 @@ class AggregateVerifier:
                 )
             if int(audit.coefficients.max()) >= public.modulus:
                 raise PolicyError(f"block {agg.block}: audit chunk out of range")
-            total = (total + audit.coefficients) % q
+            m = np.uint64((multipliers or {}).get(c.client_id, 1))
+            total = (total + (audit.coefficients * m) % q) % q
         aggregate = unpack_block(public, agg.ciphertext)[chunk * size : (chunk + 1) * size]
         if not np.array_equal(aggregate, total):
             raise PolicyError(

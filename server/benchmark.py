@@ -70,7 +70,7 @@ def run_bench(
     console: Console,
 ) -> dict[str, Any]:
     """Run every benchmark; returns the results (also what ``--json`` writes)."""
-    params = CkksParams.from_config(load_config().he)
+    params = CkksParams.for_config(load_config())
     keys = SecretContext.generate(params)
     results: dict[str, Any] = {"machine": machine_description(), "params": params.__dict__}
     console.print(f"scheme: {params}")

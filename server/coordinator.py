@@ -139,7 +139,7 @@ class Coordinator:
         self._keyholder = keyholder_pb2_grpc.KeyHolderStub(create_channel(config.cluster.keyholder))
         self.layout = BlockLayout(
             self._vector.size,
-            CkksParams.from_config(config.he).values_per_block,
+            CkksParams.for_config(config).values_per_block,
         )
         self._restore()
 
@@ -383,28 +383,34 @@ class Coordinator:
                 run_id=self.run_id,
             )
             self._retry(lambda: stub.OpenRound(request), f"open round on {sid}")  # noqa: B023
-        deadline = started + self._training.deadline_s
+        asynchronous = self._training.mode == "async"
+        # Async buffers have no deadline: they flush once buffer_size updates are in.
+        deadline = started + (1e9 if asynchronous else self._training.deadline_s)
         with self._changed:
             self._open = _OpenRound(round_, version, deadline, cohort)
             self._changed.notify_all()
-            while (
-                not self._stop.is_set()
-                and time.time() < deadline
-                and not cohort <= self._open.reported
-            ):
+            while not self._stop.is_set() and time.time() < deadline:
+                reported = self._open.reported
+                if asynchronous and len(reported) >= self._training.buffer_size:
+                    break
+                if not asynchronous and cohort <= reported:
+                    break
                 self._changed.wait(timeout=min(_WAIT_S, max(0.0, deadline - time.time())))
             self._open = None
         if self._stop.is_set():
             return
         accepted = self._close_on_shards(round_, cohort)
         record = RoundRecord(round=round_, version=version, contributors=len(accepted))
-        if len(accepted) < self._training.min_quorum:
+        quorum = self._training.min_quorum
+        if self._training.mode == "async":
+            quorum = max(quorum, self._training.buffer_size)
+        if len(accepted) < quorum:
             _log.warning(
                 "round %d abandoned: %d of %d clients complete, quorum is %d",
                 round_,
                 len(accepted),
                 len(cohort),
-                self._training.min_quorum,
+                quorum,
             )
             self._discard(round_)
             record.abandoned = True

@@ -60,7 +60,7 @@ def run_demo(
     console.print(
         f"fedps demo: {t.dataset}, {t.clients} clients, {shards} shards, {t.rounds} rounds, "
         f"DP-SGD (target epsilon {config.privacy.target_epsilon}, delta {config.privacy.delta}), "
-        f"CKKS {CkksParams.from_config(config.he) if config.he.enabled else 'OFF'}"
+        f"CKKS {CkksParams.for_config(config) if config.he.enabled else 'OFF'}"
     )
     started = time.time()
     deployment = Deployment(path, config)

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -82,6 +83,8 @@ class KeyHolder:
         flood_bits: int = 4,
         audit_blocks: int = 16,
         rotate_every_rounds: int = 0,
+        staleness: Callable[[int], float] | None = None,
+        max_staleness: int = 0,
     ) -> None:
         if min_cohort < 1:
             raise InvalidArgumentError("min_cohort must be at least 1")
@@ -99,6 +102,8 @@ class KeyHolder:
         self.flood_bits = flood_bits
         self.audit_blocks = audit_blocks
         self.rotate_every_rounds = rotate_every_rounds
+        self._staleness = staleness
+        self._max_staleness = max_staleness
         self._params_config = params
         self._audit_key = _load_or_create_secret(state_dir / "keys" / "audit.key")
         self.signer = BlockSigner.load_or_create(state_dir / "keys" / "signing.key")
@@ -190,6 +195,9 @@ class KeyHolder:
                 members=members or {},
                 min_cohort=self.min_cohort,
                 max_clients=self.max_clients,
+                version=self.version,
+                staleness=self._staleness,
+                max_staleness=self._max_staleness,
             )
             layout = self.layout
             delta, min_contrib, weight0 = self._decrypt_average(round_, layout, verifier)
@@ -252,13 +260,16 @@ class KeyHolder:
             for agg in reply.blocks:
                 if not 0 <= agg.block < layout.num_blocks or agg.block in averaged:
                     raise PolicyError(f"block {agg.block} is out of range or aggregated twice")
-                weights = verifier.check_manifest(agg)
+                weights, multipliers = verifier.check_manifest(agg)
                 if agg.block in plan:
                     chunk = plan[agg.block]
                     per_client = {c: a[agg.block] for c, a in audits.items() if agg.block in a}
-                    verifier.check_chunk(self.keys.public, agg, chunk, per_client)
-                total = float(sum(weights.values()))
-                summed = self._release(self._open(agg.ciphertext), len(weights), agg.block)
+                    verifier.check_chunk(self.keys.public, agg, chunk, per_client, multipliers)
+                # Clients weighted their updates; shards multiplied by staleness weights.
+                total = float(sum(w * multipliers[c] for c, w in weights.items()))
+                summed = self._release(
+                    self._open(agg.ciphertext), sum(multipliers.values()), agg.block
+                )
                 averaged[agg.block] = summed / total
                 min_contrib = min(min_contrib, len(weights))
                 if agg.block == 0:

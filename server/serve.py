@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -27,6 +28,7 @@ from server.keyholder_servicer import KeyHolderServicer
 from server.server_optimizer import create_server_optimizer
 from server.shard import Shard
 from server.shard_servicer import ShardServicer
+from server.staleness import create_staleness
 
 __all__ = ["add_coordinator", "add_keyholder", "add_shard", "serve_forever"]
 
@@ -39,7 +41,15 @@ def _ring(config: FedPSConfig) -> HashRing:
 
 def ckks_params(config: FedPSConfig) -> CkksParams:
     """The scheme parameters of the configuration (validated for 128-bit security)."""
-    return CkksParams.from_config(config.he)
+    return CkksParams.for_config(config)
+
+
+def _staleness(config: FedPSConfig) -> Callable[[int], float] | None:
+    """The staleness function in async mode, None in sync mode."""
+    t = config.training
+    if t.mode != "async":
+        return None
+    return create_staleness(t.staleness, a=t.staleness_a, b=t.staleness_b)
 
 
 def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> KeyHolder:
@@ -60,6 +70,8 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
         flood_bits=config.security.flood_bits,
         audit_blocks=config.security.audit_blocks,
         rotate_every_rounds=config.security.rotate_every_rounds,
+        staleness=_staleness(config),
+        max_staleness=t.max_staleness,
     )
     keyholder_pb2_grpc.add_KeyHolderServicer_to_server(KeyHolderServicer(keyholder), server)
     return keyholder
@@ -90,11 +102,14 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
                 raise InvalidArgumentError("unknown key generation (context id)")
             return contexts[context_id]
 
+    t = config.training
     shard = Shard(
         ids[index],
         _ring(config),
         public_context,
         max_messages_per_round=config.security.max_pushes_per_round,
+        staleness=_staleness(config),
+        max_staleness=t.max_staleness,
     )
     shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(shard), server)
     return shard

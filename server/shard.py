@@ -26,11 +26,13 @@ from fedps.errors import (
     NotReadyError,
     RateLimitedError,
     RoundClosedError,
+    StaleUpdateError,
     UnknownClientError,
 )
 from fedps.hash_ring import HashRing
+from server.staleness import multiplier
 
-__all__ = ["Aggregate", "PushBatch", "Shard", "SignedUpdate"]
+__all__ = ["Aggregate", "Contribution", "PushBatch", "Shard", "SignedUpdate"]
 
 _log = logging.getLogger("fedps")
 
@@ -46,6 +48,18 @@ class SignedUpdate:
     nonce: bytes
     signature: bytes
     roots: tuple[bytes, ...]
+    version: int = 0
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """One manifest entry: who, with what weight, committed root, trained version and the
+    staleness multiplier the shard applied (1 in sync mode)."""
+
+    weight: float
+    root: bytes
+    version: int = 0
+    multiplier: int = 1
 
 
 @dataclass(frozen=True)
@@ -69,7 +83,7 @@ class Aggregate:
 
     block: int
     ciphertext: bytes
-    contributions: dict[str, tuple[float, bytes]]  # client -> (weight, signed root)
+    contributions: dict[str, Contribution]
 
 
 @dataclass
@@ -80,7 +94,7 @@ class _Round:
     context_id: str
     run_id: str
     sums: dict[int, CiphertextSum | PlainSum] = field(default_factory=dict)
-    manifest: dict[int, dict[str, tuple[float, bytes]]] = field(default_factory=dict)
+    manifest: dict[int, dict[str, Contribution]] = field(default_factory=dict)
     updates: dict[str, SignedUpdate] = field(default_factory=dict)
     messages: dict[str, int] = field(default_factory=dict)
     closed: bool = False
@@ -107,6 +121,8 @@ class Shard:
         public_context: Callable[[str], PublicContext | PlainContext],
         *,
         max_messages_per_round: int = 64,
+        staleness: Callable[[int], float] | None = None,
+        max_staleness: int = 0,
     ) -> None:
         if shard_id not in ring.nodes:
             raise InvalidArgumentError(f"{shard_id} is not on the ring {ring.nodes}")
@@ -114,6 +130,8 @@ class Shard:
         self._ring = ring
         self._public_context = public_context
         self._max_messages = max_messages_per_round
+        self._staleness = staleness  # None: synchronous rounds
+        self._max_staleness = max_staleness
         self._lock = threading.Lock()
         self._values: dict[int, np.ndarray] = {}
         self._signatures: dict[int, bytes] = {}
@@ -200,6 +218,16 @@ class Shard:
                 run_id,
             ):
                 return
+            if (
+                existing is not None
+                and self._staleness is not None
+                and not existing.closed
+                and (existing.version, existing.run_id) == (version, run_id)
+                and all(existing.members.get(c, k) == k for c, k in members.items())
+                and set(existing.members) <= set(members)
+            ):
+                existing.members.update(members)  # async: clients joined the open buffer
+                return
             if existing is not None:
                 # A restarted coordinator reopens an unfinished round: start it afresh.
                 _log.warning(
@@ -222,7 +250,13 @@ class Shard:
         """
         try:
             return self._push(batch)
-        except (InvalidArgumentError, RoundClosedError, UnknownClientError, RateLimitedError):
+        except (
+            InvalidArgumentError,
+            RoundClosedError,
+            UnknownClientError,
+            RateLimitedError,
+            StaleUpdateError,
+        ):
             with self._lock:
                 self.stats["refused"] += 1
             raise
@@ -235,11 +269,7 @@ class Shard:
             raise UnknownClientError(
                 f"client {batch.client_id!r} is not in the cohort of round {batch.round}"
             )
-        if batch.version != state.version:
-            raise InvalidArgumentError(
-                f"round {batch.round} trains version {state.version}, update is for "
-                f"version {batch.version}"
-            )
+        multiplier = self._multiplier(state, batch)
         if batch.context_id != state.context_id:
             raise InvalidArgumentError("ciphertexts use another key generation (context id)")
         if not (math.isfinite(batch.weight) and 0 < batch.weight <= _MAX_WEIGHT):
@@ -282,8 +312,10 @@ class Shard:
                 if batch.client_id in manifest:
                     duplicates += 1
                     continue
-                state.sums.setdefault(block, new_sum(public)).add(coeffs)
-                manifest[batch.client_id] = (batch.weight, update.roots[block])
+                state.sums.setdefault(block, new_sum(public)).add(coeffs, multiplier)
+                manifest[batch.client_id] = Contribution(
+                    batch.weight, update.roots[block], batch.version, multiplier
+                )
                 state.updates.setdefault(batch.client_id, update)
                 accepted += 1
             self.stats["accepted"] += accepted
@@ -291,10 +323,35 @@ class Shard:
             self.stats["bytes"] += sum(len(d) for _, d in batch.blocks)
         return accepted, duplicates
 
+    def _multiplier(self, state: _Round, batch: PushBatch) -> int:
+        """1 in sync mode (the update must be for the round's version); in async mode the
+        fixed-point staleness weight, refusing updates older than the maximum staleness."""
+        if self._staleness is None:
+            if batch.version != state.version:
+                raise InvalidArgumentError(
+                    f"round {batch.round} trains version {state.version}, update is for "
+                    f"version {batch.version}"
+                )
+            return 1
+        age = state.version - batch.version
+        if age < 0:
+            raise InvalidArgumentError(f"update is for version {batch.version}, from the future")
+        if age > self._max_staleness:
+            raise StaleUpdateError(
+                f"update trained on version {batch.version} is {age} versions old; "
+                f"the maximum staleness is {self._max_staleness}"
+            )
+        return multiplier(self._staleness, age)
+
     def _check_signature(self, state: _Round, batch: PushBatch) -> SignedUpdate:
         """The signed update a push belongs to; verified once per client and round."""
         update = SignedUpdate(
-            batch.client_id, batch.weight, batch.nonce, batch.signature, tuple(batch.roots)
+            batch.client_id,
+            batch.weight,
+            batch.nonce,
+            batch.signature,
+            tuple(batch.roots),
+            batch.version,
         )
         known = state.updates.get(batch.client_id)
         if known is not None:
@@ -316,6 +373,7 @@ class Shard:
             weight=batch.weight,
             nonce=batch.nonce,
             roots=list(update.roots),
+            version=batch.version,
         )
         if not verify_block(state.members[batch.client_id], digest, batch.signature):
             raise InvalidArgumentError(

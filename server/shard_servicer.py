@@ -103,6 +103,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                         nonce=u.nonce,
                         signature=u.signature,
                         roots=list(u.roots),
+                        version=u.version,
                     )
                     for u in chunk
                 ]
@@ -114,8 +115,14 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                         block=a.block,
                         ciphertext=a.ciphertext,
                         contributions=[
-                            common_pb2.Contribution(client_id=c, weight=w, root=root)
-                            for c, (w, root) in sorted(a.contributions.items())
+                            common_pb2.Contribution(
+                                client_id=c,
+                                weight=e.weight,
+                                root=e.root,
+                                version=e.version,
+                                multiplier=e.multiplier,
+                            )
+                            for c, e in sorted(a.contributions.items())
                         ],
                     )
                     for a in batch

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x65\x64ps/proto/common.proto\x12\x0b\x66\x65\x64ps.proto\"S\n\x0eParameterBlock\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06values\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"?\n\x0c\x43ontribution\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x12\x0c\n\x04root\x18\x03 \x01(\x0c\"6\n\x0c\x43ohortMember\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x13\n\x0bsigning_key\x18\x02 \x01(\x0c\"b\n\x0cSignedUpdate\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x12\r\n\x05nonce\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\r\n\x05roots\x18\x05 \x03(\x0c\"e\n\x0e\x41ggregateBlock\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x12\n\nciphertext\x18\x02 \x01(\x0c\x12\x30\n\rcontributions\x18\x03 \x03(\x0b\x32\x19.fedps.proto.Contribution\"\x07\n\x05\x45mptyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x65\x64ps/proto/common.proto\x12\x0b\x66\x65\x64ps.proto\"S\n\x0eParameterBlock\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06values\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"d\n\x0c\x43ontribution\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x12\x0c\n\x04root\x18\x03 \x01(\x0c\x12\x0f\n\x07version\x18\x04 \x01(\x04\x12\x12\n\nmultiplier\x18\x05 \x01(\r\"6\n\x0c\x43ohortMember\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x13\n\x0bsigning_key\x18\x02 \x01(\x0c\"s\n\x0cSignedUpdate\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x12\r\n\x05nonce\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\r\n\x05roots\x18\x05 \x03(\x0c\x12\x0f\n\x07version\x18\x06 \x01(\x04\"e\n\x0e\x41ggregateBlock\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x12\n\nciphertext\x18\x02 \x01(\x0c\x12\x30\n\rcontributions\x18\x03 \x03(\x0b\x32\x19.fedps.proto.Contribution\"\x07\n\x05\x45mptyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,13 +34,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PARAMETERBLOCK']._serialized_start=41
   _globals['_PARAMETERBLOCK']._serialized_end=124
   _globals['_CONTRIBUTION']._serialized_start=126
-  _globals['_CONTRIBUTION']._serialized_end=189
-  _globals['_COHORTMEMBER']._serialized_start=191
-  _globals['_COHORTMEMBER']._serialized_end=245
-  _globals['_SIGNEDUPDATE']._serialized_start=247
-  _globals['_SIGNEDUPDATE']._serialized_end=345
-  _globals['_AGGREGATEBLOCK']._serialized_start=347
-  _globals['_AGGREGATEBLOCK']._serialized_end=448
-  _globals['_EMPTY']._serialized_start=450
-  _globals['_EMPTY']._serialized_end=457
+  _globals['_CONTRIBUTION']._serialized_end=226
+  _globals['_COHORTMEMBER']._serialized_start=228
+  _globals['_COHORTMEMBER']._serialized_end=282
+  _globals['_SIGNEDUPDATE']._serialized_start=284
+  _globals['_SIGNEDUPDATE']._serialized_end=399
+  _globals['_AGGREGATEBLOCK']._serialized_start=401
+  _globals['_AGGREGATEBLOCK']._serialized_end=502
+  _globals['_EMPTY']._serialized_start=504
+  _globals['_EMPTY']._serialized_end=511
 # @@protoc_insertion_point(module_scope)

@@ -59,20 +59,28 @@ class Contribution(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
     ROOT_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    MULTIPLIER_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     weight: _builtins.float
     root: _builtins.bytes
     """the client's signed commitment to this block's ciphertext"""
+    version: _builtins.int
+    """model version the update was trained on"""
+    multiplier: _builtins.int
+    """staleness weight applied to the ciphertext (1 in sync mode)"""
     def __init__(
         self,
         *,
         client_id: _builtins.str = ...,
         weight: _builtins.float = ...,
         root: _builtins.bytes = ...,
+        version: _builtins.int = ...,
+        multiplier: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "root", b"root", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "multiplier", b"multiplier", "root", b"root", "version", b"version", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -113,11 +121,14 @@ class SignedUpdate(_message.Message):
     NONCE_FIELD_NUMBER: _builtins.int
     SIGNATURE_FIELD_NUMBER: _builtins.int
     ROOTS_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     weight: _builtins.float
     nonce: _builtins.bytes
     signature: _builtins.bytes
     """Ed25519 over crypto.signing.update_digest(...)"""
+    version: _builtins.int
+    """model version trained on (signed)"""
     @_builtins.property
     def roots(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
         """one per block of the model"""
@@ -130,10 +141,11 @@ class SignedUpdate(_message.Message):
         nonce: _builtins.bytes = ...,
         signature: _builtins.bytes = ...,
         roots: _abc.Iterable[_builtins.bytes] | None = ...,
+        version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "nonce", b"nonce", "roots", b"roots", "signature", b"signature", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "nonce", b"nonce", "roots", b"roots", "signature", b"signature", "version", b"version", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -171,7 +171,11 @@ def test_invented_or_reweighted_contributions_are_refused(
     _tamper(
         cluster,
         lambda a: replace(
-            a, contributions={**a.contributions, "alice": (2.0, a.contributions["alice"][1])}
+            a,
+            contributions={
+                **a.contributions,
+                "alice": replace(a.contributions["alice"], weight=2.0),
+            },
         ),
     )
     # Execute / Assert

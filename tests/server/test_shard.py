@@ -24,7 +24,7 @@ from fedps.errors import (
     UnknownClientError,
 )
 from fedps.hash_ring import HashRing
-from server.shard import Aggregate, PushBatch, Shard, SignedUpdate
+from server.shard import Aggregate, Contribution, PushBatch, Shard, SignedUpdate
 
 N = 2048
 NUM_BLOCKS = 4
@@ -91,6 +91,7 @@ class Updates:
             client_id=client,
             context_id=self.context_id,
             weight=weight,
+            version=version,
         )
 
         def push_batch(blocks: Iterable[int]) -> PushBatch:
@@ -182,9 +183,13 @@ def _push_all(
 
 def _contributions(
     updates: Updates, block: int, weights: dict[str, float]
-) -> dict[str, tuple[float, bytes]]:
-    """The manifest expected for ``block``: each client's weight and signed root."""
-    return {c: (w, updates.encrypted[c].roots()[block]) for c, w in weights.items()}
+) -> dict[str, Contribution]:
+    """The manifest expected for ``block``: each client's weight, signed root, version 1 and
+    no staleness multiplier (sync mode)."""
+    return {
+        c: Contribution(w, updates.encrypted[c].roots()[block], version=1, multiplier=1)
+        for c, w in weights.items()
+    }
 
 
 def _decrypted_sums(aggregates: list[Aggregate], keys: SecretContext) -> dict[int, float]:
@@ -338,7 +343,8 @@ def test_valid_pushes_sum_every_block(
     for agg in aggregates:
         assert agg.contributions == _contributions(updates, agg.block, weights)
     assert sorted(signed, key=lambda u: u.client_id) == [
-        SignedUpdate(c, b.weight, b.nonce, b.signature, b.roots) for c, b in batches.items()
+        SignedUpdate(c, b.weight, b.nonce, b.signature, b.roots, b.version)
+        for c, b in batches.items()
     ]
     assert all(list(u.roots) == updates.encrypted[u.client_id].roots() for u in signed)
     sums = _decrypted_sums(aggregates, keys)
