@@ -1,0 +1,187 @@
+"""Asynchronous (FedBuff) aggregation with real servers: staleness-weighted, exact, bounded."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from clients.edge_client import EdgeClient
+from crypto import BlockEncryptor
+from crypto.signing import CHUNKS, BlockSigner, merkle_proof, sign_update
+from fedps.proto import shard_pb2, shard_pb2_grpc
+from fedps.transport import create_channel
+from server.aggregate_verifier import AuditChunk
+from server.shard import PushBatch
+from server.staleness import create_staleness, multiplier
+from tests.conftest import Cluster, run_clients, start_cluster
+
+pytestmark = pytest.mark.integration
+
+RUN = "async-run"
+PARAMS = 3000
+ASYNC = {"mode": "async", "buffer_size": 3, "clients": 3, "min_quorum": 2, "max_staleness": 2}
+
+
+@pytest.fixture
+def async_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    cluster = start_cluster(tmp_path, num_shards=2, coordinator=False, training=ASYNC)
+    yield cluster
+    cluster.stop()
+
+
+def _contribute(
+    cluster: Cluster, client: str, signer: BlockSigner, update: np.ndarray, version: int
+) -> shard_pb2.PushRequest:
+    """Audit chunks to the key holder, then the signed update to each shard (in-process)."""
+    kh = cluster.keyholder
+    public = kh.keys.public
+    packed, coeffs = BlockEncryptor(public).encrypt_with_coefficients(update)
+    nonce, signature, roots = sign_update(
+        signer,
+        coeffs,
+        run_id=RUN,
+        round_=1,
+        client_id=client,
+        context_id=public.context_id,
+        weight=1.0,
+        version=version,
+    )
+    size = coeffs.shape[1] // CHUNKS
+    kh.submit_audit(
+        client,
+        1,
+        {
+            b: AuditChunk(c, coeffs[b, c * size : (c + 1) * size], merkle_proof(coeffs[b], c))
+            for b, c in kh.audit_plan(1).items()
+        },
+    )
+    for shard in cluster.shards:
+        mine = [(b, packed[b]) for b in shard.owned_blocks]
+        if mine:
+            shard.push(
+                PushBatch(
+                    client,
+                    1,
+                    version,
+                    1.0,
+                    public.context_id,
+                    mine,
+                    nonce,
+                    signature,
+                    tuple(roots),
+                )
+            )
+    blocks = [shard_pb2.EncryptedBlock(block=b, ciphertext=c) for b, c in sorted(packed.items())]
+    return shard_pb2.PushRequest(
+        client_id=client,
+        round=1,
+        version=version,
+        weight=1.0,
+        context_id=public.context_id,
+        blocks=blocks,
+        nonce=nonce,
+        signature=signature,
+        roots=roots,
+    )
+
+
+def test_buffer_applies_the_staleness_weighted_fedbuff_average(async_cluster: Cluster) -> None:
+    # Prepare: the model is at version 2; three updates trained on versions 2, 1 and 0
+    kh = async_cluster.keyholder
+    start = np.random.default_rng(0).normal(0, 0.1, PARAMS)
+    kh.initialize(start, version=2, force=True)
+    signers = {c: BlockSigner() for c in ("u0", "u1", "u2")}
+    for shard in async_cluster.shards:
+        shard.open_round(
+            1, 2, {c: s.public_key for c, s in signers.items()}, kh.keys.public.context_id, RUN
+        )
+    rng = np.random.default_rng(1)
+    updates = {c: rng.uniform(-0.5, 0.5, PARAMS) for c in signers}
+    trained_on = {"u0": 2, "u1": 1, "u2": 0}  # staleness 0, 1, 2
+    for client, signer in signers.items():
+        _contribute(async_cluster, client, signer, updates[client], trained_on[client])
+    for shard in async_cluster.shards:
+        shard.close_round(1)
+    # Execute
+    result = kh.apply_round(1, 2, RUN, {c: s.public_key for c, s in signers.items()})
+    # Assert: x + sum(m_s u) / sum(m_s) with m_s = round(64 (1+s)^-0.5)
+    fn = create_staleness("polynomial", a=0.5)
+    m = {c: multiplier(fn, 2 - v) for c, v in trained_on.items()}
+    assert sorted(m.values()) == [37, 45, 64]
+    expected = start + sum(m[c] * updates[c] for c in signers) / sum(m.values())
+    assert result.version == 3
+    applied = kh.params
+    assert applied is not None
+    assert np.linalg.norm(applied - expected) / np.linalg.norm(expected) < 1e-4
+
+
+def test_too_stale_update_is_refused_and_not_counted(async_cluster: Cluster) -> None:
+    # Prepare: model at version 5, an update trained on version 2 (staleness 3 > 2)
+    kh = async_cluster.keyholder
+    kh.initialize(np.zeros(PARAMS), version=5, force=True)
+    signer = BlockSigner()
+    shard = async_cluster.shards[0]
+    for s in async_cluster.shards:
+        s.open_round(1, 5, {"old": signer.public_key}, kh.keys.public.context_id, RUN)
+    stub = shard_pb2_grpc.ShardStub(create_channel(async_cluster.config.cluster.shards[0]))
+    public = kh.keys.public
+    packed, coeffs = BlockEncryptor(public).encrypt_with_coefficients(np.ones(PARAMS))
+    nonce, signature, roots = sign_update(
+        signer,
+        coeffs,
+        run_id=RUN,
+        round_=1,
+        client_id="old",
+        context_id=public.context_id,
+        weight=1.0,
+        version=2,
+    )
+    request = shard_pb2.PushRequest(
+        client_id="old",
+        round=1,
+        version=2,
+        weight=1.0,
+        context_id=public.context_id,
+        blocks=[
+            shard_pb2.EncryptedBlock(block=b, ciphertext=packed[b]) for b in shard.owned_blocks
+        ],
+        nonce=nonce,
+        signature=signature,
+        roots=roots,
+    )
+    # Execute
+    with pytest.raises(grpc.RpcError) as info:
+        stub.PushBlocks(iter([request]))
+    # Assert
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "maximum staleness" in info.value.details()
+    assert shard.stats["accepted"] == 0
+    assert shard.close_round(1) == []
+
+
+def test_buffer_never_flushes_below_k_and_training_runs(tmp_path: Path) -> None:
+    # Prepare: K = 3 of 3 clients; only two clients run at first
+    cluster = start_cluster(tmp_path, training={**ASYNC, "rounds": 2, "max_staleness": 4})
+    try:
+        clients = [EdgeClient(cluster.config, index=i) for i in range(3)]
+        early = threading.Thread(target=run_clients, args=(clients[:2],), kwargs={"timeout_s": 60})
+        early.start()
+        time.sleep(8)
+        # Assert: no flush with two updates
+        assert cluster.keyholder.version == 0
+        assert cluster.coordinator.history == []
+        # Execute: the third client arrives; buffers flush
+        run_clients(clients[2:], timeout_s=90)
+        early.join(90)
+        # Assert
+        assert cluster.coordinator.finished
+        assert cluster.keyholder.version == 2
+        assert all(r.contributors >= 3 for r in cluster.coordinator.history)
+    finally:
+        cluster.stop()
