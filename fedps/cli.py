@@ -222,12 +222,16 @@ def bench(
         str, typer.Option(help="Client counts for the shard memory measurement.")
     ] = "10,200",
     rounds: Annotated[int, typer.Option(help="Rounds per end-to-end run.")] = 4,
+    async_target: Annotated[
+        float,
+        typer.Option(help="Also time sync vs async to this digits accuracy (0: skip)."),
+    ] = 0.0,
 ) -> None:
     """Measure encryption cost against TenSEAL's default and plaintext, in one run."""
     from rich.console import Console
 
     from server.bench_report import render_table
-    from server.benchmark import run_bench
+    from server.benchmark import run_bench, time_to_accuracy
 
     _setup_logging(False)
     console = Console()
@@ -238,6 +242,11 @@ def bench(
         rounds=rounds,
         console=console,
     )
+    if async_target > 0:
+        console.print("sync vs async with one client in four 5x slower ...")
+        results["async_vs_sync"] = time_to_accuracy(
+            target=async_target, slow_fraction=0.25, slow_factor=5.0, rounds=20
+        )
     console.print(render_table(results))
     if json_out is not None:
         json_out.write_text(json.dumps(results, indent=2) + "\n")

@@ -58,4 +58,23 @@ def render_table(results: dict[str, Any]) -> str:
     if len(mem) >= 2:
         values = [r["peak_rss_mib"] for r in mem.values()]
         lines.append(f"\nShard memory, most clients vs fewest: {values[-1] / values[0]:.2f}x")
+    if "async_vs_sync" in results:
+        r = results["async_vs_sync"]
+        lines += [
+            "",
+            f"Time to {r['target']:.0%} accuracy on digits, one client in four 5x slower:",
+            "",
+            "| mode | seconds to target | final accuracy | updates applied |",
+            "|---|---:|---:|---:|",
+        ]
+        for mode in ("sync", "async"):
+            m = r[mode]
+            reached = (
+                "not reached"
+                if m["seconds_to_target"] is None
+                else (f"{m['seconds_to_target']:.1f}")
+            )
+            lines.append(f"| {mode} | {reached} | {m['final_accuracy']} | {m['updates_applied']} |")
+        if r["speedup"]:
+            lines.append(f"\nasync reaches the target {r['speedup']:.2f}x sooner")
     return "\n".join(lines)

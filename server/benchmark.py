@@ -33,7 +33,7 @@ from fedps.transport import batched, call, create_channel
 from server.demo import run_demo
 from server.deployment import Deployment, free_port, write_config
 
-__all__ = ["machine_description", "run_bench"]
+__all__ = ["machine_description", "run_bench", "time_to_accuracy"]
 
 _log = logging.getLogger("fedps")
 
@@ -213,3 +213,47 @@ def _vm_hwm_mib(pid: int) -> float:
         if line.startswith("VmHWM"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def time_to_accuracy(
+    *, target: float, slow_fraction: float, slow_factor: float, rounds: int
+) -> dict[str, Any]:
+    """Wall-clock seconds until the evaluated accuracy first reaches ``target``, for sync
+    rounds and async buffers on the same clients (some slowed down), same DP and seed."""
+    out: dict[str, Any] = {}
+    base = {
+        "clients": 4,
+        "min_quorum": 2,
+        "slow_fraction": slow_fraction,
+        "slow_factor": slow_factor,
+        "eval_every": 1,
+    }
+    runs = {
+        "sync": {**base, "mode": "sync", "rounds": rounds},
+        "async": {**base, "mode": "async", "buffer_size": 2, "rounds": 2 * rounds},
+    }
+    for label, training in runs.items():
+        with tempfile.TemporaryDirectory(prefix="fedps-async-") as tmp:
+            summary = run_demo(
+                None,
+                Path(tmp),
+                {"training": training, "privacy": {"noise_multiplier": 1.0}},
+                quiet=True,
+            )
+        history = summary["round_accuracy"]
+        assert isinstance(history, list)
+        elapsed = 0.0
+        reached: float | None = None
+        for seconds, accuracy in history:
+            elapsed += seconds
+            if reached is None and accuracy is not None and accuracy >= target:
+                reached = elapsed
+        out[label] = {
+            "seconds_to_target": reached,
+            "final_accuracy": summary["final_accuracy"],
+            "updates_applied": len(history),
+        }
+    sync_t, async_t = out["sync"]["seconds_to_target"], out["async"]["seconds_to_target"]
+    out["target"] = target
+    out["speedup"] = sync_t / async_t if sync_t and async_t else None
+    return out

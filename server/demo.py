@@ -84,6 +84,9 @@ def run_demo(
         "shards": shards,
         "abandoned_rounds": sum(1 for r in status.history if r.abandoned),
         "round_seconds": [round(r.seconds, 3) for r in status.history],
+        "round_accuracy": [
+            (round(r.seconds, 3), r.accuracy if r.accuracy >= 0 else None) for r in status.history
+        ],
     }
     console.print(
         f"done in {seconds:.1f}s: accuracy {summary['final_accuracy']}, max epsilon "
