@@ -186,6 +186,10 @@ def demo(
     ] = None,
     rounds: Annotated[Optional[int], typer.Option(help="Override training.rounds.")] = None,  # noqa: UP045
     clients: Annotated[Optional[int], typer.Option(help="Override training.clients.")] = None,  # noqa: UP045
+    mode: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Override training.mode: sync (rounds) or async (FedBuff buffers)."),
+    ] = None,
 ) -> None:
     """Train on digits with a key holder, 2 shards, a coordinator and 4 clients, locally."""
     from server.demo import run_demo
@@ -197,6 +201,8 @@ def demo(
         training["rounds"] = rounds
     if clients is not None:
         training["clients"] = clients
+    if mode is not None:
+        training["mode"] = mode
     if training:
         overrides["training"] = training
     with tempfile.TemporaryDirectory(prefix="fedps-demo-") as tmp:
