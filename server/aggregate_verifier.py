@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crypto import PublicContext, unpack_block
+from crypto import PublicContext
 from crypto.signing import CHUNKS, update_digest, verify_block, verify_proof
 from fedps.errors import PolicyError
 from fedps.proto import common_pb2
@@ -155,11 +155,14 @@ class AggregateVerifier:
         self,
         public: PublicContext,
         agg: common_pb2.AggregateBlock,
+        coefficients: np.ndarray,
         chunk: int,
         audits: dict[str, AuditChunk],
         multipliers: dict[str, int] | None = None,
     ) -> None:
-        """The aggregate's ``chunk`` must equal the sum of the contributors' chunks mod q."""
+        """The aggregate's ``chunk`` must equal the sum of the contributors' chunks mod q.
+
+        ``coefficients`` are the aggregate's validated coefficients."""
         q = np.uint64(public.modulus)
         size = public.coeffs_per_block // CHUNKS
         total = np.zeros(size, dtype=np.uint64)
@@ -177,7 +180,7 @@ class AggregateVerifier:
                 raise PolicyError(f"block {agg.block}: audit chunk out of range")
             m = np.uint64((multipliers or {}).get(c.client_id, 1))
             total = (total + (audit.coefficients * m) % q) % q
-        aggregate = unpack_block(public, agg.ciphertext)[chunk * size : (chunk + 1) * size]
+        aggregate = coefficients[chunk * size : (chunk + 1) * size]
         if not np.array_equal(aggregate, total):
             raise PolicyError(
                 f"block {agg.block}: the aggregate is not the sum of its signed contributions "
