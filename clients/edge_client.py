@@ -30,6 +30,7 @@ from crypto.signing import (
     BlockSigner,
     context_digest,
     merkle_proof,
+    model_verifier,
     sign_update,
     verify_block,
 )
@@ -261,7 +262,7 @@ class EdgeClient:
             return False
         try:
             vector, version = self._params.pull(
-                self._layout, min_version=task.version, verify_key=self._keyholder_key
+                self._layout, min_version=task.version, verify=model_verifier(self._keyholder_key)
             )
         except FedPSError as exc:
             _log.info("%s: cannot pull version %d: %s", self.name, task.version, exc)

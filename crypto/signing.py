@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,7 @@ __all__ = [
     "context_digest",
     "merkle_proof",
     "model_block_digest",
+    "model_verifier",
     "sign_update",
     "update_digest",
     "verify_block",
@@ -170,6 +172,15 @@ def sign_update(
         version=version,
     )
     return nonce, signer.sign(digest), roots
+
+
+def model_verifier(public_key: bytes) -> Callable[[int, int, bytes, bytes], bool]:
+    """A check of published model blocks against the key holder's key (for pulls)."""
+
+    def verify(version: int, block: int, values: bytes, signature: bytes) -> bool:
+        return verify_block(public_key, model_block_digest(version, block, values), signature)
+
+    return verify
 
 
 def verify_block(public_key: bytes, digest: bytes, signature: bytes) -> bool:

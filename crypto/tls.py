@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import logging
 import os
 import secrets
 import stat
@@ -25,8 +26,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from fedps.config import FedPSConfig
+from fedps.config import FedPSConfig, TlsConfig
 from fedps.errors import ConfigError
+from fedps.transport import configure_tls, tls_identity
+
+_log = logging.getLogger("fedps")
 
 __all__ = [
     "CA_CERT_FILE",
@@ -38,6 +42,8 @@ __all__ = [
     "issue_certificate",
     "issue_cluster_certificates",
     "make_ca",
+    "reset_tls",
+    "setup_tls",
 ]
 
 #: The CA's certificate and key inside a certificate directory.
@@ -329,3 +335,46 @@ def _write_public(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+_warned_insecure = False
+
+
+def setup_tls(tls: TlsConfig, name: str) -> None:
+    """Configure this process's TLS from the ``[tls]`` section, before anything connects.
+
+    With ``tls.enabled``, load identity ``tls.name`` (default ``name``, the role's name such
+    as ``shard-0`` or ``client-3``) from ``tls.directory`` and configure it process-wide
+    (:func:`fedps.transport.configure_tls`).
+    Otherwise, unless ``tls.insecure`` acknowledges it, log once that traffic is plaintext.
+
+    Raises
+    ------
+    ConfigError
+        A certificate or key file is missing (the message names it and suggests
+        ``fedps certs``) or the key is readable by others.
+    """
+    global _warned_insecure
+    if tls.enabled:
+        identity = TlsIdentity.load(tls.directory, tls.name or name)
+        if identity == tls_identity():
+            return  # already set up (the CLI and serve_forever both call this)
+        configure_tls(identity)
+        _log.info("mutual TLS on as %r (certificates in %s)", tls.name or name, tls.directory)
+        return
+    if tls.insecure or _warned_insecure:
+        return
+    _warned_insecure = True
+    _log.warning(
+        "TLS is off: gRPC traffic of %s is unencrypted and unauthenticated. Set [tls] "
+        "enabled = true (certificates from `fedps certs`), or acknowledge plaintext with "
+        "--insecure or tls.insecure = true",
+        name,
+    )
+
+
+def reset_tls() -> None:
+    """Plaintext again, and forget the insecure-mode warning (for tests)."""
+    global _warned_insecure
+    configure_tls(None)
+    _warned_insecure = False

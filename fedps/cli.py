@@ -57,7 +57,7 @@ def _load(config: Path | None, *, insecure: bool = False) -> FedPSConfig:
 def _setup_tls(cfg: FedPSConfig, name: str) -> None:
     """Before anything connects: load identity ``tls.name`` (default ``name``) when TLS is on,
     else warn once that traffic is plaintext (unless ``tls.insecure``)."""
-    from fedps.transport import setup_tls
+    from crypto.tls import setup_tls
 
     setup_tls(cfg.tls, name)
 

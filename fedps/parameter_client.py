@@ -6,9 +6,10 @@ every block arrived at one version and assembles the flat vector.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from crypto.signing import model_block_digest, verify_block
 from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError, RoundClosedError
 from fedps.proto import shard_pb2, shard_pb2_grpc
@@ -36,12 +37,17 @@ class ParameterClient:
             channel.close()
 
     def pull(
-        self, layout: BlockLayout, min_version: int = 0, *, verify_key: bytes | None = None
+        self,
+        layout: BlockLayout,
+        min_version: int = 0,
+        *,
+        verify: Callable[[int, int, bytes, bytes], bool] | None = None,
     ) -> tuple[np.ndarray, int]:
         """Return ``(flat vector, version)`` of the published model.
 
-        With ``verify_key`` (the key holder's Ed25519 public key), every block's signature
-        must verify, so a shard cannot serve a model the key holder did not publish.
+        With ``verify(version, block, values, signature)`` (the key holder's signature check,
+        :func:`crypto.signing.model_verifier`), every block must verify, so a shard cannot
+        serve a model the key holder did not publish.
 
         Raises
         ------
@@ -59,10 +65,8 @@ class ParameterClient:
                     values = np.frombuffer(block.values, dtype="<f4")
                     if values.size != layout.values_per_block:
                         raise InvalidArgumentError(f"{sid} sent block {block.block} of bad size")
-                    if verify_key is not None and not verify_block(
-                        verify_key,
-                        model_block_digest(block.version, block.block, block.values),
-                        block.signature,
+                    if verify is not None and not verify(
+                        block.version, block.block, block.values, block.signature
                     ):
                         raise InvalidArgumentError(
                             f"{sid} served block {block.block} without a valid key-holder signature"

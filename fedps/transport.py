@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 import grpc
 
@@ -35,9 +35,19 @@ from fedps.errors import (
     UnknownClientError,
 )
 
-if TYPE_CHECKING:
-    from crypto.tls import TlsIdentity
-    from fedps.config import TlsConfig
+
+class TlsMaterial(Protocol):
+    """What mutual TLS needs: the CA certificate, our certificate and its key (PEM)."""
+
+    @property
+    def ca_cert(self) -> bytes: ...
+
+    @property
+    def cert(self) -> bytes: ...
+
+    @property
+    def key(self) -> bytes: ...
+
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -50,7 +60,6 @@ __all__ = [
     "create_server",
     "reset_tls",
     "rpc_errors",
-    "setup_tls",
     "tls_identity",
 ]
 
@@ -100,12 +109,11 @@ _T = TypeVar("_T")
 
 
 # The process-wide TLS identity (None: plaintext), set by configure_tls before any connection.
-_tls: TlsIdentity | None = None
+_tls: TlsMaterial | None = None
 _tls_lock = threading.Lock()
-_warned_insecure = False
 
 
-def configure_tls(identity: TlsIdentity | None) -> None:
+def configure_tls(identity: TlsMaterial | None) -> None:
     """Use ``identity`` for mutual TLS on every channel and server created from now on.
 
     ``None`` goes back to plaintext. Call it before creating channels or servers: existing
@@ -117,51 +125,13 @@ def configure_tls(identity: TlsIdentity | None) -> None:
 
 
 def reset_tls() -> None:
-    """Back to plaintext and forget the insecure-mode warning (for tests)."""
-    global _warned_insecure
+    """Back to plaintext (for tests)."""
     configure_tls(None)
-    with _tls_lock:
-        _warned_insecure = False
 
 
-def tls_identity() -> TlsIdentity | None:
+def tls_identity() -> TlsMaterial | None:
     """The identity configured with :func:`configure_tls`, or ``None``."""
     return _tls
-
-
-def setup_tls(tls: TlsConfig, name: str) -> None:
-    """Configure this process's TLS from the ``[tls]`` section, before anything connects.
-
-    With ``tls.enabled``, load identity ``tls.name`` (default ``name``, the role's name such
-    as ``shard-0`` or ``client-3``) from ``tls.directory`` and :func:`configure_tls` it.
-    Otherwise, unless ``tls.insecure`` acknowledges it, log once that traffic is plaintext.
-
-    Raises
-    ------
-    ConfigError
-        A certificate or key file is missing (the message names it and suggests
-        ``fedps certs``) or the key is readable by others.
-    """
-    global _warned_insecure
-    if tls.enabled:
-        from crypto.tls import TlsIdentity  # here: crypto imports the (heavy) CKKS stack
-
-        identity = TlsIdentity.load(tls.directory, tls.name or name)
-        if identity == _tls:
-            return  # already set up (the CLI and serve_forever both call this)
-        configure_tls(identity)
-        _log.info("mutual TLS on as %r (certificates in %s)", tls.name or name, tls.directory)
-        return
-    with _tls_lock:
-        if tls.insecure or _warned_insecure:
-            return
-        _warned_insecure = True
-    _log.warning(
-        "TLS is off: gRPC traffic of %s is unencrypted and unauthenticated. Set [tls] "
-        "enabled = true (certificates from `fedps certs`), or acknowledge plaintext with "
-        "--insecure or tls.insecure = true",
-        name,
-    )
 
 
 def create_channel(address: str) -> grpc.Channel:

@@ -29,6 +29,7 @@ from typing import TypeVar
 import numpy as np
 
 from crypto import CkksParams
+from crypto.signing import model_verifier
 from fedps.blocks import BlockLayout
 from fedps.config import FedPSConfig
 from fedps.errors import (
@@ -460,7 +461,9 @@ class Coordinator:
 
     def _pull_model(self) -> tuple[np.ndarray, int]:
         """The published model, every block's key-holder signature checked."""
-        return self._params.pull(self.layout, self.version, verify_key=self._keyholder_key)
+        key = self._keyholder_key
+        verify = model_verifier(key) if key is not None else None
+        return self._params.pull(self.layout, self.version, verify=verify)
 
     def _close_on_shards(self, round_: int, cohort: frozenset[str]) -> set[str]:
         accepted = set(cohort)

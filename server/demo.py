@@ -49,8 +49,7 @@ def run_demo(
         merged["tls"] = tls
     config = load_config(config_path, **merged)
     if config.tls.enabled:
-        from crypto.tls import OPERATOR_NAME, issue_cluster_certificates
-        from fedps.transport import setup_tls
+        from crypto.tls import OPERATOR_NAME, issue_cluster_certificates, setup_tls
 
         issue_cluster_certificates(config, config.tls.directory)
         setup_tls(config.tls, OPERATOR_NAME)  # for the watcher in this process

@@ -125,7 +125,7 @@ def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -
 
 def serve_forever(role: str, config: FedPSConfig, *, index: int = 0) -> None:
     """Run one role until SIGINT/SIGTERM, then stop gracefully."""
-    from fedps.transport import setup_tls  # before any channel or port exists
+    from crypto.tls import setup_tls  # before any channel or port exists
 
     setup_tls(config.tls, f"shard-{index}" if role == "shard" else role)
     cluster = config.cluster

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from crypto.tls import TlsIdentity, issue_certificate, make_ca
+from crypto.tls import TlsIdentity, issue_certificate, make_ca, reset_tls, setup_tls
 from fedps.config import load_config
 from fedps.errors import ConfigError
 from fedps.proto import common_pb2, shard_pb2_grpc
@@ -25,8 +25,6 @@ from fedps.transport import (
     configure_tls,
     create_channel,
     create_server,
-    reset_tls,
-    setup_tls,
     tls_identity,
 )
 from server.serve import add_shard

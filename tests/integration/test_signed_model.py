@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from clients.edge_client import EdgeClient
+from crypto.signing import model_verifier
 from fedps.errors import InvalidArgumentError
 from fedps.parameter_client import ParameterClient
 from tests.conftest import Cluster
@@ -32,14 +33,14 @@ def test_pull_verifies_every_block_signature(cluster: Cluster) -> None:
     shards = dict(zip(cluster.config.cluster.shard_ids, cluster.config.cluster.shards, strict=True))
     client = ParameterClient(shards)
     # Execute: an honest pull verifies
-    vector, _ = client.pull(layout, verify_key=kh.signer.public_key)
+    vector, _ = client.pull(layout, verify=model_verifier(kh.signer.public_key))
     np.testing.assert_allclose(vector, kh.params, atol=1e-6)
     # A shard that alters a block it serves is caught
     shard = next(s for s in cluster.shards if s.owned_blocks)
     block = shard.owned_blocks[0]
     shard._values[block] = shard._values[block] + np.float32(0.5)
     with pytest.raises(InvalidArgumentError, match="signature"):
-        client.pull(layout, verify_key=kh.signer.public_key)
+        client.pull(layout, verify=model_verifier(kh.signer.public_key))
     client.close()
 
 
