@@ -17,8 +17,10 @@ form before decrypting. The shard adds blocks as integer arrays modulo q either 
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
 import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 
@@ -40,13 +42,24 @@ def num_blocks(num_values: int, values_per_block: int) -> int:
 
 
 def _init_worker(context: bytes) -> None:
+    _exit_with_parent()
     global _worker_context
     _worker_context = PublicContext.from_bytes(context)
 
 
 def _init_background_worker(context: bytes) -> None:
     os.nice(10)  # yield the cores to training; draw zeros with what is left over
+    _exit_with_parent()
     _init_worker(context)
+
+
+def _exit_with_parent() -> None:
+    """Ask Linux to end this worker when its parent dies (a killed client leaves no orphan)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _zeros_in_worker(count: int) -> np.ndarray:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import tempfile
 import time
@@ -117,6 +118,8 @@ def client(
     from clients.edge_client import EdgeClient
 
     torch.set_num_threads(max(1, threads))
+    # SIGTERM (from `fedps demo`/`up` or an operator) unwinds normally, so helpers stop too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     summary = EdgeClient(cfg, index=index, name=name).run()
     _log.info(
         "client %s done: %d rounds, epsilon %.3f (delta %g), %d bytes pushed",
