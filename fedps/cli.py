@@ -230,7 +230,7 @@ def bench(
     memory_clients: Annotated[
         str, typer.Option(help="Client counts for the shard memory measurement.")
     ] = "10,200",
-    rounds: Annotated[int, typer.Option(help="Rounds per end-to-end run.")] = 4,
+    rounds: Annotated[int, typer.Option(help="Rounds per end-to-end run.")] = 6,
     async_target: Annotated[
         float,
         typer.Option(help="Also time sync vs async to this digits accuracy (0: skip)."),
