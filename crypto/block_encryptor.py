@@ -109,13 +109,13 @@ class BlockEncryptor:
     def precompute_in_background(self, blocks: int) -> None:
         """Start drawing zeros for ``blocks`` blocks in a low-priority process; returns at once.
 
-        The next :meth:`encrypt` collects them (waiting only if they are not ready yet), so
-        the offline half of encryption overlaps with waiting and training instead of adding
-        to a round.
+        The next :meth:`encrypt` uses them if they are ready (and draws any missing zeros
+        itself), so the offline half of encryption overlaps with waiting and training instead
+        of adding to a round.
         """
-        self._collect_background()
+        self._collect_background(wait=False)
         missing = blocks - self._pooled
-        if missing <= 0:
+        if missing <= 0 or self._pending is not None:
             return
         if self._background is None:
             self._background = ProcessPoolExecutor(
@@ -126,13 +126,16 @@ class BlockEncryptor:
             )
         self._pending = self._background.submit(_zeros_in_worker, missing)
 
-    def _collect_background(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            fresh = pending.result()
-            with self._lock:
-                self._pool.append(fresh)
-                self._pooled += len(fresh)
+    def _collect_background(self, *, wait: bool = True) -> None:
+        """Add the background draw to the pool (``wait=False``: only if it is already done)."""
+        pending = self._pending
+        if pending is None or (not wait and not pending.done()):
+            return
+        self._pending = None
+        fresh = pending.result()
+        with self._lock:
+            self._pool.append(fresh)
+            self._pooled += len(fresh)
 
     def _draw(self, count: int) -> np.ndarray:
         if self.workers == 1 or count < 2 * self.workers:
@@ -157,7 +160,9 @@ class BlockEncryptor:
         self._pending = None
 
     def _take_zeros(self, count: int) -> np.ndarray:
-        self._collect_background()
+        # Never wait on the low-priority worker: on a busy machine it may be starved. Draw
+        # what is missing here instead; a late background draw joins the pool next time.
+        self._collect_background(wait=False)
         self.precompute(count)
         with self._lock:
             stacked = np.concatenate(self._pool) if len(self._pool) > 1 else self._pool[0]
