@@ -98,9 +98,12 @@ def uncompressed_body(data: bytes) -> bytes:
     if mode == _COMPR_NONE:
         return body
     if mode == _COMPR_ZSTD:
-        out: bytes = zstandard.ZstdDecompressor().decompress(
-            body, max_output_size=_MAX_OBJECT_BYTES
-        )
+        try:
+            out: bytes = zstandard.ZstdDecompressor().decompress(
+                body, max_output_size=_MAX_OBJECT_BYTES
+            )
+        except zstandard.ZstdError as exc:
+            raise InvalidArgumentError(f"corrupt SEAL object: {exc}") from exc
         return out
     raise InvalidArgumentError(f"unsupported SEAL compression mode {mode}")
 

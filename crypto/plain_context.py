@@ -48,6 +48,8 @@ class PlainContext:
 
     def unpack_blocks(self, data: list[bytes]) -> np.ndarray:
         """Validate blocks (exact length, finite values); returns shape (B, N) float64."""
+        if not data:
+            return np.empty((0, self.values_per_block))
         for i, item in enumerate(data):
             if len(item) != self.block_bytes:
                 raise InvalidArgumentError(

@@ -110,9 +110,12 @@ class SecretContext:
         Returns the N real values (real parts of the slots, then imaginary parts), float64.
         """
         cipher = self.public.ciphertext_from(coeffs)
-        self._evaluator.transform_to_ntt_inplace(cipher)
         plain = seal.Plaintext()
-        self._decryptor.decrypt(cipher, plain)
+        try:
+            self._evaluator.transform_to_ntt_inplace(cipher)
+            self._decryptor.decrypt(cipher, plain)
+        except (RuntimeError, ValueError) as exc:  # e.g. a "transparent" ciphertext
+            raise InvalidArgumentError(f"SEAL cannot decrypt this ciphertext: {exc}") from exc
         slots = np.asarray(self._encoder.decode_complex(plain), dtype=np.complex128)
         if slots.shape != (self.public.params.poly_modulus_degree // 2,):
             raise InvalidArgumentError("decoded slot count does not match the parameters")

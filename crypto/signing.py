@@ -33,9 +33,11 @@ from fedps.errors import InvalidArgumentError
 __all__ = [
     "CHUNKS",
     "BlockSigner",
+    "chunk_commitment",
     "chunk_hashes",
     "chunk_root",
     "context_digest",
+    "is_weak_key",
     "merkle_proof",
     "model_block_digest",
     "model_verifier",
@@ -60,13 +62,14 @@ def chunk_hashes(coeffs: np.ndarray) -> list[bytes]:
     return [hashlib.sha256(data[i : i + size]).digest() for i in range(0, len(data), size)]
 
 
-def _root_of(hashes: list[bytes]) -> bytes:
+def chunk_commitment(hashes: list[bytes]) -> bytes:
+    """The root committing to a block, from its :data:`CHUNKS` chunk hashes."""
     return hashlib.sha256(b"\x01" + b"".join(hashes)).digest()
 
 
 def chunk_root(coeffs: np.ndarray) -> bytes:
     """Commitment to a ciphertext: SHA-256 over its :data:`CHUNKS` chunk hashes."""
-    return _root_of(chunk_hashes(coeffs))
+    return chunk_commitment(chunk_hashes(coeffs))
 
 
 def merkle_proof(coeffs: np.ndarray, chunk: int) -> list[bytes]:
@@ -81,7 +84,7 @@ def verify_proof(chunk_coeffs: np.ndarray, chunk: int, proof: list[bytes], root:
     if len(proof) != CHUNKS or not 0 <= chunk < CHUNKS:
         return False
     own = hashlib.sha256(np.ascontiguousarray(chunk_coeffs).tobytes()).digest()
-    return own == proof[chunk] and _root_of(proof) == root
+    return own == proof[chunk] and chunk_commitment(proof) == root
 
 
 def update_digest(
@@ -183,9 +186,37 @@ def model_verifier(public_key: bytes) -> Callable[[int, int, bytes, bytes], bool
     return verify
 
 
+# Encodings of the Ed25519 points of small order (and their non-canonical twins), as listed by
+# libsodium: with such a "public key", a forged signature can verify for any message.
+_SMALL_ORDER_KEYS = frozenset(
+    bytes.fromhex(h)
+    for h in (
+        "0000000000000000000000000000000000000000000000000000000000000000",
+        "0100000000000000000000000000000000000000000000000000000000000000",
+        "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",
+        "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a",
+        "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+        "edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+        "eeffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+        "0000000000000000000000000000000000000000000000000000000000000080",
+        "0100000000000000000000000000000000000000000000000000000000000080",
+        "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc85",
+        "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac03fa",
+        "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
+        "edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
+        "eeffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
+    )
+)
+
+
+def is_weak_key(public_key: bytes) -> bool:
+    """Whether ``public_key`` is malformed or a small-order point (never accept it)."""
+    return len(public_key) != 32 or public_key in _SMALL_ORDER_KEYS
+
+
 def verify_block(public_key: bytes, digest: bytes, signature: bytes) -> bool:
     """Whether ``signature`` is a valid Ed25519 signature of ``digest`` by ``public_key``."""
-    if len(public_key) != 32 or len(signature) != 64:
+    if is_weak_key(public_key) or len(signature) != 64:
         return False
     try:
         Ed25519PublicKey.from_public_bytes(public_key).verify(signature, digest)

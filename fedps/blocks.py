@@ -54,9 +54,11 @@ class BlockLayout:
         InvalidArgumentError
             If a block is missing or has the wrong length.
         """
+        if len(blocks) < self.num_blocks:  # checked first: never build a huge set
+            raise InvalidArgumentError(f"missing blocks: got {len(blocks)} of {self.num_blocks}")
         missing = set(range(self.num_blocks)) - set(blocks)
-        if missing:
-            raise InvalidArgumentError(f"missing blocks: {sorted(missing)[:10]}")
+        if missing or len(blocks) != self.num_blocks:
+            raise InvalidArgumentError(f"missing or unexpected blocks: {sorted(missing)[:10]}")
         out = np.empty(self.num_blocks * self.values_per_block, dtype=np.float64)
         for b in range(self.num_blocks):
             values = blocks[b]

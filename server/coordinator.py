@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import random
 import secrets
@@ -29,13 +30,12 @@ from typing import TypeVar
 import numpy as np
 
 from crypto import CkksParams
-from crypto.signing import model_verifier
+from crypto.signing import is_weak_key, model_verifier
 from fedps.blocks import BlockLayout
 from fedps.config import FedPSConfig
 from fedps.errors import (
     FedPSError,
     InvalidArgumentError,
-    PolicyError,
     UnauthenticatedError,
     UnknownClientError,
 )
@@ -50,6 +50,7 @@ _log = logging.getLogger("fedps")
 
 CHECKPOINT_FILE = "coordinator-checkpoint.npz"
 _WAIT_S = 0.2
+_MAX_REPORTED_BYTES = 1 << 40  # per report; keeps totals far from uint64 overflow
 _T = TypeVar("_T")
 
 
@@ -160,8 +161,8 @@ class Coordinator:
         restart) only with its credential and the same key, and keeps both; the returned
         credential is then empty.
         """
-        if len(signing_key) != 32:
-            raise InvalidArgumentError("registration needs a 32-byte Ed25519 signing key")
+        if is_weak_key(signing_key):
+            raise InvalidArgumentError("registration needs a valid 32-byte Ed25519 signing key")
         if num_params != self.layout.num_params:
             raise InvalidArgumentError(
                 f"client model has {num_params} parameters, the run's model has "
@@ -229,6 +230,10 @@ class Coordinator:
         credential: bytes = b"",
     ) -> None:
         """A client says it pushed its update for ``round_`` (or ran out of budget)."""
+        if not (math.isfinite(epsilon) and epsilon >= 0 and 0 <= delta < 1):
+            raise InvalidArgumentError("epsilon must be finite and >= 0, delta in [0, 1)")
+        if not 0 <= bytes_pushed <= _MAX_REPORTED_BYTES:
+            raise InvalidArgumentError(f"bytes_pushed must be in [0, {_MAX_REPORTED_BYTES}]")
         with self._changed:
             client = self._known(client_id)
             self._check_credential(client, client_id, credential)
@@ -418,7 +423,7 @@ class Coordinator:
         else:
             try:
                 reply = self._apply_round(round_, version, cohort)
-            except PolicyError as exc:
+            except FedPSError as exc:  # a policy refusal, or an aggregate that cannot decrypt
                 _log.warning("round %d refused by the key holder: %s", round_, exc)
                 self._discard(round_)
                 record.abandoned = True

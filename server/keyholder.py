@@ -22,20 +22,28 @@ import numpy as np
 
 from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, SecretContext, unpack_blocks
 from crypto.release import decryption_error_bound, flood_and_round, released_std
-from crypto.signing import BlockSigner, model_block_digest
+from crypto.signing import (
+    CHUNKS,
+    BlockSigner,
+    chunk_commitment,
+    model_block_digest,
+    verify_proof,
+)
 from fedps.blocks import BlockLayout
-from fedps.errors import InvalidArgumentError, NotReadyError, PolicyError
+from fedps.errors import InvalidArgumentError, NotReadyError, PolicyError, RateLimitedError
 from fedps.hash_ring import HashRing
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
 from fedps.transport import batched, call, create_channel
 from server.aggregate_verifier import AggregateVerifier, AuditChunk, audit_plan
 from server.server_optimizer import ServerOptimizer
 
-__all__ = ["KeyHolder", "RoundResult"]
+__all__ = ["MAX_PARAMS", "KeyHolder", "RoundResult"]
 
 _log = logging.getLogger("fedps")
 
 _STATE_FILE = "keyholder-state.npz"
+_MAX_AUDITS_PER_CLIENT = 4
+MAX_PARAMS = 1 << 31  # about 8 GiB of float32
 
 
 @dataclass(frozen=True)
@@ -108,7 +116,7 @@ class KeyHolder:
         self._audit_key = _load_or_create_secret(state_dir / "keys" / "audit.key")
         self.signer = BlockSigner.load_or_create(state_dir / "keys" / "signing.key")
         (state_dir / "keys" / "signing.pub").write_text(self.signer.public_key.hex() + "\n")
-        self._audits: dict[int, dict[str, dict[int, AuditChunk]]] = {}
+        self._audits: dict[int, dict[str, list[dict[int, AuditChunk]]]] = {}
         if not encrypted:
             _log.warning("encryption is OFF: updates travel and are summed in plaintext")
         self._lock = threading.Lock()
@@ -135,11 +143,17 @@ class KeyHolder:
                 return
             if vector.ndim != 1 or vector.size == 0 or not np.all(np.isfinite(vector)):
                 raise InvalidArgumentError("initial model must be a non-empty finite vector")
+            before = (self.params, self.version, dict(self._optimizer.state))
             self.params = vector.astype(np.float64)
             self.version = version
             self._optimizer.state.clear()
+            try:
+                self._publish()
+            except Exception:
+                # Nothing changes unless every shard took the new model.
+                self.params, self.version, self._optimizer.state = before
+                raise
             self._save_state()
-            self._publish()
 
     # ------------------------------------------------------------------ audits
     def audit_plan(self, round_: int) -> dict[int, int]:
@@ -153,11 +167,28 @@ class KeyHolder:
         plan = self.audit_plan(round_)
         if set(chunks) != set(plan) or any(chunks[b].chunk != c for b, c in plan.items()):
             raise InvalidArgumentError("audit chunks do not follow the round's plan")
+        public = self.keys.public
+        size = public.coeffs_per_block // CHUNKS
+        for audit in chunks.values():
+            if (
+                audit.coefficients.shape != (size,)
+                or len(audit.proof) != CHUNKS
+                or any(len(h) != 32 for h in audit.proof)
+                or int(audit.coefficients.max()) >= public.modulus
+                or not verify_proof(
+                    audit.coefficients, audit.chunk, audit.proof, chunk_commitment(audit.proof)
+                )
+            ):
+                raise InvalidArgumentError("malformed audit chunk")
         with self._lock:
             if round_ <= self.last_round:
                 raise PolicyError(f"round {round_} is already applied")
-            per_round = self._audits.setdefault(round_, {})
-            per_round.setdefault(client_id, chunks)
+            # Several submissions per client are kept (a few): at apply time the one matching
+            # the client's *signed* root is used, so a forged submission cannot block it.
+            per_client = self._audits.setdefault(round_, {}).setdefault(client_id, [])
+            if len(per_client) >= _MAX_AUDITS_PER_CLIENT:
+                raise RateLimitedError(f"too many audit submissions for {client_id!r}")
+            per_client.append(chunks)
             for old in [r for r in self._audits if r < round_ - 2]:
                 del self._audits[old]
 
@@ -265,11 +296,19 @@ class KeyHolder:
             weights, multipliers = verifier.check_manifest(agg)
             if agg.block in plan and self.encrypted:
                 chunk = plan[agg.block]
-                per_client = {c: a[agg.block] for c, a in audits.items() if agg.block in a}
+                roots = {c.client_id: c.root for c in agg.contributions}
+                per_client = {}
+                for client, subs in audits.items():
+                    found = _matching(subs, agg.block, roots.get(client, b""))
+                    if found is not None:
+                        per_client[client] = found
                 verifier.check_chunk(self.keys.public, agg, row, chunk, per_client, multipliers)
             # Clients weighted their updates; shards multiplied by staleness weights.
             total = float(sum(w * multipliers[c] for c, w in weights.items()))
-            opened = self.keys.decrypt(row) if self.encrypted else row
+            try:
+                opened = self.keys.decrypt(row) if self.encrypted else row
+            except InvalidArgumentError as exc:
+                raise PolicyError(f"block {agg.block} cannot be decrypted: {exc}") from exc
             summed = self._release(opened, sum(multipliers.values()), agg.block)
             averaged[agg.block] = summed / total
             min_contrib = min(min_contrib, len(weights))
@@ -384,3 +423,14 @@ def _load_or_create_secret(path: Path) -> bytes:
     with os.fdopen(fd, "wb") as fh:
         fh.write(secret)
     return secret
+
+
+def _matching(
+    submissions: list[dict[int, AuditChunk]], block: int, root: bytes
+) -> AuditChunk | None:
+    """The submitted chunk of ``block`` that proves against the client's signed ``root``."""
+    for chunks in submissions:
+        audit = chunks.get(block)
+        if audit is not None and chunk_commitment(audit.proof) == root:
+            return audit
+    return None

@@ -13,7 +13,7 @@ from fedps.errors import InvalidArgumentError
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc
 from fedps.transport import rpc_errors
 from server.aggregate_verifier import AuditChunk
-from server.keyholder import KeyHolder
+from server.keyholder import MAX_PARAMS, KeyHolder
 
 __all__ = ["KeyHolderServicer"]
 
@@ -51,8 +51,8 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
                 num_params, force, version = message.num_params, message.force, message.version
                 for block in message.blocks:
                     blocks[block.block] = np.frombuffer(block.values, dtype="<f4")
-            if num_params == 0:
-                raise InvalidArgumentError("initial model has no parameters")
+            if not 0 < num_params <= MAX_PARAMS:
+                raise InvalidArgumentError(f"a model has 1..{MAX_PARAMS} parameters")
             layout = BlockLayout(num_params, self.keyholder.keys.public.params.values_per_block)
             self.keyholder.initialize(layout.join(blocks), version=version, force=force)
         return self.GetModelState(common_pb2.Empty(), context)

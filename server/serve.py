@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 
 from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, PublicContext
+from crypto.signing import model_verifier
 from fedps.config import FedPSConfig
 from fedps.errors import InvalidArgumentError
 from fedps.hash_ring import HashRing
@@ -102,6 +103,14 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
                 raise InvalidArgumentError("unknown key generation (context id)")
             return contexts[context_id]
 
+    keyholder_key: list[bytes] = []
+
+    def verify_model(version: int, block: int, values: bytes, signature: bytes) -> bool:
+        if not keyholder_key:
+            reply = call(lambda: stub.GetPublicContext(common_pb2.Empty()), "key holder key")
+            keyholder_key.append(bytes(reply.signing_key))
+        return model_verifier(keyholder_key[0])(version, block, values, signature)
+
     t = config.training
     shard = Shard(
         ids[index],
@@ -110,6 +119,7 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
         max_messages_per_round=config.security.max_pushes_per_round,
         staleness=_staleness(config),
         max_staleness=t.max_staleness,
+        verify_model=verify_model,
     )
     shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(shard), server)
     return shard

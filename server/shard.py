@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from crypto import CiphertextSum, PlainContext, PlainSum, PublicContext, new_sum, unpack_blocks
-from crypto.signing import chunk_root, update_digest, verify_block
+from crypto.signing import chunk_root, is_weak_key, update_digest, verify_block
 from fedps.errors import (
     InvalidArgumentError,
     NotReadyError,
@@ -37,6 +37,9 @@ __all__ = ["Aggregate", "Contribution", "PushBatch", "Shard", "SignedUpdate"]
 _log = logging.getLogger("fedps")
 
 _MAX_WEIGHT = 1e6
+#: Bounds on a published model (about 34 G parameters at N = 2048).
+MAX_BLOCKS = 1 << 24
+MAX_BLOCK_VALUES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ class Shard:
         max_messages_per_round: int = 64,
         staleness: Callable[[int], float] | None = None,
         max_staleness: int = 0,
+        verify_model: Callable[[int, int, bytes, bytes], bool] | None = None,
     ) -> None:
         if shard_id not in ring.nodes:
             raise InvalidArgumentError(f"{shard_id} is not on the ring {ring.nodes}")
@@ -130,6 +134,7 @@ class Shard:
         self._ring = ring
         self._public_context = public_context
         self._max_messages = max_messages_per_round
+        self._verify_model = verify_model  # the key holder's signature check on publishes
         self._staleness = staleness  # None: synchronous rounds
         self._max_staleness = max_staleness
         self._lock = threading.Lock()
@@ -154,6 +159,14 @@ class Shard:
         signatures: dict[int, bytes] | None = None,
     ) -> int:
         """Install version ``version`` of every block this shard owns."""
+        if not 1 <= num_blocks <= MAX_BLOCKS or not 1 <= values_per_block <= MAX_BLOCK_VALUES:
+            raise InvalidArgumentError(
+                f"a model has 1..{MAX_BLOCKS} blocks of 1..{MAX_BLOCK_VALUES} values"
+            )
+        if self._published and not self.version <= version <= self.version + 1:
+            raise InvalidArgumentError(
+                f"version {version} does not follow {self.version} (expected it or the next)"
+            )
         owned = self._ring_owned(num_blocks)
         if set(blocks) != set(owned):
             raise InvalidArgumentError(
@@ -162,9 +175,12 @@ class Shard:
         for b, values in blocks.items():
             if values.shape != (values_per_block,) or not np.all(np.isfinite(values)):
                 raise InvalidArgumentError(f"published block {b} is malformed")
+            signature = (signatures or {}).get(b, b"")
+            if self._verify_model is not None and not self._verify_model(
+                version, b, values.astype("<f4").tobytes(), signature
+            ):
+                raise InvalidArgumentError(f"published block {b} is not signed by the key holder")
         with self._lock:
-            if self._published and version < self.version:
-                raise InvalidArgumentError(f"version {version} is older than {self.version}")
             self._num_blocks, self._values_per_block = num_blocks, values_per_block
             self._owned = owned
             self._values = {b: v.astype("<f4") for b, v in blocks.items()}
@@ -207,8 +223,8 @@ class Shard:
         """
         if not members:
             raise InvalidArgumentError("a round needs a non-empty cohort")
-        if any(len(key) != 32 for key in members.values()):
-            raise InvalidArgumentError("every cohort member needs a 32-byte Ed25519 key")
+        if any(is_weak_key(key) for key in members.values()):
+            raise InvalidArgumentError("every cohort member needs a valid 32-byte Ed25519 key")
         self._public_context(context_id)  # fetch and validate the key generation now
         with self._lock:
             existing = self._rounds.get(round_)

@@ -268,12 +268,13 @@ def test_publish_rejects_malformed_blocks(
 def test_publish_refuses_older_version(ring: HashRing, owned: list[int], lookup: Callable) -> None:
     # Prepare
     shard = _published(ring, owned, lookup)
-    shard.publish(5, NUM_BLOCKS, N, {b: np.zeros(N) for b in owned})
+    shard.publish(2, NUM_BLOCKS, N, {b: np.zeros(N) for b in owned})
 
-    # Execute / Assert
-    with pytest.raises(InvalidArgumentError, match="older"):
-        shard.publish(4, NUM_BLOCKS, N, {b: np.zeros(N) for b in owned})
-    assert shard.version == 5
+    # Execute / Assert: older versions, and jumps past the next one, are refused
+    for version in (1, 4):
+        with pytest.raises(InvalidArgumentError, match="does not follow"):
+            shard.publish(version, NUM_BLOCKS, N, {b: np.zeros(N) for b in owned})
+    assert shard.version == 2
 
 
 def test_shard_not_on_ring_is_refused(ring: HashRing, lookup: Callable) -> None:
