@@ -13,6 +13,7 @@ import os
 import struct
 import tempfile
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import zstandard
@@ -59,28 +60,23 @@ def save_bytes(obj: _Saveable) -> bytes:
 
 def load_into(obj: Any, context: Any, data: bytes) -> None:
     """Load ``data`` into ``obj`` with SEAL's validating ``load(context, path)``."""
-    path = _scratch_path()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        try:
-            obj.load(context, path)
-        except (RuntimeError, ValueError) as exc:
-            raise InvalidArgumentError(f"SEAL refused the object: {exc}") from exc
-    finally:
-        _remove(path)
+    _load_via_file(data, lambda path: obj.load(context, path))
 
 
 def load_plain(obj: Any, data: bytes) -> None:
     """Load ``data`` into a SEAL object whose ``load`` takes only a path (parameters)."""
+    _load_via_file(data, lambda path: obj.load(path))
+
+
+def _load_via_file(data: bytes, load: Callable[[str], None]) -> None:
+    """Write ``data`` to a private scratch file and ``load`` it; SEAL errors become ours."""
     path = _scratch_path()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         try:
-            obj.load(path)
+            load(path)
         except (RuntimeError, ValueError) as exc:
             raise InvalidArgumentError(f"SEAL refused the object: {exc}") from exc
     finally:
