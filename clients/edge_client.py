@@ -302,11 +302,11 @@ class EdgeClient:
             )
         total = 0
         attempts = 3 if self.config.training.mode == "async" else 1
-        for _ in range(attempts):
+        for attempt in range(attempts):
             sent, refused = self._push_signed(round_, version, weight, coefficients, by_shard)
             total += sent
             by_shard = {sid: by_shard[sid] for sid in refused}
-            if not by_shard:
+            if not by_shard or attempt == attempts - 1:
                 break
             # Async: the buffer flushed while we pushed; the rest goes to the next buffer.
             task = self._retry(
