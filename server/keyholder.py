@@ -135,9 +135,14 @@ class KeyHolder:
 
     # ------------------------------------------------------------------ model
     def initialize(self, vector: np.ndarray, *, version: int = 0, force: bool = False) -> None:
-        """Set the initial model (the chief's job) and publish it; no-op if one exists."""
+        """Set the initial model (the chief's job) and publish it.
+
+        If a model exists it is kept and republished: nobody can replace a model through
+        this call (a chief restoring a checkpoint into a key holder that lost its state finds
+        no model there). ``force`` is accepted for compatibility and changes nothing.
+        """
         with self._lock:
-            if self.params is not None and not force:
+            if self.params is not None:
                 _log.info("key holder already has model version %d; keeping it", self.version)
                 self._publish()
                 return

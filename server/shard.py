@@ -163,6 +163,10 @@ class Shard:
             raise InvalidArgumentError(
                 f"a model has 1..{MAX_BLOCKS} blocks of 1..{MAX_BLOCK_VALUES} values"
             )
+        if self._published and num_blocks != self._num_blocks:
+            raise InvalidArgumentError(
+                f"the model has {self._num_blocks} blocks; a publish cannot change that"
+            )
         if self._published and not self.version <= version <= self.version + 1:
             raise InvalidArgumentError(
                 f"version {version} does not follow {self.version} (expected it or the next)"
