@@ -26,13 +26,7 @@ def unpack_block(public: PublicContext, data: bytes) -> np.ndarray:
     InvalidArgumentError
         If the length is not exactly one block or a coefficient is not below q.
     """
-    if len(data) != public.block_bytes:
-        raise InvalidArgumentError(
-            f"ciphertext block must be exactly {public.block_bytes} bytes, got {len(data)}"
-        )
-    coeffs = bitpack.unpack(data, public.coeffs_per_block, public.coeff_bits)
-    if int(coeffs.max()) >= public.modulus:
-        raise InvalidArgumentError("ciphertext coefficient out of range (not below q)")
+    coeffs: np.ndarray = unpack_blocks(public, [data])[0]
     return coeffs
 
 

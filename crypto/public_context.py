@@ -96,19 +96,24 @@ class PublicContext:
     @cached_property
     def ciphertext_prefix(self) -> bytes:
         """SEAL's serialised metadata of a fresh coefficient-form ciphertext of this context."""
-        cipher = self._fresh_zero()
+        cipher = seal.Ciphertext()
+        self._fresh_zero(cipher)
         body = _seal_io.uncompressed_body(_seal_io.save_bytes(cipher))
         if len(body) != _CT_PREFIX_SIZE + 8 * self.coeffs_per_block:
             raise InvalidArgumentError("unexpected SEAL ciphertext layout")
         return body[:_CT_PREFIX_SIZE]
 
-    def _fresh_zero(self) -> Any:
-        """A fresh public-key encryption of zero, moved out of NTT form, at our scale."""
-        cipher = seal.Ciphertext()
-        seal.Encryptor(self._context, self._public_key).encrypt_zero(cipher)
-        seal.Evaluator(self._context).transform_from_ntt_inplace(cipher)
+    @cached_property
+    def _zero_tools(self) -> tuple[Any, Any]:
+        return seal.Encryptor(self._context, self._public_key), seal.Evaluator(self._context)
+
+    def _fresh_zero(self, cipher: Any) -> None:
+        """Fill ``cipher`` with a fresh public-key encryption of zero, out of NTT form, at
+        our scale."""
+        encryptor, evaluator = self._zero_tools
+        encryptor.encrypt_zero(cipher)
+        evaluator.transform_from_ntt_inplace(cipher)
         cipher.scale = self.params.scale
-        return cipher
 
     def encrypt_zeros(self, count: int) -> np.ndarray:
         """``count`` fresh encryptions of zero as raw coefficients, shape (count, 2N).
@@ -117,15 +122,11 @@ class PublicContext:
         plaintext to the first polynomial of a fresh ``Enc(0)`` *is* encryption. Each zero
         must be used for exactly one block.
         """
-        encryptor = seal.Encryptor(self._context, self._public_key)
-        evaluator = seal.Evaluator(self._context)
         prefix = self.ciphertext_prefix
         out = np.empty((count, self.coeffs_per_block), dtype=np.uint64)
         cipher = seal.Ciphertext()
         for i in range(count):
-            encryptor.encrypt_zero(cipher)
-            evaluator.transform_from_ntt_inplace(cipher)
-            cipher.scale = self.params.scale
+            self._fresh_zero(cipher)
             body = _seal_io.uncompressed_body(_seal_io.save_bytes(cipher))
             if body[: len(prefix)] != prefix:
                 raise InvalidArgumentError("ciphertext does not match the public context")

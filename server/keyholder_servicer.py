@@ -23,19 +23,25 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
 
     def __init__(self, keyholder: KeyHolder) -> None:
         self.keyholder = keyholder
+        self._context_reply: keyholder_pb2.PublicContextReply | None = None
 
     def GetPublicContext(  # noqa: N802 (gRPC method name)
         self, request: common_pb2.Empty, context: grpc.ServicerContext
     ) -> keyholder_pb2.PublicContextReply:
-        context_bytes = self.keyholder.keys.public.serialize() if self.keyholder.encrypted else b""
         context_id = self.keyholder.context_id
+        cached = self._context_reply
+        if cached is not None and cached.context_id == context_id:
+            return cached  # serialised and signed once per key generation
+        context_bytes = self.keyholder.keys.public.serialize() if self.keyholder.encrypted else b""
         signer = self.keyholder.signer
-        return keyholder_pb2.PublicContextReply(
+        reply = keyholder_pb2.PublicContextReply(
             context=context_bytes,
             context_id=context_id,
             signing_key=signer.public_key,
             signature=signer.sign(context_digest(context_bytes, context_id)),
         )
+        self._context_reply = reply
+        return reply
 
     def InitializeModel(  # noqa: N802
         self,
