@@ -8,14 +8,15 @@ block is zero-padded. Block ``b`` lives on the shard the hash ring assigns it to
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from fedps.errors import InvalidArgumentError
+from fedps.errors import ConfigError, InvalidArgumentError
 
-__all__ = ["BlockLayout", "flatten_model", "load_flat"]
+__all__ = ["BlockLayout", "flatten_model", "group_mask", "load_flat"]
 
 
 @dataclass(frozen=True)
@@ -94,3 +95,26 @@ def load_flat(model: torch.nn.Module, vector: np.ndarray) -> None:
             chunk = torch.from_numpy(np.ascontiguousarray(vector[offset : offset + n]))
             p.copy_(chunk.reshape(p.shape).to(p.dtype))
             offset += n
+
+
+def group_mask(model: torch.nn.Module, patterns: list[str]) -> np.ndarray:
+    """Which values of the flat vector belong to parameters named like one of ``patterns``.
+
+    Names are ``model.named_parameters()`` names (``"2.weight"``), matched with ``fnmatch``;
+    the result is a boolean vector in :func:`flatten_model` order.
+
+    Raises
+    ------
+    ConfigError
+        If a pattern matches no parameter (a typo would silently change nothing).
+    """
+    named = list(model.named_parameters())
+    unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n, _ in named)]
+    if unmatched:
+        names = ", ".join(n for n, _ in named)
+        raise ConfigError(f"parameter pattern(s) {unmatched} match none of: {names}")
+    parts = [
+        np.full(p.numel(), any(fnmatch.fnmatchcase(name, pat) for pat in patterns), dtype=bool)
+        for name, p in named
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)

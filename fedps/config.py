@@ -28,6 +28,7 @@ from fedps.errors import ConfigError
 __all__ = [
     "ClusterConfig",
     "FedPSConfig",
+    "GroupsConfig",
     "HEConfig",
     "PrivacyConfig",
     "SecurityConfig",
@@ -225,6 +226,27 @@ class TlsConfig(_Section):
         return self
 
 
+class GroupsConfig(_Section):
+    """Mixed policy (async mode): parameter groups that stay synchronous.
+
+    In ``training.mode = "async"`` every parameter changes at each buffer flush, except those
+    whose name (``model.named_parameters()``, e.g. ``"2.weight"``) matches one of the ``sync``
+    patterns (``fnmatch``): they change only when a round closes, every ``round_buffers``
+    applied flushes, by the weighted average of every update of that round.
+    """
+
+    sync: list[str] = Field(
+        default_factory=list, description="name patterns of the parameters kept synchronous"
+    )
+    round_buffers: int = Field(
+        0, ge=0, description="applied flushes per round (0: ceil(clients / buffer_size))"
+    )
+
+    def buffers_per_round(self, training: TrainingConfig) -> int:
+        """Applied flushes after which the synchronous groups change."""
+        return self.round_buffers or -(-training.clients // training.buffer_size)
+
+
 class FedPSConfig(_Section):
     """The whole configuration."""
 
@@ -234,9 +256,15 @@ class FedPSConfig(_Section):
     he: HEConfig = Field(default_factory=HEConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     tls: TlsConfig = Field(default_factory=TlsConfig)
+    groups: GroupsConfig = Field(default_factory=GroupsConfig)
 
     @model_validator(mode="after")
     def _check(self) -> FedPSConfig:
+        if self.groups.sync and self.training.mode != "async":
+            raise ValueError(
+                "groups.sync keeps some parameters synchronous in an async run; "
+                'set training.mode = "async" (a sync run is synchronous everywhere)'
+            )
         cohort = self.training.cohort_size or self.training.clients
         if cohort > self.he.max_clients:
             raise ValueError(

@@ -35,6 +35,7 @@ from fedps.hash_ring import HashRing
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
 from fedps.transport import batched, call, create_channel
 from server.aggregate_verifier import AggregateVerifier, AuditChunk, audit_plan
+from server.group_policy import GroupPolicy
 from server.server_optimizer import ServerOptimizer
 
 __all__ = ["MAX_PARAMS", "KeyHolder", "RoundResult"]
@@ -55,6 +56,7 @@ class RoundResult:
     min_contributors: int
     total_weight: float
     update_norm: float
+    sync_groups_applied: bool = True  # False: a flush that left the synchronous groups as they were
 
 
 class KeyHolder:
@@ -74,6 +76,8 @@ class KeyHolder:
         The server optimizer.
     min_cohort
         Fewest distinct clients an aggregate must contain to be decrypted.
+    groups
+        The mixed policy (async mode): values that change only when a round closes.
     """
 
     def __init__(
@@ -93,6 +97,7 @@ class KeyHolder:
         rotate_every_rounds: int = 0,
         staleness: Callable[[int], float] | None = None,
         max_staleness: int = 0,
+        groups: GroupPolicy | None = None,
     ) -> None:
         if min_cohort < 1:
             raise InvalidArgumentError("min_cohort must be at least 1")
@@ -112,6 +117,7 @@ class KeyHolder:
         self.rotate_every_rounds = rotate_every_rounds
         self._staleness = staleness
         self._max_staleness = max_staleness
+        self._groups = groups
         self._params_config = params
         self._audit_key = _load_or_create_secret(state_dir / "keys" / "audit.key")
         self.signer = BlockSigner.load_or_create(state_dir / "keys" / "signing.key")
@@ -148,6 +154,9 @@ class KeyHolder:
                 return
             if vector.ndim != 1 or vector.size == 0 or not np.all(np.isfinite(vector)):
                 raise InvalidArgumentError("initial model must be a non-empty finite vector")
+            if self._groups is not None:
+                self._groups.check(vector.size)
+                self._groups.reset()
             before = (self.params, self.version, dict(self._optimizer.state))
             self.params = vector.astype(np.float64)
             self.version = version
@@ -236,16 +245,23 @@ class KeyHolder:
                 max_staleness=self._max_staleness,
             )
             layout = self.layout
-            delta, min_contrib, weight0 = self._decrypt_average(round_, layout, verifier)
-            self.params = self._optimizer.step(self.params, delta)
+            delta, weights, min_contrib = self._decrypt_average(round_, layout, verifier)
+            round_closed = True
+            if self._groups is None:
+                self.params = self._optimizer.step(self.params, delta)
+            else:
+                self.params, round_closed = self._groups.apply(
+                    self._optimizer, self.params, delta, weights
+                )
             self.version += 1
             self.last_round = round_
             result = RoundResult(
                 round=round_,
                 version=self.version,
                 min_contributors=min_contrib,
-                total_weight=weight0,
+                total_weight=float(weights[0]),
                 update_norm=float(np.linalg.norm(delta)),
+                sync_groups_applied=round_closed,
             )
             self._released[round_] = result
             self._audits.pop(round_, None)
@@ -282,7 +298,9 @@ class KeyHolder:
 
     def _decrypt_average(
         self, round_: int, layout: BlockLayout, verifier: AggregateVerifier
-    ) -> tuple[np.ndarray, int, float]:
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """The round's weighted average update, the total weight behind each value (per
+        block) and the fewest contributors of any block."""
         replies = self._fetch(round_)
         for reply in replies:
             for update in reply.updates:
@@ -290,8 +308,8 @@ class KeyHolder:
         plan = self.audit_plan(round_)
         audits = self._audits.get(round_, {})
         averaged: dict[int, np.ndarray] = {}
+        totals: dict[int, float] = {}
         min_contrib = 1 << 30
-        weight0 = 0.0
         aggregates = [agg for reply in replies for agg in reply.blocks]
         # Validate and unpack every aggregate at once (one vectorised pass, not one per block).
         rows = self._unpack([agg.ciphertext for agg in aggregates])
@@ -316,13 +334,14 @@ class KeyHolder:
                 raise PolicyError(f"block {agg.block} cannot be decrypted: {exc}") from exc
             summed = self._release(opened, sum(multipliers.values()), agg.block)
             averaged[agg.block] = summed / total
+            totals[agg.block] = total
             min_contrib = min(min_contrib, len(weights))
-            if agg.block == 0:
-                weight0 = total
         missing = sorted(set(range(layout.num_blocks)) - set(averaged))
         if missing:
             raise PolicyError(f"round {round_}: no aggregate for blocks {missing[:10]}")
-        return layout.join(averaged), min_contrib, weight0
+        n = layout.values_per_block
+        per_value = layout.join({b: np.full(n, t) for b, t in totals.items()})
+        return layout.join(averaged), per_value, min_contrib
 
     def _release(self, summed: np.ndarray, contributors: int, block: int) -> np.ndarray:
         """Flood and round a decrypted sum, then refuse it if it breaks the clipping bound."""
@@ -398,6 +417,8 @@ class KeyHolder:
             "meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
         }
         arrays.update({f"opt_{k}": v for k, v in self._optimizer.state.items()})
+        if self._groups is not None:
+            arrays.update({f"groups_{k}": v for k, v in self._groups.state().items()})
         with open(tmp, "wb") as fh:
             np.savez(fh, *[], **arrays)  # type: ignore[arg-type]
             fh.flush()
@@ -412,6 +433,9 @@ class KeyHolder:
             meta = json.loads(bytes(data["meta"]).decode())
             self.params = data["params"]
             self._optimizer.state = {k[4:]: data[k] for k in data.files if k.startswith("opt_")}
+            if self._groups is not None:
+                groups = {k[7:]: data[k] for k in data.files if k.startswith("groups_")}
+                self._groups.load(groups)
         self.version = int(meta["version"])
         self.last_round = int(meta["last_round"])
         self._released = {int(k): RoundResult(**v) for k, v in meta["released"].items()}

@@ -17,13 +17,17 @@ import grpc
 
 from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, PublicContext
 from crypto.signing import model_verifier
+from fedps.blocks import group_mask
 from fedps.config import FedPSConfig
+from fedps.datasets import load_dataset
 from fedps.errors import InvalidArgumentError
 from fedps.hash_ring import HashRing
+from fedps.models import create_model
 from fedps.proto import common_pb2, coordinator_pb2_grpc, keyholder_pb2_grpc, shard_pb2_grpc
 from fedps.transport import bind, call, create_channel, create_server
 from server.coordinator import Coordinator
 from server.coordinator_servicer import CoordinatorServicer
+from server.group_policy import GroupPolicy
 from server.keyholder import KeyHolder
 from server.keyholder_servicer import KeyHolderServicer
 from server.server_optimizer import create_server_optimizer
@@ -53,6 +57,18 @@ def _staleness(config: FedPSConfig) -> Callable[[int], float] | None:
     return create_staleness(t.staleness, a=t.staleness_a, b=t.staleness_b)
 
 
+def _group_policy(config: FedPSConfig) -> GroupPolicy | None:
+    """The mixed policy of ``[groups]``, None when every parameter follows the mode."""
+    t = config.training
+    if not config.groups.sync:
+        return None
+    train, _ = load_dataset(t.dataset, data_dir=t.data_dir)
+    model = create_model(
+        t.model, num_features=train.num_features, num_classes=train.num_classes, seed=t.seed
+    )
+    return GroupPolicy(group_mask(model, config.groups.sync), config.groups.buffers_per_round(t))
+
+
 def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> KeyHolder:
     """Build the key holder and register its servicer."""
     t = config.training
@@ -73,6 +89,7 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
         rotate_every_rounds=config.security.rotate_every_rounds,
         staleness=_staleness(config),
         max_staleness=t.max_staleness,
+        groups=_group_policy(config),
     )
     keyholder_pb2_grpc.add_KeyHolderServicer_to_server(KeyHolderServicer(keyholder), server)
     return keyholder

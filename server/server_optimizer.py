@@ -24,15 +24,33 @@ class ServerOptimizer(ABC):
         self.lr = lr
         self.state: dict[str, np.ndarray] = {}
 
+    def step(
+        self, params: np.ndarray, delta: np.ndarray, where: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Return the next parameters (a new array).
+
+        With ``where`` (a boolean mask), only those values and their optimizer state move;
+        the others keep their parameters and state (a group that is not due yet).
+        """
+        if where is None:
+            return self._step(params, delta)
+        before = dict(self.state)
+        stepped = self._step(params, delta)
+        for key, value in self.state.items():
+            old = before.get(key)
+            self.state[key] = np.where(where, value, 0.0 if old is None else old)
+        out: np.ndarray = np.where(where, stepped, params)
+        return out
+
     @abstractmethod
-    def step(self, params: np.ndarray, delta: np.ndarray) -> np.ndarray:
-        """Return the next parameters (a new array)."""
+    def _step(self, params: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        """The optimizer's update of every value (updates ``state``)."""
 
 
 class FedAvg(ServerOptimizer):
     """x <- x + lr * delta (McMahan et al. 2017)."""
 
-    def step(self, params: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    def _step(self, params: np.ndarray, delta: np.ndarray) -> np.ndarray:
         out: np.ndarray = params + self.lr * delta
         return out
 
@@ -44,7 +62,7 @@ class FedAvgM(ServerOptimizer):
         super().__init__(lr)
         self.momentum = momentum
 
-    def step(self, params: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    def _step(self, params: np.ndarray, delta: np.ndarray) -> np.ndarray:
         m = self.state.get("m", np.zeros_like(params))
         m = self.momentum * m + delta
         self.state["m"] = m
@@ -61,7 +79,7 @@ class FedAdam(ServerOptimizer):
         super().__init__(lr)
         self.beta1, self.beta2, self.tau = beta1, beta2, tau
 
-    def step(self, params: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    def _step(self, params: np.ndarray, delta: np.ndarray) -> np.ndarray:
         m = self.state.get("m", np.zeros_like(params))
         v = self.state.get("v", np.zeros_like(params))
         m = self.beta1 * m + (1 - self.beta1) * delta

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fedps.blocks import BlockLayout, flatten_model, load_flat
-from fedps.errors import InvalidArgumentError
+from fedps.blocks import BlockLayout, flatten_model, group_mask, load_flat
+from fedps.errors import ConfigError, InvalidArgumentError
 from fedps.models import create_model
 
 _sizes = st.tuples(st.integers(1, 5000), st.integers(1, 700))
@@ -146,3 +146,19 @@ def test_load_flat_rejects_two_dimensional_vector() -> None:
     # Execute / Assert
     with pytest.raises(InvalidArgumentError):
         load_flat(model, np.zeros((1, count)))
+
+
+def test_group_mask_marks_exactly_the_matching_parameters() -> None:
+    # Prepare: the digits MLP, layers "0" (64x64 + 64) and "2" (64x10 + 10)
+    model = create_model("mlp", num_features=64, num_classes=10)
+    # Execute
+    mask = group_mask(model, ["2.*"])
+    # Assert: the last 650 values, in flatten_model order
+    assert mask.size == flatten_model(model).size == 4810
+    assert mask.sum() == 650 and mask[-650:].all()
+
+
+def test_group_mask_refuses_a_pattern_that_matches_nothing() -> None:
+    # Execute / Assert
+    with pytest.raises(ConfigError, match=r"match none of: 0\.weight"):
+        group_mask(create_model("mlp", num_features=64, num_classes=10), ["embed.*"])

@@ -266,3 +266,11 @@ def test_write_config_round_trip(
 
     # Assert
     assert loaded == config
+
+
+def test_sync_groups_need_async_mode() -> None:
+    # Execute / Assert
+    with pytest.raises(ConfigError, match=r'training\.mode = "async"'):
+        load_config(None, groups={"sync": ["2.*"]})
+    mixed = load_config(None, training={"mode": "async"}, groups={"sync": ["2.*"]})
+    assert mixed.groups.buffers_per_round(mixed.training) == 2  # ceil(4 clients / K = 3)

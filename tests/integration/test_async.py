@@ -14,9 +14,12 @@ import pytest
 from clients.edge_client import EdgeClient
 from crypto import BlockEncryptor
 from crypto.signing import CHUNKS, BlockSigner, merkle_proof, sign_update
+from fedps.blocks import group_mask
+from fedps.models import create_model
 from fedps.proto import shard_pb2, shard_pb2_grpc
 from fedps.transport import create_channel
 from server.aggregate_verifier import AuditChunk
+from server.keyholder import RoundResult
 from server.shard import PushBatch
 from server.staleness import create_staleness, multiplier
 from tests.conftest import Cluster, run_clients, start_cluster
@@ -36,7 +39,12 @@ def async_cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def _contribute(
-    cluster: Cluster, client: str, signer: BlockSigner, update: np.ndarray, version: int
+    cluster: Cluster,
+    client: str,
+    signer: BlockSigner,
+    update: np.ndarray,
+    version: int,
+    round_: int = 1,
 ) -> shard_pb2.PushRequest:
     """Audit chunks to the key holder, then the signed update to each shard (in-process)."""
     kh = cluster.keyholder
@@ -46,7 +54,7 @@ def _contribute(
         signer,
         coeffs,
         run_id=RUN,
-        round_=1,
+        round_=round_,
         client_id=client,
         context_id=public.context_id,
         weight=1.0,
@@ -55,10 +63,10 @@ def _contribute(
     size = coeffs.shape[1] // CHUNKS
     kh.submit_audit(
         client,
-        1,
+        round_,
         {
             b: AuditChunk(c, coeffs[b, c * size : (c + 1) * size], merkle_proof(coeffs[b], c))
-            for b, c in kh.audit_plan(1).items()
+            for b, c in kh.audit_plan(round_).items()
         },
     )
     for shard in cluster.shards:
@@ -67,7 +75,7 @@ def _contribute(
             shard.push(
                 PushBatch(
                     client,
-                    1,
+                    round_,
                     version,
                     1.0,
                     public.context_id,
@@ -80,7 +88,7 @@ def _contribute(
     blocks = [shard_pb2.EncryptedBlock(block=b, ciphertext=c) for b, c in sorted(packed.items())]
     return shard_pb2.PushRequest(
         client_id=client,
-        round=1,
+        round=round_,
         version=version,
         weight=1.0,
         context_id=public.context_id,
@@ -183,5 +191,75 @@ def test_buffer_never_flushes_below_k_and_training_runs(tmp_path: Path) -> None:
         assert cluster.coordinator.finished
         assert cluster.keyholder.version == 2
         assert all(r.contributors >= 3 for r in cluster.coordinator.history)
+    finally:
+        cluster.stop()
+
+
+def _flush(
+    cluster: Cluster,
+    round_: int,
+    version: int,
+    updates: dict[str, np.ndarray],
+    trained_on: dict[str, int],
+) -> RoundResult:
+    """One buffer of signed, encrypted updates through the shards and the key holder."""
+    kh = cluster.keyholder
+    signers = {c: BlockSigner() for c in updates}
+    keys = {c: s.public_key for c, s in signers.items()}
+    for shard in cluster.shards:
+        shard.open_round(round_, version, keys, kh.keys.public.context_id, RUN)
+    for client, signer in signers.items():
+        _contribute(cluster, client, signer, updates[client], trained_on[client], round_)
+    for shard in cluster.shards:
+        shard.close_round(round_)
+    return kh.apply_round(round_, version, RUN, keys)
+
+
+def _close(actual: np.ndarray, expected: np.ndarray) -> bool:
+    return bool(np.linalg.norm(actual - expected) / np.linalg.norm(expected) < 1e-4)
+
+
+def test_mixed_policy_sync_groups_change_only_at_round_close(tmp_path: Path) -> None:
+    # Prepare: the digits MLP; its output layer ("2.*") synchronous, two flushes per round
+    cluster = start_cluster(
+        tmp_path,
+        coordinator=False,
+        training={**ASYNC, "max_staleness": 4},
+        groups={"sync": ["2.*"], "round_buffers": 2},
+    )
+    try:
+        kh = cluster.keyholder
+        sync = group_mask(create_model("mlp", num_features=64, num_classes=10), ["2.*"])
+        rng = np.random.default_rng(3)
+        start = rng.normal(0, 0.1, sync.size)
+        kh.initialize(start)
+        first = {c: rng.uniform(-0.5, 0.5, sync.size) for c in ("a", "b", "c")}
+        second = {c: rng.uniform(-0.5, 0.5, sync.size) for c in ("d", "e", "f")}
+        fn = create_staleness("polynomial", a=0.5)
+        # Execute: flush 1 (all trained on version 0)
+        one = _flush(cluster, 1, 0, first, {c: 0 for c in first})
+        after_one = kh.params
+        assert after_one is not None
+        # Assert: async values moved by the flush's average; sync values did not move at all
+        assert not one.sync_groups_applied
+        mean_one = sum(first.values()) / 3
+        assert np.array_equal(after_one[sync], start[sync])
+        assert _close(after_one[~sync], (start + mean_one)[~sync])
+        # Execute: flush 2 closes the round (trained on versions 1, 1 and 0)
+        trained_on = {"d": 1, "e": 1, "f": 0}
+        two = _flush(cluster, 2, 1, second, trained_on)
+        after_two = kh.params
+        assert after_two is not None
+        # Assert: async values moved by flush 2's staleness-weighted average; sync values by
+        # the weighted average of all six updates of the round
+        assert two.sync_groups_applied
+        m = {c: multiplier(fn, 1 - v) for c, v in trained_on.items()}
+        mean_two = sum(m[c] * second[c] for c in second) / sum(m.values())
+        assert _close(after_two[~sync], (after_one + mean_two)[~sync])
+        weight_one = 3 * multiplier(fn, 0)
+        round_mean = (weight_one * mean_one + sum(m[c] * second[c] for c in second)) / (
+            weight_one + sum(m.values())
+        )
+        assert _close(after_two[sync], (start + round_mean)[sync])
     finally:
         cluster.stop()

@@ -116,3 +116,14 @@ def test_unknown_name_raises_config_error(name: str) -> None:
     # Prepare / Execute / Assert
     with pytest.raises(ConfigError, match="unknown server optimizer"):
         create_server_optimizer(name, lr=1.0)
+
+
+def test_masked_step_leaves_other_values_and_their_state_alone() -> None:
+    # Prepare: momentum builds up on both values, then only the first may move
+    opt = FedAvgM(lr=1.0, momentum=0.5)
+    x1 = opt.step(np.zeros(2), np.array([1.0, 1.0]))  # m = [1, 1]
+    # Execute
+    x2 = opt.step(x1, np.array([0.0, 5.0]), where=np.array([True, False]))
+    # Assert: value 0 moves by m = 0.5; value 1 keeps x and m although its delta was 5
+    assert np.allclose(x2, [1.5, 1.0])
+    assert np.allclose(opt.state["m"], [0.5, 1.0])
