@@ -50,6 +50,7 @@ class ClusterConfig(_Section):
     shards: list[str] = Field(default_factory=lambda: ["127.0.0.1:7201", "127.0.0.1:7202"])
     virtual_nodes: int = Field(128, ge=1, le=4096)
     state_dir: Path = Path("fedps-state")
+    fsync: bool = Field(True, description="shards fsync each accepted push before acknowledging it")
 
     @model_validator(mode="after")
     def _check(self) -> ClusterConfig:
@@ -118,13 +119,22 @@ class TrainingConfig(_Section):
 
 
 class PrivacyConfig(_Section):
-    """Per-client DP-SGD (Opacus): give a noise multiplier or a target epsilon."""
+    """Differential privacy: give a noise multiplier or a target epsilon (see docs/privacy.md).
+
+    ``level = "example"``: per-client DP-SGD (Opacus), per-sample gradients clipped to
+    ``max_grad_norm``. ``level = "client"``: DP-FedAvg, each client's whole update clipped to
+    ``clip_norm`` and noised, with uniform client weights.
+    """
 
     noise_multiplier: float | None = Field(None, ge=0)
     target_epsilon: float | None = Field(7.5, gt=0)
     max_grad_norm: float = Field(1.0, gt=0)
     delta: float = Field(1e-5, gt=0, lt=1)
     accountant: Literal["rdp", "prv", "gdp"] = "rdp"
+    level: Literal["example", "client"] = Field(
+        "example", description="protect one example (DP-SGD) or one client's data (DP-FedAvg)"
+    )
+    clip_norm: float = Field(0.5, gt=0, description="client level: L2 clip of each update")
 
     @model_validator(mode="after")
     def _check(self) -> PrivacyConfig:

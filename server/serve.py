@@ -32,6 +32,7 @@ from server.keyholder import KeyHolder
 from server.keyholder_servicer import KeyHolderServicer
 from server.server_optimizer import create_server_optimizer
 from server.shard import Shard
+from server.shard_log import ShardLog
 from server.shard_servicer import ShardServicer
 from server.staleness import create_staleness
 
@@ -103,6 +104,7 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
     stub = keyholder_pb2_grpc.KeyHolderStub(create_channel(config.cluster.keyholder))
     contexts: dict[str, PublicContext] = {}
     lock = threading.Lock()
+    log = ShardLog(config.cluster.state_dir / ids[index], fsync=config.cluster.fsync)
 
     def public_context(context_id: str) -> PublicContext | PlainContext:
         if context_id == PLAINTEXT_CONTEXT_ID:
@@ -110,12 +112,17 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
                 raise InvalidArgumentError("this shard only accepts encrypted updates")
             return PlainContext(ckks_params(config).values_per_block)
         with lock:
+            saved = log.load_context(context_id) if context_id not in contexts else None
+            if saved is not None:  # fetched before a restart
+                restored = PublicContext.from_bytes(saved)
+                contexts[restored.context_id] = restored
             if context_id not in contexts:
                 reply = call(
                     lambda: stub.GetPublicContext(common_pb2.Empty()), "fetch public context"
                 )
                 public = PublicContext.from_bytes(reply.context)
                 contexts[public.context_id] = public
+                log.save_context(public.context_id, bytes(reply.context))
             if context_id not in contexts:
                 raise InvalidArgumentError("unknown key generation (context id)")
             return contexts[context_id]
@@ -137,7 +144,9 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
         staleness=_staleness(config),
         max_staleness=t.max_staleness,
         verify_model=verify_model,
+        log=log,
     )
+    shard.recover()
     shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(shard), server)
     return shard
 

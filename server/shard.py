@@ -7,6 +7,11 @@ membership, round and version) before adding it into a running sum modulo q. The
 block per owned block, whatever the number of clients; the manifest records who is in it and
 with what weight, so a client's block is never counted twice. A shard never holds a secret
 key: it can add ciphertexts, never read them.
+
+With a :class:`~server.shard_log.ShardLog`, every accepted change is logged (and by default
+fsynced) before it is acknowledged, and :meth:`Shard.recover` rebuilds the sums, manifests and
+published model after a restart; a push retried after a lost acknowledgement finds its blocks
+in the manifest and is acknowledged as a duplicate, never added twice.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from fedps.errors import (
     UnknownClientError,
 )
 from fedps.hash_ring import HashRing
+from fedps.proto import common_pb2, shard_pb2
+from server.shard_log import ShardLog
 from server.staleness import multiplier
 
 __all__ = ["Aggregate", "Contribution", "PushBatch", "Shard", "SignedUpdate"]
@@ -127,6 +134,7 @@ class Shard:
         staleness: Callable[[int], float] | None = None,
         max_staleness: int = 0,
         verify_model: Callable[[int, int, bytes, bytes], bool] | None = None,
+        log: ShardLog | None = None,
     ) -> None:
         if shard_id not in ring.nodes:
             raise InvalidArgumentError(f"{shard_id} is not on the ring {ring.nodes}")
@@ -147,7 +155,73 @@ class Shard:
         self._published = False
         self._rounds: dict[int, _Round] = {}
         self._open: _Round | None = None
+        self._log = log
+        self._replaying = False
         self.stats = {"accepted": 0, "duplicates": 0, "refused": 0, "bytes": 0}
+
+    # ------------------------------------------------------------------ durability
+    def recover(self) -> int:
+        """Rebuild the published model and every kept round from the log; returns the
+        number of records replayed (0 without a log)."""
+        if self._log is None:
+            return 0
+        saved = self._log.load_model()
+        if saved is not None:
+            self._install(
+                saved.version,
+                saved.num_blocks,
+                saved.values_per_block,
+                {b.block: np.frombuffer(b.values, dtype="<f4") for b in saved.blocks},
+                {b.block: b.signature for b in saved.blocks},
+            )
+        replayed = 0
+        self._replaying = True
+        try:
+            for round_, record in self._log.records():
+                kind = record.WhichOneof("kind")
+                if kind == "open":
+                    o = record.open
+                    members = {m.client_id: m.signing_key for m in o.members}
+                    self.open_round(o.round, o.version, members, o.context_id, o.run_id)
+                elif kind == "push":
+                    self._replay_push(record.push)
+                elif kind == "close":
+                    self.close_round(round_)
+                elif kind == "discard":
+                    self.discard_round(round_)
+                replayed += 1
+        finally:
+            self._replaying = False
+        if replayed or saved is not None:
+            _log.info(
+                "%s recovered version %d and %d logged changes (rounds %s)",
+                self.shard_id,
+                self.version,
+                replayed,
+                sorted(self._rounds),
+            )
+        return replayed
+
+    def _append(self, round_: int, record: shard_pb2.ShardLogRecord) -> None:
+        if self._log is not None and not self._replaying:
+            self._log.append(round_, record)
+
+    def _replay_push(self, logged: shard_pb2.LoggedPush) -> None:
+        push = logged.push
+        state = self._require(push.round)
+        public = self._public_context(state.context_id)
+        coefficients = unpack_blocks(public, [b.ciphertext for b in push.blocks])
+        update = SignedUpdate(
+            push.client_id,
+            push.weight,
+            push.nonce,
+            push.signature,
+            tuple(push.roots),
+            push.version,
+        )
+        with self._lock:
+            blocks = [b.block for b in push.blocks]
+            self._add(state, public, update, logged.multiplier, blocks, coefficients)
 
     # ------------------------------------------------------------------ model blocks
     def publish(
@@ -184,15 +258,42 @@ class Shard:
                 version, b, values.astype("<f4").tobytes(), signature
             ):
                 raise InvalidArgumentError(f"published block {b} is not signed by the key holder")
-        with self._lock:
-            self._num_blocks, self._values_per_block = num_blocks, values_per_block
-            self._owned = owned
-            self._values = {b: v.astype("<f4") for b, v in blocks.items()}
-            self._signatures = dict(signatures or {})
-            self.version = version
-            self._published = True
+        if self._log is not None:
+            self._log.save_model(
+                shard_pb2.PublishRequest(
+                    version=version,
+                    num_blocks=num_blocks,
+                    values_per_block=values_per_block,
+                    blocks=[
+                        common_pb2.ParameterBlock(
+                            block=b,
+                            version=version,
+                            values=v.astype("<f4").tobytes(),
+                            signature=(signatures or {}).get(b, b""),
+                        )
+                        for b, v in sorted(blocks.items())
+                    ],
+                )
+            )
+        self._install(version, num_blocks, values_per_block, blocks, signatures or {})
         _log.info("%s published version %d (%d blocks)", self.shard_id, version, len(owned))
         return len(owned)
+
+    def _install(
+        self,
+        version: int,
+        num_blocks: int,
+        values_per_block: int,
+        blocks: dict[int, np.ndarray],
+        signatures: dict[int, bytes],
+    ) -> None:
+        with self._lock:
+            self._num_blocks, self._values_per_block = num_blocks, values_per_block
+            self._owned = self._ring_owned(num_blocks)
+            self._values = {b: v.astype("<f4") for b, v in blocks.items()}
+            self._signatures = dict(signatures)
+            self.version = version
+            self._published = True
 
     def pull(self, min_version: int) -> tuple[int, dict[int, bytes]]:
         """The current version and this shard's blocks as float32 bytes."""
@@ -246,6 +347,9 @@ class Shard:
                 and all(existing.members.get(c, k) == k for c, k in members.items())
                 and set(existing.members) <= set(members)
             ):
+                self._append(
+                    round_, self._open_record(round_, version, members, context_id, run_id)
+                )
                 existing.members.update(members)  # async: clients joined the open buffer
                 return
             if existing is not None:
@@ -256,11 +360,31 @@ class Shard:
             if self._open is not None and not self._open.closed:
                 _log.warning("%s: round %d replaced by %d", self.shard_id, self._open.round, round_)
                 self._open.closed = True
+            self._append(round_, self._open_record(round_, version, members, context_id, run_id))
             state = _Round(round_, version, dict(members), context_id, run_id)
             self._rounds[round_] = state
             self._open = state
             for old in [r for r in self._rounds if r < round_ - 2]:
                 del self._rounds[old]
+            if self._log is not None and not self._replaying:
+                self._log.forget_before(round_ - 2)
+
+    @staticmethod
+    def _open_record(
+        round_: int, version: int, members: dict[str, bytes], context_id: str, run_id: str
+    ) -> shard_pb2.ShardLogRecord:
+        return shard_pb2.ShardLogRecord(
+            open=shard_pb2.OpenRoundRequest(
+                round=round_,
+                version=version,
+                members=[
+                    common_pb2.CohortMember(client_id=c, signing_key=k)
+                    for c, k in sorted(members.items())
+                ],
+                context_id=context_id,
+                run_id=run_id,
+            )
+        )
 
     def push(self, batch: PushBatch) -> tuple[int, int]:
         """Validate and add one push message; returns ``(accepted, duplicates)``.
@@ -323,25 +447,58 @@ class Shard:
                 raise InvalidArgumentError(
                     f"block {block} does not match the client's signed commitment"
                 )
-        accepted = duplicates = 0
         with self._lock:
             if state.closed:
                 raise RoundClosedError(f"round {batch.round} closed during the push")
-            for (block, _), coeffs in zip(batch.blocks, coefficients, strict=True):
-                manifest = state.manifest.setdefault(block, {})
-                if batch.client_id in manifest:
-                    duplicates += 1
-                    continue
-                state.sums.setdefault(block, new_sum(public)).add(coeffs, multiplier)
-                manifest[batch.client_id] = Contribution(
-                    batch.weight, update.roots[block], batch.version, multiplier
+            fresh = [
+                i
+                for i, (block, _) in enumerate(batch.blocks)
+                if batch.client_id not in state.manifest.get(block, {})
+            ]
+            if fresh:  # durable before it is added, and before it is acknowledged
+                logged = shard_pb2.PushRequest(
+                    client_id=batch.client_id,
+                    round=batch.round,
+                    version=batch.version,
+                    weight=batch.weight,
+                    context_id=batch.context_id,
+                    blocks=[
+                        shard_pb2.EncryptedBlock(
+                            block=batch.blocks[i][0], ciphertext=batch.blocks[i][1]
+                        )
+                        for i in fresh
+                    ],
+                    nonce=batch.nonce,
+                    signature=batch.signature,
+                    roots=list(batch.roots),
                 )
-                state.updates.setdefault(batch.client_id, update)
-                accepted += 1
-            self.stats["accepted"] += accepted
+                record = shard_pb2.LoggedPush(push=logged, multiplier=multiplier)
+                self._append(batch.round, shard_pb2.ShardLogRecord(push=record))
+            blocks = [batch.blocks[i][0] for i in fresh]
+            self._add(state, public, update, multiplier, blocks, coefficients[fresh])
+            duplicates = len(batch.blocks) - len(fresh)
             self.stats["duplicates"] += duplicates
             self.stats["bytes"] += sum(len(d) for _, d in batch.blocks)
-        return accepted, duplicates
+        return len(fresh), duplicates
+
+    def _add(
+        self,
+        state: _Round,
+        public: PublicContext | PlainContext,
+        update: SignedUpdate,
+        multiplier: int,
+        blocks: list[int],
+        coefficients: np.ndarray,
+    ) -> None:
+        """Add one client's blocks into the sums (the caller holds the lock)."""
+        for block, coeffs in zip(blocks, coefficients, strict=True):
+            state.sums.setdefault(block, new_sum(public)).add(coeffs, multiplier)
+            state.manifest.setdefault(block, {})[update.client_id] = Contribution(
+                update.weight, update.roots[block], update.version, multiplier
+            )
+        if blocks:
+            state.updates.setdefault(update.client_id, update)
+        self.stats["accepted"] += len(blocks)
 
     def _multiplier(self, state: _Round, batch: PushBatch) -> int:
         """1 in sync mode (the update must be for the round's version); in async mode the
@@ -405,6 +562,11 @@ class Shard:
         """Stop accepting pushes; return the clients that pushed every owned block."""
         with self._lock:
             state = self._require(round_)
+            if not state.closed:
+                self._append(
+                    round_,
+                    shard_pb2.ShardLogRecord(close=shard_pb2.CloseRoundRequest(round=round_)),
+                )
             state.closed = True
             if not self._owned:
                 return sorted(state.members)
@@ -417,6 +579,9 @@ class Shard:
         """Forget an abandoned round's sums; they are never decrypted."""
         with self._lock:
             state = self._require(round_)
+            self._append(
+                round_, shard_pb2.ShardLogRecord(discard=shard_pb2.CloseRoundRequest(round=round_))
+            )
             state.closed = True
             state.sums.clear()
             state.manifest.clear()

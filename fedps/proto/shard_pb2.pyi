@@ -377,3 +377,65 @@ class ShardStatus(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ShardStatus: _TypeAlias = ShardStatus  # noqa: Y015
+
+@_typing.final
+class ShardLogRecord(_message.Message):
+    """The shard's write-ahead log (a file, not an RPC): every change it acknowledged, in order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPEN_FIELD_NUMBER: _builtins.int
+    PUSH_FIELD_NUMBER: _builtins.int
+    CLOSE_FIELD_NUMBER: _builtins.int
+    DISCARD_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def open(self) -> Global___OpenRoundRequest: ...
+    @_builtins.property
+    def push(self) -> Global___LoggedPush: ...
+    @_builtins.property
+    def close(self) -> Global___CloseRoundRequest: ...
+    @_builtins.property
+    def discard(self) -> Global___CloseRoundRequest: ...
+    def __init__(
+        self,
+        *,
+        open: Global___OpenRoundRequest | None = ...,
+        push: Global___LoggedPush | None = ...,
+        close: Global___CloseRoundRequest | None = ...,
+        discard: Global___CloseRoundRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "discard", b"discard", "kind", b"kind", "open", b"open", "push", b"push"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "discard", b"discard", "kind", b"kind", "open", b"open", "push", b"push"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["open", "push", "close", "discard"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___ShardLogRecord: _TypeAlias = ShardLogRecord  # noqa: Y015
+
+@_typing.final
+class LoggedPush(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PUSH_FIELD_NUMBER: _builtins.int
+    MULTIPLIER_FIELD_NUMBER: _builtins.int
+    multiplier: _builtins.int
+    """the staleness multiplier the shard applied"""
+    @_builtins.property
+    def push(self) -> Global___PushRequest:
+        """only the blocks that were added (duplicates left out)"""
+
+    def __init__(
+        self,
+        *,
+        push: Global___PushRequest | None = ...,
+        multiplier: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["push", b"push"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["multiplier", b"multiplier", "push", b"push"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoggedPush: _TypeAlias = LoggedPush  # noqa: Y015

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from fedps.errors import (
 )
 from fedps.hash_ring import HashRing
 from server.shard import Aggregate, Contribution, PushBatch, Shard, SignedUpdate
+from server.shard_log import ShardLog
 
 N = 2048
 NUM_BLOCKS = 4
@@ -849,3 +851,89 @@ def test_too_many_messages_in_a_round_are_refused(
     # ... and "a" has a fresh one in the next round.
     shard.open_round(2, 1, updates.members(COHORT), keys.public.context_id)
     assert _push_all(shard, "a", updates, owned, round_=2) == (len(owned), 0)
+
+
+def _durable(tmp_path: Path, ring: HashRing, lookup: Callable[[str], PublicContext]) -> Shard:
+    shard = Shard(SHARD, ring, lookup, log=ShardLog(tmp_path / SHARD))
+    shard.recover()
+    return shard
+
+
+def test_restarted_shard_continues_the_open_round_and_counts_nothing_twice(
+    tmp_path: Path,
+    ring: HashRing,
+    owned: list[int],
+    lookup: Callable[[str], PublicContext],
+    keys: SecretContext,
+    updates: Updates,
+) -> None:
+    # Prepare: a durable shard publishes, opens round 1 and acknowledges client a
+    first = _durable(tmp_path, ring, lookup)
+    first.publish(1, NUM_BLOCKS, N, {b: np.full(N, float(b)) for b in owned})
+    first.open_round(1, 1, updates.members(COHORT), keys.public.context_id)
+    push_a = updates.signed("a")(owned)
+    assert first.push(push_a) == (len(owned), 0)
+    # Execute: the process dies (nothing closed, nothing flushed by hand) and restarts
+    del first
+    second = _durable(tmp_path, ring, lookup)
+    retried = second.push(push_a)  # the same message again, its acknowledgement was lost
+    _push_all(second, "b", updates, owned)
+    # Assert: the model and the round survived; a counted once, b added
+    assert second.pull(1)[0] == 1 and second.round_is_open
+    assert retried == (0, len(owned))
+    assert second.close_round(1) == ["a", "b"]
+    aggregates, signed = second.aggregates(1)
+    assert sorted(u.client_id for u in signed) == ["a", "b"]
+    sums = _decrypted_sums(aggregates, keys)
+    assert sorted(sums) == owned
+    assert all(abs(v - 3.0) < TOLERANCE for v in sums.values())  # 1 (a) + 2 (b), once each
+
+
+def test_closed_and_discarded_rounds_stay_so_after_restart(
+    tmp_path: Path,
+    ring: HashRing,
+    owned: list[int],
+    lookup: Callable[[str], PublicContext],
+    keys: SecretContext,
+    updates: Updates,
+) -> None:
+    # Prepare: round 1 closed with a; round 2 discarded after b
+    first = _durable(tmp_path, ring, lookup)
+    first.publish(1, NUM_BLOCKS, N, {b: np.full(N, float(b)) for b in owned})
+    first.open_round(1, 1, updates.members(COHORT), keys.public.context_id)
+    _push_all(first, "a", updates, owned)
+    first.close_round(1)
+    first.open_round(2, 1, updates.members(COHORT), keys.public.context_id)
+    first.push(updates.signed("b", round_=2)(owned))
+    first.discard_round(2)
+    # Execute
+    second = _durable(tmp_path, ring, lookup)
+    # Assert: round 1's aggregate is still there to fetch; round 2 holds nothing
+    sums = _decrypted_sums(second.aggregates(1)[0], keys)
+    assert sorted(sums) == owned and all(abs(v - 1.0) < TOLERANCE for v in sums.values())
+    assert second.aggregates(2)[0] == []
+
+
+def test_torn_last_record_is_cut_off(
+    tmp_path: Path,
+    ring: HashRing,
+    owned: list[int],
+    lookup: Callable[[str], PublicContext],
+    keys: SecretContext,
+    updates: Updates,
+) -> None:
+    # Prepare: a acknowledged; then the process dies in the middle of writing b's record
+    first = _durable(tmp_path, ring, lookup)
+    first.publish(1, NUM_BLOCKS, N, {b: np.full(N, float(b)) for b in owned})
+    first.open_round(1, 1, updates.members(COHORT), keys.public.context_id)
+    _push_all(first, "a", updates, owned)
+    path = tmp_path / SHARD / "log" / f"round-{1:012d}.wal"
+    good = path.stat().st_size
+    with open(path, "ab") as fh:
+        fh.write(b"\x00\x10\x00\x00garbage")  # a header promising 4096 bytes, then a crash
+    # Execute
+    second = _durable(tmp_path, ring, lookup)
+    # Assert: a is there, the torn record is gone from the file, b can push normally
+    assert path.stat().st_size == good
+    assert _push_all(second, "b", updates, owned) == (len(owned), 0)
+    assert second.close_round(1) == ["a", "b"]
