@@ -30,6 +30,7 @@ __all__ = [
     "FedPSConfig",
     "GroupsConfig",
     "HEConfig",
+    "MetricsConfig",
     "PrivacyConfig",
     "SecurityConfig",
     "TlsConfig",
@@ -257,6 +258,22 @@ class GroupsConfig(_Section):
         return self.round_buffers or -(-training.clients // training.buffer_size)
 
 
+class MetricsConfig(_Section):
+    """Prometheus endpoints (``host:port``, port 0: any free port); empty: no endpoint."""
+
+    keyholder: str = ""
+    coordinator: str = ""
+    shards: list[str] = Field(default_factory=list, description="one per shard, in order")
+
+    @model_validator(mode="after")
+    def _check(self) -> MetricsConfig:
+        for addr in [self.keyholder, self.coordinator, *self.shards]:
+            host, sep, port = addr.rpartition(":")
+            if addr and not (sep and host and port.isdigit() and int(port) < 65536):
+                raise ValueError(f"metrics address {addr!r} is not host:port")
+        return self
+
+
 class FedPSConfig(_Section):
     """The whole configuration."""
 
@@ -267,9 +284,12 @@ class FedPSConfig(_Section):
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     tls: TlsConfig = Field(default_factory=TlsConfig)
     groups: GroupsConfig = Field(default_factory=GroupsConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
     @model_validator(mode="after")
     def _check(self) -> FedPSConfig:
+        if self.metrics.shards and len(self.metrics.shards) != len(self.cluster.shards):
+            raise ValueError("metrics.shards needs one address per shard (or none)")
         if self.groups.sync and self.training.mode != "async":
             raise ValueError(
                 "groups.sync keeps some parameters synchronous in an async run; "

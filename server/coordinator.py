@@ -102,6 +102,16 @@ class _OpenRound:
     deadline: float
     cohort: frozenset[str]
     reported: set[str] = field(default_factory=set)
+    closing: bool = False  # the shards may have closed it: do not wait for reports again
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "round": self.round,
+            "version": self.version,
+            "deadline": self.deadline,
+            "cohort": sorted(self.cohort),
+            "closing": self.closing,
+        }
 
 
 class Coordinator:
@@ -131,6 +141,7 @@ class Coordinator:
         self.finished = False
         self.last_checkpoint = 0.0
         self._open: _OpenRound | None = None
+        self._resume: _OpenRound | None = None  # the round a restarted coordinator continues
         self._keyholder_key: bytes | None = None  # verifies published blocks
         self._rng = random.Random(self._training.seed)
         self.evaluator = Evaluator(self._training)
@@ -264,6 +275,11 @@ class Coordinator:
             worst = max(self.clients.values(), key=lambda c: c.epsilon, default=None)
             return (worst.epsilon, worst.delta) if worst else (0.0, 0.0)
 
+    def reported_in_open_round(self) -> int:
+        """Updates reported so far in the open round or buffer (0 between rounds)."""
+        current = self._open
+        return len(current.reported) if current is not None else 0
+
     @property
     def bytes_pushed(self) -> int:
         """Bytes of encrypted updates the clients report having pushed."""
@@ -288,6 +304,11 @@ class Coordinator:
 
     def _run(self) -> None:
         self._bootstrap()
+        resume, self._resume = self._resume, None
+        if resume is not None and resume.round > self.round and resume.version == self.version:
+            # Restarted mid-round: continue it, so pushes the shards acknowledged still count.
+            _log.info("continuing round %d after a restart", resume.round)
+            self._run_round(resume.round, resume.cohort, resume=resume)
         while self.round < self._training.rounds and not self._stop.is_set():
             cohort = self._wait_for_cohort()
             if cohort is None:
@@ -373,7 +394,9 @@ class Coordinator:
         timeout = max(30.0, 3 * self._training.deadline_s)
         return not client.exhausted and time.time() - client.last_seen < timeout
 
-    def _run_round(self, round_: int, cohort: frozenset[str]) -> None:
+    def _run_round(
+        self, round_: int, cohort: frozenset[str], *, resume: _OpenRound | None = None
+    ) -> None:
         started = time.time()
         self._context_id = self._retry(
             lambda: self._keyholder.GetPublicContext(common_pb2.Empty()), "public context"
@@ -392,10 +415,18 @@ class Coordinator:
         asynchronous = self._training.mode == "async"
         # Async buffers have no deadline: they flush once buffer_size updates are in.
         deadline = started + (1e9 if asynchronous else self._training.deadline_s)
+        if resume is not None:
+            deadline = resume.deadline
+        opened = _OpenRound(round_, version, deadline, cohort)
+        self._checkpoint(opened)  # the cohort and deadline survive a restart
         with self._changed:
-            self._open = _OpenRound(round_, version, deadline, cohort)
+            self._open = opened
             self._changed.notify_all()
-            while not self._stop.is_set() and time.time() < deadline:
+            while (
+                not self._stop.is_set()
+                and time.time() < deadline
+                and not (resume is not None and resume.closing)
+            ):
                 reported = self._open.reported
                 if asynchronous and len(reported) >= self._training.buffer_size:
                     break
@@ -405,6 +436,8 @@ class Coordinator:
             self._open = None
         if self._stop.is_set():
             return
+        opened.closing = True
+        self._checkpoint(opened)
         accepted = self._close_on_shards(round_, cohort)
         record = RoundRecord(round=round_, version=version, contributors=len(accepted))
         quorum = self._training.min_quorum
@@ -442,7 +475,7 @@ class Coordinator:
         with self._lock:
             self.history.append(record)
         _log.info("round %d: %s", round_, record)
-        if round_ % self._training.checkpoint_every == 0:
+        if round_ % self._training.checkpoint_every == 0 or record.abandoned:
             self._checkpoint()
 
     def _members(self, cohort: frozenset[str]) -> list[common_pb2.CohortMember]:
@@ -488,8 +521,9 @@ class Coordinator:
                 _log.warning("could not discard round %d on %s: %s", round_, sid, exc)
 
     # ------------------------------------------------------------------ checkpoints
-    def _checkpoint(self) -> None:
-        if self.version and self.history and self.history[-1].accuracy < 0:
+    def _checkpoint(self, open_round: _OpenRound | None = None) -> None:
+        """Write the state atomically; ``open_round``: the round in progress, if any."""
+        if open_round is None and self.version and self.history and self.history[-1].accuracy < 0:
             try:
                 self._vector, _ = call(self._pull_model, "pull model")
             except FedPSError as exc:
@@ -500,6 +534,7 @@ class Coordinator:
             "version": self.version,
             "history": [asdict(r) for r in self.history],
             "clients": {cid: asdict(c) for cid, c in self.clients.items()},
+            "open": open_round.to_json() if open_round is not None else None,
         }
         path = self._dir / CHECKPOINT_FILE
         tmp = path.with_name(path.name + ".tmp")
@@ -532,5 +567,14 @@ class Coordinator:
         self.clients = {cid: _Client(**c) for cid, c in meta["clients"].items()}
         for client in self.clients.values():
             client.last_seen = time.time()
+        if meta.get("open"):
+            o = meta["open"]
+            self._resume = _OpenRound(
+                int(o["round"]),
+                int(o["version"]),
+                float(o["deadline"]),
+                frozenset(o["cohort"]),
+                closing=bool(o["closing"]),
+            )
         self.last_checkpoint = path.stat().st_mtime
         _log.info("resumed from checkpoint: round %d, version %d", self.round, self.version)

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -130,6 +131,7 @@ class KeyHolder:
         self.version = 0
         self.last_round = 0
         self._released: dict[int, RoundResult] = {}
+        self.last_saved = 0.0  # unix time of the last state checkpoint
         self._load_state()
 
     @property
@@ -424,6 +426,7 @@ class KeyHolder:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        self.last_saved = time.time()
 
     def _load_state(self) -> None:
         path = self._dir / _STATE_FILE
@@ -439,6 +442,7 @@ class KeyHolder:
         self.version = int(meta["version"])
         self.last_round = int(meta["last_round"])
         self._released = {int(k): RoundResult(**v) for k, v in meta["released"].items()}
+        self.last_saved = path.stat().st_mtime
         _log.info("key holder resumed at version %d (round %d)", self.version, self.last_round)
 
 

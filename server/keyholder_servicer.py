@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -14,6 +15,7 @@ from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc
 from fedps.transport import rpc_errors
 from server.aggregate_verifier import AuditChunk
 from server.keyholder import MAX_PARAMS, KeyHolder
+from server.metrics import RoleMetrics
 
 __all__ = ["KeyHolderServicer"]
 
@@ -21,8 +23,9 @@ __all__ = ["KeyHolderServicer"]
 class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
     """Thin servicer over a :class:`KeyHolder`."""
 
-    def __init__(self, keyholder: KeyHolder) -> None:
+    def __init__(self, keyholder: KeyHolder, metrics: RoleMetrics | None = None) -> None:
         self.keyholder = keyholder
+        self._metrics = metrics
         self._context_reply: keyholder_pb2.PublicContextReply | None = None
 
     def GetPublicContext(  # noqa: N802 (gRPC method name)
@@ -66,6 +69,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
     def ApplyRound(  # noqa: N802
         self, request: keyholder_pb2.ApplyRoundRequest, context: grpc.ServicerContext
     ) -> keyholder_pb2.ApplyRoundReply:
+        started = time.perf_counter()
         with rpc_errors(context):
             result = self.keyholder.apply_round(
                 request.round,
@@ -73,6 +77,8 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
                 request.run_id,
                 {m.client_id: m.signing_key for m in request.members},
             )
+        if self._metrics is not None:
+            self._metrics.latency.labels("apply").observe(time.perf_counter() - started)
         return keyholder_pb2.ApplyRoundReply(
             version=result.version,
             min_contributors=result.min_contributors,

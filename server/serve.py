@@ -30,6 +30,7 @@ from server.coordinator_servicer import CoordinatorServicer
 from server.group_policy import GroupPolicy
 from server.keyholder import KeyHolder
 from server.keyholder_servicer import KeyHolderServicer
+from server.metrics import RoleMetrics
 from server.server_optimizer import create_server_optimizer
 from server.shard import Shard
 from server.shard_log import ShardLog
@@ -70,6 +71,16 @@ def _group_policy(config: FedPSConfig) -> GroupPolicy | None:
     return GroupPolicy(group_mask(model, config.groups.sync), config.groups.buffers_per_round(t))
 
 
+def _metrics(address: str, role: str) -> RoleMetrics | None:
+    """The role's metrics, served on ``address`` (None when no address is configured)."""
+    if not address:
+        return None
+    metrics = RoleMetrics(role)
+    port = metrics.serve(address)
+    _log.info("%s metrics on port %d", role, port)
+    return metrics
+
+
 def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> KeyHolder:
     """Build the key holder and register its servicer."""
     t = config.training
@@ -92,7 +103,12 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
         max_staleness=t.max_staleness,
         groups=_group_policy(config),
     )
-    keyholder_pb2_grpc.add_KeyHolderServicer_to_server(KeyHolderServicer(keyholder), server)
+    metrics = _metrics(config.metrics.keyholder, "keyholder")
+    if metrics is not None:
+        metrics.version.set_function(lambda: keyholder.version)
+        metrics.track_checkpoint(lambda: keyholder.last_saved)
+    servicer = KeyHolderServicer(keyholder, metrics)
+    keyholder_pb2_grpc.add_KeyHolderServicer_to_server(servicer, server)
     return keyholder
 
 
@@ -147,13 +163,27 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
         log=log,
     )
     shard.recover()
-    shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(shard), server)
+    metrics = _metrics(config.metrics.shards[index] if config.metrics.shards else "", ids[index])
+    if metrics is not None:
+        metrics.version.set_function(lambda: shard.version)
+    shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(shard, metrics), server)
     return shard
 
 
 def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> Coordinator:
     """Build the coordinator, register its servicer and start its round loop thread."""
     coordinator = Coordinator(config, state_dir=state_dir)
+    metrics = _metrics(config.metrics.coordinator, "coordinator")
+    if metrics is not None:
+        metrics.version.set_function(lambda: coordinator.version)
+        metrics.buffer_fill.set_function(coordinator.reported_in_open_round)
+        metrics.track_checkpoint(lambda: coordinator.last_checkpoint)
+
+        def rounds(abandoned: bool) -> Callable[[], float]:
+            return lambda: sum(1 for r in coordinator.history if r.abandoned == abandoned)
+
+        metrics.rounds.labels("applied").set_function(rounds(False))
+        metrics.rounds.labels("abandoned").set_function(rounds(True))
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coordinator), server)
     threading.Thread(target=coordinator.run, name="rounds", daemon=True).start()
     return coordinator

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import grpc
 import numpy as np
 
-from fedps.errors import InvalidArgumentError
+from fedps.errors import FedPSError, InvalidArgumentError
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
 from fedps.transport import batched, rpc_errors
+from server.metrics import RoleMetrics
 from server.shard import PushBatch, Shard
 
 __all__ = ["ShardServicer"]
@@ -18,8 +20,9 @@ __all__ = ["ShardServicer"]
 class ShardServicer(shard_pb2_grpc.ShardServicer):
     """Thin servicer over a :class:`Shard`."""
 
-    def __init__(self, shard: Shard) -> None:
+    def __init__(self, shard: Shard, metrics: RoleMetrics | None = None) -> None:
         self.shard = shard
+        self._metrics = metrics
 
     def OpenRound(  # noqa: N802 (gRPC method name)
         self, request: shard_pb2.OpenRoundRequest, context: grpc.ServicerContext
@@ -38,21 +41,32 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         self, request_iterator: Iterator[shard_pb2.PushRequest], context: grpc.ServicerContext
     ) -> shard_pb2.PushReply:
         accepted = duplicates = 0
+        metrics = self._metrics
         with rpc_errors(context):
             for message in request_iterator:
-                a, d = self.shard.push(
-                    PushBatch(
-                        client_id=message.client_id,
-                        round=message.round,
-                        version=message.version,
-                        weight=message.weight,
-                        context_id=message.context_id,
-                        blocks=[(b.block, b.ciphertext) for b in message.blocks],
-                        nonce=message.nonce,
-                        signature=message.signature,
-                        roots=tuple(message.roots),
+                started = time.perf_counter()
+                try:
+                    a, d = self.shard.push(
+                        PushBatch(
+                            client_id=message.client_id,
+                            round=message.round,
+                            version=message.version,
+                            weight=message.weight,
+                            context_id=message.context_id,
+                            blocks=[(b.block, b.ciphertext) for b in message.blocks],
+                            nonce=message.nonce,
+                            signature=message.signature,
+                            roots=tuple(message.roots),
+                        )
                     )
-                )
+                except (FedPSError, ValueError) as exc:
+                    if metrics is not None:
+                        metrics.push_refused(exc)
+                    raise
+                if metrics is not None:
+                    nbytes = sum(len(b.ciphertext) for b in message.blocks)
+                    metrics.push_accepted(a, d, nbytes)
+                    metrics.latency.labels("push").observe(time.perf_counter() - started)
                 accepted += a
                 duplicates += d
         return shard_pb2.PushReply(accepted=accepted, duplicates=duplicates)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from crypto import BlockEncryptor, bitpack
 from crypto.signing import BlockSigner, sign_update
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
 from fedps.transport import MAX_MESSAGE_BYTES, create_channel
+from server.deployment import free_port
 from tests.conftest import Cluster, start_cluster
 
 pytestmark = pytest.mark.integration
@@ -26,7 +29,8 @@ RUN = "hostile-run"
 def open_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Key holder and one shard, model published, round 1 open for COHORT."""
     tmp: Path = tmp_path_factory.mktemp("hostile")
-    cluster = start_cluster(tmp, num_shards=1, coordinator=False)
+    metrics = {"shards": [f"127.0.0.1:{free_port()}"]}
+    cluster = start_cluster(tmp, num_shards=1, coordinator=False, metrics=metrics)
     kh = cluster.keyholder
     kh.initialize(np.zeros(3000))
     members = {c: SIGNERS[c].public_key for c in COHORT}
@@ -197,3 +201,32 @@ def test_block_swapped_after_signing_is_refused(
     # Assert
     assert "signed commitment" in details
     _still_serving(stub)
+
+
+def _refused(cluster: Cluster) -> dict[str, float]:
+    """The shard's Prometheus counters of refused pushes, by reason."""
+    url = f"http://{cluster.config.metrics.shards[0]}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    pattern = r'fedps_pushes_total\{outcome="refused",reason="(\w+)"\} ([0-9.e+]+)'
+    return {reason: float(n) for reason, n in re.findall(pattern, text)}
+
+
+def test_metrics_report_refused_pushes_by_reason(
+    open_cluster: Cluster, stub: shard_pb2_grpc.ShardStub
+) -> None:
+    # Prepare
+    before = _refused(open_cluster)
+    # Execute: one push from outside the cohort, two for a round that is not open
+    bad = [
+        _push(open_cluster, client="mallory"),
+        _push(open_cluster, round_=7),
+        _push(open_cluster, round_=8),
+    ]
+    for request in bad:
+        with pytest.raises(grpc.RpcError):
+            stub.PushBlocks(iter([request]))
+    # Assert
+    after = _refused(open_cluster)
+    assert after["unknown_client"] - before.get("unknown_client", 0) == 1
+    assert after["round_closed"] - before.get("round_closed", 0) == 2
