@@ -16,18 +16,24 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from crypto import PublicContext
 from crypto.signing import CHUNKS, update_digest, verify_block, verify_proof
-from fedps.errors import PolicyError
-from fedps.proto import common_pb2
+from fedps.errors import InvalidArgumentError, PolicyError
+from fedps.proto import common_pb2, keyholder_pb2
 from server.staleness import multiplier
 
-__all__ = ["AggregateVerifier", "AuditChunk", "audit_plan"]
+__all__ = [
+    "AggregateVerifier",
+    "AuditChunk",
+    "audit_plan",
+    "chunks_from_proto",
+    "chunks_to_proto",
+]
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,39 @@ class AuditChunk:
     chunk: int
     coefficients: np.ndarray
     proof: list[bytes]
+
+
+def chunks_from_proto(items: Iterable[keyholder_pb2.AuditChunk]) -> dict[int, AuditChunk]:
+    """A submission's chunks by block (shapes are checked by the key holder).
+
+    Raises
+    ------
+    InvalidArgumentError
+        If a block appears twice or coefficients are not whole 64-bit words.
+    """
+    chunks: dict[int, AuditChunk] = {}
+    for item in items:
+        if item.block in chunks or len(item.coefficients) % 8:
+            raise InvalidArgumentError("malformed audit submission")
+        chunks[item.block] = AuditChunk(
+            chunk=item.chunk,
+            coefficients=np.frombuffer(item.coefficients, dtype="<u8").astype(np.uint64),
+            proof=list(item.proof),
+        )
+    return chunks
+
+
+def chunks_to_proto(chunks: dict[int, AuditChunk]) -> list[keyholder_pb2.AuditChunk]:
+    """The inverse of :func:`chunks_from_proto`."""
+    return [
+        keyholder_pb2.AuditChunk(
+            block=block,
+            chunk=audit.chunk,
+            coefficients=audit.coefficients.astype("<u8").tobytes(),
+            proof=audit.proof,
+        )
+        for block, audit in sorted(chunks.items())
+    ]
 
 
 def audit_plan(key: bytes, round_: int, num_blocks: int, audit_blocks: int) -> dict[int, int]:

@@ -36,6 +36,7 @@ from fedps.config import FedPSConfig
 from fedps.errors import (
     FedPSError,
     InvalidArgumentError,
+    PeerUnavailableError,
     UnauthenticatedError,
     UnknownClientError,
 )
@@ -358,12 +359,18 @@ class Coordinator:
         )
         self.version = state.version
 
-    def _retry(self, fn: Callable[[], _T], what: str) -> _T:
+    def _retry(
+        self,
+        fn: Callable[[], _T],
+        what: str,
+        retry_on: type[FedPSError] = FedPSError,
+    ) -> _T:
+        """Call until it succeeds (or :meth:`stop`), retrying errors of kind ``retry_on``."""
         delay = 0.2
         while True:
             try:
                 return call(fn, what)
-            except FedPSError as exc:
+            except retry_on as exc:
                 if self._stop.is_set():
                     raise
                 _log.info("%s not ready (%s); retrying", what, exc)
@@ -457,6 +464,8 @@ class Coordinator:
             try:
                 reply = self._apply_round(round_, version, cohort)
             except FedPSError as exc:  # a policy refusal, or an aggregate that cannot decrypt
+                if self._stop.is_set():
+                    return  # stopping, not refused: a restart continues the round
                 _log.warning("round %d refused by the key holder: %s", round_, exc)
                 self._discard(round_)
                 record.abandoned = True
@@ -492,8 +501,11 @@ class Coordinator:
         request = keyholder_pb2.ApplyRoundRequest(
             round=round_, version=version, run_id=self.run_id, members=self._members(cohort)
         )
-        reply: keyholder_pb2.ApplyRoundReply = call(
-            lambda: self._keyholder.ApplyRound(request), f"apply round {round_}"
+        # A key holder or shard that is restarting delays the round; a refusal ends it.
+        reply: keyholder_pb2.ApplyRoundReply = self._retry(
+            lambda: self._keyholder.ApplyRound(request),
+            f"apply round {round_}",
+            retry_on=PeerUnavailableError,
         )
         return reply
 

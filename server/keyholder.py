@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,10 +33,17 @@ from crypto.signing import (
 from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError, NotReadyError, PolicyError, RateLimitedError
 from fedps.hash_ring import HashRing
-from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
+from fedps.proto import common_pb2, keyholder_pb2, shard_pb2, shard_pb2_grpc
 from fedps.transport import batched, call, create_channel
-from server.aggregate_verifier import AggregateVerifier, AuditChunk, audit_plan
+from server.aggregate_verifier import (
+    AggregateVerifier,
+    AuditChunk,
+    audit_plan,
+    chunks_from_proto,
+    chunks_to_proto,
+)
 from server.group_policy import GroupPolicy
+from server.record_log import RecordLog
 from server.server_optimizer import ServerOptimizer
 
 __all__ = ["MAX_PARAMS", "KeyHolder", "RoundResult"]
@@ -57,7 +64,12 @@ class RoundResult:
     min_contributors: int
     total_weight: float
     update_norm: float
-    sync_groups_applied: bool = True  # False: a flush that left the synchronous groups as they were
+    #: False: a flush that left the synchronous parameter groups as they were
+    sync_groups_applied: bool = True
+    #: every contributing client with its effective weight (weight x staleness multiplier)
+    contributors: dict[str, float] = field(default_factory=dict)
+    #: clients whose update reached only some blocks (a shard was down), with those blocks
+    partial: dict[str, list[int]] = field(default_factory=dict)
 
 
 class KeyHolder:
@@ -124,6 +136,7 @@ class KeyHolder:
         self.signer = BlockSigner.load_or_create(state_dir / "keys" / "signing.key")
         (state_dir / "keys" / "signing.pub").write_text(self.signer.public_key.hex() + "\n")
         self._audits: dict[int, dict[str, list[dict[int, AuditChunk]]]] = {}
+        self._audit_log = RecordLog(state_dir / "audits")  # acknowledged audits survive
         if not encrypted:
             _log.warning("encryption is OFF: updates travel and are summed in plaintext")
         self._lock = threading.Lock()
@@ -133,6 +146,12 @@ class KeyHolder:
         self._released: dict[int, RoundResult] = {}
         self.last_saved = 0.0  # unix time of the last state checkpoint
         self._load_state()
+        for round_, payload in self._audit_log.records():
+            if round_ > self.last_round:
+                submission = keyholder_pb2.AuditSubmission.FromString(payload)
+                self._audits.setdefault(round_, {}).setdefault(submission.client_id, []).append(
+                    chunks_from_proto(submission.chunks)
+                )
 
     @property
     def layout(self) -> BlockLayout:
@@ -204,9 +223,14 @@ class KeyHolder:
             per_client = self._audits.setdefault(round_, {}).setdefault(client_id, [])
             if len(per_client) >= _MAX_AUDITS_PER_CLIENT:
                 raise RateLimitedError(f"too many audit submissions for {client_id!r}")
+            submission = keyholder_pb2.AuditSubmission(
+                client_id=client_id, round=round_, chunks=chunks_to_proto(chunks)
+            )
+            self._audit_log.append(round_, submission.SerializeToString())
             per_client.append(chunks)
             for old in [r for r in self._audits if r < round_ - 2]:
                 del self._audits[old]
+            self._audit_log.forget_before(round_ - 2)
 
     # ------------------------------------------------------------------ rounds
     def apply_round(
@@ -226,6 +250,8 @@ class KeyHolder:
         with self._lock:
             cached = self._released.get(round_)
             if cached is not None:
+                if round_ == self.last_round:
+                    self._publish()  # the first attempt may have died before publishing
                 return cached
             if self.params is None:
                 raise NotReadyError("the key holder has no model yet")
@@ -247,7 +273,7 @@ class KeyHolder:
                 max_staleness=self._max_staleness,
             )
             layout = self.layout
-            delta, weights, min_contrib = self._decrypt_average(round_, layout, verifier)
+            delta, weights, manifests = self._decrypt_average(round_, layout, verifier)
             round_closed = True
             if self._groups is None:
                 self.params = self._optimizer.step(self.params, delta)
@@ -260,10 +286,12 @@ class KeyHolder:
             result = RoundResult(
                 round=round_,
                 version=self.version,
-                min_contributors=min_contrib,
+                min_contributors=min(len(m) for m in manifests.values()),
                 total_weight=float(weights[0]),
                 update_norm=float(np.linalg.norm(delta)),
                 sync_groups_applied=round_closed,
+                contributors={c: w for m in manifests.values() for c, w in m.items()},
+                partial=_partial(manifests),
             )
             self._released[round_] = result
             self._audits.pop(round_, None)
@@ -274,7 +302,7 @@ class KeyHolder:
             _log.info(
                 "applied round %d (%d+ contributors), published version %d",
                 round_,
-                min_contrib,
+                result.min_contributors,
                 self.version,
             )
             return result
@@ -300,9 +328,9 @@ class KeyHolder:
 
     def _decrypt_average(
         self, round_: int, layout: BlockLayout, verifier: AggregateVerifier
-    ) -> tuple[np.ndarray, np.ndarray, int]:
+    ) -> tuple[np.ndarray, np.ndarray, dict[int, dict[str, float]]]:
         """The round's weighted average update, the total weight behind each value (per
-        block) and the fewest contributors of any block."""
+        block) and each block's contributors with their effective weights."""
         replies = self._fetch(round_)
         for reply in replies:
             for update in reply.updates:
@@ -311,7 +339,7 @@ class KeyHolder:
         audits = self._audits.get(round_, {})
         averaged: dict[int, np.ndarray] = {}
         totals: dict[int, float] = {}
-        min_contrib = 1 << 30
+        manifests: dict[int, dict[str, float]] = {}
         aggregates = [agg for reply in replies for agg in reply.blocks]
         # Validate and unpack every aggregate at once (one vectorised pass, not one per block).
         rows = self._unpack([agg.ciphertext for agg in aggregates])
@@ -337,13 +365,13 @@ class KeyHolder:
             summed = self._release(opened, sum(multipliers.values()), agg.block)
             averaged[agg.block] = summed / total
             totals[agg.block] = total
-            min_contrib = min(min_contrib, len(weights))
+            manifests[agg.block] = {c: w * multipliers[c] for c, w in weights.items()}
         missing = sorted(set(range(layout.num_blocks)) - set(averaged))
         if missing:
             raise PolicyError(f"round {round_}: no aggregate for blocks {missing[:10]}")
         n = layout.values_per_block
         per_value = layout.join({b: np.full(n, t) for b, t in totals.items()})
-        return layout.join(averaged), per_value, min_contrib
+        return layout.join(averaged), per_value, manifests
 
     def _release(self, summed: np.ndarray, contributors: int, block: int) -> np.ndarray:
         """Flood and round a decrypted sum, then refuse it if it breaks the clipping bound."""
@@ -444,6 +472,13 @@ class KeyHolder:
         self._released = {int(k): RoundResult(**v) for k, v in meta["released"].items()}
         self.last_saved = path.stat().st_mtime
         _log.info("key holder resumed at version %d (round %d)", self.version, self.last_round)
+
+
+def _partial(manifests: dict[int, dict[str, float]]) -> dict[str, list[int]]:
+    """Clients missing from some blocks, with the blocks they are in."""
+    everyone = {c for m in manifests.values() for c in m}
+    partial = {c: sorted(b for b, m in manifests.items() if c in m) for c in everyone}
+    return {c: blocks for c, blocks in partial.items() if len(blocks) < len(manifests)}
 
 
 def _load_or_create_secret(path: Path) -> bytes:

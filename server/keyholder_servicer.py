@@ -13,7 +13,7 @@ from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc
 from fedps.transport import rpc_errors
-from server.aggregate_verifier import AuditChunk
+from server.aggregate_verifier import chunks_from_proto
 from server.keyholder import MAX_PARAMS, KeyHolder
 from server.metrics import RoleMetrics
 
@@ -97,15 +97,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
         self, request: keyholder_pb2.AuditSubmission, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
         with rpc_errors(context):
-            chunks = {}
-            for item in request.chunks:
-                if item.block in chunks or len(item.coefficients) % 8:
-                    raise InvalidArgumentError("malformed audit submission")
-                chunks[item.block] = AuditChunk(
-                    chunk=item.chunk,
-                    coefficients=np.frombuffer(item.coefficients, dtype="<u8").astype(np.uint64),
-                    proof=list(item.proof),
-                )
+            chunks = chunks_from_proto(request.chunks)
             self.keyholder.submit_audit(request.client_id, request.round, chunks)
         return common_pb2.Empty()
 
