@@ -4,18 +4,21 @@ One round as the client sees it:
 
 1. ``GetTask`` from the coordinator says ``TRAIN`` round r on model version v.
 2. Pull version v's blocks from the shards (:class:`fedps.parameter_client.ParameterClient`).
-3. Train locally with DP-SGD (:class:`clients.dp_trainer.DPTrainer`); its accountant keeps
-   every step of the run.
+3. Train locally with DP-SGD (:class:`clients.dp_trainer.DPTrainer`), or with client-level
+   DP (``privacy.level = "client"``, :class:`clients.dp_trainer.ClientLevelTrainer`: the
+   update is clipped and noised); the trainer's accountant keeps the whole run.
 4. Weight the update by ``num_examples / weight_scale`` (the cohort's largest
-   ``num_examples``, so weights are in (0, 1]), clip it to ``he.max_abs_value`` (the range the
-   CKKS parameters were sized for), cut it into blocks, encrypt each block under the key
-   holder's public context and push each block to the shard that owns it.
+   ``num_examples``, so weights are in (0, 1]; 1.0 at client level), clip it to
+   ``he.max_abs_value`` (the range the CKKS parameters were sized for), cut it into blocks,
+   encrypt each block under the key holder's public context and push each block to the shard
+   that owns it.
 5. Report to the coordinator (epsilon spent, bytes pushed).
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +26,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from clients.dp_trainer import DPTrainer
+from clients.dp_trainer import create_trainer
 from crypto import PLAINTEXT_CONTEXT_ID, BlockEncryptor, CkksParams, PlainContext, PublicContext
 from crypto.signing import (
     CHUNKS,
@@ -62,6 +65,16 @@ __all__ = ["ClientSummary", "EdgeClient", "client_partition"]
 
 _log = logging.getLogger("fedps")
 _T = TypeVar("_T")
+_PEER_WAIT_S = 90.0  # how long a push or an audit waits for a restarting shard or key holder
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """The signed push messages of the last update, per shard, to resend unchanged."""
+
+    round: int
+    version: int
+    messages: dict[str, list[shard_pb2.PushRequest]]
 
 
 @dataclass(frozen=True)
@@ -113,7 +126,7 @@ class EdgeClient:
             seed=config.training.seed,
         )
         self.num_params = flatten_model(model).size
-        self.trainer = DPTrainer(
+        self.trainer = create_trainer(
             model,
             data,
             training=config.training,
@@ -130,9 +143,11 @@ class EdgeClient:
         self._signer = BlockSigner()
         self._credential = b""
         self._round = 0
+        self._sent: _Sent | None = None  # the last signed update pushed, for a resend
         t = config.training
         slow = index < round(t.slow_fraction * t.clients)
         self.slowdown = t.slow_factor if slow else 1.0
+        self._dropouts = random.Random(t.seed * 7919 + index)  # simulated mid-round deaths
         self.run_id = ""
 
     def run(self, *, timeout_s: float = 3600.0) -> ClientSummary:
@@ -256,6 +271,19 @@ class EdgeClient:
         """Train and push one round; returns False when the privacy budget is spent."""
         if task.context_id and task.context_id != self._context_id:
             self._fetch_context()  # the key holder rotated its keys
+        sent = self._sent
+        if sent is not None and (sent.round, sent.version) == (task.round, task.version):
+            # Asked again for a round we pushed: the coordinator restarted before it saw our
+            # report. Push the same signed messages again (the shards acknowledge them as
+            # duplicates and count them once) and report again; never train twice for it.
+            for sid, messages in sent.messages.items():
+                try:
+                    self._push_to(sid, messages)
+                except RoundClosedError as exc:
+                    _log.info("%s: resend refused: %s", self.name, exc)
+            self._report(task.round, 0, budget_exhausted=False)
+            return True
+        self.trainer.set_round(task.round)
         if not self.trainer.can_train_round():
             _log.info("%s: privacy budget spent (epsilon %.3f)", self.name, self.trainer.epsilon())
             self._report(task.round, 0, budget_exhausted=True)
@@ -275,7 +303,15 @@ class EdgeClient:
         delta = self.trainer.train_round(vector)
         if self.slowdown > 1:  # simulated slow device
             time.sleep((self.slowdown - 1) * (time.perf_counter() - started))
-        self.weight = self.trainer.num_examples / max(task.weight_scale, 1.0)
+        if self._dropouts.random() < self.config.training.dropout:
+            _log.info("%s: dropping out of round %d (simulated)", self.name, task.round)
+            gone = min(task.deadline_unix - time.time(), self.config.training.deadline_s)
+            time.sleep(max(0.0, gone))  # away until the round closes
+            return True
+        if self.config.privacy.level == "client":  # DP-FedAvg: every client weighs the same
+            self.weight = 1.0
+        else:
+            self.weight = self.trainer.num_examples / max(task.weight_scale, 1.0)
         self._round = task.round
         pushed = self.push(task.round, task.version, delta)
         self.rounds_trained += 1
@@ -347,6 +383,7 @@ class EdgeClient:
             self._submit_audit(round_, coefficients)
         total = 0
         refused: list[str] = []
+        pushed: dict[str, list[shard_pb2.PushRequest]] = {}
         for sid, blocks in by_shard.items():
             messages = [
                 shard_pb2.PushRequest(
@@ -362,23 +399,31 @@ class EdgeClient:
                 )
                 for batch in batched(blocks, lambda b: len(b.ciphertext))
             ]
-            stub = self._params.stubs[sid]
+            pushed[sid] = messages
             try:
-                call(lambda: stub.PushBlocks(iter(messages)), f"push to {sid}")  # noqa: B023
+                self._push_to(sid, messages)
             except RoundClosedError as exc:
                 _log.info("%s: push refused: %s", self.name, exc)
                 refused.append(sid)
                 continue
             total += sum(m.ByteSize() for m in messages)
+        self._sent = _Sent(round_, version, pushed)
         return total, refused
+
+    def _push_to(self, sid: str, messages: list[shard_pb2.PushRequest]) -> None:
+        """Push messages to one shard, waiting out a restart (the shard's log keeps what it
+        acknowledged, so a retry after a lost acknowledgement is counted once)."""
+        stub = self._params.stubs[sid]
+        self._retry(lambda: stub.PushBlocks(iter(messages)), f"push to {sid}", _PEER_WAIT_S)
 
     def _submit_audit(self, round_: int, coefficients: np.ndarray) -> None:
         """Send the key holder the secretly planned chunks, so it can check the aggregate."""
-        plan = call(
+        plan = self._retry(
             lambda: self._keyholder.GetAuditPlan(
                 keyholder_pb2.AuditPlanRequest(round=round_, client_id=self.client_id)
             ),
             "audit plan",
+            _PEER_WAIT_S,
         )
         size = coefficients.shape[1] // CHUNKS
         chunks = [
@@ -396,7 +441,7 @@ class EdgeClient:
         submission = keyholder_pb2.AuditSubmission(
             client_id=self.client_id, round=round_, chunks=chunks
         )
-        call(lambda: self._keyholder.SubmitAudit(submission), "submit audit")
+        self._retry(lambda: self._keyholder.SubmitAudit(submission), "submit audit", _PEER_WAIT_S)
 
     def _report(self, round_: int, pushed: int, *, budget_exhausted: bool) -> None:
         report = coordinator_pb2.UpdateReport(

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from fedps.errors import ConfigError, InvalidArgumentError
+
+if TYPE_CHECKING:  # torch is imported where a model is used: servers without one skip it
+    import torch
 
 __all__ = ["BlockLayout", "flatten_model", "group_mask", "load_flat"]
 
@@ -71,6 +74,8 @@ class BlockLayout:
 
 def flatten_model(model: torch.nn.Module) -> np.ndarray:
     """The model's trainable parameters as one flat float64 vector."""
+    import torch
+
     with torch.no_grad():
         parts = [p.detach().reshape(-1).to(torch.float64) for p in model.parameters()]
         return torch.cat(parts).cpu().numpy() if parts else np.zeros(0)
@@ -84,6 +89,8 @@ def load_flat(model: torch.nn.Module, vector: np.ndarray) -> None:
     InvalidArgumentError
         If the vector's length is not the model's parameter count.
     """
+    import torch
+
     params = list(model.parameters())
     total = sum(p.numel() for p in params)
     if vector.shape != (total,):

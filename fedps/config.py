@@ -104,6 +104,9 @@ class TrainingConfig(_Section):
     # Simulated heterogeneity: this fraction of clients is slow_factor times slower.
     slow_fraction: float = Field(0.0, ge=0, le=1)
     slow_factor: float = Field(1.0, ge=1)
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="simulated: chance a client dies mid-round (never pushes)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TrainingConfig:

@@ -23,6 +23,7 @@ import numpy as np
 
 from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, SecretContext, unpack_blocks
 from crypto.release import decryption_error_bound, flood_and_round, released_std
+from crypto.secret_context import SECRET_KEY_FILE
 from crypto.signing import (
     CHUNKS,
     BlockSigner,
@@ -31,7 +32,13 @@ from crypto.signing import (
     verify_proof,
 )
 from fedps.blocks import BlockLayout
-from fedps.errors import InvalidArgumentError, NotReadyError, PolicyError, RateLimitedError
+from fedps.errors import (
+    FedPSError,
+    InvalidArgumentError,
+    NotReadyError,
+    PolicyError,
+    RateLimitedError,
+)
 from fedps.hash_ring import HashRing
 from fedps.proto import common_pb2, keyholder_pb2, shard_pb2, shard_pb2_grpc
 from fedps.transport import batched, call, create_channel
@@ -115,6 +122,13 @@ class KeyHolder:
         if min_cohort < 1:
             raise InvalidArgumentError("min_cohort must be at least 1")
         self._dir = state_dir
+        secret = state_dir / "keys" / SECRET_KEY_FILE
+        if (state_dir / _STATE_FILE).exists() and not secret.exists():
+            raise FedPSError(
+                f"{secret} is missing but {state_dir / _STATE_FILE} exists: the secret key of "
+                "this run is lost, and every ciphertext not yet decrypted with it; start a "
+                "new run (docs/operations.md)"
+            )
         self.keys = SecretContext.load_or_generate(state_dir / "keys", params)
         self._ring = ring
         self._stubs = {

@@ -12,6 +12,7 @@ import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -19,14 +20,10 @@ from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, PublicContext
 from crypto.signing import model_verifier
 from fedps.blocks import group_mask
 from fedps.config import FedPSConfig
-from fedps.datasets import load_dataset
 from fedps.errors import InvalidArgumentError
 from fedps.hash_ring import HashRing
-from fedps.models import create_model
 from fedps.proto import common_pb2, coordinator_pb2_grpc, keyholder_pb2_grpc, shard_pb2_grpc
 from fedps.transport import bind, call, create_channel, create_server
-from server.coordinator import Coordinator
-from server.coordinator_servicer import CoordinatorServicer
 from server.group_policy import GroupPolicy
 from server.keyholder import KeyHolder
 from server.keyholder_servicer import KeyHolderServicer
@@ -36,6 +33,9 @@ from server.shard import Shard
 from server.shard_log import ShardLog
 from server.shard_servicer import ShardServicer
 from server.staleness import create_staleness
+
+if TYPE_CHECKING:  # the coordinator (and torch) load only in the coordinator's process
+    from server.coordinator import Coordinator
 
 __all__ = ["add_coordinator", "add_keyholder", "add_shard", "serve_forever"]
 
@@ -64,6 +64,9 @@ def _group_policy(config: FedPSConfig) -> GroupPolicy | None:
     t = config.training
     if not config.groups.sync:
         return None
+    from fedps.datasets import load_dataset
+    from fedps.models import create_model
+
     train, _ = load_dataset(t.dataset, data_dir=t.data_dir)
     model = create_model(
         t.model, num_features=train.num_features, num_classes=train.num_classes, seed=t.seed
@@ -172,6 +175,9 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
 
 def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> Coordinator:
     """Build the coordinator, register its servicer and start its round loop thread."""
+    from server.coordinator import Coordinator
+    from server.coordinator_servicer import CoordinatorServicer
+
     coordinator = Coordinator(config, state_dir=state_dir)
     metrics = _metrics(config.metrics.coordinator, "coordinator")
     if metrics is not None:

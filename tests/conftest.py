@@ -8,14 +8,41 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 
+from clients.edge_client import EdgeClient
 from fedps.config import FedPSConfig, load_config
+from fedps.proto import shard_pb2
 from fedps.transport import bind, create_server
 from server.coordinator import Coordinator
 from server.keyholder import KeyHolder
 from server.serve import add_coordinator, add_keyholder, add_shard
 from server.shard import Shard
+
+
+class RecordingClient(EdgeClient):
+    """A real client that also keeps the plaintext of what it encrypted, for a replay, and
+    the shards that acknowledged each round's push."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.sent: dict[int, tuple[float, np.ndarray]] = {}
+        self.pushed: dict[int, set[str]] = {}
+
+    def push(self, round_: int, version: int, delta: np.ndarray) -> int:
+        self.sent[round_] = (self.weight, delta.copy())
+        return super().push(round_, version, delta)
+
+    def _push_to(self, sid: str, messages: list[shard_pb2.PushRequest]) -> None:
+        super()._push_to(sid, messages)
+        self.pushed.setdefault(messages[0].round, set()).add(sid)
+
+    @property
+    def acknowledged(self) -> set[int]:
+        """Rounds whose push every shard that owns a block acknowledged."""
+        owners = {self._ring.owner(b) for b in range(self._layout.num_blocks)}
+        return {r for r, sids in self.pushed.items() if sids >= owners}
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Tests for clients.dp_trainer: one privacy accountant per run, and a budget never overshot."""
+"""Tests for clients.dp_trainer: one privacy accountant per run, a budget never overshot, and
+client-level DP (DP-FedAvg): clipped, noised updates with uniform weights."""
 
 from __future__ import annotations
 
@@ -9,15 +10,19 @@ import numpy as np
 import pytest
 from opacus.accountants import RDPAccountant
 
-from clients.dp_trainer import DPTrainer
+from clients.accounting import calibrate_noise
+from clients.dp_trainer import ClientLevelTrainer, DPTrainer, create_trainer
+from clients.edge_client import EdgeClient
 from fedps.blocks import flatten_model
 from fedps.config import FedPSConfig, load_config
 from fedps.datasets import Dataset, load_dataset
-from fedps.errors import PrivacyBudgetExceededError
+from fedps.errors import ConfigError, PrivacyBudgetExceededError
 from fedps.models import create_model
+from fedps.proto import coordinator_pb2
 
 ROUNDS = 3
 TARGET_EPSILON = 2.0
+CLIP_NORM = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -26,17 +31,21 @@ def data() -> Dataset:
     return Dataset(train.x[:100], train.y[:100], train.num_classes, "digits/slice")
 
 
-def _config(**privacy: object) -> FedPSConfig:
-    return load_config(
-        None,
-        training={"rounds": ROUNDS, "batch_size": 20, "clients": 2, "min_quorum": 1},
-        privacy=privacy,
-    )
+def _config(training: dict[str, object] | None = None, **privacy: object) -> FedPSConfig:
+    base: dict[str, object] = {"rounds": ROUNDS, "batch_size": 20, "clients": 2, "min_quorum": 1}
+    return load_config(None, training={**base, **(training or {})}, privacy=privacy)
 
 
 def _trainer(data: Dataset, config: FedPSConfig) -> DPTrainer:
     model = create_model("mlp", num_features=data.num_features, num_classes=data.num_classes)
     return DPTrainer(model, data, training=config.training, privacy=config.privacy, seed=0)
+
+
+def _client_trainer(data: Dataset, config: FedPSConfig) -> ClientLevelTrainer:
+    model = create_model("mlp", num_features=data.num_features, num_classes=data.num_classes)
+    trainer = create_trainer(model, data, training=config.training, privacy=config.privacy)
+    assert isinstance(trainer, ClientLevelTrainer)
+    return trainer
 
 
 @dataclass
@@ -141,13 +150,202 @@ def test_noise_multiplier_mode_has_no_budget(data: Dataset) -> None:
     assert all(b > a for a, b in itertools.pairwise(spent))
 
 
-def test_opacus_rdp_known_value() -> None:
-    # Prepare: sigma 1.5, sampling rate 0.04, 2250 steps (90 epochs at batch 4% of the data).
-    accountant = RDPAccountant()
-    accountant.history = [(1.5, 0.04, 2250)]
+def test_target_epsilon_is_calibrated_by_the_accounting_module(budgeted: BudgetedRun) -> None:
+    # Prepare
+    trainer = budgeted.trainer
+    steps = ROUNDS * trainer.steps_per_round
 
     # Execute
-    epsilon = accountant.get_epsilon(delta=1e-5)
+    sigma = calibrate_noise(TARGET_EPSILON, 1e-5, trainer.sample_rate, steps, "rdp")
 
-    # Assert
-    assert round(epsilon, 3) == 7.329
+    # Assert: one calibration for the whole run, at the client's own sample rate.
+    assert trainer.noise_multiplier == sigma
+    assert trainer.sample_rate == 1 / trainer.steps_per_round  # one local epoch per round
+
+
+def test_every_calibrated_round_fits_when_opacus_drops_a_batch() -> None:
+    """93 examples in batches of 1: the plain loader has 93 batches, but Opacus's Poisson
+    loader draws int(1 / (1 / 93)) = 92 per epoch and accounts at rate 1/92."""
+    # Prepare
+    train, _ = load_dataset("digits")
+    data = Dataset(train.x[:93], train.y[:93], train.num_classes, "digits/93")
+    config = _config({"batch_size": 1, "rounds": 1}, target_epsilon=TARGET_EPSILON)
+    trainer = _trainer(data, config)
+
+    # Execute
+    allowed = trainer.can_train_round()
+    predicted = trainer.epsilon_after_next_round()
+    trainer.train_round(flatten_model(trainer.model))
+
+    # Assert: the one round the noise was calibrated for is allowed, and lands on the target.
+    assert trainer.steps_per_round == 92
+    assert trainer.engine.accountant.history == [(trainer.noise_multiplier, 1 / 92, 92)]
+    assert allowed
+    assert trainer.epsilon() == predicted
+    assert 0.99 * TARGET_EPSILON <= trainer.epsilon() <= TARGET_EPSILON
+
+
+def _client_config(training: dict[str, object] | None = None, **privacy: object) -> FedPSConfig:
+    return _config(training, level="client", clip_norm=CLIP_NORM, **privacy)
+
+
+def test_client_level_update_is_clipped_before_noise(
+    data: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: record what reaches add_noise.
+    trainer = _client_trainer(data, _client_config(target_epsilon=TARGET_EPSILON))
+    params = flatten_model(trainer.model)
+    before_noise: list[np.ndarray] = []
+    add_noise = trainer.add_noise
+
+    def recording(update: np.ndarray) -> np.ndarray:
+        before_noise.append(update.copy())
+        return add_noise(update)
+
+    monkeypatch.setattr(trainer, "add_noise", recording)
+
+    # Execute
+    released = trainer.train_round(params)
+
+    # Assert: local SGD moves further than the clip norm, so the clip is active.
+    assert len(before_noise) == 1
+    assert np.linalg.norm(before_noise[0]) == pytest.approx(CLIP_NORM, rel=1e-9)
+    assert not np.allclose(released, before_noise[0])
+
+
+def test_client_level_clip_scales_down_only(data: Dataset) -> None:
+    # Prepare
+    trainer = _client_trainer(data, _client_config(noise_multiplier=0.0))
+    rng = np.random.default_rng(0)
+    big, small = rng.normal(size=1000), rng.normal(size=1000)
+    big *= 10 / np.linalg.norm(big)
+    small *= 0.1 / np.linalg.norm(small)
+
+    # Execute
+    clipped_big, clipped_small = trainer.clip(big), trainer.clip(small)
+    released = trainer.train_round(flatten_model(trainer.model))  # sigma 0: no noise
+
+    # Assert: same direction, norm at most the clip norm; small updates unchanged.
+    assert np.linalg.norm(clipped_big) == pytest.approx(CLIP_NORM)
+    np.testing.assert_allclose(clipped_big * 10 / CLIP_NORM, big)
+    np.testing.assert_array_equal(clipped_small, small)
+    assert np.linalg.norm(released) <= CLIP_NORM * (1 + 1e-12)
+
+
+@pytest.mark.parametrize(("clients", "cohort_size", "n"), [(4, 2, 2), (3, 0, 3), (5, 5, 5)])
+def test_client_level_noise_is_the_cohort_share(
+    data: Dataset, clients: int, cohort_size: int, n: int
+) -> None:
+    # Prepare
+    training = {"clients": clients, "cohort_size": cohort_size, "min_quorum": 2}
+    trainer = _client_trainer(data, _client_config(training, noise_multiplier=1.3))
+    expected = 1.3 * CLIP_NORM / np.sqrt(n)
+
+    # Execute
+    noise = trainer.add_noise(np.zeros(1_000_000))
+
+    # Assert: n such shares sum to std sigma * C (std estimate error ~0.07% here).
+    assert trainer.cohort_size == n
+    assert trainer.noise_std == pytest.approx(expected)
+    assert noise.std() == pytest.approx(expected, rel=0.01)
+    assert abs(noise.mean()) < 5 * expected / 1000
+    assert np.sqrt(n) * noise.std() == pytest.approx(1.3 * CLIP_NORM, rel=0.01)
+
+
+def test_client_level_epsilon_is_the_accountants_over_rounds(data: Dataset) -> None:
+    # Prepare: 2 of 4 clients per round, so q = 0.5.
+    training = {"clients": 4, "cohort_size": 2, "min_quorum": 2}
+    trainer = _client_trainer(data, _client_config(training, target_epsilon=TARGET_EPSILON))
+    params = flatten_model(trainer.model)
+
+    # Execute
+    for _ in range(ROUNDS):
+        params = params + trainer.train_round(params)
+    spent = trainer.epsilon()
+    accountant = RDPAccountant()
+    accountant.history = [(trainer.noise_multiplier, 0.5, ROUNDS)]
+
+    # Assert: exactly the accountant's value, within budget, and the budget ends the run.
+    assert trainer.sample_rate == 0.5
+    assert spent == accountant.get_epsilon(delta=1e-5)
+    assert 0.99 * TARGET_EPSILON <= spent <= TARGET_EPSILON
+    assert not trainer.can_train_round()
+    with pytest.raises(PrivacyBudgetExceededError, match="budget"):
+        trainer.train_round(params)
+    assert trainer.epsilon() == spent
+
+
+def test_client_level_epsilon_counts_global_rounds(data: Dataset) -> None:
+    # Prepare
+    training = {"clients": 4, "cohort_size": 2, "min_quorum": 2, "rounds": 10}
+    trainer = _client_trainer(data, _client_config(training, noise_multiplier=1.0))
+    params = flatten_model(trainer.model)
+
+    def accountant_epsilon(rounds: int) -> float:
+        accountant = RDPAccountant()
+        accountant.history = [(1.0, 0.5, rounds)]
+        return float(accountant.get_epsilon(delta=1e-5))
+
+    # Execute: first picked for round 3, then round 3 again (a retry counts once more).
+    trainer.set_round(3)
+    predicted = trainer.epsilon_after_next_round()
+    trainer.train_round(params)
+    after_round_3 = trainer.epsilon()
+    trainer.set_round(3)
+    predicted_again = trainer.epsilon_after_next_round()
+
+    # Assert: rounds the client sat out count too (amplification by sampling needs them).
+    assert predicted == after_round_3 == accountant_epsilon(3)
+    assert predicted_again == accountant_epsilon(4)
+
+
+def test_client_level_needs_cohorts(data: Dataset) -> None:
+    # Prepare
+    config = _client_config({"mode": "async", "buffer_size": 2}, noise_multiplier=1.0)
+
+    # Execute / Assert
+    with pytest.raises(ConfigError, match="sync"):
+        _client_trainer(data, config)
+
+
+class _FixedParams:
+    """Stands in for the shards: every pull returns the same model."""
+
+    def __init__(self, vector: np.ndarray) -> None:
+        self.vector = vector
+
+    def pull(self, layout: object, *, min_version: int, verify: object) -> tuple[np.ndarray, int]:
+        return self.vector.copy(), min_version
+
+
+def _weight_after_one_round(config: FedPSConfig, index: int, weight_scale: float) -> float:
+    """An edge client's aggregation weight after one round, with no servers."""
+    client = EdgeClient(config, index=index)
+    client._params = _FixedParams(flatten_model(client.trainer.model))  # type: ignore[assignment]
+    client._layout, client._encryptor = None, None  # type: ignore[assignment]
+    client._keyholder_key, client._context_id = b"", ""
+    client.push = lambda round_, version, delta: 0  # type: ignore[method-assign]
+    client._report = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    task = coordinator_pb2.Task(
+        kind=coordinator_pb2.Task.TRAIN, round=1, version=0, weight_scale=weight_scale
+    )
+    assert client._train(task)
+    return client.weight
+
+
+def test_client_level_weights_are_uniform() -> None:
+    # Prepare: two of 8 clients, and a weight scale (the cohort's largest num_examples) above
+    # both.
+    training = {"clients": 8, "min_quorum": 2, "rounds": 2}
+    example = load_config(None, training=training, privacy={"noise_multiplier": 1.0})
+    client = load_config(
+        None, training=training, privacy={"level": "client", "noise_multiplier": 1.0}
+    )
+
+    # Execute
+    example_weights = [_weight_after_one_round(example, i, 1000.0) for i in range(2)]
+    client_weights = [_weight_after_one_round(client, i, 1000.0) for i in range(2)]
+
+    # Assert: example level weighs by num_examples; client level weighs every client 1.0.
+    assert all(0 < w < 1 for w in example_weights)
+    assert client_weights == [1.0, 1.0]

@@ -9,21 +9,9 @@ import pytest
 
 from clients.edge_client import EdgeClient
 from fedps.errors import InvalidArgumentError
-from tests.conftest import Cluster, run_clients, start_cluster
+from tests.conftest import Cluster, RecordingClient, run_clients, start_cluster
 
 pytestmark = pytest.mark.integration
-
-
-class RecordingClient(EdgeClient):
-    """A real client that also keeps the plaintext of what it encrypted, for the replay."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.sent: dict[int, tuple[float, np.ndarray]] = {}
-
-    def push(self, round_: int, version: int, delta: np.ndarray) -> int:
-        self.sent[round_] = (self.weight, delta.copy())
-        return super().push(round_, version, delta)
 
 
 def test_applied_model_equals_plaintext_fedavg(cluster: Cluster) -> None:

@@ -1,0 +1,251 @@
+"""Privacy accounting: epsilon of the subsampled Gaussian mechanism, and noise calibration.
+
+Both example-level DP-SGD (:class:`clients.dp_trainer.DPTrainer`) and client-level DP-FedAvg
+(:class:`clients.dp_trainer.ClientLevelTrainer`) compose ``steps`` runs of the sampled
+Gaussian mechanism (noise multiplier sigma, Poisson sampling rate q). The accountant is picked
+by name from Opacus's registry (:func:`opacus.accountants.create_accountant`):
+
+``"rdp"``
+    Renyi DP (Mironov 2017; Mironov, Talwar and Zhang 2019), the default.
+``"prv"``
+    Privacy random variables (Gopi, Lee and Wutschitz 2021); tighter, slower. Opacus returns
+    the upper end of its error bound.
+``"gdp"``
+    Gaussian DP through the central limit theorem (Dong, Roth and Su 2019); experimental, it
+    can *underestimate* epsilon (Opacus warns, and so do we).
+
+:func:`calibrate_noise` bisects for the smallest sigma whose epsilon is at most the target,
+like Opacus's ``get_noise_multiplier``, but with a tolerance relative to the target, a bound on
+the number of iterations, an exact step count (Opacus's ``epochs`` path truncates
+``epochs / sample_rate``, which can drop a step) and the guarantee re-checked on the sigma it
+returns: the epsilon of the returned sigma never exceeds the target.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import warnings
+from collections.abc import Sequence
+
+from opacus.accountants import create_accountant
+
+from fedps.errors import ConfigError
+
+__all__ = ["ACCOUNTANTS", "calibrate_noise", "epsilon", "epsilon_of_history"]
+
+_log = logging.getLogger("fedps")
+
+ACCOUNTANTS = ("gdp", "prv", "rdp")
+"""Accountant names :func:`epsilon` and :func:`calibrate_noise` accept."""
+
+_MAX_SIGMA = 1e6
+_MAX_BISECTIONS = 200
+
+_History = Sequence[tuple[float, float, int]]
+
+
+def _check_name(name: str) -> None:
+    if name not in ACCOUNTANTS:
+        raise ConfigError(f"unknown accountant {name!r}; choose one of {', '.join(ACCOUNTANTS)}")
+
+
+@functools.cache
+def _warn_gdp() -> None:
+    _log.warning("the gdp accountant is experimental and can underestimate epsilon; prefer rdp")
+
+
+def _check_delta(delta: float) -> None:
+    if not 0 < delta < 1:
+        raise ConfigError(f"delta must be in (0, 1), got {delta}")
+
+
+def _compute(history: tuple[tuple[float, float, int], ...], delta: float, name: str) -> float:
+    """Epsilon of a non-empty history, from a fresh Opacus accountant."""
+    _check_name(name)
+    if name == "gdp":
+        _warn_gdp()
+    with warnings.catch_warnings():
+        # gdp's "experimental" warning (logged once instead), prv's alpha-range and overflow
+        # warnings from its domain search.
+        warnings.simplefilter("ignore")
+        accountant = create_accountant(mechanism=name)
+        accountant.history = list(history)
+        return float(accountant.get_epsilon(delta=delta))
+
+
+_cached = functools.lru_cache(maxsize=1024)(_compute)
+
+
+def epsilon_of_history(history: _History, delta: float, accountant: str = "rdp") -> float:
+    """Epsilon (at ``delta``) of an accountant history of ``(sigma, q, steps)`` entries.
+
+    Parameters
+    ----------
+    history
+        Opacus's format: one ``(noise_multiplier, sample_rate, steps)`` per stretch of steps
+        with the same noise and sampling rate.
+    delta
+        The target delta.
+    accountant
+        ``"rdp"``, ``"prv"`` or ``"gdp"``.
+
+    Returns
+    -------
+    float
+        The epsilon; 0 for an empty history, ``inf`` where the accountant gives no bound.
+        Results are cached: the RDP and PRV computations are slow.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown accountant, a delta outside (0, 1), or (gdp) a history that changes
+        the noise multiplier or sample rate.
+    """
+    _check_delta(delta)
+    _check_name(accountant)
+    entries = tuple((float(s), float(q), int(n)) for s, q, n in history if n > 0)
+    if accountant == "gdp" and len(entries) > 1:  # Opacus's gdp reads the last entry only
+        if len({entry[:2] for entry in entries}) > 1:
+            raise ConfigError("the gdp accountant needs one noise multiplier and sample rate")
+        entries = ((*entries[0][:2], sum(n for _, _, n in entries)),)
+    return _cached(entries, delta, accountant) if entries else 0.0
+
+
+def epsilon(
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    delta: float,
+    accountant: str = "rdp",
+) -> float:
+    """Epsilon after ``steps`` sampled Gaussian steps.
+
+    Parameters
+    ----------
+    noise_multiplier
+        Sigma: noise std divided by the sensitivity (the clipping norm).
+    sample_rate
+        Poisson sampling rate q in (0, 1].
+    steps
+        How many steps (0 gives epsilon 0).
+    delta
+        The target delta.
+    accountant
+        ``"rdp"``, ``"prv"`` or ``"gdp"``.
+
+    Returns
+    -------
+    float
+        The epsilon at ``delta``.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown accountant or an argument out of range.
+    """
+    if noise_multiplier < 0:
+        raise ConfigError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
+    if not 0 < sample_rate <= 1:
+        raise ConfigError(f"sample_rate must be in (0, 1], got {sample_rate}")
+    if steps < 0:
+        raise ConfigError(f"steps must be >= 0, got {steps}")
+    return epsilon_of_history([(noise_multiplier, sample_rate, steps)], delta, accountant)
+
+
+def calibrate_noise(
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    accountant: str = "rdp",
+    *,
+    rtol: float = 0.005,
+) -> float:
+    """The smallest noise multiplier (to ``rtol``) whose epsilon is at most the target.
+
+    Doubles sigma until epsilon is at most ``target_epsilon``, then bisects, keeping as the
+    upper end only sigmas whose epsilon was computed to be at most the target, until that
+    epsilon is within ``rtol * target_epsilon`` below the target (or the bisection stops
+    moving). The returned sigma's epsilon is computed once more, from a fresh accountant, and
+    must be at most the target: calibration never overshoots.
+
+    Parameters
+    ----------
+    target_epsilon
+        The budget for the whole run.
+    delta
+        The target delta.
+    sample_rate
+        Poisson sampling rate q in (0, 1].
+    steps
+        Steps the run takes at that rate (example level: optimizer steps; client level:
+        rounds).
+    accountant
+        ``"rdp"``, ``"prv"`` or ``"gdp"``.
+    rtol
+        How far below the target the epsilon may land, relative to it.
+
+    Returns
+    -------
+    float
+        Sigma with ``target * (1 - rtol) <= epsilon(sigma) <= target`` (the lower end is not
+        guaranteed if the accountant's epsilon is not continuous in sigma).
+
+    Raises
+    ------
+    ConfigError
+        For an unknown accountant, arguments out of range, or a target that needs a sigma
+        above 1e6.
+    """
+    if target_epsilon <= 0:
+        raise ConfigError(f"target_epsilon must be > 0, got {target_epsilon}")
+    if steps < 1:
+        raise ConfigError(f"steps must be >= 1, got {steps}")
+    if not 0 < rtol < 1:
+        raise ConfigError(f"rtol must be in (0, 1), got {rtol}")
+
+    def eps(sigma: float) -> float:
+        try:
+            return epsilon(sigma, sample_rate, steps, delta, accountant)
+        except ConfigError:
+            raise
+        except (ValueError, ArithmeticError):
+            # e.g. gdp's root finding fails for tiny sigma: no bound, so too little noise.
+            return math.inf
+
+    low, high = 0.0, 1.0
+    eps_high = eps(high)
+    while eps_high > target_epsilon:
+        low, high = high, 2.0 * high
+        if high > _MAX_SIGMA:
+            raise ConfigError(
+                f"target epsilon {target_epsilon} is out of reach: even noise multiplier "
+                f"{_MAX_SIGMA:g} spends more over {steps} steps at sample rate {sample_rate}"
+            )
+        eps_high = eps(high)
+    for _ in range(_MAX_BISECTIONS):
+        if target_epsilon - eps_high <= rtol * target_epsilon:
+            break
+        mid = (low + high) / 2
+        if not low < mid < high:
+            break  # the interval cannot shrink further
+        eps_mid = eps(mid)
+        if eps_mid <= target_epsilon:
+            high, eps_high = mid, eps_mid
+        else:
+            low = mid
+    spent = _compute(((high, sample_rate, steps),), delta, accountant)  # fresh, not cached
+    if spent > target_epsilon:
+        raise AssertionError(f"calibration overshot: epsilon {spent} > {target_epsilon}")
+    _log.debug(
+        "calibrated sigma %.4f: epsilon %.4f <= %.4f (%s, q=%.4g, %d steps)",
+        high,
+        spent,
+        target_epsilon,
+        accountant,
+        sample_rate,
+        steps,
+    )
+    return high
