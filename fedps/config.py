@@ -293,6 +293,11 @@ class FedPSConfig(_Section):
     def _check(self) -> FedPSConfig:
         if self.metrics.shards and len(self.metrics.shards) != len(self.cluster.shards):
             raise ValueError("metrics.shards needs one address per shard (or none)")
+        if self.privacy.level == "client" and self.training.mode != "sync":
+            raise ValueError(
+                'privacy.level = "client" needs training.mode = "sync": its noise is split '
+                "over a round's cohort"
+            )
         if self.groups.sync and self.training.mode != "async":
             raise ValueError(
                 "groups.sync keeps some parameters synchronous in an async run; "

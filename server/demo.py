@@ -58,7 +58,8 @@ def run_demo(
     t = config.training
     console.print(
         f"fedps demo: {t.dataset}, {t.clients} clients, {shards} shards, {t.rounds} rounds, "
-        f"DP-SGD (target epsilon {config.privacy.target_epsilon}, delta {config.privacy.delta}), "
+        f"{'DP-SGD' if config.privacy.level == 'example' else 'client-level DP (DP-FedAvg)'} "
+        f"(target epsilon {config.privacy.target_epsilon}, delta {config.privacy.delta}), "
         f"CKKS {CkksParams.for_config(config) if config.he.enabled else 'OFF'}"
     )
     started = time.time()

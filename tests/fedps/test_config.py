@@ -274,3 +274,14 @@ def test_sync_groups_need_async_mode() -> None:
         load_config(None, groups={"sync": ["2.*"]})
     mixed = load_config(None, training={"mode": "async"}, groups={"sync": ["2.*"]})
     assert mixed.groups.buffers_per_round(mixed.training) == 2  # ceil(4 clients / K = 3)
+
+
+def test_client_level_dp_settings() -> None:
+    # Execute / Assert: defaults, a bad clip norm, and client level in async mode
+    assert load_config(None).privacy.level == "example"
+    client = load_config(None, privacy={"level": "client", "clip_norm": 0.3})
+    assert client.privacy.clip_norm == 0.3
+    with pytest.raises(ConfigError, match=r"privacy\.clip_norm"):
+        load_config(None, privacy={"level": "client", "clip_norm": 0})
+    with pytest.raises(ConfigError, match="needs training"):
+        load_config(None, privacy={"level": "client"}, training={"mode": "async"})
