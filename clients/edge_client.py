@@ -66,6 +66,9 @@ __all__ = ["ClientSummary", "EdgeClient", "client_partition"]
 _log = logging.getLogger("fedps")
 _T = TypeVar("_T")
 _PEER_WAIT_S = 90.0  # how long a push or an audit waits for a restarting shard or key holder
+# Every call has a deadline: one caught in a peer's restart fails and is retried, never hangs.
+_CALL_S = 20.0
+_PUSH_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,7 @@ class EdgeClient:
                         lambda: self._coordinator.GetTask(
                             coordinator_pb2.TaskRequest(client_id=self.client_id),
                             metadata=self._metadata(),
+                            timeout=_CALL_S,
                         ),
                         "get task",
                         timeout_s,
@@ -200,7 +204,7 @@ class EdgeClient:
     def _fetch_context(self, timeout_s: float = 60.0) -> None:
         """Fetch, verify and adopt the key holder's current public context."""
         ctx = self._retry(
-            lambda: self._keyholder.GetPublicContext(common_pb2.Empty()),
+            lambda: self._keyholder.GetPublicContext(common_pb2.Empty(), timeout=_CALL_S),
             "public context",
             timeout_s,
         )
@@ -258,7 +262,7 @@ class EdgeClient:
             signing_key=self._signer.public_key,
         )
         reply = self._retry(
-            lambda: self._coordinator.Register(request, metadata=self._metadata()),
+            lambda: self._coordinator.Register(request, metadata=self._metadata(), timeout=_CALL_S),
             "register",
             timeout_s,
         )
@@ -349,6 +353,7 @@ class EdgeClient:
                 lambda: self._coordinator.GetTask(
                     coordinator_pb2.TaskRequest(client_id=self.client_id),
                     metadata=self._metadata(),
+                    timeout=_CALL_S,
                 ),
                 "get task",
                 60.0,
@@ -414,13 +419,16 @@ class EdgeClient:
         """Push messages to one shard, waiting out a restart (the shard's log keeps what it
         acknowledged, so a retry after a lost acknowledgement is counted once)."""
         stub = self._params.stubs[sid]
-        self._retry(lambda: stub.PushBlocks(iter(messages)), f"push to {sid}", _PEER_WAIT_S)
+        self._retry(
+            lambda: stub.PushBlocks(iter(messages), timeout=_PUSH_S), f"push to {sid}", _PEER_WAIT_S
+        )
 
     def _submit_audit(self, round_: int, coefficients: np.ndarray) -> None:
         """Send the key holder the secretly planned chunks, so it can check the aggregate."""
         plan = self._retry(
             lambda: self._keyholder.GetAuditPlan(
-                keyholder_pb2.AuditPlanRequest(round=round_, client_id=self.client_id)
+                keyholder_pb2.AuditPlanRequest(round=round_, client_id=self.client_id),
+                timeout=_CALL_S,
             ),
             "audit plan",
             _PEER_WAIT_S,
@@ -441,7 +449,11 @@ class EdgeClient:
         submission = keyholder_pb2.AuditSubmission(
             client_id=self.client_id, round=round_, chunks=chunks
         )
-        self._retry(lambda: self._keyholder.SubmitAudit(submission), "submit audit", _PEER_WAIT_S)
+        self._retry(
+            lambda: self._keyholder.SubmitAudit(submission, timeout=_CALL_S),
+            "submit audit",
+            _PEER_WAIT_S,
+        )
 
     def _report(self, round_: int, pushed: int, *, budget_exhausted: bool) -> None:
         report = coordinator_pb2.UpdateReport(
@@ -454,7 +466,9 @@ class EdgeClient:
             budget_exhausted=budget_exhausted,
         )
         self._retry(
-            lambda: self._coordinator.ReportUpdate(report, metadata=self._metadata()),
+            lambda: self._coordinator.ReportUpdate(
+                report, metadata=self._metadata(), timeout=_CALL_S
+            ),
             "report",
             60.0,
         )

@@ -17,6 +17,9 @@ from fedps.transport import call, create_channel
 
 __all__ = ["ParameterClient"]
 
+#: Deadline of one pull from one shard: a call caught in a restart fails, then is retried.
+PULL_TIMEOUT_S = 120.0
+
 
 class ParameterClient:
     """Pulls the current model from a set of shards.
@@ -59,7 +62,10 @@ class ParameterClient:
         versions: set[int] = set()
         request = shard_pb2.PullRequest(min_version=min_version)
         for sid, stub in self.stubs.items():
-            replies = call(lambda: list(stub.PullBlocks(request)), f"pull from {sid}")  # noqa: B023
+            replies = call(
+                lambda: list(stub.PullBlocks(request, timeout=PULL_TIMEOUT_S)),  # noqa: B023
+                f"pull from {sid}",
+            )
             for reply in replies:
                 for block in reply.blocks:
                     values = np.frombuffer(block.values, dtype="<f4")

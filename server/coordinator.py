@@ -51,6 +51,9 @@ _log = logging.getLogger("fedps")
 
 CHECKPOINT_FILE = "coordinator-checkpoint.npz"
 _WAIT_S = 0.2
+# Every call has a deadline: a call caught in a peer's restart fails and is retried, never hangs.
+_CALL_S = 20.0
+_LONG_CALL_S = 300.0  # applying a round decrypts and publishes the whole model
 _MAX_REPORTED_BYTES = 1 << 40  # per report; keeps totals far from uint64 overflow
 _T = TypeVar("_T")
 
@@ -324,7 +327,8 @@ class Coordinator:
     def _bootstrap(self) -> None:
         """Wait for the key holder and give it the initial model (the chief's job)."""
         state = self._retry(
-            lambda: self._keyholder.GetModelState(common_pb2.Empty()), "key holder state"
+            lambda: self._keyholder.GetModelState(common_pb2.Empty(), timeout=_CALL_S),
+            "key holder state",
         )
         if state.initialized and state.version >= self.version:
             self.version = state.version
@@ -336,7 +340,8 @@ class Coordinator:
         else:
             self._initialize(force=True)
         context = self._retry(
-            lambda: self._keyholder.GetPublicContext(common_pb2.Empty()), "public context"
+            lambda: self._keyholder.GetPublicContext(common_pb2.Empty(), timeout=_CALL_S),
+            "public context",
         )
         self._context_id = context.context_id
         self._keyholder_key = bytes(context.signing_key)
@@ -355,7 +360,8 @@ class Coordinator:
             num_params=layout.num_params, blocks=blocks, force=force, version=self.version
         )
         state = self._retry(
-            lambda: self._keyholder.InitializeModel(iter([request])), "initialise model"
+            lambda: self._keyholder.InitializeModel(iter([request]), timeout=_LONG_CALL_S),
+            "initialise model",
         )
         self.version = state.version
 
@@ -406,7 +412,8 @@ class Coordinator:
     ) -> None:
         started = time.time()
         self._context_id = self._retry(
-            lambda: self._keyholder.GetPublicContext(common_pb2.Empty()), "public context"
+            lambda: self._keyholder.GetPublicContext(common_pb2.Empty(), timeout=_CALL_S),
+            "public context",
         ).context_id  # it changes when the key holder rotates keys
         bytes_before = self.bytes_pushed
         version = self.version
@@ -418,7 +425,7 @@ class Coordinator:
                 context_id=self._context_id,
                 run_id=self.run_id,
             )
-            self._retry(lambda: stub.OpenRound(request), f"open round on {sid}")  # noqa: B023
+            self._retry(lambda: stub.OpenRound(request, timeout=_CALL_S), f"open round on {sid}")  # noqa: B023
         asynchronous = self._training.mode == "async"
         # Async buffers have no deadline: they flush once buffer_size updates are in.
         deadline = started + (1e9 if asynchronous else self._training.deadline_s)
@@ -503,7 +510,7 @@ class Coordinator:
         )
         # A key holder or shard that is restarting delays the round; a refusal ends it.
         reply: keyholder_pb2.ApplyRoundReply = self._retry(
-            lambda: self._keyholder.ApplyRound(request),
+            lambda: self._keyholder.ApplyRound(request, timeout=_LONG_CALL_S),
             f"apply round {round_}",
             retry_on=PeerUnavailableError,
         )
@@ -519,7 +526,10 @@ class Coordinator:
         accepted = set(cohort)
         for sid, stub in self._params.stubs.items():
             request = shard_pb2.CloseRoundRequest(round=round_)
-            reply = self._retry(lambda: stub.CloseRound(request), f"close round on {sid}")  # noqa: B023
+            reply = self._retry(
+                lambda: stub.CloseRound(request, timeout=_CALL_S),  # noqa: B023
+                f"close round on {sid}",
+            )
             if reply.blocks:
                 accepted &= set(reply.complete_clients)
         return accepted
@@ -528,7 +538,7 @@ class Coordinator:
         for sid, stub in self._params.stubs.items():
             request = shard_pb2.CloseRoundRequest(round=round_)
             try:
-                call(lambda: stub.DiscardRound(request), f"discard round on {sid}")  # noqa: B023
+                call(lambda: stub.DiscardRound(request, timeout=_CALL_S), f"discard round on {sid}")  # noqa: B023
             except FedPSError as exc:
                 _log.warning("could not discard round %d on %s: %s", round_, sid, exc)
 

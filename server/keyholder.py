@@ -60,6 +60,7 @@ _log = logging.getLogger("fedps")
 _STATE_FILE = "keyholder-state.npz"
 _MAX_AUDITS_PER_CLIENT = 4
 MAX_PARAMS = 1 << 31  # about 8 GiB of float32
+_CALL_S = 120.0  # deadline of each call to a shard: a restarting shard fails it, then a retry
 
 
 @dataclass(frozen=True)
@@ -332,7 +333,10 @@ class KeyHolder:
         replies: list[shard_pb2.FetchAggregateReply] = []
         for sid, stub in self._stubs.items():
             request = shard_pb2.FetchAggregateRequest(round=round_)
-            got = call(lambda: list(stub.FetchAggregate(request)), f"fetch from {sid}")  # noqa: B023
+            got = call(
+                lambda: list(stub.FetchAggregate(request, timeout=_CALL_S)),  # noqa: B023
+                f"fetch from {sid}",
+            )
             for reply in got:
                 for agg in reply.blocks:
                     if self._ring.owner(agg.block) != sid:
@@ -444,7 +448,7 @@ class KeyHolder:
                 )
             ]
             stub = self._stubs[sid]
-            call(lambda: stub.Publish(iter(messages)), f"publish to {sid}")  # noqa: B023
+            call(lambda: stub.Publish(iter(messages), timeout=_CALL_S), f"publish to {sid}")  # noqa: B023
 
     # ------------------------------------------------------------------ durability
     def _save_state(self) -> None:
