@@ -16,10 +16,11 @@ import pytest
 from clients.edge_client import EdgeClient
 from crypto import _seal_io
 from fedps.errors import FedPSError
-from fedps.transport import create_server
+from fedps.transport import bind, create_server
+from server.cluster_status import print_status
 from server.coordinator import Coordinator
 from server.deployment import write_config
-from server.serve import add_keyholder
+from server.serve import add_keyholder, add_shard
 from tests.conftest import Cluster, run_clients, start_cluster
 
 pytestmark = pytest.mark.integration
@@ -148,5 +149,32 @@ def test_thirty_percent_dropout_still_reaches_the_demo_accuracy(tmp_path: Path) 
         assert cluster.coordinator.finished and len(history) == 30
         assert sum(1 for r in history if 0 < r.contributors < 4 and not r.abandoned) >= 10
         assert history[-1].accuracy >= DEMO_ACCURACY - 0.03  # measured: 0.919
+    finally:
+        cluster.stop()
+
+
+def test_status_shows_a_killed_shard_down_then_up_after_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare: a running cluster with a published model
+    cluster = start_cluster(tmp_path, training={"rounds": 1, "clients": 2, "min_quorum": 2})
+    try:
+        run_clients([EdgeClient(cluster.config, index=i) for i in range(2)])
+        address = cluster.config.cluster.shards[1]
+        # Execute: shard-1 dies; then a new process of it starts on the same address
+        cluster.servers["shard-1"].stop(grace=None)
+        print_status(cluster.config)
+        down = capsys.readouterr().out
+        server = create_server()
+        bind(server, address)
+        restarted = add_shard(server, cluster.config, 1)
+        server.start()
+        cluster.servers["shard-1"] = server
+        print_status(cluster.config)
+        up = capsys.readouterr().out
+        # Assert: DOWN, then up again with the model it had published (from its own disk)
+        assert f"shard-1 {address}: DOWN" in down
+        assert f"shard-1 {address}: up, version 1" in up
+        assert restarted.version == 1
     finally:
         cluster.stop()
