@@ -43,7 +43,6 @@ from fedps.datasets import Dataset, load_dataset
 from fedps.errors import (
     FedPSError,
     InvalidArgumentError,
-    PeerUnavailableError,
     RoundClosedError,
     UnknownClientError,
 )
@@ -59,7 +58,7 @@ from fedps.proto import (
     keyholder_pb2_grpc,
     shard_pb2,
 )
-from fedps.transport import batched, call, create_channel
+from fedps.transport import batched, call_until, create_channel
 
 __all__ = ["ClientSummary", "EdgeClient", "client_partition"]
 
@@ -479,13 +478,4 @@ class EdgeClient:
 
     def _retry(self, fn: Callable[[], _T], what: str, timeout_s: float) -> _T:
         """Call ``fn``, retrying while the peer is unavailable (restarts, slow starts)."""
-        until = time.time() + timeout_s
-        delay = 0.2
-        while True:
-            try:
-                return call(fn, what)
-            except PeerUnavailableError:
-                if time.time() > until:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 1.5, 2.0)
+        return call_until(fn, what, timeout_s=timeout_s)

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -55,6 +57,7 @@ __all__ = [
     "batched",
     "bind",
     "call",
+    "call_until",
     "configure_tls",
     "create_channel",
     "create_server",
@@ -277,6 +280,35 @@ def call(fn: Callable[[], _T], what: str) -> _T:
         return fn()
     except grpc.RpcError as exc:
         raise _from_rpc_error(exc, what) from exc
+
+
+def call_until(
+    fn: Callable[[], _T],
+    what: str,
+    *,
+    retry_on: type[FedPSError] = PeerUnavailableError,
+    timeout_s: float | None = None,
+    stop: threading.Event | None = None,
+) -> _T:
+    """:func:`call`, retried on ``retry_on`` errors until it succeeds.
+
+    Between attempts it backs off exponentially (0.2 s, growing to 2 s) with full jitter, so
+    clients that lost the same peer do not come back in lockstep. It gives up, re-raising the
+    last error, after ``timeout_s`` or once ``stop`` is set. The channel's own retry policy
+    (a few quick attempts on ``UNAVAILABLE``) runs inside each attempt; this loop outlasts a
+    peer's restart.
+    """
+    until = None if timeout_s is None else time.monotonic() + timeout_s
+    delay = 0.2
+    while True:
+        try:
+            return call(fn, what)
+        except retry_on as exc:
+            if (stop is not None and stop.is_set()) or (until and time.monotonic() > until):
+                raise
+            _log.info("%s: %s; retrying", what, exc)
+            time.sleep(random.uniform(0.5, 1.0) * delay)
+            delay = min(delay * 1.5, 2.0)
 
 
 def _from_rpc_error(exc: grpc.RpcError, what: str) -> FedPSError:

@@ -42,7 +42,7 @@ from fedps.errors import (
 )
 from fedps.parameter_client import ParameterClient
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc, shard_pb2
-from fedps.transport import call, create_channel
+from fedps.transport import call, call_until, create_channel
 from server.evaluator import Evaluator
 
 __all__ = ["Coordinator", "RoundRecord", "Task"]
@@ -372,16 +372,7 @@ class Coordinator:
         retry_on: type[FedPSError] = FedPSError,
     ) -> _T:
         """Call until it succeeds (or :meth:`stop`), retrying errors of kind ``retry_on``."""
-        delay = 0.2
-        while True:
-            try:
-                return call(fn, what)
-            except retry_on as exc:
-                if self._stop.is_set():
-                    raise
-                _log.info("%s not ready (%s); retrying", what, exc)
-                time.sleep(delay)
-                delay = min(delay * 1.5, 2.0)
+        return call_until(fn, what, retry_on=retry_on, stop=self._stop)
 
     def _wait_for_cohort(self) -> frozenset[str] | None:
         expected = self._training.clients
