@@ -263,6 +263,58 @@ def bench(
 
 
 @app.command()
+def experiment(
+    args: Annotated[
+        list[str],
+        typer.Argument(
+            help="GRID.toml to run a sweep, or `report RESULTS.jsonl` to render its report.",
+            metavar="GRID.toml | report RESULTS.jsonl",
+        ),
+    ],
+    results: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--results", "-r", help="Results file (JSON lines; default GRID-results.jsonl)."
+        ),
+    ] = None,
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--out", "-o", help="Report directory (default RESULTS-report)."),
+    ] = None,
+    workdir: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Keep each point's state and logs here (default: a temporary dir)."),
+    ] = None,
+) -> None:
+    """Privacy-accuracy sweep: one real platform run per grid point, resumable."""
+    _setup_logging(False)
+    if args[0] == "report":
+        from server.experiment_report import render_report
+
+        if len(args) != 2 or results is not None or workdir is not None:
+            raise FedPSError("usage: fedps experiment report RESULTS.jsonl [--out DIR]")
+        path = Path(args[1])
+        report = render_report(path, out or path.with_name(f"{path.stem}-report"))
+        typer.echo(f"report written to {report}")
+        return
+    from server.experiment import run_experiment
+
+    if len(args) != 1 or out is not None:
+        raise FedPSError("usage: fedps experiment GRID.toml [--results FILE] [--workdir DIR]")
+    grid = Path(args[0])
+    results = results or Path(f"{grid.stem}-results.jsonl")
+    records = run_experiment(grid, results, workdir=workdir)
+    failed = sum(1 for r in records if "error" in r)
+    typer.echo(f"{len(records)} points in {results} (and {results.with_suffix('.csv')})")
+    if failed:
+        raise FedPSError(
+            f"{failed} of {len(records)} points failed (see their error in {results}); "
+            "run the same command again to retry them"
+        )
+    typer.echo(f"report: fedps experiment report {results}")
+
+
+@app.command()
 def status(config: ConfigOpt = None) -> None:
     """Print the cluster's health as the coordinator sees it."""
     from server.cluster_status import print_status

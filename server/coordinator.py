@@ -245,8 +245,9 @@ class Coordinator:
         credential: bytes = b"",
     ) -> None:
         """A client says it pushed its update for ``round_`` (or ran out of budget)."""
-        if not (math.isfinite(epsilon) and epsilon >= 0 and 0 <= delta < 1):
-            raise InvalidArgumentError("epsilon must be finite and >= 0, delta in [0, 1)")
+        # +inf is honest: a client training without DP noise has no finite epsilon.
+        if math.isnan(epsilon) or epsilon < 0 or not 0 <= delta < 1:
+            raise InvalidArgumentError("epsilon must be >= 0 (inf: no DP), delta in [0, 1)")
         if not 0 <= bytes_pushed <= _MAX_REPORTED_BYTES:
             raise InvalidArgumentError(f"bytes_pushed must be in [0, {_MAX_REPORTED_BYTES}]")
         with self._changed:

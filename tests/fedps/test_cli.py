@@ -66,6 +66,38 @@ def test_status_with_coordinator_down(tmp_path: Path) -> None:
     assert "coordinator" in line
 
 
+def test_experiment_with_bad_grid_axis(tmp_path: Path) -> None:
+    # Prepare
+    grid = tmp_path / "grid.toml"
+    grid.write_text("[grid]\nepsilon = [1.0]\nlearning_rate = [0.1]\n")
+
+    # Execute
+    result = _run("experiment", str(grid), "--results", str(tmp_path / "r.jsonl"), cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "unknown grid axis learning_rate" in line
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_experiment_report_without_results(tmp_path: Path) -> None:
+    # Prepare / Execute
+    result = _run("experiment", "report", str(tmp_path / "absent.jsonl"), cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "results file not found" in line
+
+
+def test_experiment_report_usage(tmp_path: Path) -> None:
+    # Prepare / Execute: report takes exactly one results file.
+    result = _run("experiment", "report", cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "usage: fedps experiment report" in line
+
+
 def test_missing_config_file(tmp_path: Path) -> None:
     # Prepare / Execute
     result = _run("status", "--config", str(tmp_path / "absent.toml"), cwd=tmp_path)
@@ -96,3 +128,4 @@ def test_help_lists_every_command(tmp_path: Path) -> None:
     listed = {line.strip("│ ").split(" ")[0] for line in result.stdout.splitlines()}
     for name in ["keyholder", "shard", "coordinator", "client", "up", "demo", "status"]:
         assert name in listed, result.stdout
+    assert "experiment" in listed, result.stdout

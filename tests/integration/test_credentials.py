@@ -62,3 +62,24 @@ def test_known_id_cannot_be_taken_over(cluster: Cluster) -> None:
         )
     # Assert
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_report_accepts_an_infinite_epsilon_and_refuses_nan_or_negative(
+    cluster: Cluster,
+) -> None:
+    # Prepare: a registered client (no DP noise gives epsilon = +inf)
+    stub = coordinator_pb2_grpc.CoordinatorStub(create_channel(cluster.config.cluster.coordinator))
+    client_id, issued = _register(stub, cluster)
+    metadata = (("x-fedps-credential", issued.hex()),)
+
+    def report(epsilon: float) -> None:
+        request = coordinator_pb2.UpdateReport(client_id=client_id, epsilon=epsilon, delta=1e-5)
+        stub.ReportUpdate(request, metadata=metadata)
+
+    # Execute / Assert
+    report(float("inf"))
+    assert cluster.coordinator.max_epsilon[0] == float("inf")
+    for bad in (float("nan"), -1.0):
+        with pytest.raises(grpc.RpcError) as info:
+            report(bad)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
