@@ -97,7 +97,7 @@ def test_grid_is_the_cartesian_product_with_stable_keys(tmp_path: Path) -> None:
     assert dirichlet["training"] == {"rounds": 3, "partition": "dirichlet", "dirichlet_alpha": 0.5}
     assert dirichlet["he"] == {"enabled": False}
     assert dirichlet["privacy"]["target_epsilon"] is None
-    assert 0 < float(str(dirichlet["privacy"]["noise_multiplier"])) <= 1e-3  # "no DP" stand-in
+    assert float(str(dirichlet["privacy"]["noise_multiplier"])) == 0.0  # no DP: no noise
     eps1 = by_key["partition=iid,encryption=true,epsilon=1"].overrides["privacy"]
     assert eps1 == {"noise_multiplier": None, "target_epsilon": 1.0}
 
@@ -338,7 +338,7 @@ def _results_file(tmp_path: Path) -> Path:
             encryption=enc,
             epsilon=eps if eps == "inf" else float(eps),
             final_accuracy=acc + (0.0 if enc else 0.002),
-            noise_multiplier=0.001 if eps == "inf" else 1.2,
+            noise_multiplier=0.0 if eps == "inf" else 1.2,
         )
         for part, acc in (("iid", 0.8), ("dirichlet:0.5", 0.7))
         for enc in (True, False)
