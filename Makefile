@@ -30,8 +30,9 @@ protos: $(STAMP)
 protos-check: $(STAMP)
 	PATH=$(BIN):$$PATH bash fedps/proto/generate.sh --check
 
+# Two workers: the long fuzz run and the process-level integration tests share the two cores.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
