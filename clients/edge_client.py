@@ -67,7 +67,7 @@ _T = TypeVar("_T")
 _PEER_WAIT_S = 90.0  # how long a push or an audit waits for a restarting shard or key holder
 # Every call has a deadline: one caught in a peer's restart fails and is retried, never hangs.
 _CALL_S = 20.0
-_PUSH_S = 120.0
+_PUSH_S = 60.0
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ _log = logging.getLogger("fedps")
 _STATE_FILE = "keyholder-state.npz"
 _MAX_AUDITS_PER_CLIENT = 4
 MAX_PARAMS = 1 << 31  # about 8 GiB of float32
-_CALL_S = 120.0  # deadline of each call to a shard: a restarting shard fails it, then a retry
+_CALL_S = 60.0  # deadline of each call to a shard: a restarting shard fails it, then a retry
 
 
 @dataclass(frozen=True)
