@@ -7,6 +7,7 @@ as the coordinator reports them, and returns a summary.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -66,8 +67,10 @@ def run_demo(
     deployment = Deployment(path, config)
     try:
         deployment.start_servers()
+        # The cores go to the clients: one alone (a centralised baseline) trains on all.
+        threads = str(max(1, (os.cpu_count() or 1) // t.clients))
         for i in range(t.clients):
-            deployment.start(f"client-{i}", "client", "--index", str(i))
+            deployment.start(f"client-{i}", "client", "--index", str(i), "--threads", threads)
         status = _watch(deployment, config.cluster.coordinator, t.rounds, console, timeout_s)
     finally:
         deployment.stop()
