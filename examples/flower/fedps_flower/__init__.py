@@ -1,0 +1,1 @@
+"""A Flower app whose aggregation is fedps's secure aggregation."""

@@ -1,0 +1,193 @@
+"""The payloads fedps's Flower integration carries in Flower messages.
+
+The Flower strategy (:mod:`server.flower_strategy`) and the Flower client
+(:mod:`clients.flower_client`) speak the coordinator's client protocol over Flower messages.
+This module holds what both ends must agree on, as plain mappings of Flower's record values
+(``int``, ``float``, ``str``, ``bytes``), so that it imports neither Flower nor a role:
+
+``query.fedps_register``
+    Node to strategy: :class:`Registration` (public signing key, examples, model size).
+``train``
+    Strategy to node: :class:`FlowerTask`; node to strategy: :class:`RoundReport`, metadata
+    only. No message ever carries a model update, in plaintext or encrypted: updates go to the
+    shards over fedps's own gRPC.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+from fedps.errors import InvalidArgumentError
+
+__all__ = [
+    "CONFIG_KEY",
+    "METRICS_KEY",
+    "RECORD_KEY",
+    "REGISTER_ACTION",
+    "FlowerTask",
+    "Registration",
+    "RoundReport",
+]
+
+#: The query action of registration (message type ``query.fedps_register``).
+REGISTER_ACTION = "fedps_register"
+#: The ConfigRecord holding fedps's task, registration and node state.
+RECORD_KEY = "fedps"
+#: The MetricRecord of a train reply.
+METRICS_KEY = "metrics"
+#: The run-config key naming the fedps TOML file (``[tool.flwr.app.config]``).
+CONFIG_KEY = "fedps-config"
+
+_Values = Mapping[str, object]
+
+
+def _field(values: _Values, key: str, kind: type[object]) -> object:
+    value = values.get(key)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool):
+        raise InvalidArgumentError(f"fedps record: {key!r} must be {kind.__name__}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidArgumentError(f"fedps record: {key!r} must be finite")
+    return value
+
+
+def _int(values: _Values, key: str) -> int:
+    value = _field(values, key, int)
+    assert isinstance(value, int)
+    if value < 0:
+        raise InvalidArgumentError(f"fedps record: {key!r} must be >= 0")
+    return value
+
+
+def _float(values: _Values, key: str) -> float:
+    value = _field(values, key, float)
+    assert isinstance(value, float)
+    return value
+
+
+def _str(values: _Values, key: str) -> str:
+    value = _field(values, key, str)
+    assert isinstance(value, str)
+    return value
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A node introduces itself: the key that signs its updates, its data and model size."""
+
+    signing_key: bytes
+    name: str
+    num_examples: int
+    num_params: int
+
+    def to_record(self) -> dict[str, int | str | bytes]:
+        """The ConfigRecord values."""
+        return {
+            "signing-key": self.signing_key,
+            "name": self.name,
+            "num-examples": self.num_examples,
+            "num-params": self.num_params,
+        }
+
+    @classmethod
+    def from_record(cls, values: _Values) -> Registration:
+        """Parse and check a registration reply.
+
+        Raises
+        ------
+        InvalidArgumentError
+            If a field is missing or of the wrong type.
+        """
+        key = _field(values, "signing-key", bytes)
+        assert isinstance(key, bytes)
+        return cls(
+            key, _str(values, "name"), _int(values, "num-examples"), _int(values, "num-params")
+        )
+
+
+@dataclass(frozen=True)
+class FlowerTask:
+    """The coordinator's ``TRAIN`` task for one node, with the identity it registered."""
+
+    round: int
+    version: int
+    deadline_unix: float
+    weight_scale: float
+    context_id: str
+    client_id: str
+    run_id: str
+
+    def to_record(self) -> dict[str, int | float | str]:
+        """The ConfigRecord values."""
+        return {
+            "round": self.round,
+            "version": self.version,
+            "deadline": self.deadline_unix,
+            "weight-scale": self.weight_scale,
+            "context-id": self.context_id,
+            "client-id": self.client_id,
+            "run-id": self.run_id,
+        }
+
+    @classmethod
+    def from_record(cls, values: _Values) -> FlowerTask:
+        """Parse and check a train message's task.
+
+        Raises
+        ------
+        InvalidArgumentError
+            If a field is missing or of the wrong type.
+        """
+        return cls(
+            round=_int(values, "round"),
+            version=_int(values, "version"),
+            deadline_unix=_float(values, "deadline"),
+            weight_scale=_float(values, "weight-scale"),
+            context_id=_str(values, "context-id"),
+            client_id=_str(values, "client-id"),
+            run_id=_str(values, "run-id"),
+        )
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    """What a node reports after a train message (never the update)."""
+
+    round: int
+    trained: bool
+    bytes_pushed: int
+    budget_exhausted: bool
+    weight: float
+    epsilon: float
+    delta: float
+    num_examples: int
+
+    def to_metrics(self) -> dict[str, int | float]:
+        """The MetricRecord values (``num-examples`` is Flower's weighting convention)."""
+        values = asdict(self)
+        return {
+            k.replace("_", "-"): int(v) if isinstance(v, bool) else v for k, v in values.items()
+        }
+
+    @classmethod
+    def from_metrics(cls, values: _Values) -> RoundReport:
+        """Parse and check a train reply's metrics.
+
+        Raises
+        ------
+        InvalidArgumentError
+            If a field is missing or of the wrong type.
+        """
+        return cls(
+            round=_int(values, "round"),
+            trained=bool(_int(values, "trained")),
+            bytes_pushed=_int(values, "bytes-pushed"),
+            budget_exhausted=bool(_int(values, "budget-exhausted")),
+            weight=_float(values, "weight"),
+            epsilon=_float(values, "epsilon"),
+            delta=_float(values, "delta"),
+            num_examples=_int(values, "num-examples"),
+        )
