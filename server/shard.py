@@ -96,6 +96,47 @@ class Aggregate:
     contributions: dict[str, Contribution]
 
 
+_ROOT_BYTES = 32  # a chunk commitment (SHA-256)
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One client's signed update in a round and the blocks of it that were added.
+
+    Stored compactly, since a shard holds one per client and round: the roots joined into one
+    ``bytes``, the blocks as a bitmask. The manifest of a block is derived from the entries.
+    """
+
+    weight: float
+    version: int
+    nonce: bytes
+    signature: bytes
+    roots: bytes  # every block's chunk root, joined
+    multiplier: int
+    blocks: int = 0  # bit b set: block b was added into the sum
+
+    @classmethod
+    def of(cls, update: SignedUpdate, multiplier: int) -> _Entry:
+        return cls(
+            update.weight,
+            update.version,
+            update.nonce,
+            update.signature,
+            b"".join(update.roots),
+            multiplier,
+        )
+
+    def has(self, block: int) -> bool:
+        return bool(self.blocks >> block & 1)
+
+    def root(self, block: int) -> bytes:
+        return self.roots[block * _ROOT_BYTES : (block + 1) * _ROOT_BYTES]
+
+    def signed(self, client_id: str) -> SignedUpdate:
+        roots = tuple(self.root(b) for b in range(len(self.roots) // _ROOT_BYTES))
+        return SignedUpdate(client_id, self.weight, self.nonce, self.signature, roots, self.version)
+
+
 @dataclass
 class _Round:
     round: int
@@ -104,8 +145,7 @@ class _Round:
     context_id: str
     run_id: str
     sums: dict[int, CiphertextSum | PlainSum] = field(default_factory=dict)
-    manifest: dict[int, dict[str, Contribution]] = field(default_factory=dict)
-    updates: dict[str, SignedUpdate] = field(default_factory=dict)
+    entries: dict[str, _Entry] = field(default_factory=dict)
     messages: dict[str, int] = field(default_factory=dict)
     closed: bool = False
 
@@ -364,10 +404,12 @@ class Shard:
             state = _Round(round_, version, dict(members), context_id, run_id)
             self._rounds[round_] = state
             self._open = state
-            for old in [r for r in self._rounds if r < round_ - 2]:
+            # The previous round stays until the next opens (the key holder may fetch it
+            # again); older ones are gone from memory and disk.
+            for old in [r for r in self._rounds if r < round_ - 1]:
                 del self._rounds[old]
             if self._log is not None and not self._replaying:
-                self._log.forget_before(round_ - 2)
+                self._log.forget_before(round_ - 1)
 
     @staticmethod
     def _open_record(
@@ -450,10 +492,11 @@ class Shard:
         with self._lock:
             if state.closed:
                 raise RoundClosedError(f"round {batch.round} closed during the push")
+            known = state.entries.get(batch.client_id)
             fresh = [
                 i
                 for i, (block, _) in enumerate(batch.blocks)
-                if batch.client_id not in state.manifest.get(block, {})
+                if known is None or not known.has(block)
             ]
             if fresh:  # durable before it is added, and before it is acknowledged
                 logged = shard_pb2.PushRequest(
@@ -491,13 +534,14 @@ class Shard:
         coefficients: np.ndarray,
     ) -> None:
         """Add one client's blocks into the sums (the caller holds the lock)."""
+        if not blocks:
+            return
+        entry = state.entries.get(update.client_id)
+        if entry is None:
+            entry = state.entries[update.client_id] = _Entry.of(update, multiplier)
         for block, coeffs in zip(blocks, coefficients, strict=True):
             state.sums.setdefault(block, new_sum(public)).add(coeffs, multiplier)
-            state.manifest.setdefault(block, {})[update.client_id] = Contribution(
-                update.weight, update.roots[block], update.version, multiplier
-            )
-        if blocks:
-            state.updates.setdefault(update.client_id, update)
+            entry.blocks |= 1 << block
         self.stats["accepted"] += len(blocks)
 
     def _multiplier(self, state: _Round, batch: PushBatch) -> int:
@@ -530,18 +574,20 @@ class Shard:
             tuple(batch.roots),
             batch.version,
         )
-        known = state.updates.get(batch.client_id)
+        known = state.entries.get(batch.client_id)
         if known is not None:
-            if known != update:
+            if known.signed(batch.client_id) != update:
                 raise InvalidArgumentError(
                     f"client {batch.client_id!r} sent a second, different update in this round"
                 )
-            return known
+            return update
         if len(update.roots) != self._num_blocks:
             raise InvalidArgumentError(
                 f"a signed update commits to {len(update.roots)} blocks; the model has "
                 f"{self._num_blocks}"
             )
+        if any(len(root) != _ROOT_BYTES for root in update.roots):
+            raise InvalidArgumentError(f"every chunk root must be {_ROOT_BYTES} bytes")
         digest = update_digest(
             run_id=state.run_id,
             round_=state.round,
@@ -570,10 +616,12 @@ class Shard:
             state.closed = True
             if not self._owned:
                 return sorted(state.members)
-            complete = set(state.members)
-            for block in self._owned:
-                complete &= set(state.manifest.get(block, {}))
-            return sorted(complete)
+            owned = self._owned
+            return sorted(
+                c
+                for c, entry in state.entries.items()
+                if c in state.members and all(entry.has(b) for b in owned)
+            )
 
     def discard_round(self, round_: int) -> None:
         """Forget an abandoned round's sums; they are never decrypted."""
@@ -584,8 +632,7 @@ class Shard:
             )
             state.closed = True
             state.sums.clear()
-            state.manifest.clear()
-            state.updates.clear()
+            state.entries.clear()
 
     def aggregates(self, round_: int) -> tuple[list[Aggregate], list[SignedUpdate]]:
         """The closed round's sums, manifests and signed updates, for the key holder."""
@@ -593,12 +640,21 @@ class Shard:
             state = self._require(round_)
             if not state.closed:
                 raise RoundClosedError(f"round {round_} is still open")
+            entries = state.entries
             aggregates = [
-                Aggregate(b, state.sums[b].packed(), dict(state.manifest[b]))
+                Aggregate(
+                    b,
+                    state.sums[b].packed(),
+                    {
+                        c: Contribution(e.weight, e.root(b), e.version, e.multiplier)
+                        for c, e in entries.items()
+                        if e.has(b)
+                    },
+                )
                 for b in self._owned
                 if b in state.sums
             ]
-            return aggregates, list(state.updates.values())
+            return aggregates, [e.signed(c) for c, e in entries.items()]
 
     def _require(self, round_: int) -> _Round:
         state = self._rounds.get(round_)
