@@ -6,7 +6,7 @@ import warnings
 from fedps.proto import common_pb2 as fedps_dot_proto_dot_common__pb2
 from fedps.proto import coordinator_pb2 as fedps_dot_proto_dot_coordinator__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.80.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -26,7 +26,7 @@ if _version_not_supported:
     )
 
 
-class CoordinatorStub:
+class CoordinatorStub(object):
     """The coordinator (chief): registration, cohorts, rounds, deadlines, evaluation, checkpoints.
     """
 
@@ -58,7 +58,7 @@ class CoordinatorStub:
                 _registered_method=True)
 
 
-class CoordinatorServicer:
+class CoordinatorServicer(object):
     """The coordinator (chief): registration, cohorts, rounds, deadlines, evaluation, checkpoints.
     """
 
@@ -117,7 +117,7 @@ def add_CoordinatorServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Coordinator:
+class Coordinator(object):
     """The coordinator (chief): registration, cohorts, rounds, deadlines, evaluation, checkpoints.
     """
 

@@ -6,7 +6,7 @@ import warnings
 from fedps.proto import common_pb2 as fedps_dot_proto_dot_common__pb2
 from fedps.proto import keyholder_pb2 as fedps_dot_proto_dot_keyholder__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.80.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -26,7 +26,7 @@ if _version_not_supported:
     )
 
 
-class KeyHolderStub:
+class KeyHolderStub(object):
     """The key holder: the only owner of the secret key and of the global model's optimizer state.
     """
 
@@ -68,7 +68,7 @@ class KeyHolderStub:
                 _registered_method=True)
 
 
-class KeyHolderServicer:
+class KeyHolderServicer(object):
     """The key holder: the only owner of the secret key and of the global model's optimizer state.
     """
 
@@ -153,7 +153,7 @@ def add_KeyHolderServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class KeyHolder:
+class KeyHolder(object):
     """The key holder: the only owner of the secret key and of the global model's optimizer state.
     """
 

@@ -6,7 +6,7 @@ import warnings
 from fedps.proto import common_pb2 as fedps_dot_proto_dot_common__pb2
 from fedps.proto import shard_pb2 as fedps_dot_proto_dot_shard__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.80.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -26,7 +26,7 @@ if _version_not_supported:
     )
 
 
-class ShardStub:
+class ShardStub(object):
     """A parameter-server shard: owns a set of blocks (consistent-hash ring), serves their current
     plaintext values, adds encrypted pushes into running sums, never holds a secret key.
     """
@@ -79,7 +79,7 @@ class ShardStub:
                 _registered_method=True)
 
 
-class ShardServicer:
+class ShardServicer(object):
     """A parameter-server shard: owns a set of blocks (consistent-hash ring), serves their current
     plaintext values, adds encrypted pushes into running sums, never holds a secret key.
     """
@@ -190,7 +190,7 @@ def add_ShardServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Shard:
+class Shard(object):
     """A parameter-server shard: owns a set of blocks (consistent-hash ring), serves their current
     plaintext values, adds encrypted pushes into running sums, never holds a secret key.
     """

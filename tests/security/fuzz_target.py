@@ -33,9 +33,10 @@ the iteration that was running. Everything is derived from ``random.Random`` see
       or any other unexpected status: a bug ("unexpected");
     - OK for a malformed request: a bug ("accepted_malformed").
 
-    At the end the shard's accepted-block count, running sums, manifests and signed updates,
-    the published model on the shard, the key holder's model, version and last round, and
-    the coordinator's round and version are compared with the baseline, and every server
+    At the end the shard's accepted-block count, running sums, per-client entries (signed
+    updates and the blocks added), the published model on the shard, the key holder's model,
+    version and last round, and the coordinator's round and version are compared with the
+    baseline, and every server
     must still answer. Rate limiting (``security.max_pushes_per_round``) is raised so that
     the fuzz reaches the deep validation paths instead of the per-client message limit.
 
@@ -1127,8 +1128,7 @@ class RpcFixture:
         return {
             "accepted": shard.stats["accepted"],
             "sums": {b: s.coefficients for b, s in state.sums.items()},
-            "manifest": copy.deepcopy(state.manifest),
-            "updates": dict(state.updates),
+            "entries": copy.deepcopy(state.entries),
             "round_closed": state.closed,
             "shard_rounds": sorted(shard._rounds),
             "shard_version": shard.version,
@@ -1152,7 +1152,7 @@ class RpcFixture:
             not np.array_equal(now["sums"][b], before["sums"][b]) for b in before["sums"]
         ):
             problems.append("the shard's running sums changed")
-        for key in ("manifest", "updates", "round_closed", "shard_rounds", "shard_version"):
+        for key in ("entries", "round_closed", "shard_rounds", "shard_version"):
             if now[key] != before[key]:
                 problems.append(f"shard {key} changed: {before[key]!r:.200} -> {now[key]!r:.200}")
         if set(now["shard_blocks"]) != set(before["shard_blocks"]) or any(
