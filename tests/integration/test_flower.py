@@ -6,7 +6,7 @@ The ServerApp runs :class:`server.flower_strategy.FlowerStrategy` and the Client
 loopback. The clients run in Ray's worker processes, so the test-only client below writes the
 plaintext of what it encrypted to disk, where the replay reads it.
 
-Needs ``flwr`` (and ``ray``), which fedps does not pin: see docs/flower.md for why and how.
+Needs ``flwr[simulation]`` (Ray), installed with fedps's ``dev`` extra.
 """
 
 from __future__ import annotations
