@@ -97,6 +97,10 @@ _OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
 
+# A server closes a connection idle this long: a shard's memory then follows the clients
+# pushing now, not every client that ever connected (they reconnect on their next call).
+_SERVER_OPTIONS: list[tuple[str, int | str]] = [("grpc.max_connection_idle_ms", 10_000)]
+
 # Status code -> our exception class, for the caller side.
 _FROM_STATUS: dict[grpc.StatusCode, type[FedPSError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
@@ -166,7 +170,7 @@ def create_server(max_workers: int = 16) -> grpc.Server:
         interceptors.append(_RequireClientCertificate())
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
-        options=_OPTIONS,
+        options=[*_OPTIONS, *_SERVER_OPTIONS],
         interceptors=interceptors,
     )
 

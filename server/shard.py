@@ -49,7 +49,7 @@ MAX_BLOCKS = 1 << 24
 MAX_BLOCK_VALUES = 1 << 16
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SignedUpdate:
     """A client's signed commitment to its whole update for one round."""
 
@@ -61,7 +61,7 @@ class SignedUpdate:
     version: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Contribution:
     """One manifest entry: who, with what weight, committed root, trained version and the
     staleness multiplier the shard applied (1 in sync mode)."""

@@ -122,7 +122,9 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                     for u in chunk
                 ]
             )
-        for batch in batched(aggregates, lambda a: len(a.ciphertext)):
+        # A block's manifest lists every contributor: count it in the message size, so a
+        # round of many clients streams in bounded messages (and bounded memory).
+        for batch in batched(aggregates, lambda a: len(a.ciphertext) + 96 * len(a.contributions)):
             yield shard_pb2.FetchAggregateReply(
                 blocks=[
                     common_pb2.AggregateBlock(
