@@ -31,7 +31,7 @@ from fedps.config import load_config
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc, shard_pb2, shard_pb2_grpc
 from fedps.transport import batched, call, create_channel
 from server.demo import run_demo
-from server.deployment import Deployment, free_port, write_config
+from server.deployment import Deployment, local_cluster, write_config
 
 __all__ = ["machine_description", "run_bench", "time_to_accuracy"]
 
@@ -131,12 +131,7 @@ def _shard_peak_rss(clients: int, num_params: int, keys: SecretContext) -> dict[
         work = Path(tmp)
         config = load_config(
             None,
-            cluster={
-                "keyholder": f"127.0.0.1:{free_port()}",
-                "coordinator": f"127.0.0.1:{free_port()}",
-                "shards": [f"127.0.0.1:{free_port()}"],
-                "state_dir": str(work / "state"),
-            },
+            cluster=local_cluster(work / "state", shards=1),
             training={"clients": min(clients, 100), "min_quorum": 1},
         )
         path = work / "fedps.toml"

@@ -20,7 +20,7 @@ from fedps.config import load_config
 from fedps.errors import FedPSError, PeerUnavailableError
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fedps.transport import call, create_channel
-from server.deployment import Deployment, free_port, write_config
+from server.deployment import Deployment, local_cluster, write_config
 
 __all__ = ["run_demo"]
 
@@ -38,12 +38,7 @@ def run_demo(
     console = console or Console(stderr=False, quiet=quiet)
     base = load_config(config_path, **overrides)
     shards = len(base.cluster.shards)
-    cluster = {
-        "keyholder": f"127.0.0.1:{free_port()}",
-        "coordinator": f"127.0.0.1:{free_port()}",
-        "shards": [f"127.0.0.1:{free_port()}" for _ in range(shards)],
-        "state_dir": str(workdir / "state"),
-    }
+    cluster = local_cluster(workdir / "state", shards)
     merged: dict[str, Mapping[str, object]] = {**overrides, "cluster": cluster}
     if base.tls.enabled:  # a fresh CA and certificates for this run's parties
         tls = {**overrides.get("tls", {}), "directory": str(workdir / "certs"), "name": ""}

@@ -22,7 +22,7 @@ from fedps.config import FedPSConfig
 from fedps.errors import PeerUnavailableError
 from fedps.transport import create_channel
 
-__all__ = ["Deployment", "free_port", "write_config"]
+__all__ = ["Deployment", "free_port", "local_cluster", "write_config"]
 
 _log = logging.getLogger("fedps")
 
@@ -33,6 +33,16 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def local_cluster(state_dir: Path, shards: int = 2) -> dict[str, object]:
+    """A ``[cluster]`` section for one machine: every role on a free loopback port."""
+    return {
+        "keyholder": f"127.0.0.1:{free_port()}",
+        "coordinator": f"127.0.0.1:{free_port()}",
+        "shards": [f"127.0.0.1:{free_port()}" for _ in range(shards)],
+        "state_dir": str(state_dir),
+    }
 
 
 def _toml_value(value: object) -> str:

@@ -30,7 +30,7 @@ from flwr.serverapp import Grid, ServerApp
 from crypto import CkksParams
 from fedps.config import FedPSConfig, load_config
 from server.benchmark import machine_description
-from server.deployment import Deployment, free_port, write_config
+from server.deployment import Deployment, local_cluster, write_config
 from server.flower_strategy import FlowerStrategy
 from server.in_process_grid import InProcessGrid
 
@@ -85,12 +85,7 @@ def bench_config(
     sized for ``max_clients`` (the same for every cohort size, for a fair comparison)."""
     return load_config(
         None,
-        cluster={
-            "keyholder": f"127.0.0.1:{free_port()}",
-            "coordinator": f"127.0.0.1:{free_port()}",
-            "shards": [f"127.0.0.1:{free_port()}" for _ in range(2)],
-            "state_dir": str(state_dir),
-        },
+        cluster=local_cluster(state_dir),
         training={
             "dataset": dataset,
             "model": model,

@@ -26,7 +26,7 @@ from fedps.config import load_config
 from fedps.errors import FedPSError
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fedps.transport import call, create_channel
-from server.deployment import Deployment, free_port, write_config
+from server.deployment import Deployment, local_cluster, write_config
 from server.evaluator import Evaluator
 from tests.conftest import RecordingClient, run_clients
 
@@ -106,12 +106,7 @@ def test_sigkill_a_server_mid_round_loses_nothing(tmp_path: Path, trial: int) ->
     state = tmp_path / "state"
     config = load_config(
         None,
-        cluster={
-            "keyholder": f"127.0.0.1:{free_port()}",
-            "coordinator": f"127.0.0.1:{free_port()}",
-            "shards": [f"127.0.0.1:{free_port()}" for _ in range(2)],
-            "state_dir": str(state),
-        },
+        cluster=local_cluster(state),
         training={
             "rounds": ROUNDS,
             "clients": CLIENTS,
