@@ -853,6 +853,14 @@ def test_too_many_messages_in_a_round_are_refused(
     assert _push_all(shard, "a", updates, owned, round_=2) == (len(owned), 0)
 
 
+def _publish_and_open(
+    shard: Shard, owned: list[int], keys: SecretContext, updates: Updates
+) -> None:
+    """Version 1 published, round 1 open for the cohort."""
+    shard.publish(1, NUM_BLOCKS, N, {b: np.full(N, float(b)) for b in owned})
+    shard.open_round(1, 1, updates.members(COHORT), keys.public.context_id)
+
+
 def _durable(tmp_path: Path, ring: HashRing, lookup: Callable[[str], PublicContext]) -> Shard:
     shard = Shard(SHARD, ring, lookup, log=ShardLog(tmp_path / SHARD))
     shard.recover()
@@ -869,8 +877,7 @@ def test_restarted_shard_continues_the_open_round_and_counts_nothing_twice(
 ) -> None:
     # Prepare: a durable shard publishes, opens round 1 and acknowledges client a
     first = _durable(tmp_path, ring, lookup)
-    first.publish(1, NUM_BLOCKS, N, {b: np.full(N, float(b)) for b in owned})
-    first.open_round(1, 1, updates.members(COHORT), keys.public.context_id)
+    _publish_and_open(first, owned, keys, updates)
     push_a = updates.signed("a")(owned)
     assert first.push(push_a) == (len(owned), 0)
     # Execute: the process dies (nothing closed, nothing flushed by hand) and restarts
@@ -899,8 +906,7 @@ def test_closed_and_discarded_rounds_stay_so_after_restart(
 ) -> None:
     # Prepare: round 1 closed with a; round 2 discarded after b
     first = _durable(tmp_path, ring, lookup)
-    first.publish(1, NUM_BLOCKS, N, {b: np.full(N, float(b)) for b in owned})
-    first.open_round(1, 1, updates.members(COHORT), keys.public.context_id)
+    _publish_and_open(first, owned, keys, updates)
     _push_all(first, "a", updates, owned)
     first.close_round(1)
     first.open_round(2, 1, updates.members(COHORT), keys.public.context_id)
@@ -924,8 +930,7 @@ def test_torn_last_record_is_cut_off(
 ) -> None:
     # Prepare: a acknowledged; then the process dies in the middle of writing b's record
     first = _durable(tmp_path, ring, lookup)
-    first.publish(1, NUM_BLOCKS, N, {b: np.full(N, float(b)) for b in owned})
-    first.open_round(1, 1, updates.members(COHORT), keys.public.context_id)
+    _publish_and_open(first, owned, keys, updates)
     _push_all(first, "a", updates, owned)
     path = tmp_path / SHARD / "log" / f"round-{1:012d}.wal"
     good = path.stat().st_size
