@@ -1343,8 +1343,8 @@ class RpcFixture:
             return bad("unknown client")
         if not self.credential_ok(m.client_id, metadata):
             return bad("wrong credential")
-        if not (math.isfinite(m.epsilon) and m.epsilon >= 0):
-            return bad(f"epsilon {m.epsilon!r} is not a finite non-negative number")
+        if math.isnan(m.epsilon) or m.epsilon < 0:  # +inf is a client without DP noise
+            return bad(f"epsilon {m.epsilon!r} is NaN or negative")
         if not (math.isfinite(m.delta) and 0 <= m.delta < 1):
             return bad(f"delta {m.delta!r} is not in [0, 1)")
         return LEGIT
