@@ -144,11 +144,14 @@ def test_thirty_percent_dropout_still_reaches_the_demo_accuracy(tmp_path: Path) 
         clients = [EdgeClient(cluster.config, index=i) for i in range(4)]
         # Execute
         run_clients(clients, timeout_s=400)
-        # Assert: rounds closed at the deadline with whoever pushed, and training got there
+        # Assert: rounds closed at the deadline with whoever pushed, within the budget, and
+        # training got close to the demo: measured 90.8-91.9% (a round averages 2.8 noised
+        # updates instead of 4), against the demo's 93.9%
         history = cluster.coordinator.history
         assert cluster.coordinator.finished and len(history) == 30
         assert sum(1 for r in history if 0 < r.contributors < 4 and not r.abandoned) >= 10
-        assert history[-1].accuracy >= DEMO_ACCURACY - 0.03  # measured: 0.919
+        assert max(c.trainer.epsilon() for c in clients) <= 7.5
+        assert history[-1].accuracy >= DEMO_ACCURACY - 0.035
     finally:
         cluster.stop()
 
