@@ -6,8 +6,9 @@ reported or the deadline passes. Shards report which clients pushed all their bl
 least ``min_quorum`` did, the key holder decrypts and applies the aggregate and publishes the
 next version, otherwise the round is abandoned and its sums are discarded, never decrypted.
 Every ``eval_every`` rounds the published model is pulled from the shards and evaluated on the
-held-out split; every ``checkpoint_every`` rounds the state is written atomically, so a
-restarted coordinator resumes instead of starting over.
+held-out split. The state is written atomically when a round opens (with its cohort and
+deadline), when it starts closing, every ``checkpoint_every`` rounds and at the end, so a
+restarted coordinator continues the round it was in instead of starting over.
 """
 
 from __future__ import annotations
