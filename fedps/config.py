@@ -36,6 +36,7 @@ __all__ = [
     "TlsConfig",
     "TrainingConfig",
     "load_config",
+    "read_toml",
 ]
 
 
@@ -312,6 +313,22 @@ class FedPSConfig(_Section):
         return self
 
 
+def read_toml(path: Path, what: str) -> dict[str, object]:
+    """A TOML file's tables; ``what`` names the file in errors (``config``, ``grid``).
+
+    Raises
+    ------
+    ConfigError
+        If the file is missing or is not TOML.
+    """
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{what} file not found: {path}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+
+
 def load_config(path: Path | None = None, **overrides: Mapping[str, object]) -> FedPSConfig:
     """Load and validate a TOML file (``None``: all defaults).
 
@@ -327,14 +344,7 @@ def load_config(path: Path | None = None, **overrides: Mapping[str, object]) -> 
     ConfigError
         With one line per bad field, naming it (``training.rounds: ...``).
     """
-    data: dict[str, object] = {}
-    if path is not None:
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config file not found: {path}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    data: dict[str, object] = read_toml(path, "config") if path is not None else {}
     for section, values in overrides.items():
         current = data.get(section, {})
         if not isinstance(current, dict):

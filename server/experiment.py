@@ -31,7 +31,6 @@ import math
 import re
 import tempfile
 import time
-import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -52,7 +51,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from fedps.config import FedPSConfig, load_config
+from fedps.config import FedPSConfig, load_config, read_toml
 from fedps.errors import ConfigError, FedPSError
 from server.demo import run_demo
 
@@ -333,12 +332,7 @@ def load_grid(path: Path) -> Grid:
         If the file is missing, is not TOML, names an unknown axis or section, gives a bad
         value, or makes an invalid configuration at some point.
     """
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise ConfigError(f"grid file not found: {path}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    data = read_toml(path, "grid")
     axes = data.get("grid")
     if axes is None:
         raise ConfigError(f"{path}: no [grid] table")
