@@ -288,13 +288,15 @@ class KeyHolder:
                 max_staleness=self._max_staleness,
             )
             layout = self.layout
-            delta, weights, manifests = self._decrypt_average(round_, layout, verifier)
+            delta, manifests = self._decrypt_average(round_, layout, verifier)
             round_closed = True
             if self._groups is None:
                 self.params = self._optimizer.step(self.params, delta)
-            else:
+            else:  # the weight behind each value: its block's total
+                n = layout.values_per_block
+                totals = {b: np.full(n, sum(m.values())) for b, m in manifests.items()}
                 self.params, round_closed = self._groups.apply(
-                    self._optimizer, self.params, delta, weights
+                    self._optimizer, self.params, delta, layout.join(totals)
                 )
             self.version += 1
             self.last_round = round_
@@ -302,7 +304,7 @@ class KeyHolder:
                 round=round_,
                 version=self.version,
                 min_contributors=min(len(m) for m in manifests.values()),
-                total_weight=float(weights[0]),
+                total_weight=sum(manifests[0].values()),
                 update_norm=float(np.linalg.norm(delta)),
                 sync_groups_applied=round_closed,
                 contributors={c: w for m in manifests.values() for c, w in m.items()},
@@ -346,9 +348,9 @@ class KeyHolder:
 
     def _decrypt_average(
         self, round_: int, layout: BlockLayout, verifier: AggregateVerifier
-    ) -> tuple[np.ndarray, np.ndarray, dict[int, dict[str, float]]]:
-        """The round's weighted average update, the total weight behind each value (per
-        block) and each block's contributors with their effective weights."""
+    ) -> tuple[np.ndarray, dict[int, dict[str, float]]]:
+        """The round's weighted average update and each block's contributors with their
+        effective weights (weight x staleness multiplier; a block's total is their sum)."""
         replies = self._fetch(round_)
         for reply in replies:
             for update in reply.updates:
@@ -356,7 +358,6 @@ class KeyHolder:
         plan = self.audit_plan(round_)
         audits = self._audits.get(round_, {})
         averaged: dict[int, np.ndarray] = {}
-        totals: dict[int, float] = {}
         manifests: dict[int, dict[str, float]] = {}
         aggregates = [agg for reply in replies for agg in reply.blocks]
         # Validate and unpack every aggregate at once (one vectorised pass, not one per block).
@@ -375,21 +376,17 @@ class KeyHolder:
                         per_client[client] = found
                 verifier.check_chunk(self.keys.public, agg, row, chunk, per_client, multipliers)
             # Clients weighted their updates; shards multiplied by staleness weights.
-            total = float(sum(w * multipliers[c] for c, w in weights.items()))
+            manifests[agg.block] = {c: w * multipliers[c] for c, w in weights.items()}
             try:
                 opened = self.keys.decrypt(row) if self.encrypted else row
             except InvalidArgumentError as exc:
                 raise PolicyError(f"block {agg.block} cannot be decrypted: {exc}") from exc
             summed = self._release(opened, sum(multipliers.values()), agg.block)
-            averaged[agg.block] = summed / total
-            totals[agg.block] = total
-            manifests[agg.block] = {c: w * multipliers[c] for c, w in weights.items()}
+            averaged[agg.block] = summed / sum(manifests[agg.block].values())
         missing = sorted(set(range(layout.num_blocks)) - set(averaged))
         if missing:
             raise PolicyError(f"round {round_}: no aggregate for blocks {missing[:10]}")
-        n = layout.values_per_block
-        per_value = layout.join({b: np.full(n, t) for b, t in totals.items()})
-        return layout.join(averaged), per_value, manifests
+        return layout.join(averaged), manifests
 
     def _release(self, summed: np.ndarray, contributors: int, block: int) -> np.ndarray:
         """Flood and round a decrypted sum, then refuse it if it breaks the clipping bound."""
