@@ -16,7 +16,9 @@ caller builds it from :mod:`clients.flower_client`), so this module imports no c
 from __future__ import annotations
 
 import logging
+import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +36,7 @@ from server.deployment import Deployment, local_cluster, write_config
 from server.flower_strategy import FlowerStrategy
 from server.in_process_grid import InProcessGrid
 
-__all__ = ["RUNTIMES", "bench_config", "run_flower_bench"]
+__all__ = ["RUNTIMES", "bench_config", "run_flower_bench", "start_ray"]
 
 _log = logging.getLogger("fedps")
 
@@ -50,6 +52,30 @@ def _run_pool(
         grid.close()
 
 
+def start_ray(num_cpus: int) -> None:
+    """Start Ray's local node the way Flower's Ray backend would, retrying a slow start.
+
+    Ray waits a fixed 30 s for its raylet to register with its GCS; on a loaded 2-core machine
+    that can run out. A start that timed out is retried from scratch; Flower's simulation
+    runtime then finds Ray running and uses it.
+    """
+    import ray
+
+    pythonpath = os.pathsep.join(sys.path)
+    for attempt in range(3):
+        try:
+            ray.init(
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
+            )
+            return
+        except Exception as exc:  # Ray raises a bare Exception for this
+            ray.shutdown()
+            if "timed out during startup" not in str(exc) or attempt == 2:
+                raise
+
+
 def _run_simulation(
     strategy: FlowerStrategy, client_app: ClientApp, *, nodes: int, rounds: int, workers: int
 ) -> None:
@@ -62,15 +88,21 @@ def _run_simulation(
     def main(grid: Grid, context: Context) -> None:
         strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(), num_rounds=rounds)
 
-    run_simulation(
-        server_app=server_app,
-        client_app=client_app,
-        num_supernodes=nodes,
-        backend_config={
-            "client_resources": {"num_cpus": 1},
-            "init_args": {"num_cpus": workers, "include_dashboard": False},
-        },
-    )
+    import ray
+
+    start_ray(num_cpus=workers)
+    try:
+        run_simulation(
+            server_app=server_app,
+            client_app=client_app,
+            num_supernodes=nodes,
+            backend_config={
+                "client_resources": {"num_cpus": 1},
+                "init_args": {"num_cpus": workers, "include_dashboard": False},
+            },
+        )
+    finally:
+        ray.shutdown()
 
 
 #: How the nodes run: ``"pool"`` (:class:`InProcessGrid`, threads) or ``"simulation"``

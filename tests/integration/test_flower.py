@@ -12,8 +12,6 @@ Needs ``flwr[simulation]`` (Ray), installed with fedps's ``dev`` extra.
 from __future__ import annotations
 
 import functools
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +25,7 @@ from flwr.simulation import run_simulation
 from clients.flower_client import FlowerClient, create_client_app
 from crypto.signing import BlockSigner
 from fedps.config import FedPSConfig
+from server.flower_bench import start_ray
 from server.flower_strategy import FlowerStrategy
 from tests.conftest import start_cluster
 
@@ -51,28 +50,6 @@ class RecordingFlowerClient(FlowerClient):
         path = self.record_dir / f"round{round_}-{self.client_id}.npz"
         np.savez(path, weight=self.weight, delta=delta)
         return super().push(round_, version, delta)
-
-
-def _start_ray() -> None:
-    """Start Ray's local node the way Flower's Ray backend would, retrying a slow start.
-
-    Ray waits a fixed 30 s for its raylet to register with its GCS; on a loaded 2-core machine
-    (the other test worker running the fuzzer or the chaos trials) that can run out. A start
-    that timed out is retried from scratch; Flower then finds Ray running and uses it.
-    """
-    pythonpath = os.pathsep.join(sys.path)
-    for attempt in range(3):
-        try:
-            ray.init(
-                num_cpus=2,
-                include_dashboard=False,
-                runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
-            )
-            return
-        except Exception as exc:  # Ray raises a bare Exception for this
-            ray.shutdown()
-            if "timed out during startup" not in str(exc) or attempt == 2:
-                raise
 
 
 def test_flower_app_applies_the_plaintext_fedavg_of_the_encrypted_updates(
@@ -107,7 +84,7 @@ def test_flower_app_applies_the_plaintext_fedavg_of_the_encrypted_updates(
     )
 
     # Execute: Flower's simulation runtime drives the ServerApp and 3 ClientApps.
-    _start_ray()
+    start_ray(num_cpus=2)
     try:
         run_simulation(
             server_app=server_app,
