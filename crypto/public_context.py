@@ -19,6 +19,7 @@ import tenseal.sealapi as seal
 
 from crypto import _seal_io
 from crypto.params import CkksParams
+from crypto.rlwe import ZeroEncryptor
 from fedps.errors import ConfigError, InvalidArgumentError
 
 __all__ = ["PublicContext"]
@@ -115,23 +116,31 @@ class PublicContext:
         evaluator.transform_from_ntt_inplace(cipher)
         cipher.scale = self.params.scale
 
+    @cached_property
+    def public_key_coefficients(self) -> np.ndarray:
+        """The public key's two polynomials in coefficient form, shape (2, N), uint64."""
+        key = seal.Ciphertext()
+        _seal_io.load_into(key, self._context, _seal_io.save_bytes(self._public_key.data()))
+        _, evaluator = self._zero_tools
+        evaluator.transform_from_ntt_inplace(key)
+        body = _seal_io.uncompressed_body(_seal_io.save_bytes(key))
+        n = self.params.poly_modulus_degree
+        coeffs = np.frombuffer(body, dtype="<u8", offset=len(body) - 8 * 2 * n)
+        return coeffs.astype(np.uint64).reshape(2, n)
+
+    @cached_property
+    def _zero_encryptor(self) -> ZeroEncryptor:
+        return ZeroEncryptor(self.public_key_coefficients, self.modulus)
+
     def encrypt_zeros(self, count: int) -> np.ndarray:
         """``count`` fresh encryptions of zero as raw coefficients, shape (count, 2N).
 
         SEAL's public-key encryption is ``Enc(m) = Enc(0) + (m, 0)``: adding an encoded
         plaintext to the first polynomial of a fresh ``Enc(0)`` *is* encryption. Each zero
-        must be used for exactly one block.
+        must be used for exactly one block. The zeros are SEAL's ``encrypt_zero`` computed in
+        bulk (:class:`crypto.rlwe.ZeroEncryptor`).
         """
-        prefix = self.ciphertext_prefix
-        out = np.empty((count, self.coeffs_per_block), dtype=np.uint64)
-        cipher = seal.Ciphertext()
-        for i in range(count):
-            self._fresh_zero(cipher)
-            body = _seal_io.uncompressed_body(_seal_io.save_bytes(cipher))
-            if body[: len(prefix)] != prefix:
-                raise InvalidArgumentError("ciphertext does not match the public context")
-            out[i] = np.frombuffer(body, dtype="<u8", offset=len(prefix))
-        return out
+        return self._zero_encryptor.draw(count)
 
     def ciphertext_from(self, coeffs: np.ndarray) -> Any:
         """Rebuild a SEAL ciphertext from raw coefficients; SEAL validates it on load."""

@@ -1,0 +1,80 @@
+"""Tests for the batched RLWE encryption of zero: exact products, distributions, SEAL decrypts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from crypto import CkksParams, SecretContext
+from crypto.ckks_encoder import CkksEncoder
+from crypto.rlwe import ZeroEncryptor, cbd21, ternary
+from fedps.errors import InvalidArgumentError
+
+
+@pytest.fixture(scope="module")
+def keys() -> SecretContext:
+    return SecretContext.generate(CkksParams())
+
+
+def _negacyclic(a: np.ndarray, u: np.ndarray, q: int) -> np.ndarray:
+    """Schoolbook a * u mod (X^N + 1, q) in exact int64 (|a| < 2^46, u ternary, N <= 2^11)."""
+    n = a.size
+    full = np.convolve(a.astype(np.int64), u.astype(np.int64))
+    out = full[:n].copy()
+    out[: n - 1] -= full[n:]
+    result: np.ndarray = out % q
+    return result
+
+
+def test_products_equal_exact_negacyclic_products(keys: SecretContext) -> None:
+    # Prepare: the real public key (N = 2048, 46-bit q) and three ternary polynomials
+    public = keys.public
+    zeros = ZeroEncryptor(public.public_key_coefficients, public.modulus)
+    u = ternary(3, zeros.n)
+    # Execute
+    products = zeros.products(u) % public.modulus
+    # Assert: equal to the schoolbook products, coefficient for coefficient
+    key = public.public_key_coefficients.astype(np.int64)
+    for i in range(3):
+        for poly in range(2):
+            expected = _negacyclic(key[poly], u[i], public.modulus)
+            np.testing.assert_array_equal(products[i, poly], expected)
+
+
+def test_ternary_and_binomial_samples_have_the_right_distribution() -> None:
+    u = ternary(50, 2048)
+    e = cbd21((100_000,))
+    # ternary: only -1, 0, 1, each about a third
+    assert set(np.unique(u).tolist()) == {-1.0, 0.0, 1.0}
+    for value in (-1.0, 0.0, 1.0):
+        assert abs(float(np.mean(u == value)) - 1 / 3) < 0.01
+    # centred binomial of 21 + 21 bits: within +-21, mean 0, variance 21/2
+    assert int(e.min()) >= -21 and int(e.max()) <= 21
+    assert abs(float(e.mean())) < 0.05
+    assert abs(float(e.var()) - 10.5) < 0.3
+
+
+def test_encryptions_of_zero_decrypt_with_seal_and_are_fresh(keys: SecretContext) -> None:
+    # Prepare: two draws of zeros, values encoded and added to the first one
+    public = keys.public
+    n = public.params.poly_modulus_degree
+    first, second = public.encrypt_zeros(4), public.encrypt_zeros(4)
+    values = np.random.default_rng(3).uniform(-1, 1, (4, n))
+    plain = CkksEncoder(n, public.params.scale, public.modulus).encode(values)
+    cipher = first.copy()
+    cipher[:, :n] = (cipher[:, :n] + plain) % np.uint64(public.modulus)
+    # Execute
+    decrypted = [keys.decrypt(cipher[i]) for i in range(4)]
+    # Assert: SEAL's decryptor recovers the values; no two zeros share randomness
+    for i in range(4):
+        assert np.abs(decrypted[i] - values[i]).max() < 1e-4
+    assert first.max() < public.modulus
+    rows = {row.tobytes() for row in np.concatenate([first, second])}
+    assert len(rows) == 8
+
+
+def test_zero_encryptor_rejects_a_malformed_key() -> None:
+    with pytest.raises(InvalidArgumentError, match="shape"):
+        ZeroEncryptor(np.zeros((3, 8), dtype=np.uint64), 97)
+    with pytest.raises(InvalidArgumentError, match="below the modulus"):
+        ZeroEncryptor(np.full((2, 8), 97, dtype=np.uint64), 97)
