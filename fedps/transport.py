@@ -52,12 +52,14 @@ class TlsMaterial(Protocol):
 
 
 __all__ = [
+    "CALLER_ROLES",
     "MAX_MESSAGE_BYTES",
     "TARGET_MESSAGE_BYTES",
     "batched",
     "bind",
     "call",
     "call_until",
+    "certificate_role",
     "configure_tls",
     "create_channel",
     "create_server",
@@ -163,7 +165,9 @@ def create_server(max_workers: int = 16) -> grpc.Server:
     """A thread-pool server with fedps's message limits; add servicers, then bind.
 
     Once TLS is configured, the server also refuses every call whose peer presented no
-    verified client certificate (``UNAUTHENTICATED``), whatever port it came in on.
+    verified client certificate (``UNAUTHENTICATED``), whatever port it came in on, and
+    every call to a role's RPC from a certificate of another role (``PERMISSION_DENIED``,
+    :data:`CALLER_ROLES`).
     """
     interceptors: list[grpc.ServerInterceptor[Any, Any]] = []
     if _tls is not None:
@@ -202,8 +206,34 @@ else:
     _Interceptor = grpc.ServerInterceptor
 
 
+# Which roles may call which RPC under mutual TLS. A certificate's role is its common name up
+# to the first "-" (``fedps certs`` names them keyholder, coordinator, shard-N, client-N,
+# operator). RPCs not listed are open to every certificate of the deployment.
+CALLER_ROLES: dict[str, frozenset[str]] = {
+    "/fedps.proto.Shard/OpenRound": frozenset({"coordinator"}),
+    "/fedps.proto.Shard/CloseRound": frozenset({"coordinator"}),
+    "/fedps.proto.Shard/DiscardRound": frozenset({"coordinator"}),
+    "/fedps.proto.Shard/FetchAggregate": frozenset({"keyholder"}),
+    "/fedps.proto.Shard/Publish": frozenset({"keyholder"}),
+    "/fedps.proto.Shard/PushBlocks": frozenset({"client"}),
+    "/fedps.proto.KeyHolder/InitializeModel": frozenset({"coordinator"}),
+    "/fedps.proto.KeyHolder/ApplyRound": frozenset({"coordinator"}),
+    "/fedps.proto.KeyHolder/GetAuditPlan": frozenset({"client"}),
+    "/fedps.proto.KeyHolder/SubmitAudit": frozenset({"client"}),
+    "/fedps.proto.Coordinator/Register": frozenset({"client"}),
+    "/fedps.proto.Coordinator/GetTask": frozenset({"client"}),
+    "/fedps.proto.Coordinator/ReportUpdate": frozenset({"client"}),
+}
+
+
+def certificate_role(common_name: str) -> str:
+    """The role of a certificate's common name: ``shard-1`` -> ``shard``."""
+    return common_name.split("-", 1)[0]
+
+
 class _RequireClientCertificate(_Interceptor):
-    """Abort calls whose peer has no verified certificate with ``UNAUTHENTICATED``.
+    """Abort calls whose peer has no verified certificate with ``UNAUTHENTICATED``, and calls
+    from a role :data:`CALLER_ROLES` does not allow with ``PERMISSION_DENIED``.
 
     TLS ports from :func:`bind` already refuse such peers during the handshake (the caller
     sees ``UNAVAILABLE``: gRPC's Python API cannot request a client certificate without
@@ -249,6 +279,8 @@ class _RequireClientCertificate(_Interceptor):
 def _authenticated(
     behavior: Callable[[Any, grpc.ServicerContext], Any], method: str
 ) -> Callable[[Any, grpc.ServicerContext], Any]:
+    allowed = CALLER_ROLES.get(method)
+
     def guarded(request: Any, context: grpc.ServicerContext) -> Any:
         if not context.peer_identities():
             _log.info("refused %s from %s: no verified client certificate", method, context.peer())
@@ -256,6 +288,16 @@ def _authenticated(
                 grpc.StatusCode.UNAUTHENTICATED,
                 "mutual TLS required: no verified client certificate from the deployment's CA",
             )
+        if allowed is not None:
+            names = context.auth_context().get("x509_common_name", [])
+            name = names[0].decode("utf-8", "replace") if names else ""
+            if certificate_role(name) not in allowed:
+                _log.info("refused %s from certificate %r: not a caller of it", method, name)
+                context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"certificate {name!r} may not call {method.rsplit('/', 1)[-1]}: only "
+                    f"{', '.join(sorted(allowed))} certificates may",
+                )
         return behavior(request, context)
 
     return guarded

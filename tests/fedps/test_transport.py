@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -95,3 +96,21 @@ def test_call_until_stops_when_asked() -> None:
     with pytest.raises(PeerUnavailableError):
         call_until(down, "down", stop=stop)
     assert stop.is_set()
+
+
+def test_caller_roles_name_existing_rpcs_and_roles() -> None:
+    # Every RPC the role policy names exists in the generated services, and every role is
+    # one `fedps certs` issues: a renamed RPC cannot silently drop out of the policy.
+    from fedps.proto import coordinator_pb2_grpc, keyholder_pb2_grpc, shard_pb2_grpc
+    from fedps.transport import CALLER_ROLES, certificate_role
+
+    sources = "".join(
+        Path(module.__file__).read_text()
+        for module in (coordinator_pb2_grpc, keyholder_pb2_grpc, shard_pb2_grpc)
+        if module.__file__
+    )
+    for method, roles in CALLER_ROLES.items():
+        assert f"'{method}'" in sources, method
+        assert roles <= {"client", "coordinator", "keyholder", "shard", "operator"}
+    assert certificate_role("shard-12") == "shard"
+    assert certificate_role("coordinator") == "coordinator"

@@ -18,7 +18,7 @@ import pytest
 from crypto.tls import TlsIdentity, issue_certificate, make_ca, reset_tls, setup_tls
 from fedps.config import load_config
 from fedps.errors import ConfigError
-from fedps.proto import common_pb2, shard_pb2_grpc
+from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
 from fedps.transport import (
     bind,
     call,
@@ -41,6 +41,7 @@ class Pki:
     directory: Path
     server: TlsIdentity
     client: TlsIdentity
+    coordinator: TlsIdentity
     no_cert: TlsIdentity  # trusts the CA but has no certificate of its own (cert/key empty)
     foreign_client: TlsIdentity  # signed by another CA, trusts ours
     foreign_ca: bytes  # the other CA's certificate
@@ -62,6 +63,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     make_ca(theirs)
     issue_certificate(ours, "shard-0", hosts=[], client=True, server=True)
     issue_certificate(ours, "client-0", hosts=[], client=True, server=False)
+    issue_certificate(ours, "coordinator", hosts=[], client=True, server=True)
     issue_certificate(theirs, "client-0", hosts=[], client=True, server=False)
     client = TlsIdentity.load(ours, "client-0")
     stranger = TlsIdentity.load(theirs, "client-0")
@@ -69,6 +71,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
         directory=ours,
         server=TlsIdentity.load(ours, "shard-0"),
         client=client,
+        coordinator=TlsIdentity.load(ours, "coordinator"),
         no_cert=TlsIdentity(ca_cert=client.ca_cert, cert=b"", key=b""),
         foreign_client=TlsIdentity(ca_cert=client.ca_cert, cert=stranger.cert, key=stranger.key),
         foreign_ca=stranger.ca_cert,
@@ -202,8 +205,8 @@ def test_setup_tls_loads_the_role_identity(pki: Pki) -> None:
 def test_setup_tls_missing_identity_is_a_clear_error(pki: Pki) -> None:
     config = load_config(None, tls={"enabled": True, "directory": str(pki.directory)})
     try:
-        with pytest.raises(ConfigError, match=r"coordinator\.crt.*fedps certs"):
-            setup_tls(config.tls, "coordinator")
+        with pytest.raises(ConfigError, match=r"keyholder\.crt.*fedps certs"):
+            setup_tls(config.tls, "keyholder")
         assert tls_identity() is None
     finally:
         reset_tls()
@@ -226,3 +229,30 @@ def test_plaintext_warns_once_unless_acknowledged(caplog: pytest.LogCaptureFixtu
         assert tls_identity() is None
     finally:
         reset_tls()
+
+
+def _open_round_code(shard: TlsShard, identity: TlsIdentity) -> grpc.StatusCode:
+    """Call Shard.OpenRound (round 1) as ``identity``; the status code (OK if it succeeded)."""
+    request = shard_pb2.OpenRoundRequest(round=1)
+    with grpc.secure_channel(shard.address, _credentials(identity)) as channel:
+        try:
+            shard_pb2_grpc.ShardStub(channel).OpenRound(request, timeout=_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            assert isinstance(exc, grpc.Call)
+            return exc.code()
+    return grpc.StatusCode.OK
+
+
+def test_a_role_rpc_is_refused_to_a_certificate_of_another_role(tls_shard: TlsShard) -> None:
+    # Execute: a client's certificate (valid, from the deployment's CA) tries to open a round
+    code = _open_round_code(tls_shard, tls_shard.pki.client)
+
+    # Assert: refused by role; the shard still serves, and the coordinator's certificate
+    # gets past the role check (whatever the shard then says about the request itself)
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    _assert_still_serving(tls_shard)
+    assert _open_round_code(tls_shard, tls_shard.pki.coordinator) not in (
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.UNAVAILABLE,
+    )

@@ -25,7 +25,9 @@ from tests.conftest import Cluster, run_clients, start_cluster
 
 pytestmark = pytest.mark.integration
 
-DEMO_ACCURACY = 0.939  # `make demo` (README): digits, 4 clients, 30 rounds, epsilon 7.5
+# The demo's accuracy bar (README, `make demo`): >= 90% on digits at max epsilon <= 8 (4 clients,
+# 30 rounds, target epsilon 7.5). Without dropouts it measures 93.9%.
+DEMO_REQUIRED_ACCURACY = 0.90
 
 
 def test_killed_client_does_not_stop_the_round(tmp_path: Path) -> None:
@@ -145,13 +147,13 @@ def test_thirty_percent_dropout_still_reaches_the_demo_accuracy(tmp_path: Path) 
         # Execute
         run_clients(clients, timeout_s=400)
         # Assert: rounds closed at the deadline with whoever pushed, within the budget, and
-        # training got close to the demo: measured 90.8-91.9% (a round averages 2.8 noised
-        # updates instead of 4), against the demo's 93.9%
+        # training reached the demo's bar: measured 90.8-91.9% (a round averages 2.8 noised
+        # updates instead of 4; the demo without dropouts measures 93.9%)
         history = cluster.coordinator.history
         assert cluster.coordinator.finished and len(history) == 30
         assert sum(1 for r in history if 0 < r.contributors < 4 and not r.abandoned) >= 10
         assert max(c.trainer.epsilon() for c in clients) <= 7.5
-        assert history[-1].accuracy >= DEMO_ACCURACY - 0.035
+        assert history[-1].accuracy >= DEMO_REQUIRED_ACCURACY
     finally:
         cluster.stop()
 
