@@ -289,7 +289,8 @@ def _authenticated(
                 "mutual TLS required: no verified client certificate from the deployment's CA",
             )
         if allowed is not None:
-            names: list[bytes] = list(context.auth_context().get("x509_common_name", []))
+            common_names = context.auth_context().get("x509_common_name")
+            names = list(common_names) if common_names is not None else []
             name = names[0].decode("utf-8", "replace") if names else ""
             if certificate_role(name) not in allowed:
                 _log.info("refused %s from certificate %r: not a caller of it", method, name)
