@@ -21,10 +21,10 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, cast
 
 import grpc
 
@@ -289,8 +289,9 @@ def _authenticated(
                 "mutual TLS required: no verified client certificate from the deployment's CA",
             )
         if allowed is not None:
-            common_names = context.auth_context().get("x509_common_name")
-            names = list(common_names) if common_names is not None else []
+            # gRPC returns a list of bytes per property (its type stubs say bytes)
+            auth: Mapping[str, Sequence[bytes]] = cast(Any, context.auth_context())
+            names = auth.get("x509_common_name", [])
             name = names[0].decode("utf-8", "replace") if names else ""
             if certificate_role(name) not in allowed:
                 _log.info("refused %s from certificate %r: not a caller of it", method, name)
