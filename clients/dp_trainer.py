@@ -157,7 +157,7 @@ class DPTrainer(Trainer):
         else:
             assert privacy.noise_multiplier is not None
             sigma = privacy.noise_multiplier
-        optimizer = torch.optim.SGD(model.parameters(), lr=training.lr)
+        optimizer = torch.optim.SGD(model.parameters(), lr=training.lr, momentum=training.momentum)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # secure_mode=False and RNG warnings
             self.engine = PrivacyEngine(accountant=privacy.accountant)
@@ -286,7 +286,9 @@ class ClientLevelTrainer(Trainer):
         self.budget = privacy.target_epsilon
         self._epochs = training.local_epochs
         self._loader = _loader(data, training.batch_size, seed, shuffle=True)
-        self._optimizer = torch.optim.SGD(model.parameters(), lr=training.lr)
+        self._optimizer = torch.optim.SGD(
+            model.parameters(), lr=training.lr, momentum=training.momentum
+        )
         self._rng = np.random.default_rng()  # seeded from OS entropy, never from the config
         self._round = 0  # the global round announced by set_round
         self._rounds_spent = 0  # global rounds accounted for

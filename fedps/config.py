@@ -89,6 +89,7 @@ class TrainingConfig(_Section):
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.5, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1, description="clients' local SGD momentum")
     server_optimizer: Literal["fedavg", "fedavgm", "fedadam"] = "fedavg"
     server_lr: float = Field(1.0, gt=0)
     server_momentum: float = Field(0.9, ge=0, lt=1)

@@ -346,3 +346,22 @@ def test_client_level_weights_are_uniform() -> None:
     # Assert: example level weighs by num_examples; client level weighs every client 1.0.
     assert all(0 < w < 1 for w in example_weights)
     assert client_weights == [1.0, 1.0]
+
+
+def test_local_momentum_carries_across_rounds(data: Dataset) -> None:
+    # Prepare: two trainers on the same data and noise, with and without local momentum
+    plain = _trainer(data, _config(noise_multiplier=1.0))
+    heavy = _trainer(data, _config({"momentum": 0.9}, noise_multiplier=1.0))
+    params = flatten_model(plain.model)
+
+    # Execute: two rounds each from the same start
+    first = [t.train_round(params) for t in (plain, heavy)]
+    second = [t.train_round(params) for t in (plain, heavy)]
+
+    # Assert: the momentum trainer's steps differ, and its second round starts with the
+    # velocity built in the first (Opacus wraps torch's SGD with its momentum), so it moves
+    # further than the plain trainer from the same start
+    assert heavy.optimizer.param_groups[0]["momentum"] == 0.9
+    assert plain.optimizer.param_groups[0]["momentum"] == 0.0
+    assert not np.allclose(first[0], first[1])
+    assert np.linalg.norm(second[1]) > np.linalg.norm(second[0])
