@@ -241,6 +241,10 @@ class Grid(BaseModel):
     he: dict[str, Any] = Field(default_factory=dict)
     security: dict[str, Any] = Field(default_factory=dict)
     tls: dict[str, Any] = Field(default_factory=dict)
+    centralised: dict[str, Any] = Field(
+        default_factory=dict,
+        description="[training] settings of the centralised baseline only (its own recipe)",
+    )
     axes: _Axes = Field(alias="grid")
 
     @property
@@ -252,6 +256,8 @@ class Grid(BaseModel):
     def digest(self) -> str:
         """A short digest of the base configuration; points of one sweep share it."""
         text = json.dumps(self.base, sort_keys=True, default=str)
+        if self.centralised:
+            text += json.dumps(self.centralised, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def points(self) -> list[Point]:
@@ -272,6 +278,8 @@ class Grid(BaseModel):
             key = ",".join(f"{name}={_format(value)}" for name, value in axes.items())
             if key not in points:
                 overrides = _overrides(self.base, base, axes)
+                if axes.get("centralised"):
+                    overrides.setdefault("training", {}).update(self.centralised)
                 try:
                     load_config(None, **overrides)
                 except ConfigError as exc:

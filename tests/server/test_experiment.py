@@ -124,6 +124,30 @@ def test_centralised_points_hold_all_data_in_one_client(tmp_path: Path) -> None:
     assert points[2].overrides["training"]["shards_per_client"] == 2
 
 
+def test_centralised_table_sets_the_baselines_own_training(tmp_path: Path) -> None:
+    # Prepare: federated points train with batch 512; the baseline with its own recipe
+    text = (
+        "[training]\nbatch_size = 512\nlr = 4.0\n"
+        "[centralised]\nbatch_size = 1024\nlr = 0.5\nmomentum = 0.9\n"
+        "[grid]\ncentralised = [true, false]\nclients = [4]\n"
+    )
+    plain = _write(tmp_path, text.replace("momentum = 0.9", "momentum = 0.5"), "other.toml")
+
+    # Execute
+    grid = load_grid(_write(tmp_path, text))
+    central, federated = grid.points()
+
+    # Assert: only the centralised point takes the table; the sweep's digest covers it
+    assert central.overrides["training"]["batch_size"] == 1024
+    assert central.overrides["training"]["momentum"] == 0.9
+    assert federated.overrides["training"]["batch_size"] == 512
+    assert "momentum" not in federated.overrides["training"]
+    assert grid.digest != load_grid(plain).digest
+    bad = _write(tmp_path, text.replace("lr = 0.5", "lr = -1"), "bad.toml")
+    with pytest.raises(ConfigError, match="grid point centralised=true"):
+        load_grid(bad).points()
+
+
 def test_clients_axis_lowers_the_quorum_when_needed(tmp_path: Path) -> None:
     # Prepare
     path = _write(tmp_path, "[training]\nmin_quorum = 3\n\n[grid]\nclients = [2, 6]\n")
