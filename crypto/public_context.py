@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import tenseal.sealapi as seal
 
-from crypto import _seal_io
+from crypto import _seal_io, rlwe
 from crypto.params import CkksParams
 from crypto.rlwe import ZeroEncryptor
 from fedps.errors import ConfigError, InvalidArgumentError
@@ -129,7 +129,9 @@ class PublicContext:
         return coeffs.astype(np.uint64).reshape(2, n)
 
     @cached_property
-    def _zero_encryptor(self) -> ZeroEncryptor:
+    def _zero_encryptor(self) -> ZeroEncryptor | None:
+        if not rlwe.supported(self.params.poly_modulus_degree, self.modulus):
+            return None
         return ZeroEncryptor(self.public_key_coefficients, self.modulus)
 
     def encrypt_zeros(self, count: int) -> np.ndarray:
@@ -138,9 +140,26 @@ class PublicContext:
         SEAL's public-key encryption is ``Enc(m) = Enc(0) + (m, 0)``: adding an encoded
         plaintext to the first polynomial of a fresh ``Enc(0)`` *is* encryption. Each zero
         must be used for exactly one block. The zeros are SEAL's ``encrypt_zero`` computed in
-        bulk (:class:`crypto.rlwe.ZeroEncryptor`).
+        bulk (:class:`crypto.rlwe.ZeroEncryptor`) where that is exact (``N * q < 2^62``, the
+        derived parameters), and by SEAL itself, one ciphertext at a time, otherwise.
         """
-        return self._zero_encryptor.draw(count)
+        bulk = self._zero_encryptor
+        if bulk is not None:
+            return bulk.draw(count)
+        return self.encrypt_zeros_with_seal(count)
+
+    def encrypt_zeros_with_seal(self, count: int) -> np.ndarray:
+        """Like :meth:`encrypt_zeros`, one SEAL ``encrypt_zero`` per ciphertext."""
+        prefix = self.ciphertext_prefix
+        out = np.empty((count, self.coeffs_per_block), dtype=np.uint64)
+        cipher = seal.Ciphertext()
+        for i in range(count):
+            self._fresh_zero(cipher)
+            body = _seal_io.uncompressed_body(_seal_io.save_bytes(cipher))
+            if body[: len(prefix)] != prefix:
+                raise InvalidArgumentError("ciphertext does not match the public context")
+            out[i] = np.frombuffer(body, dtype="<u8", offset=len(prefix))
+        return out
 
     def ciphertext_from(self, coeffs: np.ndarray) -> Any:
         """Rebuild a SEAL ciphertext from raw coefficients; SEAL validates it on load."""

@@ -14,9 +14,12 @@ ciphertext; this module draws many at once:
   draw (a CSPRNG, as the kernel's own); nothing is reused between draws.
 - ``pk_i * u``: negacyclic products by a half-length complex FFT (evaluation at the roots of
   ``X^(N/2) = -i``, the same fold :class:`crypto.ckks_encoder.CkksEncoder` uses). ``pk_i`` is
-  split into two 23-bit limbs so every product coefficient is an integer below ``N * 2^23 =
-  2^34`` in magnitude, exact in float64 (rounding error ~1e-6); the rounding distance is checked
-  on every draw, so a lost bit would raise instead of producing a wrong ciphertext.
+  split into a low 23-bit limb and a high limb, so every limb product coefficient is an
+  integer below ``N * 2^23`` and ``N * q / 2^23`` in magnitude, exact in float64 (rounding
+  error ~1e-6 at N = 2048). The two are recombined in int64 without reduction, which is exact
+  as long as ``|pk_i * u + e| <= N * q + 21 < 2^62``: :func:`supported` parameters only
+  (the defaults: 2^57). A rounding distance above 0.25 raises (a sanity check; the bound is
+  the guarantee).
 
 Results are in coefficient (non-NTT) form, the form fedps sends. Tests check the products
 against exact integer arithmetic and decrypt the ciphertexts with SEAL.
@@ -31,7 +34,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from fedps.errors import InvalidArgumentError
 
-__all__ = ["ZeroEncryptor", "cbd21", "ternary"]
+__all__ = ["ZeroEncryptor", "cbd21", "supported", "ternary"]
 
 _LIMB_BITS = 23
 _CBD_MASK = np.uint32((1 << 21) - 1)
@@ -66,6 +69,11 @@ def cbd21(shape: tuple[int, ...]) -> np.ndarray:
     return out
 
 
+def supported(n: int, modulus: int) -> bool:
+    """Whether :class:`ZeroEncryptor` is exact for ring dimension ``n`` and prime ``modulus``."""
+    return n * modulus < 1 << 62
+
+
 class ZeroEncryptor:
     """Draws public-key encryptions of zero for one public key.
 
@@ -75,15 +83,19 @@ class ZeroEncryptor:
         The public key's two polynomials in coefficient form, shape ``(2, N)``, each
         coefficient below ``modulus``.
     modulus
-        The prime q (below 2^60).
+        The prime q, with ``N * q < 2^62`` (:func:`supported`).
     """
 
     def __init__(self, public_key: np.ndarray, modulus: int) -> None:
         n = public_key.shape[-1]
         if public_key.shape != (2, n) or n < 4 or n & (n - 1):
             raise InvalidArgumentError(f"public key must have shape (2, N), got {public_key.shape}")
-        if modulus >= 1 << 60 or int(public_key.max()) >= modulus:
-            raise InvalidArgumentError("public key coefficients must lie below the modulus < 2^60")
+        if not supported(n, modulus):
+            raise InvalidArgumentError(
+                f"N * q must be below 2^62 (N = {n}, q of {modulus.bit_length()} bits)"
+            )
+        if int(public_key.max()) >= modulus:
+            raise InvalidArgumentError("public key coefficients must lie below the modulus")
         self.n = n
         self.modulus = modulus
         half = n // 2
@@ -102,8 +114,9 @@ class ZeroEncryptor:
     def products(self, u: np.ndarray) -> np.ndarray:
         """``pk_i * u`` mod ``X^N + 1`` for ternary ``u`` of shape ``(count, N)``, not reduced.
 
-        Returns int64 of shape ``(count, 2, N)``, congruent to the products modulo q, each of
-        magnitude below 2^59 (so a small error term can be added before one reduction).
+        Returns int64 of shape ``(count, 2, N)``: the exact integer products, each of magnitude
+        at most ``N * (q - 1) < 2^62`` (so a small error term can be added before one
+        reduction).
 
         Raises
         ------
@@ -140,6 +153,6 @@ class ZeroEncryptor:
             size = min(_CHUNK, count - start)
             cipher = self.products(ternary(size, self.n))
             cipher += cbd21(cipher.shape)
-            cipher %= self.modulus  # the only reduction: |pk * u + e| < 2^59
+            cipher %= self.modulus  # the only reduction: |pk * u + e| < 2^62
             out[start : start + size] = cipher.reshape(size, 2 * self.n)
         return out

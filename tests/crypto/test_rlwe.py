@@ -7,7 +7,7 @@ import pytest
 
 from crypto import CkksParams, SecretContext
 from crypto.ckks_encoder import CkksEncoder
-from crypto.rlwe import ZeroEncryptor, cbd21, ternary
+from crypto.rlwe import ZeroEncryptor, cbd21, supported, ternary
 from fedps.errors import InvalidArgumentError
 
 
@@ -17,7 +17,7 @@ def keys() -> SecretContext:
 
 
 def _negacyclic(a: np.ndarray, u: np.ndarray, q: int) -> np.ndarray:
-    """Schoolbook a * u mod (X^N + 1, q) in exact int64 (|a| < 2^46, u ternary, N <= 2^11)."""
+    """Schoolbook a * u mod (X^N + 1, q) in exact int64 (u ternary, N * max|a| < 2^63)."""
     n = a.size
     full = np.convolve(a.astype(np.int64), u.astype(np.int64))
     out = full[:n].copy()
@@ -26,9 +26,15 @@ def _negacyclic(a: np.ndarray, u: np.ndarray, q: int) -> np.ndarray:
     return result
 
 
-def test_products_equal_exact_negacyclic_products(keys: SecretContext) -> None:
-    # Prepare: the real public key (N = 2048, 46-bit q) and three ternary polynomials
-    public = keys.public
+@pytest.mark.parametrize(
+    "params",
+    [CkksParams(), CkksParams(poly_modulus_degree=4096, coeff_modulus_bits=49, scale_bits=30)],
+    ids=["default", "n4096-q49"],
+)
+def test_products_equal_exact_negacyclic_products(params: CkksParams) -> None:
+    # Prepare: a real public key (the defaults, and the largest q the bulk path takes at
+    # N = 4096: N * q just below 2^62) and three ternary polynomials
+    public = SecretContext.generate(params).public
     zeros = ZeroEncryptor(public.public_key_coefficients, public.modulus)
     u = ternary(3, zeros.n)
     # Execute
@@ -73,8 +79,29 @@ def test_encryptions_of_zero_decrypt_with_seal_and_are_fresh(keys: SecretContext
     assert len(rows) == 8
 
 
+def test_parameters_beyond_the_exact_range_use_seal_per_ciphertext() -> None:
+    # Prepare: N = 4096 with a 60-bit q: N * q >= 2^62, the int64 recombination could overflow
+    keys = SecretContext.generate(
+        CkksParams(poly_modulus_degree=4096, coeff_modulus_bits=60, scale_bits=40)
+    )
+    public = keys.public
+    n = public.params.poly_modulus_degree
+    assert not supported(n, public.modulus)
+    with pytest.raises(InvalidArgumentError, match="2\\^62"):
+        ZeroEncryptor(public.public_key_coefficients, public.modulus)
+    # Execute: encryption still works, through SEAL
+    zeros = public.encrypt_zeros(2)
+    values = np.linspace(-1, 1, n)
+    plain = CkksEncoder(n, public.params.scale, public.modulus).encode(values[None, :])
+    zeros[0, :n] = (zeros[0, :n] + plain[0]) % np.uint64(public.modulus)
+    # Assert
+    assert np.abs(keys.decrypt(zeros[0]) - values).max() < 1e-4
+
+
 def test_zero_encryptor_rejects_a_malformed_key() -> None:
     with pytest.raises(InvalidArgumentError, match="shape"):
         ZeroEncryptor(np.zeros((3, 8), dtype=np.uint64), 97)
     with pytest.raises(InvalidArgumentError, match="below the modulus"):
         ZeroEncryptor(np.full((2, 8), 97, dtype=np.uint64), 97)
+    with pytest.raises(InvalidArgumentError, match="2\\^62"):
+        ZeroEncryptor(np.zeros((2, 2048), dtype=np.uint64), (1 << 52) - 1)
