@@ -34,6 +34,7 @@ from fedps.errors import InvalidArgumentError
 __all__ = ["BlockEncryptor", "num_blocks"]
 
 _worker_context: PublicContext | None = None
+_ONLINE_CHUNK = 64  # blocks encoded, added and packed together
 
 
 def num_blocks(num_values: int, values_per_block: int) -> int:
@@ -207,11 +208,16 @@ class BlockEncryptor:
             raise InvalidArgumentError(f"block index out of range [0, {total})")
         padded = np.zeros(total * n, dtype=np.float64)
         padded[: flat.size] = flat
-        values = padded.reshape(total, n)[chosen]
-        plain = self._encoder.encode(values)
+        values = padded.reshape(total, n)
         cipher = self._take_zeros(len(chosen))
-        c0 = cipher[:, :n]
-        np.add(c0, plain, out=c0)
-        np.subtract(c0, self._q, out=c0, where=c0 >= self._q)
-        packed = bitpack.pack_rows(cipher, self.public.coeff_bits)
+        packed: list[bytes] = []
+        # A chunk at a time: the temporaries of encoding and packing stay in cache.
+        for start in range(0, len(chosen), _ONLINE_CHUNK):
+            rows = chosen[start : start + _ONLINE_CHUNK]
+            plain = self._encoder.encode(values[rows])
+            c0 = cipher[start : start + len(rows), :n]
+            np.add(c0, plain, out=c0)
+            np.subtract(c0, self._q, out=c0, where=c0 >= self._q)
+            chunk = cipher[start : start + len(rows)]
+            packed += bitpack.pack_rows(chunk, self.public.coeff_bits)
         return dict(zip(chosen, packed, strict=True)), cipher
