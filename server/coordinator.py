@@ -281,6 +281,12 @@ class Coordinator:
             worst = max(self.clients.values(), key=lambda c: c.epsilon, default=None)
             return (worst.epsilon, worst.delta) if worst else (0.0, 0.0)
 
+    @property
+    def client_epsilons(self) -> dict[str, float]:
+        """The epsilon each registered client last reported, by client id."""
+        with self._lock:
+            return {cid: c.epsilon for cid, c in self.clients.items()}
+
     def reported_in_open_round(self) -> int:
         """Updates reported so far in the open round or buffer (0 between rounds)."""
         current = self._open

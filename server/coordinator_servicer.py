@@ -113,6 +113,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             delta=delta,
             bytes_pushed=c.bytes_pushed,
             last_checkpoint_unix=c.last_checkpoint,
+            client_epsilons=c.client_epsilons,
         )
 
 

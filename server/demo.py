@@ -75,6 +75,7 @@ def run_demo(
         "rounds": status.round,
         "final_accuracy": evaluated[-1].accuracy if evaluated else None,
         "max_epsilon": status.max_epsilon,
+        "client_epsilons": [status.client_epsilons[c] for c in sorted(status.client_epsilons)],
         "delta": status.delta or config.privacy.delta,
         "bytes_pushed": status.bytes_pushed,
         "seconds": round(seconds, 2),

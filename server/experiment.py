@@ -533,7 +533,12 @@ def _run_point(point: Point, grid: Grid, root: Path, timeout_s: float) -> dict[s
     else:
         clients = int(record["clients"])
         noise = _client_logs(workdir, clients, _NOISE_LOG)
-        epsilons = _client_logs(workdir, clients, _EPSILON_LOG)
+        reported = summary.get("client_epsilons")
+        epsilons = (
+            [float(e) for e in reported]
+            if isinstance(reported, list) and reported
+            else _client_logs(workdir, clients, _EPSILON_LOG)
+        )
         if record["noise_multiplier"] is None and noise:
             record["noise_multiplier"] = round(sum(noise) / len(noise), 4)
         accuracy = summary.get("final_accuracy")

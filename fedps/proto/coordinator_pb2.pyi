@@ -277,6 +277,26 @@ Global___RoundSummary: _TypeAlias = RoundSummary  # noqa: Y015
 class ClusterStatus(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ClientEpsilonsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     RUN_ID_FIELD_NUMBER: _builtins.int
     ROUND_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
@@ -287,6 +307,7 @@ class ClusterStatus(_message.Message):
     DELTA_FIELD_NUMBER: _builtins.int
     BYTES_PUSHED_FIELD_NUMBER: _builtins.int
     LAST_CHECKPOINT_UNIX_FIELD_NUMBER: _builtins.int
+    CLIENT_EPSILONS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     round: _builtins.int
     version: _builtins.int
@@ -298,6 +319,10 @@ class ClusterStatus(_message.Message):
     last_checkpoint_unix: _builtins.float
     @_builtins.property
     def history(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoundSummary]: ...
+    @_builtins.property
+    def client_epsilons(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """The epsilon each registered client last reported (at delta), by client id."""
+
     def __init__(
         self,
         *,
@@ -311,10 +336,11 @@ class ClusterStatus(_message.Message):
         delta: _builtins.float = ...,
         bytes_pushed: _builtins.int = ...,
         last_checkpoint_unix: _builtins.float = ...,
+        client_epsilons: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "delta", b"delta", "finished", b"finished", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "registered", b"registered", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "client_epsilons", b"client_epsilons", "delta", b"delta", "finished", b"finished", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "registered", b"registered", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -167,6 +167,25 @@ def test_encrypt_vector_pads_last_block(keys: SecretContext, encryptor: BlockEnc
     np.testing.assert_allclose(last[10:], 0.0, atol=ERROR_PER_CIPHERTEXT)
 
 
+def test_encrypt_many_blocks_across_chunks(keys: SecretContext, encryptor: BlockEncryptor) -> None:
+    # Prepare: 130 blocks, more than two of the chunks encryption works in, some chosen
+    vector = np.random.default_rng(5).uniform(-1, 1, 130 * N)
+    chosen = [0, 63, 64, 65, 127, 128, 129]
+
+    # Execute
+    blocks, coefficients = encryptor.encrypt_with_coefficients(vector, chosen)
+
+    # Assert: every chosen block, on either side of a chunk edge, decrypts to its values, and
+    # the packed bytes hold exactly the coefficients returned
+    assert list(blocks) == chosen
+    for row, b in enumerate(chosen):
+        coeffs = unpack_block(keys.public, blocks[b])
+        np.testing.assert_array_equal(coeffs, coefficients[row])
+        np.testing.assert_allclose(
+            keys.decrypt(coeffs), vector[b * N : (b + 1) * N], atol=ERROR_PER_CIPHERTEXT
+        )
+
+
 @pytest.mark.parametrize(
     "values", [np.zeros(N - 1), np.zeros(N + 1), np.full(N, np.nan), np.full(N, np.inf)]
 )

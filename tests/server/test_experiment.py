@@ -323,6 +323,9 @@ def test_real_sweep_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         assert 0 < record["max_epsilon"] <= 7.5 and record["delta"] == 1e-5
         assert record["bytes_pushed"] > 0 and record["rounds"] == 2
         assert len(record["client_noise_multipliers"]) == 2
+        # every client's own epsilon, as it reported it to the coordinator
+        assert len(record["client_epsilons"]) == 2
+        assert max(record["client_epsilons"]) == pytest.approx(record["max_epsilon"], abs=1e-3)
     assert again == records  # nothing was rerun: the fake would have failed a point
     assert len(fake.calls) == 1 and fake.calls[0]["he"] == {"enabled": False}
     assert resumed[0] == records[0]
