@@ -5,9 +5,10 @@ zeros). Block ``b`` packs values ``b*N .. b*N + N/2`` into the real parts of the
 slots and the next N/2 into the imaginary parts. Encryption is SEAL's public-key encryption
 split in two, as SEAL itself computes it: ``Enc(m) = Enc(0) + (m, 0)``.
 
-- Offline: fresh encryptions of zero are drawn with SEAL (:meth:`precompute`, optionally on
-  several processes) and kept in memory as raw coefficients; each is used exactly once.
-- Online: all blocks are encoded at once in numpy (:class:`crypto.ckks_encoder.CkksEncoder`),
+- Offline: fresh encryptions of zero are drawn in bulk (:meth:`precompute`,
+  :meth:`crypto.public_context.PublicContext.encrypt_zeros`, optionally on several processes)
+  and kept in memory as raw coefficients; each is used exactly once.
+- Online: blocks are encoded 64 at a time in numpy (:class:`crypto.ckks_encoder.CkksEncoder`),
   added to the first polynomial of their zero modulo q, and bit-packed to ``ceil(log2 q)``
   bits per coefficient (:func:`crypto.bitpack.pack_rows`).
 
