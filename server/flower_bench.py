@@ -76,19 +76,11 @@ def start_ray(num_cpus: int) -> None:
                 raise
 
 
-def _run_simulation(
-    strategy: FlowerStrategy, client_app: ClientApp, *, nodes: int, rounds: int, workers: int
-) -> None:
-    """Flower's own simulation runtime: a ServerApp thread and Ray actors for the nodes."""
-    from flwr.simulation import run_simulation
-
-    server_app = ServerApp()
-
-    @server_app.main()
-    def main(grid: Grid, context: Context) -> None:
-        strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(), num_rounds=rounds)
-
+def simulate(server_app: ServerApp, client_app: ClientApp, *, nodes: int, workers: int) -> None:
+    """Run Flower's own simulation runtime (a ServerApp thread, Ray actors for the nodes) on a
+    Ray node started by :func:`start_ray`, and shut Ray down afterwards."""
     import ray
+    from flwr.simulation import run_simulation
 
     start_ray(num_cpus=workers)
     try:
@@ -103,6 +95,19 @@ def _run_simulation(
         )
     finally:
         ray.shutdown()
+
+
+def _run_simulation(
+    strategy: FlowerStrategy, client_app: ClientApp, *, nodes: int, rounds: int, workers: int
+) -> None:
+    """The benchmark's strategy as a ServerApp, through :func:`simulate`."""
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(), num_rounds=rounds)
+
+    simulate(server_app, client_app, nodes=nodes, workers=workers)
 
 
 #: How the nodes run: ``"pool"`` (:class:`InProcessGrid`, threads) or ``"simulation"``

@@ -16,16 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
-from flwr.simulation import run_simulation
 
 from clients.flower_client import FlowerClient, create_client_app
 from crypto.signing import BlockSigner
 from fedps.config import FedPSConfig
-from server.flower_bench import start_ray
+from server.flower_bench import simulate
 from server.flower_strategy import FlowerStrategy
 from tests.conftest import start_cluster
 
@@ -84,20 +82,10 @@ def test_flower_app_applies_the_plaintext_fedavg_of_the_encrypted_updates(
     )
 
     # Execute: Flower's simulation runtime drives the ServerApp and 3 ClientApps.
-    start_ray(num_cpus=2)
     try:
-        run_simulation(
-            server_app=server_app,
-            client_app=client_app,
-            num_supernodes=NODES,
-            backend_config={
-                "client_resources": {"num_cpus": 1},
-                "init_args": {"num_cpus": 2, "include_dashboard": False},
-            },
-        )
+        simulate(server_app, client_app, nodes=NODES, workers=2)
     finally:
         cluster.stop()
-        ray.shutdown()
 
     # Assert
     assert len(results) == 1
