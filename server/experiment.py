@@ -64,6 +64,7 @@ _AXES = (
     "partition",
     "clients",
     "mode",
+    "dropout",
     "encryption",
     "epsilon",
     "noise_multiplier",
@@ -86,6 +87,7 @@ _CSV_COLUMNS = (
     "partition",
     "clients",
     "mode",
+    "dropout",
     "encryption",
     "seed",
     "epsilon",
@@ -161,6 +163,9 @@ class _Axes(BaseModel):
     partition: list[str] | None = Field(None, min_length=1)
     clients: list[Annotated[StrictInt, Field(ge=1)]] | None = Field(None, min_length=1)
     mode: list[Literal["sync", "async"]] | None = Field(None, min_length=1)
+    dropout: list[Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]] | None = Field(
+        None, min_length=1
+    )
     encryption: list[StrictBool] | None = Field(None, min_length=1)
     epsilon: list[float] | None = Field(None, min_length=1)
     noise_multiplier: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] | None = Field(
@@ -308,7 +313,7 @@ def _overrides(
         training["min_quorum"] = min(base.training.min_quorum, clients)
         if base.training.cohort_size > clients:
             training["cohort_size"] = 0
-    for name in ("mode", "seed"):
+    for name in ("mode", "dropout", "seed"):
         if name in axes:
             training[name] = axes[name]
     if "encryption" in axes:
@@ -414,6 +419,7 @@ def _order(record: Mapping[str, Any]) -> tuple[object, ...]:
         _number(record.get("noise_multiplier")),
         _number(record.get("clients")),
         str(record.get("mode", "")),
+        _number(record.get("dropout")),
         _number(record.get("seed")),
         record["key"],
     )
@@ -507,6 +513,7 @@ def _describe(point: Point, grid: Grid) -> dict[str, Any]:
         "partition": _partition_name(config),
         "clients": t.clients,
         "mode": t.mode,
+        "dropout": t.dropout,
         "encryption": config.he.enabled,
         "seed": t.seed,
         "epsilon": _json_float(epsilon, 6),

@@ -2,7 +2,7 @@
 
 ``report.md`` lists every point (sorted: centralised baseline, partition, encryption on before
 off, epsilon rising), the accuracy difference that encryption makes at each matching point,
-and embeds ``accuracy_vs_epsilon.png`` (one line per partition, encryption on solid and off
+accuracy over seeds (mean and spread) where a point ran with several, and embeds ``accuracy_vs_epsilon.png`` (one line per partition, encryption on solid and off
 dashed, "no DP" at the right edge) and ``time_per_point.png``. Plots are drawn with
 matplotlib's Agg canvas, so no display is needed.
 """
@@ -71,13 +71,15 @@ def _series(record: Mapping[str, Any], varying: Sequence[str]) -> str:
         name += f", {record.get('clients')} clients"
     if "mode" in varying:
         name += f", {record.get('mode')}"
+    if "dropout" in varying:
+        name += f", dropout {_float(record.get('dropout')) or 0:g}"
     return name
 
 
 def _plot_accuracy(records: Sequence[Mapping[str, Any]], path: Path) -> None:
     """Accuracy against epsilon: one colour per partition, encryption on solid, off dashed."""
     ok = [r for r in records if _succeeded(r) and (_x(r) or 0) > 0]
-    varying = [f for f in ("clients", "mode") if _varying(ok, f)]
+    varying = [f for f in ("clients", "mode", "dropout") if _varying(ok, f)]
     finite = sorted({x for r in ok if (x := _x(r)) is not None and math.isfinite(x)})
     right = finite[-1] * 2 if finite else 1.0  # where "no DP" sits
     points: dict[tuple[str, bool], dict[float, list[float]]] = defaultdict(
@@ -169,11 +171,14 @@ def _short_keys(records: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def _table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     errors = any("error" in r for r in records)
+    dropouts = any(_float(r.get("dropout")) for r in records)  # a column only when some point has
     head = (
-        "| partition | clients | mode | seed | encryption | ε target | noise mult. | accuracy (%) |"
+        "| partition | clients | mode |"
+        + (" dropout |" if dropouts else "")
+        + " seed | encryption | ε target | noise mult. | accuracy (%) |"
         " ε spent (max) | δ | time (s) | pushed (MB) |"
     )
-    lines = [head + (" error |" if errors else ""), "|---" * (12 + errors) + "|"]
+    lines = [head + (" error |" if errors else ""), "|---" * (12 + dropouts + errors) + "|"]
     for r in records:
         accuracy = _float(r.get("final_accuracy"))
         sigma = _float(r.get("noise_multiplier"))
@@ -182,6 +187,7 @@ def _table(records: Sequence[Mapping[str, Any]]) -> list[str]:
             f"{_CENTRALISED} (iid)" if r.get("centralised") else str(r.get("partition", "-")),
             str(r.get("clients", "-")),
             str(r.get("mode", "-")),
+            *([f"{_float(r.get('dropout')) or 0:g}"] if dropouts else []),
             str(r.get("seed", "-")),
             "on" if r.get("encryption") else "off",
             _eps(r.get("epsilon")),
@@ -227,6 +233,39 @@ def _encryption_pairs(records: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
 
 
+def _over_seeds(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Accuracy over seeds (mean, standard deviation, range) of points that differ only in
+    their seed; nothing when no point ran with more than one seed."""
+    by_rest: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        if _succeeded(r):
+            rest = ",".join(p for p in str(r["key"]).split(",") if not p.startswith("seed="))
+            by_rest[rest].append(100 * float(r["final_accuracy"]))
+    rows = []
+    for rest, accuracies in by_rest.items():
+        if len(accuracies) < 2:
+            continue
+        mean = sum(accuracies) / len(accuracies)
+        sd = math.sqrt(sum((a - mean) ** 2 for a in accuracies) / (len(accuracies) - 1))
+        rows.append(
+            f"| {rest or '(base)'} | {len(accuracies)} | {mean:.2f} | {sd:.2f} | "
+            f"{min(accuracies):.2f} - {max(accuracies):.2f} |"
+        )
+    if not rows:
+        return []
+    return [
+        "",
+        "## Over seeds",
+        "",
+        "Points that differ only in their seed: test accuracy (%) over the seeds that succeeded "
+        "(sample standard deviation).",
+        "",
+        "| point | seeds | mean | sd | min - max |",
+        "|---|---:|---:|---:|---|",
+        *rows,
+    ]
+
+
 def render_report(results_path: Path, out_dir: Path) -> Path:
     """Write ``report.md`` and its plots for a results file; return the report's path.
 
@@ -267,6 +306,7 @@ def render_report(results_path: Path, out_dir: Path) -> Path:
         "",
         *_table(records),
         *_encryption_pairs(records),
+        *_over_seeds(records),
         "",
         f"![accuracy vs epsilon]({_ACCURACY_PNG})",
         "",

@@ -102,6 +102,25 @@ def test_grid_is_the_cartesian_product_with_stable_keys(tmp_path: Path) -> None:
     assert eps1 == {"noise_multiplier": None, "target_epsilon": 1.0}
 
 
+def test_dropout_axis_sets_the_chance_of_dying_mid_round(tmp_path: Path) -> None:
+    # Prepare
+    path = _write(tmp_path, "[grid]\ndropout = [0.0, 0.3]\nseed = [0, 1]\n")
+
+    # Execute
+    points = load_grid(path).points()
+
+    # Assert
+    assert [p.key for p in points] == [
+        "dropout=0,seed=0",
+        "dropout=0,seed=1",
+        "dropout=0.3,seed=0",
+        "dropout=0.3,seed=1",
+    ]
+    assert points[3].overrides["training"] == {"dropout": 0.3, "seed": 1}
+    with pytest.raises(ConfigError, match="dropout"):
+        load_grid(_write(tmp_path, "[grid]\ndropout = [1.0]\n", "bad.toml"))
+
+
 def test_centralised_points_hold_all_data_in_one_client(tmp_path: Path) -> None:
     # Prepare: the partition axis means nothing for the centralised baseline.
     path = _write(
@@ -416,6 +435,37 @@ def test_report_lists_every_point_sorted_and_draws_plots(tmp_path: Path) -> None
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert png.stat().st_size > 5000
         assert f"]({name})" in text
+
+
+def test_report_summarises_seeds_and_shows_dropout(tmp_path: Path) -> None:
+    # Prepare: two seeds with and without dropouts, one of them failed
+    records = [
+        _record(
+            f"dropout={drop:g},seed={seed}",
+            dropout=drop,
+            seed=seed,
+            final_accuracy=acc,
+            **({"error": "PeerUnavailableError: gone"} if acc is None else {}),
+        )
+        for drop, seed, acc in (
+            (0.0, 0, 0.90),
+            (0.0, 1, 0.94),
+            (0.3, 0, 0.91),
+            (0.3, 1, 0.93),
+            (0.3, 2, None),
+        )
+    ]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    # Execute
+    text = render_report(results, tmp_path / "report").read_text()
+
+    # Assert: a dropout column; mean, sd and range over the seeds that succeeded
+    assert "| mode | dropout | seed |" in text
+    assert "| iid | 4 | sync | 0.3 | 1 |" in text
+    assert "| dropout=0 | 2 | 92.00 | 2.83 | 90.00 - 94.00 |" in text
+    assert "| dropout=0.3 | 2 | 92.00 | 1.41 | 91.00 - 93.00 |" in text
 
 
 def test_report_of_missing_or_empty_results_fails(tmp_path: Path) -> None:
