@@ -2,9 +2,11 @@
 
 ``report.md`` lists every point (sorted: centralised baseline, partition, encryption on before
 off, epsilon rising), the accuracy difference that encryption makes at each matching point,
-accuracy over seeds (mean and spread) where a point ran with several, and embeds ``accuracy_vs_epsilon.png`` (one line per partition, encryption on solid and off
-dashed, "no DP" at the right edge) and ``time_per_point.png``. Plots are drawn with
-matplotlib's Agg canvas, so no display is needed.
+accuracy over seeds (mean and spread) where a point ran with several, and embeds
+``accuracy_vs_epsilon.png`` (one line per partition, encryption on solid and off dashed,
+"no DP" at the right edge, the mean over seeds with their standard deviation as error bars)
+and ``time_per_point.png``. Plots are drawn with matplotlib's Agg canvas, so no display is
+needed.
 """
 
 from __future__ import annotations
@@ -100,9 +102,12 @@ def _plot_accuracy(records: Sequence[Mapping[str, Any]], path: Path) -> None:
         by_x = points[(name, encrypted)]
         xs = sorted(by_x)
         ys = [100 * sum(by_x[x]) / len(by_x[x]) for x in xs]  # mean over seeds
-        ax.plot(  # plaintext: dashed, hollow and larger, so it shows over an equal line
+        errors = [100 * _sd(by_x[x]) for x in xs]  # their spread (0 for one seed)
+        ax.errorbar(  # plaintext: dashed, hollow and larger, so it shows over an equal line
             xs,
             ys,
+            yerr=errors if any(errors) else None,
+            capsize=4,
             linestyle="-" if encrypted else "--",
             marker="*" if name == _CENTRALISED else ("o" if encrypted else "s"),
             markersize=(12 if name == _CENTRALISED else 5) + (0 if encrypted else 4),
@@ -233,6 +238,14 @@ def _encryption_pairs(records: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
 
 
+def _sd(values: Sequence[float]) -> float:
+    """Sample standard deviation (0 for fewer than two values)."""
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
 def _over_seeds(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """Accuracy over seeds (mean, standard deviation, range) of points that differ only in
     their seed; nothing when no point ran with more than one seed."""
@@ -246,9 +259,8 @@ def _over_seeds(records: Sequence[Mapping[str, Any]]) -> list[str]:
         if len(accuracies) < 2:
             continue
         mean = sum(accuracies) / len(accuracies)
-        sd = math.sqrt(sum((a - mean) ** 2 for a in accuracies) / (len(accuracies) - 1))
         rows.append(
-            f"| {rest or '(base)'} | {len(accuracies)} | {mean:.2f} | {sd:.2f} | "
+            f"| {rest or '(base)'} | {len(accuracies)} | {mean:.2f} | {_sd(accuracies):.2f} | "
             f"{min(accuracies):.2f} - {max(accuracies):.2f} |"
         )
     if not rows:

@@ -26,7 +26,9 @@ from tests.conftest import Cluster, run_clients, start_cluster
 pytestmark = pytest.mark.integration
 
 # The demo's accuracy bar (README, `make demo`): >= 90% on digits at max epsilon <= 8 (4 clients,
-# 30 rounds, target epsilon 7.5). Without dropouts it measures 93.9%.
+# 30 rounds, target epsilon 7.5). Over seeds 0-4 the demo measures 91.7-94.2% (mean 92.7%), and
+# 91.4-93.3% (mean 92.4%) with 30% of clients dying mid-round: docs/results/dropout, from
+# `fedps experiment examples/experiments/dropout.toml`. One run's spread is about a point.
 DEMO_REQUIRED_ACCURACY = 0.90
 
 
@@ -147,8 +149,8 @@ def test_thirty_percent_dropout_still_reaches_the_demo_accuracy(tmp_path: Path) 
         # Execute
         run_clients(clients, timeout_s=400)
         # Assert: rounds closed at the deadline with whoever pushed, within the budget, and
-        # training reached the demo's bar: measured 90.8-91.9% (a round averages 2.8 noised
-        # updates instead of 4; the demo without dropouts measures 93.9%)
+        # training reached the demo's bar (this run: 90.8-93.3% measured; see above for the
+        # comparison with the demo over five seeds)
         history = cluster.coordinator.history
         assert cluster.coordinator.finished and len(history) == 30
         assert sum(1 for r in history if 0 < r.contributors < 4 and not r.abandoned) >= 10

@@ -38,18 +38,18 @@ SMOKE_N = 200
 SMOKE_OPTIONS = ["--rpc-budget", "30", "--path-budget", "30", "--call-timeout", "5"]
 
 
-def _services() -> list[str]:
-    """Every RPC of the three services, as ``Service.Method``."""
+SERVICES = ("Shard", "KeyHolder", "Coordinator")
+
+
+def _services(only: str | None = None) -> list[str]:
+    """Every RPC of the three services (or of service ``only``), as ``Service.Method``."""
     from fedps.proto import coordinator_pb2, keyholder_pb2, shard_pb2
 
     names = []
-    for module, service in [
-        (shard_pb2, "Shard"),
-        (keyholder_pb2, "KeyHolder"),
-        (coordinator_pb2, "Coordinator"),
-    ]:
-        for method in module.DESCRIPTOR.services_by_name[service].methods:
-            names.append(f"{service}.{method.name}")
+    for module, service in zip((shard_pb2, keyholder_pb2, coordinator_pb2), SERVICES, strict=True):
+        if only in (None, service):
+            for method in module.DESCRIPTOR.services_by_name[service].methods:
+                names.append(f"{service}.{method.name}")
     return names
 
 
@@ -118,11 +118,11 @@ def _shown_name(key: str) -> str:
     return "RPC" if key == "rpcs" else "deserialisation path"
 
 
-def _check_rpc(report: dict[str, Any], n: int, shown: str) -> None:
+def _check_rpc(report: dict[str, Any], n: int, shown: str, service: str | None = None) -> None:
     _print_table(report, "rpcs")
     problems = []
     rpcs: dict[str, Any] = report["rpcs"]
-    missing = sorted(set(_services()) - set(rpcs))
+    missing = sorted(set(_services(service)) - set(rpcs))
     if missing:
         problems.append(f"RPCs not fuzzed: {missing}")
     for name, r in rpcs.items():
@@ -186,14 +186,17 @@ def test_deser_fuzz_smoke(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_rpc_fuzz(tmp_path: Path) -> None:
-    # Prepare: every RPC gets at most BUDGET_S, plus start-up and the final checks
-    options = ["--rpc-budget", f"{BUDGET_S:g}"]
-    timeout = len(_services()) * (BUDGET_S + 30) + 300
+@pytest.mark.parametrize("service", SERVICES)
+def test_rpc_fuzz(tmp_path: Path, service: str) -> None:
+    # Prepare: one service's RPCs (three runs that test workers can share), each RPC at most
+    # BUDGET_S, plus start-up and the final checks
+    rpcs = _services(service)
+    options = ["--rpc-budget", f"{BUDGET_S:g}", *(f"--only={rpc}" for rpc in rpcs)]
+    timeout = len(rpcs) * (BUDGET_S + 30) + 300
     # Execute
     report, _, shown = _run("rpc", FULL_N, tmp_path, timeout=timeout, options=options)
     # Assert
-    _check_rpc(report, FULL_N, shown)
+    _check_rpc(report, FULL_N, shown, service)
 
 
 @pytest.mark.slow
