@@ -176,7 +176,7 @@ def _short_keys(records: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def _table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     errors = any("error" in r for r in records)
-    dropouts = any(_float(r.get("dropout")) for r in records)  # a column only when some point has
+    dropouts = any(_float(r.get("dropout")) for r in records)  # a column only if some are set
     head = (
         "| partition | clients | mode |"
         + (" dropout |" if dropouts else "")

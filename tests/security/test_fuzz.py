@@ -8,8 +8,9 @@ DEADLINE_EXCEEDED, ...), zero malformed requests accepted, zero malformed blocks
 shard's sums and no change to the published model. The full runs are ``slow``; the smoke
 runs (200 per RPC or path, tighter time limits) are part of the default quick run.
 
-On 2 cores the full runs take about 5 minutes (RPCs) and 1.5 minutes (deserialisation) when
-nothing is wrong; an RPC that hangs or is slow to fail stops early and fails the test.
+On 2 cores the full runs take about 5 minutes (RPCs, one test per service so that test
+workers share them) and 1.5 minutes (deserialisation) when nothing is wrong; an RPC that hangs
+or is slow to fail stops early and fails the test.
 
 ``FEDPS_FUZZ_N`` overrides the full count, ``FEDPS_FUZZ_SEED`` the seed (default 0) and
 ``FEDPS_FUZZ_RPC_BUDGET_S`` the time allowed per RPC or path (default 180 s). To reproduce
