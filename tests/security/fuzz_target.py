@@ -182,7 +182,7 @@ def rand_double(rng: random.Random, current: float = 0.0) -> float:
 
 def rand_text(rng: random.Random, n: int | None = None) -> str:
     n = rand_len(rng) if n is None else n
-    return "".join(rng.choice(_TEXT_CHARS) for _ in range(min(n, 4096)))
+    return "".join(rng.choices(_TEXT_CHARS, k=min(n, 4096)))
 
 
 def mutate_str(rng: random.Random, s: str, pool: list[Any] | None = None) -> str:
@@ -594,10 +594,11 @@ class RpcStats:
     refusals: Counter[str] = field(default_factory=Counter)
     accepted_reasons: Counter[str] = field(default_factory=Counter)
 
-    def example(self, category: str, entry: dict[str, Any]) -> None:
+    def example(self, category: str, entry: Callable[[], dict[str, Any]]) -> None:
+        """Keep the first few examples of ``category`` (``entry`` is built only for those)."""
         bucket = self.examples.setdefault(category, [])
         if len(bucket) < MAX_EXAMPLES:
-            bucket.append(entry)
+            bucket.append(entry())
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -814,21 +815,27 @@ def _record(
 ) -> None:
     if code == "CLIENT_ERROR":
         stats.client_errors += 1
-        stats.example("client_error", {"details": details[:300], "request": describe(case.items)})
+        stats.example(
+            "client_error", lambda: {"details": details[:300], "request": describe(case.items)}
+        )
         return
     stats.calls += 1
     stats.messages += len(case.items)
     stats.kinds[case.kind] += 1
     stats.codes[code] += 1
     stats.max_call_s = max(stats.max_call_s, seconds)
-    entry = {
-        "code": code,
-        "details": details[:300],
-        "seconds": round(seconds, 3),
-        "request": describe(case.items),
-    }
-    if case.metadata:
-        entry["metadata"] = [(k, v[:16] + "...") for k, v in case.metadata]
+
+    def entry() -> dict[str, Any]:  # described only when kept as an example
+        out = {
+            "code": code,
+            "details": details[:300],
+            "seconds": round(seconds, 3),
+            "request": describe(case.items),
+        }
+        if case.metadata:
+            out["metadata"] = [(k, v[:16] + "...") for k, v in case.metadata]
+        return out
+
     if seconds > slow_s:
         stats.slow += 1
         stats.example("slow", entry)
@@ -838,7 +845,7 @@ def _record(
         else:
             stats.accepted_malformed += 1
             why = note or case.verdict
-            stats.example("accepted_malformed", {**entry, "why": why})
+            stats.example("accepted_malformed", lambda: {**entry(), "why": why})
             stats.accepted_reasons[_normalize(why)] += 1
     elif code == "INTERNAL" and case.raw and details == DESERIALIZE_DETAILS:
         stats.raw_refused += 1
