@@ -30,9 +30,10 @@ protos: $(STAMP)
 protos-check: $(STAMP)
 	PATH=$(BIN):$$PATH bash fedps/proto/generate.sh --check
 
-# Two workers: the long fuzz run and the process-level integration tests share the two cores.
+# Two workers share the two cores, each taking one test at a time (slow tests first:
+# tests/conftest.py), so that no worker is left alone with a queue of long tests.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --maxschedchunk 1
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

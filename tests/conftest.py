@@ -21,6 +21,13 @@ from server.serve import add_coordinator, add_keyholder, add_shard
 from server.shard import Shard
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the ``slow`` tests first (in collection order, then the rest): with the test
+    command's one-test-at-a-time scheduling (``-n 2 --maxschedchunk 1``) the long ones then
+    share the workers instead of one of them ending the run alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 class RecordingClient(EdgeClient):
     """A real client that also keeps the plaintext of what it encrypted, for a replay, and
     the shards that acknowledged each round's push."""
