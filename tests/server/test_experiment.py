@@ -223,11 +223,12 @@ def test_every_shipped_grid_loads() -> None:
     grids = {path.stem: load_grid(path) for path in files}
 
     # Assert
-    assert {"small", "fashion"} <= set(grids)
+    assert {"small", "fashion", "dropout"} <= set(grids)
     assert all(grid.points() for grid in grids.values())
     assert len(grids["small"].points()) == 16
     assert grids["fashion"].training["dataset"] == "fashion_mnist"
     assert any(p.axes.get("centralised") for p in grids["fashion"].points())
+    assert {p.overrides["training"]["dropout"] for p in grids["dropout"].points()} == {0.0, 0.3}
 
 
 # ---------------------------------------------------------------------------- sweeps
