@@ -146,9 +146,9 @@ class PublicContext:
         bulk = self._zero_encryptor
         if bulk is not None:
             return bulk.draw(count)
-        return self.encrypt_zeros_with_seal(count)
+        return self._encrypt_zeros_with_seal(count)
 
-    def encrypt_zeros_with_seal(self, count: int) -> np.ndarray:
+    def _encrypt_zeros_with_seal(self, count: int) -> np.ndarray:
         """Like :meth:`encrypt_zeros`, one SEAL ``encrypt_zero`` per ciphertext."""
         prefix = self.ciphertext_prefix
         out = np.empty((count, self.coeffs_per_block), dtype=np.uint64)
