@@ -7,12 +7,16 @@ One round as the client sees it:
 3. Train locally with DP-SGD (:class:`clients.dp_trainer.DPTrainer`), or with client-level
    DP (``privacy.level = "client"``, :class:`clients.dp_trainer.ClientLevelTrainer`: the
    update is clipped and noised); the trainer's accountant keeps the whole run.
-4. Weight the update by ``num_examples / weight_scale`` (the cohort's largest
-   ``num_examples``, so weights are in (0, 1]; 1.0 at client level), clip it to
-   ``he.max_abs_value`` (the range the CKKS parameters were sized for), cut it into blocks,
-   encrypt each block under the key holder's public context and push each block to the shard
-   that owns it.
-5. Report to the coordinator (epsilon spent, bytes pushed).
+4. Weight the update (1 with ``security.weighting = "uniform"``, the default; otherwise
+   ``num_examples / weight_scale``, the cohort's largest ``num_examples``, at least
+   ``security.min_weight``), clip it to ``he.max_abs_value`` (the range the CKKS parameters
+   were sized for), cut it into blocks and encrypt each block under the key holder's public
+   context.
+5. Commit at the key holder: the signed root of every encrypted block, and the sketch of every
+   block under the round's secret challenge (:class:`crypto.sketch.Challenge`), before any
+   ciphertext of the round reaches a shard.
+6. Push each block to the shard that owns it (the shards open the round once the key holder
+   froze the commitments), and report to the coordinator (epsilon spent, bytes pushed).
 """
 
 from __future__ import annotations
@@ -28,15 +32,8 @@ import numpy as np
 
 from clients.dp_trainer import create_trainer
 from crypto import PLAINTEXT_CONTEXT_ID, BlockEncryptor, CkksParams, PlainContext, PublicContext
-from crypto.signing import (
-    CHUNKS,
-    BlockSigner,
-    context_digest,
-    merkle_proof,
-    model_verifier,
-    sign_update,
-    verify_block,
-)
+from crypto.signing import BlockSigner, context_digest, model_verifier, sign_update, verify_block
+from crypto.sketch import Challenge
 from fedps.blocks import BlockLayout, flatten_model
 from fedps.config import FedPSConfig
 from fedps.datasets import Dataset, load_dataset
@@ -311,10 +308,12 @@ class EdgeClient:
             gone = min(task.deadline_unix - time.time(), self.config.training.deadline_s)
             time.sleep(max(0.0, gone))  # away until the round closes
             return True
-        if self.config.privacy.level == "client":  # DP-FedAvg: every client weighs the same
-            self.weight = 1.0
+        security = self.config.security
+        if self.config.privacy.level == "client" or security.weighting == "uniform":
+            self.weight = 1.0  # every client weighs the same (the key holder insists)
         else:
-            self.weight = self.trainer.num_examples / max(task.weight_scale, 1.0)
+            share = self.trainer.num_examples / max(task.weight_scale, 1.0)
+            self.weight = min(1.0, max(security.min_weight, share))
         self._round = task.round
         pushed = self.push(task.round, task.version, delta)
         self.rounds_trained += 1
@@ -325,7 +324,8 @@ class EdgeClient:
         return True
 
     def push(self, round_: int, version: int, delta: np.ndarray) -> int:
-        """Weight, clip, encrypt and push an update; returns bytes pushed."""
+        """Weight, clip, encrypt, commit and push an update; returns bytes pushed (0 when
+        the update missed its round)."""
         he = self.config.he
         weight = self.weight
         weighted = delta * weight
@@ -333,6 +333,11 @@ class EdgeClient:
         if not np.array_equal(clipped, weighted):
             _log.warning("%s: update clipped to +-%g for encryption", self.name, he.max_abs_value)
         encrypted, coefficients = self._encryptor.encrypt_with_coefficients(clipped)
+        committed = self._commit(round_, version, weight, coefficients)
+        if committed is None:
+            return 0
+        round_, update = committed
+        self._round = round_
         by_shard: dict[str, list[shard_pb2.EncryptedBlock]] = {}
         for block, data in encrypted.items():
             owner = self._ring.owner(block)
@@ -340,53 +345,6 @@ class EdgeClient:
                 shard_pb2.EncryptedBlock(block=block, ciphertext=data)
             )
         total = 0
-        attempts = 3 if self.config.training.mode == "async" else 1
-        for attempt in range(attempts):
-            sent, refused = self._push_signed(round_, version, weight, coefficients, by_shard)
-            total += sent
-            by_shard = {sid: by_shard[sid] for sid in refused}
-            if not by_shard or attempt == attempts - 1:
-                break
-            # Async: the buffer flushed while we pushed; the rest goes to the next buffer.
-            task = self._retry(
-                lambda: self._coordinator.GetTask(
-                    coordinator_pb2.TaskRequest(client_id=self.client_id),
-                    metadata=self._metadata(),
-                    timeout=_CALL_S,
-                ),
-                "get task",
-                60.0,
-            )
-            if task.kind != coordinator_pb2.Task.TRAIN or task.round == round_:
-                break
-            round_ = self._round = task.round
-        self.bytes_pushed += total
-        return total
-
-    def _push_signed(
-        self,
-        round_: int,
-        version: int,
-        weight: float,
-        coefficients: np.ndarray,
-        by_shard: dict[str, list[shard_pb2.EncryptedBlock]],
-    ) -> tuple[int, list[str]]:
-        """Sign the update for ``round_``, send the audit chunks, push each shard's blocks;
-        returns bytes pushed and the shards that refused because the round had closed."""
-        nonce, signature, roots = sign_update(
-            self._signer,
-            coefficients,
-            run_id=self.run_id,
-            round_=round_,
-            client_id=self.client_id,
-            context_id=self._context_id,
-            weight=weight,
-            version=version,
-        )
-        if isinstance(self._encryptor, BlockEncryptor):
-            self._submit_audit(round_, coefficients)
-        total = 0
-        refused: list[str] = []
         pushed: dict[str, list[shard_pb2.PushRequest]] = {}
         for sid, blocks in by_shard.items():
             messages = [
@@ -397,9 +355,9 @@ class EdgeClient:
                     weight=weight,
                     context_id=self._context_id,
                     blocks=batch,
-                    nonce=nonce,
-                    signature=signature,
-                    roots=roots,
+                    nonce=update.nonce,
+                    signature=update.signature,
+                    roots=update.roots,
                 )
                 for batch in batched(blocks, lambda b: len(b.ciphertext))
             ]
@@ -408,11 +366,97 @@ class EdgeClient:
                 self._push_to(sid, messages)
             except RoundClosedError as exc:
                 _log.info("%s: push refused: %s", self.name, exc)
-                refused.append(sid)
                 continue
             total += sum(m.ByteSize() for m in messages)
         self._sent = _Sent(round_, version, pushed)
-        return total, refused
+        self.bytes_pushed += total
+        return total
+
+    def _commit(
+        self, round_: int, version: int, weight: float, coefficients: np.ndarray
+    ) -> tuple[int, common_pb2.SignedUpdate] | None:
+        """Commit to the encrypted update at the key holder: its signed block roots and the
+        sketches of its blocks under the round's challenge. Returns the round it committed
+        to and the signed update, or None when the round's commitments had closed (async:
+        after trying the next buffers too, as a stale update)."""
+        attempts = 3 if self.config.training.mode == "async" else 1
+        for attempt in range(attempts):
+            nonce, signature, roots = sign_update(
+                self._signer,
+                coefficients,
+                run_id=self.run_id,
+                round_=round_,
+                client_id=self.client_id,
+                context_id=self._context_id,
+                weight=weight,
+                version=version,
+            )
+            update = common_pb2.SignedUpdate(
+                client_id=self.client_id,
+                weight=weight,
+                nonce=nonce,
+                signature=signature,
+                roots=roots,
+                version=version,
+            )
+            request = keyholder_pb2.CommitRequest(
+                round=round_, update=update, sketches=self._sketches(round_, coefficients)
+            )
+            try:
+                self._retry(
+                    lambda: self._keyholder.Commit(request, timeout=_CALL_S),  # noqa: B023
+                    "commit",
+                    _PEER_WAIT_S,
+                )
+                return round_, update
+            except RoundClosedError as exc:
+                _log.info("%s: commitment refused: %s", self.name, exc)
+                if attempt == attempts - 1:
+                    return None
+            # Async: the buffer froze before we committed; the update joins the next one.
+            following = self._next_round(round_)
+            if following is None:
+                return None
+            round_ = following
+        return None
+
+    def _sketches(self, round_: int, coefficients: np.ndarray) -> bytes:
+        """The round's sketches of every encrypted block (none without encryption)."""
+        if not isinstance(self._encryptor, BlockEncryptor):
+            return b""
+        reply = self._retry(
+            lambda: self._keyholder.GetChallenge(
+                keyholder_pb2.ChallengeRequest(round=round_, client_id=self.client_id),
+                timeout=_CALL_S,
+            ),
+            "challenge",
+            _PEER_WAIT_S,
+        )
+        public = self._encryptor.public
+        challenge = Challenge(
+            reply.seed, modulus=public.modulus, coeffs_per_block=public.coeffs_per_block
+        )
+        return challenge.sketch(coefficients).astype("<u8").tobytes()
+
+    def _next_round(self, round_: int, timeout_s: float = 60.0) -> int | None:
+        """The next round (buffer) after ``round_`` that asks us to train, if one comes."""
+        until = time.time() + timeout_s
+        while time.time() < until:
+            task = self._retry(
+                lambda: self._coordinator.GetTask(
+                    coordinator_pb2.TaskRequest(client_id=self.client_id),
+                    metadata=self._metadata(),
+                    timeout=_CALL_S,
+                ),
+                "get task",
+                timeout_s,
+            )
+            if task.kind == coordinator_pb2.Task.DONE:
+                return None
+            if task.kind == coordinator_pb2.Task.TRAIN and task.round > round_:
+                return int(task.round)
+            time.sleep(max(0.05, task.retry_after))
+        return None
 
     def _push_to(self, sid: str, messages: list[shard_pb2.PushRequest]) -> None:
         """Push messages to one shard, waiting out a restart (the shard's log keeps what it
@@ -420,38 +464,6 @@ class EdgeClient:
         stub = self._params.stubs[sid]
         self._retry(
             lambda: stub.PushBlocks(iter(messages), timeout=_PUSH_S), f"push to {sid}", _PEER_WAIT_S
-        )
-
-    def _submit_audit(self, round_: int, coefficients: np.ndarray) -> None:
-        """Send the key holder the secretly planned chunks, so it can check the aggregate."""
-        plan = self._retry(
-            lambda: self._keyholder.GetAuditPlan(
-                keyholder_pb2.AuditPlanRequest(round=round_, client_id=self.client_id),
-                timeout=_CALL_S,
-            ),
-            "audit plan",
-            _PEER_WAIT_S,
-        )
-        size = coefficients.shape[1] // CHUNKS
-        chunks = [
-            keyholder_pb2.AuditChunk(
-                block=block,
-                chunk=chunk,
-                coefficients=coefficients[block, chunk * size : (chunk + 1) * size]
-                .astype("<u8")
-                .tobytes(),
-                proof=merkle_proof(coefficients[block], chunk),
-            )
-            for block, chunk in zip(plan.blocks, plan.chunks, strict=True)
-            if block < len(coefficients)
-        ]
-        submission = keyholder_pb2.AuditSubmission(
-            client_id=self.client_id, round=round_, chunks=chunks
-        )
-        self._retry(
-            lambda: self._keyholder.SubmitAudit(submission, timeout=_CALL_S),
-            "submit audit",
-            _PEER_WAIT_S,
         )
 
     def _report(self, round_: int, pushed: int, *, budget_exhausted: bool) -> None:

@@ -197,8 +197,23 @@ class SecurityConfig(_Section):
     max_pushes_per_round: int = Field(
         64, ge=1, description="push messages one client may send to one shard per round"
     )
-    audit_blocks: int = Field(
-        16, ge=1, description="blocks per round whose aggregate is checked against clients"
+    weighting: Literal["uniform", "examples"] = Field(
+        "uniform",
+        description="aggregation weights the key holder accepts: uniform (every client 1), "
+        "or examples (num_examples / the cohort's largest, at least min_weight)",
+    )
+    min_weight: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description='weighting = "examples": the smallest weight a client may have, so that '
+        "no declared num_examples can make the other contributors negligible",
+    )
+    max_detections: int = Field(
+        3,
+        ge=1,
+        description="detected tamperings by one shard after which the key holder decrypts "
+        "nothing more",
     )
     rotate_every_rounds: int = Field(
         0, ge=0, description="generate a new CKKS key pair every N applied rounds (0: never)"

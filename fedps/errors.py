@@ -64,6 +64,12 @@ class PolicyError(FedPSError):
     status = grpc.StatusCode.PERMISSION_DENIED
 
 
+class QuarantinedError(PolicyError):
+    """The key holder decrypts nothing more: a shard was caught tampering too often."""
+
+    status = grpc.StatusCode.ABORTED
+
+
 class PrivacyBudgetExceededError(FedPSError):
     """A client would spend more than its epsilon budget."""
 

@@ -1,10 +1,20 @@
 """The coordinator (chief): registration, synchronous rounds, evaluation and checkpoints.
 
-One round: pick a cohort of live clients, open the round on every shard at the current model
-version with a deadline, hand ``TRAIN`` tasks to the cohort, and close when every member has
-reported or the deadline passes. Shards report which clients pushed all their blocks; if at
-least ``min_quorum`` did, the key holder decrypts and applies the aggregate and publishes the
-next version, otherwise the round is abandoned and its sums are discarded, never decrypted.
+One round, in two phases:
+
+1. **Commit.** Pick a cohort of live clients, open the round's commit phase at the key holder
+   with the current model version, and hand ``TRAIN`` tasks to the cohort. Each client trains,
+   encrypts and commits its signed update (and its ciphertexts' sketches) at the key holder.
+   When every member has committed (or said it has nothing to send), or the deadline passes
+   (async: once ``buffer_size`` updates are committed), the commitments are frozen.
+2. **Push.** Only then is the round opened on every shard, for exactly the committed clients
+   and their commitments; they push their ciphertexts and report. The round closes when all of
+   them reported or the push deadline passes. Shards report which clients pushed all their
+   blocks; if at least ``min_quorum`` did, the key holder checks and decrypts the aggregate of
+   exactly those clients, applies it and publishes the next version; otherwise the round is
+   abandoned and its sums are discarded, never decrypted.
+
+No client's ciphertext can thus depend on another's of the same round (docs/security.md).
 Every ``eval_every`` rounds the published model is pulled from the shards and evaluated on the
 held-out split. The state is written atomically when a round opens (with its cohort and
 deadline), when it starts closing, every ``checkpoint_every`` rounds and at the end, so a
@@ -38,6 +48,7 @@ from fedps.errors import (
     FedPSError,
     InvalidArgumentError,
     PeerUnavailableError,
+    QuarantinedError,
     UnauthenticatedError,
     UnknownClientError,
 )
@@ -108,6 +119,8 @@ class _OpenRound:
     cohort: frozenset[str]
     reported: set[str] = field(default_factory=set)
     closing: bool = False  # the shards may have closed it: do not wait for reports again
+    pushing: bool = False  # the commitments are frozen and the shards take pushes
+    committed: frozenset[str] = frozenset()  # so far (commit phase), then the frozen set
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -116,6 +129,7 @@ class _OpenRound:
             "deadline": self.deadline,
             "cohort": sorted(self.cohort),
             "closing": self.closing,
+            "pushing": self.pushing,
         }
 
 
@@ -217,7 +231,7 @@ class Coordinator:
             current = self._open
             if (
                 current is not None
-                and client_id in current.cohort
+                and client_id in (current.committed if current.pushing else current.cohort)
                 and client_id not in current.reported
                 and time.time() < current.deadline
             ):
@@ -416,68 +430,154 @@ class Coordinator:
         ).context_id  # it changes when the key holder rotates keys
         bytes_before = self.bytes_pushed
         version = self.version
-        for sid, stub in self._params.stubs.items():
-            request = shard_pb2.OpenRoundRequest(
-                round=round_,
-                version=version,
-                members=self._members(cohort),
-                context_id=self._context_id,
-                run_id=self.run_id,
-            )
-            self._retry(lambda: stub.OpenRound(request, timeout=_CALL_S), f"open round on {sid}")  # noqa: B023
         asynchronous = self._training.mode == "async"
-        # Async buffers have no deadline: they flush once buffer_size updates are in.
+        # Async buffers have no commit deadline: they freeze once buffer_size are committed.
         deadline = started + (1e9 if asynchronous else self._training.deadline_s)
-        if resume is not None:
-            deadline = resume.deadline
         opened = _OpenRound(round_, version, deadline, cohort)
-        self._checkpoint(opened)  # the cohort and deadline survive a restart
-        with self._changed:
-            self._open = opened
-            self._changed.notify_all()
-            while (
-                not self._stop.is_set()
-                and time.time() < deadline
-                and not (resume is not None and resume.closing)
-            ):
-                reported = self._open.reported
-                if asynchronous and len(reported) >= self._training.buffer_size:
-                    break
-                if not asynchronous and cohort <= reported:
-                    break
-                self._changed.wait(timeout=min(_WAIT_S, max(0.0, deadline - time.time())))
-            self._open = None
+        if resume is not None:
+            opened.deadline, opened.pushing = resume.deadline, resume.pushing
+        if not opened.pushing:
+            self._checkpoint(opened)  # the cohort and deadline survive a restart
+            self._retry(
+                lambda: self._keyholder.OpenCommits(
+                    keyholder_pb2.OpenCommitsRequest(
+                        round=round_,
+                        version=version,
+                        run_id=self.run_id,
+                        context_id=self._context_id,
+                        members=self._members(cohort),
+                    ),
+                    timeout=_CALL_S,
+                ),
+                f"open commitments of round {round_}",
+            )
+            self._collect_commitments(opened, asynchronous)
         if self._stop.is_set():
             return
-        opened.closing = True
-        self._checkpoint(opened)
-        accepted = self._close_on_shards(round_, cohort)
-        record = RoundRecord(round=round_, version=version, contributors=len(accepted))
+        commit_set = self._freeze_commitments(round_)
+        committed = frozenset(commit_set.client_ids) & cohort
+        record = RoundRecord(round=round_, version=version, contributors=0)
         quorum = self._training.min_quorum
-        if self._training.mode == "async":
+        if asynchronous:
             quorum = max(quorum, self._training.buffer_size)
+        accepted: set[str] = set()
+        if len(committed) >= quorum:
+            opened.committed, opened.pushing = committed, True
+            if resume is None or not resume.pushing:
+                opened.deadline = time.time() + self._training.deadline_s
+            self._checkpoint(opened)
+            updates = [u for u in commit_set.updates if u.client_id in committed]
+            self._open_on_shards(round_, version, committed, updates)
+            self._wait_for_pushes(opened, resume)
+            if self._stop.is_set():
+                return
+            opened.closing = True
+            self._checkpoint(opened)
+            accepted = self._close_on_shards(round_, committed)
+        record.contributors = len(accepted)
         if len(accepted) < quorum:
             _log.warning(
-                "round %d abandoned: %d of %d clients complete, quorum is %d",
+                "round %d abandoned: %d of %d clients committed, %d complete, quorum is %d",
                 round_,
-                len(accepted),
+                len(committed),
                 len(cohort),
+                len(accepted),
                 quorum,
             )
-            self._discard(round_)
+            if opened.pushing:
+                self._discard(round_)
             record.abandoned = True
         else:
             try:
-                reply = self._apply_round(round_, version, cohort)
+                reply = self._apply_round(round_, version, frozenset(accepted))
             except FedPSError as exc:  # a policy refusal, or an aggregate that cannot decrypt
                 if self._stop.is_set():
                     return  # stopping, not refused: a restart continues the round
                 _log.warning("round %d refused by the key holder: %s", round_, exc)
                 self._discard(round_)
                 record.abandoned = True
+                if isinstance(exc, QuarantinedError):
+                    _log.error("the run stops: %s", exc)
+                    self._stop.set()  # no round can be applied any more
             else:
                 self.version = reply.version
                 record.version = reply.version
+        self._finish_round(record, started, bytes_before)
+
+    def _collect_commitments(self, opened: _OpenRound, asynchronous: bool) -> None:
+        """Hand out TRAIN tasks and wait until every cohort member committed or said it has
+        nothing to send (sync), ``buffer_size`` committed (async), or the deadline."""
+        with self._changed:
+            self._open = opened
+            self._changed.notify_all()
+        try:
+            while not self._stop.is_set() and time.time() < opened.deadline:
+                reply = self._retry(
+                    lambda: self._keyholder.CloseCommits(
+                        keyholder_pb2.CloseCommitsRequest(round=opened.round, freeze=False),
+                        timeout=_CALL_S,
+                    ),
+                    f"commitments of round {opened.round}",
+                )
+                with self._changed:
+                    opened.committed = frozenset(reply.client_ids)
+                    if reply.frozen:  # frozen before a restart
+                        break
+                    if asynchronous and len(opened.committed) >= self._training.buffer_size:
+                        break
+                    if not asynchronous and opened.cohort <= opened.committed | opened.reported:
+                        break
+                    self._changed.wait(
+                        timeout=min(_WAIT_S, max(0.0, opened.deadline - time.time()))
+                    )
+        finally:
+            with self._changed:
+                self._open = None
+
+    def _freeze_commitments(self, round_: int) -> keyholder_pb2.CommitSet:
+        """Accept no commitment to ``round_`` from now on; returns who committed."""
+        reply: keyholder_pb2.CommitSet = self._retry(
+            lambda: self._keyholder.CloseCommits(
+                keyholder_pb2.CloseCommitsRequest(round=round_, freeze=True), timeout=_CALL_S
+            ),
+            f"freeze commitments of round {round_}",
+        )
+        return reply
+
+    def _open_on_shards(
+        self,
+        round_: int,
+        version: int,
+        committed: frozenset[str],
+        updates: list[common_pb2.SignedUpdate],
+    ) -> None:
+        request = shard_pb2.OpenRoundRequest(
+            round=round_,
+            version=version,
+            members=self._members(committed),
+            context_id=self._context_id,
+            run_id=self.run_id,
+            commitments=updates,
+        )
+        for sid, stub in self._params.stubs.items():
+            self._retry(lambda: stub.OpenRound(request, timeout=_CALL_S), f"open round on {sid}")  # noqa: B023
+
+    def _wait_for_pushes(self, opened: _OpenRound, resume: _OpenRound | None) -> None:
+        """Wait until every committed client reported its push, or the push deadline."""
+        with self._changed:
+            self._open = opened
+            self._changed.notify_all()
+            while (
+                not self._stop.is_set()
+                and time.time() < opened.deadline
+                and not (resume is not None and resume.closing)
+                and not opened.committed <= opened.reported
+            ):
+                self._changed.wait(timeout=min(_WAIT_S, max(0.0, opened.deadline - time.time())))
+            self._open = None
+
+    def _finish_round(self, record: RoundRecord, started: float, bytes_before: int) -> None:
+        round_ = record.round
         self.round = round_
         if not record.abandoned and (
             round_ % self._training.eval_every == 0 or round_ == self._training.rounds
@@ -502,10 +602,11 @@ class Coordinator:
         ]
 
     def _apply_round(
-        self, round_: int, version: int, cohort: frozenset[str]
+        self, round_: int, version: int, contributors: frozenset[str]
     ) -> keyholder_pb2.ApplyRoundReply:
+        """Ask the key holder to check, decrypt and apply exactly ``contributors``' sum."""
         request = keyholder_pb2.ApplyRoundRequest(
-            round=round_, version=version, run_id=self.run_id, members=self._members(cohort)
+            round=round_, version=version, run_id=self.run_id, members=self._members(contributors)
         )
         # A key holder or shard that is restarting delays the round; a refusal ends it.
         reply: keyholder_pb2.ApplyRoundReply = self._retry(
@@ -596,6 +697,7 @@ class Coordinator:
                 float(o["deadline"]),
                 frozenset(o["cohort"]),
                 closing=bool(o["closing"]),
+                pushing=bool(o.get("pushing", False)),
             )
         self.last_checkpoint = path.stat().st_mtime
         _log.info("resumed from checkpoint: round %d, version %d", self.round, self.version)

@@ -1,11 +1,15 @@
 """The key holder: the only owner of the secret key, the global model and its optimizer.
 
 It generates the CKKS key pair on first start (secret key in a 0600 file), serves the public
-context, and applies rounds: it fetches each shard's encrypted sums and manifests, enforces
-the decryption policy (every block an aggregate of at least ``min_cohort`` distinct clients,
-each round decrypted at most once), decrypts, divides each block by its manifest's total
-weight, applies the server optimizer and publishes the next version of every block to its
-shard. It never receives a single client's ciphertext on its own.
+context, collects each round's commitments before the round opens for pushes
+(:class:`server.commit_board.CommitBoard`), and applies rounds: it fetches each shard's
+encrypted sums and manifests, checks every block of them against the commitments of exactly
+the clients the round closed with (:class:`server.aggregate_verifier.AggregateVerifier`: the
+contributor sets, and a sketch of every coefficient), and only then decrypts, floods, divides
+each block by its total weight, applies the server optimizer and publishes the next version of
+every block to its shard. It never receives a single client's ciphertext on its own. A round
+whose check failed is never decrypted; the shard that sent the bad block is counted as a
+suspect, and after ``max_detections`` detections no round is decrypted any more.
 """
 
 from __future__ import annotations
@@ -24,33 +28,22 @@ import numpy as np
 from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, SecretContext, unpack_blocks
 from crypto.release import decryption_error_bound, flood_and_round, released_std
 from crypto.secret_context import SECRET_KEY_FILE
-from crypto.signing import (
-    CHUNKS,
-    BlockSigner,
-    chunk_commitment,
-    model_block_digest,
-    verify_proof,
-)
+from crypto.signing import BlockSigner, model_block_digest
+from crypto.sketch import Challenge, sketch_count
 from fedps.blocks import BlockLayout
 from fedps.errors import (
     FedPSError,
     InvalidArgumentError,
     NotReadyError,
     PolicyError,
-    RateLimitedError,
+    QuarantinedError,
 )
 from fedps.hash_ring import HashRing
-from fedps.proto import common_pb2, keyholder_pb2, shard_pb2, shard_pb2_grpc
+from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
 from fedps.transport import batched, call, create_channel
-from server.aggregate_verifier import (
-    AggregateVerifier,
-    AuditChunk,
-    audit_plan,
-    chunks_from_proto,
-    chunks_to_proto,
-)
+from server.aggregate_verifier import AggregateVerifier, TamperingError
+from server.commit_board import CommitBoard
 from server.group_policy import GroupPolicy
-from server.record_log import RecordLog
 from server.server_optimizer import ServerOptimizer
 
 __all__ = ["MAX_PARAMS", "KeyHolder", "RoundResult"]
@@ -58,7 +51,6 @@ __all__ = ["MAX_PARAMS", "KeyHolder", "RoundResult"]
 _log = logging.getLogger("fedps")
 
 _STATE_FILE = "keyholder-state.npz"
-_MAX_AUDITS_PER_CLIENT = 4
 MAX_PARAMS = 1 << 31  # about 8 GiB of float32
 _CALL_S = 60.0  # deadline of each call to a shard: a restarting shard fails it, then a retry
 
@@ -76,8 +68,6 @@ class RoundResult:
     sync_groups_applied: bool = True
     #: every contributing client with its effective weight (weight x staleness multiplier)
     contributors: dict[str, float] = field(default_factory=dict)
-    #: clients whose update reached only some blocks (a shard was down), with those blocks
-    partial: dict[str, list[int]] = field(default_factory=dict)
 
 
 class KeyHolder:
@@ -99,6 +89,11 @@ class KeyHolder:
         Fewest distinct clients an aggregate must contain to be decrypted.
     groups
         The mixed policy (async mode): values that change only when a round closes.
+    weight_bounds
+        The range every client's declared aggregation weight must lie in (``(1, 1)``:
+        uniform weights).
+    max_detections
+        Detected tamperings by one shard after which no round is decrypted any more.
     """
 
     def __init__(
@@ -114,11 +109,12 @@ class KeyHolder:
         max_clients: int = 1 << 30,
         max_abs_value: float = 1.0,
         flood_bits: int = 4,
-        audit_blocks: int = 16,
         rotate_every_rounds: int = 0,
         staleness: Callable[[int], float] | None = None,
         max_staleness: int = 0,
         groups: GroupPolicy | None = None,
+        weight_bounds: tuple[float, float] = (1.0, 1.0),
+        max_detections: int = 3,
     ) -> None:
         if min_cohort < 1:
             raise InvalidArgumentError("min_cohort must be at least 1")
@@ -141,17 +137,15 @@ class KeyHolder:
         self.max_clients = max_clients
         self.max_abs_value = max_abs_value
         self.flood_bits = flood_bits
-        self.audit_blocks = audit_blocks
+        self.max_detections = max_detections
         self.rotate_every_rounds = rotate_every_rounds
         self._staleness = staleness
         self._max_staleness = max_staleness
         self._groups = groups
         self._params_config = params
-        self._audit_key = _load_or_create_secret(state_dir / "keys" / "audit.key")
+        challenge_key = _load_or_create_secret(state_dir / "keys" / "challenge.key")
         self.signer = BlockSigner.load_or_create(state_dir / "keys" / "signing.key")
         (state_dir / "keys" / "signing.pub").write_text(self.signer.public_key.hex() + "\n")
-        self._audits: dict[int, dict[str, list[dict[int, AuditChunk]]]] = {}
-        self._audit_log = RecordLog(state_dir / "audits")  # acknowledged audits survive
         if not encrypted:
             _log.warning("encryption is OFF: updates travel and are summed in plaintext")
         self._lock = threading.Lock()
@@ -159,14 +153,23 @@ class KeyHolder:
         self.version = 0
         self.last_round = 0
         self._released: dict[int, RoundResult] = {}
+        self._refused: set[int] = set()  # rounds whose check failed: never decrypted
+        #: detected tamperings by shard, then by reason
+        self.detections: dict[str, dict[str, int]] = {}
+        #: called with (shard, reason) for each detection (metrics)
+        self.on_tampering: Callable[[str, str], None] | None = None
         self.last_saved = 0.0  # unix time of the last state checkpoint
         self._load_state()
-        for round_, payload in self._audit_log.records():
-            if round_ > self.last_round:
-                submission = keyholder_pb2.AuditSubmission.FromString(payload)
-                self._audits.setdefault(round_, {}).setdefault(submission.client_id, []).append(
-                    chunks_from_proto(submission.chunks)
-                )
+        modulus = self.keys.public.modulus
+        self.commits = CommitBoard(
+            state_dir / "commits",
+            secret=challenge_key,
+            num_blocks=self.layout.num_blocks if self.params is not None else 0,
+            modulus=modulus if encrypted else 0,
+            sketch_count=sketch_count(modulus) if encrypted else 0,
+            max_staleness=max_staleness if staleness is not None else 0,
+            weight_bounds=weight_bounds,
+        )
 
     @property
     def layout(self) -> BlockLayout:
@@ -196,6 +199,7 @@ class KeyHolder:
             before = (self.params, self.version, dict(self._optimizer.state))
             self.params = vector.astype(np.float64)
             self.version = version
+            self.commits.num_blocks = self.layout.num_blocks
             self._optimizer.state.clear()
             try:
                 self._publish()
@@ -205,47 +209,38 @@ class KeyHolder:
                 raise
             self._save_state()
 
-    # ------------------------------------------------------------------ audits
-    def audit_plan(self, round_: int) -> dict[int, int]:
-        """The secret ``{block: chunk}`` pairs whose aggregate is checked in ``round_``."""
-        if not self.encrypted:
-            return {}
-        return audit_plan(self._audit_key, round_, self.layout.num_blocks, self.audit_blocks)
+    # ------------------------------------------------------------------ commitments
+    def open_commits(
+        self, round_: int, version: int, run_id: str, context_id: str, members: dict[str, bytes]
+    ) -> None:
+        """Start ``round_``'s commit phase for ``members`` (the coordinator's call)."""
+        if self.params is None:
+            raise NotReadyError("the key holder has no model yet")
+        if context_id != self.context_id:
+            raise InvalidArgumentError("the round names another key generation (context id)")
+        if round_ <= self.last_round:
+            raise PolicyError(f"round {round_} is not after the last applied round")
+        self.commits.open(round_, version, run_id, context_id, members)
 
-    def submit_audit(self, client_id: str, round_: int, chunks: dict[int, AuditChunk]) -> None:
-        """Keep a client's planned chunks until the round is applied (checked then)."""
-        plan = self.audit_plan(round_)
-        if set(chunks) != set(plan) or any(chunks[b].chunk != c for b, c in plan.items()):
-            raise InvalidArgumentError("audit chunks do not follow the round's plan")
+    def challenge(self, round_: int) -> Challenge | None:
+        """The secret challenge of ``round_`` (None without encryption)."""
+        if not self.encrypted:
+            return None
         public = self.keys.public
-        size = public.coeffs_per_block // CHUNKS
-        for audit in chunks.values():
-            if (
-                audit.coefficients.shape != (size,)
-                or len(audit.proof) != CHUNKS
-                or any(len(h) != 32 for h in audit.proof)
-                or int(audit.coefficients.max()) >= public.modulus
-                or not verify_proof(
-                    audit.coefficients, audit.chunk, audit.proof, chunk_commitment(audit.proof)
-                )
-            ):
-                raise InvalidArgumentError("malformed audit chunk")
-        with self._lock:
-            if round_ <= self.last_round:
-                raise PolicyError(f"round {round_} is already applied")
-            # Several submissions per client are kept (a few): at apply time the one matching
-            # the client's *signed* root is used, so a forged submission cannot block it.
-            per_client = self._audits.setdefault(round_, {}).setdefault(client_id, [])
-            if len(per_client) >= _MAX_AUDITS_PER_CLIENT:
-                raise RateLimitedError(f"too many audit submissions for {client_id!r}")
-            submission = keyholder_pb2.AuditSubmission(
-                client_id=client_id, round=round_, chunks=chunks_to_proto(chunks)
-            )
-            self._audit_log.append(round_, submission.SerializeToString())
-            per_client.append(chunks)
-            for old in [r for r in self._audits if r < round_ - 2]:
-                del self._audits[old]
-            self._audit_log.forget_before(round_ - 2)
+        return Challenge(
+            self.commits.seed(round_),
+            modulus=public.modulus,
+            coeffs_per_block=public.coeffs_per_block,
+        )
+
+    @property
+    def quarantined(self) -> list[str]:
+        """Shards caught tampering ``max_detections`` times or more."""
+        return sorted(
+            shard
+            for shard, reasons in self.detections.items()
+            if sum(reasons.values()) >= self.max_detections
+        )
 
     # ------------------------------------------------------------------ rounds
     def apply_round(
@@ -268,6 +263,16 @@ class KeyHolder:
                 if round_ == self.last_round:
                     self._publish()  # the first attempt may have died before publishing
                 return cached
+            if round_ in self._refused:
+                raise PolicyError(f"round {round_} was refused before; it is never decrypted")
+            quarantined = self.quarantined
+            if quarantined:
+                raise QuarantinedError(
+                    f"{', '.join(quarantined)} handed over tampered aggregates "
+                    f"{self.max_detections} times or more; the key holder decrypts nothing "
+                    "until the shard is replaced and the key holder restarted with its "
+                    "detections cleared (docs/operations.md)"
+                )
             if self.params is None:
                 raise NotReadyError("the key holder has no model yet")
             if version != self.version:
@@ -276,19 +281,24 @@ class KeyHolder:
                 )
             if round_ <= self.last_round:
                 raise PolicyError(f"round {round_} is not after the last applied round")
+            phase = self.commits.phase(round_)
+            if phase.run_id != run_id or phase.version != version:
+                raise PolicyError(f"round {round_} was committed to for another run or version")
             verifier = AggregateVerifier(
-                run_id=run_id,
-                round_=round_,
-                context_id=self.context_id,
-                members=members or {},
+                phase=phase,
+                contributors=set(members or {}),
                 min_cohort=self.min_cohort,
                 max_clients=self.max_clients,
-                version=self.version,
+                challenge=self.challenge(round_),
                 staleness=self._staleness,
                 max_staleness=self._max_staleness,
             )
             layout = self.layout
-            delta, manifests = self._decrypt_average(round_, layout, verifier)
+            try:
+                delta, manifests = self._decrypt_average(round_, layout, verifier)
+            except PolicyError as exc:
+                self._refuse(round_, exc)
+                raise
             round_closed = True
             if self._groups is None:
                 self.params = self._optimizer.step(self.params, delta)
@@ -308,10 +318,8 @@ class KeyHolder:
                 update_norm=float(np.linalg.norm(delta)),
                 sync_groups_applied=round_closed,
                 contributors={c: w for m in manifests.values() for c, w in m.items()},
-                partial=_partial(manifests),
             )
             self._released[round_] = result
-            self._audits.pop(round_, None)
             if self.rotate_every_rounds and round_ % self.rotate_every_rounds == 0:
                 self._rotate_keys()
             self._save_state()
@@ -331,61 +339,91 @@ class KeyHolder:
         self.keys = keys
         _log.info("rotated the CKKS keys; new context %s", keys.public.context_id[:12])
 
-    def _fetch(self, round_: int) -> list[shard_pb2.FetchAggregateReply]:
-        replies: list[shard_pb2.FetchAggregateReply] = []
-        for sid, stub in self._stubs.items():
-            request = shard_pb2.FetchAggregateRequest(round=round_)
+    def _refuse(self, round_: int, exc: PolicyError) -> None:
+        """Never decrypt ``round_``; count a detected tampering against its shard."""
+        self._refused.add(round_)
+        if isinstance(exc, TamperingError):
+            reasons = self.detections.setdefault(exc.shard, {})
+            reasons[exc.reason] = reasons.get(exc.reason, 0) + 1
+            _log.warning(
+                "round %d: %s sent a tampered %s (detection %d); the round is never decrypted",
+                round_,
+                exc.shard,
+                exc.reason,
+                sum(reasons.values()),
+            )
+            if self.on_tampering is not None:
+                self.on_tampering(exc.shard, exc.reason)
+        self._save_state()
+
+    def _fetch(
+        self, round_: int, layout: BlockLayout, verifier: AggregateVerifier
+    ) -> tuple[list[str], list[common_pb2.AggregateBlock]]:
+        """Every shard's aggregates of ``round_`` with the shard that sent each; checked as
+        the replies stream in (ownership, duplicates, forwarded updates), so a shard cannot
+        make the key holder hold more than one aggregate per block."""
+        owners: list[str] = []
+        aggregates: list[common_pb2.AggregateBlock] = []
+        for sid in self._stubs:
             got = call(
-                lambda: list(stub.FetchAggregate(request, timeout=_CALL_S)),  # noqa: B023
+                lambda sid=sid: self._fetch_from(sid, round_, layout, verifier),  # type: ignore[misc]
                 f"fetch from {sid}",
             )
-            for reply in got:
-                for agg in reply.blocks:
-                    if self._ring.owner(agg.block) != sid:
-                        raise PolicyError(f"{sid} sent block {agg.block}, which it does not own")
-            replies.extend(got)
-        return replies
+            owners += [sid] * len(got)
+            aggregates += got
+        return owners, aggregates
+
+    def _fetch_from(
+        self, sid: str, round_: int, layout: BlockLayout, verifier: AggregateVerifier
+    ) -> list[common_pb2.AggregateBlock]:
+        got: dict[int, common_pb2.AggregateBlock] = {}
+        request = shard_pb2.FetchAggregateRequest(round=round_)
+        for reply in self._stubs[sid].FetchAggregate(request, timeout=_CALL_S):
+            for update in reply.updates:
+                verifier.check_update(sid, update)
+            for agg in reply.blocks:
+                if not 0 <= agg.block < layout.num_blocks or self._ring.owner(agg.block) != sid:
+                    raise TamperingError(sid, "foreign-block", f"sent block {agg.block}")
+                if agg.block in got:
+                    raise TamperingError(sid, "duplicate-block", f"sent block {agg.block} twice")
+                got[agg.block] = agg
+        return list(got.values())
 
     def _decrypt_average(
         self, round_: int, layout: BlockLayout, verifier: AggregateVerifier
     ) -> tuple[np.ndarray, dict[int, dict[str, float]]]:
         """The round's weighted average update and each block's contributors with their
-        effective weights (weight x staleness multiplier; a block's total is their sum)."""
-        replies = self._fetch(round_)
-        for reply in replies:
-            for update in reply.updates:
-                verifier.add_update(update)
-        plan = self.audit_plan(round_)
-        audits = self._audits.get(round_, {})
-        averaged: dict[int, np.ndarray] = {}
-        manifests: dict[int, dict[str, float]] = {}
-        aggregates = [agg for reply in replies for agg in reply.blocks]
+        effective weights (weight x staleness multiplier; a block's total is their sum).
+
+        Nothing is decrypted before every block of every shard passed every check."""
+        owners, aggregates = self._fetch(round_, layout, verifier)
+        present = {agg.block for agg in aggregates}
+        missing = sorted(set(range(layout.num_blocks)) - present)
+        if missing:
+            shard = self._ring.owner(missing[0])
+            raise TamperingError(shard, "missing-block", f"no aggregate for blocks {missing[:10]}")
+        for sid, agg in zip(owners, aggregates, strict=True):
+            verifier.check_manifest(sid, agg)
         # Validate and unpack every aggregate at once (one vectorised pass, not one per block).
-        rows = self._unpack([agg.ciphertext for agg in aggregates])
-        for agg, row in zip(aggregates, rows, strict=True):
-            if not 0 <= agg.block < layout.num_blocks or agg.block in averaged:
-                raise PolicyError(f"block {agg.block} is out of range or aggregated twice")
-            weights, multipliers = verifier.check_manifest(agg)
-            if agg.block in plan and self.encrypted:
-                chunk = plan[agg.block]
-                roots = {c.client_id: c.root for c in agg.contributions}
-                per_client = {}
-                for client, subs in audits.items():
-                    found = _matching(subs, agg.block, roots.get(client, b""))
-                    if found is not None:
-                        per_client[client] = found
-                verifier.check_chunk(self.keys.public, agg, row, chunk, per_client, multipliers)
-            # Clients weighted their updates; shards multiplied by staleness weights.
-            manifests[agg.block] = {c: w * multipliers[c] for c, w in weights.items()}
+        try:
+            rows = self._unpack([agg.ciphertext for agg in aggregates])
+        except InvalidArgumentError as exc:
+            raise TamperingError(owners[0], "malformed", f"malformed aggregate: {exc}") from exc
+        blocks = [agg.block for agg in aggregates]
+        if self.encrypted:
+            verifier.check_aggregates(owners, blocks, rows, verifier.expected_sketches())
+        multipliers = verifier.multipliers
+        effective = {c: verifier.weights[c] * multipliers[c] for c in verifier.contributors}
+        total = sum(effective.values())
+        averaged: dict[int, np.ndarray] = {}
+        for block, row in zip(blocks, rows, strict=True):
             try:
                 opened = self.keys.decrypt(row) if self.encrypted else row
             except InvalidArgumentError as exc:
-                raise PolicyError(f"block {agg.block} cannot be decrypted: {exc}") from exc
-            summed = self._release(opened, sum(multipliers.values()), agg.block)
-            averaged[agg.block] = summed / sum(manifests[agg.block].values())
-        missing = sorted(set(range(layout.num_blocks)) - set(averaged))
-        if missing:
-            raise PolicyError(f"round {round_}: no aggregate for blocks {missing[:10]}")
+                raise PolicyError(f"block {block} cannot be decrypted: {exc}") from exc
+            summed = self._release(opened, sum(multipliers.values()), block)
+            averaged[block] = summed / total
+        manifests = {b: dict(effective) for b in averaged}
         return layout.join(averaged), manifests
 
     def _release(self, summed: np.ndarray, contributors: int, block: int) -> np.ndarray:
@@ -456,6 +494,8 @@ class KeyHolder:
             "version": self.version,
             "last_round": self.last_round,
             "released": {str(k): asdict(v) for k, v in self._released.items()},
+            "refused": sorted(self._refused),
+            "detections": self.detections,
         }
         arrays: dict[str, np.ndarray] = {
             "params": self.params,
@@ -485,15 +525,13 @@ class KeyHolder:
         self.version = int(meta["version"])
         self.last_round = int(meta["last_round"])
         self._released = {int(k): RoundResult(**v) for k, v in meta["released"].items()}
+        self._refused = {int(r) for r in meta.get("refused", [])}
+        self.detections = {
+            str(shard): {str(k): int(v) for k, v in reasons.items()}
+            for shard, reasons in meta.get("detections", {}).items()
+        }
         self.last_saved = path.stat().st_mtime
         _log.info("key holder resumed at version %d (round %d)", self.version, self.last_round)
-
-
-def _partial(manifests: dict[int, dict[str, float]]) -> dict[str, list[int]]:
-    """Clients missing from some blocks, with the blocks they are in."""
-    everyone = {c for m in manifests.values() for c in m}
-    partial = {c: sorted(b for b, m in manifests.items() if c in m) for c in everyone}
-    return {c: blocks for c, blocks in partial.items() if len(blocks) < len(manifests)}
 
 
 def _load_or_create_secret(path: Path) -> bytes:
@@ -506,14 +544,3 @@ def _load_or_create_secret(path: Path) -> bytes:
     with os.fdopen(fd, "wb") as fh:
         fh.write(secret)
     return secret
-
-
-def _matching(
-    submissions: list[dict[int, AuditChunk]], block: int, root: bytes
-) -> AuditChunk | None:
-    """The submitted chunk of ``block`` that proves against the client's signed ``root``."""
-    for chunks in submissions:
-        audit = chunks.get(block)
-        if audit is not None and chunk_commitment(audit.proof) == root:
-            return audit
-    return None

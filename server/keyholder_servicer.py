@@ -13,7 +13,6 @@ from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc
 from fedps.transport import rpc_errors
-from server.aggregate_verifier import chunks_from_proto
 from server.keyholder import MAX_PARAMS, KeyHolder
 from server.metrics import RoleMetrics
 
@@ -86,20 +85,40 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
             update_norm=result.update_norm,
         )
 
-    def GetAuditPlan(  # noqa: N802
-        self, request: keyholder_pb2.AuditPlanRequest, context: grpc.ServicerContext
-    ) -> keyholder_pb2.AuditPlan:
-        with rpc_errors(context):
-            plan = self.keyholder.audit_plan(request.round)
-        return keyholder_pb2.AuditPlan(blocks=list(plan), chunks=list(plan.values()))
-
-    def SubmitAudit(  # noqa: N802
-        self, request: keyholder_pb2.AuditSubmission, context: grpc.ServicerContext
+    def OpenCommits(  # noqa: N802
+        self, request: keyholder_pb2.OpenCommitsRequest, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
         with rpc_errors(context):
-            chunks = chunks_from_proto(request.chunks)
-            self.keyholder.submit_audit(request.client_id, request.round, chunks)
+            self.keyholder.open_commits(
+                request.round,
+                request.version,
+                request.run_id,
+                request.context_id,
+                {m.client_id: m.signing_key for m in request.members},
+            )
         return common_pb2.Empty()
+
+    def GetChallenge(  # noqa: N802
+        self, request: keyholder_pb2.ChallengeRequest, context: grpc.ServicerContext
+    ) -> keyholder_pb2.Challenge:
+        with rpc_errors(context):
+            seed = self.keyholder.commits.challenge_seed(request.round, request.client_id)
+        return keyholder_pb2.Challenge(round=request.round, seed=seed)
+
+    def Commit(  # noqa: N802
+        self, request: keyholder_pb2.CommitRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Empty:
+        with rpc_errors(context):
+            self.keyholder.commits.commit(request.round, request.update, request.sketches)
+        return common_pb2.Empty()
+
+    def CloseCommits(  # noqa: N802
+        self, request: keyholder_pb2.CloseCommitsRequest, context: grpc.ServicerContext
+    ) -> keyholder_pb2.CommitSet:
+        with rpc_errors(context):
+            ids, frozen = self.keyholder.commits.close(request.round, freeze=request.freeze)
+            updates = self.keyholder.commits.updates(request.round) if frozen else []
+        return keyholder_pb2.CommitSet(client_ids=ids, frozen=frozen, updates=updates)
 
     def GetModelState(  # noqa: N802
         self, request: common_pb2.Empty, context: grpc.ServicerContext
@@ -110,4 +129,6 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
             num_params=0 if kh.params is None else kh.params.size,
             initialized=kh.params is not None,
             last_round=kh.last_round,
+            detections={shard: sum(r.values()) for shard, r in kh.detections.items()},
+            quarantined=kh.quarantined,
         )

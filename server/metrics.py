@@ -67,6 +67,12 @@ class RoleMetrics:
             registry=r,
         )
         self.version = Gauge("fedps_model_version", "Current model version", registry=r)
+        self.tampering = Counter(
+            "fedps_tampering_detected",
+            "Aggregates the key holder refused as tampered, by shard and reason",
+            ["shard", "reason"],
+            registry=r,
+        )
         self.buffer_fill = Gauge(
             "fedps_buffer_fill", "Updates reported in the open round or buffer", registry=r
         )
@@ -74,6 +80,10 @@ class RoleMetrics:
             "fedps_last_checkpoint_age_seconds", "Seconds since the last checkpoint", registry=r
         )
         self.port = 0
+
+    def tampering_detected(self, shard: str, reason: str) -> None:
+        """Count one tampered aggregate the key holder refused."""
+        self.tampering.labels(shard, reason).inc()
 
     def push_refused(self, exc: Exception) -> None:
         """Count one refused push message, by the error's kind."""

@@ -46,6 +46,13 @@ def _ring(config: FedPSConfig) -> HashRing:
     return HashRing(config.cluster.shard_ids, virtual_nodes=config.cluster.virtual_nodes)
 
 
+def weight_bounds(config: FedPSConfig) -> tuple[float, float]:
+    """The range of aggregation weights the key holder accepts (``security.weighting``)."""
+    if config.security.weighting == "uniform" or config.privacy.level == "client":
+        return (1.0, 1.0)
+    return (config.security.min_weight, 1.0)
+
+
 def ckks_params(config: FedPSConfig) -> CkksParams:
     """The scheme parameters of the configuration (validated for 128-bit security)."""
     return CkksParams.for_config(config)
@@ -100,15 +107,17 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
         max_clients=config.he.max_clients,
         max_abs_value=config.he.max_abs_value,
         flood_bits=config.security.flood_bits,
-        audit_blocks=config.security.audit_blocks,
         rotate_every_rounds=config.security.rotate_every_rounds,
         staleness=_staleness(config),
         max_staleness=t.max_staleness,
         groups=_group_policy(config),
+        weight_bounds=weight_bounds(config),
+        max_detections=config.security.max_detections,
     )
     metrics = _metrics(config.metrics.keyholder, "keyholder")
     if metrics is not None:
         metrics.version.set_function(lambda: keyholder.version)
+        keyholder.on_tampering = metrics.tampering_detected
         metrics.track_checkpoint(lambda: keyholder.last_saved)
     servicer = KeyHolderServicer(keyholder, metrics)
     keyholder_pb2_grpc.add_KeyHolderServicer_to_server(servicer, server)

@@ -60,6 +60,29 @@ class SignedUpdate:
     roots: tuple[bytes, ...]
     version: int = 0
 
+    @classmethod
+    def from_proto(cls, update: common_pb2.SignedUpdate) -> SignedUpdate:
+        """The wire form's fields."""
+        return cls(
+            update.client_id,
+            update.weight,
+            bytes(update.nonce),
+            bytes(update.signature),
+            tuple(bytes(r) for r in update.roots),
+            update.version,
+        )
+
+    def to_proto(self) -> common_pb2.SignedUpdate:
+        """The wire form."""
+        return common_pb2.SignedUpdate(
+            client_id=self.client_id,
+            weight=self.weight,
+            nonce=self.nonce,
+            signature=self.signature,
+            roots=list(self.roots),
+            version=self.version,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Contribution:
@@ -144,6 +167,8 @@ class _Round:
     members: dict[str, bytes]  # client id -> Ed25519 public key
     context_id: str
     run_id: str
+    # each member's commitment at the key holder: its pushes must carry exactly this
+    commitments: dict[str, SignedUpdate] = field(default_factory=dict)
     sums: dict[int, CiphertextSum | PlainSum] = field(default_factory=dict)
     entries: dict[str, _Entry] = field(default_factory=dict)
     messages: dict[str, int] = field(default_factory=dict)
@@ -222,7 +247,10 @@ class Shard:
                 if kind == "open":
                     o = record.open
                     members = {m.client_id: m.signing_key for m in o.members}
-                    self.open_round(o.round, o.version, members, o.context_id, o.run_id)
+                    commitments = {c.client_id: SignedUpdate.from_proto(c) for c in o.commitments}
+                    self.open_round(
+                        o.round, o.version, members, o.context_id, o.run_id, commitments
+                    )
                 elif kind == "push":
                     self._replay_push(record.push)
                 elif kind == "close":
@@ -361,23 +389,30 @@ class Shard:
         members: dict[str, bytes],
         context_id: str,
         run_id: str = "",
+        commitments: dict[str, SignedUpdate] | None = None,
     ) -> None:
         """Start accepting pushes for ``round_`` from ``members`` (idempotent).
 
-        ``members`` maps each cohort client to the Ed25519 key it registered.
+        ``members`` maps each cohort client to the Ed25519 key it registered;
+        ``commitments`` each member's signed update as committed at the key holder (a push
+        must carry exactly it).
         """
+        commitments = dict(commitments or {})
         if not members:
             raise InvalidArgumentError("a round needs a non-empty cohort")
+        if any(c not in members or u.client_id != c for c, u in commitments.items()):
+            raise InvalidArgumentError("a commitment belongs to no cohort member")
         if any(is_weak_key(key) for key in members.values()):
             raise InvalidArgumentError("every cohort member needs a valid 32-byte Ed25519 key")
         self._public_context(context_id)  # fetch and validate the key generation now
         with self._lock:
             existing = self._rounds.get(round_)
-            if existing is not None and (existing.version, existing.members, existing.run_id) == (
-                version,
-                members,
-                run_id,
-            ):
+            if existing is not None and (
+                existing.version,
+                existing.members,
+                existing.run_id,
+                existing.commitments,
+            ) == (version, members, run_id, commitments):
                 return
             if (
                 existing is not None
@@ -388,9 +423,11 @@ class Shard:
                 and set(existing.members) <= set(members)
             ):
                 self._append(
-                    round_, self._open_record(round_, version, members, context_id, run_id)
+                    round_,
+                    self._open_record(round_, version, members, context_id, run_id, commitments),
                 )
                 existing.members.update(members)  # async: clients joined the open buffer
+                existing.commitments.update(commitments)
                 return
             if existing is not None:
                 # A restarted coordinator reopens an unfinished round: start it afresh.
@@ -400,8 +437,11 @@ class Shard:
             if self._open is not None and not self._open.closed:
                 _log.warning("%s: round %d replaced by %d", self.shard_id, self._open.round, round_)
                 self._open.closed = True
-            self._append(round_, self._open_record(round_, version, members, context_id, run_id))
-            state = _Round(round_, version, dict(members), context_id, run_id)
+            self._append(
+                round_,
+                self._open_record(round_, version, members, context_id, run_id, commitments),
+            )
+            state = _Round(round_, version, dict(members), context_id, run_id, commitments)
             self._rounds[round_] = state
             self._open = state
             # The previous round stays until the next opens (the key holder may fetch it
@@ -413,7 +453,12 @@ class Shard:
 
     @staticmethod
     def _open_record(
-        round_: int, version: int, members: dict[str, bytes], context_id: str, run_id: str
+        round_: int,
+        version: int,
+        members: dict[str, bytes],
+        context_id: str,
+        run_id: str,
+        commitments: dict[str, SignedUpdate],
     ) -> shard_pb2.ShardLogRecord:
         return shard_pb2.ShardLogRecord(
             open=shard_pb2.OpenRoundRequest(
@@ -425,6 +470,7 @@ class Shard:
                 ],
                 context_id=context_id,
                 run_id=run_id,
+                commitments=[u.to_proto() for _, u in sorted(commitments.items())],
             )
         )
 
@@ -438,6 +484,7 @@ class Shard:
             return self._push(batch)
         except (
             InvalidArgumentError,
+            NotReadyError,
             RoundClosedError,
             UnknownClientError,
             RateLimitedError,
@@ -449,6 +496,10 @@ class Shard:
 
     def _push(self, batch: PushBatch) -> tuple[int, int]:
         state = self._rounds.get(batch.round)
+        if state is None and batch.round > self.open_round_number:
+            # Committed clients push as soon as the key holder froze the commitments; the
+            # coordinator opens the round here right after (the caller retries UNAVAILABLE).
+            raise NotReadyError(f"round {batch.round} is not open on {self.shard_id} yet")
         if state is None or state.closed:
             raise RoundClosedError(f"round {batch.round} is not open on {self.shard_id}")
         if batch.client_id not in state.members:
@@ -574,6 +625,11 @@ class Shard:
             tuple(batch.roots),
             batch.version,
         )
+        committed = state.commitments.get(batch.client_id)
+        if state.commitments and committed != update:
+            raise InvalidArgumentError(
+                f"push from {batch.client_id!r} is not the update it committed to at the key holder"
+            )
         known = state.entries.get(batch.client_id)
         if known is not None:
             if known.signed(batch.client_id) != update:

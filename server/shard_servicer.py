@@ -12,7 +12,7 @@ from fedps.errors import FedPSError, InvalidArgumentError
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
 from fedps.transport import batched, rpc_errors
 from server.metrics import RoleMetrics
-from server.shard import PushBatch, Shard
+from server.shard import PushBatch, Shard, SignedUpdate
 
 __all__ = ["ShardServicer"]
 
@@ -34,6 +34,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 {m.client_id: m.signing_key for m in request.members},
                 request.context_id,
                 request.run_id,
+                {c.client_id: SignedUpdate.from_proto(c) for c in request.commitments},
             )
         return shard_pb2.OpenRoundReply()
 

@@ -25,31 +25,41 @@ _sym_db = _symbol_database.Default()
 from fedps.proto import common_pb2 as fedps_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x65\x64ps/proto/keyholder.proto\x12\x0b\x66\x65\x64ps.proto\x1a\x18\x66\x65\x64ps/proto/common.proto\"4\n\x10\x41uditPlanRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x11\n\tclient_id\x18\x02 \x01(\t\"+\n\tAuditPlan\x12\x0e\n\x06\x62locks\x18\x01 \x03(\r\x12\x0e\n\x06\x63hunks\x18\x02 \x03(\r\"O\n\nAuditChunk\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\r\n\x05\x63hunk\x18\x02 \x01(\r\x12\x14\n\x0c\x63oefficients\x18\x03 \x01(\x0c\x12\r\n\x05proof\x18\x04 \x03(\x0c\"\\\n\x0f\x41uditSubmission\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\'\n\x06\x63hunks\x18\x03 \x03(\x0b\x32\x17.fedps.proto.AuditChunk\"a\n\x12PublicContextReply\x12\x0f\n\x07\x63ontext\x18\x01 \x01(\x0c\x12\x12\n\ncontext_id\x18\x02 \x01(\t\x12\x13\n\x0bsigning_key\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"t\n\x11InitializeRequest\x12\x12\n\nnum_params\x18\x01 \x01(\x04\x12+\n\x06\x62locks\x18\x02 \x03(\x0b\x32\x1b.fedps.proto.ParameterBlock\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\x12\x0f\n\x07version\x18\x04 \x01(\x04\"Z\n\nModelState\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x12\n\nnum_params\x18\x02 \x01(\x04\x12\x13\n\x0binitialized\x18\x03 \x01(\x08\x12\x12\n\nlast_round\x18\x04 \x01(\x04\"o\n\x11\x41pplyRoundRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12*\n\x07members\x18\x04 \x03(\x0b\x32\x19.fedps.proto.CohortMember\"g\n\x0f\x41pplyRoundReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x18\n\x10min_contributors\x18\x02 \x01(\r\x12\x14\n\x0ctotal_weight\x18\x03 \x01(\x01\x12\x13\n\x0bupdate_norm\x18\x04 \x01(\x01\x32\xb4\x03\n\tKeyHolder\x12G\n\x10GetPublicContext\x12\x12.fedps.proto.Empty\x1a\x1f.fedps.proto.PublicContextReply\x12L\n\x0fInitializeModel\x12\x1e.fedps.proto.InitializeRequest\x1a\x17.fedps.proto.ModelState(\x01\x12J\n\nApplyRound\x12\x1e.fedps.proto.ApplyRoundRequest\x1a\x1c.fedps.proto.ApplyRoundReply\x12<\n\rGetModelState\x12\x12.fedps.proto.Empty\x1a\x17.fedps.proto.ModelState\x12\x45\n\x0cGetAuditPlan\x12\x1d.fedps.proto.AuditPlanRequest\x1a\x16.fedps.proto.AuditPlan\x12?\n\x0bSubmitAudit\x12\x1c.fedps.proto.AuditSubmission\x1a\x12.fedps.proto.Emptyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x65\x64ps/proto/keyholder.proto\x12\x0b\x66\x65\x64ps.proto\x1a\x18\x66\x65\x64ps/proto/common.proto\"\x84\x01\n\x12OpenCommitsRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12*\n\x07members\x18\x04 \x03(\x0b\x32\x19.fedps.proto.CohortMember\x12\x12\n\ncontext_id\x18\x05 \x01(\t\"4\n\x10\x43hallengeRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x11\n\tclient_id\x18\x02 \x01(\t\"(\n\tChallenge\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0c\n\x04seed\x18\x02 \x01(\x0c\"[\n\rCommitRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12)\n\x06update\x18\x02 \x01(\x0b\x32\x19.fedps.proto.SignedUpdate\x12\x10\n\x08sketches\x18\x03 \x01(\x0c\"4\n\x13\x43loseCommitsRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0e\n\x06\x66reeze\x18\x02 \x01(\x08\"[\n\tCommitSet\x12\x12\n\nclient_ids\x18\x01 \x03(\t\x12\x0e\n\x06\x66rozen\x18\x02 \x01(\x08\x12*\n\x07updates\x18\x03 \x03(\x0b\x32\x19.fedps.proto.SignedUpdate\"\xab\x01\n\x0f\x43ommitLogRecord\x12/\n\x04open\x18\x01 \x01(\x0b\x32\x1f.fedps.proto.OpenCommitsRequestH\x00\x12,\n\x06\x63ommit\x18\x02 \x01(\x0b\x32\x1a.fedps.proto.CommitRequestH\x00\x12\x31\n\x05\x63lose\x18\x03 \x01(\x0b\x32 .fedps.proto.CloseCommitsRequestH\x00\x42\x06\n\x04kind\"a\n\x12PublicContextReply\x12\x0f\n\x07\x63ontext\x18\x01 \x01(\x0c\x12\x12\n\ncontext_id\x18\x02 \x01(\t\x12\x13\n\x0bsigning_key\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"t\n\x11InitializeRequest\x12\x12\n\nnum_params\x18\x01 \x01(\x04\x12+\n\x06\x62locks\x18\x02 \x03(\x0b\x32\x1b.fedps.proto.ParameterBlock\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\x12\x0f\n\x07version\x18\x04 \x01(\x04\"\xdf\x01\n\nModelState\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x12\n\nnum_params\x18\x02 \x01(\x04\x12\x13\n\x0binitialized\x18\x03 \x01(\x08\x12\x12\n\nlast_round\x18\x04 \x01(\x04\x12;\n\ndetections\x18\x05 \x03(\x0b\x32\'.fedps.proto.ModelState.DetectionsEntry\x12\x13\n\x0bquarantined\x18\x06 \x03(\t\x1a\x31\n\x0f\x44\x65tectionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"o\n\x11\x41pplyRoundRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12*\n\x07members\x18\x04 \x03(\x0b\x32\x19.fedps.proto.CohortMember\"g\n\x0f\x41pplyRoundReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x18\n\x10min_contributors\x18\x02 \x01(\r\x12\x14\n\x0ctotal_weight\x18\x03 \x01(\x01\x12\x13\n\x0bupdate_norm\x18\x04 \x01(\x01\x32\xbb\x04\n\tKeyHolder\x12G\n\x10GetPublicContext\x12\x12.fedps.proto.Empty\x1a\x1f.fedps.proto.PublicContextReply\x12L\n\x0fInitializeModel\x12\x1e.fedps.proto.InitializeRequest\x1a\x17.fedps.proto.ModelState(\x01\x12J\n\nApplyRound\x12\x1e.fedps.proto.ApplyRoundRequest\x1a\x1c.fedps.proto.ApplyRoundReply\x12<\n\rGetModelState\x12\x12.fedps.proto.Empty\x1a\x17.fedps.proto.ModelState\x12\x42\n\x0bOpenCommits\x12\x1f.fedps.proto.OpenCommitsRequest\x1a\x12.fedps.proto.Empty\x12\x45\n\x0cGetChallenge\x12\x1d.fedps.proto.ChallengeRequest\x1a\x16.fedps.proto.Challenge\x12\x38\n\x06\x43ommit\x12\x1a.fedps.proto.CommitRequest\x1a\x12.fedps.proto.Empty\x12H\n\x0c\x43loseCommits\x12 .fedps.proto.CloseCommitsRequest\x1a\x16.fedps.proto.CommitSetb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedps.proto.keyholder_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_AUDITPLANREQUEST']._serialized_start=70
-  _globals['_AUDITPLANREQUEST']._serialized_end=122
-  _globals['_AUDITPLAN']._serialized_start=124
-  _globals['_AUDITPLAN']._serialized_end=167
-  _globals['_AUDITCHUNK']._serialized_start=169
-  _globals['_AUDITCHUNK']._serialized_end=248
-  _globals['_AUDITSUBMISSION']._serialized_start=250
-  _globals['_AUDITSUBMISSION']._serialized_end=342
-  _globals['_PUBLICCONTEXTREPLY']._serialized_start=344
-  _globals['_PUBLICCONTEXTREPLY']._serialized_end=441
-  _globals['_INITIALIZEREQUEST']._serialized_start=443
-  _globals['_INITIALIZEREQUEST']._serialized_end=559
-  _globals['_MODELSTATE']._serialized_start=561
-  _globals['_MODELSTATE']._serialized_end=651
-  _globals['_APPLYROUNDREQUEST']._serialized_start=653
-  _globals['_APPLYROUNDREQUEST']._serialized_end=764
-  _globals['_APPLYROUNDREPLY']._serialized_start=766
-  _globals['_APPLYROUNDREPLY']._serialized_end=869
-  _globals['_KEYHOLDER']._serialized_start=872
-  _globals['_KEYHOLDER']._serialized_end=1308
+  _globals['_MODELSTATE_DETECTIONSENTRY']._loaded_options = None
+  _globals['_MODELSTATE_DETECTIONSENTRY']._serialized_options = b'8\001'
+  _globals['_OPENCOMMITSREQUEST']._serialized_start=71
+  _globals['_OPENCOMMITSREQUEST']._serialized_end=203
+  _globals['_CHALLENGEREQUEST']._serialized_start=205
+  _globals['_CHALLENGEREQUEST']._serialized_end=257
+  _globals['_CHALLENGE']._serialized_start=259
+  _globals['_CHALLENGE']._serialized_end=299
+  _globals['_COMMITREQUEST']._serialized_start=301
+  _globals['_COMMITREQUEST']._serialized_end=392
+  _globals['_CLOSECOMMITSREQUEST']._serialized_start=394
+  _globals['_CLOSECOMMITSREQUEST']._serialized_end=446
+  _globals['_COMMITSET']._serialized_start=448
+  _globals['_COMMITSET']._serialized_end=539
+  _globals['_COMMITLOGRECORD']._serialized_start=542
+  _globals['_COMMITLOGRECORD']._serialized_end=713
+  _globals['_PUBLICCONTEXTREPLY']._serialized_start=715
+  _globals['_PUBLICCONTEXTREPLY']._serialized_end=812
+  _globals['_INITIALIZEREQUEST']._serialized_start=814
+  _globals['_INITIALIZEREQUEST']._serialized_end=930
+  _globals['_MODELSTATE']._serialized_start=933
+  _globals['_MODELSTATE']._serialized_end=1156
+  _globals['_MODELSTATE_DETECTIONSENTRY']._serialized_start=1107
+  _globals['_MODELSTATE_DETECTIONSENTRY']._serialized_end=1156
+  _globals['_APPLYROUNDREQUEST']._serialized_start=1158
+  _globals['_APPLYROUNDREQUEST']._serialized_end=1269
+  _globals['_APPLYROUNDREPLY']._serialized_start=1271
+  _globals['_APPLYROUNDREPLY']._serialized_end=1374
+  _globals['_KEYHOLDER']._serialized_start=1377
+  _globals['_KEYHOLDER']._serialized_end=1948
 # @@protoc_insertion_point(module_scope)

@@ -20,7 +20,41 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
-class AuditPlanRequest(_message.Message):
+class OpenCommitsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROUND_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    CONTEXT_ID_FIELD_NUMBER: _builtins.int
+    round: _builtins.int
+    version: _builtins.int
+    """the model version the round (buffer) trains"""
+    run_id: _builtins.str
+    context_id: _builtins.str
+    """the key generation the cohort encrypts under"""
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.CohortMember]: ...
+    def __init__(
+        self,
+        *,
+        round: _builtins.int = ...,
+        version: _builtins.int = ...,
+        run_id: _builtins.str = ...,
+        members: _abc.Iterable[_common_pb2.CohortMember] | None = ...,
+        context_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "members", b"members", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenCommitsRequest: _TypeAlias = OpenCommitsRequest  # noqa: Y015
+
+@_typing.final
+class ChallengeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ROUND_FIELD_NUMBER: _builtins.int
@@ -39,91 +73,143 @@ class AuditPlanRequest(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___AuditPlanRequest: _TypeAlias = AuditPlanRequest  # noqa: Y015
+Global___ChallengeRequest: _TypeAlias = ChallengeRequest  # noqa: Y015
 
 @_typing.final
-class AuditPlan(_message.Message):
+class Challenge(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    BLOCKS_FIELD_NUMBER: _builtins.int
-    CHUNKS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def blocks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
-    @_builtins.property
-    def chunks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """chunks[i] is the chunk of blocks[i] to reveal"""
-
-    def __init__(
-        self,
-        *,
-        blocks: _abc.Iterable[_builtins.int] | None = ...,
-        chunks: _abc.Iterable[_builtins.int] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "chunks", b"chunks"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___AuditPlan: _TypeAlias = AuditPlan  # noqa: Y015
-
-@_typing.final
-class AuditChunk(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    BLOCK_FIELD_NUMBER: _builtins.int
-    CHUNK_FIELD_NUMBER: _builtins.int
-    COEFFICIENTS_FIELD_NUMBER: _builtins.int
-    PROOF_FIELD_NUMBER: _builtins.int
-    block: _builtins.int
-    chunk: _builtins.int
-    coefficients: _builtins.bytes
-    """little-endian uint64"""
-    @_builtins.property
-    def proof(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
-        """every chunk hash of the block (see crypto.signing)"""
-
-    def __init__(
-        self,
-        *,
-        block: _builtins.int = ...,
-        chunk: _builtins.int = ...,
-        coefficients: _builtins.bytes = ...,
-        proof: _abc.Iterable[_builtins.bytes] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "chunk", b"chunk", "coefficients", b"coefficients", "proof", b"proof"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___AuditChunk: _TypeAlias = AuditChunk  # noqa: Y015
-
-@_typing.final
-class AuditSubmission(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    CLIENT_ID_FIELD_NUMBER: _builtins.int
     ROUND_FIELD_NUMBER: _builtins.int
-    CHUNKS_FIELD_NUMBER: _builtins.int
-    client_id: _builtins.str
+    SEED_FIELD_NUMBER: _builtins.int
     round: _builtins.int
-    @_builtins.property
-    def chunks(self) -> _containers.RepeatedCompositeFieldContainer[Global___AuditChunk]: ...
+    seed: _builtins.bytes
+    """32 bytes: crypto.sketch.Challenge expands it"""
     def __init__(
         self,
         *,
-        client_id: _builtins.str = ...,
         round: _builtins.int = ...,
-        chunks: _abc.Iterable[Global___AuditChunk] | None = ...,
+        seed: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks", b"chunks", "client_id", b"client_id", "round", b"round"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["round", b"round", "seed", b"seed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___AuditSubmission: _TypeAlias = AuditSubmission  # noqa: Y015
+Global___Challenge: _TypeAlias = Challenge  # noqa: Y015
+
+@_typing.final
+class CommitRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROUND_FIELD_NUMBER: _builtins.int
+    UPDATE_FIELD_NUMBER: _builtins.int
+    SKETCHES_FIELD_NUMBER: _builtins.int
+    round: _builtins.int
+    sketches: _builtins.bytes
+    """little-endian uint64, (sketch count x blocks), each below q"""
+    @_builtins.property
+    def update(self) -> _common_pb2.SignedUpdate:
+        """client id, weight, nonce, version, every block's root, signed"""
+
+    def __init__(
+        self,
+        *,
+        round: _builtins.int = ...,
+        update: _common_pb2.SignedUpdate | None = ...,
+        sketches: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["update", b"update"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["round", b"round", "sketches", b"sketches", "update", b"update"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitRequest: _TypeAlias = CommitRequest  # noqa: Y015
+
+@_typing.final
+class CloseCommitsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROUND_FIELD_NUMBER: _builtins.int
+    FREEZE_FIELD_NUMBER: _builtins.int
+    round: _builtins.int
+    freeze: _builtins.bool
+    """refuse every later commitment to this round"""
+    def __init__(
+        self,
+        *,
+        round: _builtins.int = ...,
+        freeze: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["freeze", b"freeze", "round", b"round"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CloseCommitsRequest: _TypeAlias = CloseCommitsRequest  # noqa: Y015
+
+@_typing.final
+class CommitSet(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_IDS_FIELD_NUMBER: _builtins.int
+    FROZEN_FIELD_NUMBER: _builtins.int
+    UPDATES_FIELD_NUMBER: _builtins.int
+    frozen: _builtins.bool
+    @_builtins.property
+    def client_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def updates(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SignedUpdate]:
+        """each committed client's signed update, by client id"""
+
+    def __init__(
+        self,
+        *,
+        client_ids: _abc.Iterable[_builtins.str] | None = ...,
+        frozen: _builtins.bool = ...,
+        updates: _abc.Iterable[_common_pb2.SignedUpdate] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_ids", b"client_ids", "frozen", b"frozen", "updates", b"updates"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitSet: _TypeAlias = CommitSet  # noqa: Y015
+
+@_typing.final
+class CommitLogRecord(_message.Message):
+    """The key holder's commitment log (a file, not an RPC): what it accepted, in order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPEN_FIELD_NUMBER: _builtins.int
+    COMMIT_FIELD_NUMBER: _builtins.int
+    CLOSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def open(self) -> Global___OpenCommitsRequest: ...
+    @_builtins.property
+    def commit(self) -> Global___CommitRequest: ...
+    @_builtins.property
+    def close(self) -> Global___CloseCommitsRequest: ...
+    def __init__(
+        self,
+        *,
+        open: Global___OpenCommitsRequest | None = ...,
+        commit: Global___CommitRequest | None = ...,
+        close: Global___CloseCommitsRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "commit", b"commit", "kind", b"kind", "open", b"open"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "commit", b"commit", "kind", b"kind", "open", b"open"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["open", "commit", "close"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___CommitLogRecord: _TypeAlias = CommitLogRecord  # noqa: Y015
 
 @_typing.final
 class PublicContextReply(_message.Message):
@@ -189,14 +275,44 @@ Global___InitializeRequest: _TypeAlias = InitializeRequest  # noqa: Y015
 class ModelState(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class DetectionsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     VERSION_FIELD_NUMBER: _builtins.int
     NUM_PARAMS_FIELD_NUMBER: _builtins.int
     INITIALIZED_FIELD_NUMBER: _builtins.int
     LAST_ROUND_FIELD_NUMBER: _builtins.int
+    DETECTIONS_FIELD_NUMBER: _builtins.int
+    QUARANTINED_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     num_params: _builtins.int
     initialized: _builtins.bool
     last_round: _builtins.int
+    @_builtins.property
+    def detections(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Tampering the key holder detected in what each shard handed it, by shard id."""
+
+    @_builtins.property
+    def quarantined(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """shards whose aggregates are no longer decrypted"""
+
     def __init__(
         self,
         *,
@@ -204,10 +320,12 @@ class ModelState(_message.Message):
         num_params: _builtins.int = ...,
         initialized: _builtins.bool = ...,
         last_round: _builtins.int = ...,
+        detections: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        quarantined: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["initialized", b"initialized", "last_round", b"last_round", "num_params", b"num_params", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detections", b"detections", "initialized", b"initialized", "last_round", b"last_round", "num_params", b"num_params", "quarantined", b"quarantined", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -226,7 +344,9 @@ class ApplyRoundRequest(_message.Message):
     """the version the round trained on"""
     run_id: _builtins.str
     @_builtins.property
-    def members(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.CohortMember]: ...
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.CohortMember]:
+        """Exactly the clients the round closed with: every block must hold exactly these."""
+
     def __init__(
         self,
         *,

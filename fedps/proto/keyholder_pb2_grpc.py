@@ -56,15 +56,25 @@ class KeyHolderStub(object):
                 request_serializer=fedps_dot_proto_dot_common__pb2.Empty.SerializeToString,
                 response_deserializer=fedps_dot_proto_dot_keyholder__pb2.ModelState.FromString,
                 _registered_method=True)
-        self.GetAuditPlan = channel.unary_unary(
-                '/fedps.proto.KeyHolder/GetAuditPlan',
-                request_serializer=fedps_dot_proto_dot_keyholder__pb2.AuditPlanRequest.SerializeToString,
-                response_deserializer=fedps_dot_proto_dot_keyholder__pb2.AuditPlan.FromString,
-                _registered_method=True)
-        self.SubmitAudit = channel.unary_unary(
-                '/fedps.proto.KeyHolder/SubmitAudit',
-                request_serializer=fedps_dot_proto_dot_keyholder__pb2.AuditSubmission.SerializeToString,
+        self.OpenCommits = channel.unary_unary(
+                '/fedps.proto.KeyHolder/OpenCommits',
+                request_serializer=fedps_dot_proto_dot_keyholder__pb2.OpenCommitsRequest.SerializeToString,
                 response_deserializer=fedps_dot_proto_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
+        self.GetChallenge = channel.unary_unary(
+                '/fedps.proto.KeyHolder/GetChallenge',
+                request_serializer=fedps_dot_proto_dot_keyholder__pb2.ChallengeRequest.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_keyholder__pb2.Challenge.FromString,
+                _registered_method=True)
+        self.Commit = channel.unary_unary(
+                '/fedps.proto.KeyHolder/Commit',
+                request_serializer=fedps_dot_proto_dot_keyholder__pb2.CommitRequest.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
+        self.CloseCommits = channel.unary_unary(
+                '/fedps.proto.KeyHolder/CloseCommits',
+                request_serializer=fedps_dot_proto_dot_keyholder__pb2.CloseCommitsRequest.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_keyholder__pb2.CommitSet.FromString,
                 _registered_method=True)
 
 
@@ -98,15 +108,30 @@ class KeyHolderServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def GetAuditPlan(self, request, context):
-        """Client: which chunk of which blocks to reveal for this round's aggregate check.
+    def OpenCommits(self, request, context):
+        """Coordinator: start collecting the cohort's commitments for a round (or async buffer).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def SubmitAudit(self, request, context):
-        """Client: the planned chunks of its ciphertexts, sent directly (never through a shard).
+    def GetChallenge(self, request, context):
+        """Client (cohort member): the round's secret challenge, to sketch its ciphertexts under.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Commit(self, request, context):
+        """Client: its signed commitment to its whole update and the sketches of its ciphertexts,
+        before any ciphertext of the round may be pushed to a shard.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseCommits(self, request, context):
+        """Coordinator: the clients committed so far; with freeze, no commitment is accepted after.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -135,15 +160,25 @@ def add_KeyHolderServicer_to_server(servicer, server):
                     request_deserializer=fedps_dot_proto_dot_common__pb2.Empty.FromString,
                     response_serializer=fedps_dot_proto_dot_keyholder__pb2.ModelState.SerializeToString,
             ),
-            'GetAuditPlan': grpc.unary_unary_rpc_method_handler(
-                    servicer.GetAuditPlan,
-                    request_deserializer=fedps_dot_proto_dot_keyholder__pb2.AuditPlanRequest.FromString,
-                    response_serializer=fedps_dot_proto_dot_keyholder__pb2.AuditPlan.SerializeToString,
-            ),
-            'SubmitAudit': grpc.unary_unary_rpc_method_handler(
-                    servicer.SubmitAudit,
-                    request_deserializer=fedps_dot_proto_dot_keyholder__pb2.AuditSubmission.FromString,
+            'OpenCommits': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenCommits,
+                    request_deserializer=fedps_dot_proto_dot_keyholder__pb2.OpenCommitsRequest.FromString,
                     response_serializer=fedps_dot_proto_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'GetChallenge': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetChallenge,
+                    request_deserializer=fedps_dot_proto_dot_keyholder__pb2.ChallengeRequest.FromString,
+                    response_serializer=fedps_dot_proto_dot_keyholder__pb2.Challenge.SerializeToString,
+            ),
+            'Commit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Commit,
+                    request_deserializer=fedps_dot_proto_dot_keyholder__pb2.CommitRequest.FromString,
+                    response_serializer=fedps_dot_proto_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'CloseCommits': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseCommits,
+                    request_deserializer=fedps_dot_proto_dot_keyholder__pb2.CloseCommitsRequest.FromString,
+                    response_serializer=fedps_dot_proto_dot_keyholder__pb2.CommitSet.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,7 +301,7 @@ class KeyHolder(object):
             _registered_method=True)
 
     @staticmethod
-    def GetAuditPlan(request,
+    def OpenCommits(request,
             target,
             options=(),
             channel_credentials=None,
@@ -279,9 +314,9 @@ class KeyHolder(object):
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/fedps.proto.KeyHolder/GetAuditPlan',
-            fedps_dot_proto_dot_keyholder__pb2.AuditPlanRequest.SerializeToString,
-            fedps_dot_proto_dot_keyholder__pb2.AuditPlan.FromString,
+            '/fedps.proto.KeyHolder/OpenCommits',
+            fedps_dot_proto_dot_keyholder__pb2.OpenCommitsRequest.SerializeToString,
+            fedps_dot_proto_dot_common__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,
@@ -293,7 +328,7 @@ class KeyHolder(object):
             _registered_method=True)
 
     @staticmethod
-    def SubmitAudit(request,
+    def GetChallenge(request,
             target,
             options=(),
             channel_credentials=None,
@@ -306,9 +341,63 @@ class KeyHolder(object):
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/fedps.proto.KeyHolder/SubmitAudit',
-            fedps_dot_proto_dot_keyholder__pb2.AuditSubmission.SerializeToString,
+            '/fedps.proto.KeyHolder/GetChallenge',
+            fedps_dot_proto_dot_keyholder__pb2.ChallengeRequest.SerializeToString,
+            fedps_dot_proto_dot_keyholder__pb2.Challenge.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Commit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedps.proto.KeyHolder/Commit',
+            fedps_dot_proto_dot_keyholder__pb2.CommitRequest.SerializeToString,
             fedps_dot_proto_dot_common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseCommits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedps.proto.KeyHolder/CloseCommits',
+            fedps_dot_proto_dot_keyholder__pb2.CloseCommitsRequest.SerializeToString,
+            fedps_dot_proto_dot_keyholder__pb2.CommitSet.FromString,
             options,
             channel_credentials,
             insecure,

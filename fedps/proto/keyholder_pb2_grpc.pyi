@@ -40,10 +40,16 @@ class KeyHolderStub:
     ApplyRound: _grpc.UnaryUnaryMultiCallable[_keyholder_pb2.ApplyRoundRequest, _keyholder_pb2.ApplyRoundReply]
     """Coordinator: decrypt the closed round's aggregates, apply them, publish the next version."""
     GetModelState: _grpc.UnaryUnaryMultiCallable[_common_pb2.Empty, _keyholder_pb2.ModelState]
-    GetAuditPlan: _grpc.UnaryUnaryMultiCallable[_keyholder_pb2.AuditPlanRequest, _keyholder_pb2.AuditPlan]
-    """Client: which chunk of which blocks to reveal for this round's aggregate check."""
-    SubmitAudit: _grpc.UnaryUnaryMultiCallable[_keyholder_pb2.AuditSubmission, _common_pb2.Empty]
-    """Client: the planned chunks of its ciphertexts, sent directly (never through a shard)."""
+    OpenCommits: _grpc.UnaryUnaryMultiCallable[_keyholder_pb2.OpenCommitsRequest, _common_pb2.Empty]
+    """Coordinator: start collecting the cohort's commitments for a round (or async buffer)."""
+    GetChallenge: _grpc.UnaryUnaryMultiCallable[_keyholder_pb2.ChallengeRequest, _keyholder_pb2.Challenge]
+    """Client (cohort member): the round's secret challenge, to sketch its ciphertexts under."""
+    Commit: _grpc.UnaryUnaryMultiCallable[_keyholder_pb2.CommitRequest, _common_pb2.Empty]
+    """Client: its signed commitment to its whole update and the sketches of its ciphertexts,
+    before any ciphertext of the round may be pushed to a shard.
+    """
+    CloseCommits: _grpc.UnaryUnaryMultiCallable[_keyholder_pb2.CloseCommitsRequest, _keyholder_pb2.CommitSet]
+    """Coordinator: the clients committed so far; with freeze, no commitment is accepted after."""
 
 @_typing.type_check_only
 class KeyHolderAsyncStub(KeyHolderStub):
@@ -56,10 +62,16 @@ class KeyHolderAsyncStub(KeyHolderStub):
     ApplyRound: _aio.UnaryUnaryMultiCallable[_keyholder_pb2.ApplyRoundRequest, _keyholder_pb2.ApplyRoundReply]  # type: ignore[assignment]
     """Coordinator: decrypt the closed round's aggregates, apply them, publish the next version."""
     GetModelState: _aio.UnaryUnaryMultiCallable[_common_pb2.Empty, _keyholder_pb2.ModelState]  # type: ignore[assignment]
-    GetAuditPlan: _aio.UnaryUnaryMultiCallable[_keyholder_pb2.AuditPlanRequest, _keyholder_pb2.AuditPlan]  # type: ignore[assignment]
-    """Client: which chunk of which blocks to reveal for this round's aggregate check."""
-    SubmitAudit: _aio.UnaryUnaryMultiCallable[_keyholder_pb2.AuditSubmission, _common_pb2.Empty]  # type: ignore[assignment]
-    """Client: the planned chunks of its ciphertexts, sent directly (never through a shard)."""
+    OpenCommits: _aio.UnaryUnaryMultiCallable[_keyholder_pb2.OpenCommitsRequest, _common_pb2.Empty]  # type: ignore[assignment]
+    """Coordinator: start collecting the cohort's commitments for a round (or async buffer)."""
+    GetChallenge: _aio.UnaryUnaryMultiCallable[_keyholder_pb2.ChallengeRequest, _keyholder_pb2.Challenge]  # type: ignore[assignment]
+    """Client (cohort member): the round's secret challenge, to sketch its ciphertexts under."""
+    Commit: _aio.UnaryUnaryMultiCallable[_keyholder_pb2.CommitRequest, _common_pb2.Empty]  # type: ignore[assignment]
+    """Client: its signed commitment to its whole update and the sketches of its ciphertexts,
+    before any ciphertext of the round may be pushed to a shard.
+    """
+    CloseCommits: _aio.UnaryUnaryMultiCallable[_keyholder_pb2.CloseCommitsRequest, _keyholder_pb2.CommitSet]  # type: ignore[assignment]
+    """Coordinator: the clients committed so far; with freeze, no commitment is accepted after."""
 
 class KeyHolderServicer(metaclass=_abc_1.ABCMeta):
     """The key holder: the only owner of the secret key and of the global model's optimizer state."""
@@ -95,19 +107,37 @@ class KeyHolderServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_keyholder_pb2.ModelState, _abc.Awaitable[_keyholder_pb2.ModelState]]: ...
 
     @_abc_1.abstractmethod
-    def GetAuditPlan(
+    def OpenCommits(
         self,
-        request: _keyholder_pb2.AuditPlanRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_keyholder_pb2.AuditPlan, _abc.Awaitable[_keyholder_pb2.AuditPlan]]:
-        """Client: which chunk of which blocks to reveal for this round's aggregate check."""
-
-    @_abc_1.abstractmethod
-    def SubmitAudit(
-        self,
-        request: _keyholder_pb2.AuditSubmission,
+        request: _keyholder_pb2.OpenCommitsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.Empty, _abc.Awaitable[_common_pb2.Empty]]:
-        """Client: the planned chunks of its ciphertexts, sent directly (never through a shard)."""
+        """Coordinator: start collecting the cohort's commitments for a round (or async buffer)."""
+
+    @_abc_1.abstractmethod
+    def GetChallenge(
+        self,
+        request: _keyholder_pb2.ChallengeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_keyholder_pb2.Challenge, _abc.Awaitable[_keyholder_pb2.Challenge]]:
+        """Client (cohort member): the round's secret challenge, to sketch its ciphertexts under."""
+
+    @_abc_1.abstractmethod
+    def Commit(
+        self,
+        request: _keyholder_pb2.CommitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.Empty, _abc.Awaitable[_common_pb2.Empty]]:
+        """Client: its signed commitment to its whole update and the sketches of its ciphertexts,
+        before any ciphertext of the round may be pushed to a shard.
+        """
+
+    @_abc_1.abstractmethod
+    def CloseCommits(
+        self,
+        request: _keyholder_pb2.CloseCommitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_keyholder_pb2.CommitSet, _abc.Awaitable[_keyholder_pb2.CommitSet]]:
+        """Coordinator: the clients committed so far; with freeze, no commitment is accepted after."""
 
 def add_KeyHolderServicer_to_server(servicer: KeyHolderServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

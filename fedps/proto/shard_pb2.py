@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from fedps.proto import common_pb2 as fedps_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65\x64ps/proto/shard.proto\x12\x0b\x66\x65\x64ps.proto\x1a\x18\x66\x65\x64ps/proto/common.proto\"\x82\x01\n\x10OpenRoundRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12*\n\x07members\x18\x03 \x03(\x0b\x32\x19.fedps.proto.CohortMember\x12\x12\n\ncontext_id\x18\x04 \x01(\t\x12\x0e\n\x06run_id\x18\x05 \x01(\t\"\x10\n\x0eOpenRoundReply\"3\n\x0e\x45ncryptedBlock\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x12\n\nciphertext\x18\x02 \x01(\x0c\"\xc2\x01\n\x0bPushRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x0e\n\x06weight\x18\x04 \x01(\x01\x12\x12\n\ncontext_id\x18\x05 \x01(\t\x12+\n\x06\x62locks\x18\x06 \x03(\x0b\x32\x1b.fedps.proto.EncryptedBlock\x12\r\n\x05nonce\x18\x07 \x01(\x0c\x12\x11\n\tsignature\x18\x08 \x01(\x0c\x12\r\n\x05roots\x18\t \x03(\x0c\"1\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\"\"\n\x0bPullRequest\x12\x13\n\x0bmin_version\x18\x01 \x01(\x04\"8\n\tPullReply\x12+\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1b.fedps.proto.ParameterBlock\"\"\n\x11\x43loseRoundRequest\x12\r\n\x05round\x18\x01 \x01(\x04\";\n\x0f\x43loseRoundReply\x12\x18\n\x10\x63omplete_clients\x18\x01 \x03(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\r\"&\n\x15\x46\x65tchAggregateRequest\x12\r\n\x05round\x18\x01 \x01(\x04\"n\n\x13\x46\x65tchAggregateReply\x12+\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1b.fedps.proto.AggregateBlock\x12*\n\x07updates\x18\x02 \x03(\x0b\x32\x19.fedps.proto.SignedUpdate\"|\n\x0ePublishRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x12\n\nnum_blocks\x18\x02 \x01(\r\x12\x18\n\x10values_per_block\x18\x03 \x01(\r\x12+\n\x06\x62locks\x18\x04 \x03(\x0b\x32\x1b.fedps.proto.ParameterBlock\"\x1e\n\x0cPublishReply\x12\x0e\n\x06\x62locks\x18\x01 \x01(\r\"\xb1\x01\n\x0bShardStatus\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\x12\x12\n\nopen_round\x18\x04 \x01(\x04\x12\x12\n\nround_open\x18\x05 \x01(\x08\x12\x17\n\x0fpushes_accepted\x18\x06 \x01(\x04\x12\x16\n\x0epushes_refused\x18\x07 \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x08 \x01(\x04\"\xd4\x01\n\x0eShardLogRecord\x12-\n\x04open\x18\x01 \x01(\x0b\x32\x1d.fedps.proto.OpenRoundRequestH\x00\x12\'\n\x04push\x18\x02 \x01(\x0b\x32\x17.fedps.proto.LoggedPushH\x00\x12/\n\x05\x63lose\x18\x03 \x01(\x0b\x32\x1e.fedps.proto.CloseRoundRequestH\x00\x12\x31\n\x07\x64iscard\x18\x04 \x01(\x0b\x32\x1e.fedps.proto.CloseRoundRequestH\x00\x42\x06\n\x04kind\"H\n\nLoggedPush\x12&\n\x04push\x18\x01 \x01(\x0b\x32\x18.fedps.proto.PushRequest\x12\x12\n\nmultiplier\x18\x02 \x01(\r2\xbe\x04\n\x05Shard\x12G\n\tOpenRound\x12\x1d.fedps.proto.OpenRoundRequest\x1a\x1b.fedps.proto.OpenRoundReply\x12@\n\nPushBlocks\x12\x18.fedps.proto.PushRequest\x1a\x16.fedps.proto.PushReply(\x01\x12@\n\nPullBlocks\x12\x18.fedps.proto.PullRequest\x1a\x16.fedps.proto.PullReply0\x01\x12J\n\nCloseRound\x12\x1e.fedps.proto.CloseRoundRequest\x1a\x1c.fedps.proto.CloseRoundReply\x12\x42\n\x0c\x44iscardRound\x12\x1e.fedps.proto.CloseRoundRequest\x1a\x12.fedps.proto.Empty\x12X\n\x0e\x46\x65tchAggregate\x12\".fedps.proto.FetchAggregateRequest\x1a .fedps.proto.FetchAggregateReply0\x01\x12\x43\n\x07Publish\x12\x1b.fedps.proto.PublishRequest\x1a\x19.fedps.proto.PublishReply(\x01\x12\x39\n\tGetStatus\x12\x12.fedps.proto.Empty\x1a\x18.fedps.proto.ShardStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65\x64ps/proto/shard.proto\x12\x0b\x66\x65\x64ps.proto\x1a\x18\x66\x65\x64ps/proto/common.proto\"\xb2\x01\n\x10OpenRoundRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12*\n\x07members\x18\x03 \x03(\x0b\x32\x19.fedps.proto.CohortMember\x12\x12\n\ncontext_id\x18\x04 \x01(\t\x12\x0e\n\x06run_id\x18\x05 \x01(\t\x12.\n\x0b\x63ommitments\x18\x06 \x03(\x0b\x32\x19.fedps.proto.SignedUpdate\"\x10\n\x0eOpenRoundReply\"3\n\x0e\x45ncryptedBlock\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x12\n\nciphertext\x18\x02 \x01(\x0c\"\xc2\x01\n\x0bPushRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x0e\n\x06weight\x18\x04 \x01(\x01\x12\x12\n\ncontext_id\x18\x05 \x01(\t\x12+\n\x06\x62locks\x18\x06 \x03(\x0b\x32\x1b.fedps.proto.EncryptedBlock\x12\r\n\x05nonce\x18\x07 \x01(\x0c\x12\x11\n\tsignature\x18\x08 \x01(\x0c\x12\r\n\x05roots\x18\t \x03(\x0c\"1\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\"\"\n\x0bPullRequest\x12\x13\n\x0bmin_version\x18\x01 \x01(\x04\"8\n\tPullReply\x12+\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1b.fedps.proto.ParameterBlock\"\"\n\x11\x43loseRoundRequest\x12\r\n\x05round\x18\x01 \x01(\x04\";\n\x0f\x43loseRoundReply\x12\x18\n\x10\x63omplete_clients\x18\x01 \x03(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\r\"&\n\x15\x46\x65tchAggregateRequest\x12\r\n\x05round\x18\x01 \x01(\x04\"n\n\x13\x46\x65tchAggregateReply\x12+\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1b.fedps.proto.AggregateBlock\x12*\n\x07updates\x18\x02 \x03(\x0b\x32\x19.fedps.proto.SignedUpdate\"|\n\x0ePublishRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x12\n\nnum_blocks\x18\x02 \x01(\r\x12\x18\n\x10values_per_block\x18\x03 \x01(\r\x12+\n\x06\x62locks\x18\x04 \x03(\x0b\x32\x1b.fedps.proto.ParameterBlock\"\x1e\n\x0cPublishReply\x12\x0e\n\x06\x62locks\x18\x01 \x01(\r\"\xb1\x01\n\x0bShardStatus\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\x12\x12\n\nopen_round\x18\x04 \x01(\x04\x12\x12\n\nround_open\x18\x05 \x01(\x08\x12\x17\n\x0fpushes_accepted\x18\x06 \x01(\x04\x12\x16\n\x0epushes_refused\x18\x07 \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x08 \x01(\x04\"\xd4\x01\n\x0eShardLogRecord\x12-\n\x04open\x18\x01 \x01(\x0b\x32\x1d.fedps.proto.OpenRoundRequestH\x00\x12\'\n\x04push\x18\x02 \x01(\x0b\x32\x17.fedps.proto.LoggedPushH\x00\x12/\n\x05\x63lose\x18\x03 \x01(\x0b\x32\x1e.fedps.proto.CloseRoundRequestH\x00\x12\x31\n\x07\x64iscard\x18\x04 \x01(\x0b\x32\x1e.fedps.proto.CloseRoundRequestH\x00\x42\x06\n\x04kind\"H\n\nLoggedPush\x12&\n\x04push\x18\x01 \x01(\x0b\x32\x18.fedps.proto.PushRequest\x12\x12\n\nmultiplier\x18\x02 \x01(\r2\xbe\x04\n\x05Shard\x12G\n\tOpenRound\x12\x1d.fedps.proto.OpenRoundRequest\x1a\x1b.fedps.proto.OpenRoundReply\x12@\n\nPushBlocks\x12\x18.fedps.proto.PushRequest\x1a\x16.fedps.proto.PushReply(\x01\x12@\n\nPullBlocks\x12\x18.fedps.proto.PullRequest\x1a\x16.fedps.proto.PullReply0\x01\x12J\n\nCloseRound\x12\x1e.fedps.proto.CloseRoundRequest\x1a\x1c.fedps.proto.CloseRoundReply\x12\x42\n\x0c\x44iscardRound\x12\x1e.fedps.proto.CloseRoundRequest\x1a\x12.fedps.proto.Empty\x12X\n\x0e\x46\x65tchAggregate\x12\".fedps.proto.FetchAggregateRequest\x1a .fedps.proto.FetchAggregateReply0\x01\x12\x43\n\x07Publish\x12\x1b.fedps.proto.PublishRequest\x1a\x19.fedps.proto.PublishReply(\x01\x12\x39\n\tGetStatus\x12\x12.fedps.proto.Empty\x1a\x18.fedps.proto.ShardStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,37 +33,37 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedps.proto.shard_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_OPENROUNDREQUEST']._serialized_start=67
-  _globals['_OPENROUNDREQUEST']._serialized_end=197
-  _globals['_OPENROUNDREPLY']._serialized_start=199
-  _globals['_OPENROUNDREPLY']._serialized_end=215
-  _globals['_ENCRYPTEDBLOCK']._serialized_start=217
-  _globals['_ENCRYPTEDBLOCK']._serialized_end=268
-  _globals['_PUSHREQUEST']._serialized_start=271
-  _globals['_PUSHREQUEST']._serialized_end=465
-  _globals['_PUSHREPLY']._serialized_start=467
-  _globals['_PUSHREPLY']._serialized_end=516
-  _globals['_PULLREQUEST']._serialized_start=518
-  _globals['_PULLREQUEST']._serialized_end=552
-  _globals['_PULLREPLY']._serialized_start=554
-  _globals['_PULLREPLY']._serialized_end=610
-  _globals['_CLOSEROUNDREQUEST']._serialized_start=612
-  _globals['_CLOSEROUNDREQUEST']._serialized_end=646
-  _globals['_CLOSEROUNDREPLY']._serialized_start=648
-  _globals['_CLOSEROUNDREPLY']._serialized_end=707
-  _globals['_FETCHAGGREGATEREQUEST']._serialized_start=709
-  _globals['_FETCHAGGREGATEREQUEST']._serialized_end=747
-  _globals['_FETCHAGGREGATEREPLY']._serialized_start=749
-  _globals['_FETCHAGGREGATEREPLY']._serialized_end=859
-  _globals['_PUBLISHREQUEST']._serialized_start=861
-  _globals['_PUBLISHREQUEST']._serialized_end=985
-  _globals['_PUBLISHREPLY']._serialized_start=987
-  _globals['_PUBLISHREPLY']._serialized_end=1017
-  _globals['_SHARDSTATUS']._serialized_start=1020
-  _globals['_SHARDSTATUS']._serialized_end=1197
-  _globals['_SHARDLOGRECORD']._serialized_start=1200
-  _globals['_SHARDLOGRECORD']._serialized_end=1412
-  _globals['_LOGGEDPUSH']._serialized_start=1414
-  _globals['_LOGGEDPUSH']._serialized_end=1486
-  _globals['_SHARD']._serialized_start=1489
-  _globals['_SHARD']._serialized_end=2063
+  _globals['_OPENROUNDREQUEST']._serialized_end=245
+  _globals['_OPENROUNDREPLY']._serialized_start=247
+  _globals['_OPENROUNDREPLY']._serialized_end=263
+  _globals['_ENCRYPTEDBLOCK']._serialized_start=265
+  _globals['_ENCRYPTEDBLOCK']._serialized_end=316
+  _globals['_PUSHREQUEST']._serialized_start=319
+  _globals['_PUSHREQUEST']._serialized_end=513
+  _globals['_PUSHREPLY']._serialized_start=515
+  _globals['_PUSHREPLY']._serialized_end=564
+  _globals['_PULLREQUEST']._serialized_start=566
+  _globals['_PULLREQUEST']._serialized_end=600
+  _globals['_PULLREPLY']._serialized_start=602
+  _globals['_PULLREPLY']._serialized_end=658
+  _globals['_CLOSEROUNDREQUEST']._serialized_start=660
+  _globals['_CLOSEROUNDREQUEST']._serialized_end=694
+  _globals['_CLOSEROUNDREPLY']._serialized_start=696
+  _globals['_CLOSEROUNDREPLY']._serialized_end=755
+  _globals['_FETCHAGGREGATEREQUEST']._serialized_start=757
+  _globals['_FETCHAGGREGATEREQUEST']._serialized_end=795
+  _globals['_FETCHAGGREGATEREPLY']._serialized_start=797
+  _globals['_FETCHAGGREGATEREPLY']._serialized_end=907
+  _globals['_PUBLISHREQUEST']._serialized_start=909
+  _globals['_PUBLISHREQUEST']._serialized_end=1033
+  _globals['_PUBLISHREPLY']._serialized_start=1035
+  _globals['_PUBLISHREPLY']._serialized_end=1065
+  _globals['_SHARDSTATUS']._serialized_start=1068
+  _globals['_SHARDSTATUS']._serialized_end=1245
+  _globals['_SHARDLOGRECORD']._serialized_start=1248
+  _globals['_SHARDLOGRECORD']._serialized_end=1460
+  _globals['_LOGGEDPUSH']._serialized_start=1462
+  _globals['_LOGGEDPUSH']._serialized_end=1534
+  _globals['_SHARD']._serialized_start=1537
+  _globals['_SHARD']._serialized_end=2111
 # @@protoc_insertion_point(module_scope)

@@ -28,12 +28,19 @@ class OpenRoundRequest(_message.Message):
     MEMBERS_FIELD_NUMBER: _builtins.int
     CONTEXT_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
+    COMMITMENTS_FIELD_NUMBER: _builtins.int
     round: _builtins.int
     version: _builtins.int
     context_id: _builtins.str
     run_id: _builtins.str
     @_builtins.property
     def members(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.CohortMember]: ...
+    @_builtins.property
+    def commitments(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SignedUpdate]:
+        """Each member's commitment, fixed at the key holder before the round opened for pushes:
+        a push must carry exactly this signed update.
+        """
+
     def __init__(
         self,
         *,
@@ -42,10 +49,11 @@ class OpenRoundRequest(_message.Message):
         members: _abc.Iterable[_common_pb2.CohortMember] | None = ...,
         context_id: _builtins.str = ...,
         run_id: _builtins.str = ...,
+        commitments: _abc.Iterable[_common_pb2.SignedUpdate] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "members", b"members", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commitments", b"commitments", "context_id", b"context_id", "members", b"members", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
