@@ -1,0 +1,206 @@
+"""Drive rounds by hand through the real servers' gRPC faces, as coordinator and clients do.
+
+Tests that play an attacker need to stop between the steps of a round: after the clients
+committed, after they pushed, before the key holder fetches. :class:`RoundDriver` performs each
+step with the same messages the coordinator and :class:`clients.edge_client.EdgeClient` send,
+over real channels to the servers of a :class:`tests.conftest.Cluster`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from crypto import BlockEncryptor, PublicContext
+from crypto.signing import BlockSigner, sign_update
+from crypto.sketch import Challenge
+from fedps.config import FedPSConfig
+from fedps.hash_ring import HashRing
+from fedps.proto import (
+    common_pb2,
+    keyholder_pb2,
+    keyholder_pb2_grpc,
+    shard_pb2,
+    shard_pb2_grpc,
+)
+from fedps.transport import call, create_channel
+
+__all__ = ["HandClient", "RoundDriver"]
+
+
+@dataclass
+class HandClient:
+    """One client's update for one round, encrypted and signed by hand."""
+
+    client_id: str
+    update: np.ndarray
+    version: int = 0
+    weight: float = 1.0
+    signer: BlockSigner = field(default_factory=BlockSigner)
+    packed: dict[int, bytes] = field(default_factory=dict)
+    coefficients: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.uint64))
+    signed: common_pb2.SignedUpdate = field(default_factory=common_pb2.SignedUpdate)
+
+    @property
+    def member(self) -> common_pb2.CohortMember:
+        return common_pb2.CohortMember(client_id=self.client_id, signing_key=self.signer.public_key)
+
+
+class RoundDriver:
+    """The coordinator's and the clients' calls of one round, one step at a time."""
+
+    def __init__(self, config: FedPSConfig, public: PublicContext, *, run_id: str) -> None:
+        self.run_id = run_id
+        self.public = public
+        self.keyholder = keyholder_pb2_grpc.KeyHolderStub(create_channel(config.cluster.keyholder))
+        cluster = config.cluster
+        self.ring = HashRing(cluster.shard_ids, virtual_nodes=cluster.virtual_nodes)
+        self.shards = {
+            sid: shard_pb2_grpc.ShardStub(create_channel(address))
+            for sid, address in zip(config.cluster.shard_ids, config.cluster.shards, strict=True)
+        }
+
+    # ------------------------------------------------------------------ coordinator
+    def open_commits(self, round_: int, version: int, clients: list[HandClient]) -> None:
+        request = keyholder_pb2.OpenCommitsRequest(
+            round=round_,
+            version=version,
+            run_id=self.run_id,
+            context_id=self.public.context_id,
+            members=[c.member for c in clients],
+        )
+        call(lambda: self.keyholder.OpenCommits(request), "open commits")
+
+    def freeze(self, round_: int) -> keyholder_pb2.CommitSet:
+        request = keyholder_pb2.CloseCommitsRequest(round=round_, freeze=True)
+        reply: keyholder_pb2.CommitSet = call(
+            lambda: self.keyholder.CloseCommits(request), "freeze"
+        )
+        return reply
+
+    def open_shards(
+        self, round_: int, version: int, clients: list[HandClient], commits: keyholder_pb2.CommitSet
+    ) -> None:
+        request = shard_pb2.OpenRoundRequest(
+            round=round_,
+            version=version,
+            members=[c.member for c in clients if c.client_id in commits.client_ids],
+            context_id=self.public.context_id,
+            run_id=self.run_id,
+            commitments=list(commits.updates),
+        )
+        for stub in self.shards.values():
+            call(lambda stub=stub: stub.OpenRound(request), "open round")  # type: ignore[misc]
+
+    def close(self, round_: int) -> set[str]:
+        """Close the round on every shard; the clients complete on all of them."""
+        complete: set[str] | None = None
+        for stub in self.shards.values():
+            reply = call(
+                lambda stub=stub: stub.CloseRound(  # type: ignore[misc]
+                    shard_pb2.CloseRoundRequest(round=round_)
+                ),
+                "close",
+            )
+            if reply.blocks:
+                done = set(reply.complete_clients)
+                complete = done if complete is None else complete & done
+        return complete or set()
+
+    def apply(
+        self, round_: int, version: int, clients: list[HandClient]
+    ) -> keyholder_pb2.ApplyRoundReply:
+        request = keyholder_pb2.ApplyRoundRequest(
+            round=round_, version=version, run_id=self.run_id, members=[c.member for c in clients]
+        )
+        reply: keyholder_pb2.ApplyRoundReply = call(
+            lambda: self.keyholder.ApplyRound(request), "apply"
+        )
+        return reply
+
+    # ------------------------------------------------------------------ clients
+    def encrypt(self, client: HandClient, round_: int) -> None:
+        """Encrypt and sign the client's update for ``round_``."""
+        if not client.packed:
+            encryptor = BlockEncryptor(self.public)
+            client.packed, client.coefficients = encryptor.encrypt_with_coefficients(client.update)
+        nonce, signature, roots = sign_update(
+            client.signer,
+            client.coefficients,
+            run_id=self.run_id,
+            round_=round_,
+            client_id=client.client_id,
+            context_id=self.public.context_id,
+            weight=client.weight,
+            version=client.version,
+        )
+        client.signed = common_pb2.SignedUpdate(
+            client_id=client.client_id,
+            weight=client.weight,
+            nonce=nonce,
+            signature=signature,
+            roots=roots,
+            version=client.version,
+        )
+
+    def challenge(self, round_: int, client: HandClient) -> Challenge:
+        reply = call(
+            lambda: self.keyholder.GetChallenge(
+                keyholder_pb2.ChallengeRequest(round=round_, client_id=client.client_id)
+            ),
+            "challenge",
+        )
+        return Challenge(
+            reply.seed,
+            modulus=self.public.modulus,
+            coeffs_per_block=self.public.coeffs_per_block,
+        )
+
+    def commit(
+        self, round_: int, client: HandClient, *, sketch_of: np.ndarray | None = None
+    ) -> None:
+        """Commit the client's signed update and the sketches of its blocks (or of
+        ``sketch_of``: what a lying client would send)."""
+        self.encrypt(client, round_)
+        coefficients = client.coefficients if sketch_of is None else sketch_of
+        sketches = self.challenge(round_, client).sketch(coefficients)
+        request = keyholder_pb2.CommitRequest(
+            round=round_, update=client.signed, sketches=sketches.astype("<u8").tobytes()
+        )
+        call(lambda: self.keyholder.Commit(request), "commit")
+
+    def push(self, round_: int, client: HandClient, blocks: dict[int, bytes] | None = None) -> None:
+        """Push the client's blocks (or ``blocks``) to the shards that own them."""
+        sent = client.packed if blocks is None else blocks
+        by_shard: dict[str, list[shard_pb2.EncryptedBlock]] = {}
+        for block, data in sorted(sent.items()):
+            by_shard.setdefault(self.ring.owner(block), []).append(
+                shard_pb2.EncryptedBlock(block=block, ciphertext=data)
+            )
+        for sid, encrypted in by_shard.items():
+            message = shard_pb2.PushRequest(
+                client_id=client.client_id,
+                round=round_,
+                version=client.version,
+                weight=client.weight,
+                context_id=self.public.context_id,
+                blocks=encrypted,
+                nonce=client.signed.nonce,
+                signature=client.signed.signature,
+                roots=client.signed.roots,
+            )
+            stub = self.shards[sid]
+            call(lambda stub=stub, m=message: stub.PushBlocks(iter([m])), "push")  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ whole rounds
+    def committed_round(self, round_: int, version: int, clients: list[HandClient]) -> None:
+        """Every client commits and pushes; the round is closed on the shards."""
+        self.open_commits(round_, version, clients)
+        for client in clients:
+            self.commit(round_, client)
+        commits = self.freeze(round_)
+        self.open_shards(round_, version, clients, commits)
+        for client in clients:
+            self.push(round_, client)
+        self.close(round_)

@@ -1,0 +1,426 @@
+"""A malicious shard (alone, or with a colluding client) against the key holder's checks.
+
+Every attack runs against real servers on loopback: a real key holder and real shards, driven
+through their gRPC faces by :class:`tests.round_driver.RoundDriver` as the coordinator and the
+clients drive them. The compromised shard is the real one with what it hands the key holder
+replaced (its ``aggregates``), as a shard under an attacker's control would. For each attack the
+test checks that the key holder refuses the round and that nothing was decrypted (the secret
+key's ``decrypt`` is never called), in synchronous rounds and in asynchronous buffers (updates
+of three different model versions, weighted by staleness).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from crypto import CiphertextSum, PublicContext, unpack_block
+from crypto.sketch import Challenge
+from fedps.errors import FedPSError, InvalidArgumentError, PolicyError, RoundClosedError
+from fedps.proto import common_pb2
+from server.aggregate_verifier import AggregateVerifier, TamperingError
+from server.commit_board import Commitment, CommitPhase
+from server.keyholder import KeyHolder
+from server.shard import Aggregate, Contribution, Shard, SignedUpdate
+from server.staleness import create_staleness, multiplier
+from tests.conftest import Cluster, start_cluster
+from tests.round_driver import HandClient, RoundDriver
+
+pytestmark = [pytest.mark.attack, pytest.mark.integration]
+
+RUN = "attack-run"
+PARAMS = 5000  # three blocks of 2048 values
+VERSION = 2
+#: sync: every update trained the round's version; async: versions 2, 1 and 0 (staleness).
+TRAINED = {"sync": [2, 2, 2], "async": [2, 1, 0]}
+TAMPER = Callable[[Aggregate], Aggregate]
+
+
+@dataclass
+class Arena:
+    """A cluster, a driver and a count of decryptions."""
+
+    cluster: Cluster
+    driver: RoundDriver
+    mode: str
+    decryptions: list[int]
+    rng: np.random.Generator
+
+    @property
+    def keyholder(self) -> KeyHolder:
+        return self.cluster.keyholder
+
+    @property
+    def public(self) -> PublicContext:
+        return self.cluster.keyholder.keys.public
+
+    def clients(self, names: list[str] | None = None) -> list[HandClient]:
+        names = names or ["client-0", "client-1", "client-2"]
+        return [
+            HandClient(name, self.rng.uniform(-0.3, 0.3, PARAMS), version=version)
+            for name, version in zip(names, TRAINED[self.mode], strict=False)
+        ]
+
+    def owner(self, block: int) -> Shard:
+        sid = self.driver.ring.owner(block)
+        return next(s for s in self.cluster.shards if s.shard_id == sid)
+
+    def tamper(self, block: int, change: TAMPER) -> None:
+        """The shard that owns ``block`` hands over ``change`` of its aggregate."""
+        shard = self.owner(block)
+        honest = type(shard).aggregates.__get__(shard)
+
+        def tampered(round_: int) -> tuple[list[Aggregate], list[SignedUpdate]]:
+            aggregates, updates = honest(round_)
+            return [change(a) if a.block == block else a for a in aggregates], updates
+
+        shard.aggregates = tampered  # type: ignore[method-assign]
+
+    def heal(self) -> None:
+        for shard in self.cluster.shards:
+            shard.__dict__.pop("aggregates", None)
+
+    def assert_refused(self, round_: int, clients: list[HandClient]) -> None:
+        """The key holder refuses the round and decrypts nothing."""
+        before, version = len(self.decryptions), self.keyholder.version
+        with pytest.raises(PolicyError):
+            self.driver.apply(round_, VERSION, clients)
+        assert len(self.decryptions) == before, "the key holder decrypted a tampered round"
+        assert self.keyholder.version == version
+        self.heal()
+
+
+@pytest.fixture(params=["sync", "async"])
+def arena(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Arena]:
+    mode: str = request.param
+    training: dict[str, object] = {"clients": 3, "min_quorum": 2, "mode": mode}
+    if mode == "async":
+        training.update({"buffer_size": 2, "max_staleness": 2})
+    cluster = start_cluster(
+        tmp_path,
+        num_shards=2,
+        coordinator=False,
+        training=training,
+        security={"max_detections": 100_000},  # the attacker may retry as often as it likes
+    )
+    kh = cluster.keyholder
+    kh.initialize(np.zeros(PARAMS), version=VERSION)
+    decryptions: list[int] = []
+    decrypt = kh.keys.decrypt
+
+    def counting(row: np.ndarray) -> np.ndarray:
+        decryptions.append(1)
+        return decrypt(row)
+
+    kh.keys.decrypt = counting  # type: ignore[method-assign,assignment]
+    driver = RoundDriver(cluster.config, kh.keys.public, run_id=RUN)
+    yield Arena(cluster, driver, mode, decryptions, np.random.default_rng(7))
+    cluster.stop()
+
+
+def _add_to_coefficient(public: PublicContext, coefficient: int, value: int) -> TAMPER:
+    def change(a: Aggregate) -> Aggregate:
+        coeffs = unpack_block(public, a.ciphertext).copy()
+        q = public.modulus
+        coeffs[coefficient] = np.uint64((int(coeffs[coefficient]) + value) % q)
+        total = CiphertextSum(public)
+        total.add(coeffs)
+        return replace(a, ciphertext=total.packed())
+
+    return change
+
+
+def _scaled(public: PublicContext, packed: bytes, k: int) -> bytes:
+    total = CiphertextSum(public)
+    total.add(unpack_block(public, packed), multiplier=k)
+    return total.packed()
+
+
+def _pack(public: PublicContext, coefficients: np.ndarray) -> bytes:
+    """Packed bytes of integer coefficients (any integer dtype), reduced modulo q."""
+    reduced = (coefficients.astype(object) % public.modulus).astype(np.uint64)
+    return CiphertextSum(public, reduced).packed()
+
+
+def _coeffs(public: PublicContext, packed: bytes, m: int = 1) -> np.ndarray:
+    return unpack_block(public, packed).astype(object) * m
+
+
+# ---------------------------------------------------------------------- (a) one coefficient
+def test_a_changed_coefficient_is_refused_through_real_servers(arena: Arena) -> None:
+    # Prepare: 20 rounds, each with a nonzero value added to one random coefficient of c0 or
+    # c1 of one random block of the aggregate, before the key holder fetches it
+    public = arena.public
+    q, coeffs = public.modulus, public.coeffs_per_block
+    accepted = 0
+    for round_ in range(1, 21):
+        clients = arena.clients()
+        arena.driver.committed_round(round_, VERSION, clients)
+        block = int(arena.rng.integers(0, 3))
+        coefficient = int(arena.rng.integers(0, coeffs))  # < N: c0, else c1
+        value = int(arena.rng.integers(1, q))
+        arena.tamper(block, _add_to_coefficient(public, coefficient, value))
+        # Execute / Assert
+        try:
+            arena.assert_refused(round_, clients)
+        except AssertionError:
+            accepted += 1
+            raise
+    assert accepted == 0
+    assert sum(arena.keyholder.detections[s]["aggregate"] for s in arena.keyholder.detections) == 20
+    # And the key holder still applies an honest round
+    honest = arena.clients()
+    arena.driver.committed_round(21, VERSION, honest)
+    assert arena.driver.apply(21, VERSION, honest).version == VERSION + 1
+
+
+def test_a_changed_coefficient_is_refused_500_times(arena: Arena) -> None:
+    # Prepare: three real encrypted updates; for every trial a fresh secret challenge, the
+    # clients' sketches under it, and the honest aggregate changed in one random coefficient
+    public = arena.public
+    q, n = public.modulus, public.coeffs_per_block
+    clients = arena.clients()
+    for c in clients:
+        arena.driver.encrypt(c, 1)
+    staleness = create_staleness("polynomial", a=0.5) if arena.mode == "async" else None
+    multipliers = {
+        c.client_id: multiplier(staleness, VERSION - c.version) if staleness else 1 for c in clients
+    }
+    rows = np.zeros_like(clients[0].coefficients, dtype=object)
+    for c in clients:
+        rows = (rows + c.coefficients.astype(object) * multipliers[c.client_id]) % q
+    honest = rows.astype(np.uint64)
+    blocks = list(range(honest.shape[0]))
+    owners = [arena.driver.ring.owner(b) for b in blocks]
+    accepted = 0
+    for _ in range(500):
+        challenge = Challenge(os.urandom(32), modulus=q, coeffs_per_block=n)
+        phase = CommitPhase(
+            1,
+            VERSION,
+            RUN,
+            public.context_id,
+            {c.client_id: c.signer.public_key for c in clients},
+            {c.client_id: Commitment(c.signed, challenge.sketch(c.coefficients)) for c in clients},
+            frozen=True,
+        )
+        verifier = AggregateVerifier(
+            phase=phase,
+            contributors={c.client_id for c in clients},
+            min_cohort=2,
+            max_clients=100,
+            challenge=challenge,
+            staleness=staleness,
+            max_staleness=2,
+        )
+        expected = verifier.expected_sketches()
+        verifier.check_aggregates(owners, blocks, honest, expected)  # the honest sum passes
+        tampered = honest.copy()
+        block, coefficient = int(arena.rng.integers(0, len(blocks))), int(arena.rng.integers(0, n))
+        value = int(arena.rng.integers(1, q))
+        tampered[block, coefficient] = np.uint64((int(tampered[block, coefficient]) + value) % q)
+        # Execute
+        try:
+            verifier.check_aggregates(owners, blocks, tampered, expected)
+            accepted += 1
+        except TamperingError as exc:
+            assert exc.reason == "aggregate" and exc.shard == owners[block]
+    # Assert
+    assert accepted == 0
+
+
+# ---------------------------------------------------------------------- (b) isolation
+def _isolations(arena: Arena, clients: list[HandClient]) -> dict[str, TAMPER]:
+    public = arena.public
+    victim = clients[1]
+
+    def sub_sum(a: Aggregate, names: set[str]) -> bytes:
+        total = CiphertextSum(public)
+        for c in clients:
+            if c.client_id in names:
+                m = a.contributions[c.client_id].multiplier
+                total.add(unpack_block(public, c.packed[a.block]), multiplier=m)
+        return total.packed()
+
+    others = {c.client_id for c in clients} - {victim.client_id}
+    return {
+        "one client's ciphertext as the aggregate": lambda a: replace(
+            a, ciphertext=victim.packed[a.block]
+        ),
+        "twice one client's ciphertext": lambda a: replace(
+            a, ciphertext=_scaled(public, victim.packed[a.block], 2)
+        ),
+        "three times one client's ciphertext": lambda a: replace(
+            a, ciphertext=_scaled(public, victim.packed[a.block], 3)
+        ),
+        "the aggregate doubled": lambda a: replace(a, ciphertext=_scaled(public, a.ciphertext, 2)),
+        "the aggregate minus one client": lambda a: replace(
+            a,
+            ciphertext=_pack(
+                public,
+                _coeffs(public, a.ciphertext)
+                - _coeffs(
+                    public, victim.packed[a.block], a.contributions[victim.client_id].multiplier
+                ),
+            ),
+        ),
+        "a sub-cohort, listed as such": lambda a: replace(
+            a,
+            ciphertext=sub_sum(a, others),
+            contributions={c: v for c, v in a.contributions.items() if c in others},
+        ),
+        "a sub-cohort, listed as everyone": lambda a: replace(a, ciphertext=sub_sum(a, others)),
+        "the victim alone, listed as such": lambda a: replace(
+            a,
+            ciphertext=victim.packed[a.block],
+            contributions={victim.client_id: a.contributions[victim.client_id]},
+        ),
+        "a contributor re-weighted": lambda a: replace(
+            a,
+            contributions={
+                **a.contributions,
+                victim.client_id: replace(a.contributions[victim.client_id], weight=0.5),
+            },
+        ),
+        "an invented contributor": lambda a: replace(
+            a,
+            contributions={
+                **a.contributions,
+                "client-9": Contribution(1.0, b"\0" * 32, VERSION, 1),
+            },
+        ),
+    }
+
+
+def test_b_isolating_one_client_is_refused_on_any_block(arena: Arena) -> None:
+    # Prepare: each isolation, on a random block, in its own round
+    names = list(_isolations(arena, arena.clients()))
+    for round_, name in enumerate(names, start=1):
+        clients = arena.clients()
+        arena.driver.committed_round(round_, VERSION, clients)
+        block = int(arena.rng.integers(0, 3))
+        arena.tamper(block, _isolations(arena, clients)[name])
+        # Execute / Assert
+        arena.assert_refused(round_, clients)
+
+
+def test_b_a_shard_cannot_shrink_the_round_to_a_sub_cohort(arena: Arena) -> None:
+    # Prepare: every block holds all three clients, but the round is asked to be applied with
+    # the committed clients minus one (as if one shard had claimed the victim incomplete)
+    clients = arena.clients()
+    arena.driver.committed_round(1, VERSION, clients)
+    # Execute / Assert: the blocks do not hold exactly the round's contributors
+    arena.assert_refused(1, clients[:2])
+
+
+# ---------------------------------------------------------------------- (c) cancellation
+def test_c_a_colluder_cannot_cancel_the_others(arena: Arena) -> None:
+    # Prepare: alice and bob are honest; mallory colludes with the shards. Everyone commits,
+    # the commitments freeze, the honest clients push, and the shards show mallory their
+    # ciphertexts: she computes minus their sum, so that the aggregate would be bob's alone...
+    public = arena.public
+    alice, bob, mallory = arena.clients(["client-0", "client-1", "client-2"])
+    driver = arena.driver
+    driver.open_commits(1, VERSION, [alice, bob, mallory])
+    for client in (alice, bob, mallory):
+        driver.commit(1, client)
+    commits = driver.freeze(1)
+    driver.open_shards(1, VERSION, [alice, bob, mallory], commits)
+    driver.push(1, alice)
+    driver.push(1, bob)
+    q = public.modulus
+    cancel = (-(alice.coefficients.astype(object)) % q).astype(np.uint64)
+    crafted = HandClient(mallory.client_id, mallory.update, mallory.version, signer=mallory.signer)
+    crafted.coefficients = cancel
+    crafted.packed = {b: _pack(public, cancel[b]) for b in range(len(cancel))}
+    # Execute / Assert 1: committing the crafted update now is refused (commitments are fixed)
+    with pytest.raises(FedPSError) as refused:
+        driver.commit(1, crafted)
+    assert isinstance(refused.value, InvalidArgumentError | RoundClosedError)
+    # ... a cohort member who had not committed is refused as too late
+    late = HandClient("client-3", mallory.update)
+    driver.encrypt(late, 1)
+    with pytest.raises(FedPSError):
+        driver.commit(1, late)
+    # 2: pushing the crafted ciphertexts (signed anew) is refused by an honest shard
+    driver.encrypt(crafted, 1)
+    with pytest.raises(InvalidArgumentError, match="committed"):
+        driver.push(1, crafted)
+    # 3: a malicious shard that adds them anyway in place of mallory's is caught
+    driver.push(1, mallory)
+    driver.close(1)
+    for block in range(3):
+        if arena.owner(block) is arena.owner(0):
+            arena.tamper(
+                block,
+                lambda a: replace(
+                    a,
+                    ciphertext=_pack(
+                        public,
+                        _coeffs(
+                            public, alice.packed[a.block], a.contributions["client-0"].multiplier
+                        )
+                        + _coeffs(
+                            public, bob.packed[a.block], a.contributions["client-1"].multiplier
+                        )
+                        + cancel[a.block].astype(object) * a.contributions["client-2"].multiplier,
+                    ),
+                ),
+            )
+            break
+    arena.assert_refused(1, [alice, bob, mallory])
+
+
+# ---------------------------------------------------------------------- after a detection
+def test_a_refused_round_is_never_decrypted_and_suspects_are_counted(
+    arena: Arena,
+) -> None:
+    # Prepare: a tampered round, refused
+    clients = arena.clients()
+    arena.driver.committed_round(1, VERSION, clients)
+    arena.tamper(0, lambda a: replace(a, ciphertext=clients[0].packed[0]))
+    arena.assert_refused(1, clients)
+    # Execute: the shard now hands over the honest aggregate of the same round
+    before = len(arena.decryptions)
+    with pytest.raises(PolicyError, match="never decrypted"):
+        arena.driver.apply(1, VERSION, clients)
+    # Assert: nothing decrypted; the shard is counted as a suspect
+    assert len(arena.decryptions) == before
+    state = arena.driver.keyholder.GetModelState(common_pb2.Empty())
+    assert dict(state.detections) == {arena.driver.ring.owner(0): 1}
+
+
+def test_quarantine_after_max_detections(tmp_path: Path) -> None:
+    # Prepare: max_detections = 2
+    cluster = start_cluster(
+        tmp_path,
+        num_shards=1,
+        coordinator=False,
+        training={"clients": 3, "min_quorum": 2},
+        security={"max_detections": 2},
+    )
+    try:
+        kh = cluster.keyholder
+        kh.initialize(np.zeros(PARAMS), version=VERSION)
+        driver = RoundDriver(cluster.config, kh.keys.public, run_id=RUN)
+        arena = Arena(cluster, driver, "sync", [], np.random.default_rng(3))
+        for round_ in (1, 2):
+            clients = arena.clients()
+            driver.committed_round(round_, VERSION, clients)
+            victim = clients[2]
+            arena.tamper(1, lambda a, v=victim: replace(a, ciphertext=v.packed[a.block]))
+            arena.assert_refused(round_, clients)
+        # Execute: an honest round after two detections
+        honest = arena.clients()
+        driver.committed_round(3, VERSION, honest)
+        # Assert: refused without decrypting; the shard is reported quarantined
+        with pytest.raises(PolicyError, match="decrypts nothing"):
+            driver.apply(3, VERSION, honest)
+        assert kh.quarantined == ["shard-0"]
+    finally:
+        cluster.stop()
