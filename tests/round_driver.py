@@ -41,6 +41,7 @@ class HandClient:
     packed: dict[int, bytes] = field(default_factory=dict)
     coefficients: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.uint64))
     signed: common_pb2.SignedUpdate = field(default_factory=common_pb2.SignedUpdate)
+    signed_round: int = -1
 
     @property
     def member(self) -> common_pb2.CohortMember:
@@ -121,7 +122,9 @@ class RoundDriver:
 
     # ------------------------------------------------------------------ clients
     def encrypt(self, client: HandClient, round_: int) -> None:
-        """Encrypt and sign the client's update for ``round_``."""
+        """Encrypt and sign the client's update for ``round_`` (once per round)."""
+        if client.signed_round == round_:
+            return
         if not client.packed:
             encryptor = BlockEncryptor(self.public)
             client.packed, client.coefficients = encryptor.encrypt_with_coefficients(client.update)
@@ -143,6 +146,7 @@ class RoundDriver:
             roots=roots,
             version=client.version,
         )
+        client.signed_round = round_
 
     def challenge(self, round_: int, client: HandClient) -> Challenge:
         reply = call(

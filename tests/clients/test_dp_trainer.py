@@ -330,21 +330,33 @@ def _weight_after_one_round(config: FedPSConfig, index: int, weight_scale: float
     return client.weight
 
 
-def test_client_level_weights_are_uniform() -> None:
-    # Prepare: two of 8 clients, and a weight scale (the cohort's largest num_examples) above
-    # both.
+def test_weights_are_uniform_unless_examples_weighting_bounded_below() -> None:
+    # Prepare: two of 8 clients, and weight scales (the cohort's largest num_examples) above
+    # both, one of them absurd (a client that declared a huge num_examples).
     training = {"clients": 8, "min_quorum": 2, "rounds": 2}
-    example = load_config(None, training=training, privacy={"noise_multiplier": 1.0})
+    privacy = {"noise_multiplier": 1.0}
+    uniform = load_config(None, training=training, privacy=privacy)
+    examples = load_config(
+        None, training=training, privacy=privacy, security={"weighting": "examples"}
+    )
     client = load_config(
-        None, training=training, privacy={"level": "client", "noise_multiplier": 1.0}
+        None,
+        training=training,
+        privacy={"level": "client", "noise_multiplier": 1.0},
+        security={"weighting": "examples"},
     )
 
     # Execute
-    example_weights = [_weight_after_one_round(example, i, 1000.0) for i in range(2)]
+    uniform_weights = [_weight_after_one_round(uniform, i, 1000.0) for i in range(2)]
+    example_weights = [_weight_after_one_round(examples, i, 1000.0) for i in range(2)]
+    floored = _weight_after_one_round(examples, 0, 1e12)
     client_weights = [_weight_after_one_round(client, i, 1000.0) for i in range(2)]
 
-    # Assert: example level weighs by num_examples; client level weighs every client 1.0.
-    assert all(0 < w < 1 for w in example_weights)
+    # Assert: uniform by default; by num_examples when asked, never below min_weight;
+    # client level weighs every client 1.0.
+    assert uniform_weights == [1.0, 1.0]
+    assert all(0.1 <= w < 1 for w in example_weights)
+    assert floored == 0.1
     assert client_weights == [1.0, 1.0]
 
 

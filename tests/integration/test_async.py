@@ -12,17 +12,15 @@ import numpy as np
 import pytest
 
 from clients.edge_client import EdgeClient
-from crypto import BlockEncryptor
-from crypto.signing import CHUNKS, BlockSigner, merkle_proof, sign_update
 from fedps.blocks import group_mask
+from fedps.errors import InvalidArgumentError
 from fedps.models import create_model
 from fedps.proto import shard_pb2, shard_pb2_grpc
 from fedps.transport import create_channel
-from server.aggregate_verifier import AuditChunk
 from server.keyholder import RoundResult
-from server.shard import PushBatch
 from server.staleness import create_staleness, multiplier
 from tests.conftest import Cluster, run_clients, start_cluster
+from tests.round_driver import HandClient, RoundDriver
 
 pytestmark = pytest.mark.integration
 
@@ -38,65 +36,19 @@ def async_cluster(tmp_path: Path) -> Iterator[Cluster]:
     cluster.stop()
 
 
-def _contribute(
+def _flush(
     cluster: Cluster,
-    client: str,
-    signer: BlockSigner,
-    update: np.ndarray,
+    round_: int,
     version: int,
-    round_: int = 1,
-) -> shard_pb2.PushRequest:
-    """Audit chunks to the key holder, then the signed update to each shard (in-process)."""
+    updates: dict[str, np.ndarray],
+    trained_on: dict[str, int],
+) -> RoundResult:
+    """One buffer of committed, encrypted updates through the real servers, then applied."""
     kh = cluster.keyholder
-    public = kh.keys.public
-    packed, coeffs = BlockEncryptor(public).encrypt_with_coefficients(update)
-    nonce, signature, roots = sign_update(
-        signer,
-        coeffs,
-        run_id=RUN,
-        round_=round_,
-        client_id=client,
-        context_id=public.context_id,
-        weight=1.0,
-        version=version,
-    )
-    size = coeffs.shape[1] // CHUNKS
-    kh.submit_audit(
-        client,
-        round_,
-        {
-            b: AuditChunk(c, coeffs[b, c * size : (c + 1) * size], merkle_proof(coeffs[b], c))
-            for b, c in kh.audit_plan(round_).items()
-        },
-    )
-    for shard in cluster.shards:
-        mine = [(b, packed[b]) for b in shard.owned_blocks]
-        if mine:
-            shard.push(
-                PushBatch(
-                    client,
-                    round_,
-                    version,
-                    1.0,
-                    public.context_id,
-                    mine,
-                    nonce,
-                    signature,
-                    tuple(roots),
-                )
-            )
-    blocks = [shard_pb2.EncryptedBlock(block=b, ciphertext=c) for b, c in sorted(packed.items())]
-    return shard_pb2.PushRequest(
-        client_id=client,
-        round=round_,
-        version=version,
-        weight=1.0,
-        context_id=public.context_id,
-        blocks=blocks,
-        nonce=nonce,
-        signature=signature,
-        roots=roots,
-    )
+    driver = RoundDriver(cluster.config, kh.keys.public, run_id=RUN)
+    clients = [HandClient(c, u, version=trained_on[c]) for c, u in updates.items()]
+    driver.committed_round(round_, version, clients)
+    return kh.apply_round(round_, version, RUN, {c.client_id: c.signer.public_key for c in clients})
 
 
 def test_buffer_applies_the_staleness_weighted_fedbuff_average(async_cluster: Cluster) -> None:
@@ -104,25 +56,16 @@ def test_buffer_applies_the_staleness_weighted_fedbuff_average(async_cluster: Cl
     kh = async_cluster.keyholder
     start = np.random.default_rng(0).normal(0, 0.1, PARAMS)
     kh.initialize(start, version=2, force=True)
-    signers = {c: BlockSigner() for c in ("u0", "u1", "u2")}
-    for shard in async_cluster.shards:
-        shard.open_round(
-            1, 2, {c: s.public_key for c, s in signers.items()}, kh.keys.public.context_id, RUN
-        )
     rng = np.random.default_rng(1)
-    updates = {c: rng.uniform(-0.5, 0.5, PARAMS) for c in signers}
+    updates = {c: rng.uniform(-0.5, 0.5, PARAMS) for c in ("u0", "u1", "u2")}
     trained_on = {"u0": 2, "u1": 1, "u2": 0}  # staleness 0, 1, 2
-    for client, signer in signers.items():
-        _contribute(async_cluster, client, signer, updates[client], trained_on[client])
-    for shard in async_cluster.shards:
-        shard.close_round(1)
     # Execute
-    result = kh.apply_round(1, 2, RUN, {c: s.public_key for c, s in signers.items()})
+    result = _flush(async_cluster, 1, 2, updates, trained_on)
     # Assert: x + sum(m_s u) / sum(m_s) with m_s = round(64 (1+s)^-0.5)
     fn = create_staleness("polynomial", a=0.5)
     m = {c: multiplier(fn, 2 - v) for c, v in trained_on.items()}
     assert sorted(m.values()) == [37, 45, 64]
-    expected = start + sum(m[c] * updates[c] for c in signers) / sum(m.values())
+    expected = start + sum(m[c] * updates[c] for c in updates) / sum(m.values())
     assert result.version == 3
     applied = kh.params
     assert applied is not None
@@ -133,40 +76,35 @@ def test_too_stale_update_is_refused_and_not_counted(async_cluster: Cluster) -> 
     # Prepare: model at version 5, an update trained on version 2 (staleness 3 > 2)
     kh = async_cluster.keyholder
     kh.initialize(np.zeros(PARAMS), version=5, force=True)
-    signer = BlockSigner()
+    driver = RoundDriver(async_cluster.config, kh.keys.public, run_id=RUN)
+    old = HandClient("old", np.ones(PARAMS), version=2)
+    fresh = HandClient("fresh", np.ones(PARAMS), version=5)
+    driver.open_commits(1, 5, [old, fresh])
+    # Execute / Assert: the key holder refuses the stale commitment, takes the fresh one
+    with pytest.raises(InvalidArgumentError, match=r"takes versions 3\.\.5"):
+        driver.commit(1, old)
+    driver.commit(1, fresh)
+    assert driver.freeze(1).client_ids == ["fresh"]
+    # ... and a shard opened with the stale client anyway refuses its push
     shard = async_cluster.shards[0]
     for s in async_cluster.shards:
-        s.open_round(1, 5, {"old": signer.public_key}, kh.keys.public.context_id, RUN)
+        s.open_round(1, 5, {"old": old.signer.public_key}, kh.keys.public.context_id, RUN)
     stub = shard_pb2_grpc.ShardStub(create_channel(async_cluster.config.cluster.shards[0]))
-    public = kh.keys.public
-    packed, coeffs = BlockEncryptor(public).encrypt_with_coefficients(np.ones(PARAMS))
-    nonce, signature, roots = sign_update(
-        signer,
-        coeffs,
-        run_id=RUN,
-        round_=1,
-        client_id="old",
-        context_id=public.context_id,
-        weight=1.0,
-        version=2,
-    )
     request = shard_pb2.PushRequest(
         client_id="old",
         round=1,
         version=2,
         weight=1.0,
-        context_id=public.context_id,
+        context_id=kh.keys.public.context_id,
         blocks=[
-            shard_pb2.EncryptedBlock(block=b, ciphertext=packed[b]) for b in shard.owned_blocks
+            shard_pb2.EncryptedBlock(block=b, ciphertext=old.packed[b]) for b in shard.owned_blocks
         ],
-        nonce=nonce,
-        signature=signature,
-        roots=roots,
+        nonce=old.signed.nonce,
+        signature=old.signed.signature,
+        roots=old.signed.roots,
     )
-    # Execute
     with pytest.raises(grpc.RpcError) as info:
         stub.PushBlocks(iter([request]))
-    # Assert
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "maximum staleness" in info.value.details()
     assert shard.stats["accepted"] == 0
@@ -193,26 +131,6 @@ def test_buffer_never_flushes_below_k_and_training_runs(tmp_path: Path) -> None:
         assert all(r.contributors >= 3 for r in cluster.coordinator.history)
     finally:
         cluster.stop()
-
-
-def _flush(
-    cluster: Cluster,
-    round_: int,
-    version: int,
-    updates: dict[str, np.ndarray],
-    trained_on: dict[str, int],
-) -> RoundResult:
-    """One buffer of signed, encrypted updates through the shards and the key holder."""
-    kh = cluster.keyholder
-    signers = {c: BlockSigner() for c in updates}
-    keys = {c: s.public_key for c, s in signers.items()}
-    for shard in cluster.shards:
-        shard.open_round(round_, version, keys, kh.keys.public.context_id, RUN)
-    for client, signer in signers.items():
-        _contribute(cluster, client, signer, updates[client], trained_on[client], round_)
-    for shard in cluster.shards:
-        shard.close_round(round_)
-    return kh.apply_round(round_, version, RUN, keys)
 
 
 def _close(actual: np.ndarray, expected: np.ndarray) -> bool:

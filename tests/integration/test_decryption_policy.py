@@ -1,8 +1,9 @@
-"""A malicious shard against the key holder's decryption policy (real servers on loopback).
+"""The key holder's decryption policy on honest and malformed requests (real servers).
 
-The shard below is real; a test replaces what it hands the key holder, as a compromised shard
-would: one client's ciphertext presented as the aggregate, a doubled aggregate, or a cohort
-below ``min_cohort``. The key holder must refuse each, and keep serving.
+The attacks of a malicious shard are in ``tests/security/test_aggregation_attacks.py``; this
+module checks the policy's everyday behaviour: an honest round is applied and released once,
+the key holder keeps serving after a refusal, and it decrypts exactly the committed clients
+the round closed with, each commitment checked as it arrives.
 """
 
 from __future__ import annotations
@@ -14,187 +15,133 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crypto import BlockEncryptor, CiphertextSum, unpack_block
-from crypto.signing import CHUNKS, BlockSigner, merkle_proof, sign_update
-from fedps.errors import PolicyError
-from server.aggregate_verifier import AuditChunk
-from server.shard import Aggregate, PushBatch, SignedUpdate
+from crypto.signing import BlockSigner
+from fedps.errors import InvalidArgumentError, PolicyError, RoundClosedError, UnknownClientError
+from fedps.proto import keyholder_pb2
+from fedps.transport import call
+from server.shard import Aggregate, SignedUpdate
 from tests.conftest import Cluster, start_cluster
+from tests.round_driver import HandClient, RoundDriver
 
 pytestmark = pytest.mark.integration
 
 RUN = "policy-run"
-CLIENTS = ["alice", "bob", "carol"]
 PARAMS = 3000
 
 
 @pytest.fixture
-def round_ready(tmp_path: Path) -> Iterator[tuple[Cluster, dict[str, dict[int, bytes]]]]:
-    """Three honest clients pushed signed updates for round 1; the round is closed."""
+def ready(tmp_path: Path) -> Iterator[tuple[Cluster, RoundDriver]]:
     cluster = start_cluster(
         tmp_path, num_shards=1, coordinator=False, training={"clients": 3, "min_quorum": 2}
     )
-    kh, shard = cluster.keyholder, cluster.shards[0]
-    kh.initialize(np.zeros(PARAMS))
-    public = kh.keys.public
-    signers = {c: BlockSigner() for c in CLIENTS}
-    shard.open_round(1, 0, {c: s.public_key for c, s in signers.items()}, public.context_id, RUN)
-    plan = kh.audit_plan(1)
-    packed_by_client: dict[str, dict[int, bytes]] = {}
-    for i, client in enumerate(CLIENTS):
-        packed, coeffs = BlockEncryptor(public).encrypt_with_coefficients(
-            np.full(PARAMS, 0.1 * (i + 1))
-        )
-        nonce, signature, roots = sign_update(
-            signers[client],
-            coeffs,
-            run_id=RUN,
-            round_=1,
-            client_id=client,
-            context_id=public.context_id,
-            weight=1.0,
-        )
-        size = coeffs.shape[1] // CHUNKS
-        kh.submit_audit(
-            client,
-            1,
-            {
-                b: AuditChunk(c, coeffs[b, c * size : (c + 1) * size], merkle_proof(coeffs[b], c))
-                for b, c in plan.items()
-            },
-        )
-        shard.push(
-            PushBatch(
-                client,
-                1,
-                0,
-                1.0,
-                public.context_id,
-                sorted(packed.items()),
-                nonce,
-                signature,
-                tuple(roots),
-            )
-        )
-        packed_by_client[client] = packed
-    shard.close_round(1)
-    yield cluster, packed_by_client
+    cluster.keyholder.initialize(np.zeros(PARAMS))
+    yield cluster, RoundDriver(cluster.config, cluster.keyholder.keys.public, run_id=RUN)
     cluster.stop()
 
 
-def _members(cluster: Cluster) -> dict[str, bytes]:
-    state = cluster.shards[0]._rounds[1]
-    return dict(state.members)
-
-
-def _tamper(cluster: Cluster, change: object) -> None:
-    shard = cluster.shards[0]
-    honest = shard.aggregates
-
-    def tampered(round_: int) -> tuple[list[Aggregate], list[SignedUpdate]]:
-        aggregates, updates = honest(round_)
-        return [change(a) for a in aggregates], updates  # type: ignore[operator]
-
-    shard.aggregates = tampered  # type: ignore[method-assign]
+def _clients(names: tuple[str, ...] = ("alice", "bob", "carol")) -> list[HandClient]:
+    return [HandClient(c, np.full(PARAMS, 0.1 * (i + 1))) for i, c in enumerate(names)]
 
 
 def test_honest_round_is_applied_and_released_once(
-    round_ready: tuple[Cluster, dict[str, dict[int, bytes]]],
+    ready: tuple[Cluster, RoundDriver],
 ) -> None:
     # Prepare
-    cluster, _ = round_ready
-    kh = cluster.keyholder
+    cluster, driver = ready
+    clients = _clients()
+    driver.committed_round(1, 0, clients)
     # Execute
-    first = kh.apply_round(1, 0, RUN, _members(cluster))
-    params_after = kh.params.copy()  # type: ignore[union-attr]
-    again = kh.apply_round(1, 0, RUN, _members(cluster))
+    first = driver.apply(1, 0, clients)
+    params_after = cluster.keyholder.params.copy()  # type: ignore[union-attr]
+    again = driver.apply(1, 0, clients)
     # Assert: the mean of 0.1, 0.2, 0.3, and the same released result on repeat
     assert first == again
     np.testing.assert_allclose(params_after, 0.2, atol=1e-3)
-    np.testing.assert_array_equal(kh.params, params_after)
+    np.testing.assert_array_equal(cluster.keyholder.params, params_after)
 
 
-def test_one_clients_ciphertext_as_the_aggregate_is_refused(
-    round_ready: tuple[Cluster, dict[str, dict[int, bytes]]],
+def test_exactly_the_closed_clients_are_decrypted(ready: tuple[Cluster, RoundDriver]) -> None:
+    # Prepare: carol committed but never pushed: the round closes with alice and bob
+    cluster, driver = ready
+    clients = _clients()
+    driver.open_commits(1, 0, clients)
+    for c in clients:
+        driver.commit(1, c)
+    driver.open_shards(1, 0, clients, driver.freeze(1))
+    for c in clients[:2]:
+        driver.push(1, c)
+    complete = driver.close(1)
+    # Execute
+    result = driver.apply(1, 0, clients[:2])
+    # Assert: the mean of 0.1 and 0.2
+    assert complete == {"alice", "bob"}
+    assert result.version == 1
+    np.testing.assert_allclose(cluster.keyholder.params, 0.15, atol=1e-3)
+
+
+def test_a_contributor_that_never_committed_is_refused(
+    ready: tuple[Cluster, RoundDriver],
 ) -> None:
-    # Prepare: the shard presents bob's ciphertext alone as the sum of all three
-    cluster, packed = round_ready
-    _tamper(cluster, lambda a: replace(a, ciphertext=packed["bob"][a.block]))
+    # Prepare: carol is named a contributor though she never committed
+    _, driver = ready
+    clients = _clients()
+    driver.committed_round(1, 0, clients[:2])
     # Execute / Assert
-    with pytest.raises(PolicyError, match="tampering"):
-        cluster.keyholder.apply_round(1, 0, RUN, _members(cluster))
-    assert cluster.keyholder.version == 0
+    with pytest.raises(PolicyError, match="never committed"):
+        driver.apply(1, 0, clients)
 
 
-def test_doubled_aggregate_is_refused(
-    round_ready: tuple[Cluster, dict[str, dict[int, bytes]]],
-) -> None:
+def test_commitments_are_checked_as_they_arrive(ready: tuple[Cluster, RoundDriver]) -> None:
     # Prepare
-    cluster, _ = round_ready
-    public = cluster.keyholder.keys.public
-
-    def doubled(a: Aggregate) -> Aggregate:
-        total = CiphertextSum(public)
-        coeffs = unpack_block(public, a.ciphertext)
-        total.add(coeffs, multiplier=2)
-        return replace(a, ciphertext=total.packed())
-
-    _tamper(cluster, doubled)
-    # Execute / Assert
-    with pytest.raises(PolicyError, match="tampering"):
-        cluster.keyholder.apply_round(1, 0, RUN, _members(cluster))
-
-
-def test_cohort_below_minimum_is_refused(
-    round_ready: tuple[Cluster, dict[str, dict[int, bytes]]],
-) -> None:
-    # Prepare: only bob in the manifest, bob's ciphertext as the "aggregate"
-    cluster, packed = round_ready
-    _tamper(
-        cluster,
-        lambda a: replace(
-            a,
-            ciphertext=packed["bob"][a.block],
-            contributions={"bob": a.contributions["bob"]},
-        ),
-    )
-    # Execute / Assert
-    with pytest.raises(PolicyError, match="at least 2"):
-        cluster.keyholder.apply_round(1, 0, RUN, _members(cluster))
+    _, driver = ready
+    alice, bob, carol = _clients()
+    driver.open_commits(1, 0, [alice, bob])
+    # Execute / Assert: an outsider, a declared weight other than the uniform 1, a commitment
+    # signed by another key, a second different one, then one after the freeze
+    with pytest.raises(UnknownClientError):
+        driver.commit(1, carol)
+    with pytest.raises(UnknownClientError):
+        driver.challenge(1, carol)
+    heavy = HandClient("alice", alice.update, weight=1e-6, signer=alice.signer)
+    with pytest.raises(InvalidArgumentError, match="bounds"):
+        driver.commit(1, heavy)
+    forged = HandClient("alice", alice.update, signer=BlockSigner())
+    with pytest.raises(InvalidArgumentError, match="not signed"):
+        driver.commit(1, forged)
+    driver.encrypt(alice, 1)
+    short = keyholder_pb2.CommitRequest(round=1, update=alice.signed, sketches=b"\0" * 8)
+    with pytest.raises(InvalidArgumentError, match="sketches must be"):
+        call(lambda: driver.keyholder.Commit(short), "commit")
+    driver.commit(1, alice)
+    driver.commit(1, alice)  # a retry of the same commitment is fine
+    with pytest.raises(InvalidArgumentError, match="another update"):
+        driver.commit(1, HandClient("alice", bob.update, signer=alice.signer))
+    assert list(driver.freeze(1).client_ids) == ["alice"]
+    with pytest.raises(RoundClosedError, match="too late"):
+        driver.commit(1, bob)
+    # ... and the frozen round cannot be reopened for another cohort
+    with pytest.raises(RoundClosedError, match="cannot be opened again"):
+        driver.open_commits(1, 0, [alice, bob, carol])
 
 
-def test_invented_or_reweighted_contributions_are_refused(
-    round_ready: tuple[Cluster, dict[str, dict[int, bytes]]],
-) -> None:
-    # Prepare: the shard doubles alice's weight in the manifest
-    cluster, _ = round_ready
-    _tamper(
-        cluster,
-        lambda a: replace(
-            a,
-            contributions={
-                **a.contributions,
-                "alice": replace(a.contributions["alice"], weight=2.0),
-            },
-        ),
-    )
-    # Execute / Assert
-    with pytest.raises(PolicyError, match="weight"):
-        cluster.keyholder.apply_round(1, 0, RUN, _members(cluster))
-
-
-def test_key_holder_keeps_serving_after_refusals(
-    round_ready: tuple[Cluster, dict[str, dict[int, bytes]]],
-) -> None:
-    # Prepare: a refused tampered attempt first
-    cluster, packed = round_ready
+def test_key_holder_keeps_serving_after_a_refusal(ready: tuple[Cluster, RoundDriver]) -> None:
+    # Prepare: a tampered round 1, refused
+    cluster, driver = ready
+    clients = _clients()
+    driver.committed_round(1, 0, clients)
     shard = cluster.shards[0]
-    honest = shard.aggregates
-    _tamper(cluster, lambda a: replace(a, ciphertext=packed["carol"][a.block]))
-    with pytest.raises(PolicyError):
-        cluster.keyholder.apply_round(1, 0, RUN, _members(cluster))
-    # Execute: the honest aggregate is then accepted
-    shard.aggregates = honest  # type: ignore[method-assign]
-    result = cluster.keyholder.apply_round(1, 0, RUN, _members(cluster))
+
+    def tampered(round_: int) -> tuple[list[Aggregate], list[SignedUpdate]]:
+        aggregates, updates = type(shard).aggregates(shard, round_)
+        return [replace(a, ciphertext=clients[0].packed[a.block]) for a in aggregates], updates
+
+    shard.aggregates = tampered  # type: ignore[method-assign]
+    with pytest.raises(PolicyError, match="tampering"):
+        driver.apply(1, 0, clients)
+    del shard.aggregates
+    # Execute: an honest round 2
+    fresh = _clients()
+    driver.committed_round(2, 0, fresh)
+    result = driver.apply(2, 0, fresh)
     # Assert
     assert result.version == 1

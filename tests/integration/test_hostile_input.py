@@ -135,8 +135,12 @@ def test_unknown_client(open_cluster: Cluster, stub: shard_pb2_grpc.ShardStub) -
 
 
 def test_closed_or_unknown_round(open_cluster: Cluster, stub: shard_pb2_grpc.ShardStub) -> None:
-    details = _expect(stub, _push(open_cluster, round_=7), grpc.StatusCode.FAILED_PRECONDITION)
-    assert "round 7" in details
+    # A round before the open one is closed; a later one is not open yet (the committed
+    # clients of a round push as soon as the key holder froze it: they retry UNAVAILABLE).
+    details = _expect(stub, _push(open_cluster, round_=0), grpc.StatusCode.FAILED_PRECONDITION)
+    assert "round 0" in details
+    details = _expect(stub, _push(open_cluster, round_=7), grpc.StatusCode.UNAVAILABLE)
+    assert "round 7" in details and "yet" in details
     _still_serving(stub)
 
 
@@ -217,10 +221,11 @@ def test_metrics_report_refused_pushes_by_reason(
 ) -> None:
     # Prepare
     before = _refused(open_cluster)
-    # Execute: one push from outside the cohort, two for a round that is not open
+    # Execute: one push from outside the cohort, two for a round that is closed, one early
     bad = [
         _push(open_cluster, client="mallory"),
-        _push(open_cluster, round_=7),
+        _push(open_cluster, round_=0),
+        _push(open_cluster, round_=0),
         _push(open_cluster, round_=8),
     ]
     for request in bad:
@@ -230,3 +235,5 @@ def test_metrics_report_refused_pushes_by_reason(
     after = _refused(open_cluster)
     assert after["unknown_client"] - before.get("unknown_client", 0) == 1
     assert after["round_closed"] - before.get("round_closed", 0) == 2
+    # (the channel's retry policy resends an UNAVAILABLE push a few times)
+    assert after["not_ready"] - before.get("not_ready", 0) >= 1

@@ -294,8 +294,8 @@ def test_push_before_open_round_is_refused(
     # Prepare
     shard = _published(ring, owned, lookup)
 
-    # Execute / Assert
-    with pytest.raises(RoundClosedError, match="not open"):
+    # Execute / Assert: not open yet (the client retries until the coordinator opens it)
+    with pytest.raises(NotReadyError, match=r"not open .* yet"):
         _push_all(shard, "a", updates, owned)
     assert shard.stats["refused"] == 1
     assert not shard.round_is_open
@@ -543,12 +543,15 @@ def test_push_after_close_is_refused(shard: Shard, owned: list[int], updates: Up
 
 
 def test_push_to_other_round_is_refused(shard: Shard, owned: list[int], updates: Updates) -> None:
-    # Prepare: signed for round 2, which is not open.
-    batch = updates.signed("a", round_=2)(owned)
+    # Prepare: signed for round 2, which is not open yet, and for round 0, which is past
+    later = updates.signed("a", round_=2)(owned)
+    earlier = updates.signed("a", round_=0)(owned)
 
     # Execute / Assert
+    with pytest.raises(NotReadyError):
+        shard.push(later)
     with pytest.raises(RoundClosedError):
-        shard.push(batch)
+        shard.push(earlier)
 
 
 def test_discard_round_drops_sums(shard: Shard, owned: list[int], updates: Updates) -> None:
