@@ -57,7 +57,7 @@ from fedps.proto import (
 )
 from fedps.transport import batched, call_until, create_channel
 
-__all__ = ["ClientSummary", "EdgeClient", "client_partition"]
+__all__ = ["ClientSummary", "EdgeClient", "PreparedPush", "client_partition"]
 
 _log = logging.getLogger("fedps")
 _T = TypeVar("_T")
@@ -68,8 +68,8 @@ _PUSH_S = 60.0
 
 
 @dataclass(frozen=True)
-class _Sent:
-    """The signed push messages of the last update, per shard, to resend unchanged."""
+class PreparedPush:
+    """A committed update's signed push messages, per shard (resent unchanged if asked)."""
 
     round: int
     version: int
@@ -142,7 +142,7 @@ class EdgeClient:
         self._signer = BlockSigner()
         self._credential = b""
         self._round = 0
-        self._sent: _Sent | None = None  # the last signed update pushed, for a resend
+        self._sent: PreparedPush | None = None  # the last signed update pushed, for a resend
         t = config.training
         slow = index < round(t.slow_fraction * t.clients)
         self.slowdown = t.slow_factor if slow else 1.0
@@ -326,6 +326,12 @@ class EdgeClient:
     def push(self, round_: int, version: int, delta: np.ndarray) -> int:
         """Weight, clip, encrypt, commit and push an update; returns bytes pushed (0 when
         the update missed its round)."""
+        prepared = self.prepare(round_, version, delta)
+        return 0 if prepared is None else self.send(prepared)
+
+    def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
+        """Weight, clip, encrypt and commit an update; returns the signed push messages per
+        shard (None when the round's commitments had closed)."""
         he = self.config.he
         weight = self.weight
         weighted = delta * weight
@@ -335,7 +341,7 @@ class EdgeClient:
         encrypted, coefficients = self._encryptor.encrypt_with_coefficients(clipped)
         committed = self._commit(round_, version, weight, coefficients)
         if committed is None:
-            return 0
+            return None
         round_, update = committed
         self._round = round_
         by_shard: dict[str, list[shard_pb2.EncryptedBlock]] = {}
@@ -344,10 +350,8 @@ class EdgeClient:
             by_shard.setdefault(owner, []).append(
                 shard_pb2.EncryptedBlock(block=block, ciphertext=data)
             )
-        total = 0
-        pushed: dict[str, list[shard_pb2.PushRequest]] = {}
-        for sid, blocks in by_shard.items():
-            messages = [
+        messages = {
+            sid: [
                 shard_pb2.PushRequest(
                     client_id=self.client_id,
                     round=round_,
@@ -361,14 +365,22 @@ class EdgeClient:
                 )
                 for batch in batched(blocks, lambda b: len(b.ciphertext))
             ]
-            pushed[sid] = messages
+            for sid, blocks in by_shard.items()
+        }
+        return PreparedPush(round_, version, messages)
+
+    def send(self, prepared: PreparedPush) -> int:
+        """Push committed messages to their shards (they open the round once the key holder
+        froze its commitments); returns bytes pushed."""
+        total = 0
+        for sid, messages in prepared.messages.items():
             try:
                 self._push_to(sid, messages)
             except RoundClosedError as exc:
                 _log.info("%s: push refused: %s", self.name, exc)
                 continue
             total += sum(m.ByteSize() for m in messages)
-        self._sent = _Sent(round_, version, pushed)
+        self._sent = prepared
         self.bytes_pushed += total
         return total
 

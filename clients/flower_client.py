@@ -11,8 +11,11 @@ update itself never travels in a Flower message:
    model version, client id, run id, context id, weight scale, deadline). The node runs the
    same round as :class:`clients.edge_client.EdgeClient`: it pulls the signed model of that
    version from the shards, trains with DP-SGD (Opacus), weights, clips, encrypts, signs and
-   pushes every block to the shard that owns it, and submits its audit chunks to the key
-   holder. Its reply carries only metadata (weight, epsilon, bytes pushed), never the update.
+   commits the update at the key holder (the block roots and their sketches under the round's
+   challenge), keeps the signed push messages in its ``Context.state`` and replies with
+   metadata only (weight, epsilon), never the update.
+3. ``query.fedps_push``: once every commitment of the round is fixed, the node pushes the
+   messages it kept to the shards that own the blocks and replies with the bytes pushed.
 
 Flower rebuilds the ``ClientApp`` for every message and may run a node's messages in
 different processes, so everything a node must keep lives in its ``Context.state``: its
@@ -50,7 +53,7 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 
 from clients.dp_trainer import DPTrainer
-from clients.edge_client import EdgeClient
+from clients.edge_client import EdgeClient, PreparedPush
 from crypto import BlockEncryptor
 from crypto.signing import BlockSigner
 from crypto.tls import setup_tls
@@ -60,6 +63,7 @@ from fedps.errors import ConfigError, InvalidArgumentError
 from fedps.flower_messages import (
     CONFIG_KEY,
     METRICS_KEY,
+    PUSH_ACTION,
     RECORD_KEY,
     REGISTER_ACTION,
     FlowerTask,
@@ -68,7 +72,7 @@ from fedps.flower_messages import (
 )
 from fedps.hash_ring import HashRing
 from fedps.parameter_client import ParameterClient
-from fedps.proto import coordinator_pb2, keyholder_pb2_grpc
+from fedps.proto import coordinator_pb2, keyholder_pb2_grpc, shard_pb2
 from fedps.transport import create_channel
 
 __all__ = ["ClientFactory", "FlowerClient", "create_client_app"]
@@ -111,6 +115,7 @@ class FlowerClient(EdgeClient):
         self.index = index
         self._signer = signer
         self._last_report: RoundReport | None = None
+        self.pending: PreparedPush | None = None  # committed, not pushed yet
         self._attached = ("", "")
         self._open = False
 
@@ -185,6 +190,7 @@ class FlowerClient(EdgeClient):
         """Train and push one round, as :class:`EdgeClient` does for a coordinator task."""
         self.attach(client_id=task.client_id, run_id=task.run_id, timeout_s=timeout_s)
         self._last_report = None
+        self.pending = None
         self.reseed(task.round)
         self._train(
             coordinator_pb2.Task(
@@ -199,6 +205,14 @@ class FlowerClient(EdgeClient):
         # None: no update this round (the model was not published, or the version moved on)
         return self._last_report or self.idle_report(task.round)
 
+    def push_task(
+        self, task: FlowerTask, prepared: PreparedPush, *, timeout_s: float = 60.0
+    ) -> RoundReport:
+        """Push the update committed for ``task`` (the round's commitments are frozen)."""
+        self.attach(client_id=task.client_id, run_id=task.run_id, timeout_s=timeout_s)
+        pushed = self.send(prepared)
+        return self._summary(task.round, pushed=pushed, budget_exhausted=False, trained=True)
+
     def idle_report(self, round_: int) -> RoundReport:
         """The report of a round in which this node pushes nothing."""
         return self._summary(round_, pushed=0, budget_exhausted=False, trained=False)
@@ -206,7 +220,10 @@ class FlowerClient(EdgeClient):
     def _report(self, round_: int, pushed: int, *, budget_exhausted: bool) -> None:
         """Keep the report for the Flower reply instead of calling the coordinator."""
         self._last_report = self._summary(
-            round_, pushed=pushed, budget_exhausted=budget_exhausted, trained=pushed > 0
+            round_,
+            pushed=pushed,
+            budget_exhausted=budget_exhausted,
+            trained=self.pending is not None,  # committed; it pushes when asked
         )
 
     def _summary(
@@ -224,13 +241,14 @@ class FlowerClient(EdgeClient):
         )
 
     def push(self, round_: int, version: int, delta: np.ndarray) -> int:
-        """Push as :class:`EdgeClient` does, then refill the pool of encryptions of zero in
-        this process: a node has no idle time between Flower messages for a background
-        worker, and a cached node uses the refill in its next round."""
-        pushed = super().push(round_, version, delta)
+        """Encrypt and commit as :class:`EdgeClient` does, but keep the push messages for
+        the push query (they may go out only once every commitment of the round is fixed),
+        then refill the pool of encryptions of zero in this process: a node has no idle time
+        between Flower messages for a background worker."""
+        self.pending = self.prepare(round_, version, delta)
         if isinstance(self._encryptor, BlockEncryptor):
             self._encryptor.precompute(self._layout.num_blocks)
-        return pushed
+        return 0
 
 
 class ClientFactory(Protocol):
@@ -246,6 +264,28 @@ class _NodeState:
     signing_key: bytes  # Ed25519 private key, raw 32 bytes
     last_round: int = 0
     history: tuple[tuple[float, float, int], ...] = ()
+    # The committed update's push messages, until the push query (serialised PushRequests)
+    pending_round: int = 0
+    pending_version: int = 0
+    pending_shards: tuple[str, ...] = ()
+    pending_messages: tuple[bytes, ...] = ()
+
+    def keep(self, prepared: PreparedPush | None) -> None:
+        """Keep (or, None, forget) the push messages of a committed update."""
+        items = [] if prepared is None else list(prepared.messages.items())
+        self.pending_round = 0 if prepared is None else prepared.round
+        self.pending_version = 0 if prepared is None else prepared.version
+        self.pending_shards = tuple(sid for sid, msgs in items for _ in msgs)
+        self.pending_messages = tuple(m.SerializeToString() for _, msgs in items for m in msgs)
+
+    def prepared(self, round_: int) -> PreparedPush | None:
+        """The kept push messages, if they are ``round_``'s."""
+        if not self.pending_messages or self.pending_round != round_:
+            return None
+        messages: dict[str, list[shard_pb2.PushRequest]] = {}
+        for sid, data in zip(self.pending_shards, self.pending_messages, strict=True):
+            messages.setdefault(sid, []).append(shard_pb2.PushRequest.FromString(data))
+        return PreparedPush(self.pending_round, self.pending_version, messages)
 
     @classmethod
     def load(cls, context: Context) -> _NodeState:
@@ -263,10 +303,18 @@ class _NodeState:
         key = record["signing-key"]
         if not isinstance(key, bytes):
             raise InvalidArgumentError("Context.state holds no valid fedps signing key")
+        shards = record.get("pending-shards", [])
+        messages = record.get("pending-messages", [])
+        if not isinstance(shards, list) or not isinstance(messages, list):
+            raise InvalidArgumentError("Context.state holds malformed pending pushes")
         return cls(
             signing_key=key,
             last_round=int(_float(record.get("last-round", 0))),
             history=tuple(zip(sigmas, rates, steps, strict=True)),
+            pending_round=int(_float(record.get("pending-round", 0))),
+            pending_version=int(_float(record.get("pending-version", 0))),
+            pending_shards=tuple(str(s) for s in shards),
+            pending_messages=tuple(bytes(m) for m in messages if isinstance(m, bytes)),
         )
 
     def save(self, context: Context) -> None:
@@ -277,6 +325,10 @@ class _NodeState:
                 "accountant-sigma": [float(s) for s, _, _ in self.history],
                 "accountant-rate": [float(q) for _, q, _ in self.history],
                 "accountant-steps": [int(n) for _, _, n in self.history],
+                "pending-round": self.pending_round,
+                "pending-version": self.pending_version,
+                "pending-shards": list(self.pending_shards),
+                "pending-messages": list(self.pending_messages),
             }
         )
 
@@ -359,6 +411,7 @@ def _train_round(
     report: RoundReport | None = None
     try:
         report = client.train_task(task, timeout_s=timeout_s)
+        state.keep(client.pending)
         return report
     finally:
         state.history = tuple(client.accountant_history())
@@ -430,8 +483,35 @@ def create_client_app(
                 client.shutdown()
             else:
                 client.close()  # a cached node keeps no connection between messages
-        reported: dict[str, MetricRecordValues] = {**report.to_metrics()}
-        metrics = MetricRecord(reported)
-        return Message(RecordDict({METRICS_KEY: metrics}), reply_to=message)
+        return _reply(report, message)
+
+    @app.query(PUSH_ACTION)
+    def push(message: Message, context: Context) -> Message:
+        record = message.content.config_records.get(RECORD_KEY)
+        if record is None:
+            raise InvalidArgumentError(f"push message without a {RECORD_KEY!r} ConfigRecord")
+        task = FlowerTask.from_record(record)
+        state, client = prepare(context)
+        try:
+            prepared = state.prepared(task.round)
+            if prepared is None:
+                _log.info("%s: nothing committed for round %d", client.name, task.round)
+                report = client.idle_report(task.round)
+            else:
+                client.restore_accountant(list(state.history))  # the epsilon it reports
+                report = client.push_task(task, prepared, timeout_s=timeout_s)
+                state.keep(None)
+                state.save(context)
+        finally:
+            if cache_size == 0:
+                client.shutdown()
+            else:
+                client.close()
+        return _reply(report, message)
 
     return app
+
+
+def _reply(report: RoundReport, message: Message) -> Message:
+    reported: dict[str, MetricRecordValues] = {**report.to_metrics()}
+    return Message(RecordDict({METRICS_KEY: MetricRecord(reported)}), reply_to=message)

@@ -9,8 +9,13 @@ This module holds what both ends must agree on, as plain mappings of Flower's re
     Node to strategy: :class:`Registration` (public signing key, examples, model size).
 ``train``
     Strategy to node: :class:`FlowerTask`; node to strategy: :class:`RoundReport`, metadata
-    only. No message ever carries a model update, in plaintext or encrypted: updates go to the
-    shards over fedps's own gRPC.
+    only. The node trains, encrypts and commits its update at the key holder
+    (``trained``: committed), but pushes nothing yet.
+``query.fedps_push``
+    Strategy to node, once the key holder froze the round's commitments and the shards take
+    pushes: the same :class:`FlowerTask`; the node pushes the update it committed and
+    answers with its :class:`RoundReport`. No message ever carries a model update, in
+    plaintext or encrypted: updates go to the shards over fedps's own gRPC.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from fedps.errors import InvalidArgumentError
 __all__ = [
     "CONFIG_KEY",
     "METRICS_KEY",
+    "PUSH_ACTION",
     "RECORD_KEY",
     "REGISTER_ACTION",
     "FlowerTask",
@@ -33,6 +39,8 @@ __all__ = [
 
 #: The query action of registration (message type ``query.fedps_register``).
 REGISTER_ACTION = "fedps_register"
+#: The query action that asks a committed node to push (``query.fedps_push``).
+PUSH_ACTION = "fedps_push"
 #: The ConfigRecord holding fedps's task, registration and node state.
 RECORD_KEY = "fedps"
 #: The MetricRecord of a train reply.

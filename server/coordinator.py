@@ -301,6 +301,20 @@ class Coordinator:
         with self._lock:
             return {cid: c.epsilon for cid, c in self.clients.items()}
 
+    def wait_until_pushing(self, round_: int, timeout_s: float) -> bool:
+        """Wait until ``round_``'s commitments are frozen and its shards take pushes; False
+        when the round ended first (too few commitments) or ``timeout_s`` passed."""
+        until = time.time() + timeout_s
+        with self._changed:
+            while time.time() < until and not self._stop.is_set():
+                current = self._open
+                if current is not None and current.round == round_ and current.pushing:
+                    return True
+                if self.round >= round_:
+                    return False
+                self._changed.wait(timeout=_WAIT_S)
+        return False
+
     def reported_in_open_round(self) -> int:
         """Updates reported so far in the open round or buffer (0 between rounds)."""
         current = self._open

@@ -11,9 +11,12 @@ protocol (see :mod:`fedps.flower_messages`):
   coordinator's own round, in a thread) and sends each node the coordinator's task: round,
   model version, client id, context id, weight scale, deadline. Nodes pull that version from
   the shards, train with DP-SGD, and push encrypted, signed blocks to the shards themselves.
-- ``aggregate_train`` reports each reply (metadata only) to the coordinator, which then
-  closes the round on the shards and asks the key holder to verify, decrypt, average and
-  apply the aggregate. The result is the model the key holder published, pulled from the
+- Nodes commit their encrypted update at the key holder and reply (metadata only). Once the
+  coordinator froze the commitments and opened the round on the shards, ``aggregate_train``
+  sends each committed node a ``query.fedps_push``; it pushes and replies. Each reply is
+  reported to the coordinator, which then closes the round on the shards and asks the key
+  holder to verify, decrypt, average and apply the aggregate of exactly the committed clients
+  whose pushes completed. The result is the model the key holder published, pulled from the
   shards with every block's signature checked: the same model fedps trains on its own.
 
 So the Flower server never sees an update, encrypted or not, and never holds a key. Its
@@ -28,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +54,7 @@ from fedps.config import FedPSConfig
 from fedps.errors import ConfigError, FedPSError, InvalidArgumentError
 from fedps.flower_messages import (
     METRICS_KEY,
+    PUSH_ACTION,
     RECORD_KEY,
     REGISTER_ACTION,
     FlowerTask,
@@ -81,6 +85,7 @@ class _Round:
     cohort: dict[int, _Member]  # Flower node id -> member
     thread: threading.Thread
     error: list[BaseException]
+    tasks: dict[int, FlowerTask] = field(default_factory=dict)  # what each node was sent
 
 
 class FlowerStrategy(Strategy):
@@ -137,6 +142,7 @@ class FlowerStrategy(Strategy):
         self._exhausted: set[int] = set()
         self._bootstrapped = False
         self._round: _Round | None = None
+        self._grid: Grid | None = None
 
     def initial_arrays(self) -> ArrayRecord:
         """The fedps initial model, to pass as ``initial_arrays`` to :meth:`start`."""
@@ -175,6 +181,7 @@ class FlowerStrategy(Strategy):
                 server_round,
                 self.config.training.rounds,
             )
+        self._grid = grid  # aggregate_train asks the committed nodes to push through it
         nodes = self._sample(grid)
         self._register(grid, [n for n in nodes if n not in self._members])
         cohort = {n: self._members[n] for n in nodes if n in self._members}
@@ -199,25 +206,17 @@ class FlowerStrategy(Strategy):
             task = coordinator.get_task(member.client_id, member.credential)
             if task.kind != "train":
                 raise FedPSError(f"round {opened.number}: no task for {member.client_id}")
-            values: dict[str, ConfigRecordValues] = {
-                **FlowerTask(
-                    round=task.round,
-                    version=task.version,
-                    deadline_unix=task.deadline_unix,
-                    weight_scale=task.weight_scale,
-                    context_id=task.context_id,
-                    client_id=member.client_id,
-                    run_id=coordinator.run_id,
-                ).to_record()
-            }
-            content = RecordDict({RECORD_KEY: ConfigRecord(values), "config": config})
+            opened.tasks[node] = FlowerTask(
+                round=task.round,
+                version=task.version,
+                deadline_unix=task.deadline_unix,
+                weight_scale=task.weight_scale,
+                context_id=task.context_id,
+                client_id=member.client_id,
+                run_id=coordinator.run_id,
+            )
             messages.append(
-                Message(
-                    content=content,
-                    message_type=MessageType.TRAIN,
-                    dst_node_id=node,
-                    group_id=str(server_round),
-                )
+                self._message(opened.tasks[node], node, MessageType.TRAIN, server_round, config)
             )
         _log.info("round %d (fedps round %d): %d nodes", server_round, opened.number, len(cohort))
         return messages
@@ -231,20 +230,25 @@ class FlowerStrategy(Strategy):
         current, self._round = self._round, None
         if current is None:  # configure_train skipped the round
             return None, None
-        replied: set[int] = set()
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            member = current.cohort.get(node)
-            if member is None:
-                continue
-            replied.add(node)
-            report = self._report_of(reply, current.number)
-            if report is not None and report.budget_exhausted:
-                self._exhausted.add(node)
-            self._report(member, current.number, report)
-        for node in current.cohort.keys() - replied:  # no reply in time: close without it
-            _log.warning("round %d: no reply from node %d", server_round, node)
-            self._report(current.cohort[node], current.number, None)
+        timeout = self.config.training.deadline_s + 60.0
+        committed = self._collect(
+            current, replies, set(current.cohort), server_round, hold_committed=True
+        )
+        grid = self._grid
+        if (
+            committed
+            and grid is not None
+            and self.coordinator.wait_until_pushing(current.number, timeout)
+        ):
+            pushes = [
+                self._message(current.tasks[node], node, f"{MessageType.QUERY}.{PUSH_ACTION}")
+                for node in committed
+            ]
+            replies = grid.send_and_receive(pushes, timeout=timeout)
+            self._collect(current, replies, set(committed), server_round)
+        else:  # the round ended below quorum before any push
+            for node, report in committed.items():
+                self._report(current.cohort[node], current.number, report)
         record = self._finish(current)
         metrics: dict[str, MetricRecordValues] = {
             "fedps-round": record.round,
@@ -277,6 +281,53 @@ class FlowerStrategy(Strategy):
         return None
 
     # ------------------------------------------------------------------ helpers
+    def _message(
+        self,
+        task: FlowerTask,
+        node: int,
+        message_type: str,
+        server_round: int | None = None,
+        config: ConfigRecord | None = None,
+    ) -> Message:
+        values: dict[str, ConfigRecordValues] = {**task.to_record()}
+        content = RecordDict({RECORD_KEY: ConfigRecord(values)})
+        if config is not None:
+            content["config"] = config
+        group = str(server_round) if server_round is not None else str(task.round)
+        return Message(content=content, message_type=message_type, dst_node_id=node, group_id=group)
+
+    def _collect(
+        self,
+        current: _Round,
+        replies: Iterable[Message],
+        expected: set[int],
+        server_round: int,
+        *,
+        hold_committed: bool = False,
+    ) -> dict[int, RoundReport]:
+        """Report each ``expected`` node's reply to the coordinator (a node without one:
+        done, nothing pushed); with ``hold_committed``, return the committed nodes' reports
+        unreported instead (they still have to push)."""
+        held: dict[int, RoundReport] = {}
+        replied: set[int] = set()
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            member = current.cohort.get(node)
+            if member is None or node in replied or node not in expected:
+                continue
+            replied.add(node)
+            report = self._report_of(reply, current.number)
+            if report is not None and report.budget_exhausted:
+                self._exhausted.add(node)
+            if hold_committed and report is not None and report.trained:
+                held[node] = report
+            else:
+                self._report(member, current.number, report)
+        for node in expected - replied:  # no reply in time: close without it
+            _log.warning("round %d: no reply from node %d", server_round, node)
+            self._report(current.cohort[node], current.number, None)
+        return held
+
     def _check_size(self, arrays: ArrayRecord) -> None:
         size = sum(int(np.asarray(a).size) for a in arrays.to_numpy_ndarrays())
         expected = self.coordinator.layout.num_params
