@@ -30,7 +30,7 @@ from crypto.params import CkksParams
 from crypto.plain_context import PlainContext
 from crypto.secret_context import SecretContext
 
-__all__ = ["decryption_error", "measure_packed", "measure_plain", "measure_tenseal"]
+__all__ = ["decryption_error", "measure_packed", "measure_plain", "measure_tenseal", "timed"]
 
 _MESSAGE_BLOCKS = 90  # blocks per push message (about 2 MB)
 
@@ -49,7 +49,8 @@ def _quiet_stdout() -> Iterator[None]:
         os.close(saved)
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """``fn()`` and the seconds it took."""
     start = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - start
@@ -65,8 +66,8 @@ def measure_packed(
     blocks = -(-num_params // n)
     updates = [rng.normal(0, 0.01, num_params) for _ in range(clients)]
     enc = BlockEncryptor(public)
-    _, offline = _timed(lambda: enc.precompute(blocks))
-    packed, online = _timed(lambda: enc.encrypt(updates[0]))
+    _, offline = timed(lambda: enc.precompute(blocks))
+    packed, online = timed(lambda: enc.encrypt(updates[0]))
     result = {
         "encrypt_offline_values_per_s": num_params / offline,
         "encrypt_online_values_per_s": num_params / online,
@@ -78,8 +79,8 @@ def measure_packed(
         multi = BlockEncryptor(public, workers=cores)
         multi.precompute(4 * cores)  # start the worker processes outside the timing
         multi.encrypt(np.zeros(4 * cores * n))
-        _, offline_all = _timed(lambda: multi.precompute(blocks))
-        _, online_all = _timed(lambda: multi.encrypt(updates[0]))
+        _, offline_all = timed(lambda: multi.precompute(blocks))
+        _, online_all = timed(lambda: multi.encrypt(updates[0]))
         multi.close()
         result["encrypt_all_cores_values_per_s"] = num_params / (offline_all + online_all)
         result["cores"] = float(cores)
@@ -95,9 +96,9 @@ def measure_packed(
                 for (b, _), row in zip(batch, rows, strict=True):
                     sums[b].add(row)
 
-    _, ingest_s = _timed(ingest)
+    _, ingest_s = timed(ingest)
     result["shard_ingest_values_per_s"] = clients * num_params / ingest_s
-    decrypted, decrypt_s = _timed(
+    decrypted, decrypt_s = timed(
         lambda: np.concatenate([keys.decrypt(sums[b].coefficients) for b in range(blocks)])
     )
     result["decrypt_values_per_s"] = num_params / decrypt_s
@@ -123,7 +124,7 @@ def _measure_tenseal(num_params: int, clients: int) -> dict[str, float]:
     ctx.global_scale = 2**40
     public = ts.context_from(ctx.serialize(save_secret_key=False))
     updates = [rng.normal(0, 0.01, num_params) for _ in range(clients)]
-    first, encrypt_s = _timed(lambda: ts.ckks_vector(public, updates[0].tolist()).serialize())
+    first, encrypt_s = timed(lambda: ts.ckks_vector(public, updates[0].tolist()).serialize())
     wires = [first] + [ts.ckks_vector(public, u.tolist()).serialize() for u in updates[1:]]
 
     def ingest() -> Any:
@@ -132,8 +133,8 @@ def _measure_tenseal(num_params: int, clients: int) -> dict[str, float]:
             total = total + ts.ckks_vector_from(public, wire)
         return total.serialize()
 
-    summed, ingest_s = _timed(ingest)
-    decrypted, decrypt_s = _timed(lambda: np.array(ts.ckks_vector_from(ctx, summed).decrypt()))
+    summed, ingest_s = timed(ingest)
+    decrypted, decrypt_s = timed(lambda: np.array(ts.ckks_vector_from(ctx, summed).decrypt()))
     expected = np.sum(updates, axis=0)
     return {
         "encrypt_values_per_s": num_params / encrypt_s,
@@ -149,7 +150,7 @@ def measure_plain(num_params: int, *, clients: int = 2) -> dict[str, float]:
     rng = np.random.default_rng(0)
     context = PlainContext(CkksParams().values_per_block)
     updates = [rng.normal(0, 0.01, num_params) for _ in range(clients)]
-    packed, encode_s = _timed(lambda: context.encrypt(updates[0]))
+    packed, encode_s = timed(lambda: context.encrypt(updates[0]))
     pushes = [packed] + [context.encrypt(u) for u in updates[1:]]
 
     def ingest() -> None:
@@ -157,7 +158,7 @@ def measure_plain(num_params: int, *, clients: int = 2) -> dict[str, float]:
         for push in pushes:
             acc += context.unpack_blocks([push[b] for b in range(len(packed))])
 
-    _, ingest_s = _timed(ingest)
+    _, ingest_s = timed(ingest)
     return {
         "encrypt_values_per_s": num_params / encode_s,
         "bytes_per_param": sum(len(b) for b in packed.values()) / num_params,

@@ -58,6 +58,20 @@ def render_table(results: dict[str, Any]) -> str:
     if len(mem) >= 2:
         values = [r["peak_rss_mib"] for r in mem.values()]
         lines.append(f"\nShard memory, most clients vs fewest: {values[-1] / values[0]:.2f}x")
+    if "verification" in results:
+        v = results["verification"]
+        lines += [
+            "",
+            f"Whole-aggregate verification, {int(v['num_params']):,} parameters, "
+            f"{int(v['clients'])} clients:",
+            "",
+            "| | time | vs secure round | bytes per client | vs its update |",
+            "|---|---:|---:|---:|---:|",
+            f"| client sketch + key holder check | {v['client_sketch_s'] * 1e3:.0f} + "
+            f"{v['keyholder_check_s'] * 1e3:.0f} ms | {v['time_fraction']:.2%} of "
+            f"{v['round_s']:.2f} s | {int(v['commit_bytes']):,} | {v['bytes_fraction']:.2%} of "
+            f"{int(v['push_bytes']):,} |",
+        ]
     if "async_vs_sync" in results:
         r = results["async_vs_sync"]
         lines += [

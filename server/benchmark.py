@@ -6,6 +6,9 @@
   processes on loopback, for the demo model and a 1M-parameter model.
 - Shard memory: peak RSS of a shard process after 10 and after 200 clients pushed a
   1M-parameter update.
+- The key holder's whole-aggregate verification on the 1M-parameter model: what each client
+  and the key holder compute (sketches of every block under the round's challenge) and send
+  (the commitment), against that model's secure round time and push bytes in the same run.
 
 Speeds are reported as ratios against a baseline measured in the same run; the machines are
 shared and noisy, so absolute figures are indicative only.
@@ -25,8 +28,15 @@ import numpy as np
 from rich.console import Console
 
 from crypto import BlockEncryptor, CkksParams, PublicContext, SecretContext
-from crypto.benchmark import decryption_error, measure_packed, measure_plain, measure_tenseal
+from crypto.benchmark import (
+    decryption_error,
+    measure_packed,
+    measure_plain,
+    measure_tenseal,
+    timed,
+)
 from crypto.signing import BlockSigner, sign_update
+from crypto.sketch import Challenge
 from fedps.config import load_config
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc, shard_pb2, shard_pb2_grpc
 from fedps.transport import batched, call, create_channel
@@ -96,7 +106,96 @@ def run_bench(
         console.print(f"shard peak RSS, {clients} clients x 1M parameters ...")
         memory[str(clients)] = _shard_peak_rss(clients, 1_000_000, keys)
     results["shard_memory"] = memory
+    if "mlp1m" in e2e:
+        console.print("verification of the aggregate, 1M-parameter model ...")
+        results["verification"] = measure_verification(
+            _num_params("mlp1m"), keys=keys, round_s=e2e["mlp1m"]["secure"]["median_round_s"]
+        )
     return results
+
+
+def _num_params(model: str) -> int:
+    from fedps.models import create_model
+
+    net = create_model(model, num_features=64, num_classes=10)
+    return sum(p.numel() for p in net.parameters())
+
+
+def measure_verification(
+    num_params: int, *, keys: SecretContext, round_s: float, clients: int = 4
+) -> dict[str, float]:
+    """What the whole-aggregate check costs one round of ``clients`` clients.
+
+    Each client sketches its own blocks (in parallel with the others: one client's time is
+    on the round's critical path) and sends one commitment; the key holder sketches every
+    aggregate block and combines the clients' sketches. Compared with ``round_s``, the
+    median secure round of the same model measured in the same run, and with the bytes of
+    one client's encrypted update.
+    """
+    public = keys.public
+    rng = np.random.default_rng(0)
+    encryptor = BlockEncryptor(public)
+    coefficients = [
+        encryptor.encrypt_with_coefficients(rng.normal(0, 0.01, num_params))[1]
+        for _ in range(clients)
+    ]
+    push_bytes = sum(len(b) for b in encryptor.encrypt(rng.normal(0, 0.01, num_params)).values())
+    seed = os.urandom(32)
+
+    def client_side(own: np.ndarray) -> np.ndarray:
+        challenge = Challenge(
+            seed, modulus=public.modulus, coeffs_per_block=public.coeffs_per_block
+        )
+        sketches: np.ndarray = challenge.sketch(own)
+        return sketches
+
+    mine, client_s = timed(lambda: client_side(coefficients[0]))
+    sketches = [mine] + [client_side(c) for c in coefficients[1:]]
+    q = public.modulus
+    total = np.zeros_like(coefficients[0], dtype=object)
+    for c in coefficients:
+        total = (total + c.astype(object)) % q
+    aggregate = total.astype(np.uint64)
+
+    def keyholder_side() -> bool:
+        challenge = Challenge(
+            seed, modulus=public.modulus, coeffs_per_block=public.coeffs_per_block
+        )
+        expected = challenge.combine([(s, 1) for s in sketches])
+        return bool(np.array_equal(challenge.sketch(aggregate), expected))
+
+    ok, keyholder_s = timed(keyholder_side)
+    if not ok:
+        raise AssertionError("the honest aggregate failed its own check")
+    _, _, roots = sign_update(
+        BlockSigner(),
+        coefficients[0],
+        run_id="bench",
+        round_=1,
+        client_id="client-0",
+        context_id=public.context_id,
+        weight=1.0,
+    )
+    commit = keyholder_pb2.CommitRequest(
+        round=1,
+        update=common_pb2.SignedUpdate(
+            client_id="client-0", weight=1.0, nonce=b"\0" * 16, signature=b"\0" * 64, roots=roots
+        ),
+        sketches=mine.astype("<u8").tobytes(),
+    )
+    commit_bytes = commit.ByteSize() + 64  # and the challenge request and reply
+    return {
+        "num_params": float(num_params),
+        "clients": float(clients),
+        "client_sketch_s": client_s,
+        "keyholder_check_s": keyholder_s,
+        "round_s": round_s,
+        "time_fraction": (client_s + keyholder_s) / round_s,
+        "commit_bytes": float(commit_bytes),
+        "sketch_bytes": float(mine.nbytes),
+        "push_bytes": float(push_bytes),
+        "bytes_fraction": commit_bytes / push_bytes,
+    }
 
 
 def _round_times(model: str, rounds: int) -> dict[str, Any]:
