@@ -14,31 +14,40 @@ the iteration that was running. Everything is derived from ``random.Random`` see
 
 ``rpc`` mode
     Starts a real cluster on loopback (key holder, one shard, coordinator), lets the
-    coordinator initialise the model, registers two cohort clients (Ed25519 keys from
-    :class:`crypto.signing.BlockSigner`) so that the coordinator opens round 1 on the shard,
-    pushes one genuine block as the baseline, then sends N calls to every RPC of the
-    ``Shard``, ``KeyHolder`` and ``Coordinator`` services through real gRPC channels. Each
-    call carries messages that are protobuf-parsed random wire data, structured mutations
-    of a valid request (boundary and random numbers, NaN/inf, wrong lengths, truncated,
-    extended and bit-flipped ciphertexts, coefficients >= q, foreign ids, roots,
-    signatures and keys, empty and long repeated fields), or (about 5%) bytes that do not
-    parse at all. Per RPC an oracle mirrors the protocol's rules and classifies every
-    request as *legit* (success allowed), *malformed* (must be refused) or *skip* (valid and
-    state-changing: never sent, so that the cluster state stays comparable). Outcomes:
+    coordinator initialise the model and registers two cohort clients (Ed25519 keys from
+    :class:`crypto.signing.BlockSigner`), so that the coordinator opens round 1's commit
+    phase at the key holder. Both clients commit their genuine signed updates and sketches
+    (``GetChallenge``, ``Commit``), as :class:`clients.edge_client.EdgeClient` does; the
+    coordinator then freezes the commitments and opens round 1 on the shard with them. One
+    genuine block is pushed as the baseline, and round 2's commit phase is opened with one
+    client committed and the other not, so that a commitment reaches the key holder's checks.
+    Then N calls go to every RPC of the ``Shard``, ``KeyHolder`` and ``Coordinator`` services
+    through real gRPC channels. Each call carries messages that are protobuf-parsed random
+    wire data, structured mutations of a valid request (boundary and random numbers,
+    NaN/inf, wrong lengths, truncated, extended and bit-flipped ciphertexts, coefficients and
+    sketches >= q, foreign ids, roots, signatures and keys, updates signed over other
+    fields, empty and long repeated fields), or (about 5%) bytes that do not parse at all.
+    Per RPC an oracle mirrors the protocol's rules and classifies every request as *genuine*
+    (must succeed: an idempotent repeat of what the cluster already holds), *legit* (success
+    allowed), *malformed* (must be refused) or *skip* (valid and state-changing: never sent,
+    so that the cluster state stays comparable). Outcomes:
 
-    - refused with a status other than INTERNAL/UNKNOWN/DEADLINE_EXCEEDED/...: expected;
+    - refused with a status other than INTERNAL/UNKNOWN/DEADLINE_EXCEEDED/...: expected,
+      unless the request is genuine ("refused_genuine");
     - INTERNAL ``Exception deserializing request!`` for bytes that do not parse: expected
       (gRPC's own refusal);
     - INTERNAL, UNKNOWN (an uncaught exception in a servicer), DEADLINE_EXCEEDED (a hang)
       or any other unexpected status: a bug ("unexpected");
-    - OK for a malformed request: a bug ("accepted_malformed").
+    - OK for a malformed request, or a reply that differs from the cluster's state (a
+      challenge seed, a commit set): a bug ("accepted_malformed").
 
     At the end the shard's accepted-block count, running sums, per-client entries (signed
-    updates and the blocks added), the published model on the shard, the key holder's model,
-    version and last round, and the coordinator's round and version are compared with the
-    baseline, and every server
-    must still answer. Rate limiting (``security.max_pushes_per_round``) is raised so that
-    the fuzz reaches the deep validation paths instead of the per-client message limit.
+    updates and the blocks added), rounds and their commitments, the published model on the
+    shard, the key holder's model, version, last round, commit phases (cohorts, commitments,
+    frozen or not), refused rounds and detections, and the coordinator's round and version
+    are compared with the baseline, and every server must still answer. Rate limiting
+    (``security.max_pushes_per_round``) is raised so that the fuzz reaches the deep
+    validation paths instead of the per-client message limit.
 
 ``deser`` mode
     Feeds N generated inputs to each deserialisation path directly:
@@ -55,7 +64,7 @@ Budget
     an RPC stops early after ``--rpc-budget`` seconds, 3 deadline hits or 12 slow failures
     (and then counts as incomplete). Measured on 2 cores, 10,000 calls take 8-50 s per RPC
     (PushBlocks and OpenRound are the slowest: 23 KB ciphertexts; a public-context refetch
-    per unknown context id), about 5 minutes for all 18 RPCs, and 1-40 s per
+    per unknown context id), about 5 minutes for all 20 RPCs, and 1-40 s per
     deserialisation path (``SecretContext.load`` is the slowest), about 1.5 minutes in all.
     The data segment is capped (``FEDPS_FUZZ_MEMORY_MB``, default 4096) so that an unbounded
     allocation in a handler fails with MemoryError instead of taking the machine down.
@@ -68,7 +77,6 @@ import contextlib
 import copy
 import faulthandler
 import hashlib
-import inspect
 import json
 import logging
 import math
@@ -88,7 +96,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -96,7 +104,7 @@ from google.protobuf import message as pb_message
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
 
-LEGIT, MALFORMED, SKIP = "legit", "malformed", "skip"
+GENUINE, LEGIT, MALFORMED, SKIP = "genuine", "legit", "malformed", "skip"
 
 
 def bad(reason: str) -> str:
@@ -124,7 +132,7 @@ MAX_EXAMPLES = 5
 U32 = (1 << 32) - 1
 U64 = (1 << 64) - 1
 
-_INTS = [
+_INTS: list[int] = [
     *range(0, 9),
     15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 255, 256, 1023, 1024, 2047, 2048, 2049,
     4095, 4096, 4809, 4810, 4811, 65535, 65536, 2**31 - 1, 2**31, 2**32 - 2, 2**32 - 1, 2**32,
@@ -132,7 +140,7 @@ _INTS = [
 ]  # fmt: skip
 _SNAN = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000001))[0]
 _NEG_NAN = struct.unpack("<d", struct.pack("<Q", 0xFFF8000000000000))[0]
-_DOUBLES = [
+_DOUBLES: list[float] = [
     math.nan, _SNAN, _NEG_NAN, math.inf, -math.inf, 0.0, -0.0, 5e-324, -5e-324,
     2.2250738585072014e-308, 1e-300, 1e-12, 0.5, 1.0, -1.0, 2.0, 1e6, 1000000.0000000001,
     1e6 + 1, -1e6, 1e9, 2.0**53, 2.0**63, 2.0**64, 1e300, 1.7976931348623157e308,
@@ -176,7 +184,7 @@ def rand_double(rng: random.Random, current: float = 0.0) -> float:
     if r < 0.7 and math.isfinite(current):
         return math.nextafter(current, rng.choice([math.inf, -math.inf]))
     if r < 0.8:
-        return struct.unpack("<d", rand_bytes(rng, 8))[0]
+        return float(struct.unpack("<d", rand_bytes(rng, 8))[0])
     return rng.uniform(-1e9, 1e9)
 
 
@@ -318,7 +326,7 @@ def random_wire(rng: random.Random, desc: Descriptor, depth: int = 0) -> bytes:
             out += rand_bytes(rng, 4)
         elif wt == 2:
             if f is not None and f.type == FieldDescriptor.TYPE_MESSAGE and depth < 3:
-                payload = random_wire(rng, f.message_type, depth + 1)
+                payload = random_wire(rng, _message_type(f), depth + 1)
             elif f is not None and f.type == FieldDescriptor.TYPE_STRING:
                 text = rand_text(rng).encode("utf-8", "surrogatepass")
                 payload = text if rng.random() < 0.9 else flip_bits(rng, text + b"\xc3", 1)
@@ -364,7 +372,7 @@ class Mutator:
 
     def _once(self, msg: pb_message.Message, depth: int) -> None:
         rng = self.rng
-        desc = msg.DESCRIPTOR
+        desc = cast(Descriptor, msg.DESCRIPTOR)
         if not desc.fields or rng.random() < 0.03:
             with contextlib.suppress(pb_message.DecodeError):
                 msg.MergeFromString(random_wire(rng, desc, depth))
@@ -443,14 +451,14 @@ class Mutator:
             count = rng.choice([100, 1000, 10_000, 100_000])
             if is_msg:
                 # A few distinct items (random, or copies of existing ones), repeated.
-                template = message_factory.GetMessageClass(f.message_type)
+                template = message_factory.GetMessageClass(_message_type(f))
                 distinct = []
                 for _ in range(3):
                     item = template()
                     if n and rng.random() < 0.5:
                         item.CopyFrom(c[rng.randrange(n)])
                     with contextlib.suppress(pb_message.DecodeError):
-                        item.MergeFromString(random_wire(rng, f.message_type, 3))
+                        item.MergeFromString(random_wire(rng, _message_type(f), 3))
                     distinct.append(item)
                 size = max(item.ByteSize() for item in distinct) + 4
                 count = min(count, budget // size)
@@ -483,10 +491,16 @@ class Mutator:
             else:
                 item = c.add()
                 with contextlib.suppress(pb_message.DecodeError):
-                    item.MergeFromString(random_wire(rng, f.message_type, depth + 1))
+                    item.MergeFromString(random_wire(rng, _message_type(f), depth + 1))
         else:
             with contextlib.suppress(ValueError, TypeError):
                 c.append(self.value(f, c[rng.randrange(len(c))] if len(c) else _default(f)))
+
+
+def _message_type(f: FieldDescriptor) -> Descriptor:
+    """The message type of a message field."""
+    assert f.message_type is not None, f.full_name
+    return f.message_type
 
 
 def _default(f: FieldDescriptor) -> Any:
@@ -546,6 +560,11 @@ class Case:
     metadata: Metadata = None
     verdict: str = LEGIT
 
+    @property
+    def required_ok(self) -> bool:
+        """A genuine request: refusing it is a bug."""
+        return self.verdict == GENUINE and not self.raw
+
 
 @dataclass
 class RpcSpec:
@@ -562,7 +581,6 @@ class RpcSpec:
     custom: Callable[[random.Random], pb_message.Message] | None = None
     focus: dict[str, float] = field(default_factory=dict)
     concurrency: int = 4
-    generic: bool = False
     check_reply: Callable[[Any], str | None] | None = None
 
     @property
@@ -583,6 +601,7 @@ class RpcStats:
     skipped_valid: int = 0
     client_errors: int = 0
     accepted_malformed: int = 0
+    refused_genuine: int = 0
     unexpected: int = 0
     hangs: int = 0
     slow: int = 0
@@ -614,6 +633,7 @@ class RpcStats:
             "skipped_valid": self.skipped_valid,
             "client_errors": self.client_errors,
             "accepted_malformed": self.accepted_malformed,
+            "refused_genuine": self.refused_genuine,
             "unexpected": self.unexpected,
             "hangs": self.hangs,
             "slow": self.slow,
@@ -643,16 +663,15 @@ class CaseGenerator:
             metadata = self.spec.metadata(self.rng) if self.spec.metadata else None
             raw = any(isinstance(i, bytes) for i in items)
             msgs = [i for i in items if not isinstance(i, bytes)]
-            if self.spec.generic:
-                verdict = LEGIT
-            elif not msgs and not self.spec.method.client_streaming:
+            if not msgs and not self.spec.method.client_streaming:
                 verdict = MALFORMED  # unparseable bytes only
             else:
                 verdict = self.spec.judge(msgs, metadata)
             if verdict == SKIP:
                 self.skipped += 1
                 continue
-            return Case(items, kind, verdict == LEGIT and not raw, raw, metadata, verdict)
+            allowed = verdict in (GENUINE, LEGIT) and not raw
+            return Case(items, kind, allowed, raw, metadata, verdict)
         return None
 
     def _items(self) -> tuple[list[Any], str]:
@@ -682,7 +701,7 @@ class CaseGenerator:
 
     def _parse(self, data: bytes) -> pb_message.Message | None:
         try:
-            return self.cls.FromString(data)  # type: ignore[no-any-return]
+            return self.cls.FromString(data)
         except Exception:  # DecodeError, or anything upb raises on garbage
             return None
 
@@ -720,7 +739,7 @@ class CaseGenerator:
 
 
 def _serialize(item: Any) -> bytes:
-    return item if isinstance(item, bytes) else item.SerializeToString()  # type: ignore[no-any-return]
+    return item if isinstance(item, bytes) else item.SerializeToString()
 
 
 def make_callable(channel: grpc.Channel, spec: RpcSpec) -> Callable[..., Any]:
@@ -839,6 +858,9 @@ def _record(
     if seconds > slow_s:
         stats.slow += 1
         stats.example("slow", entry)
+    if code != "OK" and case.required_ok:
+        stats.refused_genuine += 1
+        stats.example("refused_genuine", entry)
     if code == "OK":
         if case.allowed_ok and note is None:
             stats.ok_legit += 1
@@ -881,13 +903,30 @@ class Breadcrumb:
 # ---------------------------------------------------------------------------- the cluster
 
 
+@dataclass(frozen=True)
+class CommitPhaseView:
+    """What the key holder's commit board holds for one round (the oracles' view of it)."""
+
+    members: dict[str, bytes]  # client id -> signing key
+    committed: frozenset[str]
+    frozen: bool
+
+
 class RpcFixture:
     """A running cluster in round 1, the genuine material to mutate, and one oracle per RPC."""
 
     def __init__(self, tmp: Path) -> None:
         from crypto import BlockEncryptor, bitpack
-        from crypto.signing import BlockSigner, merkle_proof, sign_update
-        from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc, shard_pb2
+        from crypto.signing import BlockSigner, update_digest
+        from fedps.proto import (
+            common_pb2,
+            coordinator_pb2,
+            coordinator_pb2_grpc,
+            keyholder_pb2,
+            keyholder_pb2_grpc,
+            shard_pb2,
+            shard_pb2_grpc,
+        )
         from fedps.transport import MAX_MESSAGE_BYTES, create_channel
         from tests.conftest import start_cluster
 
@@ -934,67 +973,98 @@ class RpcFixture:
             if credential:
                 self.credentials[reply.client_id] = credential
             if name == "b":  # a and b are the cohort of round 1; c registers afterwards
-                _wait(lambda: self.shard.round_is_open, 60, "round 1 to open")
-        self.round = self.shard.open_round_number
-        state = self.shard._rounds[self.round]
-        assert set(state.members) == {self.ids["a"], self.ids["b"]}, state.members
-        self.version = state.version
+                _wait(lambda: bool(self.kh.commits._phases), 60, "round 1's commit phase")
+        a, b = self.ids["a"], self.ids["b"]
+        self.cohort = {a, b}
+        self.round = max(self.kh.commits._phases)
+        phase = self.kh.commits._phases[self.round]
+        assert set(phase.members) == self.cohort, phase.members
+        self.version = phase.version
         self.run_id = self.coord.run_id
         self.context_id = self.kh.context_id
-        self.cohort = {self.ids["a"], self.ids["b"]}
+        self.cohort_keys = {
+            cid: self.signers[n].public_key for n, cid in self.ids.items() if cid in self.cohort
+        }
+        self.cohort_members = [
+            common_pb2.CohortMember(client_id=cid, signing_key=key)
+            for cid, key in sorted(self.cohort_keys.items())
+        ]
 
-        # Genuine signed updates of both cohort clients (all blocks each).
+        # Genuine updates of both cohort clients (all blocks each), committed as a client
+        # commits: the coordinator then freezes round 1's commitments and opens it on the shard.
+        keyholder = keyholder_pb2_grpc.KeyHolderStub(create_channel(self.addresses["KeyHolder"]))
         encryptor = BlockEncryptor(public)
         self.genuine: dict[str, dict[str, Any]] = {}
-        self.pushes: dict[str, Any] = {}
         for name in ("a", "b"):
-            cid = self.ids[name]
             packed, coeffs = encryptor.encrypt_with_coefficients(
                 np.full(self.num_params, 0.01 if name == "a" else -0.02)
             )
-            nonce, signature, roots = sign_update(
-                self.signers[name],
-                coeffs,
-                run_id=self.run_id,
-                round_=self.round,
-                client_id=cid,
-                context_id=self.context_id,
-                weight=1.0,
-                **_supported(sign_update, version=self.version),
+            self.genuine[self.ids[name]] = {"blocks": dict(packed), "coeffs": coeffs}
+        self.commit_requests: dict[tuple[int, str], Any] = {}  # (round, client) -> genuine
+        self.seeds: dict[int, bytes] = {}
+        for name in ("a", "b"):
+            self._commit(keyholder, self.round, name, send=True)
+        _wait(
+            lambda: self.shard.round_is_open and self.shard.open_round_number == self.round,
+            60,
+            "round 1 to open on the shard",
+        )
+        state = self.shard._rounds[self.round]
+        assert set(state.members) == set(state.commitments) == self.cohort, state.commitments
+        self.pushes: dict[str, Any] = {}
+        for cid in sorted(self.cohort):
+            update = self.commit_requests[(self.round, cid)].update
+            self.genuine[cid]["header"] = (
+                self.round,
+                self.version,
+                self.context_id,
+                update.weight,
+                update.nonce,
+                update.signature,
+                tuple(update.roots),
             )
-            self.genuine[cid] = {
-                "header": (
-                    self.round,
-                    self.version,
-                    self.context_id,
-                    1.0,
-                    nonce,
-                    signature,
-                    tuple(roots),
-                ),
-                "blocks": dict(packed),
-                "coeffs": coeffs,
-            }
             self.pushes[cid] = shard_pb2.PushRequest(
                 client_id=cid,
                 round=self.round,
-                version=self.version,
-                weight=1.0,
+                version=update.version,
+                weight=update.weight,
                 context_id=self.context_id,
-                blocks=[shard_pb2.EncryptedBlock(block=b, ciphertext=x) for b, x in packed.items()],
-                nonce=nonce,
-                signature=signature,
-                roots=roots,
+                blocks=[
+                    shard_pb2.EncryptedBlock(block=b, ciphertext=x)
+                    for b, x in self.genuine[cid]["blocks"].items()
+                ],
+                nonce=update.nonce,
+                signature=update.signature,
+                roots=update.roots,
             )
-        a, b = self.ids["a"], self.ids["b"]
         # Baseline: client a's block 0, accepted for real; nothing else may ever be added.
         baseline = copy.deepcopy(self.pushes[a])
         del baseline.blocks[1:]
-        from fedps.proto import shard_pb2_grpc
-
         shard_stub = shard_pb2_grpc.ShardStub(create_channel(self.addresses["Shard"]))
-        reply = shard_stub.PushBlocks(iter([baseline]))
-        assert reply.accepted == 1, reply
+        pushed = shard_stub.PushBlocks(iter([baseline]))
+        assert pushed.accepted == 1, pushed
+
+        # Round 2's commit phase stays open with a committed and b not: b's commitments
+        # reach every check of the key holder (a's, and round 1's, are settled already).
+        self.open_round = self.round + 1
+        self.open_requests = {
+            r: keyholder_pb2.OpenCommitsRequest(
+                round=r,
+                version=self.version,
+                run_id=self.run_id,
+                members=self.cohort_members,
+                context_id=self.context_id,
+            )
+            for r in (self.round, self.open_round)
+        }
+        keyholder.OpenCommits(self.open_requests[self.open_round])
+        self._commit(keyholder, self.open_round, "a", send=True)
+        self._commit(keyholder, self.open_round, "b", send=False)
+        # What the key holder's commit board holds: the oracles' view of it.
+        self.commit_phases = {
+            self.round: CommitPhaseView(self.cohort_keys, frozenset({a, b}), frozen=True),
+            self.open_round: CommitPhaseView(self.cohort_keys, frozenset({a}), frozen=False),
+        }
         self.snapshot = self.take_snapshot()
 
         # Pools of meaningful alternative values for the mutator.
@@ -1028,6 +1098,7 @@ class RpcFixture:
             b"\x01" * 33,
             b"",
         ]
+        commits = list(self.commit_requests.values())
         all_roots = [r for g in self.genuine.values() for r in g["header"][6]]
         common_ids = [self.ids["c"], "", "mallory", "client-0", "x" * 1000, "\x00"]
         self.cohort_pools: dict[str, list[Any]] = {
@@ -1044,24 +1115,18 @@ class RpcFixture:
             "run_id": [self.run_id, "", self.run_id + "x", self.run_id.upper()],
             "ciphertext": ciphertexts,
             "signature": [
-                self.genuine[a]["header"][5],
-                self.genuine[b]["header"][5],
+                *(m.update.signature for m in commits),
                 rand_bytes(random.Random(7), 64),
                 b"\x00" * 64,
-                self.genuine[a]["header"][5][:63],
-                self.genuine[a]["header"][5] + b"\x00",
+                commits[0].update.signature[:63],
+                commits[0].update.signature + b"\x00",
                 b"",
             ],
-            "nonce": [
-                self.genuine[a]["header"][4],
-                self.genuine[b]["header"][4],
-                b"",
-                b"\x00" * 16,
-            ],
+            "nonce": [*(m.update.nonce for m in commits), b"", b"\x00" * 16],
             "roots": [*all_roots, b"\x00" * 32, all_roots[0][:31], all_roots[0] + b"\x00", b""],
             "signing_key": keys,
-            "round": [0, self.round, self.round + 1, self.round - 1, 2**64 - 1],
-            "version": [0, self.version, self.version + 1, 2**64 - 1],
+            "round": [0, self.round, self.open_round, self.round + 2, self.round - 1, U64],
+            "version": [0, self.version, self.version + 1, U64],
             "block": [0, 1, 2, self.num_blocks - 1, self.num_blocks, 2**32 - 1],
             "weight": [1.0, 0.999999, 1e6, 1e6 + 1, 0.0, -1.0],
             "num_params": [self.num_params, self.num_params - 1, self.num_params + 1, 1, 0],
@@ -1081,52 +1146,108 @@ class RpcFixture:
             values[0][:-1],
             b"",
         ]
-        # Audit material: the plan of round 1 and client a's chunks for it.
-        size = public.coeffs_per_block // 16
-        self.chunk_size = size
-        plan = self.kh.audit_plan(self.round)
-        self.audit_base = self._audit_submission(a, self.round, plan, self.genuine[a]["coeffs"])
-        chunk_bytes = [c.coefficients for c in self.audit_base.chunks]
-        proofs = [p for c in self.audit_base.chunks for p in c.proof]
-        self.audit_pools = {
-            "coefficients": [
-                *chunk_bytes,
-                chunk_bytes[0][:-8],
-                chunk_bytes[0] + b"\x00" * 8,
-                chunk_bytes[0][:-1],
-                np.full(size, q, dtype="<u8").tobytes(),
-                np.full(size, U64, dtype="<u8").tobytes(),
-                b"",
-            ],
-            "proof": [*proofs, b"\x00" * 32, proofs[0][:31], b""],
-            "chunk": [0, 15, 16, 2**32 - 1, *plan.values()],
-            "block": [*plan.keys(), self.num_blocks, 2**32 - 1],
-            "client_id": [a, b, *common_ids],
-            "round": [0, self.round, self.round + 1, 2**64 - 1],
-        }
-        self._merkle_proof = merkle_proof
+        # Commitment material: sketches of every genuine commitment and near-valid
+        # corruptions, and b's round-2 update signed (by b, unless said) over other fields.
+        sketches = commits[0].sketches
+        self.sketches_pool = [
+            *(m.sketches for m in commits),
+            sketches[:-8],
+            sketches + b"\x00" * 8,
+            sketches[:-1],
+            sketches + sketches,
+            np.full(len(sketches) // 8, q, dtype="<u8").tobytes(),
+            np.full(len(sketches) // 8, U64, dtype="<u8").tobytes(),
+            b"",
+        ]
+        update = self.commit_requests[(self.open_round, b)].update
+        signed = dict(
+            run_id=self.run_id,
+            round_=self.open_round,
+            client_id=b,
+            context_id=self.context_id,
+            weight=update.weight,
+            nonce=bytes(update.nonce),
+            roots=list(update.roots),
+            version=update.version,
+        )
+
+        def forged(signer: str = "b", **change: Any) -> Any:
+            fields = {**signed, **change}
+            return common_pb2.SignedUpdate(
+                client_id=b,
+                weight=fields["weight"],
+                nonce=fields["nonce"],
+                signature=self.signers[signer].sign(update_digest(**fields)),
+                roots=fields["roots"],
+                version=fields["version"],
+            )
+
+        roots = list(update.roots)
+        self.forged_updates = [
+            forged(weight=2.0),
+            forged(weight=0.5),
+            forged(weight=0.0),
+            forged(weight=-1.0),
+            forged(weight=math.nan),
+            forged(weight=math.inf),
+            forged(version=self.version + 1),
+            forged(version=(self.version - 1) & U64),
+            forged(roots=roots[:-1]),
+            forged(roots=[*roots, roots[0]]),
+            forged(roots=[]),
+            forged(run_id=self.run_id + "x"),
+            forged(context_id="plaintext-insecure"),
+            forged(round_=self.round),
+            forged(client_id=a),
+            forged("a"),
+            forged("c"),
+        ]
+        self.outsider_update = copy.deepcopy(self.commit_requests[(self.round, a)].update)
+        self.outsider_update.client_id = self.ids["c"]
+        self.commit_pools = {**self.cohort_pools, "sketches": self.sketches_pool}
         self.common_pb2 = common_pb2
 
-    def _audit_submission(
-        self, client: str, round_: int, plan: dict[int, int], coeffs: np.ndarray
-    ) -> Any:
-        from crypto.signing import merkle_proof
-        from fedps.proto import keyholder_pb2
+    def _commit(self, keyholder: Any, round_: int, name: str, *, send: bool) -> None:
+        """Client ``name``'s genuine commitment to ``round_``, as a client makes it: its
+        update signed for the round, and its blocks' sketches under the round's challenge;
+        ``send``: commit it at the key holder."""
+        from crypto.signing import sign_update
+        from crypto.sketch import Challenge
+        from fedps.proto import common_pb2, keyholder_pb2
 
-        size = self.public.coeffs_per_block // 16
-        return keyholder_pb2.AuditSubmission(
-            client_id=client,
-            round=round_,
-            chunks=[
-                keyholder_pb2.AuditChunk(
-                    block=b,
-                    chunk=c,
-                    coefficients=coeffs[b][c * size : (c + 1) * size].astype("<u8").tobytes(),
-                    proof=merkle_proof(coeffs[b], c),
-                )
-                for b, c in plan.items()
-            ],
+        cid = self.ids[name]
+        coeffs = self.genuine[cid]["coeffs"]
+        nonce, signature, roots = sign_update(
+            self.signers[name],
+            coeffs,
+            run_id=self.run_id,
+            round_=round_,
+            client_id=cid,
+            context_id=self.context_id,
+            weight=1.0,
+            version=self.version,
         )
+        reply = keyholder.GetChallenge(keyholder_pb2.ChallengeRequest(round=round_, client_id=cid))
+        seed = self.seeds.setdefault(round_, reply.seed)
+        assert reply.seed == seed and len(seed) == 32, "two cohort members got other challenges"
+        challenge = Challenge(
+            seed, modulus=self.public.modulus, coeffs_per_block=self.public.coeffs_per_block
+        )
+        request = keyholder_pb2.CommitRequest(
+            round=round_,
+            update=common_pb2.SignedUpdate(
+                client_id=cid,
+                weight=1.0,
+                nonce=nonce,
+                signature=signature,
+                roots=roots,
+                version=self.version,
+            ),
+            sketches=challenge.sketch(coeffs).astype("<u8").tobytes(),
+        )
+        self.commit_requests[(round_, cid)] = request
+        if send:
+            keyholder.Commit(request)
 
     # ------------------------------------------------------------------ state
     def take_snapshot(self) -> dict[str, Any]:
@@ -1137,12 +1258,29 @@ class RpcFixture:
             "sums": {b: s.coefficients for b, s in state.sums.items()},
             "entries": copy.deepcopy(state.entries),
             "round_closed": state.closed,
+            "commitments": dict(state.commitments),
             "shard_rounds": sorted(shard._rounds),
             "shard_version": shard.version,
             "shard_blocks": {b: v.copy() for b, v in shard._values.items()},
             "kh_params": None if kh.params is None else kh.params.copy(),
             "kh_version": kh.version,
             "kh_last_round": kh.last_round,
+            "kh_commit_phases": {
+                r: (
+                    p.version,
+                    p.run_id,
+                    p.context_id,
+                    dict(p.members),
+                    p.frozen,
+                    {
+                        c: (x.update.SerializeToString(deterministic=True), x.sketches.tobytes())
+                        for c, x in p.commitments.items()
+                    },
+                )
+                for r, p in sorted(kh.commits._phases.items())
+            },
+            "kh_refused_rounds": sorted(kh._refused),
+            "kh_detections": copy.deepcopy(kh.detections),
             "coord_round": coord.round,
             "coord_version": coord.version,
         }
@@ -1159,7 +1297,7 @@ class RpcFixture:
             not np.array_equal(now["sums"][b], before["sums"][b]) for b in before["sums"]
         ):
             problems.append("the shard's running sums changed")
-        for key in ("entries", "round_closed", "shard_rounds", "shard_version"):
+        for key in ("entries", "round_closed", "commitments", "shard_rounds", "shard_version"):
             if now[key] != before[key]:
                 problems.append(f"shard {key} changed: {before[key]!r:.200} -> {now[key]!r:.200}")
         if set(now["shard_blocks"]) != set(before["shard_blocks"]) or any(
@@ -1169,14 +1307,27 @@ class RpcFixture:
             problems.append("the shard's published blocks changed")
         if now["kh_params"] is None or not np.array_equal(now["kh_params"], before["kh_params"]):
             problems.append("the key holder's model changed")
-        for key in ("kh_version", "kh_last_round", "coord_round", "coord_version"):
+        for key in (
+            "kh_version",
+            "kh_last_round",
+            "kh_commit_phases",
+            "kh_refused_rounds",
+            "kh_detections",
+            "coord_round",
+            "coord_version",
+        ):
             if now[key] != before[key]:
-                problems.append(f"{key} changed: {before[key]} -> {now[key]}")
+                problems.append(f"{key} changed: {before[key]!r:.200} -> {now[key]!r:.200}")
         return problems
 
     def liveness(self) -> list[str]:
         """One ordinary call to every server; returns what failed."""
-        from fedps.proto import coordinator_pb2_grpc, keyholder_pb2_grpc, shard_pb2_grpc
+        from fedps.proto import (
+            coordinator_pb2_grpc,
+            keyholder_pb2,
+            keyholder_pb2_grpc,
+            shard_pb2_grpc,
+        )
         from fedps.transport import create_channel
 
         if not hasattr(self, "_live_stubs"):
@@ -1187,9 +1338,11 @@ class RpcFixture:
             )
         shard, keyholder, coordinator = self._live_stubs
         empty = self.common_pb2.Empty()
+        close_commits = keyholder_pb2.CloseCommitsRequest(round=self.round)  # takes its lock
         checks: dict[str, Callable[[], Any]] = {
             "Shard.GetStatus": lambda: shard.GetStatus(empty, timeout=20),
             "KeyHolder.GetModelState": lambda: keyholder.GetModelState(empty, timeout=20),
+            "KeyHolder.CloseCommits": lambda: keyholder.CloseCommits(close_commits, timeout=20),
             "Coordinator.GetStatus": lambda: coordinator.GetStatus(empty, timeout=20),
         }
         failed = []
@@ -1238,9 +1391,87 @@ class RpcFixture:
             Mutator(rng, self.cohort_pools).mutate(msg, 1)
         return msg
 
+    def mutate_commit(self, rng: random.Random) -> Any:
+        """A genuine commitment (mostly b's, still open in round 2) with its sketches, its
+        signed update or its round replaced by a near-valid alternative."""
+        keys = sorted(self.commit_requests)
+        key = (self.open_round, self.ids["b"]) if rng.random() < 0.6 else rng.choice(keys)
+        msg = copy.deepcopy(self.commit_requests[key])
+        r = rng.random()
+        if r < 0.4:
+            msg.sketches = self.corrupt_sketches(rng, msg.sketches)
+        elif r < 0.7:
+            msg.update.CopyFrom(rng.choice(self.forged_updates))
+        elif r < 0.8:
+            msg.update.CopyFrom(self.commit_requests[rng.choice(keys)].update)
+        elif r < 0.9:
+            msg.round = rng.choice(self.cohort_pools["round"])
+        else:
+            Mutator(rng, self.commit_pools).mutate(msg, 1)
+        if rng.random() < 0.1:
+            Mutator(rng, self.commit_pools).mutate(msg, 1)
+        return msg
+
+    def corrupt_sketches(self, rng: random.Random, data: bytes) -> bytes:
+        """Sketches with values >= q, the wrong length, or one value changed below q."""
+        q = self.public.modulus
+        values = np.frombuffer(data, dtype="<u8").copy()
+        r = rng.random()
+        if r < 0.35 and values.size:
+            for _ in range(rng.choice([1, 1, 2, 5])):
+                values[rng.randrange(values.size)] = rng.choice(
+                    [q, q + 1, U64, 1 << 63, rng.randrange(q, 1 << 64)]
+                )
+            return values.tobytes()
+        if r < 0.5 and values.size:  # well-formed, but not the client's sketch
+            i = rng.randrange(values.size)
+            values[i] = (int(values[i]) + rng.randrange(1, q)) % q
+            return values.tobytes()
+        if r < 0.7:
+            return rng.choice(
+                [data[:-8], data[:-1], data + b"\x00" * 8, data + data, data[8:], b""]
+            )
+        return mutate_bytes(rng, data, self.sketches_pool)
+
+    def shard_open_request(self) -> Any:
+        """Round 1's OpenRound as the coordinator sent it: the committed cohort and updates."""
+        from fedps.proto import shard_pb2
+
+        return shard_pb2.OpenRoundRequest(
+            round=self.round,
+            version=self.version,
+            members=self.cohort_members,
+            context_id=self.context_id,
+            run_id=self.run_id,
+            commitments=[self.commit_requests[(self.round, c)].update for c in sorted(self.cohort)],
+        )
+
+    def mutate_open_round(self, rng: random.Random) -> Any:
+        """Round 1's OpenRound with a commitment replaced (another round's, a forged one, an
+        outsider's), added or renamed, or a member dropped while its commitment stays."""
+        msg = self.shard_open_request()
+        updates = [
+            *(self.commit_requests[k].update for k in sorted(self.commit_requests)),
+            *self.forged_updates,
+            self.outsider_update,
+        ]
+        r = rng.random()
+        if r < 0.35:
+            msg.commitments[rng.randrange(len(msg.commitments))].CopyFrom(rng.choice(updates))
+        elif r < 0.5:
+            msg.commitments.add().CopyFrom(rng.choice(updates))
+        elif r < 0.65:
+            del msg.members[rng.randrange(len(msg.members))]
+        elif r < 0.8:
+            item = msg.commitments[rng.randrange(len(msg.commitments))]
+            item.client_id = mutate_str(rng, item.client_id, self.cohort_pools["client_id"])
+        else:
+            Mutator(rng, self.cohort_pools, {"commitments": 3.0}).mutate(msg, rng.choice([1, 2]))
+        return msg
+
     # ------------------------------------------------------------------ oracles
-    # Each returns LEGIT (success allowed), SKIP (valid and state-changing: not sent) or
-    # bad(reason) (malformed: must be refused).
+    # Each returns GENUINE (must succeed), LEGIT (success allowed), SKIP (valid and
+    # state-changing: not sent) or bad(reason) (malformed: must be refused).
     def push_valid(self, m: Any) -> bool:
         g = self.genuine.get(m.client_id)
         if g is None:
@@ -1261,14 +1492,30 @@ class RpcFixture:
         return bad("not a cohort member's genuine signed update and blocks")
 
     def judge_open_round(self, msgs: list[Any], metadata: Metadata = None) -> str:
+        from crypto.signing import is_weak_key
+
         m = msgs[0]
-        members = {x.client_id: x.signing_key for x in m.members}
+        members = {x.client_id: bytes(x.signing_key) for x in m.members}
         if not members:
             return bad("empty cohort")
-        if any(len(k) != 32 for k in members.values()):
-            return bad("a signing key is not 32 bytes")
+        if any(is_weak_key(k) for k in members.values()):
+            return bad("a signing key is not a valid 32-byte Ed25519 key")
+        commitments = {u.client_id: _signed_fields(u) for u in m.commitments}
+        if any(c not in members for c in commitments):
+            return bad("a commitment of no cohort member")
         if m.context_id != self.context_id:
             return bad("unknown context id")
+        genuine = {
+            c: _signed_fields(self.commit_requests[(self.round, c)].update) for c in self.cohort
+        }
+        if (m.round, m.version, m.run_id, members, commitments) == (
+            self.round,
+            self.version,
+            self.run_id,
+            self.cohort_keys,
+            genuine,
+        ):
+            return GENUINE  # round 1 as it is open: a repeat changes nothing
         return SKIP
 
     def judge_known_round(self, msgs: list[Any], metadata: Metadata = None) -> str:
@@ -1356,31 +1603,100 @@ class RpcFixture:
             return bad(f"delta {m.delta!r} is not in [0, 1)")
         return LEGIT
 
-    def judge_submit_audit(self, msgs: list[Any], metadata: Metadata = None) -> str:
+    def judge_open_commits(self, msgs: list[Any], metadata: Metadata = None) -> str:
+        from crypto.signing import is_weak_key
+
         m = msgs[0]
+        members = {x.client_id: bytes(x.signing_key) for x in m.members}
+        if m.context_id != self.context_id:
+            return bad("the round names another key generation")
         if m.round <= self.kh.last_round:
             return bad("round already applied")
-        plan = self.kh.audit_plan(m.round)
-        chunks = {}
-        for c in m.chunks:
-            if c.block in chunks:
-                return bad("a block twice")
-            chunks[c.block] = c
-        if set(chunks) != set(plan) or any(chunks[b].chunk != c for b, c in plan.items()):
-            return bad("not the round's plan")
-        for b, c in chunks.items():
-            if len(c.coefficients) != 8 * self.chunk_size:
-                return bad(
-                    f"block {b}: {len(c.coefficients)} coefficient bytes, a chunk is "
-                    f"{8 * self.chunk_size}"
-                )
-            if len(c.proof) != 16 or any(len(p) != 32 for p in c.proof):
-                return bad(f"block {b}: the proof is not 16 hashes of 32 bytes")
-            if int(np.frombuffer(c.coefficients, dtype="<u8").max()) >= self.public.modulus:
-                return bad(f"block {b}: a coefficient >= q")
-            if hashlib.sha256(c.coefficients).digest() != c.proof[c.chunk]:
-                return bad(f"block {b}: the chunk does not hash to its own proof entry")
-        return LEGIT
+        if not members:
+            return bad("empty cohort")
+        if any(is_weak_key(k) for k in members.values()):
+            return bad("a signing key is not a valid 32-byte Ed25519 key")
+        phase = self.commit_phases.get(m.round)
+        if phase is None:
+            return SKIP  # a new commit phase (which may make the key holder forget round 1)
+        if (m.version, m.run_id, members) == (self.version, self.run_id, phase.members):
+            return GENUINE  # the phase as it is open: a repeat changes nothing
+        if phase.frozen:
+            return bad("the round's commitments are frozen: no reopening with another cohort")
+        return SKIP  # reopens round 2 afresh, dropping a's commitment
+
+    def judge_challenge(self, msgs: list[Any], metadata: Metadata = None) -> str:
+        m = msgs[0]
+        phase = self.commit_phases.get(m.round)
+        if phase is None:
+            return bad("the round has no commit phase")
+        if m.client_id not in phase.members:
+            return bad("not a member of the round's cohort")
+        return GENUINE
+
+    def judge_commit(self, msgs: list[Any], metadata: Metadata = None) -> str:
+        m = msgs[0]
+        phase = self.commit_phases.get(m.round)
+        if phase is None:
+            return bad("the round has no commit phase")
+        client = m.update.client_id
+        if client not in phase.members:
+            return bad("not a member of the round's cohort")
+        genuine = self.commit_requests[(m.round, client)]
+        same = _signed_fields(m.update) == _signed_fields(genuine.update)
+        if client in phase.committed:
+            if not same or m.sketches != genuine.sketches:
+                return bad("a second, different commitment of a client that committed")
+            serialized = m.update.SerializeToString(deterministic=True)
+            if serialized == genuine.update.SerializeToString(deterministic=True):
+                return GENUINE  # a retry after a lost acknowledgement
+            return LEGIT  # the same commitment with unknown fields added
+        if phase.frozen:
+            return bad("the round's commitments are frozen")
+        if not same:
+            return bad("not the update the client signed for this round")
+        values = np.frombuffer(m.sketches, dtype="<u8") if len(m.sketches) % 8 == 0 else None
+        if (
+            values is None
+            or len(m.sketches) != len(genuine.sketches)
+            or int(values.max()) >= self.public.modulus
+        ):
+            return bad("sketches are not one value below q per sketch and block")
+        # b's own update with well-formed sketches: accepted (only the aggregate's check can
+        # tell sketches that do not match the ciphertexts)
+        return SKIP
+
+    def judge_close_commits(self, msgs: list[Any], metadata: Metadata = None) -> str:
+        m = msgs[0]
+        phase = self.commit_phases.get(m.round)
+        if phase is None:
+            return bad("the round has no commit phase")
+        if m.freeze and not phase.frozen:
+            return SKIP  # would freeze round 2
+        return GENUINE
+
+    def check_challenge(self, reply: Any) -> str | None:
+        """A challenge must be the seed the cohort got for its round."""
+        if self.seeds.get(reply.round) != reply.seed:
+            return f"round {reply.round}: not the round's challenge seed"
+        return None
+
+    def check_commit_set(self, reply: Any) -> str | None:
+        """A commit set must be one of the phases as the key holder holds them."""
+        expected = set()
+        for r, phase in self.commit_phases.items():
+            committed = tuple(sorted(phase.committed))
+            updates = tuple(
+                self.commit_requests[(r, c)].update.SerializeToString(deterministic=True)
+                for c in committed
+            )
+            expected.add((committed, phase.frozen, updates if phase.frozen else ()))
+        got = (
+            tuple(reply.client_ids),
+            reply.frozen,
+            tuple(u.SerializeToString(deterministic=True) for u in reply.updates),
+        )
+        return None if got in expected else f"a commit set of no phase: {describe(reply)}"
 
     # ------------------------------------------------------------------ specs
     def specs(self) -> list[RpcSpec]:
@@ -1394,6 +1710,7 @@ class RpcFixture:
         a = self.ids["a"]
         c = self.ids["c"]
         genuine_pushes = list(self.pushes.values())
+        commit_keys = sorted(self.commit_requests)
         pools = self.cohort_pools
         signature_of = getattr(self.shard, "signature_of", lambda b: b"")
         layout_blocks = [
@@ -1425,13 +1742,6 @@ class RpcFixture:
                 version=self.kh.version,
             )
 
-        def members() -> list[Any]:
-            return [
-                common_pb2.CohortMember(client_id=cid, signing_key=self.signers[n].public_key)
-                for n, cid in self.ids.items()
-                if cid in self.cohort
-            ]
-
         legit: Judge = lambda msgs, metadata: LEGIT  # noqa: E731
         malformed: Judge = lambda msgs, metadata: bad("no round has valid aggregates")  # noqa: E731
         value_pools = {**pools, "values": self.values_pool}
@@ -1461,14 +1771,10 @@ class RpcFixture:
 
         table: dict[tuple[str, str], dict[str, Any]] = {
             ("Shard", "OpenRound"): {
-                "base": lambda rng: shard_pb2.OpenRoundRequest(
-                    round=self.round,
-                    version=self.version,
-                    members=members(),
-                    context_id=self.context_id,
-                    run_id=self.run_id,
-                ),
+                "base": lambda rng: self.shard_open_request(),
                 "judge": self.judge_open_round,
+                "custom": self.mutate_open_round,
+                "focus": {"commitments": 2.0},
                 "concurrency": 4,
             },
             ("Shard", "PushBlocks"): {
@@ -1514,7 +1820,10 @@ class RpcFixture:
             },
             ("KeyHolder", "ApplyRound"): {
                 "base": lambda rng: keyholder_pb2.ApplyRoundRequest(
-                    round=self.round, version=self.version, run_id=self.run_id, members=members()
+                    round=self.round,
+                    version=self.version,
+                    run_id=self.run_id,
+                    members=self.cohort_members,
                 ),
                 "judge": malformed,  # no round has valid aggregates: nothing may be applied
                 "concurrency": 4,
@@ -1523,15 +1832,32 @@ class RpcFixture:
                 "base": lambda rng: common_pb2.Empty(),
                 "judge": legit,
             },
-            ("KeyHolder", "GetAuditPlan"): {
-                "base": lambda rng: keyholder_pb2.AuditPlanRequest(round=self.round, client_id=a),
-                "judge": legit,
+            ("KeyHolder", "OpenCommits"): {
+                "base": lambda rng: copy.deepcopy(rng.choice(list(self.open_requests.values()))),
+                "judge": self.judge_open_commits,
             },
-            ("KeyHolder", "SubmitAudit"): {
-                "base": lambda rng: copy.deepcopy(self.audit_base),
-                "judge": self.judge_submit_audit,
-                "pools": self.audit_pools,
-                "focus": {"chunks": 3.0},
+            ("KeyHolder", "GetChallenge"): {
+                "base": lambda rng: keyholder_pb2.ChallengeRequest(
+                    round=rng.choice(list(self.commit_phases)),
+                    client_id=rng.choice(sorted(self.cohort)),
+                ),
+                "judge": self.judge_challenge,
+                "check_reply": self.check_challenge,
+            },
+            ("KeyHolder", "Commit"): {
+                "base": lambda rng: copy.deepcopy(self.commit_requests[rng.choice(commit_keys)]),
+                "judge": self.judge_commit,
+                "pools": self.commit_pools,
+                "focus": {"update": 2.0, "sketches": 2.0},
+                "mix": (0.03, 0.06, 0.25),  # mostly mutations: they reach the deep checks
+                "custom": self.mutate_commit,
+            },
+            ("KeyHolder", "CloseCommits"): {
+                "base": lambda rng: keyholder_pb2.CloseCommitsRequest(
+                    round=rng.choice(list(self.commit_phases)), freeze=rng.random() < 0.5
+                ),
+                "judge": self.judge_close_commits,
+                "check_reply": self.check_commit_set,
             },
             ("Coordinator", "Register"): {
                 "base": lambda rng: coordinator_pb2.RegisterRequest(
@@ -1575,29 +1901,32 @@ class RpcFixture:
             (keyholder_pb2, "KeyHolder"),
             (coordinator_pb2, "Coordinator"),
         ]
-        specs: dict[tuple[str, str], RpcSpec] = {}
-        for module, service in services:
-            for method in module.DESCRIPTOR.services_by_name[service].methods:
-                entry = table.get((service, method.name))
-                if entry is None:  # an RPC added since: fuzz for crashes only
-                    cls = message_factory.GetMessageClass(method.input_type)
-                    specs[(service, method.name)] = RpcSpec(
-                        service, method, lambda rng, cls=cls: cls(), legit, generic=True
-                    )
-                    continue
-                specs[(service, method.name)] = RpcSpec(
-                    service,
-                    method,
-                    entry["base"],
-                    entry["judge"],
-                    pools=entry.get("pools", pools),
-                    focus=entry.get("focus", {}),
-                    concurrency=entry.get("concurrency", 4),
-                    check_reply=entry.get("check_reply"),
-                    metadata=entry.get("metadata"),
-                    mix=entry.get("mix", (0.05, 0.12, 0.45)),
-                    custom=entry.get("custom"),
-                )
+        rpcs = {
+            (service, method.name): method
+            for module, service in services
+            for method in module.DESCRIPTOR.services_by_name[service].methods
+        }
+        if set(rpcs) != set(table):  # an RPC added or removed: it needs (or lost) its oracle
+            raise RuntimeError(
+                f"RPCs without an oracle: {sorted(set(rpcs) - set(table))}; oracles of RPCs "
+                f"that do not exist: {sorted(set(table) - set(rpcs))}"
+            )
+        specs = [
+            RpcSpec(
+                service,
+                rpcs[(service, name)],
+                entry["base"],
+                entry["judge"],
+                pools=entry.get("pools", pools),
+                focus=entry.get("focus", {}),
+                concurrency=entry.get("concurrency", 4),
+                check_reply=entry.get("check_reply"),
+                metadata=entry.get("metadata"),
+                mix=entry.get("mix", (0.05, 0.12, 0.45)),
+                custom=entry.get("custom"),
+            )
+            for (service, name), entry in table.items()
+        ]
         # Pushes first (round 1 must be open), read-only calls next, state-changing ones last.
         order = [
             "Shard.PushBlocks",
@@ -1606,12 +1935,14 @@ class RpcFixture:
             "Shard.FetchAggregate",
             "KeyHolder.GetPublicContext",
             "KeyHolder.GetModelState",
-            "KeyHolder.GetAuditPlan",
+            "KeyHolder.GetChallenge",
+            "KeyHolder.CloseCommits",
             "Coordinator.Register",
             "Coordinator.GetTask",
             "Coordinator.ReportUpdate",
             "Coordinator.GetStatus",
-            "KeyHolder.SubmitAudit",
+            "KeyHolder.Commit",
+            "KeyHolder.OpenCommits",
             "KeyHolder.ApplyRound",
             "KeyHolder.InitializeModel",
             "Shard.OpenRound",
@@ -1619,17 +1950,19 @@ class RpcFixture:
             "Shard.DiscardRound",
             "Shard.Publish",
         ]
-        ranked = sorted(
-            specs.values(),
-            key=lambda s: order.index(s.name) if s.name in order else len(order),
-        )
-        return ranked
+        return sorted(specs, key=lambda s: order.index(s.name))
 
 
-def _supported(fn: Callable[..., Any], **kwargs: Any) -> dict[str, Any]:
-    """The keyword arguments that ``fn`` accepts (the API grows while the fuzz stays put)."""
-    names = inspect.signature(fn).parameters
-    return {k: v for k, v in kwargs.items() if k in names}
+def _signed_fields(update: Any) -> tuple[Any, ...]:
+    """What a client signs of a ``SignedUpdate`` (and its signature), unknown fields aside."""
+    return (
+        update.client_id,
+        update.weight,
+        bytes(update.nonce),
+        bytes(update.signature),
+        tuple(bytes(r) for r in update.roots),
+        update.version,
+    )
 
 
 def _fields_of(cls: Any, **kwargs: Any) -> dict[str, Any]:
@@ -1694,10 +2027,11 @@ def run_rpc_mode(args: argparse.Namespace, crumb: Breadcrumb) -> dict[str, Any]:
             max_hangs=args.max_hangs,
             crumb=crumb,
         )
-        results[spec.name] = {**stats.as_json(), "generic_spec": spec.generic}
+        results[spec.name] = stats.as_json()
         _log(
             f"  {stats.calls} calls in {stats.seconds:.1f} s; codes {dict(stats.codes)}; "
-            f"unexpected {stats.unexpected}; accepted malformed {stats.accepted_malformed}"
+            f"unexpected {stats.unexpected}; accepted malformed {stats.accepted_malformed}; "
+            f"refused genuine {stats.refused_genuine}"
             + (f"; stopped: {stats.stopped}" if stats.stopped else "")
         )
         failed = fixture.liveness()
@@ -1724,6 +2058,7 @@ def run_rpc_mode(args: argparse.Namespace, crumb: Breadcrumb) -> dict[str, Any]:
         "calls_per_rpc": {name: r["calls"] for name, r in results.items()},
         "unexpected": sum(r["unexpected"] for r in results.values()),
         "accepted_malformed": sum(r["accepted_malformed"] for r in results.values()),
+        "refused_genuine": sum(r["refused_genuine"] for r in results.values()),
         "accepted_malformed_blocks": accepted_blocks,
         "state_changes_after_push": after_push,
         "state_changes": state_changes,
@@ -1733,6 +2068,7 @@ def run_rpc_mode(args: argparse.Namespace, crumb: Breadcrumb) -> dict[str, Any]:
     report["ok"] = not (
         report["unexpected"]
         or report["accepted_malformed"]
+        or report["refused_genuine"]
         or accepted_blocks
         or after_push
         or state_changes
@@ -1931,10 +2267,10 @@ class DeserFixture:
     def gen_bitpack(self, rng: random.Random) -> tuple[Any, Any, Any]:
         from crypto import bitpack
 
-        count = rng.choice(
+        count: Any = rng.choice(
             [0, 64, 128, 4096, 64 * rng.randrange(1, 70), 63, 65, -64, 1 << 40, True, np.int64(128)]
         )
-        bits = rng.choice([1, 2, 7, 45, 46, 47, 63, 64, 0, 65, -1, True, np.uint8(46), 2.0])
+        bits: Any = rng.choice([1, 2, 7, 45, 46, 47, 63, 64, 0, 65, -1, True, np.uint8(46), 2.0])
         try:
             size = bitpack.packed_size(count, bits)
         except Exception:
@@ -1950,7 +2286,7 @@ class DeserFixture:
         elif r < 0.2:
             data = bytearray(data)
         elif r < 0.25 and size % 8 == 0:
-            data = memoryview(np.frombuffer(data, dtype="<u8"))  # format 'Q'
+            data = np.frombuffer(data, dtype="<u8").data  # a memoryview of format 'Q'
         return data, count, bits
 
     # ------------------------------------------------------------------ paths

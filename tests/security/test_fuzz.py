@@ -4,9 +4,11 @@ The fuzz itself is ``tests/security/fuzz_target.py`` (its docstring describes th
 the per-RPC oracles). Acceptance: at least 10,000 malformed messages to each RPC of the
 ``Shard``, ``KeyHolder`` and ``Coordinator`` services and 10,000 inputs to each
 deserialisation path, with zero crashes, zero unexpected statuses (INTERNAL, UNKNOWN,
-DEADLINE_EXCEEDED, ...), zero malformed requests accepted, zero malformed blocks added to a
-shard's sums and no change to the published model. The full runs are ``slow``; the smoke
-runs (200 per RPC or path, tighter time limits) are part of the default quick run.
+DEADLINE_EXCEEDED, ...), zero malformed requests accepted, zero genuine requests (a repeated
+commitment, the open round's challenge) refused, zero malformed blocks added to a shard's
+sums, and no change to the published model or the key holder's commitments. The full runs
+are ``slow``; the smoke runs (200 per RPC or path, tighter time limits) are part of the
+default quick run.
 
 On 2 cores the full runs take about 5 minutes (RPCs, one test per service so that test
 workers share them) and 1.5 minutes (deserialisation) when nothing is wrong; an RPC that hangs
@@ -80,7 +82,10 @@ def _run(
         )
     except subprocess.TimeoutExpired as exc:
         where = crumb.read_text().strip() if crumb.exists() else "?"
-        pytest.fail(f"`{shown}` did not finish in {timeout:.0f} s (last: {where})\n{exc.stderr}")
+        stderr = (
+            exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr
+        )
+        pytest.fail(f"`{shown}` did not finish in {timeout:.0f} s (last: {where})\n{stderr}")
     tail = proc.stderr[-8000:]
     if proc.returncode < 0:
         name = signal.Signals(-proc.returncode).name
@@ -135,6 +140,8 @@ def _check_rpc(report: dict[str, Any], n: int, shown: str, service: str | None =
         if r["accepted_malformed"]:
             reasons = r.get("accepted_malformed_reasons", {})
             issues.append(f"{r['accepted_malformed']} malformed requests accepted {reasons}")
+        if r["refused_genuine"]:
+            issues.append(f"{r['refused_genuine']} genuine requests refused")
         if issues:
             problems.append(f"{name}: " + "; ".join(issues) + f"; codes {r['codes']}")
             problems += _examples(r)
