@@ -41,7 +41,8 @@ __all__ = ["CommitBoard", "CommitPhase", "Commitment"]
 
 _log = logging.getLogger("fedps")
 _ROOT_BYTES = 32
-_KEEP_ROUNDS = 2  # phases kept before the newest (a late apply of the previous round)
+_KEEP_ROUNDS = 2
+_MAX_ID = 256  # characters of a client id (error messages quote it)  # phases kept before the newest (a late apply of the previous round)
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,8 @@ class CommitBoard:
 
     def challenge_seed(self, round_: int, client_id: str) -> bytes:
         """The secret challenge seed of ``round_``, for one of its cohort members only."""
+        if len(client_id) > _MAX_ID:
+            raise InvalidArgumentError(f"a client id has at most {_MAX_ID} characters")
         with self._lock:
             phase = self._require(round_)
             if client_id not in phase.members:
@@ -219,6 +222,8 @@ class CommitBoard:
             commitment from the same client.
         """
         client_id = update.client_id
+        if len(client_id) > _MAX_ID:
+            raise InvalidArgumentError(f"a client id has at most {_MAX_ID} characters")
         with self._lock:
             phase = self._require(round_)
             if client_id not in phase.members:
