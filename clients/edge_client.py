@@ -40,6 +40,7 @@ from fedps.datasets import Dataset, load_dataset
 from fedps.errors import (
     FedPSError,
     InvalidArgumentError,
+    PeerUnavailableError,
     RoundClosedError,
     UnknownClientError,
 )
@@ -376,7 +377,7 @@ class EdgeClient:
         for sid, messages in prepared.messages.items():
             try:
                 self._push_to(sid, messages)
-            except RoundClosedError as exc:
+            except (RoundClosedError, PeerUnavailableError) as exc:
                 _log.info("%s: push refused: %s", self.name, exc)
                 continue
             total += sum(m.ByteSize() for m in messages)

@@ -498,8 +498,7 @@ class Coordinator:
                 len(accepted),
                 quorum,
             )
-            if opened.pushing:
-                self._discard(round_)
+            self._discard(round_)  # committed clients waiting to push learn it is over
             record.abandoned = True
         else:
             try:
