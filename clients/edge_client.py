@@ -40,7 +40,6 @@ from fedps.datasets import Dataset, load_dataset
 from fedps.errors import (
     FedPSError,
     InvalidArgumentError,
-    PeerUnavailableError,
     RoundClosedError,
     UnknownClientError,
 )
@@ -377,7 +376,7 @@ class EdgeClient:
         for sid, messages in prepared.messages.items():
             try:
                 self._push_to(sid, messages)
-            except (RoundClosedError, PeerUnavailableError) as exc:
+            except RoundClosedError as exc:
                 _log.info("%s: push refused: %s", self.name, exc)
                 continue
             total += sum(m.ByteSize() for m in messages)

@@ -498,7 +498,8 @@ class Coordinator:
                 len(accepted),
                 quorum,
             )
-            self._discard(round_)  # committed clients waiting to push learn it is over
+            if opened.pushing:
+                self._discard(round_)
             record.abandoned = True
         else:
             try:

@@ -680,13 +680,8 @@ class Shard:
             )
 
     def discard_round(self, round_: int) -> None:
-        """Forget an abandoned round's sums; they are never decrypted. A round abandoned
-        before it opened here is recorded closed, so that its committed clients' pushes are
-        refused at once instead of waiting for it to open."""
+        """Forget an abandoned round's sums; they are never decrypted."""
         with self._lock:
-            state = self._rounds.get(round_)
-            if state is None and round_ > self.open_round_number:
-                state = self._rounds[round_] = _Round(round_, 0, {}, "", "", closed=True)
             state = self._require(round_)
             self._append(
                 round_, shard_pb2.ShardLogRecord(discard=shard_pb2.CloseRoundRequest(round=round_))

@@ -569,22 +569,6 @@ def test_discard_round_drops_sums(shard: Shard, owned: list[int], updates: Updat
         _push_all(shard, "c", updates, owned)
 
 
-def test_a_round_abandoned_before_it_opened_refuses_pushes(
-    shard: Shard, owned: list[int], updates: Updates
-) -> None:
-    # Prepare: round 2 froze its commitments below quorum and was abandoned before it opened
-    later = updates.signed("a", round_=2)(owned)
-    with pytest.raises(NotReadyError):
-        shard.push(later)
-
-    # Execute
-    shard.discard_round(2)
-
-    # Assert: the committed clients waiting for it are refused at once
-    with pytest.raises(RoundClosedError):
-        shard.push(later)
-
-
 def test_aggregates_of_open_or_unknown_round_are_refused(
     shard: Shard, owned: list[int], updates: Updates
 ) -> None:
