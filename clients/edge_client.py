@@ -40,6 +40,7 @@ from fedps.datasets import Dataset, load_dataset
 from fedps.errors import (
     FedPSError,
     InvalidArgumentError,
+    PeerUnavailableError,
     RoundClosedError,
     UnknownClientError,
 )
@@ -183,6 +184,8 @@ class EdgeClient:
                 if task.kind == coordinator_pb2.Task.TRAIN:
                     if not self._train(task):
                         break
+                elif task.kind == coordinator_pb2.Task.PUSH:
+                    self._resend(task)
                 else:
                     time.sleep(max(0.05, task.retry_after))
         finally:
@@ -273,15 +276,7 @@ class EdgeClient:
             self._fetch_context()  # the key holder rotated its keys
         sent = self._sent
         if sent is not None and (sent.round, sent.version) == (task.round, task.version):
-            # Asked again for a round we pushed: the coordinator restarted before it saw our
-            # report. Push the same signed messages again (the shards acknowledge them as
-            # duplicates and count them once) and report again; never train twice for it.
-            for sid, messages in sent.messages.items():
-                try:
-                    self._push_to(sid, messages)
-                except RoundClosedError as exc:
-                    _log.info("%s: resend refused: %s", self.name, exc)
-            self._report(task.round, 0, budget_exhausted=False)
+            self._resend(task)  # never train twice for a round
             return True
         self.trainer.set_round(task.round)
         if not self.trainer.can_train_round():
@@ -370,19 +365,60 @@ class EdgeClient:
         return PreparedPush(round_, version, messages)
 
     def send(self, prepared: PreparedPush) -> int:
-        """Push committed messages to their shards (they open the round once the key holder
-        froze its commitments); returns bytes pushed."""
+        """Push committed messages to their shards once the round's commitments are frozen
+        and the shards opened it; returns bytes pushed (0: the round ended first)."""
+        wait_s = self.config.training.deadline_s + _PEER_WAIT_S
+        if not self._wait_for_push_phase(prepared.round, wait_s):
+            _log.info("%s: round %d ended before its push phase", self.name, prepared.round)
+            return 0
         total = 0
         for sid, messages in prepared.messages.items():
             try:
                 self._push_to(sid, messages)
-            except RoundClosedError as exc:
+            except (RoundClosedError, PeerUnavailableError) as exc:
                 _log.info("%s: push refused: %s", self.name, exc)
                 continue
             total += sum(m.ByteSize() for m in messages)
         self._sent = prepared
         self.bytes_pushed += total
         return total
+
+    def _resend(self, task: coordinator_pb2.Task) -> None:
+        """Asked again for a round we pushed (the coordinator restarted before it saw our
+        report): push the same signed messages again (the shards acknowledge them as
+        duplicates and count them once) and report again."""
+        sent = self._sent
+        if sent is None or sent.round != task.round:
+            time.sleep(max(0.05, task.retry_after))  # nothing of ours in that round
+            return
+        for sid, messages in sent.messages.items():
+            try:
+                self._push_to(sid, messages)
+            except (RoundClosedError, PeerUnavailableError) as exc:
+                _log.info("%s: resend refused: %s", self.name, exc)
+        self._report(task.round, 0, budget_exhausted=False)
+
+    def _wait_for_push_phase(self, round_: int, timeout_s: float) -> bool:
+        """After committing to ``round_``: wait until the coordinator says the round's
+        commitments are frozen and the shards take pushes (False: the round ended without
+        a push phase, e.g. too few clients committed)."""
+        until = time.time() + timeout_s
+        while time.time() < until:
+            task = self._retry(
+                lambda: self._coordinator.GetTask(
+                    coordinator_pb2.TaskRequest(client_id=self.client_id),
+                    metadata=self._metadata(),
+                    timeout=_CALL_S,
+                ),
+                "get task",
+                timeout_s,
+            )
+            if task.kind == coordinator_pb2.Task.PUSH and task.round == round_:
+                return True
+            if task.kind == coordinator_pb2.Task.DONE or task.round > round_:
+                return False
+            time.sleep(max(0.05, min(task.retry_after, 0.2)))
+        return False
 
     def _commit(
         self, round_: int, version: int, weight: float, coefficients: np.ndarray

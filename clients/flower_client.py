@@ -240,6 +240,10 @@ class FlowerClient(EdgeClient):
             num_examples=self.trainer.num_examples,
         )
 
+    def _wait_for_push_phase(self, round_: int, timeout_s: float) -> bool:
+        """The strategy's push query is the signal: the commitments are frozen."""
+        return True
+
     def push(self, round_: int, version: int, delta: np.ndarray) -> int:
         """Encrypt and commit as :class:`EdgeClient` does, but keep the push messages for
         the push query (they may go out only once every commitment of the round is fixed),

@@ -41,8 +41,8 @@ __all__ = ["CommitBoard", "CommitPhase", "Commitment"]
 
 _log = logging.getLogger("fedps")
 _ROOT_BYTES = 32
-_KEEP_ROUNDS = 2
-_MAX_ID = 256  # characters of a client id (error messages quote it)  # phases kept before the newest (a late apply of the previous round)
+_KEEP_ROUNDS = 2  # phases kept before the newest (a late apply of the previous round)
+_MAX_ID = 256  # characters of a client id (error messages quote it)
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ class RoundRecord:
 class Task:
     """What a client should do next."""
 
-    kind: str  # "wait" | "train" | "done"
+    kind: str  # "wait" | "train" | "push" | "done"
     round: int = 0
     version: int = 0
     deadline_unix: float = 0.0
@@ -231,7 +231,16 @@ class Coordinator:
             current = self._open
             if (
                 current is not None
-                and client_id in (current.committed if current.pushing else current.cohort)
+                and current.pushing
+                and client_id in current.committed
+                and client_id not in current.reported
+                and time.time() < current.deadline
+            ):
+                return Task("push", current.round, current.version, current.deadline)
+            if (
+                current is not None
+                and not current.pushing
+                and client_id in current.cohort
                 and client_id not in current.reported
                 and time.time() < current.deadline
             ):

@@ -17,6 +17,7 @@ _KINDS = {
     "wait": coordinator_pb2.Task.WAIT,
     "train": coordinator_pb2.Task.TRAIN,
     "done": coordinator_pb2.Task.DONE,
+    "push": coordinator_pb2.Task.PUSH,
 }
 
 

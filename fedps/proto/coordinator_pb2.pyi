@@ -148,11 +148,15 @@ class Task(_message.Message):
         WAIT: Task._Kind.ValueType  # 0
         TRAIN: Task._Kind.ValueType  # 1
         DONE: Task._Kind.ValueType  # 2
+        PUSH: Task._Kind.ValueType  # 3
+        """the round's commitments are frozen: push the update committed to it"""
 
     class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
     WAIT: Task.Kind.ValueType  # 0
     TRAIN: Task.Kind.ValueType  # 1
     DONE: Task.Kind.ValueType  # 2
+    PUSH: Task.Kind.ValueType  # 3
+    """the round's commitments are frozen: push the update committed to it"""
 
     KIND_FIELD_NUMBER: _builtins.int
     ROUND_FIELD_NUMBER: _builtins.int
