@@ -28,18 +28,27 @@ def print_status(config: FedPSConfig) -> None:
         f"{'never' if age is None else f'{age:.0f}s ago'}"
     )
     keyholder = keyholder_pb2_grpc.KeyHolderStub(create_channel(cluster.keyholder))
+    detections: dict[str, int] = {}
+    quarantined: set[str] = set()
     try:
         state = call(lambda: keyholder.GetModelState(common_pb2.Empty(), timeout=5), "key holder")
         typer.echo(f"key holder {cluster.keyholder}: up, version {state.version}")
+        detections, quarantined = dict(state.detections), set(state.quarantined)
     except FedPSError as exc:
         typer.echo(f"key holder {cluster.keyholder}: DOWN ({exc})")
     for sid, address in zip(cluster.shard_ids, cluster.shards, strict=True):
         stub = shard_pb2_grpc.ShardStub(create_channel(address))
+        suspect = ""
+        if sid in detections:
+            suspect = (
+                f"; {'QUARANTINED' if sid in quarantined else 'SUSPECT'}: "
+                f"{detections[sid]} tampered aggregate(s) detected by the key holder"
+            )
         try:
             s = call(lambda: stub.GetStatus(common_pb2.Empty(), timeout=5), sid)  # noqa: B023
             typer.echo(
                 f"{sid} {address}: up, version {s.version}, {s.blocks} blocks, "
-                f"{s.pushes_accepted} pushes accepted, {s.pushes_refused} refused"
+                f"{s.pushes_accepted} pushes accepted, {s.pushes_refused} refused{suspect}"
             )
         except FedPSError as exc:
-            typer.echo(f"{sid} {address}: DOWN ({exc})")
+            typer.echo(f"{sid} {address}: DOWN ({exc}){suspect}")

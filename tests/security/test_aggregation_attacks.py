@@ -12,6 +12,7 @@ of three different model versions, weighted by staleness).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,9 +22,16 @@ import pytest
 
 from crypto import CiphertextSum, PublicContext, unpack_block
 from crypto.sketch import Challenge
-from fedps.errors import FedPSError, InvalidArgumentError, PolicyError, RoundClosedError
+from fedps.errors import (
+    FedPSError,
+    InvalidArgumentError,
+    PolicyError,
+    QuarantinedError,
+    RoundClosedError,
+)
 from fedps.proto import common_pb2
 from server.aggregate_verifier import AggregateVerifier, TamperingError
+from server.cluster_status import print_status
 from server.commit_board import Commitment, CommitPhase
 from server.keyholder import KeyHolder
 from server.shard import Aggregate, Contribution, Shard, SignedUpdate
@@ -395,32 +403,49 @@ def test_a_refused_round_is_never_decrypted_and_suspects_are_counted(
     assert dict(state.detections) == {arena.driver.ring.owner(0): 1}
 
 
-def test_quarantine_after_max_detections(tmp_path: Path) -> None:
-    # Prepare: max_detections = 2
+def test_quarantine_after_max_detections(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare: max_detections = 2, and a coordinator for `fedps status` (no clients: it only
+    # gives the key holder its model and waits)
     cluster = start_cluster(
         tmp_path,
         num_shards=1,
-        coordinator=False,
         training={"clients": 3, "min_quorum": 2},
         security={"max_detections": 2},
     )
     try:
         kh = cluster.keyholder
-        kh.initialize(np.zeros(PARAMS), version=VERSION)
+        until = time.time() + 60
+        while kh.params is None and time.time() < until:
+            time.sleep(0.05)
+        assert kh.params is not None
+        size, version = kh.params.size, kh.version
         driver = RoundDriver(cluster.config, kh.keys.public, run_id=RUN)
-        arena = Arena(cluster, driver, "sync", [], np.random.default_rng(3))
+        rng = np.random.default_rng(3)
+
+        def clients() -> list[HandClient]:
+            return [HandClient(f"client-{i}", rng.uniform(-0.3, 0.3, size)) for i in range(3)]
+
+        arena = Arena(cluster, driver, "sync", [], rng)
         for round_ in (1, 2):
-            clients = arena.clients()
-            driver.committed_round(round_, VERSION, clients)
-            victim = clients[2]
-            arena.tamper(1, lambda a, v=victim: replace(a, ciphertext=v.packed[a.block]))
-            arena.assert_refused(round_, clients)
+            tampered = clients()
+            driver.committed_round(round_, version, tampered)
+            victim = tampered[2]
+            arena.tamper(0, lambda a, v=victim: replace(a, ciphertext=v.packed[a.block]))
+            with pytest.raises(PolicyError, match="tampering"):
+                driver.apply(round_, version, tampered)
+            arena.heal()
         # Execute: an honest round after two detections
-        honest = arena.clients()
-        driver.committed_round(3, VERSION, honest)
+        honest = clients()
+        driver.committed_round(3, version, honest)
         # Assert: refused without decrypting; the shard is reported quarantined
-        with pytest.raises(PolicyError, match="decrypts nothing"):
-            driver.apply(3, VERSION, honest)
+        with pytest.raises(QuarantinedError, match="decrypts nothing"):
+            driver.apply(3, version, honest)
+        assert kh.version == version
         assert kh.quarantined == ["shard-0"]
+        print_status(cluster.config)
+        out = capsys.readouterr().out
+        assert "shard-0" in out and "QUARANTINED: 2 tampered aggregate(s)" in out
     finally:
         cluster.stop()
