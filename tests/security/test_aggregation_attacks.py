@@ -143,6 +143,11 @@ def _add_to_coefficient(public: PublicContext, coefficient: int, value: int) -> 
     return change
 
 
+def _alone(victim: HandClient) -> TAMPER:
+    """The victim's ciphertext in place of the aggregate."""
+    return lambda a: replace(a, ciphertext=victim.packed[a.block])
+
+
 def _scaled(public: PublicContext, packed: bytes, k: int) -> bytes:
     total = CiphertextSum(public)
     total.add(unpack_block(public, packed), multiplier=k)
@@ -431,8 +436,7 @@ def test_quarantine_after_max_detections(
         for round_ in (1, 2):
             tampered = clients()
             driver.committed_round(round_, version, tampered)
-            victim = tampered[2]
-            arena.tamper(0, lambda a, v=victim: replace(a, ciphertext=v.packed[a.block]))
+            arena.tamper(0, _alone(tampered[2]))
             with pytest.raises(PolicyError, match="tampering"):
                 driver.apply(round_, version, tampered)
             arena.heal()
