@@ -76,6 +76,7 @@ def test_exactly_the_closed_clients_are_decrypted(ready: tuple[Cluster, RoundDri
     # Assert: the mean of 0.1 and 0.2
     assert complete == {"alice", "bob"}
     assert result.version == 1
+    assert cluster.keyholder.params is not None
     np.testing.assert_allclose(cluster.keyholder.params, 0.15, atol=1e-3)
 
 
