@@ -6,7 +6,8 @@ This module holds what both ends must agree on, as plain mappings of Flower's re
 (``int``, ``float``, ``str``, ``bytes``), so that it imports neither Flower nor a role:
 
 ``query.fedps_register``
-    Node to strategy: :class:`Registration` (public signing key, examples, model size).
+    Node to strategy: :class:`Registration` (public signing key, examples, model size, and
+    the enrolment token that proves the node's identity).
 ``train``
     Strategy to node: :class:`FlowerTask`; node to strategy: :class:`RoundReport`, metadata
     only. No message ever carries a model update, in plaintext or encrypted: updates go to the
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from fedps.errors import InvalidArgumentError
 
@@ -76,12 +77,15 @@ def _str(values: _Values, key: str) -> str:
 
 @dataclass(frozen=True)
 class Registration:
-    """A node introduces itself: the key that signs its updates, its data and model size."""
+    """A node introduces itself: the key that signs its updates, its data and model size, and
+    its enrolment token (its identity ``client-N``, issued by ``fedps certs``; kept out of
+    ``repr``)."""
 
     signing_key: bytes
     name: str
     num_examples: int
     num_params: int
+    enrolment_token: str = field(default="", repr=False)
 
     def to_record(self) -> dict[str, int | str | bytes]:
         """The ConfigRecord values."""
@@ -90,6 +94,7 @@ class Registration:
             "name": self.name,
             "num-examples": self.num_examples,
             "num-params": self.num_params,
+            "enrolment-token": self.enrolment_token,
         }
 
     @classmethod
@@ -103,8 +108,13 @@ class Registration:
         """
         key = _field(values, "signing-key", bytes)
         assert isinstance(key, bytes)
+        token = _str(values, "enrolment-token") if "enrolment-token" in values else ""
         return cls(
-            key, _str(values, "name"), _int(values, "num-examples"), _int(values, "num-params")
+            key,
+            _str(values, "name"),
+            _int(values, "num-examples"),
+            _int(values, "num-params"),
+            enrolment_token=token,
         )
 
 

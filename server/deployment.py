@@ -84,9 +84,12 @@ class Deployment:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, *args: str) -> None:
-        """Start ``fedps ARGS --config CONFIG`` as process ``name``."""
+        """Start ``fedps ARGS --config CONFIG`` as process ``name`` (with ``--insecure`` when
+        the configuration turned TLS off, whatever the file says)."""
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
         cmd = [sys.executable, "-m", "fedps.cli", *args, "--config", str(self.config_path)]
+        if self.config.tls.insecure:
+            cmd.append("--insecure")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.processes[name] = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
