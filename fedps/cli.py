@@ -192,7 +192,8 @@ def up(
     _setup_logging(True)
     cfg = _load(config, insecure=insecure)
     _provision(cfg)
-    _setup_tls(cfg, OPERATOR_NAME)  # to probe the servers' ports
+    if cfg.tls.insecure:
+        _setup_tls(cfg, OPERATOR_NAME)  # warns here too that the cluster runs without TLS
     deployment = Deployment(config, cfg)
     try:
         deployment.start_servers()

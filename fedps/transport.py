@@ -60,6 +60,7 @@ __all__ = [
     "call",
     "call_until",
     "certificate_role",
+    "channel_credentials",
     "configure_tls",
     "create_channel",
     "create_server",
@@ -155,12 +156,19 @@ def create_channel(address: str) -> grpc.Channel:
     identity = _tls
     if identity is None:
         return grpc.insecure_channel(address, options=options)
-    credentials = grpc.ssl_channel_credentials(
+    return grpc.secure_channel(address, channel_credentials(identity), options=options)
+
+
+def channel_credentials(identity: TlsMaterial) -> grpc.ChannelCredentials:
+    """Credentials that trust ``identity``'s CA and present its certificate (none if its
+    certificate is empty), for one channel whatever this process's TLS."""
+    if not identity.cert:
+        return grpc.ssl_channel_credentials(root_certificates=identity.ca_cert)
+    return grpc.ssl_channel_credentials(
         root_certificates=identity.ca_cert,
         private_key=identity.key,
         certificate_chain=identity.cert,
     )
-    return grpc.secure_channel(address, credentials, options=options)
 
 
 def create_server(max_workers: int = 16) -> grpc.Server:

@@ -29,6 +29,7 @@ from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
 from fedps.transport import (
     bind,
     call,
+    channel_credentials,
     configure_tls,
     create_channel,
     create_server,
@@ -108,16 +109,6 @@ def tls_shard(pki: Pki) -> Iterator[TlsShard]:
         reset_tls()
 
 
-def _credentials(identity: TlsIdentity) -> grpc.ChannelCredentials:
-    if not identity.cert:
-        return grpc.ssl_channel_credentials(root_certificates=identity.ca_cert)
-    return grpc.ssl_channel_credentials(
-        root_certificates=identity.ca_cert,
-        private_key=identity.key,
-        certificate_chain=identity.cert,
-    )
-
-
 def _status_code(channel: grpc.Channel) -> grpc.StatusCode:
     """Call Shard.GetStatus; the status code of the failure (OK if it succeeded)."""
     try:
@@ -129,7 +120,7 @@ def _status_code(channel: grpc.Channel) -> grpc.StatusCode:
 
 
 def _assert_still_serving(shard: TlsShard) -> None:
-    with grpc.secure_channel(shard.address, _credentials(shard.pki.operator)) as channel:
+    with grpc.secure_channel(shard.address, channel_credentials(shard.pki.operator)) as channel:
         reply = shard_pb2_grpc.ShardStub(channel).GetStatus(common_pb2.Empty(), timeout=_TIMEOUT_S)
     assert reply.shard_id == "shard-0"
 
@@ -150,7 +141,7 @@ def test_valid_certificate_is_served(tls_shard: TlsShard) -> None:
 
 def test_localhost_name_verifies_too(tls_shard: TlsShard) -> None:
     address = tls_shard.address.replace("127.0.0.1", "localhost")
-    with grpc.secure_channel(address, _credentials(tls_shard.pki.operator)) as channel:
+    with grpc.secure_channel(address, channel_credentials(tls_shard.pki.operator)) as channel:
         assert _status_code(channel) == grpc.StatusCode.OK
 
 
@@ -160,7 +151,7 @@ def test_status_answers_only_the_operator(tls_shard: TlsShard, caller: str) -> N
     identity: TlsIdentity = getattr(tls_shard.pki, caller)
 
     # Execute
-    with grpc.secure_channel(tls_shard.address, _credentials(identity)) as channel:
+    with grpc.secure_channel(tls_shard.address, channel_credentials(identity)) as channel:
         code = _status_code(channel)
 
     # Assert
@@ -170,7 +161,9 @@ def test_status_answers_only_the_operator(tls_shard: TlsShard, caller: str) -> N
 
 def test_missing_client_certificate_is_refused(tls_shard: TlsShard) -> None:
     # Execute
-    with grpc.secure_channel(tls_shard.address, _credentials(tls_shard.pki.no_cert)) as channel:
+    with grpc.secure_channel(
+        tls_shard.address, channel_credentials(tls_shard.pki.no_cert)
+    ) as channel:
         code = _status_code(channel)
 
     # Assert: the TLS handshake refuses the peer, which gRPC reports as UNAVAILABLE; the
@@ -181,7 +174,7 @@ def test_missing_client_certificate_is_refused(tls_shard: TlsShard) -> None:
 
 
 def test_certificate_from_another_ca_is_refused(tls_shard: TlsShard) -> None:
-    creds = _credentials(tls_shard.pki.foreign_client)
+    creds = channel_credentials(tls_shard.pki.foreign_client)
     with grpc.secure_channel(tls_shard.address, creds) as channel:
         code = _status_code(channel)
 
@@ -192,7 +185,7 @@ def test_certificate_from_another_ca_is_refused(tls_shard: TlsShard) -> None:
 def test_server_from_another_ca_is_not_trusted(tls_shard: TlsShard, pki: Pki) -> None:
     # The client trusts only the other CA: it must refuse our server's certificate.
     stranger = TlsIdentity(ca_cert=pki.foreign_ca, cert=pki.client.cert, key=pki.client.key)
-    with grpc.secure_channel(tls_shard.address, _credentials(stranger)) as channel:
+    with grpc.secure_channel(tls_shard.address, channel_credentials(stranger)) as channel:
         code = _status_code(channel)
 
     assert code == grpc.StatusCode.UNAVAILABLE
@@ -264,7 +257,7 @@ def test_insecure_is_plaintext_and_warns(pki: Pki, caplog: pytest.LogCaptureFixt
 def _open_round_code(shard: TlsShard, identity: TlsIdentity) -> grpc.StatusCode:
     """Call Shard.OpenRound (round 1) as ``identity``; the status code (OK if it succeeded)."""
     request = shard_pb2.OpenRoundRequest(round=1)
-    with grpc.secure_channel(shard.address, _credentials(identity)) as channel:
+    with grpc.secure_channel(shard.address, channel_credentials(identity)) as channel:
         try:
             shard_pb2_grpc.ShardStub(channel).OpenRound(request, timeout=_TIMEOUT_S)
         except grpc.RpcError as exc:
