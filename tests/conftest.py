@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +73,11 @@ class Cluster:
 
 
 def start_cluster(
-    tmp_path: Path, *, num_shards: int = 2, coordinator: bool = True, **sections: dict[str, object]
+    tmp_path: Path,
+    *,
+    num_shards: int = 2,
+    coordinator: bool = True,
+    **sections: Mapping[str, object],
 ) -> Cluster:
     """Bind every server on port 0, then build the roles from the bound addresses.
 
@@ -123,7 +127,7 @@ def cluster(tmp_path: Path, small_training: dict[str, object]) -> Iterator[Clust
     c.stop()
 
 
-def run_clients(clients: list[object], timeout_s: float = 120.0) -> list[object]:
+def run_clients(clients: Sequence[object], timeout_s: float = 120.0) -> list[object]:
     """Run ``EdgeClient.run`` for each client in its own thread; return the summaries."""
     results: list[object] = [None] * len(clients)
     errors: list[BaseException] = []
