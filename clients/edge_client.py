@@ -32,12 +32,14 @@ import numpy as np
 
 from clients.dp_trainer import create_trainer
 from crypto import PLAINTEXT_CONTEXT_ID, BlockEncryptor, CkksParams, PlainContext, PublicContext
+from crypto.enrolment import TOKEN_SUFFIX, read_token
 from crypto.signing import BlockSigner, context_digest, model_verifier, sign_update, verify_block
 from crypto.sketch import Challenge
 from fedps.blocks import BlockLayout, flatten_model
 from fedps.config import FedPSConfig
 from fedps.datasets import Dataset, load_dataset
 from fedps.errors import (
+    ConfigError,
     FedPSError,
     InvalidArgumentError,
     PeerUnavailableError,
@@ -113,11 +115,21 @@ class EdgeClient:
         The cluster configuration (the coordinator's address and training settings).
     index
         Which data partition this client holds.
+
+    Its identity is ``tls.name`` or ``client-INDEX``: the certificate it presents under mutual
+    TLS, or, without TLS, the enrolment token ``tls.directory/NAME.token`` it registers with.
+
+    Raises
+    ------
+    ConfigError
+        Without TLS (``tls.insecure``) and without a readable enrolment token.
     """
 
     def __init__(self, config: FedPSConfig, *, index: int, name: str = "") -> None:
         self.config = config
         self.name = name or f"edge-{index}"
+        self.identity = config.tls.name or f"client-{index}"
+        self._enrolment_token = self._load_token(required=config.tls.insecure)
         data = client_partition(config, index)
         model = create_model(
             config.training.model,
@@ -252,16 +264,27 @@ class EdgeClient:
         encryptor.precompute(-(-self.num_params // self._values_per_block))
         return encryptor
 
+    def _load_token(self, *, required: bool) -> str:
+        """This client's enrolment token (empty if there is none and none is ``required``)."""
+        token = read_token(self.config.tls.directory, self.identity)
+        if token is None and required:
+            path = self.config.tls.directory / f"{self.identity}{TOKEN_SUFFIX}"
+            raise ConfigError(
+                f"without TLS a client needs its enrolment token: {path} not found; "
+                "create it with `fedps certs`"
+            )
+        return token or ""
+
     def _register(self, timeout_s: float) -> coordinator_pb2.RegisterReply:
         request = coordinator_pb2.RegisterRequest(
             name=self.name,
             num_examples=self.trainer.num_examples,
             num_params=self.num_params,
-            client_id=self.client_id,
             signing_key=self._signer.public_key,
+            enrolment_token=self._enrolment_token,
         )
         reply = self._retry(
-            lambda: self._coordinator.Register(request, metadata=self._metadata(), timeout=_CALL_S),
+            lambda: self._coordinator.Register(request, timeout=_CALL_S),
             "register",
             timeout_s,
         )

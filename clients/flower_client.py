@@ -6,7 +6,8 @@ messages replace the fedps coordinator's client protocol (register, get task, re
 update itself never travels in a Flower message:
 
 1. ``query.fedps_register``: the node answers with its Ed25519 public key, its number of
-   training examples and the model size; the strategy registers it with the coordinator.
+   training examples, the model size and its enrolment token (``tls.directory/client-N.token``
+   from ``fedps certs``); the strategy registers it with the coordinator as ``client-N``.
 2. ``train``: the message's ``"fedps"`` ConfigRecord is the coordinator's task (round,
    model version, client id, run id, context id, weight scale, deadline). The node runs the
    same round as :class:`clients.edge_client.EdgeClient`: it pulls the signed model of that
@@ -102,16 +103,20 @@ class FlowerClient(EdgeClient):
     ------
     ConfigError
         For ``privacy.level = "client"``: its accountant state cannot be carried in
-        ``Context.state`` yet, so only example-level DP-SGD is offered through Flower.
+        ``Context.state`` yet, so only example-level DP-SGD is offered through Flower. Or the
+        node's enrolment token is missing.
     """
 
     def __init__(self, config: FedPSConfig, *, index: int, signer: BlockSigner) -> None:
         if config.privacy.level != "example":
             raise ConfigError('Flower clients support privacy.level = "example" (DP-SGD) only')
-        # Before any channel exists, as `fedps client` does: identity tls.name (or
-        # client-INDEX) with [tls] enabled; nodes sharing a process need one tls.name.
+        # Before any channel exists, as `fedps client` does: certificate tls.name (or
+        # client-INDEX) under mutual TLS; a process holds one certificate, so under TLS each
+        # node runs in its own process.
         setup_tls(config.tls, f"client-{index}")
         super().__init__(config, index=index, name=f"flower-{index}")
+        # The strategy registers the node by its token, whatever the transport.
+        self._enrolment_token = self._load_token(required=True)
         self.index = index
         self._signer = signer
         self._last_report: RoundReport | None = None
@@ -123,6 +128,11 @@ class FlowerClient(EdgeClient):
     def signing_key(self) -> bytes:
         """The Ed25519 public key the strategy registers for this node."""
         return self._signer.public_key
+
+    @property
+    def enrolment_token(self) -> str:
+        """The token that proves this node's identity (``client-INDEX``) to the strategy."""
+        return self._enrolment_token
 
     def attach(self, *, client_id: str, run_id: str, timeout_s: float = 60.0) -> None:
         """Connect to the key holder and shards of ``config.cluster`` for run ``run_id``.
@@ -462,7 +472,11 @@ def create_client_app(
     def register(message: Message, context: Context) -> Message:
         _, client = prepare(context)
         registration = Registration(
-            client.signing_key, client.name, client.trainer.num_examples, client.num_params
+            client.signing_key,
+            client.name,
+            client.trainer.num_examples,
+            client.num_params,
+            enrolment_token=client.enrolment_token,
         )
         values: dict[str, ConfigRecordValues] = {**registration.to_record()}
         record = ConfigRecord(values)

@@ -2,14 +2,18 @@
 
 TenSEAL's ``sealapi`` binds SEAL's ``save``/``load`` with file paths only, so objects go
 through files in a private (mode 0700) directory, in memory (``/dev/shm``) where the system
-has it. SEAL's ``load`` checks every loaded object against the context (parameters and
-coefficient range), so bytes loaded here are validated by SEAL as well as by our own checks.
+has it. Each process makes its own directory on first use and removes it when it exits
+(``atexit``: a normal exit, ``sys.exit``, or the SIGTERM handlers of fedps's roles). SEAL's
+``load`` checks every loaded object against the context (parameters and coefficient range),
+so bytes loaded here are validated by SEAL as well as by our own checks.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import struct
 import tempfile
 import threading
@@ -28,13 +32,32 @@ _COMPR_ZSTD = 2
 _MAX_OBJECT_BYTES = 1 << 28
 
 _local = threading.local()
-_tmp_root = tempfile.mkdtemp(
-    prefix="fedps-seal-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
-)
+_roots: dict[int, str] = {}  # process id -> its scratch directory
+_roots_lock = threading.Lock()
 
 
 class _Saveable(Protocol):
     def save(self, path: str) -> None: ...
+
+
+def scratch_root() -> str:
+    """This process's scratch directory (mode 0700), made on first use, removed at exit."""
+    pid = os.getpid()
+    with _roots_lock:
+        root = _roots.get(pid)
+        if root is None:
+            root = tempfile.mkdtemp(
+                prefix="fedps-seal-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+            )
+            _roots[pid] = root
+            atexit.register(_remove_root, pid, root)
+    return root
+
+
+def _remove_root(pid: int, root: str) -> None:
+    # A forked child inherits its parent's exit handlers: only the owner removes a directory.
+    if os.getpid() == pid:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _scratch_path() -> str:
@@ -42,7 +65,7 @@ def _scratch_path() -> str:
     key = (os.getpid(), threading.get_ident())
     if getattr(_local, "key", None) != key:
         _local.key = key
-        _local.path = os.path.join(_tmp_root, f"obj-{key[0]}-{key[1]}")
+        _local.path = os.path.join(scratch_root(), f"obj-{key[1]}")
     path: str = _local.path
     return path
 

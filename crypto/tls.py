@@ -5,7 +5,9 @@
 and ``NAME.crt`` carrying a SubjectAltName for every host the identity serves on (IP addresses
 and DNS names; ``127.0.0.1`` and ``localhost`` always included) and the ExtendedKeyUsage of
 its role. :class:`TlsIdentity` is what a process loads to speak TLS: the CA certificate it
-trusts plus its own certificate and key. ``fedps certs`` writes all of them for a cluster.
+trusts plus its own certificate and key. ``fedps certs`` writes all of them for a cluster,
+with the enrolment key and client tokens of :mod:`crypto.enrolment`; ``fedps up`` and
+``fedps demo`` create them on first start (:func:`provision_cluster`).
 
 Key material is never logged or put into an error message; only file names are.
 """
@@ -26,6 +28,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from crypto._files import write_private
+from crypto.enrolment import ENROLMENT_KEY_FILE, issue_tokens
 from fedps.config import FedPSConfig, TlsConfig
 from fedps.errors import ConfigError
 from fedps.transport import configure_tls, tls_identity
@@ -39,9 +43,11 @@ __all__ = [
     "OPERATOR_NAME",
     "CertPaths",
     "TlsIdentity",
+    "client_identities",
     "issue_certificate",
     "issue_cluster_certificates",
     "make_ca",
+    "provision_cluster",
     "reset_tls",
     "setup_tls",
 ]
@@ -153,7 +159,7 @@ def make_ca(directory: Path, *, common_name: str = "fedps deployment CA") -> Cer
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .sign(key, hashes.SHA256())
     )
-    _write_private(paths.key, _key_pem(key))
+    write_private(paths.key, _key_pem(key))
     _write_public(paths.cert, cert.public_bytes(serialization.Encoding.PEM))
     return paths
 
@@ -241,7 +247,7 @@ def issue_certificate(
     )
     out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     paths = CertPaths(out_dir / f"{name}.crt", out_dir / f"{name}.key")
-    _write_private(paths.key, _key_pem(key))
+    write_private(paths.key, _key_pem(key))
     _write_public(paths.cert, cert.public_bytes(serialization.Encoding.PEM))
     return paths
 
@@ -268,9 +274,38 @@ def issue_cluster_certificates(config: FedPSConfig, out_dir: Path) -> list[CertP
         host = _host_of(address)
         hosts = [host] if host else []
         written.append(issue_certificate(out_dir, name, hosts=hosts, client=True, server=True))
-    clients = [f"client-{i}" for i in range(config.training.clients)] + [OPERATOR_NAME]
-    for name in clients:
+    for name in [*client_identities(config), OPERATOR_NAME]:
         written.append(issue_certificate(out_dir, name, hosts=[], client=True, server=False))
+    return written
+
+
+def client_identities(config: FedPSConfig) -> list[str]:
+    """The client identities an operator provisions: ``client-0`` ... ``client-{N-1}`` for
+    ``training.clients`` = N (certificate common names and token names)."""
+    return [f"client-{i}" for i in range(config.training.clients)]
+
+
+def provision_cluster(config: FedPSConfig) -> list[Path]:
+    """Create what a one-machine cluster needs in ``tls.directory`` if there is none.
+
+    With TLS on and no CA there yet: the CA and every party's certificate
+    (:func:`issue_cluster_certificates`). With no enrolment key there yet: the key and every
+    client's token (:func:`crypto.enrolment.issue_tokens`). Nothing that exists is replaced.
+    ``fedps up`` and ``fedps demo`` call this on start.
+
+    Returns
+    -------
+    list[Path]
+        The files written (empty when nothing was missing).
+    """
+    directory = config.tls.directory
+    written: list[Path] = []
+    if config.tls.enabled and not (directory / CA_KEY_FILE).exists():
+        for paths in issue_cluster_certificates(config, directory):
+            written += [paths.cert, paths.key]
+    if not (directory / ENROLMENT_KEY_FILE).exists():
+        written += issue_tokens(directory, client_identities(config))
+        written.append(directory / ENROLMENT_KEY_FILE)
     return written
 
 
@@ -315,22 +350,6 @@ def _read(path: Path) -> bytes:
         raise ConfigError(f"cannot read TLS file {path}: {exc.strerror}") from None
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """Write a key readable by its owner only; it is never world-readable, not even briefly."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o600)  # exactly 0600 whatever the umask
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _write_public(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     tmp.write_bytes(data)
@@ -343,10 +362,10 @@ _warned_insecure = False
 def setup_tls(tls: TlsConfig, name: str) -> None:
     """Configure this process's TLS from the ``[tls]`` section, before anything connects.
 
-    With ``tls.enabled``, load identity ``tls.name`` (default ``name``, the role's name such
-    as ``shard-0`` or ``client-3``) from ``tls.directory`` and configure it process-wide
-    (:func:`fedps.transport.configure_tls`).
-    Otherwise, unless ``tls.insecure`` acknowledges it, log once that traffic is plaintext.
+    By default (``tls.enabled``) load identity ``tls.name`` (default ``name``, the role's name
+    such as ``shard-0`` or ``client-3``) from ``tls.directory`` and configure it process-wide
+    (:func:`fedps.transport.configure_tls`). With ``tls.insecure`` (``--insecure``) traffic
+    stays plaintext, and the process says so with a warning when it starts.
 
     Raises
     ------
@@ -362,13 +381,14 @@ def setup_tls(tls: TlsConfig, name: str) -> None:
         configure_tls(identity)
         _log.info("mutual TLS on as %r (certificates in %s)", tls.name or name, tls.directory)
         return
-    if tls.insecure or _warned_insecure:
-        return
+    configure_tls(None)
+    if _warned_insecure:
+        return  # once per process: the CLI and serve_forever both call this
     _warned_insecure = True
     _log.warning(
-        "TLS is off: gRPC traffic of %s is unencrypted and unauthenticated. Set [tls] "
-        "enabled = true (certificates from `fedps certs`), or acknowledge plaintext with "
-        "--insecure or tls.insecure = true",
+        "TLS is off (--insecure): gRPC traffic of %s is unencrypted and unauthenticated, and "
+        "clients are admitted by enrolment token alone. Drop --insecure and tls.insecure to "
+        "use mutual TLS (certificates from `fedps certs`)",
         name,
     )
 

@@ -36,7 +36,7 @@ InsecureOpt = Annotated[
     bool,
     typer.Option(
         "--insecure",
-        help="Acknowledge that without [tls] enabled traffic is unencrypted (no warning).",
+        help="Turn mutual TLS off: plaintext gRPC, clients admitted by enrolment token (warns).",
     ),
 ]
 _log = logging.getLogger("fedps")
@@ -50,17 +50,31 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _load(config: Path | None, *, insecure: bool = False) -> FedPSConfig:
-    if insecure:
-        return load_config(config, tls={"insecure": True})
+    if insecure:  # the command line wins over the file's [tls] enabled
+        return load_config(config, tls={"insecure": True, "enabled": False})
     return load_config(config)
 
 
 def _setup_tls(cfg: FedPSConfig, name: str) -> None:
-    """Before anything connects: load identity ``tls.name`` (default ``name``) when TLS is on,
-    else warn once that traffic is plaintext (unless ``tls.insecure``)."""
+    """Before anything connects: load identity ``tls.name`` (default ``name``) under mutual
+    TLS (the default), or warn that traffic is plaintext (``--insecure``)."""
     from crypto.tls import setup_tls
 
     setup_tls(cfg.tls, name)
+
+
+def _provision(cfg: FedPSConfig) -> None:
+    """Create the certificates, enrolment key and tokens in ``tls.directory`` if there are
+    none (``up`` and ``demo`` on first start)."""
+    from crypto.tls import provision_cluster
+
+    try:
+        written = provision_cluster(cfg)
+    except OSError as exc:
+        where = exc.filename or cfg.tls.directory
+        raise FedPSError(f"cannot write certificates to {where}: {exc.strerror}") from None
+    if written:
+        typer.echo(f"created the certificates and enrolment tokens in {cfg.tls.directory}")
 
 
 @app.command()
@@ -139,34 +153,47 @@ def certs(
         typer.Option("--out", "-o", help="Directory to write to (default: tls.directory)."),
     ] = None,
 ) -> None:
-    """Create the deployment's CA (or reuse the one in DIR) and a certificate per party."""
-    from crypto.tls import issue_cluster_certificates
+    """Create the deployment's CA (or reuse the one in DIR), a certificate per party, and an
+    enrolment token per client (for runs without TLS)."""
+    from crypto.enrolment import issue_tokens
+    from crypto.tls import client_identities, issue_cluster_certificates
 
     cfg = _load(config)
     directory = out if out is not None else cfg.tls.directory
     try:
         written = issue_cluster_certificates(cfg, directory)
+        tokens = issue_tokens(directory, client_identities(cfg))
     except OSError as exc:
         where = exc.filename or directory
         raise FedPSError(f"cannot write certificates to {where}: {exc.strerror}") from None
     for paths in written:
         typer.echo(f"{paths.cert}  {paths.key} (private, mode 600)")
+    for token in tokens:
+        typer.echo(f"{token} (private, mode 600)")
     typer.echo(
         f"{len(written) - 1} identities signed by {written[0].cert}; copy each party's NAME.crt, "
-        f"NAME.key and ca.crt (never ca.key) to its machine, and set [tls] enabled = true, "
-        f'directory = "{directory}".'
+        f"NAME.key and ca.crt (never ca.key or enrolment.key) to its machine, with "
+        f'[tls] directory = "{directory}". Without TLS (--insecure) a client proves its '
+        "identity with NAME.token instead, and the coordinator needs enrolment.key."
     )
 
 
 @app.command()
-def up(config: Annotated[Path, typer.Argument(help="Cluster configuration (TOML).")]) -> None:
-    """Start key holder, shards and coordinator as processes; Ctrl-C stops them cleanly."""
+def up(
+    config: Annotated[Path, typer.Argument(help="Cluster configuration (TOML).")],
+    insecure: InsecureOpt = False,
+) -> None:
+    """Start key holder, shards and coordinator as processes; Ctrl-C stops them cleanly.
+
+    Creates the certificates and enrolment tokens in ``tls.directory`` on first start."""
     from crypto.tls import OPERATOR_NAME
     from server.deployment import Deployment
 
     _setup_logging(True)
-    cfg = _load(config)
-    _setup_tls(cfg, OPERATOR_NAME)  # to probe the servers' ports
+    cfg = _load(config, insecure=insecure)
+    _provision(cfg)
+    if cfg.tls.insecure:
+        _setup_tls(cfg, OPERATOR_NAME)  # warns here too that the cluster runs without TLS
     deployment = Deployment(config, cfg)
     try:
         deployment.start_servers()
@@ -193,12 +220,16 @@ def demo(
         Optional[str],  # noqa: UP045
         typer.Option(help="Override training.mode: sync (rounds) or async (FedBuff buffers)."),
     ] = None,
+    insecure: InsecureOpt = False,
 ) -> None:
-    """Train on digits with a key holder, 2 shards, a coordinator and 4 clients, locally."""
+    """Train on digits with a key holder, 2 shards, a coordinator and 4 clients, locally,
+    under mutual TLS with certificates made for the run."""
     from server.demo import run_demo
 
     _setup_logging(False)
     overrides: dict[str, dict[str, object]] = {}
+    if insecure:
+        overrides["tls"] = {"insecure": True, "enabled": False}
     training: dict[str, object] = {}
     if rounds is not None:
         training["rounds"] = rounds
@@ -315,15 +346,13 @@ def experiment(
 
 
 @app.command()
-def status(config: ConfigOpt = None) -> None:
-    """Print the cluster's health as the coordinator sees it."""
+def status(config: ConfigOpt = None, insecure: InsecureOpt = False) -> None:
+    """Print the cluster's health as the coordinator sees it (as the operator identity)."""
+    from crypto.tls import OPERATOR_NAME
     from server.cluster_status import print_status
 
-    cfg = _load(config)
-    if cfg.tls.enabled:
-        from crypto.tls import OPERATOR_NAME
-
-        _setup_tls(cfg, OPERATOR_NAME)
+    cfg = _load(config, insecure=insecure)
+    _setup_tls(cfg, OPERATOR_NAME)
     print_status(cfg)
 
 

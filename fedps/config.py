@@ -16,6 +16,7 @@ of the key holder, the coordinator and every shard. Errors name the bad field::
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,6 +36,7 @@ __all__ = [
     "SecurityConfig",
     "TlsConfig",
     "TrainingConfig",
+    "is_loopback",
     "load_config",
     "read_toml",
 ]
@@ -226,24 +228,32 @@ class SecurityConfig(_Section):
 
 
 class TlsConfig(_Section):
-    """Mutual TLS between every party (certificates from ``fedps certs``).
+    """Mutual TLS between every party (certificates from ``fedps certs``), on by default.
 
-    With ``enabled`` every channel and port uses TLS and both ends present a certificate
-    signed by the deployment's CA. Without it, each role warns at start that its traffic is
-    unencrypted and unauthenticated, unless ``insecure`` (``--insecure``) acknowledges that.
+    Every channel and port uses TLS and both ends present a certificate signed by the
+    deployment's CA; a client's identity is its certificate's common name. ``insecure = true``
+    (``--insecure``) is the one way to turn TLS off: traffic is then plaintext, each role warns
+    when it starts, and clients prove their identity with the enrolment tokens that
+    ``fedps certs`` writes next to the certificates. ``enabled`` only confirms the default.
     """
 
-    enabled: bool = False
+    enabled: bool = Field(
+        True, description="mutual TLS (the default); turn it off with insecure = true"
+    )
     directory: Path = Field(
-        Path("fedps-certs"), description="where `fedps certs` writes and roles read certificates"
+        Path("fedps-certs"),
+        description="where `fedps certs` writes and roles read certificates, the enrolment "
+        "key and client tokens",
     )
     name: str = Field(
         "",
-        description="identity (NAME.crt, NAME.key) this process uses; empty: the role's name "
-        "(keyholder, coordinator, shard-N, client-N)",
+        description="identity (NAME.crt, NAME.key, NAME.token) this process uses; empty: the "
+        "role's name (keyholder, coordinator, shard-N, client-N)",
     )
     insecure: bool = Field(
-        False, description="acknowledge plaintext traffic when TLS is off (no warning)"
+        False,
+        description="turn TLS off: plaintext traffic, clients admitted by enrolment token "
+        "(warns at every start)",
     )
 
     @model_validator(mode="after")
@@ -252,8 +262,18 @@ class TlsConfig(_Section):
             "/" in self.name or "\\" in self.name or self.name.startswith(".") or self.name == "ca"
         ):
             raise ValueError(f"name {self.name!r} is not a certificate file stem")
-        if self.enabled and self.insecure:
-            raise ValueError("enabled and insecure contradict each other; set one")
+        if self.insecure and self.enabled:
+            if "enabled" in self.model_fields_set:
+                raise ValueError(
+                    "enabled = true and insecure = true contradict each other: insecure turns "
+                    "TLS off; set one"
+                )
+            return self.model_copy(update={"enabled": False})
+        if not self.enabled and not self.insecure:
+            raise ValueError(
+                "TLS is on by default; to run without it set insecure = true (or pass "
+                "--insecure), not enabled = false"
+            )
         return self
 
 
@@ -279,11 +299,18 @@ class GroupsConfig(_Section):
 
 
 class MetricsConfig(_Section):
-    """Prometheus endpoints (``host:port``, port 0: any free port); empty: no endpoint."""
+    """Prometheus endpoints (``host:port``, port 0: any free port); empty: no endpoint.
+
+    They listen on loopback only (``127.0.0.1``, ``::1``, ``localhost``), for the operator on
+    that host; ``public = true`` allows any other address and warns when a role starts.
+    """
 
     keyholder: str = ""
     coordinator: str = ""
     shards: list[str] = Field(default_factory=list, description="one per shard, in order")
+    public: bool = Field(
+        False, description="allow non-loopback metrics addresses (anyone reaching them reads)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> MetricsConfig:
@@ -291,6 +318,11 @@ class MetricsConfig(_Section):
             host, sep, port = addr.rpartition(":")
             if addr and not (sep and host and port.isdigit() and int(port) < 65536):
                 raise ValueError(f"metrics address {addr!r} is not host:port")
+            if addr and not self.public and not is_loopback(host):
+                raise ValueError(
+                    f"metrics address {addr!r} is not loopback: metrics answer the operator on "
+                    "the host; set public = true to serve them to the network"
+                )
         return self
 
 
@@ -327,6 +359,17 @@ class FedPSConfig(_Section):
                 "which sizes the CKKS headroom; raise he.max_clients"
             )
         return self
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an IP address, IPv6 in brackets or not) is loopback."""
+    host = host.strip().removeprefix("[").removesuffix("]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def read_toml(path: Path, what: str) -> dict[str, object]:

@@ -6,7 +6,8 @@ This module holds what both ends must agree on, as plain mappings of Flower's re
 (``int``, ``float``, ``str``, ``bytes``), so that it imports neither Flower nor a role:
 
 ``query.fedps_register``
-    Node to strategy: :class:`Registration` (public signing key, examples, model size).
+    Node to strategy: :class:`Registration` (public signing key, examples, model size, and
+    the enrolment token that proves the node's identity).
 ``train``
     Strategy to node: :class:`FlowerTask`; node to strategy: :class:`RoundReport`, metadata
     only. The node trains, encrypts and commits its update at the key holder
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from fedps.errors import InvalidArgumentError
 
@@ -84,12 +85,15 @@ def _str(values: _Values, key: str) -> str:
 
 @dataclass(frozen=True)
 class Registration:
-    """A node introduces itself: the key that signs its updates, its data and model size."""
+    """A node introduces itself: the key that signs its updates, its data and model size, and
+    its enrolment token (its identity ``client-N``, issued by ``fedps certs``; kept out of
+    ``repr``)."""
 
     signing_key: bytes
     name: str
     num_examples: int
     num_params: int
+    enrolment_token: str = field(default="", repr=False)
 
     def to_record(self) -> dict[str, int | str | bytes]:
         """The ConfigRecord values."""
@@ -98,6 +102,7 @@ class Registration:
             "name": self.name,
             "num-examples": self.num_examples,
             "num-params": self.num_params,
+            "enrolment-token": self.enrolment_token,
         }
 
     @classmethod
@@ -111,8 +116,13 @@ class Registration:
         """
         key = _field(values, "signing-key", bytes)
         assert isinstance(key, bytes)
+        token = _str(values, "enrolment-token") if "enrolment-token" in values else ""
         return cls(
-            key, _str(values, "name"), _int(values, "num-examples"), _int(values, "num-params")
+            key,
+            _str(values, "name"),
+            _int(values, "num-examples"),
+            _int(values, "num-params"),
+            enrolment_token=token,
         )
 
 

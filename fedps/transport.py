@@ -61,9 +61,12 @@ __all__ = [
     "call",
     "call_until",
     "certificate_role",
+    "channel_credentials",
     "configure_tls",
     "create_channel",
     "create_server",
+    "peer_common_name",
+    "require_peer",
     "reset_tls",
     "rpc_errors",
     "tls_identity",
@@ -155,12 +158,19 @@ def create_channel(address: str) -> grpc.Channel:
     identity = _tls
     if identity is None:
         return grpc.insecure_channel(address, options=options)
-    credentials = grpc.ssl_channel_credentials(
+    return grpc.secure_channel(address, channel_credentials(identity), options=options)
+
+
+def channel_credentials(identity: TlsMaterial) -> grpc.ChannelCredentials:
+    """Credentials that trust ``identity``'s CA and present its certificate (none if its
+    certificate is empty), for one channel whatever this process's TLS."""
+    if not identity.cert:
+        return grpc.ssl_channel_credentials(root_certificates=identity.ca_cert)
+    return grpc.ssl_channel_credentials(
         root_certificates=identity.ca_cert,
         private_key=identity.key,
         certificate_chain=identity.cert,
     )
-    return grpc.secure_channel(address, credentials, options=options)
 
 
 def create_server(max_workers: int = 16) -> grpc.Server:
@@ -210,8 +220,13 @@ else:
 
 # Which roles may call which RPC under mutual TLS. A certificate's role is its common name up
 # to the first "-" (``fedps certs`` names them keyholder, coordinator, shard-N, client-N,
-# operator). RPCs not listed are open to every certificate of the deployment.
+# operator). RPCs not listed are open to every certificate of the deployment. Status answers
+# only the operator (``fedps status``, the demo's watcher); the key holder's model state also
+# the coordinator, which reads it when it starts.
 CALLER_ROLES: dict[str, frozenset[str]] = {
+    "/fedps.proto.Shard/GetStatus": frozenset({"operator"}),
+    "/fedps.proto.Coordinator/GetStatus": frozenset({"operator"}),
+    "/fedps.proto.KeyHolder/GetModelState": frozenset({"coordinator", "operator"}),
     "/fedps.proto.Shard/OpenRound": frozenset({"coordinator"}),
     "/fedps.proto.Shard/CloseRound": frozenset({"coordinator"}),
     "/fedps.proto.Shard/DiscardRound": frozenset({"coordinator"}),
@@ -233,6 +248,30 @@ CALLER_ROLES: dict[str, frozenset[str]] = {
 def certificate_role(common_name: str) -> str:
     """The role of a certificate's common name: ``shard-1`` -> ``shard``."""
     return common_name.split("-", 1)[0]
+
+
+def peer_common_name(context: grpc.ServicerContext) -> str | None:
+    """The common name of the caller's verified certificate; ``None`` without one (plaintext).
+
+    Under mutual TLS every call that reaches a servicer has one (the handshake and
+    :func:`create_server`'s check refuse the others), and for a client it is the client's
+    identity (``client-3``).
+    """
+    if not context.peer_identities():
+        return None
+    # gRPC returns a list of bytes per property (its type stubs say bytes)
+    auth: Mapping[str, Sequence[bytes]] = cast(Any, context.auth_context())
+    names = auth.get("x509_common_name", [])
+    return names[0].decode("utf-8", "replace") if names else ""
+
+
+def require_peer(context: grpc.ServicerContext, client_id: str) -> None:
+    """Under mutual TLS, refuse (:class:`PolicyError`, ``PERMISSION_DENIED``) a call that acts
+    for ``client_id`` from a certificate of another name; without TLS, do nothing (the
+    client's credential or signature is then the only check)."""
+    name = peer_common_name(context)
+    if name is not None and name != client_id:
+        raise PolicyError(f"certificate {name!r} may not act for client {client_id!r}")
 
 
 class _RequireClientCertificate(_Interceptor):
@@ -286,24 +325,20 @@ def _authenticated(
     allowed = CALLER_ROLES.get(method)
 
     def guarded(request: Any, context: grpc.ServicerContext) -> Any:
-        if not context.peer_identities():
+        name = peer_common_name(context)
+        if name is None:
             _log.info("refused %s from %s: no verified client certificate", method, context.peer())
             context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
                 "mutual TLS required: no verified client certificate from the deployment's CA",
             )
-        if allowed is not None:
-            # gRPC returns a list of bytes per property (its type stubs say bytes)
-            auth: Mapping[str, Sequence[bytes]] = cast(Any, context.auth_context())
-            names = auth.get("x509_common_name", [])
-            name = names[0].decode("utf-8", "replace") if names else ""
-            if certificate_role(name) not in allowed:
-                _log.info("refused %s from certificate %r: not a caller of it", method, name)
-                context.abort(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    f"certificate {name!r} may not call {method.rsplit('/', 1)[-1]}: only "
-                    f"{', '.join(sorted(allowed))} certificates may",
-                )
+        if allowed is not None and certificate_role(name or "") not in allowed:
+            _log.info("refused %s from certificate %r: not a caller of it", method, name)
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"certificate {name!r} may not call {method.rsplit('/', 1)[-1]}: only "
+                f"{', '.join(sorted(allowed))} certificates may",
+            )
         return behavior(request, context)
 
     return guarded

@@ -37,6 +37,7 @@ from crypto.benchmark import (
 )
 from crypto.signing import BlockSigner, sign_update
 from crypto.sketch import Challenge
+from crypto.tls import setup_tls
 from fedps.config import load_config
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc, shard_pb2, shard_pb2_grpc
 from fedps.transport import batched, call, create_channel
@@ -228,11 +229,15 @@ def _shard_peak_rss(clients: int, num_params: int, keys: SecretContext) -> dict[
     of ``num_params`` values, and read the shard's peak resident memory (VmHWM)."""
     with tempfile.TemporaryDirectory(prefix="fedps-mem-") as tmp:
         work = Path(tmp)
+        # This process pushes as every client: one process holds one certificate, so this
+        # measurement runs without TLS, explicitly (plaintext on loopback, no coordinator).
         config = load_config(
             None,
             cluster=local_cluster(work / "state", shards=1),
             training={"clients": min(clients, 100), "min_quorum": 1},
+            tls={"insecure": True, "directory": str(work / "certs")},
         )
+        setup_tls(config.tls, "bench")
         path = work / "fedps.toml"
         write_config(config, path)
         deployment = Deployment(path, config)

@@ -41,6 +41,7 @@ from typing import TypeVar
 import numpy as np
 
 from crypto import CkksParams
+from crypto.enrolment import ENROLMENT_KEY_FILE, load_enrolment_key, verify_token
 from crypto.signing import is_weak_key, model_verifier
 from fedps.blocks import BlockLayout
 from fedps.config import FedPSConfig
@@ -142,10 +143,18 @@ class Coordinator:
         The cluster configuration.
     state_dir
         Where checkpoints are written.
+
+    Raises
+    ------
+    ConfigError
+        Without TLS (``tls.insecure``) and without an enrolment key in ``tls.directory``:
+        no client could prove an identity.
     """
 
     def __init__(self, config: FedPSConfig, *, state_dir: Path) -> None:
         self.config = config
+        # Checks the enrolment tokens of clients that have no certificate (TLS off, Flower).
+        self._enrolment_key = self._load_enrolment_key(config)
         self._training = config.training
         self._dir = state_dir
         self._dir.mkdir(parents=True, exist_ok=True)
@@ -181,15 +190,25 @@ class Coordinator:
         name: str,
         num_examples: int,
         num_params: int,
-        client_id: str,
         signing_key: bytes = b"",
-        credential: bytes = b"",
+        *,
+        identity: str | None = None,
+        enrolment_token: str = "",
     ) -> tuple[str, bytes]:
         """Register a client; returns its client id and a fresh credential.
 
-        ``signing_key`` is the client's Ed25519 public key. A known id re-registers (after a
-        restart) only with its credential and the same key, and keeps both; the returned
-        credential is then empty.
+        The client id is the client's provisioned identity: ``identity``, the common name of
+        the caller's verified certificate under mutual TLS (the servicer passes it), or else
+        the name that ``enrolment_token`` proves (:mod:`crypto.enrolment`). Registering an
+        identity again (a restarted client) returns the same id with a new credential, and
+        ``signing_key`` (the client's Ed25519 public key) replaces the one registered before.
+
+        Raises
+        ------
+        UnauthenticatedError
+            Neither a certificate identity nor a valid enrolment token.
+        InvalidArgumentError
+            A weak signing key, another model size, or no training examples.
         """
         if is_weak_key(signing_key):
             raise InvalidArgumentError("registration needs a valid 32-byte Ed25519 signing key")
@@ -200,25 +219,56 @@ class Coordinator:
             )
         if num_examples < 1:
             raise InvalidArgumentError("a client needs at least one training example")
+        client_id, how = self._identify(identity, enrolment_token)
+        issued = secrets.token_bytes(32)
         with self._changed:
-            known = self.clients.get(client_id) if client_id else None
+            known = self.clients.get(client_id)
             if known is not None:
-                self._check_credential(known, client_id, credential)
-                if known.signing_key != signing_key.hex():
-                    raise UnauthenticatedError(f"{client_id} is registered with another key")
+                known.name = name or client_id
+                known.num_examples = num_examples
+                known.signing_key = signing_key.hex()
+                known.credential_hash = hashlib.sha256(issued).hexdigest()
                 known.last_seen = time.time()
-                return client_id, b""
-            client_id = f"client-{len(self.clients)}-{secrets.token_hex(4)}"
-            issued = secrets.token_bytes(32)
-            self.clients[client_id] = _Client(
-                name=name or client_id,
-                num_examples=num_examples,
-                signing_key=signing_key.hex(),
-                credential_hash=hashlib.sha256(issued).hexdigest(),
-            )
+            else:
+                self.clients[client_id] = _Client(
+                    name=name or client_id,
+                    num_examples=num_examples,
+                    signing_key=signing_key.hex(),
+                    credential_hash=hashlib.sha256(issued).hexdigest(),
+                )
             self._changed.notify_all()
-        _log.info("registered %s (%s, %d examples)", client_id, name, num_examples)
+        _log.info(
+            "%s %s by %s (%s, %d examples)",
+            "re-registered" if known is not None else "registered",
+            client_id,
+            how,
+            name,
+            num_examples,
+        )
         return client_id, issued
+
+    def _identify(self, identity: str | None, enrolment_token: str) -> tuple[str, str]:
+        """The client id of a registration and how it was proven (certificate or token)."""
+        if identity:
+            return identity, "certificate"
+        if not enrolment_token:
+            raise UnauthenticatedError(
+                "registration refused: present a client certificate of the deployment (mutual "
+                "TLS) or, without TLS, the enrolment token from `fedps certs`"
+            )
+        if self._enrolment_key is None:
+            raise UnauthenticatedError(
+                "registration refused: this coordinator has no enrolment key to check tokens "
+                f"({self.config.tls.directory / ENROLMENT_KEY_FILE}; `fedps certs` makes it)"
+            )
+        return verify_token(self._enrolment_key, enrolment_token), "enrolment token"
+
+    @staticmethod
+    def _load_enrolment_key(config: FedPSConfig) -> bytes | None:
+        directory = config.tls.directory
+        if config.tls.insecure or (directory / ENROLMENT_KEY_FILE).exists():
+            return load_enrolment_key(directory)  # required without TLS: a clear error if absent
+        return None
 
     def get_task(self, client_id: str, credential: bytes = b"") -> Task:
         """The next task for ``client_id`` (authenticated by its credential)."""

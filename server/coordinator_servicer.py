@@ -1,11 +1,17 @@
-"""gRPC face of :class:`server.coordinator.Coordinator`."""
+"""gRPC face of :class:`server.coordinator.Coordinator`.
+
+Under mutual TLS a client's identity is its certificate's common name: ``Register`` passes it
+to the coordinator (the client id is that name), and ``GetTask`` and ``ReportUpdate`` must come
+from the certificate whose name is the request's client id, on top of the credential issued at
+registration. Without TLS the client proves its identity with an enrolment token.
+"""
 
 from __future__ import annotations
 
 import grpc
 
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
-from fedps.transport import rpc_errors
+from fedps.transport import peer_common_name, require_peer, rpc_errors
 from server.coordinator import Coordinator
 
 __all__ = ["CREDENTIAL_HEADER", "CoordinatorServicer"]
@@ -36,9 +42,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 request.name,
                 request.num_examples,
                 request.num_params,
-                request.client_id,
                 request.signing_key,
-                _credential(context),
+                identity=peer_common_name(context),
+                enrolment_token=request.enrolment_token,
             )
         cluster = c.config.cluster
         return coordinator_pb2.RegisterReply(
@@ -59,6 +65,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: coordinator_pb2.TaskRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.Task:
         with rpc_errors(context):
+            require_peer(context, request.client_id)
             task = self.coordinator.get_task(request.client_id, _credential(context))
         return coordinator_pb2.Task(
             kind=_KINDS[task.kind],
@@ -74,6 +81,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: coordinator_pb2.UpdateReport, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
         with rpc_errors(context):
+            require_peer(context, request.client_id)
             self.coordinator.report(
                 request.client_id,
                 request.round,

@@ -2,7 +2,9 @@
 
 Starts a key holder, the shards, a coordinator and the edge clients as separate processes on
 free loopback ports, prints each round's accuracy, max epsilon over clients and bytes pushed
-as the coordinator reports them, and returns a summary.
+as the coordinator reports them, and returns a summary. The run has its own certificates
+(mutual TLS, the default) and enrolment tokens in ``WORKDIR/certs``; the summary's ``tls``
+says whether it ran under TLS.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from crypto import CkksParams
+from crypto.tls import OPERATOR_NAME, provision_cluster, setup_tls
 from fedps.config import load_config
 from fedps.errors import FedPSError, PeerUnavailableError
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
@@ -36,19 +39,14 @@ def run_demo(
 ) -> dict[str, object]:
     """Run the demo; returns the summary (rounds, final accuracy, max epsilon, ...)."""
     console = console or Console(stderr=False, quiet=quiet)
-    base = load_config(config_path, **overrides)
-    shards = len(base.cluster.shards)
+    shards = len(load_config(config_path, **overrides).cluster.shards)
     cluster = local_cluster(workdir / "state", shards)
-    merged: dict[str, Mapping[str, object]] = {**overrides, "cluster": cluster}
-    if base.tls.enabled:  # a fresh CA and certificates for this run's parties
-        tls = {**overrides.get("tls", {}), "directory": str(workdir / "certs"), "name": ""}
-        merged["tls"] = tls
+    # A fresh CA, certificates and enrolment tokens for this run's parties.
+    tls = {**overrides.get("tls", {}), "directory": str(workdir / "certs"), "name": ""}
+    merged: dict[str, Mapping[str, object]] = {**overrides, "cluster": cluster, "tls": tls}
     config = load_config(config_path, **merged)
-    if config.tls.enabled:
-        from crypto.tls import OPERATOR_NAME, issue_cluster_certificates, setup_tls
-
-        issue_cluster_certificates(config, config.tls.directory)
-        setup_tls(config.tls, OPERATOR_NAME)  # for the watcher in this process
+    provision_cluster(config)
+    setup_tls(config.tls, OPERATOR_NAME)  # for the watcher in this process
     path = workdir / "fedps.toml"
     write_config(config, path)
     t = config.training
@@ -56,7 +54,8 @@ def run_demo(
         f"fedps demo: {t.dataset}, {t.clients} clients, {shards} shards, {t.rounds} rounds, "
         f"{'DP-SGD' if config.privacy.level == 'example' else 'client-level DP (DP-FedAvg)'} "
         f"(target epsilon {config.privacy.target_epsilon}, delta {config.privacy.delta}), "
-        f"CKKS {CkksParams.for_config(config) if config.he.enabled else 'OFF'}"
+        f"CKKS {CkksParams.for_config(config) if config.he.enabled else 'OFF'}, "
+        f"{'mutual TLS' if config.tls.enabled else 'TLS OFF (--insecure)'}"
     )
     started = time.time()
     deployment = Deployment(path, config)
@@ -81,6 +80,7 @@ def run_demo(
         "seconds": round(seconds, 2),
         "clients": t.clients,
         "shards": shards,
+        "tls": config.tls.enabled,
         "abandoned_rounds": sum(1 for r in status.history if r.abandoned),
         "round_seconds": [round(r.seconds, 3) for r in status.history],
         "round_accuracy": [

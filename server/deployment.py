@@ -18,9 +18,10 @@ from pathlib import Path
 
 import grpc
 
+from crypto.tls import OPERATOR_NAME, TlsIdentity
 from fedps.config import FedPSConfig
 from fedps.errors import PeerUnavailableError
-from fedps.transport import create_channel
+from fedps.transport import channel_credentials
 
 __all__ = ["Deployment", "free_port", "local_cluster", "write_config"]
 
@@ -84,9 +85,12 @@ class Deployment:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, *args: str) -> None:
-        """Start ``fedps ARGS --config CONFIG`` as process ``name``."""
+        """Start ``fedps ARGS --config CONFIG`` as process ``name`` (with ``--insecure`` when
+        the configuration turned TLS off, whatever the file says)."""
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
         cmd = [sys.executable, "-m", "fedps.cli", *args, "--config", str(self.config_path)]
+        if self.config.tls.insecure:
+            cmd.append("--insecure")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.processes[name] = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -104,10 +108,11 @@ class Deployment:
         self.wait_ready([cluster.coordinator])
 
     def wait_ready(self, addresses: list[str], timeout_s: float = 120.0) -> None:
-        """Block until every address accepts a gRPC connection."""
+        """Block until every address accepts a gRPC connection (under mutual TLS, one that
+        presents the operator's certificate from ``tls.directory``)."""
         until = time.time() + timeout_s
         for address in addresses:
-            with create_channel(address) as channel:
+            with self._probe_channel(address) as channel:
                 while True:
                     self.check_alive()
                     try:
@@ -116,6 +121,13 @@ class Deployment:
                     except grpc.FutureTimeoutError:
                         if time.time() > until:
                             raise PeerUnavailableError(f"{address} did not come up") from None
+
+    def _probe_channel(self, address: str) -> grpc.Channel:
+        tls = self.config.tls
+        if not tls.enabled:
+            return grpc.insecure_channel(address)
+        operator = TlsIdentity.load(tls.directory, OPERATOR_NAME)
+        return grpc.secure_channel(address, channel_credentials(operator))
 
     def check_alive(self, names: list[str] | None = None) -> None:
         """Raise if a server process (or one of ``names``) exited with an error."""

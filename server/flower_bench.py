@@ -30,6 +30,8 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from crypto import CkksParams
+from crypto.enrolment import issue_tokens
+from crypto.tls import client_identities
 from fedps.config import FedPSConfig, load_config
 from server.benchmark import machine_description
 from server.deployment import Deployment, local_cluster, write_config
@@ -119,7 +121,12 @@ def bench_config(
     state_dir: Path, *, clients: int, max_clients: int, rounds: int, model: str, dataset: str
 ) -> FedPSConfig:
     """A one-machine cluster (key holder, 2 shards) for ``clients`` nodes, CKKS parameters
-    sized for ``max_clients`` (the same for every cohort size, for a fair comparison)."""
+    sized for ``max_clients`` (the same for every cohort size, for a fair comparison).
+
+    Without TLS, explicitly: the nodes share this process, which can hold one certificate;
+    each node proves its identity with its enrolment token (``state_dir/certs``, written by
+    the benchmark run).
+    """
     return load_config(
         None,
         cluster=local_cluster(state_dir),
@@ -133,7 +140,7 @@ def bench_config(
             "eval_every": rounds,
         },
         he={"max_clients": max_clients},
-        tls={"insecure": True},
+        tls={"insecure": True, "directory": str(state_dir / "certs")},
     )
 
 
@@ -170,6 +177,7 @@ def _run_size(
             model=model,
             dataset=dataset,
         )
+        issue_tokens(config.tls.directory, client_identities(config))
         path = work / "fedps.toml"
         write_config(config, path)
         deployment = Deployment(path, config)

@@ -6,7 +6,8 @@ coordinator's part for a running key holder and shards. It holds a real
 protocol (see :mod:`fedps.flower_messages`):
 
 - Nodes it has not met yet get a ``query.fedps_register`` message; each answers with its
-  Ed25519 public key, examples and model size, and is registered with the coordinator.
+  Ed25519 public key, examples, model size and enrolment token, and is registered with the
+  coordinator under the identity its token proves (``client-N``).
 - ``configure_train`` opens the next fedps round on every shard for the sampled nodes (the
   coordinator's own round, in a thread) and sends each node the coordinator's task: round,
   model version, client id, context id, weight scale, deadline. Nodes pull that version from
@@ -364,11 +365,20 @@ class FlowerStrategy(Strategy):
             try:
                 reg = Registration.from_record(reply.content.config_records[RECORD_KEY])
                 client_id, credential = self.coordinator.register(
-                    reg.name, reg.num_examples, reg.num_params, "", signing_key=reg.signing_key
+                    reg.name,
+                    reg.num_examples,
+                    reg.num_params,
+                    reg.signing_key,
+                    enrolment_token=reg.enrolment_token,
                 )
             except (KeyError, FedPSError) as exc:
                 _log.warning("node %d refused: %s", node, exc)
                 continue
+            # One member per identity: a node that re-registers an identity (a restarted
+            # node has a new node id) takes it over.
+            for other, member in list(self._members.items()):
+                if member.client_id == client_id and other != node:
+                    del self._members[other]
             self._members[node] = _Member(client_id, credential)
 
     def _open(self, number: int, cohort: dict[int, _Member]) -> _Round:

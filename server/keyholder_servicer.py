@@ -12,7 +12,7 @@ from crypto.signing import context_digest
 from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc
-from fedps.transport import rpc_errors
+from fedps.transport import require_peer, rpc_errors
 from server.keyholder import MAX_PARAMS, KeyHolder
 from server.metrics import RoleMetrics
 
@@ -102,6 +102,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
         self, request: keyholder_pb2.ChallengeRequest, context: grpc.ServicerContext
     ) -> keyholder_pb2.Challenge:
         with rpc_errors(context):
+            require_peer(context, request.client_id)
             seed = self.keyholder.commits.challenge_seed(request.round, request.client_id)
         return keyholder_pb2.Challenge(round=request.round, seed=seed)
 
@@ -109,6 +110,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
         self, request: keyholder_pb2.CommitRequest, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
         with rpc_errors(context):
+            require_peer(context, request.update.client_id)
             self.keyholder.commits.commit(request.round, request.update, request.sketches)
         return common_pb2.Empty()
 

@@ -19,7 +19,7 @@ import grpc
 from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, PublicContext
 from crypto.signing import model_verifier
 from fedps.blocks import group_mask
-from fedps.config import FedPSConfig
+from fedps.config import FedPSConfig, is_loopback
 from fedps.errors import InvalidArgumentError
 from fedps.hash_ring import HashRing
 from fedps.proto import common_pb2, coordinator_pb2_grpc, keyholder_pb2_grpc, shard_pb2_grpc
@@ -85,6 +85,13 @@ def _metrics(address: str, role: str) -> RoleMetrics | None:
     """The role's metrics, served on ``address`` (None when no address is configured)."""
     if not address:
         return None
+    if not is_loopback(address.rpartition(":")[0]):  # only with metrics.public = true
+        _log.warning(
+            "%s metrics on %s are public (metrics.public = true): anyone who reaches the port "
+            "reads them",
+            role,
+            address,
+        )
     metrics = RoleMetrics(role)
     port = metrics.serve(address)
     _log.info("%s metrics on port %d", role, port)
@@ -175,7 +182,8 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
         log=log,
     )
     shard.recover()
-    metrics = _metrics(config.metrics.shards[index] if config.metrics.shards else "", ids[index])
+    address = config.metrics.shards[index] if config.metrics.shards else ""
+    metrics = _metrics(address, ids[index])
     if metrics is not None:
         metrics.version.set_function(lambda: shard.version)
     shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(shard, metrics), server)

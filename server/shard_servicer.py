@@ -1,4 +1,7 @@
-"""gRPC face of :class:`server.shard.Shard`: decode messages, call the handler, map errors."""
+"""gRPC face of :class:`server.shard.Shard`: decode messages, call the handler, map errors.
+
+Under mutual TLS a push must come from the certificate whose name is the push's client id.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import numpy as np
 
 from fedps.errors import FedPSError, InvalidArgumentError
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
-from fedps.transport import batched, rpc_errors
+from fedps.transport import batched, require_peer, rpc_errors
 from server.metrics import RoleMetrics
 from server.shard import PushBatch, Shard, SignedUpdate
 
@@ -47,6 +50,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             for message in request_iterator:
                 started = time.perf_counter()
                 try:
+                    require_peer(context, message.client_id)
                     a, d = self.shard.push(
                         PushBatch(
                             client_id=message.client_id,

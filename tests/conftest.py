@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 from clients.edge_client import EdgeClient
+from crypto.enrolment import issue_tokens
+from crypto.tls import client_identities
 from fedps.config import FedPSConfig, load_config
 from fedps.proto import shard_pb2
-from fedps.transport import bind, create_server
+from fedps.transport import bind, create_server, tls_identity
 from server.coordinator import Coordinator
 from server.keyholder import KeyHolder
 from server.serve import add_coordinator, add_keyholder, add_shard
@@ -71,9 +73,21 @@ class Cluster:
 
 
 def start_cluster(
-    tmp_path: Path, *, num_shards: int = 2, coordinator: bool = True, **sections: dict[str, object]
+    tmp_path: Path,
+    *,
+    num_shards: int = 2,
+    coordinator: bool = True,
+    **sections: Mapping[str, object],
 ) -> Cluster:
-    """Bind every server on port 0, then build the roles from the bound addresses."""
+    """Bind every server on port 0, then build the roles from the bound addresses.
+
+    The roles share this process, and mutual TLS is process-wide (one certificate for all of
+    them), so the cluster runs explicitly without TLS: clients prove their identity with the
+    enrolment tokens (``client-0`` ... ``client-{training.clients - 1}``) written into
+    ``tmp_path / "certs"``, the configuration's ``tls.directory``.
+    """
+    if tls_identity() is not None:
+        raise RuntimeError("start_cluster runs without TLS; a test left TLS configured")
     servers = {"keyholder": create_server(), "coordinator": create_server()}
     for i in range(num_shards):
         servers[f"shard-{i}"] = create_server()
@@ -84,7 +98,9 @@ def start_cluster(
         "shards": [f"127.0.0.1:{ports[f'shard-{i}']}" for i in range(num_shards)],
         "state_dir": str(tmp_path / "state"),
     }
-    config = load_config(None, cluster=cluster, **sections)
+    tls = {"insecure": True, "directory": str(tmp_path / "certs"), **sections.pop("tls", {})}
+    config = load_config(None, cluster=cluster, tls=tls, **sections)
+    issue_tokens(config.tls.directory, client_identities(config))
     keyholder = add_keyholder(servers["keyholder"], config, tmp_path / "state" / "keyholder")
     shards = [add_shard(servers[f"shard-{i}"], config, i) for i in range(num_shards)]
     for name, server in servers.items():
@@ -111,7 +127,7 @@ def cluster(tmp_path: Path, small_training: dict[str, object]) -> Iterator[Clust
     c.stop()
 
 
-def run_clients(clients: list[object], timeout_s: float = 120.0) -> list[object]:
+def run_clients(clients: Sequence[object], timeout_s: float = 120.0) -> list[object]:
     """Run ``EdgeClient.run`` for each client in its own thread; return the summaries."""
     results: list[object] = [None] * len(clients)
     errors: list[BaseException] = []

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from fedps.proto import common_pb2 as fedps_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66\x65\x64ps/proto/coordinator.proto\x12\x0b\x66\x65\x64ps.proto\x1a\x18\x66\x65\x64ps/proto/common.proto\"q\n\x0fRegisterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0cnum_examples\x18\x02 \x01(\x04\x12\x12\n\nnum_params\x18\x03 \x01(\x04\x12\x11\n\tclient_id\x18\x04 \x01(\t\x12\x13\n\x0bsigning_key\x18\x05 \x01(\x0c\"1\n\x0cShardAddress\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\xbf\x01\n\rRegisterReply\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x11\n\tkeyholder\x18\x03 \x01(\t\x12)\n\x06shards\x18\x04 \x03(\x0b\x32\x19.fedps.proto.ShardAddress\x12\x15\n\rvirtual_nodes\x18\x05 \x01(\r\x12\x12\n\nnum_params\x18\x06 \x01(\x04\x12\x0e\n\x06rounds\x18\x07 \x01(\r\x12\x12\n\ncredential\x18\x08 \x01(\x0c\" \n\x0bTaskRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\"\xd3\x01\n\x04Task\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.fedps.proto.Task.Kind\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x15\n\rdeadline_unix\x18\x04 \x01(\x01\x12\x13\n\x0bretry_after\x18\x05 \x01(\x01\x12\x14\n\x0cweight_scale\x18\x06 \x01(\x01\x12\x12\n\ncontext_id\x18\x07 \x01(\t\"/\n\x04Kind\x12\x08\n\x04WAIT\x10\x00\x12\t\n\x05TRAIN\x10\x01\x12\x08\n\x04\x44ONE\x10\x02\x12\x08\n\x04PUSH\x10\x03\"\x90\x01\n\x0cUpdateReport\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0e\n\x06weight\x18\x03 \x01(\x01\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\x12\x14\n\x0c\x62ytes_pushed\x18\x06 \x01(\x04\x12\x18\n\x10\x62udget_exhausted\x18\x07 \x01(\x08\"\xb3\x01\n\x0cRoundSummary\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x14\n\x0c\x63ontributors\x18\x03 \x01(\r\x12\x10\n\x08\x61\x63\x63uracy\x18\x04 \x01(\x01\x12\x0c\n\x04loss\x18\x05 \x01(\x01\x12\x13\n\x0bmax_epsilon\x18\x06 \x01(\x01\x12\x14\n\x0c\x62ytes_pushed\x18\x07 \x01(\x04\x12\x0f\n\x07seconds\x18\x08 \x01(\x01\x12\x11\n\tabandoned\x18\t \x01(\x08\"\xe9\x02\n\rClusterStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x12\n\nregistered\x18\x04 \x01(\r\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12*\n\x07history\x18\x06 \x03(\x0b\x32\x19.fedps.proto.RoundSummary\x12\x13\n\x0bmax_epsilon\x18\x07 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x08 \x01(\x01\x12\x14\n\x0c\x62ytes_pushed\x18\t \x01(\x04\x12\x1c\n\x14last_checkpoint_unix\x18\n \x01(\x01\x12G\n\x0f\x63lient_epsilons\x18\x0b \x03(\x0b\x32..fedps.proto.ClusterStatus.ClientEpsilonsEntry\x1a\x35\n\x13\x43lientEpsilonsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x87\x02\n\x0b\x43oordinator\x12\x44\n\x08Register\x12\x1c.fedps.proto.RegisterRequest\x1a\x1a.fedps.proto.RegisterReply\x12\x36\n\x07GetTask\x12\x18.fedps.proto.TaskRequest\x1a\x11.fedps.proto.Task\x12=\n\x0cReportUpdate\x12\x19.fedps.proto.UpdateReport\x1a\x12.fedps.proto.Empty\x12;\n\tGetStatus\x12\x12.fedps.proto.Empty\x1a\x1a.fedps.proto.ClusterStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66\x65\x64ps/proto/coordinator.proto\x12\x0b\x66\x65\x64ps.proto\x1a\x18\x66\x65\x64ps/proto/common.proto\"\x8a\x01\n\x0fRegisterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0cnum_examples\x18\x02 \x01(\x04\x12\x12\n\nnum_params\x18\x03 \x01(\x04\x12\x11\n\tclient_id\x18\x04 \x01(\t\x12\x13\n\x0bsigning_key\x18\x05 \x01(\x0c\x12\x17\n\x0f\x65nrolment_token\x18\x06 \x01(\t\"1\n\x0cShardAddress\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\xbf\x01\n\rRegisterReply\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x11\n\tkeyholder\x18\x03 \x01(\t\x12)\n\x06shards\x18\x04 \x03(\x0b\x32\x19.fedps.proto.ShardAddress\x12\x15\n\rvirtual_nodes\x18\x05 \x01(\r\x12\x12\n\nnum_params\x18\x06 \x01(\x04\x12\x0e\n\x06rounds\x18\x07 \x01(\r\x12\x12\n\ncredential\x18\x08 \x01(\x0c\" \n\x0bTaskRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\"\xd3\x01\n\x04Task\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.fedps.proto.Task.Kind\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x15\n\rdeadline_unix\x18\x04 \x01(\x01\x12\x13\n\x0bretry_after\x18\x05 \x01(\x01\x12\x14\n\x0cweight_scale\x18\x06 \x01(\x01\x12\x12\n\ncontext_id\x18\x07 \x01(\t\"/\n\x04Kind\x12\x08\n\x04WAIT\x10\x00\x12\t\n\x05TRAIN\x10\x01\x12\x08\n\x04\x44ONE\x10\x02\x12\x08\n\x04PUSH\x10\x03\"\x90\x01\n\x0cUpdateReport\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0e\n\x06weight\x18\x03 \x01(\x01\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\x12\x14\n\x0c\x62ytes_pushed\x18\x06 \x01(\x04\x12\x18\n\x10\x62udget_exhausted\x18\x07 \x01(\x08\"\xb3\x01\n\x0cRoundSummary\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x14\n\x0c\x63ontributors\x18\x03 \x01(\r\x12\x10\n\x08\x61\x63\x63uracy\x18\x04 \x01(\x01\x12\x0c\n\x04loss\x18\x05 \x01(\x01\x12\x13\n\x0bmax_epsilon\x18\x06 \x01(\x01\x12\x14\n\x0c\x62ytes_pushed\x18\x07 \x01(\x04\x12\x0f\n\x07seconds\x18\x08 \x01(\x01\x12\x11\n\tabandoned\x18\t \x01(\x08\"\xe9\x02\n\rClusterStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x12\n\nregistered\x18\x04 \x01(\r\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12*\n\x07history\x18\x06 \x03(\x0b\x32\x19.fedps.proto.RoundSummary\x12\x13\n\x0bmax_epsilon\x18\x07 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x08 \x01(\x01\x12\x14\n\x0c\x62ytes_pushed\x18\t \x01(\x04\x12\x1c\n\x14last_checkpoint_unix\x18\n \x01(\x01\x12G\n\x0f\x63lient_epsilons\x18\x0b \x03(\x0b\x32..fedps.proto.ClusterStatus.ClientEpsilonsEntry\x1a\x35\n\x13\x43lientEpsilonsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x87\x02\n\x0b\x43oordinator\x12\x44\n\x08Register\x12\x1c.fedps.proto.RegisterRequest\x1a\x1a.fedps.proto.RegisterReply\x12\x36\n\x07GetTask\x12\x18.fedps.proto.TaskRequest\x1a\x11.fedps.proto.Task\x12=\n\x0cReportUpdate\x12\x19.fedps.proto.UpdateReport\x1a\x12.fedps.proto.Empty\x12;\n\tGetStatus\x12\x12.fedps.proto.Empty\x1a\x1a.fedps.proto.ClusterStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,26 +34,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CLUSTERSTATUS_CLIENTEPSILONSENTRY']._loaded_options = None
   _globals['_CLUSTERSTATUS_CLIENTEPSILONSENTRY']._serialized_options = b'8\001'
-  _globals['_REGISTERREQUEST']._serialized_start=72
-  _globals['_REGISTERREQUEST']._serialized_end=185
-  _globals['_SHARDADDRESS']._serialized_start=187
-  _globals['_SHARDADDRESS']._serialized_end=236
-  _globals['_REGISTERREPLY']._serialized_start=239
-  _globals['_REGISTERREPLY']._serialized_end=430
-  _globals['_TASKREQUEST']._serialized_start=432
-  _globals['_TASKREQUEST']._serialized_end=464
-  _globals['_TASK']._serialized_start=467
-  _globals['_TASK']._serialized_end=678
-  _globals['_TASK_KIND']._serialized_start=631
-  _globals['_TASK_KIND']._serialized_end=678
-  _globals['_UPDATEREPORT']._serialized_start=681
-  _globals['_UPDATEREPORT']._serialized_end=825
-  _globals['_ROUNDSUMMARY']._serialized_start=828
-  _globals['_ROUNDSUMMARY']._serialized_end=1007
-  _globals['_CLUSTERSTATUS']._serialized_start=1010
-  _globals['_CLUSTERSTATUS']._serialized_end=1371
-  _globals['_CLUSTERSTATUS_CLIENTEPSILONSENTRY']._serialized_start=1318
-  _globals['_CLUSTERSTATUS_CLIENTEPSILONSENTRY']._serialized_end=1371
-  _globals['_COORDINATOR']._serialized_start=1374
-  _globals['_COORDINATOR']._serialized_end=1637
+  _globals['_REGISTERREQUEST']._serialized_start=73
+  _globals['_REGISTERREQUEST']._serialized_end=211
+  _globals['_SHARDADDRESS']._serialized_start=213
+  _globals['_SHARDADDRESS']._serialized_end=262
+  _globals['_REGISTERREPLY']._serialized_start=265
+  _globals['_REGISTERREPLY']._serialized_end=456
+  _globals['_TASKREQUEST']._serialized_start=458
+  _globals['_TASKREQUEST']._serialized_end=490
+  _globals['_TASK']._serialized_start=493
+  _globals['_TASK']._serialized_end=704
+  _globals['_TASK_KIND']._serialized_start=657
+  _globals['_TASK_KIND']._serialized_end=704
+  _globals['_UPDATEREPORT']._serialized_start=707
+  _globals['_UPDATEREPORT']._serialized_end=851
+  _globals['_ROUNDSUMMARY']._serialized_start=854
+  _globals['_ROUNDSUMMARY']._serialized_end=1033
+  _globals['_CLUSTERSTATUS']._serialized_start=1036
+  _globals['_CLUSTERSTATUS']._serialized_end=1397
+  _globals['_CLUSTERSTATUS_CLIENTEPSILONSENTRY']._serialized_start=1344
+  _globals['_CLUSTERSTATUS_CLIENTEPSILONSENTRY']._serialized_end=1397
+  _globals['_COORDINATOR']._serialized_start=1400
+  _globals['_COORDINATOR']._serialized_end=1663
 # @@protoc_insertion_point(module_scope)

@@ -28,13 +28,18 @@ class RegisterRequest(_message.Message):
     NUM_PARAMS_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     SIGNING_KEY_FIELD_NUMBER: _builtins.int
+    ENROLMENT_TOKEN_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     num_examples: _builtins.int
     num_params: _builtins.int
     client_id: _builtins.str
-    """set when re-registering after a restart"""
+    """Ignored: the client id is the caller's identity (its certificate or enrolment token)."""
     signing_key: _builtins.bytes
     """Ed25519 public key the client signs its updates with"""
+    enrolment_token: _builtins.str
+    """Without TLS: the client's enrolment token ("NAME." + hex HMAC-SHA256 under the
+    deployment's enrolment key, from `fedps certs`); it proves identity NAME.
+    """
     def __init__(
         self,
         *,
@@ -43,10 +48,11 @@ class RegisterRequest(_message.Message):
         num_params: _builtins.int = ...,
         client_id: _builtins.str = ...,
         signing_key: _builtins.bytes = ...,
+        enrolment_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "name", b"name", "num_examples", b"num_examples", "num_params", b"num_params", "signing_key", b"signing_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "enrolment_token", b"enrolment_token", "name", b"name", "num_examples", b"num_examples", "num_params", b"num_params", "signing_key", b"signing_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -87,13 +93,16 @@ class RegisterReply(_message.Message):
     ROUNDS_FIELD_NUMBER: _builtins.int
     CREDENTIAL_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
+    """The caller's identity: its certificate's common name, or the name its token proves."""
     run_id: _builtins.str
     keyholder: _builtins.str
     virtual_nodes: _builtins.int
     num_params: _builtins.int
     rounds: _builtins.int
     credential: _builtins.bytes
-    """Issued at first registration; sent as "x-fedps-credential" metadata on every later call."""
+    """Issued at every registration (replacing the last one); sent as "x-fedps-credential"
+    metadata on every later call.
+    """
     @_builtins.property
     def shards(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShardAddress]: ...
     def __init__(

@@ -15,6 +15,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from typer.testing import CliRunner
 
+from crypto.enrolment import ENROLMENT_KEY_FILE, load_enrolment_key, read_token, verify_token
 from crypto.tls import (
     CA_CERT_FILE,
     CA_KEY_FILE,
@@ -22,6 +23,7 @@ from crypto.tls import (
     issue_certificate,
     issue_cluster_certificates,
     make_ca,
+    provision_cluster,
 )
 from fedps.cli import app
 from fedps.config import load_config
@@ -209,19 +211,58 @@ def test_certs_command_writes_every_identity(tmp_path: Path) -> None:
         app, ["certs", "--config", str(config), "--out", str(tmp_path / "certs")]
     )
 
-    # Assert
+    # Assert: certificates, the enrolment key and a token per client, all private
     assert result.exit_code == 0, result.output
+    certs = tmp_path / "certs"
     for name in ["ca", "keyholder", "coordinator", "shard-0", "client-0", "client-1"]:
-        assert (tmp_path / "certs" / f"{name}.crt").exists()
-        assert str(tmp_path / "certs" / f"{name}.crt") in result.output
+        assert (certs / f"{name}.crt").exists()
+        assert str(certs / f"{name}.crt") in result.output
+    key = load_enrolment_key(certs)
+    assert _mode(certs / ENROLMENT_KEY_FILE) == 0o600
+    for i in range(2):
+        token = read_token(certs, f"client-{i}")
+        assert token is not None and verify_token(key, token) == f"client-{i}"
+        assert _mode(certs / f"client-{i}.token") == 0o600
+        assert token.rpartition(".")[2] not in result.output  # no secret printed
+    assert not (certs / "client-2.token").exists()
     assert "BEGIN" not in result.output  # no key material printed
+
+
+def test_provision_creates_what_is_missing_and_keeps_what_exists(tmp_path: Path) -> None:
+    # Prepare: the default configuration (mutual TLS) with its own certificate directory
+    config = load_config(None, tls={"directory": str(tmp_path / "certs")})
+
+    # Execute: first start, then a second start
+    first = provision_cluster(config)
+    ca = (tmp_path / "certs" / CA_CERT_FILE).read_bytes()
+    token = read_token(tmp_path / "certs", "client-3")
+    second = provision_cluster(config)
+
+    # Assert: every party's certificate and every client's token once; nothing replaced
+    names = {p.name for p in first}
+    assert {"ca.crt", "operator.crt", "shard-1.key", "client-3.token", ENROLMENT_KEY_FILE} <= names
+    assert second == []
+    assert (tmp_path / "certs" / CA_CERT_FILE).read_bytes() == ca
+    assert read_token(tmp_path / "certs", "client-3") == token
+
+
+def test_provision_without_tls_makes_only_the_tokens(tmp_path: Path) -> None:
+    config = load_config(None, tls={"insecure": True, "directory": str(tmp_path / "certs")})
+
+    written = provision_cluster(config)
+
+    assert not (tmp_path / "certs" / CA_CERT_FILE).exists()
+    assert {p.name for p in written} == {
+        ENROLMENT_KEY_FILE,
+        *(f"client-{i}.token" for i in range(config.training.clients)),
+    }
 
 
 def test_role_without_its_certificate_is_one_clear_error(tmp_path: Path) -> None:
     # Prepare: a CA, but no certificate for client-7.
     make_ca(tmp_path / "certs")
     config = tmp_path / "tls.toml"
-    config.write_text(f'[tls]\nenabled = true\ndirectory = "{tmp_path / "certs"}"\n')
+    config.write_text(f'[tls]\ndirectory = "{tmp_path / "certs"}"\n')  # TLS: the default
 
     # Execute
     result = subprocess.run(

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from crypto.tls import issue_cluster_certificates
+from fedps.config import load_config
 from server.deployment import free_port
 
 _TIMEOUT_S = 60
@@ -48,7 +50,8 @@ def test_demo_with_bad_config_field(tmp_path: Path) -> None:
 
 
 def test_status_with_coordinator_down(tmp_path: Path) -> None:
-    # Prepare: every address is a loopback port nobody listens on.
+    # Prepare: every address is a loopback port nobody listens on; the operator's
+    # certificate (mutual TLS is the default) from `fedps certs`.
     ports = [free_port() for _ in range(3)]
     config = tmp_path / "down.toml"
     config.write_text(
@@ -56,7 +59,9 @@ def test_status_with_coordinator_down(tmp_path: Path) -> None:
         f'coordinator = "127.0.0.1:{ports[0]}"\n'
         f'keyholder = "127.0.0.1:{ports[1]}"\n'
         f'shards = ["127.0.0.1:{ports[2]}"]\n'
+        f'[tls]\ndirectory = "{tmp_path / "certs"}"\n'
     )
+    issue_cluster_certificates(load_config(config), tmp_path / "certs")
 
     # Execute
     result = _run("status", "--config", str(config), cwd=tmp_path)
@@ -64,6 +69,29 @@ def test_status_with_coordinator_down(tmp_path: Path) -> None:
     # Assert
     line = _assert_one_error_line(result)
     assert "coordinator" in line
+
+
+def test_status_without_certificates_says_how_to_make_them(tmp_path: Path) -> None:
+    # Prepare: the default configuration runs under mutual TLS; there are no certificates
+    # Execute
+    result = _run("status", cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "fedps-certs" in line and "fedps certs" in line
+
+
+def test_tls_off_needs_insecure_not_enabled_false(tmp_path: Path) -> None:
+    # Prepare
+    config = tmp_path / "plain.toml"
+    config.write_text("[tls]\nenabled = false\n")
+
+    # Execute
+    result = _run("status", "--config", str(config), cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "tls" in line and "insecure" in line
 
 
 def test_experiment_with_bad_grid_axis(tmp_path: Path) -> None:

@@ -32,6 +32,9 @@ def test_defaults_load_and_validate() -> None:
     assert config.privacy.noise_multiplier is None
     # CKKS parameters are derived from the workload unless fixed.
     assert config.he.poly_modulus_degree is None
+    # Mutual TLS by default; metrics, when configured, for the operator on loopback.
+    assert config.tls.enabled and not config.tls.insecure
+    assert not config.metrics.public
     assert (config.he.max_clients, config.he.max_abs_value, config.he.precision) == (
         100,
         1.0,
@@ -142,6 +145,10 @@ def test_bad_field_is_named(sections: dict[str, dict[str, object]], expected: st
         ),
         ({"he": {"coeff_modulus_bits": 45}}, ["he: ", "all of"]),
         ({"training": {"clients": 200}}, ["he.max_clients"]),
+        ({"tls": {"enabled": True, "insecure": True}}, ["tls: ", "contradict"]),
+        ({"tls": {"enabled": False}}, ["tls: ", "insecure = true", "--insecure"]),
+        ({"metrics": {"coordinator": "0.0.0.0:9100"}}, ["metrics: ", "loopback", "public"]),
+        ({"metrics": {"shards": ["10.0.0.2:9100"]}}, ["metrics: ", "'10.0.0.2:9100'"]),
     ],
 )
 def test_cross_field_error_names_section_and_field(
@@ -285,3 +292,30 @@ def test_client_level_dp_settings() -> None:
         load_config(None, privacy={"level": "client", "clip_norm": 0})
     with pytest.raises(ConfigError, match="needs training"):
         load_config(None, privacy={"level": "client"}, training={"mode": "async"})
+
+
+def test_insecure_is_the_one_way_to_turn_tls_off(tmp_path: Path) -> None:
+    # Prepare / Execute: insecure alone, and insecure with enabled = false (consistent)
+    insecure = load_config(None, tls={"insecure": True}).tls
+    both = load_config(None, tls={"insecure": True, "enabled": False}).tls
+
+    # Assert: TLS off either way; written out and read back, still off
+    assert (insecure.enabled, insecure.insecure) == (False, True)
+    assert both == insecure
+    config = load_config(None, tls={"insecure": True})
+    path = tmp_path / "written.toml"
+    write_config(config, path)
+    assert load_config(path).tls == insecure
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "[::1]"])
+def test_metrics_on_loopback_need_no_opt_in(host: str) -> None:
+    config = load_config(None, metrics={"keyholder": f"{host}:9100"})
+
+    assert config.metrics.keyholder == f"{host}:9100"
+
+
+def test_public_metrics_are_an_explicit_opt_in() -> None:
+    config = load_config(None, metrics={"coordinator": "0.0.0.0:9100", "public": True})
+
+    assert config.metrics.public and config.metrics.coordinator == "0.0.0.0:9100"

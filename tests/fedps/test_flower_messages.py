@@ -64,6 +64,17 @@ def test_registration_round_trips() -> None:
     assert Registration.from_record(reg.to_record()) == reg
 
 
+def test_registration_carries_the_token_but_never_shows_it() -> None:
+    # Prepare
+    token = "client-0." + "ab" * 32
+    reg = Registration(bytes(range(32)), "flower-0", 9, 7, enrolment_token=token)
+    # Execute
+    parsed = Registration.from_record(reg.to_record())
+    # Assert
+    assert parsed.enrolment_token == token
+    assert token not in repr(parsed)
+
+
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from crypto.tls import provision_cluster
 from fedps.config import load_config
 from fedps.errors import FedPSError
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
@@ -106,11 +107,14 @@ def test_sigkill_a_server_mid_round_loses_nothing(tmp_path: Path, trial: int) ->
             "checkpoint_every": 1,
             "lr": 0.3,
         },
-        tls={"insecure": True},
+        # The clients share this process, which holds one certificate: without TLS, each
+        # client proves its identity with its enrolment token.
+        tls={"insecure": True, "directory": str(tmp_path / "certs")},
         # Flooding adds ~5e-6 of noise per value and round on purpose (docs/security.md);
         # off here, so the replay checks exact accounting at 1e-4, not the noise.
         security={"flood_bits": 0},
     )
+    provision_cluster(config)
     path = tmp_path / "fedps.toml"
     write_config(config, path)
     deployment = Deployment(path, config)

@@ -5,12 +5,19 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from crypto.enrolment import read_token
 from crypto.signing import BlockSigner
 from fedps.proto import coordinator_pb2, coordinator_pb2_grpc
 from fedps.transport import create_channel
 from tests.conftest import Cluster
 
 pytestmark = pytest.mark.integration
+
+
+def _token(cluster: Cluster, name: str = "client-0") -> str:
+    token = read_token(cluster.config.tls.directory, name)
+    assert token is not None
+    return token
 
 
 def _register(stub: coordinator_pb2_grpc.CoordinatorStub, cluster: Cluster) -> tuple[str, bytes]:
@@ -20,6 +27,7 @@ def _register(stub: coordinator_pb2_grpc.CoordinatorStub, cluster: Cluster) -> t
             num_examples=10,
             num_params=cluster.coordinator.layout.num_params,
             signing_key=BlockSigner().public_key,
+            enrolment_token=_token(cluster),
         )
     )
     return reply.client_id, reply.credential
@@ -48,20 +56,37 @@ def test_calls_without_the_issued_credential_are_unauthenticated(
 def test_known_id_cannot_be_taken_over(cluster: Cluster) -> None:
     # Prepare
     stub = coordinator_pb2_grpc.CoordinatorStub(create_channel(cluster.config.cluster.coordinator))
-    client_id, _ = _register(stub, cluster)
-    # Execute: another party re-registers the id with its own key and no credential
-    with pytest.raises(grpc.RpcError) as info:
-        stub.Register(
+    client_id, issued = _register(stub, cluster)
+    key = cluster.coordinator.clients[client_id].signing_key
+
+    # Execute: another party names the id with its own key, but holds only another client's
+    # token (or none)
+    def register(token: str) -> coordinator_pb2.RegisterReply:
+        reply: coordinator_pb2.RegisterReply = stub.Register(
             coordinator_pb2.RegisterRequest(
                 name="mallory",
                 num_examples=10,
                 num_params=cluster.coordinator.layout.num_params,
                 client_id=client_id,
                 signing_key=BlockSigner().public_key,
+                enrolment_token=token,
             )
         )
-    # Assert
+        return reply
+
+    with pytest.raises(grpc.RpcError) as info:
+        register("")
+    other = register(_token(cluster, "client-1"))
+
+    # Assert: no token is refused; another token registers its own identity, not this one
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert other.client_id == "client-1"
+    assert cluster.coordinator.clients[client_id].signing_key == key
+    task = stub.GetTask(
+        coordinator_pb2.TaskRequest(client_id=client_id),
+        metadata=(("x-fedps-credential", issued.hex()),),
+    )
+    assert task.kind in (coordinator_pb2.Task.WAIT, coordinator_pb2.Task.TRAIN)
 
 
 def test_report_accepts_an_infinite_epsilon_and_refuses_nan_or_negative(

@@ -1,4 +1,4 @@
-"""The README's demo, as a user runs it: separate processes on loopback."""
+"""The README's demo, as a user runs it: separate processes on loopback, under mutual TLS."""
 
 from __future__ import annotations
 
@@ -31,3 +31,4 @@ def test_demo_reaches_target_accuracy_within_budget(tmp_path: Path) -> None:
     assert summary["delta"] == 1e-5
     assert summary["bytes_pushed"] > 0
     assert summary["abandoned_rounds"] == 0
+    assert summary["tls"] is True  # mutual TLS by default, with certificates made for the run

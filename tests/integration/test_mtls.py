@@ -15,13 +15,21 @@ from pathlib import Path
 import grpc
 import pytest
 
-from crypto.tls import TlsIdentity, issue_certificate, make_ca, reset_tls, setup_tls
+from crypto.tls import (
+    OPERATOR_NAME,
+    TlsIdentity,
+    issue_certificate,
+    make_ca,
+    reset_tls,
+    setup_tls,
+)
 from fedps.config import load_config
 from fedps.errors import ConfigError
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
 from fedps.transport import (
     bind,
     call,
+    channel_credentials,
     configure_tls,
     create_channel,
     create_server,
@@ -42,6 +50,7 @@ class Pki:
     server: TlsIdentity
     client: TlsIdentity
     coordinator: TlsIdentity
+    operator: TlsIdentity
     no_cert: TlsIdentity  # trusts the CA but has no certificate of its own (cert/key empty)
     foreign_client: TlsIdentity  # signed by another CA, trusts ours
     foreign_ca: bytes  # the other CA's certificate
@@ -64,6 +73,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     issue_certificate(ours, "shard-0", hosts=[], client=True, server=True)
     issue_certificate(ours, "client-0", hosts=[], client=True, server=False)
     issue_certificate(ours, "coordinator", hosts=[], client=True, server=True)
+    issue_certificate(ours, OPERATOR_NAME, hosts=[], client=True, server=False)
     issue_certificate(theirs, "client-0", hosts=[], client=True, server=False)
     client = TlsIdentity.load(ours, "client-0")
     stranger = TlsIdentity.load(theirs, "client-0")
@@ -72,6 +82,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
         server=TlsIdentity.load(ours, "shard-0"),
         client=client,
         coordinator=TlsIdentity.load(ours, "coordinator"),
+        operator=TlsIdentity.load(ours, OPERATOR_NAME),
         no_cert=TlsIdentity(ca_cert=client.ca_cert, cert=b"", key=b""),
         foreign_client=TlsIdentity(ca_cert=client.ca_cert, cert=stranger.cert, key=stranger.key),
         foreign_ca=stranger.ca_cert,
@@ -88,7 +99,7 @@ def tls_shard(pki: Pki) -> Iterator[TlsShard]:
         config = load_config(
             None,
             cluster={"keyholder": "127.0.0.1:1", "shards": [f"127.0.0.1:{port}"]},
-            tls={"enabled": True, "directory": str(pki.directory)},
+            tls={"directory": str(pki.directory)},  # mutual TLS: the default
         )
         add_shard(server, config, 0)
         server.start()
@@ -96,16 +107,6 @@ def tls_shard(pki: Pki) -> Iterator[TlsShard]:
     finally:
         server.stop(grace=None)
         reset_tls()
-
-
-def _credentials(identity: TlsIdentity) -> grpc.ChannelCredentials:
-    if not identity.cert:
-        return grpc.ssl_channel_credentials(root_certificates=identity.ca_cert)
-    return grpc.ssl_channel_credentials(
-        root_certificates=identity.ca_cert,
-        private_key=identity.key,
-        certificate_chain=identity.cert,
-    )
 
 
 def _status_code(channel: grpc.Channel) -> grpc.StatusCode:
@@ -119,14 +120,14 @@ def _status_code(channel: grpc.Channel) -> grpc.StatusCode:
 
 
 def _assert_still_serving(shard: TlsShard) -> None:
-    with grpc.secure_channel(shard.address, _credentials(shard.pki.client)) as channel:
+    with grpc.secure_channel(shard.address, channel_credentials(shard.pki.operator)) as channel:
         reply = shard_pb2_grpc.ShardStub(channel).GetStatus(common_pb2.Empty(), timeout=_TIMEOUT_S)
     assert reply.shard_id == "shard-0"
 
 
-def test_valid_client_certificate_is_served(tls_shard: TlsShard) -> None:
-    # Prepare: this process speaks as client-0 from now on (the server's port is bound).
-    configure_tls(tls_shard.pki.client)
+def test_valid_certificate_is_served(tls_shard: TlsShard) -> None:
+    # Prepare: this process speaks as the operator from now on (the server's port is bound).
+    configure_tls(tls_shard.pki.operator)
 
     # Execute: through fedps's own channel factory, to 127.0.0.1 (verified by SAN IP).
     channel = create_channel(tls_shard.address)
@@ -140,13 +141,29 @@ def test_valid_client_certificate_is_served(tls_shard: TlsShard) -> None:
 
 def test_localhost_name_verifies_too(tls_shard: TlsShard) -> None:
     address = tls_shard.address.replace("127.0.0.1", "localhost")
-    with grpc.secure_channel(address, _credentials(tls_shard.pki.client)) as channel:
+    with grpc.secure_channel(address, channel_credentials(tls_shard.pki.operator)) as channel:
         assert _status_code(channel) == grpc.StatusCode.OK
+
+
+@pytest.mark.parametrize("caller", ["client", "coordinator", "server"])
+def test_status_answers_only_the_operator(tls_shard: TlsShard, caller: str) -> None:
+    # Prepare: a valid certificate of the deployment, of another role than operator
+    identity: TlsIdentity = getattr(tls_shard.pki, caller)
+
+    # Execute
+    with grpc.secure_channel(tls_shard.address, channel_credentials(identity)) as channel:
+        code = _status_code(channel)
+
+    # Assert
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    _assert_still_serving(tls_shard)
 
 
 def test_missing_client_certificate_is_refused(tls_shard: TlsShard) -> None:
     # Execute
-    with grpc.secure_channel(tls_shard.address, _credentials(tls_shard.pki.no_cert)) as channel:
+    with grpc.secure_channel(
+        tls_shard.address, channel_credentials(tls_shard.pki.no_cert)
+    ) as channel:
         code = _status_code(channel)
 
     # Assert: the TLS handshake refuses the peer, which gRPC reports as UNAVAILABLE; the
@@ -157,7 +174,7 @@ def test_missing_client_certificate_is_refused(tls_shard: TlsShard) -> None:
 
 
 def test_certificate_from_another_ca_is_refused(tls_shard: TlsShard) -> None:
-    creds = _credentials(tls_shard.pki.foreign_client)
+    creds = channel_credentials(tls_shard.pki.foreign_client)
     with grpc.secure_channel(tls_shard.address, creds) as channel:
         code = _status_code(channel)
 
@@ -168,7 +185,7 @@ def test_certificate_from_another_ca_is_refused(tls_shard: TlsShard) -> None:
 def test_server_from_another_ca_is_not_trusted(tls_shard: TlsShard, pki: Pki) -> None:
     # The client trusts only the other CA: it must refuse our server's certificate.
     stranger = TlsIdentity(ca_cert=pki.foreign_ca, cert=pki.client.cert, key=pki.client.key)
-    with grpc.secure_channel(tls_shard.address, _credentials(stranger)) as channel:
+    with grpc.secure_channel(tls_shard.address, channel_credentials(stranger)) as channel:
         code = _status_code(channel)
 
     assert code == grpc.StatusCode.UNAVAILABLE
@@ -194,16 +211,21 @@ def test_unauthenticated_peer_is_refused_by_the_interceptor(tls_shard: TlsShard)
 
 
 def test_setup_tls_loads_the_role_identity(pki: Pki) -> None:
-    config = load_config(None, tls={"enabled": True, "directory": str(pki.directory)})
+    # Prepare: the default configuration (mutual TLS) and one that only confirms it
+    default = load_config(None, tls={"directory": str(pki.directory)})
+    confirmed = load_config(None, tls={"enabled": True, "directory": str(pki.directory)})
     try:
-        setup_tls(config.tls, "shard-0")
+        # Execute / Assert
+        setup_tls(default.tls, "shard-0")
         assert tls_identity() == pki.server
+        setup_tls(confirmed.tls, "coordinator")
+        assert tls_identity() == pki.coordinator
     finally:
         reset_tls()
 
 
 def test_setup_tls_missing_identity_is_a_clear_error(pki: Pki) -> None:
-    config = load_config(None, tls={"enabled": True, "directory": str(pki.directory)})
+    config = load_config(None, tls={"directory": str(pki.directory)})
     try:
         with pytest.raises(ConfigError, match=r"keyholder\.crt.*fedps certs"):
             setup_tls(config.tls, "keyholder")
@@ -212,20 +234,21 @@ def test_setup_tls_missing_identity_is_a_clear_error(pki: Pki) -> None:
         reset_tls()
 
 
-def test_plaintext_warns_once_unless_acknowledged(caplog: pytest.LogCaptureFixture) -> None:
-    plain = load_config(None).tls
-    acknowledged = load_config(None, tls={"insecure": True}).tls
+def test_insecure_is_plaintext_and_warns(pki: Pki, caplog: pytest.LogCaptureFixture) -> None:
+    # Prepare: an identity configured before (as after a TLS run in the same process)
+    insecure = load_config(None, tls={"insecure": True}).tls
+    configure_tls(pki.server)
     try:
+        # Execute: the CLI and serve_forever both set up the same process
         with caplog.at_level(logging.WARNING, logger="fedps"):
-            setup_tls(acknowledged, "keyholder")
-            assert not caplog.records
-            setup_tls(plain, "keyholder")
-            setup_tls(plain, "keyholder")
+            setup_tls(insecure, "keyholder")
+            setup_tls(insecure, "keyholder")
+        # Assert: plaintext from now on, said once per process however it was asked for
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1
         message = warnings[0].getMessage()
         assert "unencrypted and unauthenticated" in message
-        assert "--insecure" in message and "tls.insecure" in message
+        assert "--insecure" in message and "enrolment token" in message
         assert tls_identity() is None
     finally:
         reset_tls()
@@ -234,7 +257,7 @@ def test_plaintext_warns_once_unless_acknowledged(caplog: pytest.LogCaptureFixtu
 def _open_round_code(shard: TlsShard, identity: TlsIdentity) -> grpc.StatusCode:
     """Call Shard.OpenRound (round 1) as ``identity``; the status code (OK if it succeeded)."""
     request = shard_pb2.OpenRoundRequest(round=1)
-    with grpc.secure_channel(shard.address, _credentials(identity)) as channel:
+    with grpc.secure_channel(shard.address, channel_credentials(identity)) as channel:
         try:
             shard_pb2_grpc.ShardStub(channel).OpenRound(request, timeout=_TIMEOUT_S)
         except grpc.RpcError as exc:

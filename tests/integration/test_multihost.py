@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from crypto.tls import provision_cluster
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import FedPSError
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
@@ -96,7 +97,7 @@ def _config(tmp_path: Path) -> FedPSConfig:
             "state_dir": str(tmp_path / "state"),
         },
         training={"rounds": ROUNDS, "clients": 3, "min_quorum": 2, "deadline_s": 60.0},
-        tls={"insecure": True},
+        tls={"insecure": True, "directory": str(tmp_path / "certs")},
     )
 
 
@@ -111,6 +112,7 @@ def _status(config: FedPSConfig) -> coordinator_pb2.ClusterStatus:
 def test_training_survives_a_cut_link_between_hosts(tmp_path: Path, hosts: dict[str, str]) -> None:
     # Prepare: every role on its own host; three clients on a fourth
     config = _config(tmp_path)
+    provision_cluster(config)  # the enrolment key and the clients' tokens
     path = tmp_path / "fedps.toml"
     write_config(config, path)
     logs = tmp_path / "logs"

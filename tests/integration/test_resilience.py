@@ -112,7 +112,8 @@ def test_no_secret_key_outside_the_key_holder(cluster: Cluster) -> None:
 
     # Execute: every file any role wrote, except the key holder's own key directory
     written = [p for p in cluster.state_dir.rglob("*") if p.is_file() and key_dir not in p.parents]
-    written += [Path(_seal_io._tmp_root) / f for f in os.listdir(_seal_io._tmp_root)]
+    scratch = _seal_io.scratch_root()
+    written += [Path(scratch) / f for f in os.listdir(scratch)]
 
     # Assert
     assert written, "expected the coordinator and key holder to have written state"

@@ -958,6 +958,8 @@ class RpcFixture:
         self.ids = {}
         self.credentials: dict[str, bytes] = {}  # client id -> credential (if issued)
         self.credential_header = _credential_header()
+        # One provisioned identity each (the cluster runs without TLS: enrolment tokens).
+        self.tokens = _enrolment_tokens(c.config, {"a": 0, "b": 1, "c": 2})
         for name in ("a", "b", "c"):
             signer = BlockSigner()
             reply = coord_stub.Register(
@@ -966,6 +968,9 @@ class RpcFixture:
                     num_examples=100,
                     num_params=self.num_params,
                     signing_key=signer.public_key,
+                    **_fields_of(
+                        coordinator_pb2.RegisterRequest, enrolment_token=self.tokens.get(name, "")
+                    ),
                 )
             )
             self.signers[name], self.ids[name] = signer, reply.client_id
@@ -1578,16 +1583,45 @@ class RpcFixture:
         except ValueError:
             return False
 
+    def token_pool(self) -> list[str]:
+        """Valid tokens and near misses: another name with a valid MAC, a MAC of another
+        name, a MAC under another key, case and whitespace changes."""
+        if not self.tokens:
+            return []
+        valid = list(self.tokens.values())
+        first, second = valid[0], valid[1 % len(valid)]
+        name, _, mac = first.rpartition(".")
+        other_mac = second.rpartition(".")[2]
+        return [
+            *valid,
+            f"{name}.{other_mac}",
+            f"client-7.{mac}",
+            f"{name}.{'0' * 64}",
+            f"{name}.{mac.upper()}",
+            f"{name.upper()}.{mac}",
+            f" {first}",
+            f"{first}\n",
+            f"{name}.{mac}.{mac}",
+            f".{mac}",
+            name,
+        ]
+
     def judge_register(self, msgs: list[Any], metadata: Metadata = None) -> str:
         m = msgs[0]
         if len(m.signing_key) != 32 or m.num_params != self.num_params or m.num_examples < 1:
             return bad("bad key length, parameter count or example count")
-        known = self.coord.clients.get(m.client_id) if m.client_id else None
-        if known is None:
-            return LEGIT  # a new registration
-        if known.signing_key != m.signing_key.hex():
-            return bad("a known client id with another key")
-        return LEGIT if self.credential_ok(m.client_id, metadata) else bad("wrong credential")
+        if not self.tokens:  # identities not provisioned by token: the old protocol
+            known = self.coord.clients.get(m.client_id) if m.client_id else None
+            if known is None:
+                return LEGIT  # a new registration
+            if known.signing_key != m.signing_key.hex():
+                return bad("a known client id with another key")
+            return LEGIT if self.credential_ok(m.client_id, metadata) else bad("wrong credential")
+        if m.enrolment_token not in self.tokens.values():
+            return bad("no valid enrolment token")
+        # A valid re-registration replaces the identity's key and credential: never sent, so
+        # the credentials the other RPCs' oracles use stay valid.
+        return SKIP
 
     def judge_report(self, msgs: list[Any], metadata: Metadata = None) -> str:
         m = msgs[0]
@@ -1866,11 +1900,16 @@ class RpcFixture:
                     num_params=self.num_params,
                     client_id=rng.choice(["", c]),
                     signing_key=self.signers["c"].public_key,
+                    **_fields_of(
+                        coordinator_pb2.RegisterRequest,
+                        enrolment_token=self.tokens.get("c", ""),
+                    ),
                 ),
                 "judge": self.judge_register,
                 "metadata": credential_metadata,
                 "pools": {
                     **coordinator_pools,
+                    "enrolment_token": self.token_pool(),
                     "signing_key": [*pools["signing_key"], self.signers["c"].public_key],
                 },
             },
@@ -1976,6 +2015,19 @@ def _credential_header() -> str:
     except ImportError:
         return "x-fedps-credential"
     return str(CREDENTIAL_HEADER)
+
+
+def _enrolment_tokens(config: Any, names: dict[str, int]) -> dict[str, str]:
+    """The enrolment token of each fuzz client (``client-N``), issued into the cluster's
+    certificate directory; empty where registration takes no token."""
+    try:
+        from crypto.enrolment import issue_tokens, read_token
+    except ImportError:
+        return {}
+    directory = config.tls.directory
+    issue_tokens(directory, [f"client-{i}" for i in names.values()])
+    tokens = {name: read_token(directory, f"client-{i}") for name, i in names.items()}
+    return {name: token for name, token in tokens.items() if token}
 
 
 def _task_request(client_id: str) -> Any:
@@ -2701,7 +2753,7 @@ def main(argv: list[str] | None = None) -> int:
     crumb.mark("done")
     seal_io = sys.modules.get("crypto._seal_io")
     if seal_io is not None:  # os._exit below skips the usual clean-up
-        shutil.rmtree(getattr(seal_io, "_tmp_root", ""), ignore_errors=True)
+        shutil.rmtree(seal_io.scratch_root(), ignore_errors=True)
     print(json.dumps(report, default=str), flush=True)
     sys.stderr.flush()
     # Servers and stuck handler threads must not keep the process alive.

@@ -1,0 +1,60 @@
+"""The SEAL scratch directory (crypto/_seal_io.py): private, per process, removed at exit."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from crypto import _seal_io
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Serialise a public context (through the scratch directory), fork a child that exits
+# normally (running the exit handlers it inherited), then exit: print the directory and
+# whether it survived the child.
+_SCRIPT = """
+import os, sys
+from crypto import CkksParams, SecretContext, _seal_io
+from fedps.config import load_config
+keys = SecretContext.generate(CkksParams.for_config(load_config()))
+assert keys.public.serialize()
+root = _seal_io.scratch_root()
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)
+os.waitpid(pid, 0)
+print(root, os.path.isdir(root))
+"""
+
+
+def test_scratch_directory_is_private_and_per_process() -> None:
+    # Execute
+    root = Path(_seal_io.scratch_root())
+
+    # Assert
+    assert root.is_dir()
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert _seal_io.scratch_root() == str(root)
+
+
+def test_scratch_directory_is_removed_at_exit() -> None:
+    # Execute
+    result = subprocess.run(
+        [sys.executable, "-c", _SCRIPT],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    # Assert: the child left its parent's directory alone; the parent's exit removed it
+    assert result.returncode == 0, result.stderr[-2000:]
+    root, survived_child = result.stdout.split()
+    assert survived_child == "True"
+    assert Path(root).name.startswith("fedps-seal-")
+    assert not Path(root).exists()
