@@ -453,3 +453,30 @@ def test_quarantine_after_max_detections(
         assert "shard-0" in out and "QUARANTINED: 2 tampered aggregate(s)" in out
     finally:
         cluster.stop()
+
+
+def test_a_shard_streaming_duplicate_or_foreign_blocks_is_cut_off(arena: Arena) -> None:
+    # Prepare: a shard that answers the fetch with 3,000 copies of one of its blocks (each
+    # copy about 12 KB), then one that sends a block it does not own
+    clients = arena.clients()
+    arena.driver.committed_round(1, VERSION, clients)
+    shard = arena.owner(0)
+    honest = type(shard).aggregates.__get__(shard)
+
+    def flooding(round_: int) -> tuple[list[Aggregate], list[SignedUpdate]]:
+        aggregates, updates = honest(round_)
+        return [aggregates[0]] * 3000, updates
+
+    shard.aggregates = flooding  # type: ignore[method-assign]
+    # Execute / Assert: refused as a duplicate, nothing decrypted, counted against the shard
+    arena.assert_refused(1, clients)
+    assert arena.keyholder.detections[shard.shard_id] == {"duplicate-block": 1}
+    # ... and a block of another shard is refused as foreign
+    others = [b for b in range(3) if arena.owner(b) is not shard]
+    if others:
+        clients = arena.clients()
+        arena.driver.committed_round(2, VERSION, clients)
+        stolen = others[0]
+        arena.tamper(0, lambda a: replace(a, block=stolen))
+        arena.assert_refused(2, clients)
+        assert arena.keyholder.detections[shard.shard_id]["foreign-block"] == 1
