@@ -78,14 +78,24 @@ def _provision(cfg: FedPSConfig) -> None:
 
 
 @app.command()
-def keyholder(config: ConfigOpt = None, insecure: InsecureOpt = False) -> None:
+def keyholder(
+    config: ConfigOpt = None,
+    insecure: InsecureOpt = False,
+    clear_detections: Annotated[
+        bool,
+        typer.Option(
+            "--clear-detections",
+            help="Forget the tampering detected so far (after replacing a quarantined shard).",
+        ),
+    ] = False,
+) -> None:
     """Run the key holder (generates the CKKS keys on first start)."""
     from server.serve import serve_forever
 
     _setup_logging(True)
     cfg = _load(config, insecure=insecure)
     _setup_tls(cfg, "keyholder")
-    serve_forever("keyholder", cfg)
+    serve_forever("keyholder", cfg, clear_detections=clear_detections)
 
 
 @app.command()

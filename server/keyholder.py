@@ -233,6 +233,16 @@ class KeyHolder:
             coeffs_per_block=public.coeffs_per_block,
         )
 
+    def clear_detections(self) -> None:
+        """Forget every detection (the operator replaced the suspect shards); refused
+        rounds stay refused."""
+        with self._lock:
+            if self.detections:
+                _log.warning("clearing tampering detections: %s", self.detections)
+            self.detections = {}
+            if self.params is not None:
+                self._save_state()
+
     @property
     def quarantined(self) -> list[str]:
         """Shards caught tampering ``max_detections`` times or more."""

@@ -212,7 +212,9 @@ def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -
     return coordinator
 
 
-def serve_forever(role: str, config: FedPSConfig, *, index: int = 0) -> None:
+def serve_forever(
+    role: str, config: FedPSConfig, *, index: int = 0, clear_detections: bool = False
+) -> None:
     """Run one role until SIGINT/SIGTERM, then stop gracefully."""
     from crypto.tls import setup_tls  # before any channel or port exists
 
@@ -229,7 +231,9 @@ def serve_forever(role: str, config: FedPSConfig, *, index: int = 0) -> None:
     bind(server, address)
     coordinator: Coordinator | None = None
     if role == "keyholder":
-        add_keyholder(server, config, cluster.state_dir / "keyholder")
+        keyholder = add_keyholder(server, config, cluster.state_dir / "keyholder")
+        if clear_detections:
+            keyholder.clear_detections()
     elif role == "shard":
         add_shard(server, config, index)
     else:

@@ -451,6 +451,14 @@ def test_quarantine_after_max_detections(
         print_status(cluster.config)
         out = capsys.readouterr().out
         assert "shard-0" in out and "QUARANTINED: 2 tampered aggregate(s)" in out
+        # Execute: the operator replaced the shard and clears the detections
+        kh.clear_detections()
+        fresh = clients()
+        driver.committed_round(4, version, fresh)
+        # Assert: an honest round is applied again; the refused ones stay refused
+        assert driver.apply(4, version, fresh).version == version + 1
+        with pytest.raises(PolicyError, match="never decrypted"):
+            driver.apply(1, version, honest)
     finally:
         cluster.stop()
 
