@@ -484,6 +484,10 @@ class EdgeClient:
                 _log.info("%s: commitment refused: %s", self.name, exc)
                 if attempt == attempts - 1:
                     return None
+            except (InvalidArgumentError, UnknownClientError) as exc:
+                # e.g. we restarted mid-round with a new key: sit this round out
+                _log.warning("%s: commitment refused: %s", self.name, exc)
+                return None
             # Async: the buffer froze before we committed; the update joins the next one.
             following = self._next_round(round_)
             if following is None:

@@ -123,6 +123,11 @@ class TrainingConfig(_Section):
             raise ValueError(f"min_quorum ({self.min_quorum}) exceeds clients ({self.clients})")
         if self.cohort_size and self.cohort_size < self.min_quorum:
             raise ValueError("cohort_size must be 0 (all) or at least min_quorum")
+        if self.mode == "async" and self.buffer_size > (self.cohort_size or self.clients):
+            raise ValueError(
+                f"buffer_size ({self.buffer_size}) exceeds the clients a buffer is offered to "
+                f"({self.cohort_size or self.clients}); it could never flush"
+            )
         return self
 
 

@@ -35,6 +35,7 @@ from fedps.errors import (
     PolicyError,
     QuarantinedError,
     RoundClosedError,
+    UnauthenticatedError,
     UnknownClientError,
 )
 
@@ -117,6 +118,7 @@ _FROM_STATUS: dict[grpc.StatusCode, type[FedPSError]] = {
     grpc.StatusCode.UNAVAILABLE: PeerUnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: PeerUnavailableError,
     grpc.StatusCode.RESOURCE_EXHAUSTED: InvalidArgumentError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
 }
 
 _T = TypeVar("_T")

@@ -205,8 +205,15 @@ class CommitBoard:
             return self._seed(self._require(round_))
 
     def _seed(self, phase: CommitPhase) -> bytes:
-        message = b"fedps-challenge-v1" + struct.pack("<Q", phase.round) + phase.run_id.encode()
-        return hmac.new(self._secret, message, hashlib.sha256).digest()
+        """HMAC of everything that defines the phase: a round reopened for another cohort,
+        version or key generation gets another challenge."""
+        h = hashlib.sha256()
+        for part in [phase.run_id.encode(), phase.context_id.encode()]:
+            h.update(struct.pack("<I", len(part)) + part)
+        for client, key in sorted(phase.members.items()):
+            h.update(struct.pack("<I", len(client)) + client.encode() + key)
+        message = b"fedps-challenge-v2" + struct.pack("<QQ", phase.round, phase.version)
+        return hmac.new(self._secret, message + h.digest(), hashlib.sha256).digest()
 
     def commit(self, round_: int, update: common_pb2.SignedUpdate, sketches: bytes) -> None:
         """Accept one cohort member's commitment while the phase is open (idempotent).
@@ -243,7 +250,11 @@ class CommitBoard:
                 raise RoundClosedError(
                     f"round {round_}'s commitments are closed: {client_id!r} committed too late"
                 )
-            values = self._check(phase, update, sketches)
+            if self._replaying:  # checked when it was accepted; the config may have changed
+                values = np.frombuffer(sketches, dtype="<u8").astype(np.uint64)
+                values = values.reshape(self.sketch_count, -1) if self.sketch_count else values
+            else:
+                values = self._check(phase, update, sketches)
             record = keyholder_pb2.CommitLogRecord(
                 commit=keyholder_pb2.CommitRequest(round=round_, update=update, sketches=sketches)
             )

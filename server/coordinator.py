@@ -511,19 +511,28 @@ class Coordinator:
             opened.deadline, opened.pushing = resume.deadline, resume.pushing
         if not opened.pushing:
             self._checkpoint(opened)  # the cohort and deadline survive a restart
-            self._retry(
-                lambda: self._keyholder.OpenCommits(
-                    keyholder_pb2.OpenCommitsRequest(
-                        round=round_,
-                        version=version,
-                        run_id=self.run_id,
-                        context_id=self._context_id,
-                        members=self._members(cohort),
-                    ),
-                    timeout=_CALL_S,
-                ),
-                f"open commitments of round {round_}",
+            request = keyholder_pb2.OpenCommitsRequest(
+                round=round_,
+                version=version,
+                run_id=self.run_id,
+                context_id=self._context_id,
+                members=self._members(cohort),
             )
+            try:
+                self._retry(
+                    lambda: self._keyholder.OpenCommits(request, timeout=_CALL_S),
+                    f"open commitments of round {round_}",
+                    retry_on=PeerUnavailableError,
+                )
+            except FedPSError as exc:
+                if self._stop.is_set():
+                    return
+                # e.g. the key holder froze this round number for another cohort before a
+                # restart lost our checkpoint: it can never take commitments again
+                _log.warning("round %d cannot open: %s; abandoned", round_, exc)
+                record = RoundRecord(round=round_, version=version, contributors=0, abandoned=True)
+                self._finish_round(record, started, bytes_before)
+                return
             self._collect_commitments(opened, asynchronous)
         if self._stop.is_set():
             return

@@ -233,6 +233,11 @@ class KeyHolder:
             coeffs_per_block=public.coeffs_per_block,
         )
 
+    def detection_counts(self) -> dict[str, int]:
+        """Detections so far, by shard."""
+        with self._lock:
+            return {shard: sum(r.values()) for shard, r in self.detections.items()}
+
     def clear_detections(self) -> None:
         """Forget every detection (the operator replaced the suspect shards); refused
         rounds stay refused."""
@@ -292,8 +297,14 @@ class KeyHolder:
             if round_ <= self.last_round:
                 raise PolicyError(f"round {round_} is not after the last applied round")
             phase = self.commits.phase(round_)
-            if phase.run_id != run_id or phase.version != version:
-                raise PolicyError(f"round {round_} was committed to for another run or version")
+            if (phase.run_id, phase.version, phase.context_id) != (
+                run_id,
+                version,
+                self.context_id,
+            ):
+                raise PolicyError(
+                    f"round {round_} was committed to for another run, version or key generation"
+                )
             verifier = AggregateVerifier(
                 phase=phase,
                 contributors=set(members or {}),
@@ -330,9 +341,9 @@ class KeyHolder:
                 contributors={c: w for m in manifests.values() for c, w in m.items()},
             )
             self._released[round_] = result
+            self._save_state()
             if self.rotate_every_rounds and round_ % self.rotate_every_rounds == 0:
                 self._rotate_keys()
-            self._save_state()
             self._publish()
             _log.info(
                 "applied round %d (%d+ contributors), published version %d",
@@ -388,6 +399,7 @@ class KeyHolder:
     ) -> list[common_pb2.AggregateBlock]:
         got: dict[int, common_pb2.AggregateBlock] = {}
         request = shard_pb2.FetchAggregateRequest(round=round_)
+        size = self._block_bytes()
         for reply in self._stubs[sid].FetchAggregate(request, timeout=_CALL_S):
             for update in reply.updates:
                 verifier.check_update(sid, update)
@@ -396,6 +408,9 @@ class KeyHolder:
                     raise TamperingError(sid, "foreign-block", f"sent block {agg.block}")
                 if agg.block in got:
                     raise TamperingError(sid, "duplicate-block", f"sent block {agg.block} twice")
+                if len(agg.ciphertext) != size:
+                    raise TamperingError(sid, "malformed", f"block {agg.block} is not {size} bytes")
+                verifier.check_manifest(sid, agg)  # before holding it: a few bytes per client
                 got[agg.block] = agg
         return list(got.values())
 
@@ -412,13 +427,16 @@ class KeyHolder:
         if missing:
             shard = self._ring.owner(missing[0])
             raise TamperingError(shard, "missing-block", f"no aggregate for blocks {missing[:10]}")
-        for sid, agg in zip(owners, aggregates, strict=True):
-            verifier.check_manifest(sid, agg)
-        # Validate and unpack every aggregate at once (one vectorised pass, not one per block).
-        try:
-            rows = self._unpack([agg.ciphertext for agg in aggregates])
-        except InvalidArgumentError as exc:
-            raise TamperingError(owners[0], "malformed", f"malformed aggregate: {exc}") from exc
+        # Validate and unpack each shard's aggregates at once (vectorised; a malformed block
+        # is blamed on the shard that sent it). _fetch returns them shard by shard.
+        parts: list[np.ndarray] = []
+        for sid in dict.fromkeys(owners):
+            mine = [agg.ciphertext for s, agg in zip(owners, aggregates, strict=True) if s == sid]
+            try:
+                parts.append(self._unpack(mine))
+            except InvalidArgumentError as exc:
+                raise TamperingError(sid, "malformed", f"malformed aggregate: {exc}") from exc
+        rows = np.concatenate(parts)
         blocks = [agg.block for agg in aggregates]
         if self.encrypted:
             verifier.check_aggregates(owners, blocks, rows, verifier.expected_sketches())
@@ -431,26 +449,29 @@ class KeyHolder:
                 opened = self.keys.decrypt(row) if self.encrypted else row
             except InvalidArgumentError as exc:
                 raise PolicyError(f"block {block} cannot be decrypted: {exc}") from exc
-            summed = self._release(opened, sum(multipliers.values()), block)
+            summed = self._release(opened, list(multipliers.values()), block)
             averaged[block] = summed / total
         manifests = {b: dict(effective) for b in averaged}
         return layout.join(averaged), manifests
 
-    def _release(self, summed: np.ndarray, contributors: int, block: int) -> np.ndarray:
-        """Flood and round a decrypted sum, then refuse it if it breaks the clipping bound."""
+    def _release(self, summed: np.ndarray, multipliers: list[int], block: int) -> np.ndarray:
+        """Flood and round a decrypted sum of ciphertexts weighted by integer ``multipliers``
+        (all 1 in sync rounds), then refuse it if it breaks the clipping bound."""
         margin = 0.0
+        contributors = sum(multipliers)  # every value is at most this x max_abs_value
         if self.encrypted and self.flood_bits > 0:
+            # the error of sum m_i c_i grows with sqrt(sum m_i^2), not sqrt(sum m_i)
             sigma = 2.0**self.flood_bits * decryption_error_bound(
-                self.keys.public.params, contributors
+                self.keys.public.params, sum(m * m for m in multipliers)
             )
             summed = flood_and_round(summed, sigma)
             margin = 8 * released_std(sigma)
         bound = contributors * self.max_abs_value * (1 + 1e-6) + margin
-        worst = float(np.abs(summed).max())
-        if worst > bound:
+        if float(np.abs(summed).max()) > bound:
+            # (the decrypted value stays here: the message reaches the coordinator's logs)
             raise PolicyError(
-                f"block {block}: decrypted sum reaches {worst:.4g}, beyond the {bound:.4g} that "
-                f"{contributors} clients clipped to {self.max_abs_value:g} allow; refusing to apply"
+                f"block {block}: a decrypted sum exceeds the bound that {contributors} clients "
+                f"clipped to {self.max_abs_value:g} allow; refusing to apply"
             )
         return summed
 
@@ -458,6 +479,12 @@ class KeyHolder:
     def context_id(self) -> str:
         """The id clients must encrypt under (or the plaintext id, encryption off)."""
         return self.keys.public.context_id if self.encrypted else PLAINTEXT_CONTEXT_ID
+
+    def _block_bytes(self) -> int:
+        """Bytes of one packed aggregate block."""
+        if not self.encrypted:
+            return PlainContext(self.keys.public.params.values_per_block).block_bytes
+        return self.keys.public.block_bytes
 
     def _unpack(self, data: list[bytes]) -> np.ndarray:
         """Validated coefficients of aggregate blocks (values, encryption off)."""

@@ -131,6 +131,6 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
             num_params=0 if kh.params is None else kh.params.size,
             initialized=kh.params is not None,
             last_round=kh.last_round,
-            detections={shard: sum(r.values()) for shard, r in kh.detections.items()},
+            detections=kh.detection_counts(),
             quarantined=kh.quarantined,
         )
