@@ -113,6 +113,12 @@ def test_overrides_merge_over_the_file(tmp_path: Path) -> None:
         ({"privacy": {"delta": 1.5}}, "privacy.delta: "),
         ({"privacy": {"accountant": "moments"}}, "privacy.accountant: "),
         ({"training": {"dataset": "cifar"}}, "training.dataset: "),
+        ({"security": {"weighting": "declared"}}, "security.weighting: "),
+        ({"security": {"min_weight": 0}}, "security.min_weight: "),
+        (
+            {"training": {"mode": "async", "clients": 4, "cohort_size": 2, "buffer_size": 3}},
+            "could never flush",
+        ),
     ],
 )
 def test_bad_field_is_named(sections: dict[str, dict[str, object]], expected: str) -> None:

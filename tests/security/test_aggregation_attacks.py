@@ -488,3 +488,25 @@ def test_a_shard_streaming_duplicate_or_foreign_blocks_is_cut_off(arena: Arena) 
         arena.tamper(0, lambda a: replace(a, block=stolen))
         arena.assert_refused(2, clients)
         assert arena.keyholder.detections[shard.shard_id]["foreign-block"] == 1
+
+
+def test_a_malformed_or_bloated_block_is_blamed_on_its_own_shard(arena: Arena) -> None:
+    # Prepare: each shard in turn sends one short block; then one sends a manifest bloated
+    # with thousands of invented contributors
+    for round_, shard in enumerate(arena.cluster.shards, start=1):
+        blocks = [b for b in range(3) if arena.owner(b) is shard]
+        if not blocks:
+            continue
+        clients = arena.clients()
+        arena.driver.committed_round(round_, VERSION, clients)
+        arena.tamper(blocks[0], lambda a: replace(a, ciphertext=a.ciphertext[:-8]))
+        # Execute / Assert: refused, and counted against the shard that sent it
+        arena.assert_refused(round_, clients)
+        assert arena.keyholder.detections.get(shard.shard_id, {}).get("malformed") == 1
+    assert set(arena.keyholder.detections) <= {s.shard_id for s in arena.cluster.shards}
+    clients = arena.clients()
+    arena.driver.committed_round(9, VERSION, clients)
+    bloat = {f"client-{i}": Contribution(1.0, b"\0" * 32, VERSION, 1) for i in range(10, 5000)}
+    arena.tamper(0, lambda a: replace(a, contributions={**a.contributions, **bloat}))
+    arena.assert_refused(9, clients)
+    assert arena.keyholder.detections[arena.owner(0).shard_id]["manifest"] == 1
