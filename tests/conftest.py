@@ -16,11 +16,19 @@ from crypto.enrolment import issue_tokens
 from crypto.tls import client_identities
 from fedps.config import FedPSConfig, load_config
 from fedps.proto import shard_pb2
-from fedps.transport import bind, create_server, tls_identity
+from fedps.transport import bind, create_server, reset_tls, tls_identity
 from server.coordinator import Coordinator
 from server.keyholder import KeyHolder
 from server.serve import add_coordinator, add_keyholder, add_shard
 from server.shard import Shard
+
+
+@pytest.fixture(autouse=True)
+def _plaintext_after_each_test() -> Iterator[None]:
+    """TLS is process-wide: whatever identity a test configured, the next test starts
+    without one (in-process clusters cannot give each role its own certificate)."""
+    yield
+    reset_tls()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
