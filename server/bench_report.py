@@ -72,6 +72,12 @@ def render_table(results: dict[str, Any]) -> str:
             f"{v['round_s']:.2f} s | {int(v['commit_bytes']):,} | {v['bytes_fraction']:.2%} of "
             f"{int(v['push_bytes']):,} |",
         ]
+        if "push_phase_s" in v:
+            lines.append(
+                f"\nPush phase (after every commitment is fixed): median {v['push_phase_s']:.2f} s,"
+                f" {v['push_phase_fraction']:.1%} of the secure round: at most what the commit "
+                "barrier costs a round (pushes no longer overlap other clients' training)."
+            )
     if "async_vs_sync" in results:
         r = results["async_vs_sync"]
         lines += [

@@ -109,9 +109,13 @@ def run_bench(
     results["shard_memory"] = memory
     if "mlp1m" in e2e:
         console.print("verification of the aggregate, 1M-parameter model ...")
+        secure = e2e["mlp1m"]["secure"]
         results["verification"] = measure_verification(
-            _num_params("mlp1m"), keys=keys, round_s=e2e["mlp1m"]["secure"]["median_round_s"]
+            _num_params("mlp1m"), keys=keys, round_s=secure["median_round_s"]
         )
+        push_s = secure["median_push_phase_s"]
+        results["verification"]["push_phase_s"] = push_s
+        results["verification"]["push_phase_fraction"] = push_s / secure["median_round_s"]
     return results
 
 
@@ -211,11 +215,13 @@ def _round_times(model: str, rounds: int) -> dict[str, Any]:
                 quiet=True,
             )
         times = summary["round_seconds"]
-        assert isinstance(times, list)
+        pushes = summary["push_seconds"]
+        assert isinstance(times, list) and isinstance(pushes, list)
         # The first rounds pay for imports, warm-up and the first draw of encryptions of zero.
         steady = times[2:] or times
         out[label] = {
             "median_round_s": statistics.median(steady),
+            "median_push_phase_s": statistics.median(pushes[2:] or pushes),
             "round_seconds": times,
             "bytes_pushed": summary["bytes_pushed"],
             "final_accuracy": summary["final_accuracy"],

@@ -84,6 +84,7 @@ class RoundRecord:
     bytes_pushed: int = 0
     seconds: float = 0.0
     abandoned: bool = False
+    push_seconds: float = 0.0  # from the freeze of the commitments to the close
 
 
 @dataclass(frozen=True)
@@ -549,6 +550,7 @@ class Coordinator:
                 opened.deadline = time.time() + self._training.deadline_s
             self._checkpoint(opened)
             updates = [u for u in commit_set.updates if u.client_id in committed]
+            frozen_at = time.time()
             self._open_on_shards(round_, version, committed, updates)
             self._wait_for_pushes(opened, resume)
             if self._stop.is_set():
@@ -556,6 +558,7 @@ class Coordinator:
             opened.closing = True
             self._checkpoint(opened)
             accepted = self._close_on_shards(round_, committed)
+            record.push_seconds = time.time() - frozen_at
         record.contributors = len(accepted)
         if len(accepted) < quorum:
             _log.warning(

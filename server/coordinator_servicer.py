@@ -115,6 +115,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                     bytes_pushed=r.bytes_pushed,
                     seconds=r.seconds,
                     abandoned=r.abandoned,
+                    push_seconds=r.push_seconds,
                 )
                 for r in list(c.history)
             ],

@@ -83,6 +83,7 @@ def run_demo(
         "tls": config.tls.enabled,
         "abandoned_rounds": sum(1 for r in status.history if r.abandoned),
         "round_seconds": [round(r.seconds, 3) for r in status.history],
+        "push_seconds": [round(r.push_seconds, 3) for r in status.history],
         "round_accuracy": [
             (round(r.seconds, 3), r.accuracy if r.accuracy >= 0 else None) for r in status.history
         ],

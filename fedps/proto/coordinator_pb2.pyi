@@ -255,6 +255,7 @@ class RoundSummary(_message.Message):
     BYTES_PUSHED_FIELD_NUMBER: _builtins.int
     SECONDS_FIELD_NUMBER: _builtins.int
     ABANDONED_FIELD_NUMBER: _builtins.int
+    PUSH_SECONDS_FIELD_NUMBER: _builtins.int
     round: _builtins.int
     version: _builtins.int
     contributors: _builtins.int
@@ -265,6 +266,10 @@ class RoundSummary(_message.Message):
     bytes_pushed: _builtins.int
     seconds: _builtins.float
     abandoned: _builtins.bool
+    push_seconds: _builtins.float
+    """Seconds from the freeze of the commitments to the close: the pushes, which wait for
+    every commitment of the round (commit before reveal).
+    """
     def __init__(
         self,
         *,
@@ -277,10 +282,11 @@ class RoundSummary(_message.Message):
         bytes_pushed: _builtins.int = ...,
         seconds: _builtins.float = ...,
         abandoned: _builtins.bool = ...,
+        push_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abandoned", b"abandoned", "accuracy", b"accuracy", "bytes_pushed", b"bytes_pushed", "contributors", b"contributors", "loss", b"loss", "max_epsilon", b"max_epsilon", "round", b"round", "seconds", b"seconds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abandoned", b"abandoned", "accuracy", b"accuracy", "bytes_pushed", b"bytes_pushed", "contributors", b"contributors", "loss", b"loss", "max_epsilon", b"max_epsilon", "push_seconds", b"push_seconds", "round", b"round", "seconds", b"seconds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
