@@ -64,7 +64,7 @@ __all__ = ["ClientSummary", "EdgeClient", "PreparedPush", "client_partition"]
 
 _log = logging.getLogger("fedps")
 _T = TypeVar("_T")
-_PEER_WAIT_S = 90.0  # how long a push or an audit waits for a restarting shard or key holder
+_PEER_WAIT_S = 90.0  # how long a push or a commitment waits for a restarting peer
 # Every call has a deadline: one caught in a peer's restart fails and is retried, never hangs.
 _CALL_S = 20.0
 _PUSH_S = 60.0

@@ -86,7 +86,7 @@ _PARTITION_KEY = "partition-id"
 class FlowerClient(EdgeClient):
     """An edge client whose coordinator speaks through Flower messages.
 
-    Pulls, DP training, encryption, signatures, audits and pushes are
+    Pulls, DP training, encryption, signatures, commitments and pushes are
     :class:`~clients.edge_client.EdgeClient`'s own; only the task arrives in a Flower
     message and the report leaves in the reply.
 

@@ -5,7 +5,7 @@ each shard's peak resident memory can be read from ``/proc``), and
 :class:`~server.flower_strategy.FlowerStrategy` runs ``rounds`` rounds through Flower's own
 ``Strategy.start`` loop over an :class:`~server.in_process_grid.InProcessGrid`: every virtual
 node runs the same ``ClientApp`` that Flower's simulation runtime would run (DP-SGD,
-encryption, signed pushes to the shards, audits), on a thread pool instead of Ray actors.
+encryption, commitments, signed pushes to the shards), on a thread pool instead of Ray actors.
 
 A shard keeps one running sum per block it owns whatever the number of clients, plus a
 manifest entry (weight, 32-byte commitment) per client and block; its peak memory should

@@ -4,7 +4,8 @@ Each record is framed as ``length, crc32, payload`` and, with ``fsync`` on (the 
 flushed to disk before :meth:`RecordLog.append` returns, so whoever acknowledges after
 appending acknowledges only what is durable. Reading back cuts a torn or corrupt last record
 (one that was being written when the process died, so never acknowledged). The shard logs
-its pushes this way (:mod:`server.shard_log`), the key holder its clients' audit chunks.
+its pushes this way (:mod:`server.shard_log`), the key holder its commitments
+(:mod:`server.commit_board`).
 """
 
 from __future__ import annotations
