@@ -179,15 +179,7 @@ class EdgeClient:
         try:
             while time.time() < deadline:
                 try:
-                    task = self._retry(
-                        lambda: self._coordinator.GetTask(
-                            coordinator_pb2.TaskRequest(client_id=self.client_id),
-                            metadata=self._metadata(),
-                            timeout=_CALL_S,
-                        ),
-                        "get task",
-                        timeout_s,
-                    )
+                    task = self._get_task(timeout_s)
                 except UnknownClientError:  # the coordinator restarted without us
                     self._register(timeout_s)
                     continue
@@ -421,21 +413,26 @@ class EdgeClient:
                 _log.info("%s: resend refused: %s", self.name, exc)
         self._report(task.round, 0, budget_exhausted=False)
 
+    def _get_task(self, timeout_s: float) -> coordinator_pb2.Task:
+        """The coordinator's next task for us (waiting out its restarts up to ``timeout_s``)."""
+        task: coordinator_pb2.Task = self._retry(
+            lambda: self._coordinator.GetTask(
+                coordinator_pb2.TaskRequest(client_id=self.client_id),
+                metadata=self._metadata(),
+                timeout=_CALL_S,
+            ),
+            "get task",
+            timeout_s,
+        )
+        return task
+
     def _wait_for_push_phase(self, round_: int, timeout_s: float) -> bool:
         """After committing to ``round_``: wait until the coordinator says the round's
         commitments are frozen and the shards take pushes (False: the round ended without
         a push phase, e.g. too few clients committed)."""
         until = time.time() + timeout_s
         while time.time() < until:
-            task = self._retry(
-                lambda: self._coordinator.GetTask(
-                    coordinator_pb2.TaskRequest(client_id=self.client_id),
-                    metadata=self._metadata(),
-                    timeout=_CALL_S,
-                ),
-                "get task",
-                timeout_s,
-            )
+            task = self._get_task(timeout_s)
             if task.kind == coordinator_pb2.Task.PUSH and task.round == round_:
                 return True
             if task.kind == coordinator_pb2.Task.DONE or task.round > round_:
@@ -517,15 +514,7 @@ class EdgeClient:
         """The next round (buffer) after ``round_`` that asks us to train, if one comes."""
         until = time.time() + timeout_s
         while time.time() < until:
-            task = self._retry(
-                lambda: self._coordinator.GetTask(
-                    coordinator_pb2.TaskRequest(client_id=self.client_id),
-                    metadata=self._metadata(),
-                    timeout=_CALL_S,
-                ),
-                "get task",
-                timeout_s,
-            )
+            task = self._get_task(timeout_s)
             if task.kind == coordinator_pb2.Task.DONE:
                 return None
             if task.kind == coordinator_pb2.Task.TRAIN and task.round > round_:

@@ -191,13 +191,8 @@ class CommitBoard:
 
     def challenge_seed(self, round_: int, client_id: str) -> bytes:
         """The secret challenge seed of ``round_``, for one of its cohort members only."""
-        if len(client_id) > _MAX_ID:
-            raise InvalidArgumentError(f"a client id has at most {_MAX_ID} characters")
         with self._lock:
-            phase = self._require(round_)
-            if client_id not in phase.members:
-                raise UnknownClientError(f"{client_id!r} is not in the cohort of round {round_}")
-            return self._seed(phase)
+            return self._seed(self._member_phase(round_, client_id))
 
     def seed(self, round_: int) -> bytes:
         """The challenge seed of ``round_`` (the key holder's own use)."""
@@ -229,12 +224,8 @@ class CommitBoard:
             commitment from the same client.
         """
         client_id = update.client_id
-        if len(client_id) > _MAX_ID:
-            raise InvalidArgumentError(f"a client id has at most {_MAX_ID} characters")
         with self._lock:
-            phase = self._require(round_)
-            if client_id not in phase.members:
-                raise UnknownClientError(f"{client_id!r} is not in the cohort of round {round_}")
+            phase = self._member_phase(round_, client_id)
             known = phase.commitments.get(client_id)
             if known is not None:
                 if (
@@ -325,6 +316,15 @@ class CommitBoard:
             if not phase.frozen:
                 raise RoundClosedError(f"round {round_}'s commitments are still open")
             return phase
+
+    def _member_phase(self, round_: int, client_id: str) -> CommitPhase:
+        """``round_``'s phase, if ``client_id`` is in its cohort (the caller holds the lock)."""
+        if len(client_id) > _MAX_ID:
+            raise InvalidArgumentError(f"a client id has at most {_MAX_ID} characters")
+        phase = self._require(round_)
+        if client_id not in phase.members:
+            raise UnknownClientError(f"{client_id!r} is not in the cohort of round {round_}")
+        return phase
 
     def _require(self, round_: int) -> CommitPhase:
         phase = self._phases.get(round_)
