@@ -14,6 +14,7 @@ suspect, and after ``max_detections`` detections no round is decrypted any more.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -379,20 +380,17 @@ class KeyHolder:
 
     def _fetch(
         self, round_: int, layout: BlockLayout, verifier: AggregateVerifier
-    ) -> tuple[list[str], list[common_pb2.AggregateBlock]]:
-        """Every shard's aggregates of ``round_`` with the shard that sent each; checked as
-        the replies stream in (ownership, duplicates, forwarded updates), so a shard cannot
-        make the key holder hold more than one aggregate per block."""
-        owners: list[str] = []
-        aggregates: list[common_pb2.AggregateBlock] = []
-        for sid in self._stubs:
-            got = call(
-                lambda sid=sid: self._fetch_from(sid, round_, layout, verifier),  # type: ignore[misc]
+    ) -> dict[str, list[common_pb2.AggregateBlock]]:
+        """Every shard's aggregates of ``round_``, by shard; checked as the replies stream in
+        (ownership, duplicates, size, manifest, forwarded updates), so a shard cannot make
+        the key holder hold more than one small aggregate per block."""
+        return {
+            sid: call(
+                functools.partial(self._fetch_from, sid, round_, layout, verifier),
                 f"fetch from {sid}",
             )
-            owners += [sid] * len(got)
-            aggregates += got
-        return owners, aggregates
+            for sid in self._stubs
+        }
 
     def _fetch_from(
         self, sid: str, round_: int, layout: BlockLayout, verifier: AggregateVerifier
@@ -421,23 +419,24 @@ class KeyHolder:
         effective weights (weight x staleness multiplier; a block's total is their sum).
 
         Nothing is decrypted before every block of every shard passed every check."""
-        owners, aggregates = self._fetch(round_, layout, verifier)
-        present = {agg.block for agg in aggregates}
-        missing = sorted(set(range(layout.num_blocks)) - present)
+        fetched = self._fetch(round_, layout, verifier)
+        owners = [sid for sid, aggs in fetched.items() for _ in aggs]
+        blocks = [agg.block for aggs in fetched.values() for agg in aggs]
+        missing = sorted(set(range(layout.num_blocks)) - set(blocks))
         if missing:
             shard = self._ring.owner(missing[0])
             raise TamperingError(shard, "missing-block", f"no aggregate for blocks {missing[:10]}")
         # Validate and unpack each shard's aggregates at once (vectorised; a malformed block
-        # is blamed on the shard that sent it). _fetch returns them shard by shard.
+        # is blamed on the shard that sent it).
         parts: list[np.ndarray] = []
-        for sid in dict.fromkeys(owners):
-            mine = [agg.ciphertext for s, agg in zip(owners, aggregates, strict=True) if s == sid]
+        for sid, aggs in fetched.items():
+            if not aggs:
+                continue
             try:
-                parts.append(self._unpack(mine))
+                parts.append(self._unpack([agg.ciphertext for agg in aggs]))
             except InvalidArgumentError as exc:
                 raise TamperingError(sid, "malformed", f"malformed aggregate: {exc}") from exc
         rows = np.concatenate(parts)
-        blocks = [agg.block for agg in aggregates]
         if self.encrypted:
             verifier.check_aggregates(owners, blocks, rows, verifier.expected_sketches())
         multipliers = verifier.multipliers
