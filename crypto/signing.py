@@ -3,10 +3,11 @@
 For every round, a client commits to each of its encrypted blocks with the Merkle root of
 the block's coefficient chunks (:func:`chunk_root`, :data:`CHUNKS` chunks per block) and
 signs one digest binding ``(run, round, client, context id, weight, nonce, all roots)``
-(:func:`update_digest`). A shard checks the signature and that each block it adds hashes to
-its signed root; the key holder checks every contribution of an aggregate again, and checks
-the aggregate against secretly chosen chunks that the clients sent it directly
-(``server.keyholder``), so a shard can neither invent, re-weight, replay nor swap a
+(:func:`update_digest`, checked by :func:`verify_update`). The key holder keeps each
+contributor's signed update as its commitment (``server.commit_board``); a shard checks the
+signature and that each block it adds hashes to its signed root; the key holder checks that
+every contribution of an aggregate is the committed one and that the aggregate is their sum
+(``server.aggregate_verifier``), so a shard can neither invent, re-weight, replay nor swap a
 contribution undetected.
 """
 
@@ -15,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from cryptography.exceptions import InvalidSignature
@@ -33,18 +35,18 @@ from fedps.errors import InvalidArgumentError
 __all__ = [
     "CHUNKS",
     "BlockSigner",
+    "SignedFields",
     "chunk_commitment",
     "chunk_hashes",
     "chunk_root",
     "context_digest",
     "is_weak_key",
-    "merkle_proof",
     "model_block_digest",
     "model_verifier",
     "sign_update",
     "update_digest",
     "verify_block",
-    "verify_proof",
+    "verify_update",
 ]
 
 #: Committed chunks per block (each 2N / 16 coefficients).
@@ -72,19 +74,44 @@ def chunk_root(coeffs: np.ndarray) -> bytes:
     return chunk_commitment(chunk_hashes(coeffs))
 
 
-def merkle_proof(coeffs: np.ndarray, chunk: int) -> list[bytes]:
-    """What proves one chunk against the root: every chunk hash (a one-level tree)."""
-    if not 0 <= chunk < CHUNKS:
-        raise InvalidArgumentError(f"chunk must be in [0, {CHUNKS})")
-    return chunk_hashes(coeffs)
+class SignedFields(Protocol):
+    """What a signed update carries (the wire message and the shard's record both do)."""
+
+    @property
+    def client_id(self) -> str: ...
+
+    @property
+    def weight(self) -> float: ...
+
+    @property
+    def nonce(self) -> bytes: ...
+
+    @property
+    def signature(self) -> bytes: ...
+
+    @property
+    def roots(self) -> Sequence[bytes]: ...
+
+    @property
+    def version(self) -> int: ...
 
 
-def verify_proof(chunk_coeffs: np.ndarray, chunk: int, proof: list[bytes], root: bytes) -> bool:
-    """Whether ``chunk_coeffs`` is chunk ``chunk`` of the ciphertext committed to by ``root``."""
-    if len(proof) != CHUNKS or not 0 <= chunk < CHUNKS:
-        return False
-    own = hashlib.sha256(np.ascontiguousarray(chunk_coeffs).tobytes()).digest()
-    return own == proof[chunk] and chunk_commitment(proof) == root
+def verify_update(
+    public_key: bytes, update: SignedFields, *, run_id: str, round_: int, context_id: str
+) -> bool:
+    """Whether ``update`` is signed by ``public_key`` for this run, round and key generation
+    (the check of :func:`sign_update`'s signature)."""
+    digest = update_digest(
+        run_id=run_id,
+        round_=round_,
+        client_id=update.client_id,
+        context_id=context_id,
+        weight=update.weight,
+        nonce=update.nonce,
+        roots=list(update.roots),
+        version=update.version,
+    )
+    return verify_block(public_key, digest, update.signature)
 
 
 def update_digest(

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crypto.signing import is_weak_key, update_digest, verify_block
+from crypto.signing import is_weak_key, verify_update
 from fedps.errors import InvalidArgumentError, RoundClosedError, UnknownClientError
 from fedps.proto import common_pb2, keyholder_pb2
 from server.record_log import RecordLog
@@ -270,17 +270,10 @@ class CommitBoard:
                 f"update trained version {update.version}; round {phase.round} takes versions "
                 f"{max(0, phase.version - self.max_staleness)}..{phase.version}"
             )
-        digest = update_digest(
-            run_id=phase.run_id,
-            round_=phase.round,
-            client_id=update.client_id,
-            context_id=phase.context_id,
-            weight=update.weight,
-            nonce=update.nonce,
-            roots=list(update.roots),
-            version=update.version,
-        )
-        if not verify_block(phase.members[update.client_id], digest, update.signature):
+        key = phase.members[update.client_id]
+        if not verify_update(
+            key, update, run_id=phase.run_id, round_=phase.round, context_id=phase.context_id
+        ):
             raise InvalidArgumentError(f"the commitment of {update.client_id!r} is not signed")
         expected = 8 * self.sketch_count * self.num_blocks
         if len(sketches) != expected:

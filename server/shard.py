@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from crypto import CiphertextSum, PlainContext, PlainSum, PublicContext, new_sum, unpack_blocks
-from crypto.signing import chunk_root, is_weak_key, update_digest, verify_block
+from crypto.signing import chunk_root, is_weak_key, verify_update
 from fedps.errors import (
     InvalidArgumentError,
     NotReadyError,
@@ -644,17 +644,10 @@ class Shard:
             )
         if any(len(root) != _ROOT_BYTES for root in update.roots):
             raise InvalidArgumentError(f"every chunk root must be {_ROOT_BYTES} bytes")
-        digest = update_digest(
-            run_id=state.run_id,
-            round_=state.round,
-            client_id=batch.client_id,
-            context_id=state.context_id,
-            weight=batch.weight,
-            nonce=batch.nonce,
-            roots=list(update.roots),
-            version=batch.version,
-        )
-        if not verify_block(state.members[batch.client_id], digest, batch.signature):
+        key = state.members[batch.client_id]
+        if not verify_update(
+            key, update, run_id=state.run_id, round_=state.round, context_id=state.context_id
+        ):
             raise InvalidArgumentError(
                 f"push from {batch.client_id!r} is unsigned or its signature does not verify"
             )

@@ -2345,7 +2345,7 @@ class DeserFixture:
     def paths(self) -> list[PathSpec]:
         from crypto import CiphertextSum, PublicContext, SecretContext, _seal_io, bitpack
         from crypto.ciphertext_sum import unpack_block, unpack_blocks
-        from crypto.signing import update_digest, verify_block, verify_proof
+        from crypto.signing import update_digest, verify_block
 
         public, q, count = self.public, self.q, self.count
 
@@ -2502,7 +2502,6 @@ class DeserFixture:
 
         def gen_signing(rng: random.Random) -> tuple[str, Any]:
             r = rng.random()
-            gen = np.random.default_rng(rng.getrandbits(32))
             if r < 0.4:
                 identity = b"\x01" + b"\x00" * 31  # the neutral point (small order)
                 key = rng.choice(
@@ -2523,19 +2522,6 @@ class DeserFixture:
                     ]
                 )
                 return "verify_block", (key, rand_bytes(rng, rng.choice([0, 32, 33])), sig)
-            if r < 0.7:
-                size = rng.choice([count // 16, count // 16 - 1, 0, 1, count])
-                chunk_coeffs = gen.integers(0, 1 << 62, size=size, dtype=np.uint64)
-                proof = [
-                    rand_bytes(rng, rng.choice([32, 32, 31, 0]))
-                    for _ in range(rng.choice([16, 16, 15, 0, 17]))
-                ]
-                return "verify_proof", (
-                    chunk_coeffs,
-                    rand_int(rng, 32),
-                    proof,
-                    rand_bytes(rng, rng.choice([32, 0])),
-                )
             roots = [
                 rand_bytes(rng, rng.choice([32, 32, 32, 31, 33, 0]))
                 for _ in range(rng.randrange(5))
@@ -2554,8 +2540,6 @@ class DeserFixture:
             what, params = args
             if what == "verify_block":
                 return verify_block(*params)
-            if what == "verify_proof":
-                return verify_proof(*params)
             return update_digest(**params)
 
         def check_signing(args: tuple[str, Any], out: Any) -> str | None:
@@ -2600,7 +2584,7 @@ class DeserFixture:
             ),
             PathSpec("SecretContext.load", gen_secret_dir, load_secret, check_secret),
             PathSpec(
-                "signing (verify_block, verify_proof, update_digest)",
+                "signing (verify_block, update_digest)",
                 gen_signing,
                 signing,
                 check_signing,
