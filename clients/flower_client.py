@@ -33,7 +33,8 @@ import hashlib
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -468,6 +469,19 @@ def create_client_app(
         state = _NodeState.load(context)
         return state, cache.get(resolved, context, state)
 
+    @contextmanager
+    def session(context: Context) -> Iterator[tuple[_NodeState, FlowerClient]]:
+        """The node's state and client for one message; the client is released after it
+        (a cached node keeps no connection between messages)."""
+        state, client = prepare(context)
+        try:
+            yield state, client
+        finally:
+            if cache_size == 0:
+                client.shutdown()
+            else:
+                client.close()
+
     @app.query(REGISTER_ACTION)
     def register(message: Message, context: Context) -> Message:
         _, client = prepare(context)
@@ -484,33 +498,20 @@ def create_client_app(
 
     @app.train()
     def train(message: Message, context: Context) -> Message:
-        record = message.content.config_records.get(RECORD_KEY)
-        if record is None:
-            raise InvalidArgumentError(f"train message without a {RECORD_KEY!r} ConfigRecord")
-        task = FlowerTask.from_record(record)
-        state, client = prepare(context)
-        try:
+        task = _task_of(message, "train")
+        with session(context) as (state, client):
             if task.round <= state.last_round:
                 # Never train twice for a round (nor spend privacy on it): a repeated message.
                 _log.info("%s: round %d already trained; not again", client.name, task.round)
                 report = client.idle_report(task.round)
             else:
                 report = _train_round(client, state, task, context, timeout_s)
-        finally:
-            if cache_size == 0:
-                client.shutdown()
-            else:
-                client.close()  # a cached node keeps no connection between messages
         return _reply(report, message)
 
     @app.query(PUSH_ACTION)
     def push(message: Message, context: Context) -> Message:
-        record = message.content.config_records.get(RECORD_KEY)
-        if record is None:
-            raise InvalidArgumentError(f"push message without a {RECORD_KEY!r} ConfigRecord")
-        task = FlowerTask.from_record(record)
-        state, client = prepare(context)
-        try:
+        task = _task_of(message, "push")
+        with session(context) as (state, client):
             prepared = state.prepared(task.round)
             if prepared is None:
                 _log.info("%s: nothing committed for round %d", client.name, task.round)
@@ -520,14 +521,17 @@ def create_client_app(
                 report = client.push_task(task, prepared, timeout_s=timeout_s)
                 state.keep(None)
                 state.save(context)
-        finally:
-            if cache_size == 0:
-                client.shutdown()
-            else:
-                client.close()
         return _reply(report, message)
 
     return app
+
+
+def _task_of(message: Message, what: str) -> FlowerTask:
+    """The fedps task a train or push message carries."""
+    record = message.content.config_records.get(RECORD_KEY)
+    if record is None:
+        raise InvalidArgumentError(f"{what} message without a {RECORD_KEY!r} ConfigRecord")
+    return FlowerTask.from_record(record)
 
 
 def _reply(report: RoundReport, message: Message) -> Message:
