@@ -156,11 +156,10 @@ def measure_verification(
 
     mine, client_s = timed(lambda: client_side(coefficients[0]))
     sketches = [mine] + [client_side(c) for c in coefficients[1:]]
-    q = public.modulus
-    total = np.zeros_like(coefficients[0], dtype=object)
-    for c in coefficients:
-        total = (total + c.astype(object)) % q
-    aggregate = total.astype(np.uint64)
+    q = np.uint64(public.modulus)  # below 2^62: a sum of two residues fits in uint64
+    aggregate = coefficients[0].copy()
+    for c in coefficients[1:]:
+        aggregate = (aggregate + c) % q
 
     def keyholder_side() -> bool:
         challenge = Challenge(

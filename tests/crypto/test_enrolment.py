@@ -3,9 +3,7 @@ proves exactly one identity, and the files are private."""
 
 from __future__ import annotations
 
-import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,14 +23,6 @@ from fedps.errors import ConfigError, UnauthenticatedError
 
 _KEY = bytes(range(32))
 _names = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}", fullmatch=True)
-
-
-@pytest.fixture
-def loose_umask() -> Iterator[None]:
-    """A umask that would leave new files world-readable: secrets must be 0600 regardless."""
-    old = os.umask(0o022)
-    yield
-    os.umask(old)
 
 
 def _mode(path: Path) -> int:

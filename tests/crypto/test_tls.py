@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
-import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,14 +26,6 @@ from crypto.tls import (
 from fedps.cli import app
 from fedps.config import load_config
 from fedps.errors import ConfigError
-
-
-@pytest.fixture
-def loose_umask() -> Iterator[None]:
-    """A umask that would leave new files world-readable: keys must be 0600 regardless."""
-    old = os.umask(0o022)
-    yield
-    os.umask(old)
 
 
 def _mode(path: Path) -> int:
