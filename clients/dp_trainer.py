@@ -8,7 +8,7 @@
     and reused every round, so the accountant accumulates every step the client ever takes (a
     new engine per round would reset epsilon). With a target epsilon the noise multiplier is
     calibrated for the whole run (``rounds x local_epochs`` epochs at the client's own
-    sampling rate) by :func:`clients.accounting.calibrate_noise`, which never overshoots.
+    sampling rate) by :func:`fedps.accounting.calibrate_noise`, which never overshoots.
 ``"client"`` (:class:`ClientLevelTrainer`)
     Plain local SGD; the whole update is clipped and noised, and the accountant counts rounds
     at the cohort sampling rate.
@@ -20,15 +20,20 @@ from __future__ import annotations
 
 import abc
 import logging
-import math
 import warnings
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
 from opacus import PrivacyEngine
-from torch.utils.data import DataLoader, TensorDataset
+from opacus.data_loader import wrap_collate_with_empty
+from opacus.optimizers.optimizer import DPOptimizer, _check_processed_flag, _mark_as_processed
+from torch.utils.data import DataLoader, Sampler, TensorDataset
+from torch.utils.data._utils.collate import default_collate
 
-from clients.accounting import calibrate_noise, epsilon, epsilon_of_history
+from crypto.randomness import RandomSource, random_source
+from fedps.accounting import calibrate_noise, client_level_noise, epsilon, epsilon_of_history
 from fedps.blocks import flatten_model, load_flat
 from fedps.config import PrivacyConfig, TrainingConfig
 from fedps.datasets import Dataset
@@ -39,14 +44,117 @@ __all__ = ["ClientLevelTrainer", "DPTrainer", "Trainer", "create_trainer"]
 _log = logging.getLogger("fedps")
 
 
+def _tensors(data: Dataset) -> TensorDataset:
+    return TensorDataset(torch.from_numpy(data.x), torch.from_numpy(data.y))
+
+
 def _loader(data: Dataset, batch_size: int, seed: int, *, shuffle: bool) -> DataLoader[object]:
-    dataset = TensorDataset(torch.from_numpy(data.x), torch.from_numpy(data.y))
     return DataLoader(
-        dataset,
+        _tensors(data),
         batch_size=max(1, min(batch_size, len(data.y))),
         shuffle=shuffle,
         generator=torch.Generator().manual_seed(seed),
     )
+
+
+class PoissonBatches(Sampler[list[int]]):
+    """Poisson sampling for DP-SGD: each of ``steps`` batches takes every example
+    independently with probability ``sample_rate``, drawn from ``source`` (Opacus's
+    ``UniformWithReplacementSampler`` draws from torch's generator instead)."""
+
+    def __init__(
+        self, num_samples: int, sample_rate: float, steps: int, source: RandomSource
+    ) -> None:
+        self.num_samples = num_samples
+        self.sample_rate = sample_rate
+        self.steps = steps
+        self.source = source
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _ in range(self.steps):
+            mask = self.source.bernoulli(self.num_samples, self.sample_rate)
+            yield [int(i) for i in np.flatnonzero(mask)]
+
+
+class _SourcedDPOptimizer(DPOptimizer):  # type: ignore[misc]  # Opacus is untyped
+    """Opacus's DP optimizer with its Gaussian noise drawn from a :class:`RandomSource`
+    (hardened as Opacus's ``secure_mode`` hardens it) instead of torch's generator."""
+
+    def __init__(self, *, source: RandomSource, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.source = source
+
+    def add_noise(self) -> None:
+        std = self.noise_multiplier * self.max_grad_norm
+        for p in self.params:
+            _check_processed_flag(p.summed_grad)
+            summed = p.summed_grad
+            noise = torch.from_numpy(self.source.normal(std, tuple(summed.shape)))
+            p.grad = (summed + noise.to(dtype=summed.dtype, device=summed.device)).view_as(p)
+            _mark_as_processed(p.summed_grad)
+
+
+class _SourcedPrivacyEngine(PrivacyEngine):  # type: ignore[misc]  # Opacus is untyped
+    """A ``PrivacyEngine`` whose noise and Poisson sampling come from ``source``.
+
+    Opacus's own ``secure_mode`` needs ``torchcsprng``, which has no build for current torch;
+    this engine overrides the two places Opacus draws randomness: the optimizer's noise and
+    the data loader's Poisson sampler. Only flat clipping in one process is supported (what
+    fedps uses)."""
+
+    def __init__(self, *, accountant: str, source: RandomSource) -> None:
+        super().__init__(accountant=accountant)
+        self.source = source
+
+    def _prepare_optimizer(
+        self,
+        *,
+        optimizer: torch.optim.Optimizer,
+        noise_multiplier: float,
+        max_grad_norm: float,
+        expected_batch_size: int,
+        loss_reduction: str = "mean",
+        distributed: bool = False,
+        clipping: str = "flat",
+        grad_sample_mode: str = "hooks",
+        **kwargs: Any,
+    ) -> DPOptimizer:
+        if distributed or clipping != "flat" or grad_sample_mode != "hooks":
+            raise ConfigError("fedps's DP-SGD supports flat clipping in one process only")
+        kwargs.pop("noise_generator", None)  # the source replaces torch's generator
+        return _SourcedDPOptimizer(
+            optimizer=optimizer,
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm,
+            expected_batch_size=expected_batch_size,
+            loss_reduction=loss_reduction,
+            source=self.source,
+            **kwargs,
+        )
+
+    def _prepare_data_loader(
+        self, data_loader: DataLoader[Any], *, poisson_sampling: bool, **kwargs: Any
+    ) -> DataLoader[Any]:
+        if not poisson_sampling:
+            raise ConfigError("fedps's DP-SGD always samples batches by Poisson sampling")
+        dataset = data_loader.dataset
+        sample_rate = 1 / len(data_loader)
+        first = dataset[0]
+        sampler = PoissonBatches(
+            len(dataset),  # type: ignore[arg-type]
+            sample_rate,
+            int(1 / sample_rate),  # as many batches as Opacus's Poisson loader draws
+            self.source,
+        )
+        collate = wrap_collate_with_empty(
+            collate_fn=default_collate,
+            sample_empty_shapes=[(0, *x.shape) for x in first],
+            dtypes=[x.dtype for x in first],
+        )
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate)
 
 
 class Trainer(abc.ABC):
@@ -121,8 +229,9 @@ class DPTrainer(Trainer):
         Hyperparameters; ``training.rounds * training.local_epochs`` is the horizon the noise
         is calibrated for when ``privacy.target_epsilon`` is set.
     seed
-        Seeds the data order and the DP noise (not cryptographically secure; Opacus's
-        ``secure_mode`` is off).
+        Used only with ``privacy.insecure_reproducible``: then the DP noise and the Poisson
+        sampling are drawn from it (anyone holding it can regenerate them). By default they
+        come from :class:`crypto.randomness.SecureRandom`.
     """
 
     def __init__(
@@ -134,16 +243,17 @@ class DPTrainer(Trainer):
         privacy: PrivacyConfig,
         seed: int = 0,
     ) -> None:
-        torch.manual_seed(seed)
+        self.source = _source(privacy, seed)
         self.model = model
         self.privacy = privacy
         self.num_examples = len(data.y)
         self._epochs = training.local_epochs
-        loader = _loader(data, training.batch_size, seed, shuffle=False)
-        # Opacus's Poisson loader samples each example at rate 1 / len(loader) but draws
-        # int(1 / (1 / len(loader))) batches per epoch, which floating point makes one fewer
-        # for some lengths (93, 99, ...); its accountant records 1 / (batches per epoch) per
-        # step (a conservative rate). Calibrate for exactly what the accountant will record.
+        loader = _loader(data, training.batch_size, self.source.seed(), shuffle=False)
+        # Poisson sampling takes each example at rate 1 / len(loader) but draws
+        # int(1 / (1 / len(loader))) batches per epoch (as Opacus's loader does), which
+        # floating point makes one fewer for some lengths (93, 99, ...); the accountant records
+        # 1 / (batches per epoch) per step (a conservative rate). Calibrate for exactly what
+        # the accountant will record.
         steps_per_epoch = int(1 / (1 / len(loader)))
         self.sample_rate = 1.0 / steps_per_epoch
         if privacy.target_epsilon is not None:
@@ -159,8 +269,9 @@ class DPTrainer(Trainer):
             sigma = privacy.noise_multiplier
         optimizer = torch.optim.SGD(model.parameters(), lr=training.lr, momentum=training.momentum)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # secure_mode=False and RNG warnings
-            self.engine = PrivacyEngine(accountant=privacy.accountant)
+            # Opacus warns that its own secure_mode is off: the source replaces it.
+            warnings.filterwarnings("ignore", message=".*[Ss]ecure.*")
+            self.engine = _SourcedPrivacyEngine(accountant=privacy.accountant, source=self.source)
             self.module, self.optimizer, self.loader = self.engine.make_private(
                 module=model,
                 optimizer=optimizer,
@@ -174,10 +285,11 @@ class DPTrainer(Trainer):
         self.noise_multiplier = float(self.optimizer.noise_multiplier)
         self.budget = privacy.target_epsilon
         _log.info(
-            "DP-SGD: %d examples, sample rate %.4f, noise multiplier %.3f",
+            "DP-SGD: %d examples, sample rate %.4f, noise multiplier %.3f, %s noise",
             self.num_examples,
             self.sample_rate,
             self.noise_multiplier,
+            privacy.noise_mode,
         )
 
     @property
@@ -225,10 +337,11 @@ class ClientLevelTrainer(Trainer):
     (C) and adds Gaussian noise of std ``sigma * C / sqrt(n)`` per coordinate, where n is the
     cohort size (``training.cohort_size``, or ``training.clients`` when that is 0: the task
     does not carry the realised cohort). The sum of n such updates carries noise of std
-    ``sigma * C``, the Gaussian mechanism on a sum whose sensitivity to one client is C. This
-    relies on at least n honest clients adding their share: a round that sums m < n honest
-    updates carries only ``sqrt(m / n)`` of the noise the accountant assumes. The edge client
-    weighs every update 1.0 (a weight by example count would also scale the noise down).
+    ``sigma * C``, the Gaussian mechanism on a sum whose sensitivity to one client is C. When a
+    round sums m < n updates (dropouts, a small Poisson cohort), the key holder adds the
+    missing ``n - m`` shares before it releases anything
+    (:meth:`fedps.accounting.ClientLevelNoise.top_up_std`). The edge client weighs every
+    update 1.0 (a weight by example count would also scale the noise down).
 
     Accounting: one sampled Gaussian mechanism per global round, at sample rate
     ``q = n / training.clients``; sigma is calibrated for ``training.rounds`` rounds. The
@@ -245,8 +358,7 @@ class ClientLevelTrainer(Trainer):
     training, privacy
         Hyperparameters; ``training.mode`` must be ``"sync"``.
     seed
-        Seeds the data order only. The noise comes from the operating system's entropy, so
-        nobody who knows the configuration can subtract it from the update.
+        Used only with ``privacy.insecure_reproducible`` (see :class:`DPTrainer`).
 
     Raises
     ------
@@ -265,40 +377,24 @@ class ClientLevelTrainer(Trainer):
     ) -> None:
         if training.mode != "sync":
             raise ConfigError("privacy.level = 'client' needs training.mode = 'sync' (cohorts)")
+        self.source = _source(privacy, seed)
         self.model = model
         self.privacy = privacy
         self.num_examples = len(data.y)
-        self.cohort_size = min(training.cohort_size or training.clients, training.clients)
-        self.sample_rate = self.cohort_size / training.clients
+        self.noise = client_level_noise(training, privacy)
+        self.cohort_size = self.noise.cohort
+        self.sample_rate = self.noise.sample_rate
         self.clip_norm = privacy.clip_norm
-        if privacy.target_epsilon is not None:
-            self.noise_multiplier = calibrate_noise(
-                privacy.target_epsilon,
-                privacy.delta,
-                self.sample_rate,
-                training.rounds,
-                privacy.accountant,
-            )
-        else:
-            assert privacy.noise_multiplier is not None
-            self.noise_multiplier = privacy.noise_multiplier
-        self.noise_std = self.noise_multiplier * self.clip_norm / math.sqrt(self.cohort_size)
+        self.noise_multiplier = self.noise.noise_multiplier
+        self.noise_std = self.noise.share_std
         self.budget = privacy.target_epsilon
         self._epochs = training.local_epochs
-        self._loader = _loader(data, training.batch_size, seed, shuffle=True)
+        self._loader = _loader(data, training.batch_size, self.source.seed(), shuffle=True)
         self._optimizer = torch.optim.SGD(
             model.parameters(), lr=training.lr, momentum=training.momentum
         )
-        self._rng = np.random.default_rng()  # seeded from OS entropy, never from the config
         self._round = 0  # the global round announced by set_round
         self._rounds_spent = 0  # global rounds accounted for
-        if training.min_quorum < self.cohort_size:
-            _log.warning(
-                "client-level DP: each client adds 1/%d of the noise; a round that closes with "
-                "fewer updates (min_quorum %d) carries less noise than accounted",
-                self.cohort_size,
-                training.min_quorum,
-            )
         _log.info(
             "DP-FedAvg: clip %.3g, noise multiplier %.3f, cohort %d, sample rate %.4f",
             self.clip_norm,
@@ -335,7 +431,7 @@ class ClientLevelTrainer(Trainer):
 
     def add_noise(self, update: np.ndarray) -> np.ndarray:
         """Add this client's share of the noise: N(0, (sigma * C)^2 / n) per coordinate."""
-        noised: np.ndarray = update + self._rng.normal(0.0, self.noise_std, size=update.shape)
+        noised: np.ndarray = update + self.source.normal(self.noise_std, update.shape)
         return noised
 
     def _train_locally(self) -> None:
@@ -353,6 +449,11 @@ class ClientLevelTrainer(Trainer):
         released = self.add_noise(self.clip(update))
         self._rounds_spent = self._next_rounds_spent()
         return released
+
+
+def _source(privacy: PrivacyConfig, seed: int) -> RandomSource:
+    """The trainer's randomness: a CSPRNG, or ``seed`` behind the insecure setting."""
+    return random_source(seed if privacy.insecure_reproducible else None, role="client")
 
 
 _TRAINERS: dict[str, type[DPTrainer] | type[ClientLevelTrainer]] = {

@@ -12,11 +12,11 @@ The released value minus the exact sum then has standard deviation
 from __future__ import annotations
 
 import math
-import secrets
 
 import numpy as np
 
 from crypto.params import NOISE_AT_N2048, CkksParams
+from crypto.randomness import SecureRandom
 
 __all__ = ["GRID_FRACTION", "decryption_error_bound", "flood_and_round", "released_std"]
 
@@ -37,11 +37,11 @@ def released_std(sigma: float) -> float:
 
 
 def flood_and_round(values: np.ndarray, sigma: float) -> np.ndarray:
-    """Add N(0, sigma^2) noise from a freshly seeded generator and round to ``sigma / 4``."""
+    """Add N(0, sigma^2) noise from the CSPRNG (:class:`crypto.randomness.SecureRandom`) and
+    round to ``sigma / 4``."""
     if sigma <= 0:
         return values.copy()
-    rng = np.random.default_rng(secrets.randbits(128))
     grid = sigma * GRID_FRACTION
-    flooded = values + rng.normal(0.0, sigma, values.shape)
+    flooded = values + SecureRandom().normal(sigma, values.shape)
     out: np.ndarray = np.round(flooded / grid) * grid
     return out

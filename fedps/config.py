@@ -148,6 +148,16 @@ class PrivacyConfig(_Section):
         "example", description="protect one example (DP-SGD) or one client's data (DP-FedAvg)"
     )
     clip_norm: float = Field(0.5, gt=0, description="client level: L2 clip of each update")
+    insecure_reproducible: bool = Field(
+        False,
+        description="draw DP noise, Poisson and cohort sampling from training.seed: anyone "
+        "holding the configuration can regenerate and remove the noise (debugging only; warns)",
+    )
+
+    @property
+    def noise_mode(self) -> str:
+        """``"secure"`` (a CSPRNG, the default) or ``"insecure-reproducible"``."""
+        return "insecure-reproducible" if self.insecure_reproducible else "secure"
 
     @model_validator(mode="after")
     def _check(self) -> PrivacyConfig:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from opacus.accountants import RDPAccountant
 
-from clients.accounting import calibrate_noise
+from fedps.accounting import calibrate_noise
 from clients.dp_trainer import ClientLevelTrainer, DPTrainer, create_trainer
 from clients.edge_client import EdgeClient
 from fedps.blocks import flatten_model

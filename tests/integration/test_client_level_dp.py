@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clients.accounting import epsilon
+from fedps.accounting import epsilon
 from clients.edge_client import ClientSummary, EdgeClient
 from tests.conftest import run_clients, start_cluster
 

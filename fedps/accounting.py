@@ -1,9 +1,11 @@
 """Privacy accounting: epsilon of the subsampled Gaussian mechanism, and noise calibration.
 
-Both example-level DP-SGD (:class:`clients.dp_trainer.DPTrainer`) and client-level DP-FedAvg
-(:class:`clients.dp_trainer.ClientLevelTrainer`) compose ``steps`` runs of the sampled
-Gaussian mechanism (noise multiplier sigma, Poisson sampling rate q). The accountant is picked
-by name from Opacus's registry (:func:`opacus.accountants.create_accountant`):
+Shared by the clients, which account for their own training, and the key holder, which tops
+up client-level noise. Both example-level DP-SGD (:class:`clients.dp_trainer.DPTrainer`) and
+client-level DP-FedAvg (:class:`clients.dp_trainer.ClientLevelTrainer`) compose ``steps``
+runs of the sampled Gaussian mechanism (noise multiplier sigma, Poisson sampling rate q). The
+accountant is picked by name from Opacus's registry
+(:func:`opacus.accountants.create_accountant`):
 
 ``"rdp"``
     Renyi DP (Mironov 2017; Mironov, Talwar and Zhang 2019), the default.
@@ -28,12 +30,21 @@ import logging
 import math
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from opacus.accountants import create_accountant
 
+from fedps.config import PrivacyConfig, TrainingConfig
 from fedps.errors import ConfigError
 
-__all__ = ["ACCOUNTANTS", "calibrate_noise", "epsilon", "epsilon_of_history"]
+__all__ = [
+    "ACCOUNTANTS",
+    "ClientLevelNoise",
+    "calibrate_noise",
+    "client_level_noise",
+    "epsilon",
+    "epsilon_of_history",
+]
 
 _log = logging.getLogger("fedps")
 
@@ -249,3 +260,48 @@ def calibrate_noise(
         steps,
     )
     return high
+
+
+@dataclass(frozen=True)
+class ClientLevelNoise:
+    """The distributed noise of client-level DP (DP-FedAvg) in a run.
+
+    Each client adds ``share_std`` per coordinate, 1/``cohort`` of the variance the accountant
+    assumes in a round's sum (``noise_multiplier * clip_norm``). Clients and the key holder
+    derive it from the same configuration: the key holder tops a round's sum up to the full
+    noise when fewer than ``cohort`` updates arrive (:meth:`top_up_std`).
+    """
+
+    noise_multiplier: float
+    clip_norm: float
+    cohort: int  # n, the shares the noise is split into
+    sample_rate: float  # q = n / clients, the accountant's rate per global round
+
+    @property
+    def share_std(self) -> float:
+        """One client's noise std per coordinate: sigma * C / sqrt(n)."""
+        return self.noise_multiplier * self.clip_norm / math.sqrt(self.cohort)
+
+    def top_up_std(self, contributors: int) -> float:
+        """The std to add to a sum of ``contributors`` shares so it carries sigma * C."""
+        return self.share_std * math.sqrt(max(0, self.cohort - contributors))
+
+    def present_multiplier(self, contributors: int, top_up_std: float) -> float:
+        """The noise multiplier a sum of ``contributors`` shares plus a top-up carries."""
+        variance = contributors * self.share_std**2 + top_up_std**2
+        return math.sqrt(variance) / self.clip_norm
+
+
+def client_level_noise(training: TrainingConfig, privacy: PrivacyConfig) -> ClientLevelNoise:
+    """The run's client-level noise: sigma calibrated for ``training.rounds`` global rounds
+    at q = n / ``training.clients``, n the cohort size (``training.clients`` when 0)."""
+    cohort = min(training.cohort_size or training.clients, training.clients)
+    rate = cohort / training.clients
+    if privacy.target_epsilon is not None:
+        sigma = calibrate_noise(
+            privacy.target_epsilon, privacy.delta, rate, training.rounds, privacy.accountant
+        )
+    else:
+        assert privacy.noise_multiplier is not None
+        sigma = privacy.noise_multiplier
+    return ClientLevelNoise(sigma, privacy.clip_norm, cohort, rate)

@@ -1,11 +1,11 @@
-"""Tests for clients.accounting: known epsilon values, calibration that never overshoots."""
+"""Tests for fedps.accounting: known epsilon values, calibration that never overshoots."""
 
 from __future__ import annotations
 
 import pytest
 from opacus.accountants import RDPAccountant
 
-from clients.accounting import calibrate_noise, epsilon, epsilon_of_history
+from fedps.accounting import calibrate_noise, epsilon, epsilon_of_history
 from fedps.errors import ConfigError
 
 DELTA = 1e-5
