@@ -22,9 +22,11 @@ Flower rebuilds the ``ClientApp`` for every message and may run a node's message
 different processes, so everything a node must keep lives in its ``Context.state``: its
 signing key (the node's secret; ``Context.state`` stays on the SuperNode) and its privacy
 accountant's history, which is restored before every round. The noise and Poisson sampling
-of each round are seeded from (``training.seed``, partition, round), so a rebuilt client
-never replays an earlier round's noise. Built clients are kept in a small per-process cache
-purely as a speed-up; the state restored from the context is authoritative.
+come from the CSPRNG (:class:`crypto.randomness.SecureRandom`), fresh at every draw; only
+with ``privacy.insecure_reproducible`` are they seeded, from (``training.seed``, partition,
+round), so that a rebuilt client never replays an earlier round's noise. Built clients are
+kept in a small per-process cache purely as a speed-up; the state restored from the context
+is authoritative.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from flwr.app import (
@@ -57,6 +58,7 @@ from flwr.clientapp import ClientApp
 from clients.dp_trainer import DPTrainer
 from clients.edge_client import EdgeClient, PreparedPush
 from crypto import BlockEncryptor
+from crypto.randomness import SeededRandom
 from crypto.signing import BlockSigner
 from crypto.tls import setup_tls
 from fedps.blocks import BlockLayout
@@ -188,13 +190,13 @@ class FlowerClient(EdgeClient):
         self._dp.engine.accountant.history = list(history)
 
     def reseed(self, round_: int) -> None:
-        """Seed this round's DP noise and Poisson sampling from (seed, partition, round)."""
-        text = f"fedps-flower/{self.config.training.seed}/{self.index}/{round_}".encode()
-        seed = int.from_bytes(hashlib.sha256(text).digest()[:8], "little") >> 1
-        torch.manual_seed(seed)
-        generator = getattr(self._dp.loader.batch_sampler, "generator", None)
-        if isinstance(generator, torch.Generator):
-            generator.manual_seed(seed ^ 0x5EED)
+        """With ``privacy.insecure_reproducible`` only: seed this round's DP noise and Poisson
+        sampling from (seed, partition, round). The secure default draws fresh from the
+        CSPRNG and needs no seed."""
+        source = self._dp.source
+        if isinstance(source, SeededRandom):
+            text = f"fedps-flower/{self.config.training.seed}/{self.index}/{round_}".encode()
+            source.reseed(int.from_bytes(hashlib.sha256(text).digest()[:8], "little"))
 
     # ------------------------------------------------------------------ one round
     def train_task(self, task: FlowerTask, *, timeout_s: float = 60.0) -> RoundReport:

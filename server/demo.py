@@ -53,7 +53,8 @@ def run_demo(
     console.print(
         f"fedps demo: {t.dataset}, {t.clients} clients, {shards} shards, {t.rounds} rounds, "
         f"{'DP-SGD' if config.privacy.level == 'example' else 'client-level DP (DP-FedAvg)'} "
-        f"(target epsilon {config.privacy.target_epsilon}, delta {config.privacy.delta}), "
+        f"(target epsilon {config.privacy.target_epsilon}, delta {config.privacy.delta}, "
+        f"{config.privacy.noise_mode} noise), "
         f"CKKS {CkksParams.for_config(config) if config.he.enabled else 'OFF'}, "
         f"{'mutual TLS' if config.tls.enabled else 'TLS OFF (--insecure)'}"
     )
@@ -76,6 +77,7 @@ def run_demo(
         "max_epsilon": status.max_epsilon,
         "client_epsilons": [status.client_epsilons[c] for c in sorted(status.client_epsilons)],
         "delta": status.delta or config.privacy.delta,
+        "noise": config.privacy.noise_mode,
         "bytes_pushed": status.bytes_pushed,
         "seconds": round(seconds, 2),
         "clients": t.clients,
@@ -90,7 +92,7 @@ def run_demo(
     }
     console.print(
         f"done in {seconds:.1f}s: accuracy {summary['final_accuracy']}, max epsilon "
-        f"{status.max_epsilon:.3f} (delta {summary['delta']:g}), "
+        f"{status.max_epsilon:.3f} (delta {summary['delta']:g}, {summary['noise']} noise), "
         f"{status.bytes_pushed / 1e6:.2f} MB pushed"
     )
     return summary

@@ -92,6 +92,7 @@ _CSV_COLUMNS = (
     "seed",
     "epsilon",
     "noise_multiplier",
+    "noise",
     "final_accuracy",
     "max_epsilon",
     "delta",
@@ -518,6 +519,7 @@ def _describe(point: Point, grid: Grid) -> dict[str, Any]:
         "seed": t.seed,
         "epsilon": _json_float(epsilon, 6),
         "noise_multiplier": p.noise_multiplier,
+        "noise": p.noise_mode,
         "config_digest": grid.digest,
     }
 

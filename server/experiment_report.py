@@ -174,6 +174,19 @@ def _short_keys(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return [",".join(x for x in p if x not in shared) or ",".join(p) for p in parts]
 
 
+def _noise_line(records: Sequence[Mapping[str, Any]]) -> str:
+    """How the points drew their DP noise: secure (a CSPRNG) or reproducible from the seed."""
+    modes = sorted({str(r.get("noise", "secure")) for r in records})
+    if modes == ["secure"]:
+        return "DP noise, Poisson and cohort sampling: secure (a CSPRNG) at every point."
+    insecure = sum(1 for r in records if r.get("noise") == "insecure-reproducible")
+    return (
+        f"**{insecure} of {len(records)} points drew their DP noise reproducibly from the "
+        "configured seed (`privacy.insecure_reproducible`): their epsilon holds against no one "
+        "who knows the configuration.**"
+    )
+
+
 def _table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     errors = any("error" in r for r in records)
     dropouts = any(_float(r.get("dropout")) for r in records)  # a column only if some are set
@@ -315,6 +328,8 @@ def render_report(results_path: Path, out_dir: Path) -> Path:
         "client reported, at δ; noise mult. is the noise multiplier (mean over clients when it is "
         "calibrated to the target). Time is the whole run of the point: processes starting, "
         "training, stopping.",
+        "",
+        _noise_line(records),
         "",
         *_table(records),
         *_encryption_pairs(records),
