@@ -241,7 +241,8 @@ def _encryption_pairs(records: Sequence[Mapping[str, Any]]) -> list[str]:
         "",
         "## Encryption on minus off",
         "",
-        "Accuracy points at otherwise identical points (same seed, data and noise).",
+        "Accuracy points at otherwise identical points (same seed and data; the same DP noise "
+        "only with `privacy.insecure_reproducible`, a fresh draw otherwise).",
         "",
         "| point | Δ accuracy (points) |",
         "|---|---:|",
