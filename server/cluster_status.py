@@ -27,6 +27,11 @@ def print_status(config: FedPSConfig) -> None:
         f"{status.max_epsilon:.3f} (delta {status.delta:g}), last checkpoint "
         f"{'never' if age is None else f'{age:.0f}s ago'}"
     )
+    noise = status.noise or "secure"
+    warning = "" if noise == "secure" else " (WARNING: anyone with the configuration can remove it)"
+    typer.echo(f"  DP noise: {noise}{warning}")
+    for client_id in sorted(status.client_epsilons):
+        typer.echo(f"  {client_id}: epsilon {status.client_epsilons[client_id]:.3f}")
     keyholder = keyholder_pb2_grpc.KeyHolderStub(create_channel(cluster.keyholder))
     detections: dict[str, int] = {}
     quarantined: set[str] = set()

@@ -99,6 +99,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         c = self.coordinator
         epsilon, delta = c.max_epsilon
         return coordinator_pb2.ClusterStatus(
+            noise=c.config.privacy.noise_mode,
             run_id=c.run_id,
             round=c.round,
             version=c.version,

@@ -327,6 +327,7 @@ class ClusterStatus(_message.Message):
     BYTES_PUSHED_FIELD_NUMBER: _builtins.int
     LAST_CHECKPOINT_UNIX_FIELD_NUMBER: _builtins.int
     CLIENT_EPSILONS_FIELD_NUMBER: _builtins.int
+    NOISE_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     round: _builtins.int
     version: _builtins.int
@@ -336,6 +337,8 @@ class ClusterStatus(_message.Message):
     delta: _builtins.float
     bytes_pushed: _builtins.int
     last_checkpoint_unix: _builtins.float
+    noise: _builtins.str
+    """Where the DP noise comes from: "secure" (a CSPRNG) or "insecure-reproducible"."""
     @_builtins.property
     def history(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoundSummary]: ...
     @_builtins.property
@@ -356,10 +359,11 @@ class ClusterStatus(_message.Message):
         bytes_pushed: _builtins.int = ...,
         last_checkpoint_unix: _builtins.float = ...,
         client_epsilons: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        noise: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "client_epsilons", b"client_epsilons", "delta", b"delta", "finished", b"finished", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "registered", b"registered", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "client_epsilons", b"client_epsilons", "delta", b"delta", "finished", b"finished", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "noise", b"noise", "registered", b"registered", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

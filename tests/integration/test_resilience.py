@@ -184,5 +184,9 @@ def test_status_shows_a_killed_shard_down_then_up_after_restart(
         assert f"shard-1 {address}: DOWN" in down
         assert f"shard-1 {address}: up, version 1" in up
         assert restarted.version == 1
+        # ... and the privacy of the run: the noise mode and each client's epsilon
+        assert "DP noise: secure\n" in up
+        for client_id, spent in cluster.coordinator.client_epsilons.items():
+            assert f"{client_id}: epsilon {spent:.3f}" in up
     finally:
         cluster.stop()
