@@ -45,6 +45,13 @@ def render_table(results: dict[str, Any]) -> str:
                         f", all {int(r['cores'])} cores {_m(r['encrypt_all_cores_values_per_s'])}"
                     )
                 lines.append(extra + " |  |  |  |  |  |  |")
+    if "noise" in results:
+        n = results["noise"]
+        lines.append(
+            f"\nDP noise, {int(n['size']):,} values: CSPRNG hardened draw "
+            f"{_m(n['secure_values_per_s'])}, torch.normal {_m(n['torch_values_per_s'])} "
+            f"({n['slowdown']:.1f}x slower)"
+        )
     lines += ["", "| model | secure round | plaintext round | ratio |", "|---|---:|---:|---:|"]
     for model, r in results["e2e"].items():
         lines.append(

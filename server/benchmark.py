@@ -30,6 +30,7 @@ from rich.console import Console
 from crypto import BlockEncryptor, CkksParams, PublicContext, SecretContext
 from crypto.benchmark import (
     decryption_error,
+    measure_noise,
     measure_packed,
     measure_plain,
     measure_tenseal,
@@ -97,6 +98,8 @@ def run_bench(
             "plain": measure_plain(size),
         }
     results["crypto"] = crypto
+    console.print("DP noise: CSPRNG (hardened) vs torch.normal ...")
+    results["noise"] = measure_noise(max(sizes))
     e2e: dict[str, Any] = {}
     for model in e2e_models:
         console.print(f"end-to-end rounds, model {model} ...")
