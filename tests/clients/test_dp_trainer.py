@@ -4,15 +4,17 @@ client-level DP (DP-FedAvg): clipped, noised updates with uniform weights."""
 from __future__ import annotations
 
 import itertools
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 from opacus.accountants import RDPAccountant
 
-from fedps.accounting import calibrate_noise
 from clients.dp_trainer import ClientLevelTrainer, DPTrainer, create_trainer
 from clients.edge_client import EdgeClient
+from fedps.accounting import calibrate_noise
 from fedps.blocks import flatten_model
 from fedps.config import FedPSConfig, load_config
 from fedps.datasets import Dataset, load_dataset
@@ -315,9 +317,12 @@ class _FixedParams:
         return self.vector.copy(), min_version
 
 
-def _weight_after_one_round(config: FedPSConfig, index: int, weight_scale: float) -> float:
+def _weight_after_one_round(
+    config: FedPSConfig, index: int, weight_scale: float, state_root: Path
+) -> float:
     """An edge client's aggregation weight after one round, with no servers."""
-    client = EdgeClient(config, index=index)
+    client = EdgeClient(config, index=index, state_dir=Path(tempfile.mkdtemp(dir=state_root)))
+    client._announce_spend = lambda: None  # type: ignore[method-assign]
     client._params = _FixedParams(flatten_model(client.trainer.model))  # type: ignore[assignment]
     client._layout, client._encryptor = None, None  # type: ignore[assignment]
     client._keyholder_key, client._context_id = b"", ""
@@ -327,10 +332,11 @@ def _weight_after_one_round(config: FedPSConfig, index: int, weight_scale: float
         kind=coordinator_pb2.Task.TRAIN, round=1, version=0, weight_scale=weight_scale
     )
     assert client._train(task)
+    client.close()
     return client.weight
 
 
-def test_weights_are_uniform_unless_examples_weighting_bounded_below() -> None:
+def test_weights_are_uniform_unless_examples_weighting_bounded_below(tmp_path: Path) -> None:
     # Prepare: two of 8 clients, and weight scales (the cohort's largest num_examples) above
     # both, one of them absurd (a client that declared a huge num_examples).
     training = {"clients": 8, "min_quorum": 2, "rounds": 2}
@@ -347,10 +353,10 @@ def test_weights_are_uniform_unless_examples_weighting_bounded_below() -> None:
     )
 
     # Execute
-    uniform_weights = [_weight_after_one_round(uniform, i, 1000.0) for i in range(2)]
-    example_weights = [_weight_after_one_round(examples, i, 1000.0) for i in range(2)]
-    floored = _weight_after_one_round(examples, 0, 1e12)
-    client_weights = [_weight_after_one_round(client, i, 1000.0) for i in range(2)]
+    uniform_weights = [_weight_after_one_round(uniform, i, 1000.0, tmp_path) for i in range(2)]
+    example_weights = [_weight_after_one_round(examples, i, 1000.0, tmp_path) for i in range(2)]
+    floored = _weight_after_one_round(examples, 0, 1e12, tmp_path)
+    client_weights = [_weight_after_one_round(client, i, 1000.0, tmp_path) for i in range(2)]
 
     # Assert: uniform by default; by num_examples when asked, never below min_weight;
     # client level weighs every client 1.0.
