@@ -299,7 +299,8 @@ def _read_ledger(path: Path, identity: str) -> dict[tuple[str, str], LedgerEntry
     try:
         ledger = _LedgerFile.model_validate(document)
     except ValidationError as exc:
-        raise corrupt(str(exc).replace("\n", "; ")) from None
+        errors = (f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise corrupt("; ".join(errors)) from None
     if ledger.identity != identity:
         raise ConfigError(
             f"privacy ledger {path} belongs to client {ledger.identity!r}, not {identity!r}: "
