@@ -253,15 +253,18 @@ class EdgeClient:
         """Before training: record what the round will have spent in the ledger (durable),
         then tell the coordinator. Whatever happens afterwards (a crash while training, a
         push that never lands), neither reports less than was spent; killed before it trains,
-        the client has recorded one round too many. Returns False when the coordinator
-        could not be told (the round is then not trained)."""
+        the client has recorded one round too many. Returns False when the round must not be
+        trained: the coordinator could not be told, or it restarted without us (we register
+        again, which carries the spend, and wait for a fresh task)."""
         spend = self.trainer.spend_after_next_round()
         self.state.record(self._data, spend, privacy=self.config.privacy)
         self.recorded = spend
         try:
-            self._announce_spend()
-        except UnknownClientError:  # the coordinator restarted without us
-            self._register(_PEER_WAIT_S)  # the registration carries the spend too
+            try:
+                self._announce_spend()
+            except UnknownClientError:
+                self._register(_PEER_WAIT_S)
+                return False
         except PeerUnavailableError as exc:
             _log.warning("%s: cannot tell the coordinator its spend: %s", self.name, exc)
             return False

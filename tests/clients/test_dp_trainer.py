@@ -21,7 +21,7 @@ from fedps.accounting import calibrate_noise
 from fedps.blocks import flatten_model
 from fedps.config import FedPSConfig, load_config
 from fedps.datasets import Dataset, load_dataset
-from fedps.errors import ConfigError, PrivacyBudgetExceededError
+from fedps.errors import ConfigError, PeerUnavailableError, PrivacyBudgetExceededError
 from fedps.models import create_model
 from fedps.proto import coordinator_pb2
 
@@ -511,6 +511,29 @@ def test_edge_client_records_the_round_before_it_trains(
     assert on_disk == [[list(e) for e in after.history]]
     assert client.announced == [after.epsilon]
     assert client.recorded == after
+    client.close()
+
+
+def test_a_round_the_coordinator_cannot_hear_of_is_recorded_once_and_not_trained(
+    tmp_path: Path,
+) -> None:
+    # Prepare: the coordinator is unreachable when the client announces its spend
+    client = _OfflineClient(_config(target_epsilon=TARGET_EPSILON), index=0, state_dir=tmp_path)
+
+    def unreachable() -> None:
+        raise PeerUnavailableError("get task: coordinator down")
+
+    client._announce_spend = unreachable  # type: ignore[method-assign]
+
+    # Execute: asked twice for the round
+    attempts = [client.train(1), client.train(1)]
+
+    # Assert: nothing trained, and the ledger holds one round (an over-estimate by one at
+    # most, never growing while nothing trains)
+    assert attempts == [True, True]
+    assert client.trainer.history() == ()
+    assert client.state.spent(client._data, "example") is not None
+    assert client.recorded == client.trainer.spend_after_next_round()
     client.close()
 
 
