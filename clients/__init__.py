@@ -1,6 +1,8 @@
-"""fedps edge clients: local DP training, encryption and pushes to the shards."""
+"""fedps edge clients: local DP training, a privacy ledger that survives restarts, encryption
+and pushes to the shards."""
 
+from clients.client_state import ClientState
 from clients.dp_trainer import ClientLevelTrainer, DPTrainer, create_trainer
 from clients.edge_client import EdgeClient
 
-__all__ = ["ClientLevelTrainer", "DPTrainer", "EdgeClient", "create_trainer"]
+__all__ = ["ClientLevelTrainer", "ClientState", "DPTrainer", "EdgeClient", "create_trainer"]

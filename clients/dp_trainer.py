@@ -14,6 +14,12 @@
     at the cohort sampling rate.
 
 Either way the client refuses a round that would take it past its epsilon budget.
+
+A trainer's spend is its accountant's history, ``(noise multiplier, sample rate, steps)``
+entries (:class:`PrivacySpend`): :meth:`Trainer.spend_after_next_round` is what the client
+records durably *before* it trains a round (``clients.client_state``), and
+:meth:`Trainer.restore` continues from a recorded history, so a restarted client resumes its
+budget instead of starting again from epsilon 0.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from __future__ import annotations
 import abc
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,15 +40,45 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
 from crypto.randomness import RandomSource, random_source
-from fedps.accounting import calibrate_noise, client_level_noise, epsilon, epsilon_of_history
+from fedps.accounting import calibrate_noise, client_level_noise, epsilon_of_history
 from fedps.blocks import flatten_model, load_flat
 from fedps.config import PrivacyConfig, TrainingConfig
 from fedps.datasets import Dataset
 from fedps.errors import ConfigError, PrivacyBudgetExceededError
 
-__all__ = ["ClientLevelTrainer", "DPTrainer", "Trainer", "create_trainer"]
+__all__ = [
+    "ClientLevelTrainer",
+    "DPTrainer",
+    "History",
+    "PrivacySpend",
+    "Trainer",
+    "create_trainer",
+]
 
 _log = logging.getLogger("fedps")
+
+History = tuple[tuple[float, float, int], ...]
+"""An accountant's history: one ``(noise_multiplier, sample_rate, steps)`` per stretch of
+sampled Gaussian steps with the same noise and rate (Opacus's format)."""
+
+
+@dataclass(frozen=True)
+class PrivacySpend:
+    """What a trainer has spent on its data: its accountant's history and that history's
+    epsilon (at ``privacy.delta``, under ``privacy.accountant``).
+
+    ``run_id`` is the run whose global rounds the last entry counts (client level; empty
+    otherwise or before the client registered).
+    """
+
+    history: History
+    epsilon: float
+    run_id: str = ""
+
+
+def _history(entries: Iterable[tuple[float, float, int]]) -> History:
+    """``entries`` as a :data:`History` of plain floats and ints, empty stretches left out."""
+    return tuple((float(s), float(q), int(n)) for s, q, n in entries if int(n) > 0)
 
 
 def _tensors(data: Dataset) -> TensorDataset:
@@ -160,8 +197,8 @@ class _SourcedPrivacyEngine(PrivacyEngine):  # type: ignore[misc]  # Opacus is u
 class Trainer(abc.ABC):
     """A client's local trainer: trains a round, returns the update, keeps the privacy account.
 
-    Subclasses set the attributes in their constructor and implement :meth:`epsilon`,
-    :meth:`epsilon_after_next_round` and :meth:`_train_locally`.
+    Subclasses set the attributes in their constructor and implement :meth:`history`,
+    :meth:`history_after_next_round`, :meth:`restore` and :meth:`_train_locally`.
     """
 
     model: torch.nn.Module
@@ -169,18 +206,56 @@ class Trainer(abc.ABC):
     noise_multiplier: float
     sample_rate: float
     budget: float | None
+    privacy: PrivacyConfig
+    run_id: str = ""  # the run the trainer counts global rounds in (see set_run)
 
     @abc.abstractmethod
-    def epsilon(self) -> float:
-        """Epsilon spent so far (at ``privacy.delta``), over the whole run."""
+    def history(self) -> History:
+        """The accountant's history so far: everything spent on this data (restored
+        spend included)."""
 
     @abc.abstractmethod
-    def epsilon_after_next_round(self) -> float:
-        """Epsilon the client would have spent after one more round."""
+    def history_after_next_round(self) -> History:
+        """The accountant's history as it will be after one more round."""
+
+    @abc.abstractmethod
+    def restore(self, history: Iterable[tuple[float, float, int]], *, run_id: str = "") -> None:
+        """Continue from a recorded ``history`` (what :meth:`spend` returned before),
+        replacing whatever this trainer has spent; ``run_id`` is the spend's
+        :attr:`PrivacySpend.run_id`."""
 
     @abc.abstractmethod
     def _train_locally(self) -> None:
         """Train ``self.model`` in place for one round."""
+
+    def epsilon(self) -> float:
+        """Epsilon spent so far (at ``privacy.delta``), over everything recorded."""
+        return self._epsilon_of(self.history())
+
+    def epsilon_after_next_round(self) -> float:
+        """Epsilon the client would have spent after one more round."""
+        return self._epsilon_of(self.history_after_next_round())
+
+    def spend(self) -> PrivacySpend:
+        """What has been spent so far."""
+        history = self.history()
+        return PrivacySpend(history, self._epsilon_of(history), self.run_id)
+
+    def spend_after_next_round(self) -> PrivacySpend:
+        """What will have been spent after one more round (record it before training)."""
+        history = self.history_after_next_round()
+        return PrivacySpend(history, self._epsilon_of(history), self.run_id)
+
+    def _epsilon_of(self, history: History) -> float:
+        return epsilon_of_history(history, self.privacy.delta, self.privacy.accountant)
+
+    def set_run(self, run_id: str) -> None:
+        """Tell the trainer which run (the coordinator's run id) its next rounds belong to.
+
+        Only client-level accounting counts global rounds, per run; by default the run id is
+        only recorded with the spend.
+        """
+        self.run_id = run_id
 
     def set_round(self, round_: int) -> None:
         """Tell the trainer which global round the next :meth:`train_round` belongs to.
@@ -297,23 +372,26 @@ class DPTrainer(Trainer):
         """Optimizer steps one round takes (each is one Poisson-sampled batch)."""
         return self._epochs * len(self.loader)
 
-    def epsilon(self) -> float:
-        """Epsilon spent so far (at ``privacy.delta``), over the whole run."""
-        return self._epsilon_of(list(self.engine.accountant.history))
+    def history(self) -> History:
+        """The Opacus accountant's history: every DP-SGD step taken (and restored)."""
+        return _history(self.engine.accountant.history)
 
-    def epsilon_after_next_round(self) -> float:
-        """Epsilon the client would have spent after one more round."""
+    def history_after_next_round(self) -> History:
+        """The accountant's history after one more round of :attr:`steps_per_round` steps."""
         step = (self.noise_multiplier, self.sample_rate, self.steps_per_round)
-        history = list(self.engine.accountant.history)
+        history = list(self.history())
         if history and history[-1][:2] == step[:2]:
             # Opacus merges consecutive steps with the same noise and sample rate.
             history[-1] = (*step[:2], history[-1][2] + step[2])
         else:
             history.append(step)
-        return self._epsilon_of(history)
+        return tuple(history)
 
-    def _epsilon_of(self, history: list[tuple[float, float, int]]) -> float:
-        return epsilon_of_history(history, self.privacy.delta, self.privacy.accountant)
+    def restore(self, history: Iterable[tuple[float, float, int]], *, run_id: str = "") -> None:
+        """Continue the Opacus accountant from ``history`` (later steps merge into its last
+        entry when their noise and sample rate are the same)."""
+        self.engine.accountant.history = list(_history(history))
+        self.run_id = run_id
 
     def _train_locally(self) -> None:
         self.module.train()
@@ -347,7 +425,9 @@ class ClientLevelTrainer(Trainer):
     ``q = n / training.clients``; sigma is calibrated for ``training.rounds`` rounds. The
     epsilon after global round r is the accountant's value for ``(sigma, q, r)``: every round
     counts, whether or not this client was in its cohort, which the amplification by sampling
-    needs.
+    needs. Rounds are counted per run (:meth:`set_run`): the spend of earlier runs (or of
+    another noise) on the same data is kept as a prior history that the run's
+    ``(sigma, q, r)`` is composed with.
 
     Parameters
     ----------
@@ -394,7 +474,8 @@ class ClientLevelTrainer(Trainer):
             model.parameters(), lr=training.lr, momentum=training.momentum
         )
         self._round = 0  # the global round announced by set_round
-        self._rounds_spent = 0  # global rounds accounted for
+        self._rounds_spent = 0  # global rounds of run run_id accounted for
+        self._prior: History = ()  # spent before run run_id (restored)
         _log.info(
             "DP-FedAvg: clip %.3g, noise multiplier %.3f, cohort %d, sample rate %.4f",
             self.clip_norm,
@@ -402,6 +483,13 @@ class ClientLevelTrainer(Trainer):
             self.cohort_size,
             self.sample_rate,
         )
+
+    def set_run(self, run_id: str) -> None:
+        """Count global rounds in run ``run_id`` from now on; the rounds counted in another
+        run become part of the prior history (composed with this run's)."""
+        if run_id != self.run_id:
+            self._prior, self._rounds_spent = self.history(), 0
+            self.run_id = run_id
 
     def set_round(self, round_: int) -> None:
         """Record the global round the next :meth:`train_round` belongs to."""
@@ -411,17 +499,27 @@ class ClientLevelTrainer(Trainer):
         # At least one more round, even if the same round number is trained twice.
         return max(self._round, self._rounds_spent + 1)
 
-    def epsilon(self) -> float:
-        """Client-level epsilon spent so far: every global round up to the last one trained."""
-        return self._epsilon_after(self._rounds_spent)
+    def history(self) -> History:
+        """The prior history, then ``(sigma, q, r)``: every global round of this run up to
+        the last one trained."""
+        return self._with_rounds(self._rounds_spent)
 
-    def epsilon_after_next_round(self) -> float:
-        """Client-level epsilon after the round announced by :meth:`set_round`."""
-        return self._epsilon_after(self._next_rounds_spent())
+    def history_after_next_round(self) -> History:
+        """The history after the round announced by :meth:`set_round`."""
+        return self._with_rounds(self._next_rounds_spent())
 
-    def _epsilon_after(self, rounds: int) -> float:
-        p = self.privacy
-        return epsilon(self.noise_multiplier, self.sample_rate, rounds, p.delta, p.accountant)
+    def _with_rounds(self, rounds: int) -> History:
+        return _history([*self._prior, (self.noise_multiplier, self.sample_rate, rounds)])
+
+    def restore(self, history: Iterable[tuple[float, float, int]], *, run_id: str = "") -> None:
+        """Continue from ``history``: its last entry counts the global rounds of run
+        ``run_id`` when it has this trainer's noise and rate; everything else is prior."""
+        entries = _history(history)
+        if entries and entries[-1][:2] == (self.noise_multiplier, self.sample_rate):
+            self._prior, self._rounds_spent = entries[:-1], entries[-1][2]
+        else:
+            self._prior, self._rounds_spent = entries, 0
+        self.run_id = run_id
 
     def clip(self, update: np.ndarray) -> np.ndarray:
         """Scale ``update`` down to L2 norm at most ``clip_norm``."""

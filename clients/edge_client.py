@@ -4,9 +4,12 @@ One round as the client sees it:
 
 1. ``GetTask`` from the coordinator says ``TRAIN`` round r on model version v.
 2. Pull version v's blocks from the shards (:class:`fedps.parameter_client.ParameterClient`).
-3. Train locally with DP-SGD (:class:`clients.dp_trainer.DPTrainer`), or with client-level
-   DP (``privacy.level = "client"``, :class:`clients.dp_trainer.ClientLevelTrainer`: the
-   update is clipped and noised); the trainer's accountant keeps the whole run.
+3. Record what the round will spend in the client's privacy ledger
+   (:class:`clients.client_state.ClientState`) and tell the coordinator (a ``GetTask`` call
+   carrying the epsilon), then train locally with DP-SGD
+   (:class:`clients.dp_trainer.DPTrainer`), or with client-level DP
+   (``privacy.level = "client"``, :class:`clients.dp_trainer.ClientLevelTrainer`: the update
+   is clipped and noised); the trainer's accountant keeps everything spent on this data.
 4. Weight the update (1 with ``security.weighting = "uniform"``, the default; otherwise
    ``num_examples / weight_scale``, the cohort's largest ``num_examples``, at least
    ``security.min_weight``), clip it to ``he.max_abs_value`` (the range the CKKS parameters
@@ -17,6 +20,11 @@ One round as the client sees it:
    ciphertext of the round reaches a shard.
 6. Push each block to the shard that owns it (the shards open the round once the key holder
    froze the commitments), and report to the coordinator (epsilon spent, bytes pushed).
+
+The client's state folder (``<cluster.state_dir>/clients/<identity>``, or ``state_dir``)
+keeps its signing key and privacy ledger across restarts: a restarted client registers with
+the same id and key, reports the epsilon it had spent, and resumes its budget from there; it
+refuses to train past its target.
 """
 
 from __future__ import annotations
@@ -26,14 +34,16 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 
-from clients.dp_trainer import create_trainer
+from clients.client_state import ClientState, data_fingerprint, default_state_dir
+from clients.dp_trainer import PrivacySpend, create_trainer
 from crypto import PLAINTEXT_CONTEXT_ID, BlockEncryptor, CkksParams, PlainContext, PublicContext
 from crypto.enrolment import TOKEN_SUFFIX, read_token
-from crypto.signing import BlockSigner, context_digest, model_verifier, sign_update, verify_block
+from crypto.signing import context_digest, model_verifier, sign_update, verify_block
 from crypto.sketch import Challenge
 from fedps.blocks import BlockLayout, flatten_model
 from fedps.config import FedPSConfig
@@ -115,6 +125,11 @@ class EdgeClient:
         The cluster configuration (the coordinator's address and training settings).
     index
         Which data partition this client holds.
+    name
+        A display name.
+    state_dir
+        The folder of its signing key and privacy ledger
+        (default ``<cluster.state_dir>/clients/<identity>``).
 
     Its identity is ``tls.name`` or ``client-INDEX``: the certificate it presents under mutual
     TLS, or, without TLS, the enrolment token ``tls.directory/NAME.token`` it registers with.
@@ -122,14 +137,18 @@ class EdgeClient:
     Raises
     ------
     ConfigError
-        Without TLS (``tls.insecure``) and without a readable enrolment token.
+        Without TLS (``tls.insecure``) and without a readable enrolment token; or a state
+        folder in use by another process, of another identity, or with a corrupt ledger.
     """
 
-    def __init__(self, config: FedPSConfig, *, index: int, name: str = "") -> None:
+    def __init__(
+        self, config: FedPSConfig, *, index: int, name: str = "", state_dir: Path | None = None
+    ) -> None:
         self.config = config
         self.name = name or f"edge-{index}"
         self.identity = config.tls.name or f"client-{index}"
         self._enrolment_token = self._load_token(required=config.tls.insecure)
+        self.state = self._open_state(state_dir)
         data = client_partition(config, index)
         model = create_model(
             config.training.model,
@@ -145,6 +164,8 @@ class EdgeClient:
             privacy=config.privacy,
             seed=config.training.seed * 1000 + index + 1,
         )
+        self._data = data_fingerprint(data)
+        self.recorded = self._restore_spend()  # the spend the ledger holds
         self._coordinator = coordinator_pb2_grpc.CoordinatorStub(
             create_channel(config.cluster.coordinator)
         )
@@ -152,7 +173,7 @@ class EdgeClient:
         self.bytes_pushed = 0
         self.rounds_trained = 0
         self.weight = 1.0  # num_examples / the round's weight_scale
-        self._signer = BlockSigner()
+        self._signer = self.state.signer
         self._credential = b""
         self._round = 0
         self._sent: PreparedPush | None = None  # the last signed update pushed, for a resend
@@ -199,10 +220,59 @@ class EdgeClient:
         return ClientSummary(
             self.client_id,
             self.rounds_trained,
-            self.trainer.epsilon(),
+            self.recorded.epsilon,
             self.config.privacy.delta,
             self.bytes_pushed,
         )
+
+    def close(self) -> None:
+        """Release the state folder (another process may then use it)."""
+        self.state.close()
+
+    # ------------------------------------------------------------------ privacy state
+    def _open_state(self, state_dir: Path | None) -> ClientState:
+        """This client's state folder, locked for this process."""
+        directory = state_dir or default_state_dir(self.config, self.identity)
+        return ClientState.open(directory, identity=self.identity)
+
+    def _restore_spend(self) -> PrivacySpend:
+        """Resume the trainer's accountant from the ledger; returns the spend restored."""
+        entry = self.state.spent(self._data, self.config.privacy.level)
+        if entry is not None:
+            self.trainer.restore(entry.history, run_id=entry.run_id)
+            _log.info(
+                "%s: resumes its privacy budget from %s: epsilon %.3f spent (delta %g)",
+                self.name,
+                self.state.ledger_path,
+                self.trainer.epsilon(),
+                self.config.privacy.delta,
+            )
+        return self.trainer.spend()
+
+    def _record_spend(self) -> bool:
+        """Before training: record what the round will have spent in the ledger (durable),
+        then tell the coordinator. Whatever happens afterwards (a crash while training, a
+        push that never lands), neither reports less than was spent; killed before it trains,
+        the client has recorded one round too many. Returns False when the round must not be
+        trained: the coordinator could not be told, or it restarted without us (we register
+        again, which carries the spend, and wait for a fresh task)."""
+        spend = self.trainer.spend_after_next_round()
+        self.state.record(self._data, spend, privacy=self.config.privacy)
+        self.recorded = spend
+        try:
+            try:
+                self._announce_spend()
+            except UnknownClientError:
+                self._register(_PEER_WAIT_S)
+                return False
+        except PeerUnavailableError as exc:
+            _log.warning("%s: cannot tell the coordinator its spend: %s", self.name, exc)
+            return False
+        return True
+
+    def _announce_spend(self) -> None:
+        """Tell the coordinator the recorded spend (every ``GetTask`` call carries it)."""
+        self._get_task(_PEER_WAIT_S)
 
     def _fetch_context(self, timeout_s: float = 60.0) -> None:
         """Fetch, verify and adopt the key holder's current public context."""
@@ -274,6 +344,8 @@ class EdgeClient:
             num_params=self.num_params,
             signing_key=self._signer.public_key,
             enrolment_token=self._enrolment_token,
+            epsilon=self.recorded.epsilon,
+            delta=self.config.privacy.delta,
         )
         reply = self._retry(
             lambda: self._coordinator.Register(request, timeout=_CALL_S),
@@ -281,6 +353,7 @@ class EdgeClient:
             timeout_s,
         )
         self.client_id = reply.client_id
+        self.trainer.set_run(reply.run_id)
         if reply.credential:
             self._credential = reply.credential
         return reply
@@ -295,7 +368,7 @@ class EdgeClient:
             return True
         self.trainer.set_round(task.round)
         if not self.trainer.can_train_round():
-            _log.info("%s: privacy budget spent (epsilon %.3f)", self.name, self.trainer.epsilon())
+            _log.info("%s: privacy budget spent (epsilon %.3f)", self.name, self.recorded.epsilon)
             self._report(task.round, 0, budget_exhausted=True)
             return False
         try:
@@ -308,6 +381,8 @@ class EdgeClient:
             return True
         if version != task.version:
             _log.info("%s: shards moved to version %d; skipping round", self.name, version)
+            return True
+        if not self._record_spend():
             return True
         started = time.perf_counter()
         delta = self.trainer.train_round(vector)
@@ -417,7 +492,11 @@ class EdgeClient:
         """The coordinator's next task for us (waiting out its restarts up to ``timeout_s``)."""
         task: coordinator_pb2.Task = self._retry(
             lambda: self._coordinator.GetTask(
-                coordinator_pb2.TaskRequest(client_id=self.client_id),
+                coordinator_pb2.TaskRequest(
+                    client_id=self.client_id,
+                    epsilon=self.recorded.epsilon,
+                    delta=self.config.privacy.delta,
+                ),
                 metadata=self._metadata(),
                 timeout=_CALL_S,
             ),
@@ -535,7 +614,7 @@ class EdgeClient:
             client_id=self.client_id,
             round=round_,
             weight=self.weight,
-            epsilon=self.trainer.epsilon(),
+            epsilon=self.recorded.epsilon,
             delta=self.config.privacy.delta,
             bytes_pushed=pushed,
             budget_exhausted=budget_exhausted,

@@ -21,12 +21,14 @@ update itself never travels in a Flower message:
 Flower rebuilds the ``ClientApp`` for every message and may run a node's messages in
 different processes, so everything a node must keep lives in its ``Context.state``: its
 signing key (the node's secret; ``Context.state`` stays on the SuperNode) and its privacy
-accountant's history, which is restored before every round. The noise and Poisson sampling
-come from the CSPRNG (:class:`crypto.randomness.SecureRandom`), fresh at every draw; only
-with ``privacy.insecure_reproducible`` are they seeded, from (``training.seed``, partition,
-round), so that a rebuilt client never replays an earlier round's noise. Built clients are
-kept in a small per-process cache purely as a speed-up; the state restored from the context
-is authoritative.
+accountant's history, which is restored before every round. A node therefore keeps no state
+folder of its own (:class:`clients.client_state.ClientState` in memory only): its budget
+lasts as long as the SuperNode's ``Context.state``. The noise and Poisson sampling come from
+the CSPRNG (:class:`crypto.randomness.SecureRandom`), fresh at every draw; only with
+``privacy.insecure_reproducible`` are they seeded, from (``training.seed``, partition, round),
+so that a rebuilt client never replays an earlier round's noise. Built clients are kept in a
+small per-process cache purely as a speed-up; the state restored from the context is
+authoritative.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
+from clients.client_state import ClientState
 from clients.dp_trainer import DPTrainer
 from clients.edge_client import EdgeClient, PreparedPush
 from crypto import BlockEncryptor
@@ -176,6 +179,13 @@ class FlowerClient(EdgeClient):
             encryptor.close()
 
     # ------------------------------------------------------------------ privacy state
+    def _open_state(self, state_dir: Path | None) -> ClientState:
+        """No folder: the node's key and accountant live in its ``Context.state``."""
+        return ClientState.in_memory(self.identity)
+
+    def _announce_spend(self) -> None:
+        """The train reply carries the epsilon (the strategy reports it to the coordinator)."""
+
     @property
     def _dp(self) -> DPTrainer:
         assert isinstance(self.trainer, DPTrainer)
@@ -183,11 +193,11 @@ class FlowerClient(EdgeClient):
 
     def accountant_history(self) -> list[tuple[float, float, int]]:
         """Every (noise multiplier, sample rate, steps) this node's DP-SGD has taken."""
-        return [(float(s), float(q), int(n)) for s, q, n in self._dp.engine.accountant.history]
+        return list(self.trainer.history())
 
     def restore_accountant(self, history: list[tuple[float, float, int]]) -> None:
         """Continue from ``history`` (the one in ``Context.state``), whatever was here."""
-        self._dp.engine.accountant.history = list(history)
+        self.trainer.restore(history)
 
     def reseed(self, round_: int) -> None:
         """With ``privacy.insecure_reproducible`` only: seed this round's DP noise and Poisson

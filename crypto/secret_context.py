@@ -10,7 +10,6 @@ aggregates may be decrypted lives in the key holder (``server.keyholder``).
 from __future__ import annotations
 
 import logging
-import os
 import stat
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import numpy as np
 import tenseal.sealapi as seal
 
 from crypto import _seal_io
+from crypto._files import write_private
 from crypto.params import CkksParams
 from crypto.public_context import PublicContext, make_seal_context
 from fedps.errors import FedPSError, InvalidArgumentError
@@ -60,8 +60,8 @@ class SecretContext:
     def save(self, directory: Path) -> None:
         """Write ``secret.key`` (mode 0600) and ``public.ctx`` into ``directory``."""
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _write_private(directory / SECRET_KEY_FILE, _seal_io.save_bytes(self._secret_key))
-        _write_private(directory / PUBLIC_CONTEXT_FILE, self.public.serialize())
+        write_private(directory / SECRET_KEY_FILE, _seal_io.save_bytes(self._secret_key))
+        write_private(directory / PUBLIC_CONTEXT_FILE, self.public.serialize())
 
     @classmethod
     def load(cls, directory: Path) -> SecretContext:
@@ -120,13 +120,3 @@ class SecretContext:
         if slots.shape != (self.public.params.poly_modulus_degree // 2,):
             raise InvalidArgumentError("decoded slot count does not match the parameters")
         return np.concatenate([slots.real, slots.imag])
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)

@@ -30,7 +30,8 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
-from fedps.errors import InvalidArgumentError
+from crypto._files import write_private
+from fedps.errors import ConfigError, InvalidArgumentError
 
 __all__ = [
     "CHUNKS",
@@ -154,15 +155,25 @@ class BlockSigner:
 
     @classmethod
     def load_or_create(cls, path: Path) -> BlockSigner:
-        """A signing key kept in a 0600 file (created on first use)."""
+        """A signing key kept in a 0600 file (created on first use, atomically).
+
+        Raises
+        ------
+        ConfigError
+            The file exists but holds no raw 32-byte Ed25519 private key.
+        """
         if path.exists():
-            return cls(Ed25519PrivateKey.from_private_bytes(path.read_bytes()))
+            raw = path.read_bytes()
+            if len(raw) != 32:
+                raise ConfigError(
+                    f"signing key {path} is corrupt: {len(raw)} bytes, not a raw 32-byte "
+                    "Ed25519 private key"
+                )
+            return cls(Ed25519PrivateKey.from_private_bytes(raw))
         signer = cls()
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         raw = signer._key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(raw)
+        write_private(path, raw)
         return signer
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import logging
-import os
 import secrets
 import stat
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from crypto._files import write_private
 from crypto.enrolment import ENROLMENT_KEY_FILE, issue_tokens
+from fedps.atomic_file import write_atomic
 from fedps.config import FedPSConfig, TlsConfig
 from fedps.errors import ConfigError
 from fedps.transport import configure_tls, tls_identity
@@ -160,7 +160,7 @@ def make_ca(directory: Path, *, common_name: str = "fedps deployment CA") -> Cer
         .sign(key, hashes.SHA256())
     )
     write_private(paths.key, _key_pem(key))
-    _write_public(paths.cert, cert.public_bytes(serialization.Encoding.PEM))
+    write_atomic(paths.cert, cert.public_bytes(serialization.Encoding.PEM))
     return paths
 
 
@@ -248,7 +248,7 @@ def issue_certificate(
     out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     paths = CertPaths(out_dir / f"{name}.crt", out_dir / f"{name}.key")
     write_private(paths.key, _key_pem(key))
-    _write_public(paths.cert, cert.public_bytes(serialization.Encoding.PEM))
+    write_atomic(paths.cert, cert.public_bytes(serialization.Encoding.PEM))
     return paths
 
 
@@ -348,12 +348,6 @@ def _read(path: Path) -> bytes:
         ) from None
     except OSError as exc:
         raise ConfigError(f"cannot read TLS file {path}: {exc.strerror}") from None
-
-
-def _write_public(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 _warned_insecure = False

@@ -130,9 +130,17 @@ def client(
     index: Annotated[int, typer.Option(help="Which data partition this client holds.")] = 0,
     name: Annotated[str, typer.Option(help="A display name.")] = "",
     threads: Annotated[int, typer.Option(help="Torch CPU threads for local training.")] = 1,
+    state_dir: Annotated[
+        Optional[Path],  # noqa: UP045 - typer needs Optional here
+        typer.Option(
+            help="The client's signing key and privacy ledger, kept across restarts "
+            "(default: clients/IDENTITY in cluster.state_dir).",
+        ),
+    ] = None,
     insecure: InsecureOpt = False,
 ) -> None:
-    """Run one edge client until training is done."""
+    """Run one edge client until training is done (a restarted client resumes its privacy
+    budget from its state folder)."""
     _setup_logging(True)
     cfg = _load(config, insecure=insecure)
     _setup_tls(cfg, f"client-{index}")
@@ -144,7 +152,7 @@ def client(
     torch.set_num_threads(max(1, threads))
     # SIGTERM (from `fedps demo`/`up` or an operator) unwinds normally, so helpers stop too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    summary = EdgeClient(cfg, index=index, name=name).run()
+    summary = EdgeClient(cfg, index=index, name=name, state_dir=state_dir).run()
     _log.info(
         "client %s done: %d rounds, epsilon %.3f (delta %g), %d bytes pushed",
         summary.client_id,

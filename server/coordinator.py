@@ -15,6 +15,10 @@ One round, in two phases:
    abandoned and its sums are discarded, never decrypted.
 
 No client's ciphertext can thus depend on another's of the same round (docs/security.md).
+Each client's privacy spend (epsilon at delta) arrives with its registration, with every
+``GetTask`` call (a client records what a round will spend, and says so, before it trains)
+and with its report; the coordinator keeps the largest it was told, so the maximum over
+clients it reports never goes down and counts rounds whose update never arrived.
 Every ``eval_every`` rounds the published model is pulled from the shards and evaluated on the
 held-out split. The state is written atomically when a round opens (with its cohort and
 deadline), when it starts closing, every ``checkpoint_every`` rounds and at the end, so a
@@ -112,6 +116,19 @@ class _Client:
     bytes_pushed: int = 0
     exhausted: bool = False
 
+    def spent(self, epsilon: float, delta: float) -> None:
+        """The client says it has spent ``epsilon`` (at ``delta``): keep the largest."""
+        self.epsilon = max(self.epsilon, epsilon)
+        if delta:
+            self.delta = delta
+
+
+def _check_spend(epsilon: float, delta: float) -> None:
+    """A reported privacy spend is a number the coordinator can keep."""
+    # +inf is honest: a client training without DP noise has no finite epsilon.
+    if math.isnan(epsilon) or epsilon < 0 or not 0 <= delta < 1:
+        raise InvalidArgumentError("epsilon must be >= 0 (inf: no DP), delta in [0, 1)")
+
 
 @dataclass
 class _OpenRound:
@@ -195,6 +212,8 @@ class Coordinator:
         *,
         identity: str | None = None,
         enrolment_token: str = "",
+        epsilon: float = 0.0,
+        delta: float = 0.0,
     ) -> tuple[str, bytes]:
         """Register a client; returns its client id and a fresh credential.
 
@@ -203,14 +222,17 @@ class Coordinator:
         the name that ``enrolment_token`` proves (:mod:`crypto.enrolment`). Registering an
         identity again (a restarted client) returns the same id with a new credential, and
         ``signing_key`` (the client's Ed25519 public key) replaces the one registered before.
+        ``epsilon`` (at ``delta``) is what the client's ledger says it has spent already.
 
         Raises
         ------
         UnauthenticatedError
             Neither a certificate identity nor a valid enrolment token.
         InvalidArgumentError
-            A weak signing key, another model size, or no training examples.
+            A weak signing key, another model size, no training examples, or an epsilon or
+            delta out of range.
         """
+        _check_spend(epsilon, delta)
         if is_weak_key(signing_key):
             raise InvalidArgumentError("registration needs a valid 32-byte Ed25519 signing key")
         if num_params != self.layout.num_params:
@@ -237,6 +259,7 @@ class Coordinator:
                     signing_key=signing_key.hex(),
                     credential_hash=hashlib.sha256(issued).hexdigest(),
                 )
+            self.clients[client_id].spent(epsilon, delta)
             self._changed.notify_all()
         _log.info(
             "%s %s by %s (%s, %d examples)",
@@ -271,12 +294,23 @@ class Coordinator:
             return load_enrolment_key(directory)  # required without TLS: a clear error if absent
         return None
 
-    def get_task(self, client_id: str, credential: bytes = b"") -> Task:
-        """The next task for ``client_id`` (authenticated by its credential)."""
+    def get_task(
+        self, client_id: str, credential: bytes = b"", *, epsilon: float = 0.0, delta: float = 0.0
+    ) -> Task:
+        """The next task for ``client_id`` (authenticated by its credential), which says it
+        has spent ``epsilon`` (at ``delta``) so far.
+
+        Raises
+        ------
+        InvalidArgumentError
+            An epsilon or delta out of range.
+        """
+        _check_spend(epsilon, delta)
         with self._lock:
             client = self._known(client_id)
             self._check_credential(client, client_id, credential)
             client.last_seen = time.time()
+            client.spent(epsilon, delta)
             if self.finished:
                 return Task("done")
             current = self._open
@@ -320,16 +354,13 @@ class Coordinator:
         credential: bytes = b"",
     ) -> None:
         """A client says it pushed its update for ``round_`` (or ran out of budget)."""
-        # +inf is honest: a client training without DP noise has no finite epsilon.
-        if math.isnan(epsilon) or epsilon < 0 or not 0 <= delta < 1:
-            raise InvalidArgumentError("epsilon must be >= 0 (inf: no DP), delta in [0, 1)")
+        _check_spend(epsilon, delta)
         if not 0 <= bytes_pushed <= _MAX_REPORTED_BYTES:
             raise InvalidArgumentError(f"bytes_pushed must be in [0, {_MAX_REPORTED_BYTES}]")
         with self._changed:
             client = self._known(client_id)
             self._check_credential(client, client_id, credential)
-            client.epsilon = max(client.epsilon, epsilon)
-            client.delta = delta
+            client.spent(epsilon, delta)
             client.bytes_pushed += bytes_pushed
             client.exhausted = client.exhausted or budget_exhausted
             if self._open is not None and self._open.round == round_:
@@ -357,7 +388,7 @@ class Coordinator:
 
     @property
     def client_epsilons(self) -> dict[str, float]:
-        """The epsilon each registered client last reported, by client id."""
+        """The largest epsilon each registered client reported, by client id."""
         with self._lock:
             return {cid: c.epsilon for cid, c in self.clients.items()}
 

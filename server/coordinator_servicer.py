@@ -45,6 +45,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 request.signing_key,
                 identity=peer_common_name(context),
                 enrolment_token=request.enrolment_token,
+                epsilon=request.epsilon,
+                delta=request.delta,
             )
         cluster = c.config.cluster
         return coordinator_pb2.RegisterReply(
@@ -66,7 +68,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> coordinator_pb2.Task:
         with rpc_errors(context):
             require_peer(context, request.client_id)
-            task = self.coordinator.get_task(request.client_id, _credential(context))
+            task = self.coordinator.get_task(
+                request.client_id,
+                _credential(context),
+                epsilon=request.epsilon,
+                delta=request.delta,
+            )
         return coordinator_pb2.Task(
             kind=_KINDS[task.kind],
             round=task.round,

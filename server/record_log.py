@@ -19,23 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["RecordLog", "write_atomic"]
+__all__ = ["RecordLog"]
 
 _log = logging.getLogger("fedps")
 
 _HEADER = struct.Struct("<II")  # payload length, crc32 of the payload
 _MAX_RECORD = 64 << 20
 _NAME = re.compile(r"round-(\d{12})\.wal")
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``: write, fsync, rename."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 class RecordLog:

@@ -16,8 +16,9 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from fedps.atomic_file import write_atomic
 from fedps.proto import shard_pb2
-from server.record_log import RecordLog, write_atomic
+from server.record_log import RecordLog
 
 __all__ = ["ShardLog"]
 

@@ -29,6 +29,8 @@ class RegisterRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     SIGNING_KEY_FIELD_NUMBER: _builtins.int
     ENROLMENT_TOKEN_FIELD_NUMBER: _builtins.int
+    EPSILON_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     num_examples: _builtins.int
     num_params: _builtins.int
@@ -40,6 +42,11 @@ class RegisterRequest(_message.Message):
     """Without TLS: the client's enrolment token ("NAME." + hex HMAC-SHA256 under the
     deployment's enrolment key, from `fedps certs`); it proves identity NAME.
     """
+    epsilon: _builtins.float
+    """The privacy the client has spent on its data so far, from its ledger (a restarted client
+    resumes its budget): epsilon at delta. The coordinator keeps the largest it was told.
+    """
+    delta: _builtins.float
     def __init__(
         self,
         *,
@@ -49,10 +56,12 @@ class RegisterRequest(_message.Message):
         client_id: _builtins.str = ...,
         signing_key: _builtins.bytes = ...,
         enrolment_token: _builtins.str = ...,
+        epsilon: _builtins.float = ...,
+        delta: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "enrolment_token", b"enrolment_token", "name", b"name", "num_examples", b"num_examples", "num_params", b"num_params", "signing_key", b"signing_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "delta", b"delta", "enrolment_token", b"enrolment_token", "epsilon", b"epsilon", "name", b"name", "num_examples", b"num_examples", "num_params", b"num_params", "signing_key", b"signing_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -130,15 +139,26 @@ class TaskRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    EPSILON_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
+    epsilon: _builtins.float
+    """The privacy spend the client has recorded (epsilon at delta). Before it trains a round,
+    the client records what the round will spend and sends it in a GetTask call, so the
+    coordinator knows it even if the client dies before it reports; the coordinator keeps
+    the largest epsilon a client reported (it never goes down).
+    """
+    delta: _builtins.float
     def __init__(
         self,
         *,
         client_id: _builtins.str = ...,
+        epsilon: _builtins.float = ...,
+        delta: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "delta", b"delta", "epsilon", b"epsilon"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -343,7 +363,7 @@ class ClusterStatus(_message.Message):
     def history(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoundSummary]: ...
     @_builtins.property
     def client_epsilons(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
-        """The epsilon each registered client last reported (at delta), by client id."""
+        """The largest epsilon each registered client reported (at delta), by client id."""
 
     def __init__(
         self,

@@ -4,19 +4,24 @@ client-level DP (DP-FedAvg): clipped, noised updates with uniform weights."""
 from __future__ import annotations
 
 import itertools
+import json
+import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 from opacus.accountants import RDPAccountant
 
-from fedps.accounting import calibrate_noise
-from clients.dp_trainer import ClientLevelTrainer, DPTrainer, create_trainer
+from clients.client_state import LEDGER_FILE
+from clients.dp_trainer import ClientLevelTrainer, DPTrainer, Trainer, create_trainer
 from clients.edge_client import EdgeClient
+from fedps.accounting import calibrate_noise
 from fedps.blocks import flatten_model
 from fedps.config import FedPSConfig, load_config
 from fedps.datasets import Dataset, load_dataset
-from fedps.errors import ConfigError, PrivacyBudgetExceededError
+from fedps.errors import ConfigError, PeerUnavailableError, PrivacyBudgetExceededError
 from fedps.models import create_model
 from fedps.proto import coordinator_pb2
 
@@ -31,7 +36,7 @@ def data() -> Dataset:
     return Dataset(train.x[:100], train.y[:100], train.num_classes, "digits/slice")
 
 
-def _config(training: dict[str, object] | None = None, **privacy: object) -> FedPSConfig:
+def _config(training: Mapping[str, object] | None = None, **privacy: object) -> FedPSConfig:
     base: dict[str, object] = {"rounds": ROUNDS, "batch_size": 20, "clients": 2, "min_quorum": 1}
     return load_config(None, training={**base, **(training or {})}, privacy=privacy)
 
@@ -185,7 +190,7 @@ def test_every_calibrated_round_fits_when_opacus_drops_a_batch() -> None:
     assert 0.99 * TARGET_EPSILON <= trainer.epsilon() <= TARGET_EPSILON
 
 
-def _client_config(training: dict[str, object] | None = None, **privacy: object) -> FedPSConfig:
+def _client_config(training: Mapping[str, object] | None = None, **privacy: object) -> FedPSConfig:
     return _config(training, level="client", clip_norm=CLIP_NORM, **privacy)
 
 
@@ -315,22 +320,46 @@ class _FixedParams:
         return self.vector.copy(), min_version
 
 
-def _weight_after_one_round(config: FedPSConfig, index: int, weight_scale: float) -> float:
+class _OfflineClient(EdgeClient):
+    """An edge client with no servers: pulls a fixed model, pushes nothing, and keeps what it
+    would have told the coordinator."""
+
+    def __init__(self, config: FedPSConfig, *, index: int, state_dir: Path) -> None:
+        super().__init__(config, index=index, state_dir=state_dir)
+        self._params = _FixedParams(flatten_model(self.trainer.model))  # type: ignore[assignment]
+        self._layout, self._encryptor = None, None  # type: ignore[assignment]
+        self._keyholder_key, self._context_id = b"", ""
+        self.announced: list[float] = []  # epsilons sent in GetTask before training
+        self.reports: list[tuple[int, bool]] = []  # (round, budget_exhausted)
+
+    def _announce_spend(self) -> None:
+        self.announced.append(self.recorded.epsilon)
+
+    def push(self, round_: int, version: int, delta: np.ndarray) -> int:
+        return 0
+
+    def _report(self, round_: int, pushed: int, *, budget_exhausted: bool) -> None:
+        self.reports.append((round_, budget_exhausted))
+
+    def train(self, round_: int, weight_scale: float = 1.0) -> bool:
+        """Run the client's round ``round_`` as if the coordinator asked for it."""
+        task = coordinator_pb2.Task(
+            kind=coordinator_pb2.Task.TRAIN, round=round_, version=0, weight_scale=weight_scale
+        )
+        return self._train(task)
+
+
+def _weight_after_one_round(
+    config: FedPSConfig, index: int, weight_scale: float, state_root: Path
+) -> float:
     """An edge client's aggregation weight after one round, with no servers."""
-    client = EdgeClient(config, index=index)
-    client._params = _FixedParams(flatten_model(client.trainer.model))  # type: ignore[assignment]
-    client._layout, client._encryptor = None, None  # type: ignore[assignment]
-    client._keyholder_key, client._context_id = b"", ""
-    client.push = lambda round_, version, delta: 0  # type: ignore[method-assign]
-    client._report = lambda *args, **kwargs: None  # type: ignore[method-assign]
-    task = coordinator_pb2.Task(
-        kind=coordinator_pb2.Task.TRAIN, round=1, version=0, weight_scale=weight_scale
-    )
-    assert client._train(task)
+    client = _OfflineClient(config, index=index, state_dir=Path(tempfile.mkdtemp(dir=state_root)))
+    assert client.train(1, weight_scale)
+    client.close()
     return client.weight
 
 
-def test_weights_are_uniform_unless_examples_weighting_bounded_below() -> None:
+def test_weights_are_uniform_unless_examples_weighting_bounded_below(tmp_path: Path) -> None:
     # Prepare: two of 8 clients, and weight scales (the cohort's largest num_examples) above
     # both, one of them absurd (a client that declared a huge num_examples).
     training = {"clients": 8, "min_quorum": 2, "rounds": 2}
@@ -347,10 +376,10 @@ def test_weights_are_uniform_unless_examples_weighting_bounded_below() -> None:
     )
 
     # Execute
-    uniform_weights = [_weight_after_one_round(uniform, i, 1000.0) for i in range(2)]
-    example_weights = [_weight_after_one_round(examples, i, 1000.0) for i in range(2)]
-    floored = _weight_after_one_round(examples, 0, 1e12)
-    client_weights = [_weight_after_one_round(client, i, 1000.0) for i in range(2)]
+    uniform_weights = [_weight_after_one_round(uniform, i, 1000.0, tmp_path) for i in range(2)]
+    example_weights = [_weight_after_one_round(examples, i, 1000.0, tmp_path) for i in range(2)]
+    floored = _weight_after_one_round(examples, 0, 1e12, tmp_path)
+    client_weights = [_weight_after_one_round(client, i, 1000.0, tmp_path) for i in range(2)]
 
     # Assert: uniform by default; by num_examples when asked, never below min_weight;
     # client level weighs every client 1.0.
@@ -377,3 +406,191 @@ def test_local_momentum_carries_across_rounds(data: Dataset) -> None:
     assert plain.optimizer.param_groups[0]["momentum"] == 0.0
     assert not np.allclose(first[0], first[1])
     assert np.linalg.norm(second[1]) > np.linalg.norm(second[0])
+
+
+def test_spend_recorded_before_a_round_is_exactly_the_spend_after_it(data: Dataset) -> None:
+    # Prepare: example and client level
+    trainers: list[Trainer] = [
+        _trainer(data, _config(noise_multiplier=1.0)),
+        _client_trainer(data, _client_config(noise_multiplier=1.0)),
+    ]
+
+    # Execute: what a client records before each of two rounds, and what it then spent
+    pairs = []
+    for trainer in trainers:
+        params = flatten_model(trainer.model)
+        for round_ in (1, 2):
+            trainer.set_round(round_)
+            before = trainer.spend_after_next_round()
+            params = params + trainer.train_round(params)
+            pairs.append((before, trainer.spend()))
+
+    # Assert: the same history (Opacus's merged entries included) and epsilon
+    for before, after in pairs:
+        assert before == after
+        assert after.epsilon > 0
+
+
+def test_a_restored_trainer_resumes_the_budget_and_refuses_past_it(data: Dataset) -> None:
+    # Prepare: a client trained two of the three rounds its budget covers, then died
+    config = _config(target_epsilon=TARGET_EPSILON)
+    first = _trainer(data, config)
+    params = flatten_model(first.model)
+    for _ in range(2):
+        params = params + first.train_round(params)
+
+    # Execute: a new process's trainer continues from the recorded history
+    second = _trainer(data, config)
+    second.restore(first.history())
+    resumed = second.epsilon()
+    allowed = second.can_train_round()
+    params = params + second.train_round(params)
+
+    # Assert: it starts where the first stopped, trains the one round left, then refuses
+    assert resumed == first.epsilon() > 0
+    assert allowed
+    steps = 3 * second.steps_per_round
+    assert second.history() == ((second.noise_multiplier, second.sample_rate, steps),)
+    assert second.epsilon() <= TARGET_EPSILON
+    assert not second.can_train_round()
+    with pytest.raises(PrivacyBudgetExceededError):
+        second.train_round(params)
+
+
+def test_client_level_rounds_are_counted_per_run(data: Dataset) -> None:
+    # Prepare: two rounds of run "a"
+    config = _client_config({"rounds": 10}, noise_multiplier=1.0)
+    first = _client_trainer(data, config)
+    first.set_run("a")
+    params = flatten_model(first.model)
+    for round_ in (1, 2):
+        first.set_round(round_)
+        params = params + first.train_round(params)
+    spent = first.spend()
+    entry = (first.noise_multiplier, first.sample_rate)
+
+    # Execute: restored in the same run (a restart), and in a new run
+    same_run = _client_trainer(data, config)
+    same_run.restore(spent.history, run_id=spent.run_id)
+    same_run.set_run("a")
+    same_run.set_round(3)
+    new_run = _client_trainer(data, config)
+    new_run.restore(spent.history, run_id=spent.run_id)
+    new_run.set_run("b")
+    new_run.set_round(1)
+
+    # Assert: the restart continues run a's count; a new run composes with it
+    assert spent.history == ((*entry, 2),) and spent.run_id == "a"
+    assert same_run.epsilon() == first.epsilon()
+    assert same_run.history_after_next_round() == ((*entry, 3),)
+    assert new_run.epsilon() == first.epsilon()
+    assert new_run.history_after_next_round() == ((*entry, 2), (*entry, 1))
+    assert new_run.epsilon_after_next_round() > first.epsilon()
+
+
+def test_edge_client_records_the_round_before_it_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: watch the ledger file when training starts
+    client = _OfflineClient(_config(target_epsilon=TARGET_EPSILON), index=0, state_dir=tmp_path)
+    train_round = client.trainer.train_round
+    on_disk: list[list[list[float]]] = []
+
+    def training(params: np.ndarray) -> np.ndarray:
+        ledger = json.loads((tmp_path / LEDGER_FILE).read_text())
+        on_disk.append(ledger["entries"][0]["history"])
+        return train_round(params)
+
+    monkeypatch.setattr(client.trainer, "train_round", training)
+
+    # Execute
+    assert client.train(1)
+
+    # Assert: the round's whole spend was durable, and announced, before a step was taken
+    after = client.trainer.spend()
+    assert on_disk == [[list(e) for e in after.history]]
+    assert client.announced == [after.epsilon]
+    assert client.recorded == after
+    client.close()
+
+
+def test_a_round_the_coordinator_cannot_hear_of_is_recorded_once_and_not_trained(
+    tmp_path: Path,
+) -> None:
+    # Prepare: the coordinator is unreachable when the client announces its spend
+    client = _OfflineClient(_config(target_epsilon=TARGET_EPSILON), index=0, state_dir=tmp_path)
+
+    def unreachable() -> None:
+        raise PeerUnavailableError("get task: coordinator down")
+
+    client._announce_spend = unreachable  # type: ignore[method-assign]
+
+    # Execute: asked twice for the round
+    attempts = [client.train(1), client.train(1)]
+
+    # Assert: nothing trained, and the ledger holds one round (an over-estimate by one at
+    # most, never growing while nothing trains)
+    assert attempts == [True, True]
+    assert client.trainer.history() == ()
+    assert client.state.spent(client._data, "example") is not None
+    assert client.recorded == client.trainer.spend_after_next_round()
+    client.close()
+
+
+def test_restarted_edge_client_resumes_its_budget(tmp_path: Path) -> None:
+    # Prepare: a client spends two of its three rounds, then its process ends
+    config = _config(target_epsilon=TARGET_EPSILON)
+    first = _OfflineClient(config, index=1, state_dir=tmp_path)
+    assert first.train(1) and first.train(2)
+    spent = first.trainer.epsilon()
+    key = first._signer.public_key
+    first.close()
+
+    # Execute: a new client on the same folder
+    second = _OfflineClient(config, index=1, state_dir=tmp_path)
+    resumed = (second.recorded.epsilon, second.trainer.epsilon())
+    trained = second.train(3)
+    refused = not second.train(4)
+
+    # Assert: same key and spend; one more round, then it refuses and says its budget is spent
+    assert second._signer.public_key == key
+    assert resumed == (spent, spent)
+    assert trained and refused
+    assert second.reports[-1] == (4, True)
+    assert spent < second.recorded.epsilon <= TARGET_EPSILON
+    second.close()
+
+
+class _Coordinator:
+    """Stands in for the coordinator's stub: keeps the registration request."""
+
+    def __init__(self) -> None:
+        self.requests: list[coordinator_pb2.RegisterRequest] = []
+
+    def Register(  # noqa: N802 (gRPC method name)
+        self, request: coordinator_pb2.RegisterRequest, timeout: float
+    ) -> coordinator_pb2.RegisterReply:
+        self.requests.append(request)
+        return coordinator_pb2.RegisterReply(client_id="client-1", run_id="run")
+
+
+def test_restarted_edge_client_registers_with_its_recorded_epsilon(tmp_path: Path) -> None:
+    # Prepare: a client trained a round, then its process ended
+    config = _config(target_epsilon=TARGET_EPSILON)
+    first = _OfflineClient(config, index=1, state_dir=tmp_path)
+    assert first.train(1)
+    spent = first.recorded.epsilon
+    first.close()
+    second = _OfflineClient(config, index=1, state_dir=tmp_path)
+    coordinator = _Coordinator()
+    second._coordinator = coordinator  # type: ignore[assignment]
+
+    # Execute
+    second._register(timeout_s=1.0)
+
+    # Assert: the coordinator hears at once what the data has spent
+    (request,) = coordinator.requests
+    assert request.epsilon == spent > 0
+    assert request.delta == config.privacy.delta
+    assert request.signing_key == first._signer.public_key
+    second.close()

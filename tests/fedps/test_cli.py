@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from crypto.enrolment import issue_tokens
 from crypto.tls import issue_cluster_certificates
 from fedps.config import load_config
 from server.deployment import free_port
@@ -157,3 +158,23 @@ def test_help_lists_every_command(tmp_path: Path) -> None:
     for name in ["keyholder", "shard", "coordinator", "client", "up", "demo", "status"]:
         assert name in listed, result.stdout
     assert "experiment" in listed, result.stdout
+
+
+def test_client_with_a_corrupt_privacy_ledger_stops_naming_it(tmp_path: Path) -> None:
+    # Prepare: a client's state folder whose ledger was damaged, and its enrolment token
+    config = tmp_path / "client.toml"
+    config.write_text(f'[tls]\ninsecure = true\ndirectory = "{tmp_path / "certs"}"\n')
+    issue_tokens(tmp_path / "certs", ["client-0"])
+    state = tmp_path / "client-state"
+    state.mkdir()
+    (state / "ledger.json").write_text('{"entries": [')
+
+    # Execute
+    result = _run("client", "--config", str(config), "--state-dir", str(state), cwd=tmp_path)
+
+    # Assert: it stops before it connects, saying which file, and leaves the file alone
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("fedps: error: privacy ledger")
+    assert str(state / "ledger.json") in last and "corrupt" in last
+    assert (state / "ledger.json").read_text() == '{"entries": ['

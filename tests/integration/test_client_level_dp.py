@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedps.accounting import epsilon
 from clients.edge_client import ClientSummary, EdgeClient
+from fedps.accounting import epsilon
 from tests.conftest import run_clients, start_cluster
 
 pytestmark = pytest.mark.integration

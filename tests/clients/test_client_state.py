@@ -1,0 +1,239 @@
+"""Tests for clients.client_state: a privacy ledger that survives restarts, is written
+atomically, and refuses (naming the file) to be reset by a corrupt or foreign file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clients.client_state import (
+    LEDGER_FILE,
+    SIGNING_KEY_FILE,
+    ClientState,
+    data_fingerprint,
+    default_state_dir,
+)
+from clients.dp_trainer import PrivacySpend
+from fedps.config import PrivacyConfig, load_config
+from fedps.datasets import Dataset
+from fedps.errors import ConfigError
+
+IDENTITY = "client-3"
+DATA = "ab" * 32
+PRIVACY = PrivacyConfig(target_epsilon=4.0)
+SPEND = PrivacySpend(((1.1, 0.05, 40), (0.9, 0.05, 20)), 2.5, run_id="run-1")
+
+
+def _recorded(directory: Path) -> ClientState:
+    """A state folder with one recorded spend, closed again."""
+    state = ClientState.open(directory, identity=IDENTITY)
+    state.record(DATA, SPEND, privacy=PRIVACY)
+    state.close()
+    return state
+
+
+def _rewrite(path: Path, change: Callable[[dict[str, object]], None]) -> None:
+    document = json.loads(path.read_text())
+    change(document)
+    path.write_text(json.dumps(document))
+
+
+def test_recorded_spend_and_key_come_back_after_a_restart(tmp_path: Path) -> None:
+    # Prepare
+    first = _recorded(tmp_path / "state")
+
+    # Execute: a new process opens the same folder
+    second = ClientState.open(tmp_path / "state", identity=IDENTITY)
+
+    # Assert: the same spend, history exactly, and the same signing key (kept 0600)
+    entry = second.spent(DATA, "example")
+    assert entry is not None
+    assert entry.spend == SPEND
+    assert (entry.delta, entry.accountant) == (PRIVACY.delta, PRIVACY.accountant)
+    assert second.spent(DATA, "client") is None
+    assert second.spent("cd" * 32, "example") is None
+    assert second.signer.public_key == first.signer.public_key
+    for name in (LEDGER_FILE, SIGNING_KEY_FILE):
+        assert oct((tmp_path / "state" / name).stat().st_mode & 0o777) == "0o600"
+    second.close()
+
+
+def test_default_folder_is_per_identity_under_the_cluster_state_dir(tmp_path: Path) -> None:
+    # Prepare
+    config = load_config(None, cluster={"state_dir": str(tmp_path)})
+
+    # Execute / Assert
+    assert default_state_dir(config, IDENTITY) == tmp_path / "clients" / IDENTITY
+
+
+def test_a_failed_write_leaves_the_ledger_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: a recorded spend; then the disk fails while the next record is written
+    _recorded(tmp_path / "state")
+    state = ClientState.open(tmp_path / "state", identity=IDENTITY)
+    before = (tmp_path / "state" / LEDGER_FILE).read_bytes()
+
+    def disk_full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    more = PrivacySpend(((1.1, 0.05, 80),), 3.5)
+
+    # Execute
+    with pytest.raises(OSError, match="No space"):
+        state.record(DATA, more, privacy=PRIVACY)
+    monkeypatch.undo()
+
+    # Assert: the file and the state in memory still hold the last durable spend, and no
+    # temporary file is left beside it
+    assert (tmp_path / "state" / LEDGER_FILE).read_bytes() == before
+    entry = state.spent(DATA, "example")
+    assert entry is not None and entry.spend == SPEND
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == [
+        LEDGER_FILE,
+        "lock",
+        SIGNING_KEY_FILE,
+    ]
+    state.close()
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[:40]), "unreadable"),
+        (lambda p: p.write_bytes(b"\x00\xff garbage"), "unreadable"),
+        (lambda p: p.write_text("[]"), "no checksum"),
+        # a flipped digit that still parses: the budget must not silently shrink
+        (
+            lambda p: _rewrite(p, lambda d: d["entries"][0]["history"][0].__setitem__(2, 4)),  # type: ignore[index]
+            "checksum mismatch",
+        ),
+    ],
+    ids=["truncated", "garbage", "not-a-ledger", "edited"],
+)
+def test_a_corrupt_ledger_is_an_error_naming_the_file(
+    tmp_path: Path, damage: Callable[[Path], None], reason: str
+) -> None:
+    # Prepare
+    _recorded(tmp_path / "state")
+    ledger = tmp_path / "state" / LEDGER_FILE
+    damage(ledger)
+    damaged = ledger.read_bytes()
+
+    # Execute / Assert: refused, naming the file; nothing rewritten
+    with pytest.raises(ConfigError, match=reason) as caught:
+        ClientState.open(tmp_path / "state", identity=IDENTITY)
+    assert str(ledger) in str(caught.value)
+    assert ledger.read_bytes() == damaged
+
+
+def test_an_invalid_entry_with_a_valid_checksum_is_refused(tmp_path: Path) -> None:
+    # Prepare: a ledger whose checksum matches an impossible history (sample rate 2)
+    _recorded(tmp_path / "state")
+    ledger = tmp_path / "state" / LEDGER_FILE
+    document = json.loads(ledger.read_text())
+    del document["sha256"]
+    document["entries"][0]["history"] = [[1.0, 2.0, 3]]
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+    document["sha256"] = hashlib.sha256(canonical).hexdigest()
+    ledger.write_text(json.dumps(document))
+
+    # Execute / Assert
+    with pytest.raises(ConfigError, match="invalid accountant entry") as caught:
+        ClientState.open(tmp_path / "state", identity=IDENTITY)
+    assert str(ledger) in str(caught.value)
+
+
+def test_a_folder_of_another_identity_is_refused(tmp_path: Path) -> None:
+    # Prepare
+    _recorded(tmp_path / "state")
+
+    # Execute / Assert
+    with pytest.raises(ConfigError, match="belongs to client 'client-3', not 'client-4'") as caught:
+        ClientState.open(tmp_path / "state", identity="client-4")
+    assert str(tmp_path / "state" / LEDGER_FILE) in str(caught.value)
+
+
+def test_a_lost_ledger_beside_its_key_is_not_replaced(tmp_path: Path) -> None:
+    # Prepare: the client ran before (its key is there), its ledger is gone
+    _recorded(tmp_path / "state")
+    (tmp_path / "state" / LEDGER_FILE).unlink()
+
+    # Execute / Assert: refused rather than a fresh ledger at epsilon 0
+    with pytest.raises(ConfigError, match="ledger is lost") as caught:
+        ClientState.open(tmp_path / "state", identity=IDENTITY)
+    assert str(tmp_path / "state" / LEDGER_FILE) in str(caught.value)
+    assert not (tmp_path / "state" / LEDGER_FILE).exists()
+
+
+def test_a_corrupt_signing_key_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    # Prepare
+    _recorded(tmp_path / "state")
+    key = tmp_path / "state" / SIGNING_KEY_FILE
+    key.write_bytes(b"\x01" * 7)
+
+    # Execute / Assert
+    with pytest.raises(ConfigError, match="corrupt") as caught:
+        ClientState.open(tmp_path / "state", identity=IDENTITY)
+    assert str(key) in str(caught.value)
+
+
+def test_one_folder_serves_one_process_at_a_time(tmp_path: Path) -> None:
+    # Prepare
+    first = ClientState.open(tmp_path / "state", identity=IDENTITY)
+
+    # Execute / Assert: a second user is refused while the first holds the folder ...
+    with pytest.raises(ConfigError, match="in use by another process"):
+        ClientState.open(tmp_path / "state", identity=IDENTITY)
+    # ... and gets it once the first let go (a killed process lets go too)
+    first.close()
+    second = ClientState.open(tmp_path / "state", identity=IDENTITY)
+    second.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        first.record(DATA, SPEND, privacy=PRIVACY)
+
+
+def test_in_memory_state_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare
+    monkeypatch.chdir(tmp_path)
+    state = ClientState.in_memory(IDENTITY)
+
+    # Execute
+    state.record(DATA, SPEND, privacy=PRIVACY)
+
+    # Assert
+    entry = state.spent(DATA, "example")
+    assert entry is not None and entry.spend == SPEND
+    assert state.ledger_path is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_data_fingerprint_changes_with_any_example_or_label() -> None:
+    # Prepare
+    rng = np.random.default_rng(0)
+    x = rng.random((20, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 20).astype(np.int64)
+    base = Dataset(x, y, 3, "a")
+    relabelled = y.copy()
+    relabelled[5] = (relabelled[5] + 1) % 3
+    nudged = x.copy()
+    nudged[7, 2] += 1e-3
+
+    # Execute
+    same = data_fingerprint(Dataset(x.copy(), y.copy(), 3, "another name"))
+    others = [
+        data_fingerprint(Dataset(x, relabelled, 3, "a")),
+        data_fingerprint(Dataset(nudged, y, 3, "a")),
+        data_fingerprint(Dataset(x[1:], y[1:], 3, "a")),
+    ]
+
+    # Assert
+    assert same == data_fingerprint(base)
+    assert len({data_fingerprint(base), *others}) == 4

@@ -1,0 +1,167 @@
+"""A client SIGKILLed mid-run and restarted keeps its id, its key and its privacy budget.
+
+The client is a real ``fedps client`` process against a real cluster (key holder, two shards,
+coordinator on loopback). Its own configuration calibrates its DP-SGD noise for a budget of
+``BUDGET_ROUNDS`` rounds at ``TARGET_EPSILON``; the run would go on for many more. It is
+killed with SIGKILL while it trains its second round, then started again on the same state
+folder. A restarted client used to come back with a new key and accountant and train its data
+again from epsilon 0.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from clients.client_state import LEDGER_FILE
+from server.coordinator import Coordinator
+from server.deployment import write_config
+from tests.conftest import start_cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.privacy]
+
+BUDGET_ROUNDS = 3  # what the client's noise is calibrated for
+RUN_ROUNDS = 30  # what the coordinator would run
+TARGET_EPSILON = 3.0
+CLIENT = "client-0"
+_WAIT_S = 240.0  # for a process or a round, never part of an assertion
+
+
+def _ledger(path: Path) -> tuple[int, float] | None:
+    """(DP-SGD steps, epsilon) of the client's one ledger entry; None before its first."""
+    try:
+        entries = json.loads(path.read_text())["entries"]
+    except FileNotFoundError:
+        return None
+    if not entries:
+        return None
+    (entry,) = entries
+    return sum(int(n) for _, _, n in entry["history"]), float(entry["epsilon"])
+
+
+class _Watcher(threading.Thread):
+    """Samples the client's epsilon every 10 ms, as the coordinator and the ledger hold it."""
+
+    def __init__(self, coordinator: Coordinator, ledger: Path) -> None:
+        super().__init__(daemon=True)
+        self.coordinator = coordinator
+        self.ledger = ledger
+        self.at_coordinator: list[float] = []
+        self.in_ledger: list[tuple[int, float]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            epsilon = self.coordinator.client_epsilons.get(CLIENT)
+            if epsilon is not None:
+                self.at_coordinator.append(epsilon)
+            entry = _ledger(self.ledger)
+            if entry is not None:
+                self.in_ledger.append(entry)
+            time.sleep(0.01)
+
+
+def _start_client(config: Path, state_dir: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    command = ["client", "--index", "0", "--config", str(config), "--state-dir", str(state_dir)]
+    return subprocess.Popen(
+        [sys.executable, "-m", "fedps.cli", *command], stdout=log, stderr=subprocess.STDOUT
+    )
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    until = time.monotonic() + _WAIT_S
+    while not condition():
+        if time.monotonic() > until:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.01)
+
+
+def _non_decreasing(values: list[float]) -> bool:
+    return all(a <= b for a, b in itertools.pairwise(values))
+
+
+def test_client_sigkilled_mid_run_keeps_its_id_and_never_trains_past_its_budget(
+    tmp_path: Path,
+) -> None:
+    # Prepare: the cluster's run is RUN_ROUNDS long; the client's own configuration gives it
+    # a budget of BUDGET_ROUNDS rounds
+    cluster = start_cluster(
+        tmp_path,
+        training={"rounds": RUN_ROUNDS, "clients": 1, "min_quorum": 1, "deadline_s": 10.0},
+        privacy={"target_epsilon": TARGET_EPSILON},
+    )
+    coordinator = cluster.coordinator
+    training = cluster.config.training.model_copy(update={"rounds": BUDGET_ROUNDS})
+    config = tmp_path / "client.toml"
+    write_config(cluster.config.model_copy(update={"training": training}), config)
+    state_dir = tmp_path / "client-state"
+    ledger = state_dir / LEDGER_FILE
+    log_path = tmp_path / "client.log"
+    watcher = _Watcher(coordinator, ledger)
+    watcher.start()
+    try:
+        with open(log_path, "ab") as log:
+            client = _start_client(config, state_dir, log)
+            _wait_for(lambda: _ledger(ledger) is not None, "the first recorded round")
+            first = _ledger(ledger)
+            assert first is not None
+            steps_per_round = first[0]
+
+            # Execute: SIGKILL it once it recorded its second round (it is training it) ...
+            _wait_for(
+                lambda: (_ledger(ledger) or (0, 0.0))[0] >= 2 * steps_per_round,
+                "the second recorded round",
+            )
+            key = coordinator.clients[CLIENT].signing_key
+            credential = coordinator.clients[CLIENT].credential_hash
+            client.send_signal(signal.SIGKILL)
+            killed = client.wait(_WAIT_S)
+            at_kill = _ledger(ledger)
+            run_finished_at_kill = coordinator.finished
+            # ... and start it again on the same state folder
+            restarted = _start_client(config, state_dir, log)
+            _wait_for(
+                lambda: coordinator.clients[CLIENT].credential_hash != credential,
+                "the restarted client's registration",
+            )
+            at_registration = coordinator.client_epsilons[CLIENT]
+            key_after_restart = coordinator.clients[CLIENT].signing_key
+            exit_code = restarted.wait(_WAIT_S)
+    finally:
+        watcher.done.set()
+        watcher.join()
+        cluster.stop()
+    output = log_path.read_text(errors="replace")
+    final = _ledger(ledger)
+
+    # Assert: killed mid-run, restarted under the same client id with the same signing key
+    assert killed == -signal.SIGKILL
+    assert not run_finished_at_kill
+    assert set(coordinator.clients) == {CLIENT}
+    assert key_after_restart == key
+    assert "resumes its privacy budget" in output, output[-3000:]
+    # Its epsilon never goes down: not in its ledger, not at the coordinator, which heard the
+    # spend of the round it died in (at registration at the latest)
+    assert at_kill is not None and final is not None
+    assert _non_decreasing([e for _, e in watcher.in_ledger])
+    assert _non_decreasing(watcher.at_coordinator)
+    assert at_registration >= at_kill[1]
+    # It refuses to train past its target: BUDGET_ROUNDS rounds spent in all, the round it
+    # was killed in included; then it said its budget is spent and stopped
+    assert final[0] == BUDGET_ROUNDS * steps_per_round, output[-3000:]
+    assert at_kill[1] < final[1] <= TARGET_EPSILON
+    assert exit_code == 0, output[-3000:]
+    assert coordinator.clients[CLIENT].exhausted
+    # The coordinator's figure is what the data spent
+    assert coordinator.client_epsilons[CLIENT] == final[1]
+    assert coordinator.max_epsilon[0] == final[1]
