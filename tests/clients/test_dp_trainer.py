@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from opacus.accountants import RDPAccountant
 
-from fedps.accounting import calibrate_noise
 from clients.dp_trainer import ClientLevelTrainer, DPTrainer, create_trainer
 from clients.edge_client import EdgeClient
+from fedps.accounting import calibrate_noise
 from fedps.blocks import flatten_model
 from fedps.config import FedPSConfig, load_config
 from fedps.datasets import Dataset, load_dataset
