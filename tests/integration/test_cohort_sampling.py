@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fedps.accounting import client_level_noise
+from fedps.errors import RoundClosedError
 from tests.conftest import start_cluster
 from tests.round_driver import TaskPoller
 
@@ -37,6 +38,7 @@ def test_participation_rate_is_the_accountants_rate_with_half_the_clients_live(
         },
         privacy={"level": "client", "noise_multiplier": 1.0},
     )
+    stop = threading.Event()
     try:
         coordinator = cluster.coordinator
         rate = client_level_noise(cluster.config.training, cluster.config.privacy).sample_rate
@@ -44,7 +46,6 @@ def test_participation_rate_is_the_accountants_rate_with_half_the_clients_live(
             TaskPoller(cluster.config, f"client-{i}", num_params=coordinator.layout.num_params)
             for i in range(LIVE)
         ]
-        stop = threading.Event()
         threads = [threading.Thread(target=p.run, args=(stop,)) for p in pollers]
 
         # Execute
@@ -64,6 +65,55 @@ def test_participation_rate_is_the_accountants_rate_with_half_the_clients_live(
         participation = sum(len(p.asked) for p in pollers) / (LIVE * ROUNDS)
         assert rate == pytest.approx(COHORT / PROVISIONED)
         assert abs(participation - rate) < 5 * math.sqrt(rate * (1 - rate) / (LIVE * ROUNDS))
+    finally:
+        stop.set()
+        cluster.stop()
+
+
+def test_a_cohort_below_the_quorum_skips_its_round_and_opens_nothing(tmp_path: Path) -> None:
+    # Prepare: 3 of 20 provisioned clients live, q = 0.3, a quorum of all three: almost every
+    # draw (97%) is too small.
+    rounds, quorum = 5, 3
+    cluster = start_cluster(
+        tmp_path,
+        training={
+            "rounds": rounds,
+            "clients": PROVISIONED,
+            "cohort_size": COHORT,
+            "min_quorum": quorum,
+            "deadline_s": 0.5,
+        },
+        privacy={"level": "client", "noise_multiplier": 1.0},
+    )
+    stop = threading.Event()
+    try:
+        coordinator = cluster.coordinator
+        pollers = [
+            TaskPoller(cluster.config, f"client-{i}", num_params=coordinator.layout.num_params)
+            for i in range(quorum)
+        ]
+        threads = [threading.Thread(target=p.run, args=(stop,)) for p in pollers]
+
+        # Execute
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+        stop.set()
+
+        # Assert: every global round counted, skipped ones abandoned with nobody asked to
+        # train and no commit phase opened at the key holder.
+        history = coordinator.history
+        assert coordinator.finished
+        assert [r.round for r in history] == list(range(1, rounds + 1))
+        skipped = {r.round for r in history if r.cohort < quorum}
+        assert skipped  # all but impossible otherwise: 0.027^5
+        for record in history:
+            if record.round in skipped:
+                assert record.abandoned and record.contributors == 0
+                with pytest.raises(RoundClosedError, match="not open"):
+                    cluster.keyholder.commits.phase(record.round)
+        assert all(not (p.asked & skipped) for p in pollers)
     finally:
         stop.set()
         cluster.stop()
