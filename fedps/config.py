@@ -17,6 +17,7 @@ of the key holder, the coordinator and every shard. Errors name the bad field::
 from __future__ import annotations
 
 import ipaddress
+import math
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -368,12 +369,22 @@ class FedPSConfig(_Section):
                 'set training.mode = "async" (a sync run is synchronous everywhere)'
             )
         cohort = self.training.cohort_size or self.training.clients
+        if self.privacy.level == "client":  # Poisson cohorts: n on average, sometimes more
+            cohort = _poisson_cohort_bound(self.training.clients, cohort)
         if cohort > self.he.max_clients:
             raise ValueError(
                 f"a round of {cohort} clients exceeds he.max_clients ({self.he.max_clients}), "
                 "which sizes the CKKS headroom; raise he.max_clients"
             )
         return self
+
+
+def _poisson_cohort_bound(clients: int, cohort: int) -> int:
+    """A cohort size that Poisson sampling of ``clients`` at rate ``cohort / clients``
+    practically never exceeds: the mean plus 6 sqrt(mean) + 6 (a tail of about 1e-9 or
+    less), at most ``clients``."""
+    mean = min(cohort, clients)
+    return min(clients, math.ceil(mean + 6 * math.sqrt(mean) + 6))
 
 
 def is_loopback(host: str) -> bool:

@@ -2,7 +2,9 @@
 
 One round, in two phases:
 
-1. **Commit.** Pick a cohort of live clients, open the round's commit phase at the key holder
+1. **Commit.** Draw a cohort of live clients (:class:`server.cohort_sampler.CohortSampler`:
+   Poisson at client level, so a round can be skipped for a cohort smaller than
+   ``min_quorum``), open the round's commit phase at the key holder
    with the current model version, and hand ``TRAIN`` tasks to the cohort. Each client trains,
    encrypts and commits its signed update (and its ciphertexts' sketches) at the key holder.
    When every member has committed (or said it has nothing to send), or the deadline passes
@@ -33,7 +35,6 @@ import json
 import logging
 import math
 import os
-import random
 import secrets
 import threading
 import time
@@ -60,6 +61,7 @@ from fedps.errors import (
 from fedps.parameter_client import ParameterClient
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc, shard_pb2
 from fedps.transport import call, call_until, create_channel
+from server.cohort_sampler import CohortSampler
 from server.evaluator import Evaluator
 
 __all__ = ["Coordinator", "RoundRecord", "Task"]
@@ -89,6 +91,9 @@ class RoundRecord:
     seconds: float = 0.0
     abandoned: bool = False
     push_seconds: float = 0.0  # from the freeze of the commitments to the close
+    #: client level: the noise multiplier the released model carries (0: example level)
+    noise_multiplier: float = 0.0
+    cohort: int = 0  # clients drawn for the round
 
 
 @dataclass(frozen=True)
@@ -189,7 +194,7 @@ class Coordinator:
         self._open: _OpenRound | None = None
         self._resume: _OpenRound | None = None  # the round a restarted coordinator continues
         self._keyholder_key: bytes | None = None  # verifies published blocks
-        self._rng = random.Random(self._training.seed)
+        self._sampler = CohortSampler(self._training, config.privacy)
         self.evaluator = Evaluator(self._training)
         self._vector: np.ndarray = self.evaluator.initial_vector()
         self._shard_ids = config.cluster.shard_ids
@@ -510,9 +515,7 @@ class Coordinator:
                 if len(live) >= expected or (
                     len(live) >= self._training.min_quorum and time.time() > grace_until
                 ):
-                    size = self._training.cohort_size or len(live)
-                    chosen = sorted(self._rng.sample(sorted(live), min(size, len(live))))
-                    return frozenset(chosen)
+                    return self._sampler.draw(live)
                 usable = [c for c in self.clients.values() if not c.exhausted]
                 if len(self.clients) >= expected and len(usable) < self._training.min_quorum:
                     _log.warning("fewer than min_quorum clients have privacy budget left")
@@ -529,6 +532,11 @@ class Coordinator:
         self, round_: int, cohort: frozenset[str], *, resume: _OpenRound | None = None
     ) -> None:
         started = time.time()
+        if resume is None and not self._cohort_fits(round_, cohort):
+            record = RoundRecord(round=round_, version=self.version, contributors=0)
+            record.abandoned, record.cohort = True, len(cohort)
+            self._finish_round(record, started, self.bytes_pushed)
+            return
         self._context_id = self._retry(
             lambda: self._keyholder.GetPublicContext(common_pb2.Empty(), timeout=_CALL_S),
             "public context",
@@ -570,7 +578,7 @@ class Coordinator:
             return
         commit_set = self._freeze_commitments(round_)
         committed = frozenset(commit_set.client_ids) & cohort
-        record = RoundRecord(round=round_, version=version, contributors=0)
+        record = RoundRecord(round=round_, version=version, contributors=0, cohort=len(cohort))
         quorum = self._training.min_quorum
         if asynchronous:
             quorum = max(quorum, self._training.buffer_size)
@@ -618,7 +626,26 @@ class Coordinator:
             else:
                 self.version = reply.version
                 record.version = reply.version
+                record.noise_multiplier = reply.noise_multiplier
         self._finish_round(record, started, bytes_before)
+
+    def _cohort_fits(self, round_: int, cohort: frozenset[str]) -> bool:
+        """Whether a round can run with the drawn ``cohort``: at least ``min_quorum`` and at
+        most ``he.max_clients`` clients (a Poisson draw can miss either; the round is then
+        skipped before anything opens, and still counts as a global round)."""
+        low, high = self._training.min_quorum, self.config.he.max_clients
+        if low <= len(cohort) <= high:
+            return True
+        _log.warning(
+            "round %d skipped: %d clients drawn (Poisson, rate %.4g), the round needs %d to %d; "
+            "nothing is opened or released, and the clients' accountants count the round",
+            round_,
+            len(cohort),
+            self._sampler.rate,
+            low,
+            high,
+        )
+        return False
 
     def _collect_commitments(self, opened: _OpenRound, asynchronous: bool) -> None:
         """Hand out TRAIN tasks and wait until every cohort member committed or said it has

@@ -10,6 +10,12 @@ each block by its total weight, applies the server optimizer and publishes the n
 every block to its shard. It never receives a single client's ciphertext on its own. A round
 whose check failed is never decrypted; the shard that sent the bad block is counted as a
 suspect, and after ``max_detections`` detections no round is decrypted any more.
+
+At client level (DP-FedAvg) the key holder is the one party that sees a round's sum: when
+fewer than the cohort's n clients contributed, it adds the missing shares of the noise to the
+decrypted sum before anything is released, and it divides by the fixed n instead of the count
+(McMahan et al. 2018's fixed-denominator estimator), so the released model is post-processing
+of a sum that carries the noise the accountant assumes.
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ from pathlib import Path
 import numpy as np
 
 from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, SecretContext, unpack_blocks
+from crypto.randomness import SecureRandom
 from crypto.release import decryption_error_bound, flood_and_round, released_std
 from crypto.secret_context import SECRET_KEY_FILE
 from crypto.signing import BlockSigner, model_block_digest
 from crypto.sketch import Challenge, sketch_count
+from fedps.accounting import ClientLevelNoise
 from fedps.blocks import BlockLayout
 from fedps.errors import (
     FedPSError,
@@ -69,6 +77,10 @@ class RoundResult:
     sync_groups_applied: bool = True
     #: every contributing client with its effective weight (weight x staleness multiplier)
     contributors: dict[str, float] = field(default_factory=dict)
+    #: client level: the noise multiplier of the released sum (shares plus top-up); else 0
+    noise_multiplier: float = 0.0
+    #: client level: the std per value of the noise the key holder added to the sum
+    top_up_std: float = 0.0
 
 
 class KeyHolder:
@@ -95,6 +107,10 @@ class KeyHolder:
         uniform weights).
     max_detections
         Detected tamperings by one shard after which no round is decrypted any more.
+    client_noise
+        Client-level DP (:func:`fedps.accounting.client_level_noise`, the clients' own
+        calibration): top each round's sum up to the full noise and divide by the fixed cohort
+        size. None at example level.
     """
 
     def __init__(
@@ -116,9 +132,12 @@ class KeyHolder:
         groups: GroupPolicy | None = None,
         weight_bounds: tuple[float, float] = (1.0, 1.0),
         max_detections: int = 3,
+        client_noise: ClientLevelNoise | None = None,
     ) -> None:
         if min_cohort < 1:
             raise InvalidArgumentError("min_cohort must be at least 1")
+        if client_noise is not None and (groups is not None or staleness is not None):
+            raise InvalidArgumentError("client-level noise needs synchronous rounds")
         self._dir = state_dir
         secret = state_dir / "keys" / SECRET_KEY_FILE
         if (state_dir / _STATE_FILE).exists() and not secret.exists():
@@ -144,6 +163,8 @@ class KeyHolder:
         self._max_staleness = max_staleness
         self._groups = groups
         self._params_config = params
+        self._client_noise = client_noise
+        self._noise = SecureRandom()  # the top-up: nobody else may be able to regenerate it
         challenge_key = _load_or_create_secret(state_dir / "keys" / "challenge.key")
         self.signer = BlockSigner.load_or_create(state_dir / "keys" / "signing.key")
         (state_dir / "keys" / "signing.pub").write_text(self.signer.public_key.hex() + "\n")
@@ -317,7 +338,7 @@ class KeyHolder:
             )
             layout = self.layout
             try:
-                delta, manifests = self._decrypt_average(round_, layout, verifier)
+                delta, manifests, top_up = self._decrypt_average(round_, layout, verifier)
             except PolicyError as exc:
                 self._refuse(round_, exc)
                 raise
@@ -340,6 +361,8 @@ class KeyHolder:
                 update_norm=float(np.linalg.norm(delta)),
                 sync_groups_applied=round_closed,
                 contributors={c: w for m in manifests.values() for c, w in m.items()},
+                noise_multiplier=self._present_multiplier(manifests, top_up),
+                top_up_std=top_up,
             )
             self._released[round_] = result
             self._save_state()
@@ -414,11 +437,13 @@ class KeyHolder:
 
     def _decrypt_average(
         self, round_: int, layout: BlockLayout, verifier: AggregateVerifier
-    ) -> tuple[np.ndarray, dict[int, dict[str, float]]]:
-        """The round's weighted average update and each block's contributors with their
-        effective weights (weight x staleness multiplier; a block's total is their sum).
+    ) -> tuple[np.ndarray, dict[int, dict[str, float]], float]:
+        """The round's weighted average update, each block's contributors with their
+        effective weights (weight x staleness multiplier; a block's total is their sum), and
+        the std of the client-level top-up noise added to each value of the sum (0 without).
 
-        Nothing is decrypted before every block of every shard passed every check."""
+        Nothing is decrypted before every block of every shard passed every check. At client
+        level the average divides the topped-up sum by the fixed cohort size."""
         fetched = self._fetch(round_, layout, verifier)
         owners = [sid for sid, aggs in fetched.items() for _ in aggs]
         blocks = [agg.block for aggs in fetched.values() for agg in aggs]
@@ -442,6 +467,11 @@ class KeyHolder:
         multipliers = verifier.multipliers
         effective = {c: verifier.weights[c] * multipliers[c] for c in verifier.contributors}
         total = sum(effective.values())
+        top_up = 0.0
+        noise = self._client_noise
+        if noise is not None:  # weights and multipliers are all 1: the sum of m shares
+            top_up = noise.top_up_std(len(effective))
+            total = float(noise.cohort)
         averaged: dict[int, np.ndarray] = {}
         for block, row in zip(blocks, rows, strict=True):
             try:
@@ -449,9 +479,18 @@ class KeyHolder:
             except InvalidArgumentError as exc:
                 raise PolicyError(f"block {block} cannot be decrypted: {exc}") from exc
             summed = self._release(opened, list(multipliers.values()), block)
+            if top_up > 0:  # after the bound check, which covers the clients' values only
+                summed = summed + self._noise.normal(top_up, summed.shape)
             averaged[block] = summed / total
         manifests = {b: dict(effective) for b in averaged}
-        return layout.join(averaged), manifests
+        return layout.join(averaged), manifests, top_up
+
+    def _present_multiplier(self, manifests: dict[int, dict[str, float]], top_up: float) -> float:
+        """The noise multiplier a client-level round's released sum carries (0: example
+        level, where the noise is each client's own DP-SGD)."""
+        if self._client_noise is None:
+            return 0.0
+        return self._client_noise.present_multiplier(len(manifests[0]), top_up)
 
     def _release(self, summed: np.ndarray, multipliers: list[int], block: int) -> np.ndarray:
         """Flood and round a decrypted sum of ciphertexts weighted by integer ``multipliers``

@@ -83,6 +83,8 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
             min_contributors=result.min_contributors,
             total_weight=result.total_weight,
             update_norm=result.update_norm,
+            noise_multiplier=result.noise_multiplier,
+            top_up_std=result.top_up_std,
         )
 
     def OpenCommits(  # noqa: N802

@@ -18,6 +18,7 @@ import grpc
 
 from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, PublicContext
 from crypto.signing import model_verifier
+from fedps.accounting import client_level_noise
 from fedps.blocks import group_mask
 from fedps.config import FedPSConfig, is_loopback
 from fedps.errors import InvalidArgumentError
@@ -120,6 +121,9 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
         groups=_group_policy(config),
         weight_bounds=weight_bounds(config),
         max_detections=config.security.max_detections,
+        client_noise=(
+            client_level_noise(t, config.privacy) if config.privacy.level == "client" else None
+        ),
     )
     metrics = _metrics(config.metrics.keyholder, "keyholder")
     if metrics is not None:

@@ -121,6 +121,18 @@ def start_cluster(
     return Cluster(config, keyholder, shards, coord, servers, tmp_path / "state")  # type: ignore[arg-type]
 
 
+def start_coordinator(cluster: Cluster) -> Coordinator:
+    """Start the coordinator of a cluster started with ``coordinator=False`` (its port is
+    bound already): for tests whose clients take longer to build than the coordinator waits
+    for them before its first round."""
+    if cluster.coordinator is not None:
+        raise RuntimeError("the cluster's coordinator is running already")
+    server = cluster.servers["coordinator"]
+    cluster.coordinator = add_coordinator(server, cluster.config, cluster.state_dir / "coordinator")
+    server.start()
+    return cluster.coordinator
+
+
 @pytest.fixture
 def small_training() -> dict[str, object]:
     """A short, fast training section for integration tests."""

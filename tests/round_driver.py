@@ -3,22 +3,29 @@
 Tests that play an attacker need to stop between the steps of a round: after the clients
 committed, after they pushed, before the key holder fetches. :class:`RoundDriver` performs each
 step with the same messages the coordinator and :class:`clients.edge_client.EdgeClient` send,
-over real channels to the servers of a :class:`tests.conftest.Cluster`.
+over real channels to the servers of a :class:`tests.conftest.Cluster`. :class:`TaskPoller`
+is the other side: a registered client that only asks the real coordinator for tasks and
+answers every ``TRAIN`` at once with an empty report, so rounds run without any training.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from crypto import BlockEncryptor, PublicContext
+from crypto.enrolment import read_token
 from crypto.signing import BlockSigner, sign_update
 from crypto.sketch import Challenge
 from fedps.config import FedPSConfig
 from fedps.hash_ring import HashRing
 from fedps.proto import (
     common_pb2,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
     keyholder_pb2,
     keyholder_pb2_grpc,
     shard_pb2,
@@ -26,7 +33,7 @@ from fedps.proto import (
 )
 from fedps.transport import call, create_channel
 
-__all__ = ["HandClient", "RoundDriver"]
+__all__ = ["HandClient", "RoundDriver", "TaskPoller"]
 
 
 @dataclass
@@ -208,3 +215,48 @@ class RoundDriver:
         for client in clients:
             self.push(round_, client)
         self.close(round_)
+
+
+class TaskPoller:
+    """A registered client that takes part in rounds without training: it polls the
+    coordinator for tasks and answers each ``TRAIN`` with a report of nothing pushed, which
+    ends its part of the round. :attr:`asked` holds the rounds it was asked to train in."""
+
+    def __init__(
+        self, config: FedPSConfig, identity: str, *, num_params: int, poll_s: float = 0.02
+    ) -> None:
+        self.identity = identity
+        self.asked: set[int] = set()
+        self._poll_s = poll_s
+        self._delta = config.privacy.delta
+        self._stub = coordinator_pb2_grpc.CoordinatorStub(
+            create_channel(config.cluster.coordinator)
+        )
+        token = read_token(config.tls.directory, identity)
+        if token is None:
+            raise RuntimeError(f"no enrolment token for {identity}")
+        request = coordinator_pb2.RegisterRequest(
+            name=identity,
+            num_examples=1,
+            num_params=num_params,
+            signing_key=BlockSigner().public_key,
+            enrolment_token=token,
+        )
+        reply = call(lambda: self._stub.Register(request), "register")
+        self.client_id: str = reply.client_id
+        self._metadata = (("x-fedps-credential", reply.credential.hex()),)
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll until the coordinator says done or ``stop`` is set."""
+        request = coordinator_pb2.TaskRequest(client_id=self.client_id)
+        while not stop.is_set():
+            task = call(lambda: self._stub.GetTask(request, metadata=self._metadata), "task")
+            if task.kind == coordinator_pb2.Task.DONE:
+                return
+            if task.kind == coordinator_pb2.Task.TRAIN and task.round not in self.asked:
+                self.asked.add(task.round)
+                report = coordinator_pb2.UpdateReport(
+                    client_id=self.client_id, round=task.round, delta=self._delta
+                )
+                call(lambda: self._stub.ReportUpdate(report, metadata=self._metadata), "report")  # noqa: B023
+            time.sleep(self._poll_s)

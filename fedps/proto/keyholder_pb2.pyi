@@ -371,6 +371,8 @@ class ApplyRoundReply(_message.Message):
     MIN_CONTRIBUTORS_FIELD_NUMBER: _builtins.int
     TOTAL_WEIGHT_FIELD_NUMBER: _builtins.int
     UPDATE_NORM_FIELD_NUMBER: _builtins.int
+    NOISE_MULTIPLIER_FIELD_NUMBER: _builtins.int
+    TOP_UP_STD_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """the new published version"""
     min_contributors: _builtins.int
@@ -378,6 +380,11 @@ class ApplyRoundReply(_message.Message):
     total_weight: _builtins.float
     """of block 0"""
     update_norm: _builtins.float
+    noise_multiplier: _builtins.float
+    """Client-level DP: the noise multiplier the released sum carries (the clients' shares plus
+    the key holder's top-up), and the std of that top-up per value; 0 at example level.
+    """
+    top_up_std: _builtins.float
     def __init__(
         self,
         *,
@@ -385,10 +392,12 @@ class ApplyRoundReply(_message.Message):
         min_contributors: _builtins.int = ...,
         total_weight: _builtins.float = ...,
         update_norm: _builtins.float = ...,
+        noise_multiplier: _builtins.float = ...,
+        top_up_std: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["min_contributors", b"min_contributors", "total_weight", b"total_weight", "update_norm", b"update_norm", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["min_contributors", b"min_contributors", "noise_multiplier", b"noise_multiplier", "top_up_std", b"top_up_std", "total_weight", b"total_weight", "update_norm", b"update_norm", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
