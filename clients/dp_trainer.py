@@ -264,6 +264,13 @@ class Trainer(abc.ABC):
         """
         del round_
 
+    def sit_out(self, round_: int) -> bool:
+        """Account for the global rounds up to ``round_`` (finished) that this client did not
+        train in; returns whether the spend grew. Only client-level accounting counts them
+        (amplification by sampling counts every round); by default this does nothing."""
+        del round_
+        return False
+
     def can_train_round(self) -> bool:
         """Whether one more round stays within the epsilon budget (if there is one)."""
         return self.budget is None or self.epsilon_after_next_round() <= self.budget
@@ -494,6 +501,13 @@ class ClientLevelTrainer(Trainer):
     def set_round(self, round_: int) -> None:
         """Record the global round the next :meth:`train_round` belongs to."""
         self._round = round_
+
+    def sit_out(self, round_: int) -> bool:
+        """Count every global round up to ``round_``, drawn for or not."""
+        if round_ <= self._rounds_spent:
+            return False
+        self._rounds_spent = round_
+        return True
 
     def _next_rounds_spent(self) -> int:
         # At least one more round, even if the same round number is trained twice.

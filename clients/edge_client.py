@@ -68,7 +68,7 @@ from fedps.proto import (
     keyholder_pb2_grpc,
     shard_pb2,
 )
-from fedps.transport import batched, call_until, create_channel
+from fedps.transport import batched, call, call_until, create_channel
 
 __all__ = ["ClientSummary", "EdgeClient", "PreparedPush", "client_partition"]
 
@@ -204,6 +204,8 @@ class EdgeClient:
                 except UnknownClientError:  # the coordinator restarted without us
                     self._register(timeout_s)
                     continue
+                if task.kind in (coordinator_pb2.Task.WAIT, coordinator_pb2.Task.DONE):
+                    self._sit_out(task.round, final=task.kind == coordinator_pb2.Task.DONE)
                 if task.kind == coordinator_pb2.Task.DONE:
                     break
                 if task.kind == coordinator_pb2.Task.TRAIN:
@@ -269,6 +271,31 @@ class EdgeClient:
             _log.warning("%s: cannot tell the coordinator its spend: %s", self.name, exc)
             return False
         return True
+
+    def _sit_out(self, round_: int, *, final: bool) -> None:
+        """Rounds up to ``round_`` finished without us: at client level they count in our
+        spend all the same (amplification by sampling counts every global round). Record it;
+        the next ``GetTask`` carries it to the coordinator, or (``final``: the run is done)
+        one last call does."""
+        if not self.trainer.sit_out(round_):
+            return
+        self.recorded = self.trainer.spend()
+        self.state.record(self._data, self.recorded, privacy=self.config.privacy)
+        if final:
+            request = coordinator_pb2.TaskRequest(
+                client_id=self.client_id,
+                epsilon=self.recorded.epsilon,
+                delta=self.config.privacy.delta,
+            )
+            try:
+                call(
+                    lambda: self._coordinator.GetTask(
+                        request, metadata=self._metadata(), timeout=_CALL_S
+                    ),
+                    "final spend",
+                )
+            except FedPSError as exc:  # the ledger has it; a next registration carries it
+                _log.info("%s: cannot tell the coordinator its final spend: %s", self.name, exc)
 
     def _announce_spend(self) -> None:
         """Tell the coordinator the recorded spend (every ``GetTask`` call carries it)."""

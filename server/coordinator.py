@@ -316,8 +316,10 @@ class Coordinator:
             self._check_credential(client, client_id, credential)
             client.last_seen = time.time()
             client.spent(epsilon, delta)
+            # WAIT and DONE carry the last finished round: at client level every global round
+            # counts in a client's spend, the rounds it was not drawn for too.
             if self.finished:
-                return Task("done")
+                return Task("done", self.round)
             current = self._open
             if (
                 current is not None
@@ -345,7 +347,7 @@ class Coordinator:
                     weight_scale=float(scale),
                     context_id=self._context_id,
                 )
-            return Task("wait")
+            return Task("wait", self.round)
 
     def report(
         self,

@@ -196,6 +196,9 @@ class Task(_message.Message):
     CONTEXT_ID_FIELD_NUMBER: _builtins.int
     kind: Global___Task.Kind.ValueType
     round: _builtins.int
+    """TRAIN, PUSH: the round; WAIT, DONE: the last finished round (client-level DP counts
+    every global round in each client's spend, drawn for or not).
+    """
     version: _builtins.int
     deadline_unix: _builtins.float
     retry_after: _builtins.float

@@ -204,3 +204,38 @@ def test_epsilon_with_dropouts_is_the_epsilon_of_the_released_models(tmp_path: P
         assert epsilon_of_history(short, delta) > 1.05 * reported
     finally:
         cluster.stop()
+
+
+@pytest.mark.privacy
+def test_every_client_counts_every_global_round_drawn_for_or_not(tmp_path: Path) -> None:
+    # Prepare: Poisson cohorts at q = 2 / 4, so in most runs some client is not drawn for the
+    # last rounds (and a draw below the quorum skips a round): its spend must count them too
+    rounds = 4
+    cluster = start_cluster(
+        tmp_path,
+        training={
+            "rounds": rounds,
+            "clients": 4,
+            "cohort_size": 2,
+            "min_quorum": 2,
+            "deadline_s": 5.0,
+        },
+        privacy={"level": "client", "noise_multiplier": 2.0, "clip_norm": 0.5},
+    )
+    try:
+        clients = [EdgeClient(cluster.config, index=i) for i in range(4)]
+
+        # Execute
+        run_clients(clients)
+
+        # Assert: every client's recorded and reported spend is the accountant's for every
+        # global round of the run, at the Poisson rate, whichever rounds it trained in
+        coordinator = cluster.coordinator
+        assert coordinator.finished and coordinator.round == rounds
+        expected = epsilon(2.0, 0.5, rounds, cluster.config.privacy.delta)
+        for client in clients:
+            assert client.trainer.history()[-1] == (2.0, 0.5, rounds)
+            assert client.recorded.epsilon == pytest.approx(expected)
+            assert coordinator.client_epsilons[client.client_id] == pytest.approx(expected)
+    finally:
+        cluster.stop()
