@@ -50,6 +50,7 @@ __all__ = [
     "ClientLevelTrainer",
     "DPTrainer",
     "History",
+    "PoissonBatches",
     "PrivacySpend",
     "Trainer",
     "create_trainer",

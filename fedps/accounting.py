@@ -41,6 +41,7 @@ __all__ = [
     "ACCOUNTANTS",
     "ClientLevelNoise",
     "calibrate_noise",
+    "client_cohort",
     "client_level_noise",
     "epsilon",
     "epsilon_of_history",
@@ -292,11 +293,17 @@ class ClientLevelNoise:
         return math.sqrt(variance) / self.clip_norm
 
 
+def client_cohort(training: TrainingConfig) -> tuple[int, float]:
+    """Client level: the cohort size n the noise is split into (``training.cohort_size``, or
+    every client when 0) and the Poisson rate q = n / ``training.clients``."""
+    cohort = min(training.cohort_size or training.clients, training.clients)
+    return cohort, cohort / training.clients
+
+
 def client_level_noise(training: TrainingConfig, privacy: PrivacyConfig) -> ClientLevelNoise:
     """The run's client-level noise: sigma calibrated for ``training.rounds`` global rounds
     at q = n / ``training.clients``, n the cohort size (``training.clients`` when 0)."""
-    cohort = min(training.cohort_size or training.clients, training.clients)
-    rate = cohort / training.clients
+    cohort, rate = client_cohort(training)
     if privacy.target_epsilon is not None:
         sigma = calibrate_noise(
             privacy.target_epsilon, privacy.delta, rate, training.rounds, privacy.accountant

@@ -1,7 +1,7 @@
 """Cohort sampling: which live clients the coordinator asks to train in a round.
 
 Client level (DP-FedAvg): the accountant amplifies by sampling at rate q = n / clients
-(:func:`fedps.accounting.client_level_noise`, n the configured cohort size), which assumes
+(:func:`fedps.accounting.client_cohort`, n the configured cohort size), which assumes
 Poisson sampling: every provisioned client takes part in a round independently with
 probability q, whoever else does (Abadi et al. 2016; Mironov, Talwar and Zhang 2019). The
 sampler draws each live client with probability q. A provisioned client that is not live
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from crypto.randomness import random_source
-from fedps.accounting import client_level_noise
+from fedps.accounting import client_cohort
 from fedps.config import PrivacyConfig, TrainingConfig
 
 __all__ = ["CohortSampler"]
@@ -45,7 +45,7 @@ class CohortSampler:
     def __init__(self, training: TrainingConfig, privacy: PrivacyConfig) -> None:
         self.poisson = privacy.level == "client"
         #: client level: the Poisson rate q, the one the clients' accountant uses
-        self.rate = client_level_noise(training, privacy).sample_rate if self.poisson else 1.0
+        self.rate = client_cohort(training)[1] if self.poisson else 1.0
         #: example level: clients per cohort (0: every live client)
         self.size = training.cohort_size
         seed = training.seed if privacy.insecure_reproducible else None

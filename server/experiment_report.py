@@ -175,15 +175,16 @@ def _short_keys(records: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _noise_line(records: Sequence[Mapping[str, Any]]) -> str:
-    """How the points drew their DP noise: secure (a CSPRNG) or reproducible from the seed."""
-    modes = sorted({str(r.get("noise", "secure")) for r in records})
-    if modes == ["secure"]:
+    """How the points drew their DP noise: secure (a CSPRNG), reproducible from the seed, or
+    seeded by an earlier fedps (records without a ``noise`` field predate the CSPRNG)."""
+    modes = [str(r.get("noise", "seeded")) for r in records]
+    if all(m == "secure" for m in modes):
         return "DP noise, Poisson and cohort sampling: secure (a CSPRNG) at every point."
-    insecure = sum(1 for r in records if r.get("noise") == "insecure-reproducible")
+    seeded = sum(1 for m in modes if m != "secure")
     return (
-        f"**{insecure} of {len(records)} points drew their DP noise reproducibly from the "
-        "configured seed (`privacy.insecure_reproducible`): their epsilon holds against no one "
-        "who knows the configuration.**"
+        f"**{seeded} of {len(records)} points drew their DP noise from the configured seed "
+        "(`privacy.insecure_reproducible`, or a fedps from before the CSPRNG: no `noise` "
+        "field): their epsilon holds against no one who knows the configuration.**"
     )
 
 

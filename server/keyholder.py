@@ -469,7 +469,9 @@ class KeyHolder:
         total = sum(effective.values())
         top_up = 0.0
         noise = self._client_noise
-        if noise is not None:  # weights and multipliers are all 1: the sum of m shares
+        if noise is not None:  # the sum of m shares: every weight and multiplier is 1
+            if any(w != 1.0 for w in effective.values()):
+                raise PolicyError("client-level DP sums unweighted updates; a weight is not 1")
             top_up = noise.top_up_std(len(effective))
             total = float(noise.cohort)
         averaged: dict[int, np.ndarray] = {}

@@ -15,8 +15,15 @@ import pytest
 from opacus.accountants import RDPAccountant
 
 from clients.client_state import LEDGER_FILE
-from clients.dp_trainer import ClientLevelTrainer, DPTrainer, Trainer, create_trainer
+from clients.dp_trainer import (
+    ClientLevelTrainer,
+    DPTrainer,
+    PoissonBatches,
+    Trainer,
+    create_trainer,
+)
 from clients.edge_client import EdgeClient
+from crypto.randomness import SeededRandom
 from fedps.accounting import calibrate_noise
 from fedps.blocks import flatten_model
 from fedps.config import FedPSConfig, load_config
@@ -594,3 +601,32 @@ def test_restarted_edge_client_registers_with_its_recorded_epsilon(tmp_path: Pat
     assert request.delta == config.privacy.delta
     assert request.signing_key == first._signer.public_key
     second.close()
+
+
+class _NoExamples(SeededRandom):
+    """A source whose Poisson draws take no example: every batch is empty."""
+
+    def bernoulli(self, count: int, rate: float) -> np.ndarray:
+        return np.zeros(count, dtype=bool)
+
+
+def test_opacus_takes_its_noise_and_batches_from_the_source(data: Dataset) -> None:
+    # Prepare: a trainer whose source never samples an example
+    config = _config(noise_multiplier=1.0)
+    trainer = _trainer(data, config)
+    trainer.source = trainer.engine.source = trainer.optimizer.source = _NoExamples(1)
+    trainer.loader.batch_sampler.source = trainer.source
+    start = flatten_model(trainer.model)
+
+    # Execute: one round of empty batches
+    update = trainer.train_round(start)
+
+    # Assert: the loader runs the steps the accountant records, at its rate; each step of no
+    # examples still moved the model by pure noise, and the accountant counted it
+    assert isinstance(trainer.loader.batch_sampler, PoissonBatches)
+    assert 1 / len(trainer.loader) == trainer.sample_rate
+    assert trainer.engine.accountant.history == [
+        (trainer.noise_multiplier, trainer.sample_rate, trainer.steps_per_round)
+    ]
+    assert np.count_nonzero(update) > 0.99 * update.size
+    assert trainer.module.grad_accumulation_allowed is False  # Poisson: one pass per step

@@ -469,6 +469,32 @@ def test_report_summarises_seeds_and_shows_dropout(tmp_path: Path) -> None:
     assert "| dropout=0.3 | 2 | 92.00 | 1.41 | 91.00 - 93.00 |" in text
 
 
+@pytest.mark.parametrize(
+    ("noises", "line"),
+    [
+        (["secure", "secure"], "secure (a CSPRNG) at every point"),
+        (["secure", "insecure-reproducible"], "**1 of 2 points drew their DP noise from"),
+        (["secure", None], "**1 of 2 points drew their DP noise from"),  # before the CSPRNG
+    ],
+)
+def test_report_says_where_the_noise_came_from(
+    tmp_path: Path, noises: list[str | None], line: str
+) -> None:
+    # Prepare
+    records = [
+        _record(f"seed={i}", seed=i, **({} if noise is None else {"noise": noise}))
+        for i, noise in enumerate(noises)
+    ]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    # Execute
+    text = render_report(results, tmp_path / "report").read_text()
+
+    # Assert
+    assert line in text
+
+
 def test_report_of_missing_or_empty_results_fails(tmp_path: Path) -> None:
     # Prepare
     empty = tmp_path / "empty.jsonl"
