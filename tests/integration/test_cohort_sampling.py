@@ -11,7 +11,7 @@ import pytest
 
 from fedps.accounting import client_level_noise
 from fedps.errors import RoundClosedError
-from tests.conftest import start_cluster
+from tests.conftest import Cluster, start_cluster
 from tests.round_driver import TaskPoller
 
 pytestmark = [pytest.mark.integration, pytest.mark.privacy, pytest.mark.slow]
@@ -20,6 +20,19 @@ PROVISIONED = 20
 COHORT = 6  # q = 6 / 20
 LIVE = 10
 ROUNDS = 40
+
+
+def _poll_until_done(cluster: Cluster, live: int, stop: threading.Event) -> list[TaskPoller]:
+    """Run ``client-0`` ... ``client-{live - 1}`` as task pollers until the run is done."""
+    size = cluster.coordinator.layout.num_params
+    pollers = [TaskPoller(cluster.config, f"client-{i}", num_params=size) for i in range(live)]
+    threads = [threading.Thread(target=p.run, args=(stop,)) for p in pollers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    stop.set()
+    return pollers
 
 
 def test_participation_rate_is_the_accountants_rate_with_half_the_clients_live(
@@ -42,18 +55,9 @@ def test_participation_rate_is_the_accountants_rate_with_half_the_clients_live(
     try:
         coordinator = cluster.coordinator
         rate = client_level_noise(cluster.config.training, cluster.config.privacy).sample_rate
-        pollers = [
-            TaskPoller(cluster.config, f"client-{i}", num_params=coordinator.layout.num_params)
-            for i in range(LIVE)
-        ]
-        threads = [threading.Thread(target=p.run, args=(stop,)) for p in pollers]
 
         # Execute
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=600)
-        stop.set()
+        pollers = _poll_until_done(cluster, LIVE, stop)
 
         # Assert: every global round ran or was skipped, and each drawn client was asked ...
         assert coordinator.finished
@@ -88,18 +92,9 @@ def test_a_cohort_below_the_quorum_skips_its_round_and_opens_nothing(tmp_path: P
     stop = threading.Event()
     try:
         coordinator = cluster.coordinator
-        pollers = [
-            TaskPoller(cluster.config, f"client-{i}", num_params=coordinator.layout.num_params)
-            for i in range(quorum)
-        ]
-        threads = [threading.Thread(target=p.run, args=(stop,)) for p in pollers]
 
         # Execute
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=300)
-        stop.set()
+        pollers = _poll_until_done(cluster, quorum, stop)
 
         # Assert: every global round counted, skipped ones abandoned with nobody asked to
         # train and no commit phase opened at the key holder.

@@ -23,7 +23,7 @@ def coordinator(tmp_path: Path) -> Coordinator:
     return Coordinator(config, state_dir=tmp_path / "coordinator")
 
 
-def _register(coordinator: Coordinator, epsilon: float = 0.0) -> bytes:
+def _register(coordinator: Coordinator, epsilon: float = 0.0, delta: float = DELTA) -> bytes:
     """Register ``client-0`` (as mutual TLS proves it); returns its credential."""
     _, credential = coordinator.register(
         "edge-0",
@@ -32,7 +32,7 @@ def _register(coordinator: Coordinator, epsilon: float = 0.0) -> bytes:
         BlockSigner().public_key,
         identity="client-0",
         epsilon=epsilon,
-        delta=DELTA,
+        delta=delta,
     )
     return credential
 
@@ -79,15 +79,7 @@ def test_a_spend_out_of_range_is_refused(
     with pytest.raises(InvalidArgumentError, match="epsilon"):
         coordinator.get_task("client-0", credential, epsilon=epsilon, delta=delta)
     with pytest.raises(InvalidArgumentError, match="epsilon"):
-        coordinator.register(
-            "edge-0",
-            100,
-            coordinator.layout.num_params,
-            BlockSigner().public_key,
-            identity="client-0",
-            epsilon=epsilon,
-            delta=delta,
-        )
+        _register(coordinator, epsilon, delta)
     assert coordinator.client_epsilons == {"client-0": 1.0}
 
 
