@@ -155,26 +155,30 @@ class BlockSigner:
 
     @classmethod
     def load_or_create(cls, path: Path) -> BlockSigner:
-        """A signing key kept in a 0600 file (created on first use, atomically).
+        """A signing key kept in a 0600 file (created on first use, atomically, and never
+        over an existing one: of two processes creating it, both end with the same key).
 
         Raises
         ------
         ConfigError
             The file exists but holds no raw 32-byte Ed25519 private key.
         """
-        if path.exists():
-            raw = path.read_bytes()
-            if len(raw) != 32:
-                raise ConfigError(
-                    f"signing key {path} is corrupt: {len(raw)} bytes, not a raw 32-byte "
-                    "Ed25519 private key"
-                )
-            return cls(Ed25519PrivateKey.from_private_bytes(raw))
-        signer = cls()
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        raw = signer._key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-        write_private(path, raw)
-        return signer
+        if not path.exists():
+            signer = cls()
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            raw = signer._key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+            try:
+                write_private(path, raw, exclusive=True)  # never replaces a key
+                return signer
+            except FileExistsError:
+                pass  # another process created it first: use that one
+        raw = path.read_bytes()
+        if len(raw) != 32:
+            raise ConfigError(
+                f"signing key {path} is corrupt: {len(raw)} bytes, not a raw 32-byte "
+                "Ed25519 private key"
+            )
+        return cls(Ed25519PrivateKey.from_private_bytes(raw))
 
 
 def context_digest(context: bytes, context_id: str) -> bytes:

@@ -15,7 +15,9 @@ from pathlib import Path
 __all__ = ["fsync_directory", "write_atomic"]
 
 
-def write_atomic(path: Path, data: bytes, *, mode: int | None = None) -> None:
+def write_atomic(
+    path: Path, data: bytes, *, mode: int | None = None, exclusive: bool = False
+) -> None:
     """Replace ``path`` with ``data``: write a temporary file, fsync, rename, fsync the folder.
 
     Parameters
@@ -27,6 +29,14 @@ def write_atomic(path: Path, data: bytes, *, mode: int | None = None) -> None:
     mode
         Exactly this mode (e.g. ``0o600`` for a key: never readable by others, not even
         briefly, whatever the umask); ``None``: the umask's default.
+    exclusive
+        Create ``path`` only if it does not exist (a hard link of the temporary file, which
+        fails atomically when it does): of two processes creating one file, exactly one wins.
+
+    Raises
+    ------
+    FileExistsError
+        With ``exclusive``, when ``path`` already exists (it is left as it was).
     """
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
@@ -37,7 +47,11 @@ def write_atomic(path: Path, data: bytes, *, mode: int | None = None) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        if exclusive:
+            os.link(tmp, path)
+            tmp.unlink()
+        else:
+            os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
