@@ -258,9 +258,7 @@ class EdgeClient:
         the client has recorded one round too many. Returns False when the round must not be
         trained: the coordinator could not be told, or it restarted without us (we register
         again, which carries the spend, and wait for a fresh task)."""
-        spend = self.trainer.spend_after_next_round()
-        self.state.record(self._data, spend, privacy=self.config.privacy)
-        self.recorded = spend
+        self._record(self.trainer.spend_after_next_round())
         try:
             try:
                 self._announce_spend()
@@ -279,23 +277,17 @@ class EdgeClient:
         one last call does."""
         if not self.trainer.sit_out(round_):
             return
-        self.recorded = self.trainer.spend()
-        self.state.record(self._data, self.recorded, privacy=self.config.privacy)
+        self._record(self.trainer.spend())
         if final:
-            request = coordinator_pb2.TaskRequest(
-                client_id=self.client_id,
-                epsilon=self.recorded.epsilon,
-                delta=self.config.privacy.delta,
-            )
             try:
-                call(
-                    lambda: self._coordinator.GetTask(
-                        request, metadata=self._metadata(), timeout=_CALL_S
-                    ),
-                    "final spend",
-                )
+                call(self._poll_task, "final spend")
             except FedPSError as exc:  # the ledger has it; a next registration carries it
                 _log.info("%s: cannot tell the coordinator its final spend: %s", self.name, exc)
+
+    def _record(self, spend: PrivacySpend) -> None:
+        """Write ``spend`` to the ledger (durable), then carry it in every later call."""
+        self.state.record(self._data, spend, privacy=self.config.privacy)
+        self.recorded = spend
 
     def _announce_spend(self) -> None:
         """Tell the coordinator the recorded spend (every ``GetTask`` call carries it)."""
@@ -517,18 +509,17 @@ class EdgeClient:
 
     def _get_task(self, timeout_s: float) -> coordinator_pb2.Task:
         """The coordinator's next task for us (waiting out its restarts up to ``timeout_s``)."""
-        task: coordinator_pb2.Task = self._retry(
-            lambda: self._coordinator.GetTask(
-                coordinator_pb2.TaskRequest(
-                    client_id=self.client_id,
-                    epsilon=self.recorded.epsilon,
-                    delta=self.config.privacy.delta,
-                ),
-                metadata=self._metadata(),
-                timeout=_CALL_S,
-            ),
-            "get task",
-            timeout_s,
+        return self._retry(self._poll_task, "get task", timeout_s)
+
+    def _poll_task(self) -> coordinator_pb2.Task:
+        """One ``GetTask`` call, carrying the spend recorded in the ledger."""
+        request = coordinator_pb2.TaskRequest(
+            client_id=self.client_id,
+            epsilon=self.recorded.epsilon,
+            delta=self.config.privacy.delta,
+        )
+        task: coordinator_pb2.Task = self._coordinator.GetTask(
+            request, metadata=self._metadata(), timeout=_CALL_S
         )
         return task
 

@@ -535,8 +535,13 @@ class Coordinator:
     ) -> None:
         started = time.time()
         if resume is None and not self._cohort_fits(round_, cohort):
-            record = RoundRecord(round=round_, version=self.version, contributors=0)
-            record.abandoned, record.cohort = True, len(cohort)
+            record = RoundRecord(
+                round=round_,
+                version=self.version,
+                contributors=0,
+                abandoned=True,
+                cohort=len(cohort),
+            )
             self._finish_round(record, started, self.bytes_pushed)
             return
         self._context_id = self._retry(
