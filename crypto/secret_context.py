@@ -4,7 +4,7 @@
 created with mode 0600 (never briefly readable by others) and the public context beside it;
 ``load`` refuses a secret-key file that group or others can read. Decryption takes the raw
 coefficients of an *aggregate* ciphertext; the decryption policy that decides which
-aggregates may be decrypted lives in the key holder (``server.keyholder``).
+aggregates may be decrypted lives in the key holder (``server.keyholder.keyholder``).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Ed25519 signatures that bind each encrypted block to where it belongs.
 
-For every round, a client commits to each of its encrypted blocks with the Merkle root of
-the block's coefficient chunks (:func:`chunk_root`, :data:`CHUNKS` chunks per block) and
-signs one digest binding ``(run, round, client, context id, weight, nonce, all roots)``
-(:func:`update_digest`, checked by :func:`verify_update`). The key holder keeps each
-contributor's signed update as its commitment (``server.commit_board``); a shard checks the
-signature and that each block it adds hashes to its signed root; the key holder checks that
-every contribution of an aggregate is the committed one and that the aggregate is their sum
-(``server.aggregate_verifier``), so a shard can neither invent, re-weight, replay nor swap a
-contribution undetected.
+For every round, a client commits to each of its encrypted blocks with the Merkle root of the
+block's coefficient chunks (:func:`chunk_root`, :data:`CHUNKS` chunks per block) and signs one
+digest binding ``(run, round, client, context id, weight, nonce, all roots)``
+(:func:`update_digest`, checked by :func:`verify_update`). The key holder keeps each contributor's
+signed update as its commitment (``server.keyholder.commit_board``); a shard checks the signature
+and that each block it adds hashes to its signed root; the key holder checks that every
+contribution of an aggregate is the committed one and that the aggregate is their sum
+(``server.keyholder.aggregate_verifier``), so a shard can neither invent, re-weight, replay nor
+swap a contribution undetected.
 """
 
 from __future__ import annotations

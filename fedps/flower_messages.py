@@ -1,7 +1,7 @@
 """The payloads fedps's Flower integration carries in Flower messages.
 
-The Flower strategy (:mod:`server.flower_strategy`) and the Flower client
-(:mod:`clients.flower_client`) speak the coordinator's client protocol over Flower messages.
+The Flower strategy (:mod:`server.flower.flower_strategy`) and the Flower client
+(:mod:`clients.flower.flower_client`) speak the coordinator's client protocol over Flower messages.
 This module holds what both ends must agree on, as plain mappings of Flower's record values
 (``int``, ``float``, ``str``, ``bytes``), so that it imports neither Flower nor a role:
 

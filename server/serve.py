@@ -24,19 +24,19 @@ from fedps.config import FedPSConfig, is_loopback
 from fedps.errors import InvalidArgumentError
 from fedps.hash_ring import HashRing
 from fedps.proto import common_pb2, coordinator_pb2_grpc, keyholder_pb2_grpc, shard_pb2_grpc
+from fedps.staleness import create_staleness
 from fedps.transport import bind, call, create_channel, create_server
-from server.group_policy import GroupPolicy
-from server.keyholder import KeyHolder
-from server.keyholder_servicer import KeyHolderServicer
+from server.keyholder.group_policy import GroupPolicy
+from server.keyholder.keyholder import KeyHolder
+from server.keyholder.keyholder_servicer import KeyHolderServicer
+from server.keyholder.server_optimizer import create_server_optimizer
 from server.metrics import RoleMetrics
-from server.server_optimizer import create_server_optimizer
-from server.shard import Shard
-from server.shard_log import ShardLog
-from server.shard_servicer import ShardServicer
-from server.staleness import create_staleness
+from server.shard.shard import Shard
+from server.shard.shard_log import ShardLog
+from server.shard.shard_servicer import ShardServicer
 
 if TYPE_CHECKING:  # the coordinator (and torch) load only in the coordinator's process
-    from server.coordinator import Coordinator
+    from server.coordinator.coordinator import Coordinator
 
 __all__ = ["add_coordinator", "add_keyholder", "add_shard", "serve_forever"]
 
@@ -196,8 +196,8 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
 
 def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> Coordinator:
     """Build the coordinator, register its servicer and start its round loop thread."""
-    from server.coordinator import Coordinator
-    from server.coordinator_servicer import CoordinatorServicer
+    from server.coordinator.coordinator import Coordinator
+    from server.coordinator.coordinator_servicer import CoordinatorServicer
 
     coordinator = Coordinator(config, state_dir=state_dir)
     metrics = _metrics(config.metrics.coordinator, "coordinator")

@@ -17,10 +17,10 @@ from crypto.tls import client_identities
 from fedps.config import FedPSConfig, load_config
 from fedps.proto import shard_pb2
 from fedps.transport import bind, create_server, reset_tls, tls_identity
-from server.coordinator import Coordinator
-from server.keyholder import KeyHolder
+from server.coordinator.coordinator import Coordinator
+from server.keyholder.keyholder import KeyHolder
 from server.serve import add_coordinator, add_keyholder, add_shard
-from server.shard import Shard
+from server.shard.shard import Shard
 
 
 @pytest.fixture(autouse=True)

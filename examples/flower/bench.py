@@ -5,10 +5,10 @@ Usage (from the repository root, with Flower installed as docs/flower.md describ
     python examples/flower/bench.py --json flower-bench.json
     python examples/flower/bench.py --sizes 100 --rounds 2     # a quick look
 
-Each node runs :func:`clients.flower_client.create_client_app` (DP-SGD with Opacus, CKKS
+Each node runs :func:`clients.flower.flower_client.create_client_app` (DP-SGD with Opacus, CKKS
 encryption, signed pushes to the shards) and the server runs
-:class:`server.flower_strategy.FlowerStrategy` through Flower's ``Strategy.start`` loop; see
-:mod:`server.flower_bench` for what is measured.
+:class:`server.flower.flower_strategy.FlowerStrategy` through Flower's ``Strategy.start`` loop; see
+:mod:`fedps.cli.flower_bench` for what is measured.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from clients.flower_client import FlowerClient, create_client_app
+from clients.flower.flower_client import FlowerClient, create_client_app
 from crypto.signing import BlockSigner
 from fedps import models
+from fedps.cli.flower_bench import RUNTIMES, run_flower_bench
 from fedps.config import FedPSConfig
-from server.flower_bench import RUNTIMES, run_flower_bench
 
 _MODEL = "mlp128"
 

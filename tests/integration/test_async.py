@@ -16,9 +16,9 @@ from fedps.blocks import group_mask
 from fedps.errors import InvalidArgumentError
 from fedps.models import create_model
 from fedps.proto import shard_pb2, shard_pb2_grpc
+from fedps.staleness import create_staleness, multiplier
 from fedps.transport import create_channel
-from server.keyholder import RoundResult
-from server.staleness import create_staleness, multiplier
+from server.keyholder.keyholder import RoundResult
 from tests.conftest import Cluster, run_clients, start_cluster
 from tests.round_driver import HandClient, RoundDriver
 

@@ -10,7 +10,7 @@ import pytest
 
 from clients.edge_client import ClientSummary, EdgeClient
 from fedps.accounting import epsilon, epsilon_of_history
-from server.keyholder import RoundResult
+from server.keyholder.keyholder import RoundResult
 from tests.conftest import run_clients, start_cluster, start_coordinator
 from tests.round_driver import HandClient, RoundDriver
 

@@ -24,8 +24,8 @@ from typing import IO
 import pytest
 
 from clients.client_state import LEDGER_FILE
-from server.coordinator import Coordinator
-from server.deployment import write_config
+from fedps.cli.deployment import write_config
+from server.coordinator.coordinator import Coordinator
 from tests.conftest import start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.privacy]

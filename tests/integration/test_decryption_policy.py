@@ -19,7 +19,7 @@ from crypto.signing import BlockSigner
 from fedps.errors import InvalidArgumentError, PolicyError, RoundClosedError, UnknownClientError
 from fedps.proto import keyholder_pb2
 from fedps.transport import call
-from server.shard import Aggregate, SignedUpdate
+from server.shard.shard import Aggregate, SignedUpdate
 from tests.conftest import Cluster, start_cluster
 from tests.round_driver import HandClient, RoundDriver
 

@@ -1,7 +1,7 @@
 """A Flower app through Flower's own runtime, with fedps's encrypted aggregation.
 
-The ServerApp runs :class:`server.flower_strategy.FlowerStrategy` and the ClientApp is
-:func:`clients.flower_client.create_client_app`, both executed by Flower's simulation runtime
+The ServerApp runs :class:`server.flower.flower_strategy.FlowerStrategy` and the ClientApp is
+:func:`clients.flower.flower_client.create_client_app`, both executed by Flower's simulation runtime
 (``flwr.simulation.run_simulation``, Ray backend) against a real key holder and two shards on
 loopback. The clients run in Ray's worker processes, so the test-only client below writes the
 plaintext of what it encrypted to disk, where the replay reads it.
@@ -20,11 +20,11 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
-from clients.flower_client import FlowerClient, create_client_app
+from clients.flower.flower_client import FlowerClient, create_client_app
 from crypto.signing import BlockSigner
+from fedps.cli.flower_bench import simulate
 from fedps.config import FedPSConfig
-from server.flower_bench import simulate
-from server.flower_strategy import FlowerStrategy
+from server.flower.flower_strategy import FlowerStrategy
 from tests.conftest import start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

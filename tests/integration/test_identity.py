@@ -13,7 +13,7 @@ Issue 14's acceptance (d) and (e), against real servers on loopback, in sync and
     without a client certificate, nor with a certificate from another CA.
 
 Mutual TLS is process-wide, so the default-configuration cluster runs as separate processes
-(``server.deployment.Deployment``, as ``fedps up`` starts it); this test process calls it
+(``fedps.cli.deployment.Deployment``, as ``fedps up`` starts it); this test process calls it
 through channels that carry one identity each. The token tests use the in-process harness,
 which runs without TLS.
 """
@@ -38,6 +38,7 @@ from crypto.tls import (
     make_ca,
     provision_cluster,
 )
+from fedps.cli.deployment import Deployment, local_cluster, write_config
 from fedps.config import FedPSConfig, load_config
 from fedps.proto import (
     common_pb2,
@@ -48,8 +49,7 @@ from fedps.proto import (
     shard_pb2_grpc,
 )
 from fedps.transport import channel_credentials
-from server.deployment import Deployment, local_cluster, write_config
-from server.evaluator import Evaluator
+from server.coordinator.evaluator import Evaluator
 from tests.conftest import Cluster, start_cluster
 
 pytestmark = [pytest.mark.attack, pytest.mark.integration]

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from crypto.tls import provision_cluster
+from fedps.cli.deployment import write_config
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import FedPSError
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fedps.transport import call, create_channel
-from server.deployment import write_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

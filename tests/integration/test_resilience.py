@@ -15,11 +15,11 @@ import pytest
 
 from clients.edge_client import EdgeClient
 from crypto import _seal_io
+from fedps.cli.cluster_status import print_status
+from fedps.cli.deployment import write_config
 from fedps.errors import FedPSError
 from fedps.transport import bind, create_server
-from server.cluster_status import print_status
-from server.coordinator import Coordinator
-from server.deployment import write_config
+from server.coordinator.coordinator import Coordinator
 from server.serve import add_keyholder, add_shard
 from tests.conftest import Cluster, run_clients, start_cluster
 

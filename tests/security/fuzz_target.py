@@ -2011,7 +2011,7 @@ def _fields_of(cls: Any, **kwargs: Any) -> dict[str, Any]:
 
 def _credential_header() -> str:
     try:
-        from server.coordinator_servicer import CREDENTIAL_HEADER
+        from server.coordinator.coordinator_servicer import CREDENTIAL_HEADER
     except ImportError:
         return "x-fedps-credential"
     return str(CREDENTIAL_HEADER)

@@ -22,6 +22,7 @@ import pytest
 
 from crypto import CiphertextSum, PublicContext, unpack_block
 from crypto.sketch import Challenge
+from fedps.cli.cluster_status import print_status
 from fedps.errors import (
     FedPSError,
     InvalidArgumentError,
@@ -30,12 +31,11 @@ from fedps.errors import (
     RoundClosedError,
 )
 from fedps.proto import common_pb2
-from server.aggregate_verifier import AggregateVerifier, TamperingError
-from server.cluster_status import print_status
-from server.commit_board import Commitment, CommitPhase
-from server.keyholder import KeyHolder
-from server.shard import Aggregate, Contribution, Shard, SignedUpdate
-from server.staleness import create_staleness, multiplier
+from fedps.staleness import create_staleness, multiplier
+from server.keyholder.aggregate_verifier import AggregateVerifier, TamperingError
+from server.keyholder.commit_board import Commitment, CommitPhase
+from server.keyholder.keyholder import KeyHolder
+from server.shard.shard import Aggregate, Contribution, Shard, SignedUpdate
 from tests.conftest import Cluster, start_cluster
 from tests.round_driver import HandClient, RoundDriver
 

@@ -6,7 +6,7 @@ metadata only (epsilon, weight, bytes pushed); the update goes to the shards, en
 
 from __future__ import annotations
 
-from clients.flower_client import create_client_app
+from clients.flower.flower_client import create_client_app
 from fedps_flower.settings import fedps_config
 
 app = create_client_app(fedps_config)

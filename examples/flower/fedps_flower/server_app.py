@@ -12,7 +12,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedps_flower.settings import fedps_config
-from server.flower_strategy import FlowerStrategy
+from server.flower.flower_strategy import FlowerStrategy
 
 app = ServerApp()
 

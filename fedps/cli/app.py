@@ -1,0 +1,383 @@
+"""The ``fedps`` command: one face that starts every role.
+
+This is the only module of ``fedps`` that imports ``clients`` and ``server``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from fedps.config import FedPSConfig, load_config
+from fedps.errors import FedPSError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    help="fedps: secure federated training (DP-SGD clients, CKKS-encrypted aggregation).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+ConfigOpt = Annotated[
+    Optional[Path],  # noqa: UP045 - typer needs Optional here
+    typer.Option("--config", "-c", help="TOML configuration (default: built-in defaults)."),
+]
+InsecureOpt = Annotated[
+    bool,
+    typer.Option(
+        "--insecure",
+        help="Turn mutual TLS off: plaintext gRPC, clients admitted by enrolment token (warns).",
+    ),
+]
+_log = logging.getLogger("fedps")
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _load(config: Path | None, *, insecure: bool = False) -> FedPSConfig:
+    if insecure:  # the command line wins over the file's [tls] enabled
+        return load_config(config, tls={"insecure": True, "enabled": False})
+    return load_config(config)
+
+
+def _setup_tls(cfg: FedPSConfig, name: str) -> None:
+    """Before anything connects: load identity ``tls.name`` (default ``name``) under mutual
+    TLS (the default), or warn that traffic is plaintext (``--insecure``)."""
+    from crypto.tls import setup_tls
+
+    setup_tls(cfg.tls, name)
+
+
+def _provision(cfg: FedPSConfig) -> None:
+    """Create the certificates, enrolment key and tokens in ``tls.directory`` if there are
+    none (``up`` and ``demo`` on first start)."""
+    from crypto.tls import provision_cluster
+
+    try:
+        written = provision_cluster(cfg)
+    except OSError as exc:
+        where = exc.filename or cfg.tls.directory
+        raise FedPSError(f"cannot write certificates to {where}: {exc.strerror}") from None
+    if written:
+        typer.echo(f"created the certificates and enrolment tokens in {cfg.tls.directory}")
+
+
+@app.command()
+def keyholder(
+    config: ConfigOpt = None,
+    insecure: InsecureOpt = False,
+    clear_detections: Annotated[
+        bool,
+        typer.Option(
+            "--clear-detections",
+            help="Forget the tampering detected so far (after replacing a quarantined shard).",
+        ),
+    ] = False,
+) -> None:
+    """Run the key holder (generates the CKKS keys on first start)."""
+    from server.serve import serve_forever
+
+    _setup_logging(True)
+    cfg = _load(config, insecure=insecure)
+    _setup_tls(cfg, "keyholder")
+    serve_forever("keyholder", cfg, clear_detections=clear_detections)
+
+
+@app.command()
+def shard(
+    config: ConfigOpt = None,
+    index: Annotated[int, typer.Option(help="Which shard of [cluster] shards.")] = 0,
+    insecure: InsecureOpt = False,
+) -> None:
+    """Run one parameter-server shard."""
+    from server.serve import serve_forever
+
+    _setup_logging(True)
+    cfg = _load(config, insecure=insecure)
+    _setup_tls(cfg, f"shard-{index}")
+    serve_forever("shard", cfg, index=index)
+
+
+@app.command()
+def coordinator(config: ConfigOpt = None, insecure: InsecureOpt = False) -> None:
+    """Run the coordinator (chief): rounds, evaluation, checkpoints."""
+    from server.serve import serve_forever
+
+    _setup_logging(True)
+    cfg = _load(config, insecure=insecure)
+    _setup_tls(cfg, "coordinator")
+    serve_forever("coordinator", cfg)
+
+
+@app.command()
+def client(
+    config: ConfigOpt = None,
+    index: Annotated[int, typer.Option(help="Which data partition this client holds.")] = 0,
+    name: Annotated[str, typer.Option(help="A display name.")] = "",
+    threads: Annotated[int, typer.Option(help="Torch CPU threads for local training.")] = 1,
+    state_dir: Annotated[
+        Optional[Path],  # noqa: UP045 - typer needs Optional here
+        typer.Option(
+            help="The client's signing key and privacy ledger, kept across restarts "
+            "(default: clients/IDENTITY in cluster.state_dir).",
+        ),
+    ] = None,
+    insecure: InsecureOpt = False,
+) -> None:
+    """Run one edge client until training is done (a restarted client resumes its privacy
+    budget from its state folder)."""
+    _setup_logging(True)
+    cfg = _load(config, insecure=insecure)
+    _setup_tls(cfg, f"client-{index}")
+
+    import torch
+
+    from clients.edge_client import EdgeClient
+
+    torch.set_num_threads(max(1, threads))
+    # SIGTERM (from `fedps demo`/`up` or an operator) unwinds normally, so helpers stop too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    summary = EdgeClient(cfg, index=index, name=name, state_dir=state_dir).run()
+    _log.info(
+        "client %s done: %d rounds, epsilon %.3f (delta %g), %d bytes pushed",
+        summary.client_id,
+        summary.rounds_trained,
+        summary.epsilon,
+        summary.delta,
+        summary.bytes_pushed,
+    )
+
+
+@app.command()
+def certs(
+    config: ConfigOpt = None,
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--out", "-o", help="Directory to write to (default: tls.directory)."),
+    ] = None,
+) -> None:
+    """Create the deployment's CA (or reuse the one in DIR), a certificate per party, and an
+    enrolment token per client (for runs without TLS)."""
+    from crypto.enrolment import issue_tokens
+    from crypto.tls import client_identities, issue_cluster_certificates
+
+    cfg = _load(config)
+    directory = out if out is not None else cfg.tls.directory
+    try:
+        written = issue_cluster_certificates(cfg, directory)
+        tokens = issue_tokens(directory, client_identities(cfg))
+    except OSError as exc:
+        where = exc.filename or directory
+        raise FedPSError(f"cannot write certificates to {where}: {exc.strerror}") from None
+    for paths in written:
+        typer.echo(f"{paths.cert}  {paths.key} (private, mode 600)")
+    for token in tokens:
+        typer.echo(f"{token} (private, mode 600)")
+    typer.echo(
+        f"{len(written) - 1} identities signed by {written[0].cert}; copy each party's NAME.crt, "
+        f"NAME.key and ca.crt (never ca.key or enrolment.key) to its machine, with "
+        f'[tls] directory = "{directory}". Without TLS (--insecure) a client proves its '
+        "identity with NAME.token instead, and the coordinator needs enrolment.key."
+    )
+
+
+@app.command()
+def up(
+    config: Annotated[Path, typer.Argument(help="Cluster configuration (TOML).")],
+    insecure: InsecureOpt = False,
+) -> None:
+    """Start key holder, shards and coordinator as processes; Ctrl-C stops them cleanly.
+
+    Creates the certificates and enrolment tokens in ``tls.directory`` on first start."""
+    from crypto.tls import OPERATOR_NAME
+    from fedps.cli.deployment import Deployment
+
+    _setup_logging(True)
+    cfg = _load(config, insecure=insecure)
+    _provision(cfg)
+    if cfg.tls.insecure:
+        _setup_tls(cfg, OPERATOR_NAME)  # warns here too that the cluster runs without TLS
+    deployment = Deployment(config, cfg)
+    try:
+        deployment.start_servers()
+        typer.echo(f"fedps cluster up; coordinator at {cfg.cluster.coordinator}. Ctrl-C to stop.")
+        while True:
+            deployment.check_alive()
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        typer.echo("stopping...")
+    finally:
+        deployment.stop()
+
+
+@app.command()
+def demo(
+    config: ConfigOpt = None,
+    json_out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--json", help="Write a JSON summary to this file."),
+    ] = None,
+    rounds: Annotated[Optional[int], typer.Option(help="Override training.rounds.")] = None,  # noqa: UP045
+    clients: Annotated[Optional[int], typer.Option(help="Override training.clients.")] = None,  # noqa: UP045
+    mode: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Override training.mode: sync (rounds) or async (FedBuff buffers)."),
+    ] = None,
+    insecure: InsecureOpt = False,
+) -> None:
+    """Train on digits with a key holder, 2 shards, a coordinator and 4 clients, locally,
+    under mutual TLS with certificates made for the run."""
+    from fedps.cli.demo import run_demo
+
+    _setup_logging(False)
+    overrides: dict[str, dict[str, object]] = {}
+    if insecure:
+        overrides["tls"] = {"insecure": True, "enabled": False}
+    training: dict[str, object] = {}
+    if rounds is not None:
+        training["rounds"] = rounds
+    if clients is not None:
+        training["clients"] = clients
+    if mode is not None:
+        training["mode"] = mode
+    if training:
+        overrides["training"] = training
+    with tempfile.TemporaryDirectory(prefix="fedps-demo-") as tmp:
+        summary = run_demo(config, Path(tmp), overrides)
+    if json_out is not None:
+        json_out.write_text(json.dumps(summary, indent=2) + "\n")
+        typer.echo(f"summary written to {json_out}")
+
+
+@app.command()
+def bench(
+    json_out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--json", help="Write the results as JSON to this file."),
+    ] = None,
+    sizes: Annotated[
+        str, typer.Option(help="Model sizes (parameters) for the crypto paths, comma-separated.")
+    ] = "100000,1000000,10000000",
+    models: Annotated[
+        str, typer.Option(help="Models for the end-to-end secure vs plaintext rounds.")
+    ] = "mlp,mlp1m",
+    memory_clients: Annotated[
+        str, typer.Option(help="Client counts for the shard memory measurement.")
+    ] = "10,200",
+    rounds: Annotated[int, typer.Option(help="Rounds per end-to-end run.")] = 6,
+    async_target: Annotated[
+        float,
+        typer.Option(help="Also time sync vs async to this digits accuracy (0: skip)."),
+    ] = 0.0,
+) -> None:
+    """Measure encryption cost against TenSEAL's default and plaintext, in one run."""
+    from rich.console import Console
+
+    from fedps.cli.bench_report import render_table
+    from fedps.cli.benchmark import run_bench, time_to_accuracy
+
+    _setup_logging(False)
+    console = Console()
+    results = run_bench(
+        sizes=[int(s) for s in sizes.split(",") if s],
+        e2e_models=[m for m in models.split(",") if m],
+        memory_clients=[int(c) for c in memory_clients.split(",") if c],
+        rounds=rounds,
+        console=console,
+    )
+    if async_target > 0:
+        console.print("sync vs async with one client in four 5x slower ...")
+        results["async_vs_sync"] = time_to_accuracy(
+            target=async_target, slow_fraction=0.25, slow_factor=5.0, rounds=20
+        )
+    console.print(render_table(results))
+    if json_out is not None:
+        json_out.write_text(json.dumps(results, indent=2) + "\n")
+        typer.echo(f"results written to {json_out}")
+
+
+@app.command()
+def experiment(
+    args: Annotated[
+        list[str],
+        typer.Argument(
+            help="GRID.toml to run a sweep, or `report RESULTS.jsonl` to render its report.",
+            metavar="GRID.toml | report RESULTS.jsonl",
+        ),
+    ],
+    results: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--results", "-r", help="Results file (JSON lines; default GRID-results.jsonl)."
+        ),
+    ] = None,
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--out", "-o", help="Report directory (default RESULTS-report)."),
+    ] = None,
+    workdir: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Keep each point's state and logs here (default: a temporary dir)."),
+    ] = None,
+) -> None:
+    """Privacy-accuracy sweep: one real platform run per grid point, resumable."""
+    _setup_logging(False)
+    if args[0] == "report":
+        from fedps.cli.experiment_report import render_report
+
+        if len(args) != 2 or results is not None or workdir is not None:
+            raise FedPSError("usage: fedps experiment report RESULTS.jsonl [--out DIR]")
+        path = Path(args[1])
+        report = render_report(path, out or path.with_name(f"{path.stem}-report"))
+        typer.echo(f"report written to {report}")
+        return
+    from fedps.cli.experiment import run_experiment
+
+    if len(args) != 1 or out is not None:
+        raise FedPSError("usage: fedps experiment GRID.toml [--results FILE] [--workdir DIR]")
+    grid = Path(args[0])
+    results = results or Path(f"{grid.stem}-results.jsonl")
+    records = run_experiment(grid, results, workdir=workdir)
+    failed = sum(1 for r in records if "error" in r)
+    typer.echo(f"{len(records)} points in {results} (and {results.with_suffix('.csv')})")
+    if failed:
+        raise FedPSError(
+            f"{failed} of {len(records)} points failed (see their error in {results}); "
+            "run the same command again to retry them"
+        )
+    typer.echo(f"report: fedps experiment report {results}")
+
+
+@app.command()
+def status(config: ConfigOpt = None, insecure: InsecureOpt = False) -> None:
+    """Print the cluster's health as the coordinator sees it (as the operator identity)."""
+    from crypto.tls import OPERATOR_NAME
+    from fedps.cli.cluster_status import print_status
+
+    cfg = _load(config, insecure=insecure)
+    _setup_tls(cfg, OPERATOR_NAME)
+    print_status(cfg)
+
+
+def main() -> None:
+    """Console-script entry point: expected errors become one line on stderr, exit 2."""
+    try:
+        app()
+    except FedPSError as exc:
+        print(f"fedps: error: {exc}", file=sys.stderr)
+        sys.exit(2)

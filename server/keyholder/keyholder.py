@@ -1,0 +1,623 @@
+"""The key holder: the only owner of the secret key, the global model and its optimizer.
+
+It generates the CKKS key pair on first start (secret key in a 0600 file), serves the public
+context, collects each round's commitments before the round opens for pushes
+(:class:`server.keyholder.commit_board.CommitBoard`), and applies rounds: it fetches each shard's
+encrypted sums and manifests, checks every block of them against the commitments of exactly
+the clients the round closed with (:class:`~.aggregate_verifier.AggregateVerifier`: the
+contributor sets, and a sketch of every coefficient), and only then decrypts, floods, divides
+each block by its total weight, applies the server optimizer and publishes the next version of
+every block to its shard. It never receives a single client's ciphertext on its own. A round
+whose check failed is never decrypted; the shard that sent the bad block is counted as a
+suspect, and after ``max_detections`` detections no round is decrypted any more.
+
+At client level (DP-FedAvg) the key holder is the one party that sees a round's sum: when
+fewer than the cohort's n clients contributed, it adds the missing shares of the noise to the
+decrypted sum before anything is released, and it divides by the fixed n instead of the count
+(McMahan et al. 2018's fixed-denominator estimator), so the released model is post-processing
+of a sum that carries the noise the accountant assumes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, SecretContext, unpack_blocks
+from crypto.randomness import SecureRandom
+from crypto.release import decryption_error_bound, flood_and_round, released_std
+from crypto.secret_context import SECRET_KEY_FILE
+from crypto.signing import BlockSigner, model_block_digest
+from crypto.sketch import Challenge, sketch_count
+from fedps.accounting import ClientLevelNoise
+from fedps.blocks import BlockLayout
+from fedps.errors import (
+    FedPSError,
+    InvalidArgumentError,
+    NotReadyError,
+    PolicyError,
+    QuarantinedError,
+)
+from fedps.hash_ring import HashRing
+from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
+from fedps.transport import batched, call, create_channel
+from server.keyholder.aggregate_verifier import AggregateVerifier, TamperingError
+from server.keyholder.commit_board import CommitBoard
+from server.keyholder.group_policy import GroupPolicy
+from server.keyholder.server_optimizer import ServerOptimizer
+
+__all__ = ["MAX_PARAMS", "KeyHolder", "RoundResult"]
+
+_log = logging.getLogger("fedps")
+
+_STATE_FILE = "keyholder-state.npz"
+MAX_PARAMS = 1 << 31  # about 8 GiB of float32
+_CALL_S = 60.0  # deadline of each call to a shard: a restarting shard fails it, then a retry
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """What applying one round produced (cached: a repeated request gets the same result)."""
+
+    round: int
+    version: int
+    min_contributors: int
+    total_weight: float
+    update_norm: float
+    #: False: a flush that left the synchronous parameter groups as they were
+    sync_groups_applied: bool = True
+    #: every contributing client with its effective weight (weight x staleness multiplier)
+    contributors: dict[str, float] = field(default_factory=dict)
+    #: client level: the noise multiplier of the released sum (shares plus top-up); else 0
+    noise_multiplier: float = 0.0
+    #: client level: the std per value of the noise the key holder added to the sum
+    top_up_std: float = 0.0
+
+
+class KeyHolder:
+    """Decrypts aggregates only and applies them to the global model.
+
+    Parameters
+    ----------
+    state_dir
+        Where the key pair and the model state live.
+    params
+        CKKS parameters for a first start.
+    shards
+        ``{shard_id: address}`` of every shard.
+    ring
+        The cluster's hash ring.
+    optimizer
+        The server optimizer.
+    min_cohort
+        Fewest distinct clients an aggregate must contain to be decrypted.
+    groups
+        The mixed policy (async mode): values that change only when a round closes.
+    weight_bounds
+        The range every client's declared aggregation weight must lie in (``(1, 1)``:
+        uniform weights).
+    max_detections
+        Detected tamperings by one shard after which no round is decrypted any more.
+    client_noise
+        Client-level DP (:func:`fedps.accounting.client_level_noise`, the clients' own
+        calibration): top each round's sum up to the full noise and divide by the fixed cohort
+        size. None at example level.
+    """
+
+    def __init__(
+        self,
+        *,
+        state_dir: Path,
+        params: CkksParams,
+        shards: dict[str, str],
+        ring: HashRing,
+        optimizer: ServerOptimizer,
+        min_cohort: int,
+        encrypted: bool = True,
+        max_clients: int = 1 << 30,
+        max_abs_value: float = 1.0,
+        flood_bits: int = 4,
+        rotate_every_rounds: int = 0,
+        staleness: Callable[[int], float] | None = None,
+        max_staleness: int = 0,
+        groups: GroupPolicy | None = None,
+        weight_bounds: tuple[float, float] = (1.0, 1.0),
+        max_detections: int = 3,
+        client_noise: ClientLevelNoise | None = None,
+    ) -> None:
+        if min_cohort < 1:
+            raise InvalidArgumentError("min_cohort must be at least 1")
+        if client_noise is not None and (groups is not None or staleness is not None):
+            raise InvalidArgumentError("client-level noise needs synchronous rounds")
+        self._dir = state_dir
+        secret = state_dir / "keys" / SECRET_KEY_FILE
+        if (state_dir / _STATE_FILE).exists() and not secret.exists():
+            raise FedPSError(
+                f"{secret} is missing but {state_dir / _STATE_FILE} exists: the secret key of "
+                "this run is lost, and every ciphertext not yet decrypted with it; start a "
+                "new run (docs/operations.md)"
+            )
+        self.keys = SecretContext.load_or_generate(state_dir / "keys", params)
+        self._ring = ring
+        self._stubs = {
+            sid: shard_pb2_grpc.ShardStub(create_channel(addr)) for sid, addr in shards.items()
+        }
+        self._optimizer = optimizer
+        self.min_cohort = min_cohort
+        self.encrypted = encrypted
+        self.max_clients = max_clients
+        self.max_abs_value = max_abs_value
+        self.flood_bits = flood_bits
+        self.max_detections = max_detections
+        self.rotate_every_rounds = rotate_every_rounds
+        self._staleness = staleness
+        self._max_staleness = max_staleness
+        self._groups = groups
+        self._params_config = params
+        self._client_noise = client_noise
+        self._noise = SecureRandom()  # the top-up: nobody else may be able to regenerate it
+        challenge_key = _load_or_create_secret(state_dir / "keys" / "challenge.key")
+        self.signer = BlockSigner.load_or_create(state_dir / "keys" / "signing.key")
+        (state_dir / "keys" / "signing.pub").write_text(self.signer.public_key.hex() + "\n")
+        if not encrypted:
+            _log.warning("encryption is OFF: updates travel and are summed in plaintext")
+        self._lock = threading.Lock()
+        self.params: np.ndarray | None = None
+        self.version = 0
+        self.last_round = 0
+        self._released: dict[int, RoundResult] = {}
+        self._refused: set[int] = set()  # rounds whose check failed: never decrypted
+        #: detected tamperings by shard, then by reason
+        self.detections: dict[str, dict[str, int]] = {}
+        #: called with (shard, reason) for each detection (metrics)
+        self.on_tampering: Callable[[str, str], None] | None = None
+        self.last_saved = 0.0  # unix time of the last state checkpoint
+        self._load_state()
+        modulus = self.keys.public.modulus
+        self.commits = CommitBoard(
+            state_dir / "commits",
+            secret=challenge_key,
+            num_blocks=self.layout.num_blocks if self.params is not None else 0,
+            modulus=modulus if encrypted else 0,
+            sketch_count=sketch_count(modulus) if encrypted else 0,
+            max_staleness=max_staleness if staleness is not None else 0,
+            weight_bounds=weight_bounds,
+        )
+
+    @property
+    def layout(self) -> BlockLayout:
+        """The model's block layout."""
+        if self.params is None:
+            raise NotReadyError("the key holder has no model yet")
+        return BlockLayout(self.params.size, self.keys.public.params.values_per_block)
+
+    # ------------------------------------------------------------------ model
+    def initialize(self, vector: np.ndarray, *, version: int = 0, force: bool = False) -> None:
+        """Set the initial model (the chief's job) and publish it.
+
+        If a model exists it is kept and republished: nobody can replace a model through
+        this call (a chief restoring a checkpoint into a key holder that lost its state finds
+        no model there). ``force`` is accepted for compatibility and changes nothing.
+        """
+        with self._lock:
+            if self.params is not None:
+                _log.info("key holder already has model version %d; keeping it", self.version)
+                self._publish()
+                return
+            if vector.ndim != 1 or vector.size == 0 or not np.all(np.isfinite(vector)):
+                raise InvalidArgumentError("initial model must be a non-empty finite vector")
+            if self._groups is not None:
+                self._groups.check(vector.size)
+                self._groups.reset()
+            before = (self.params, self.version, dict(self._optimizer.state))
+            self.params = vector.astype(np.float64)
+            self.version = version
+            self.commits.num_blocks = self.layout.num_blocks
+            self._optimizer.state.clear()
+            try:
+                self._publish()
+            except Exception:
+                # Nothing changes unless every shard took the new model.
+                self.params, self.version, self._optimizer.state = before
+                raise
+            self._save_state()
+
+    # ------------------------------------------------------------------ commitments
+    def open_commits(
+        self, round_: int, version: int, run_id: str, context_id: str, members: dict[str, bytes]
+    ) -> None:
+        """Start ``round_``'s commit phase for ``members`` (the coordinator's call)."""
+        if self.params is None:
+            raise NotReadyError("the key holder has no model yet")
+        if context_id != self.context_id:
+            raise InvalidArgumentError("the round names another key generation (context id)")
+        if round_ <= self.last_round:
+            raise PolicyError(f"round {round_} is not after the last applied round")
+        self.commits.open(round_, version, run_id, context_id, members)
+
+    def challenge(self, round_: int) -> Challenge | None:
+        """The secret challenge of ``round_`` (None without encryption)."""
+        if not self.encrypted:
+            return None
+        public = self.keys.public
+        return Challenge(
+            self.commits.seed(round_),
+            modulus=public.modulus,
+            coeffs_per_block=public.coeffs_per_block,
+        )
+
+    def detection_counts(self) -> dict[str, int]:
+        """Detections so far, by shard."""
+        with self._lock:
+            return {shard: sum(r.values()) for shard, r in self.detections.items()}
+
+    def clear_detections(self) -> None:
+        """Forget every detection (the operator replaced the suspect shards); refused
+        rounds stay refused."""
+        with self._lock:
+            if self.detections:
+                _log.warning("clearing tampering detections: %s", self.detections)
+            self.detections = {}
+            if self.params is not None:
+                self._save_state()
+
+    @property
+    def quarantined(self) -> list[str]:
+        """Shards caught tampering ``max_detections`` times or more."""
+        return sorted(
+            shard
+            for shard, reasons in self.detections.items()
+            if sum(reasons.values()) >= self.max_detections
+        )
+
+    # ------------------------------------------------------------------ rounds
+    def apply_round(
+        self, round_: int, version: int, run_id: str = "", members: dict[str, bytes] | None = None
+    ) -> RoundResult:
+        """Verify, decrypt and apply round ``round_``'s aggregates; publish the next version.
+
+        Raises
+        ------
+        PolicyError
+            If the decryption policy refuses: an aggregate of fewer than ``min_cohort``
+            distinct signed contributors, a contribution that is not signed by a cohort member,
+            a tampered aggregate, a missing block, an out-of-bounds result, or a round that does
+            not follow the current version. A round already applied returns its released
+            result again, never a fresh decryption.
+        """
+        with self._lock:
+            cached = self._released.get(round_)
+            if cached is not None:
+                if round_ == self.last_round:
+                    self._publish()  # the first attempt may have died before publishing
+                return cached
+            if round_ in self._refused:
+                raise PolicyError(f"round {round_} was refused before; it is never decrypted")
+            quarantined = self.quarantined
+            if quarantined:
+                raise QuarantinedError(
+                    f"{', '.join(quarantined)} handed over tampered aggregates "
+                    f"{self.max_detections} times or more; the key holder decrypts nothing "
+                    "until the shard is replaced and the key holder restarted with its "
+                    "detections cleared (docs/operations.md)"
+                )
+            if self.params is None:
+                raise NotReadyError("the key holder has no model yet")
+            if version != self.version:
+                raise PolicyError(
+                    f"round {round_} trained version {version}, the model is at {self.version}"
+                )
+            if round_ <= self.last_round:
+                raise PolicyError(f"round {round_} is not after the last applied round")
+            phase = self.commits.phase(round_)
+            if (phase.run_id, phase.version, phase.context_id) != (
+                run_id,
+                version,
+                self.context_id,
+            ):
+                raise PolicyError(
+                    f"round {round_} was committed to for another run, version or key generation"
+                )
+            verifier = AggregateVerifier(
+                phase=phase,
+                contributors=set(members or {}),
+                min_cohort=self.min_cohort,
+                max_clients=self.max_clients,
+                challenge=self.challenge(round_),
+                staleness=self._staleness,
+                max_staleness=self._max_staleness,
+            )
+            layout = self.layout
+            try:
+                delta, manifests, top_up = self._decrypt_average(round_, layout, verifier)
+            except PolicyError as exc:
+                self._refuse(round_, exc)
+                raise
+            round_closed = True
+            if self._groups is None:
+                self.params = self._optimizer.step(self.params, delta)
+            else:  # the weight behind each value: its block's total
+                n = layout.values_per_block
+                totals = {b: np.full(n, sum(m.values())) for b, m in manifests.items()}
+                self.params, round_closed = self._groups.apply(
+                    self._optimizer, self.params, delta, layout.join(totals)
+                )
+            self.version += 1
+            self.last_round = round_
+            result = RoundResult(
+                round=round_,
+                version=self.version,
+                min_contributors=min(len(m) for m in manifests.values()),
+                total_weight=sum(manifests[0].values()),
+                update_norm=float(np.linalg.norm(delta)),
+                sync_groups_applied=round_closed,
+                contributors={c: w for m in manifests.values() for c, w in m.items()},
+                noise_multiplier=self._present_multiplier(manifests, top_up),
+                top_up_std=top_up,
+            )
+            self._released[round_] = result
+            self._save_state()
+            if self.rotate_every_rounds and round_ % self.rotate_every_rounds == 0:
+                self._rotate_keys()
+            self._publish()
+            _log.info(
+                "applied round %d (%d+ contributors), published version %d",
+                round_,
+                result.min_contributors,
+                self.version,
+            )
+            return result
+
+    def _rotate_keys(self) -> None:
+        """Replace the key pair: later rounds encrypt under a new context, old keys are gone."""
+        keys = SecretContext.generate(self._params_config)
+        keys.save(self._dir / "keys")
+        self.keys = keys
+        _log.info("rotated the CKKS keys; new context %s", keys.public.context_id[:12])
+
+    def _refuse(self, round_: int, exc: PolicyError) -> None:
+        """Never decrypt ``round_``; count a detected tampering against its shard."""
+        self._refused.add(round_)
+        if isinstance(exc, TamperingError):
+            reasons = self.detections.setdefault(exc.shard, {})
+            reasons[exc.reason] = reasons.get(exc.reason, 0) + 1
+            _log.warning(
+                "round %d: %s sent a tampered %s (detection %d); the round is never decrypted",
+                round_,
+                exc.shard,
+                exc.reason,
+                sum(reasons.values()),
+            )
+            if self.on_tampering is not None:
+                self.on_tampering(exc.shard, exc.reason)
+        self._save_state()
+
+    def _fetch(
+        self, round_: int, layout: BlockLayout, verifier: AggregateVerifier
+    ) -> dict[str, list[common_pb2.AggregateBlock]]:
+        """Every shard's aggregates of ``round_``, by shard; checked as the replies stream in
+        (ownership, duplicates, size, manifest, forwarded updates), so a shard cannot make
+        the key holder hold more than one small aggregate per block."""
+        return {
+            sid: call(
+                functools.partial(self._fetch_from, sid, round_, layout, verifier),
+                f"fetch from {sid}",
+            )
+            for sid in self._stubs
+        }
+
+    def _fetch_from(
+        self, sid: str, round_: int, layout: BlockLayout, verifier: AggregateVerifier
+    ) -> list[common_pb2.AggregateBlock]:
+        got: dict[int, common_pb2.AggregateBlock] = {}
+        request = shard_pb2.FetchAggregateRequest(round=round_)
+        size = self._block_bytes()
+        for reply in self._stubs[sid].FetchAggregate(request, timeout=_CALL_S):
+            for update in reply.updates:
+                verifier.check_update(sid, update)
+            for agg in reply.blocks:
+                if not 0 <= agg.block < layout.num_blocks or self._ring.owner(agg.block) != sid:
+                    raise TamperingError(sid, "foreign-block", f"sent block {agg.block}")
+                if agg.block in got:
+                    raise TamperingError(sid, "duplicate-block", f"sent block {agg.block} twice")
+                if len(agg.ciphertext) != size:
+                    raise TamperingError(sid, "malformed", f"block {agg.block} is not {size} bytes")
+                verifier.check_manifest(sid, agg)  # before holding it: a few bytes per client
+                got[agg.block] = agg
+        return list(got.values())
+
+    def _decrypt_average(
+        self, round_: int, layout: BlockLayout, verifier: AggregateVerifier
+    ) -> tuple[np.ndarray, dict[int, dict[str, float]], float]:
+        """The round's weighted average update, each block's contributors with their
+        effective weights (weight x staleness multiplier; a block's total is their sum), and
+        the std of the client-level top-up noise added to each value of the sum (0 without).
+
+        Nothing is decrypted before every block of every shard passed every check. At client
+        level the average divides the topped-up sum by the fixed cohort size."""
+        fetched = self._fetch(round_, layout, verifier)
+        owners = [sid for sid, aggs in fetched.items() for _ in aggs]
+        blocks = [agg.block for aggs in fetched.values() for agg in aggs]
+        missing = sorted(set(range(layout.num_blocks)) - set(blocks))
+        if missing:
+            shard = self._ring.owner(missing[0])
+            raise TamperingError(shard, "missing-block", f"no aggregate for blocks {missing[:10]}")
+        # Validate and unpack each shard's aggregates at once (vectorised; a malformed block
+        # is blamed on the shard that sent it).
+        parts: list[np.ndarray] = []
+        for sid, aggs in fetched.items():
+            if not aggs:
+                continue
+            try:
+                parts.append(self._unpack([agg.ciphertext for agg in aggs]))
+            except InvalidArgumentError as exc:
+                raise TamperingError(sid, "malformed", f"malformed aggregate: {exc}") from exc
+        rows = np.concatenate(parts)
+        if self.encrypted:
+            verifier.check_aggregates(owners, blocks, rows, verifier.expected_sketches())
+        multipliers = verifier.multipliers
+        effective = {c: verifier.weights[c] * multipliers[c] for c in verifier.contributors}
+        total = sum(effective.values())
+        top_up = 0.0
+        noise = self._client_noise
+        if noise is not None:  # the sum of m shares: every weight and multiplier is 1
+            if any(w != 1.0 for w in effective.values()):
+                raise PolicyError("client-level DP sums unweighted updates; a weight is not 1")
+            top_up = noise.top_up_std(len(effective))
+            total = float(noise.cohort)
+        averaged: dict[int, np.ndarray] = {}
+        for block, row in zip(blocks, rows, strict=True):
+            try:
+                opened = self.keys.decrypt(row) if self.encrypted else row
+            except InvalidArgumentError as exc:
+                raise PolicyError(f"block {block} cannot be decrypted: {exc}") from exc
+            summed = self._release(opened, list(multipliers.values()), block)
+            if top_up > 0:  # after the bound check, which covers the clients' values only
+                summed = summed + self._noise.normal(top_up, summed.shape)
+            averaged[block] = summed / total
+        manifests = {b: dict(effective) for b in averaged}
+        return layout.join(averaged), manifests, top_up
+
+    def _present_multiplier(self, manifests: dict[int, dict[str, float]], top_up: float) -> float:
+        """The noise multiplier a client-level round's released sum carries (0: example
+        level, where the noise is each client's own DP-SGD)."""
+        if self._client_noise is None:
+            return 0.0
+        return self._client_noise.present_multiplier(len(manifests[0]), top_up)
+
+    def _release(self, summed: np.ndarray, multipliers: list[int], block: int) -> np.ndarray:
+        """Flood and round a decrypted sum of ciphertexts weighted by integer ``multipliers``
+        (all 1 in sync rounds), then refuse it if it breaks the clipping bound."""
+        margin = 0.0
+        contributors = sum(multipliers)  # every value is at most this x max_abs_value
+        if self.encrypted and self.flood_bits > 0:
+            # the error of sum m_i c_i grows with sqrt(sum m_i^2), not sqrt(sum m_i)
+            sigma = 2.0**self.flood_bits * decryption_error_bound(
+                self.keys.public.params, sum(m * m for m in multipliers)
+            )
+            summed = flood_and_round(summed, sigma)
+            margin = 8 * released_std(sigma)
+        bound = contributors * self.max_abs_value * (1 + 1e-6) + margin
+        if float(np.abs(summed).max()) > bound:
+            # (the decrypted value stays here: the message reaches the coordinator's logs)
+            raise PolicyError(
+                f"block {block}: a decrypted sum exceeds the bound that {contributors} clients "
+                f"clipped to {self.max_abs_value:g} allow; refusing to apply"
+            )
+        return summed
+
+    @property
+    def context_id(self) -> str:
+        """The id clients must encrypt under (or the plaintext id, encryption off)."""
+        return self.keys.public.context_id if self.encrypted else PLAINTEXT_CONTEXT_ID
+
+    def _block_bytes(self) -> int:
+        """Bytes of one packed aggregate block."""
+        if not self.encrypted:
+            return PlainContext(self.keys.public.params.values_per_block).block_bytes
+        return self.keys.public.block_bytes
+
+    def _unpack(self, data: list[bytes]) -> np.ndarray:
+        """Validated coefficients of aggregate blocks (values, encryption off)."""
+        if not self.encrypted:
+            return PlainContext(self.keys.public.params.values_per_block).unpack_blocks(data)
+        return unpack_blocks(self.keys.public, data)
+
+    def _publish(self) -> None:
+        assert self.params is not None
+        layout = self.layout
+        n = layout.values_per_block
+        per_shard: dict[str, list[common_pb2.ParameterBlock]] = {s: [] for s in self._stubs}
+        for b in range(layout.num_blocks):
+            values = layout.block_of(self.params, b).astype("<f4").tobytes()
+            signature = self.signer.sign(model_block_digest(self.version, b, values))
+            per_shard[self._ring.owner(b)].append(
+                common_pb2.ParameterBlock(
+                    block=b, version=self.version, values=values, signature=signature
+                )
+            )
+        for sid, blocks in per_shard.items():
+            messages = [
+                shard_pb2.PublishRequest(
+                    version=self.version,
+                    num_blocks=layout.num_blocks,
+                    values_per_block=n,
+                    blocks=batch,
+                )
+                for batch in batched(blocks, lambda p: len(p.values))
+            ] or [
+                shard_pb2.PublishRequest(
+                    version=self.version, num_blocks=layout.num_blocks, values_per_block=n
+                )
+            ]
+            stub = self._stubs[sid]
+            call(lambda: stub.Publish(iter(messages), timeout=_CALL_S), f"publish to {sid}")  # noqa: B023
+
+    # ------------------------------------------------------------------ durability
+    def _save_state(self) -> None:
+        assert self.params is not None
+        path = self._dir / _STATE_FILE
+        tmp = path.with_name(path.name + ".tmp")
+        meta = {
+            "version": self.version,
+            "last_round": self.last_round,
+            "released": {str(k): asdict(v) for k, v in self._released.items()},
+            "refused": sorted(self._refused),
+            "detections": self.detections,
+        }
+        arrays: dict[str, np.ndarray] = {
+            "params": self.params,
+            "meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+        }
+        arrays.update({f"opt_{k}": v for k, v in self._optimizer.state.items()})
+        if self._groups is not None:
+            arrays.update({f"groups_{k}": v for k, v in self._groups.state().items()})
+        with open(tmp, "wb") as fh:
+            np.savez(fh, *[], **arrays)  # type: ignore[arg-type]
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        self.last_saved = time.time()
+
+    def _load_state(self) -> None:
+        path = self._dir / _STATE_FILE
+        if not path.exists():
+            return
+        with np.load(path) as data:
+            meta = json.loads(bytes(data["meta"]).decode())
+            self.params = data["params"]
+            self._optimizer.state = {k[4:]: data[k] for k in data.files if k.startswith("opt_")}
+            if self._groups is not None:
+                groups = {k[7:]: data[k] for k in data.files if k.startswith("groups_")}
+                self._groups.load(groups)
+        self.version = int(meta["version"])
+        self.last_round = int(meta["last_round"])
+        self._released = {int(k): RoundResult(**v) for k, v in meta["released"].items()}
+        self._refused = {int(r) for r in meta.get("refused", [])}
+        self.detections = {
+            str(shard): {str(k): int(v) for k, v in reasons.items()}
+            for shard, reasons in meta.get("detections", {}).items()
+        }
+        self.last_saved = path.stat().st_mtime
+        _log.info("key holder resumed at version %d (round %d)", self.version, self.last_round)
+
+
+def _load_or_create_secret(path: Path) -> bytes:
+    """A 32-byte secret kept in a 0600 file (created on first use)."""
+    if path.exists():
+        return path.read_bytes()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    secret = os.urandom(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(secret)
+    return secret

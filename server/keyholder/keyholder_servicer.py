@@ -1,0 +1,138 @@
+"""gRPC face of :class:`server.keyholder.keyholder.KeyHolder`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+
+from crypto.signing import context_digest
+from fedps.blocks import BlockLayout
+from fedps.errors import InvalidArgumentError
+from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc
+from fedps.transport import require_peer, rpc_errors
+from server.keyholder.keyholder import MAX_PARAMS, KeyHolder
+from server.metrics import RoleMetrics
+
+__all__ = ["KeyHolderServicer"]
+
+
+class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
+    """Thin servicer over a :class:`KeyHolder`."""
+
+    def __init__(self, keyholder: KeyHolder, metrics: RoleMetrics | None = None) -> None:
+        self.keyholder = keyholder
+        self._metrics = metrics
+        self._context_reply: keyholder_pb2.PublicContextReply | None = None
+
+    def GetPublicContext(  # noqa: N802 (gRPC method name)
+        self, request: common_pb2.Empty, context: grpc.ServicerContext
+    ) -> keyholder_pb2.PublicContextReply:
+        context_id = self.keyholder.context_id
+        cached = self._context_reply
+        if cached is not None and cached.context_id == context_id:
+            return cached  # serialised and signed once per key generation
+        context_bytes = self.keyholder.keys.public.serialize() if self.keyholder.encrypted else b""
+        signer = self.keyholder.signer
+        reply = keyholder_pb2.PublicContextReply(
+            context=context_bytes,
+            context_id=context_id,
+            signing_key=signer.public_key,
+            signature=signer.sign(context_digest(context_bytes, context_id)),
+        )
+        self._context_reply = reply
+        return reply
+
+    def InitializeModel(  # noqa: N802
+        self,
+        request_iterator: Iterator[keyholder_pb2.InitializeRequest],
+        context: grpc.ServicerContext,
+    ) -> keyholder_pb2.ModelState:
+        with rpc_errors(context):
+            blocks: dict[int, np.ndarray] = {}
+            num_params = 0
+            force = False
+            version = 0
+            for message in request_iterator:
+                num_params, force, version = message.num_params, message.force, message.version
+                for block in message.blocks:
+                    blocks[block.block] = np.frombuffer(block.values, dtype="<f4")
+            if not 0 < num_params <= MAX_PARAMS:
+                raise InvalidArgumentError(f"a model has 1..{MAX_PARAMS} parameters")
+            layout = BlockLayout(num_params, self.keyholder.keys.public.params.values_per_block)
+            self.keyholder.initialize(layout.join(blocks), version=version, force=force)
+        return self.GetModelState(common_pb2.Empty(), context)
+
+    def ApplyRound(  # noqa: N802
+        self, request: keyholder_pb2.ApplyRoundRequest, context: grpc.ServicerContext
+    ) -> keyholder_pb2.ApplyRoundReply:
+        started = time.perf_counter()
+        with rpc_errors(context):
+            result = self.keyholder.apply_round(
+                request.round,
+                request.version,
+                request.run_id,
+                {m.client_id: m.signing_key for m in request.members},
+            )
+        if self._metrics is not None:
+            self._metrics.latency.labels("apply").observe(time.perf_counter() - started)
+        return keyholder_pb2.ApplyRoundReply(
+            version=result.version,
+            min_contributors=result.min_contributors,
+            total_weight=result.total_weight,
+            update_norm=result.update_norm,
+            noise_multiplier=result.noise_multiplier,
+            top_up_std=result.top_up_std,
+        )
+
+    def OpenCommits(  # noqa: N802
+        self, request: keyholder_pb2.OpenCommitsRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Empty:
+        with rpc_errors(context):
+            self.keyholder.open_commits(
+                request.round,
+                request.version,
+                request.run_id,
+                request.context_id,
+                {m.client_id: m.signing_key for m in request.members},
+            )
+        return common_pb2.Empty()
+
+    def GetChallenge(  # noqa: N802
+        self, request: keyholder_pb2.ChallengeRequest, context: grpc.ServicerContext
+    ) -> keyholder_pb2.Challenge:
+        with rpc_errors(context):
+            require_peer(context, request.client_id)
+            seed = self.keyholder.commits.challenge_seed(request.round, request.client_id)
+        return keyholder_pb2.Challenge(round=request.round, seed=seed)
+
+    def Commit(  # noqa: N802
+        self, request: keyholder_pb2.CommitRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Empty:
+        with rpc_errors(context):
+            require_peer(context, request.update.client_id)
+            self.keyholder.commits.commit(request.round, request.update, request.sketches)
+        return common_pb2.Empty()
+
+    def CloseCommits(  # noqa: N802
+        self, request: keyholder_pb2.CloseCommitsRequest, context: grpc.ServicerContext
+    ) -> keyholder_pb2.CommitSet:
+        with rpc_errors(context):
+            ids, frozen = self.keyholder.commits.close(request.round, freeze=request.freeze)
+            updates = self.keyholder.commits.updates(request.round) if frozen else []
+        return keyholder_pb2.CommitSet(client_ids=ids, frozen=frozen, updates=updates)
+
+    def GetModelState(  # noqa: N802
+        self, request: common_pb2.Empty, context: grpc.ServicerContext
+    ) -> keyholder_pb2.ModelState:
+        kh = self.keyholder
+        return keyholder_pb2.ModelState(
+            version=kh.version,
+            num_params=0 if kh.params is None else kh.params.size,
+            initialized=kh.params is not None,
+            last_round=kh.last_round,
+            detections=kh.detection_counts(),
+            quarantined=kh.quarantined,
+        )

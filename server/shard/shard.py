@@ -1,0 +1,727 @@
+"""A parameter-server shard: plaintext model blocks out, encrypted update blocks in.
+
+The shard owns the blocks the consistent-hash ring gives it. It serves their current
+published values, and for the open round it validates every pushed ciphertext block (exact
+size, every coefficient below q, the key generation's context id, ownership, cohort
+membership, round and version) before adding it into a running sum modulo q. The sum is one
+block per owned block, whatever the number of clients; the manifest records who is in it and
+with what weight, so a client's block is never counted twice. A shard never holds a secret
+key: it can add ciphertexts, never read them.
+
+With a :class:`~server.shard.shard_log.ShardLog`, every accepted change is logged (and by default
+fsynced) before it is acknowledged, and :meth:`Shard.recover` rebuilds the sums, manifests and
+published model after a restart; a push retried after a lost acknowledgement finds its blocks
+in the manifest and is acknowledged as a duplicate, never added twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from crypto import CiphertextSum, PlainContext, PlainSum, PublicContext, new_sum, unpack_blocks
+from crypto.signing import chunk_root, is_weak_key, verify_update
+from fedps.errors import (
+    InvalidArgumentError,
+    NotReadyError,
+    RateLimitedError,
+    RoundClosedError,
+    StaleUpdateError,
+    UnknownClientError,
+)
+from fedps.hash_ring import HashRing
+from fedps.proto import common_pb2, shard_pb2
+from fedps.staleness import multiplier
+from server.shard.shard_log import ShardLog
+
+__all__ = ["Aggregate", "Contribution", "PushBatch", "Shard", "SignedUpdate"]
+
+_log = logging.getLogger("fedps")
+
+_MAX_WEIGHT = 1e6
+#: Bounds on a published model (about 34 G parameters at N = 2048).
+MAX_BLOCKS = 1 << 24
+MAX_BLOCK_VALUES = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class SignedUpdate:
+    """A client's signed commitment to its whole update for one round."""
+
+    client_id: str
+    weight: float
+    nonce: bytes
+    signature: bytes
+    roots: tuple[bytes, ...]
+    version: int = 0
+
+    @classmethod
+    def from_proto(cls, update: common_pb2.SignedUpdate) -> SignedUpdate:
+        """The wire form's fields."""
+        return cls(
+            update.client_id,
+            update.weight,
+            bytes(update.nonce),
+            bytes(update.signature),
+            tuple(bytes(r) for r in update.roots),
+            update.version,
+        )
+
+    def to_proto(self) -> common_pb2.SignedUpdate:
+        """The wire form."""
+        return common_pb2.SignedUpdate(
+            client_id=self.client_id,
+            weight=self.weight,
+            nonce=self.nonce,
+            signature=self.signature,
+            roots=list(self.roots),
+            version=self.version,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Contribution:
+    """One manifest entry: who, with what weight, committed root, trained version and the
+    staleness multiplier the shard applied (1 in sync mode)."""
+
+    weight: float
+    root: bytes
+    version: int = 0
+    multiplier: int = 1
+
+
+@dataclass(frozen=True)
+class PushBatch:
+    """One push message: some encrypted blocks of one client's update, and its signature."""
+
+    client_id: str
+    round: int
+    version: int
+    weight: float
+    context_id: str
+    blocks: list[tuple[int, bytes]]
+    nonce: bytes = b""
+    signature: bytes = b""
+    roots: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """A closed round's encrypted sum for one block, with its manifest."""
+
+    block: int
+    ciphertext: bytes
+    contributions: dict[str, Contribution]
+
+
+_ROOT_BYTES = 32  # a chunk commitment (SHA-256)
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One client's signed update in a round and the blocks of it that were added.
+
+    Stored compactly, since a shard holds one per client and round: the roots joined into one
+    ``bytes``, the blocks as a bitmask. The manifest of a block is derived from the entries.
+    """
+
+    weight: float
+    version: int
+    nonce: bytes
+    signature: bytes
+    roots: bytes  # every block's chunk root, joined
+    multiplier: int
+    blocks: int = 0  # bit b set: block b was added into the sum
+
+    @classmethod
+    def of(cls, update: SignedUpdate, multiplier: int) -> _Entry:
+        return cls(
+            update.weight,
+            update.version,
+            update.nonce,
+            update.signature,
+            b"".join(update.roots),
+            multiplier,
+        )
+
+    def has(self, block: int) -> bool:
+        return bool(self.blocks >> block & 1)
+
+    def root(self, block: int) -> bytes:
+        return self.roots[block * _ROOT_BYTES : (block + 1) * _ROOT_BYTES]
+
+    def signed(self, client_id: str) -> SignedUpdate:
+        roots = tuple(self.root(b) for b in range(len(self.roots) // _ROOT_BYTES))
+        return SignedUpdate(client_id, self.weight, self.nonce, self.signature, roots, self.version)
+
+
+@dataclass
+class _Round:
+    round: int
+    version: int
+    members: dict[str, bytes]  # client id -> Ed25519 public key
+    context_id: str
+    run_id: str
+    # each member's commitment at the key holder: its pushes must carry exactly this
+    commitments: dict[str, SignedUpdate] = field(default_factory=dict)
+    sums: dict[int, CiphertextSum | PlainSum] = field(default_factory=dict)
+    entries: dict[str, _Entry] = field(default_factory=dict)
+    messages: dict[str, int] = field(default_factory=dict)
+    closed: bool = False
+
+
+class Shard:
+    """The shard's state and rules, independent of gRPC.
+
+    Parameters
+    ----------
+    shard_id
+        This shard's name on the ring.
+    ring
+        The cluster's hash ring.
+    public_context
+        Returns the key holder's public context for a context id (fetched once per key
+        generation).
+    """
+
+    def __init__(
+        self,
+        shard_id: str,
+        ring: HashRing,
+        public_context: Callable[[str], PublicContext | PlainContext],
+        *,
+        max_messages_per_round: int = 64,
+        staleness: Callable[[int], float] | None = None,
+        max_staleness: int = 0,
+        verify_model: Callable[[int, int, bytes, bytes], bool] | None = None,
+        log: ShardLog | None = None,
+    ) -> None:
+        if shard_id not in ring.nodes:
+            raise InvalidArgumentError(f"{shard_id} is not on the ring {ring.nodes}")
+        self.shard_id = shard_id
+        self._ring = ring
+        self._public_context = public_context
+        self._max_messages = max_messages_per_round
+        self._verify_model = verify_model  # the key holder's signature check on publishes
+        self._staleness = staleness  # None: synchronous rounds
+        self._max_staleness = max_staleness
+        self._lock = threading.Lock()
+        self._values: dict[int, np.ndarray] = {}
+        self._signatures: dict[int, bytes] = {}
+        self._owned: list[int] = []
+        self._num_blocks = 0
+        self._values_per_block = 0
+        self.version = 0
+        self._published = False
+        self._rounds: dict[int, _Round] = {}
+        self._open: _Round | None = None
+        self._log = log
+        self._replaying = False
+        self.stats = {"accepted": 0, "duplicates": 0, "refused": 0, "bytes": 0}
+
+    # ------------------------------------------------------------------ durability
+    def recover(self) -> int:
+        """Rebuild the published model and every kept round from the log; returns the
+        number of records replayed (0 without a log)."""
+        if self._log is None:
+            return 0
+        saved = self._log.load_model()
+        if saved is not None:
+            self._install(
+                saved.version,
+                saved.num_blocks,
+                saved.values_per_block,
+                {b.block: np.frombuffer(b.values, dtype="<f4") for b in saved.blocks},
+                {b.block: b.signature for b in saved.blocks},
+            )
+        replayed = 0
+        self._replaying = True
+        try:
+            for round_, record in self._log.records():
+                kind = record.WhichOneof("kind")
+                if kind == "open":
+                    o = record.open
+                    members = {m.client_id: m.signing_key for m in o.members}
+                    commitments = {c.client_id: SignedUpdate.from_proto(c) for c in o.commitments}
+                    self.open_round(
+                        o.round, o.version, members, o.context_id, o.run_id, commitments
+                    )
+                elif kind == "push":
+                    self._replay_push(record.push)
+                elif kind == "close":
+                    self.close_round(round_)
+                elif kind == "discard":
+                    self.discard_round(round_)
+                replayed += 1
+        finally:
+            self._replaying = False
+        if replayed or saved is not None:
+            _log.info(
+                "%s recovered version %d and %d logged changes (rounds %s)",
+                self.shard_id,
+                self.version,
+                replayed,
+                sorted(self._rounds),
+            )
+        return replayed
+
+    def _append(self, round_: int, record: shard_pb2.ShardLogRecord) -> None:
+        if self._log is not None and not self._replaying:
+            self._log.append(round_, record)
+
+    def _replay_push(self, logged: shard_pb2.LoggedPush) -> None:
+        push = logged.push
+        state = self._require(push.round)
+        public = self._public_context(state.context_id)
+        coefficients = unpack_blocks(public, [b.ciphertext for b in push.blocks])
+        update = SignedUpdate(
+            push.client_id,
+            push.weight,
+            push.nonce,
+            push.signature,
+            tuple(push.roots),
+            push.version,
+        )
+        with self._lock:
+            blocks = [b.block for b in push.blocks]
+            self._add(state, public, update, logged.multiplier, blocks, coefficients)
+
+    # ------------------------------------------------------------------ model blocks
+    def publish(
+        self,
+        version: int,
+        num_blocks: int,
+        values_per_block: int,
+        blocks: dict[int, np.ndarray],
+        signatures: dict[int, bytes] | None = None,
+    ) -> int:
+        """Install version ``version`` of every block this shard owns."""
+        if not 1 <= num_blocks <= MAX_BLOCKS or not 1 <= values_per_block <= MAX_BLOCK_VALUES:
+            raise InvalidArgumentError(
+                f"a model has 1..{MAX_BLOCKS} blocks of 1..{MAX_BLOCK_VALUES} values"
+            )
+        if self._published and num_blocks != self._num_blocks:
+            raise InvalidArgumentError(
+                f"the model has {self._num_blocks} blocks; a publish cannot change that"
+            )
+        if self._published and not self.version <= version <= self.version + 1:
+            raise InvalidArgumentError(
+                f"version {version} does not follow {self.version} (expected it or the next)"
+            )
+        owned = self._ring_owned(num_blocks)
+        if set(blocks) != set(owned):
+            raise InvalidArgumentError(
+                f"publish must carry exactly this shard's {len(owned)} blocks, got {len(blocks)}"
+            )
+        for b, values in blocks.items():
+            if values.shape != (values_per_block,) or not np.all(np.isfinite(values)):
+                raise InvalidArgumentError(f"published block {b} is malformed")
+            signature = (signatures or {}).get(b, b"")
+            if self._verify_model is not None and not self._verify_model(
+                version, b, values.astype("<f4").tobytes(), signature
+            ):
+                raise InvalidArgumentError(f"published block {b} is not signed by the key holder")
+        if self._log is not None:
+            self._log.save_model(
+                shard_pb2.PublishRequest(
+                    version=version,
+                    num_blocks=num_blocks,
+                    values_per_block=values_per_block,
+                    blocks=[
+                        common_pb2.ParameterBlock(
+                            block=b,
+                            version=version,
+                            values=v.astype("<f4").tobytes(),
+                            signature=(signatures or {}).get(b, b""),
+                        )
+                        for b, v in sorted(blocks.items())
+                    ],
+                )
+            )
+        self._install(version, num_blocks, values_per_block, blocks, signatures or {})
+        _log.info("%s published version %d (%d blocks)", self.shard_id, version, len(owned))
+        return len(owned)
+
+    def _install(
+        self,
+        version: int,
+        num_blocks: int,
+        values_per_block: int,
+        blocks: dict[int, np.ndarray],
+        signatures: dict[int, bytes],
+    ) -> None:
+        with self._lock:
+            self._num_blocks, self._values_per_block = num_blocks, values_per_block
+            self._owned = self._ring_owned(num_blocks)
+            self._values = {b: v.astype("<f4") for b, v in blocks.items()}
+            self._signatures = dict(signatures)
+            self.version = version
+            self._published = True
+
+    def pull(self, min_version: int) -> tuple[int, dict[int, bytes]]:
+        """The current version and this shard's blocks as float32 bytes."""
+        with self._lock:
+            if not self._published:
+                raise NotReadyError(f"{self.shard_id} has no model yet")
+            if self.version < min_version:
+                raise RoundClosedError(
+                    f"{self.shard_id} is at version {self.version}, not {min_version} yet"
+                )
+            return self.version, {b: v.tobytes() for b, v in self._values.items()}
+
+    def signature_of(self, block: int) -> bytes:
+        """The key holder's signature of the published block (empty if none)."""
+        return self._signatures.get(block, b"")
+
+    def _ring_owned(self, num_blocks: int) -> list[int]:
+        return [b for b in range(num_blocks) if self._ring.owner(b) == self.shard_id]
+
+    # ------------------------------------------------------------------ rounds
+    def open_round(
+        self,
+        round_: int,
+        version: int,
+        members: dict[str, bytes],
+        context_id: str,
+        run_id: str = "",
+        commitments: dict[str, SignedUpdate] | None = None,
+    ) -> None:
+        """Start accepting pushes for ``round_`` from ``members`` (idempotent).
+
+        ``members`` maps each cohort client to the Ed25519 key it registered;
+        ``commitments`` each member's signed update as committed at the key holder (a push
+        must carry exactly it).
+        """
+        commitments = dict(commitments or {})
+        if not members:
+            raise InvalidArgumentError("a round needs a non-empty cohort")
+        if any(c not in members or u.client_id != c for c, u in commitments.items()):
+            raise InvalidArgumentError("a commitment belongs to no cohort member")
+        if any(is_weak_key(key) for key in members.values()):
+            raise InvalidArgumentError("every cohort member needs a valid 32-byte Ed25519 key")
+        self._public_context(context_id)  # fetch and validate the key generation now
+        with self._lock:
+            existing = self._rounds.get(round_)
+            if existing is not None and (
+                existing.version,
+                existing.members,
+                existing.run_id,
+                existing.commitments,
+            ) == (version, members, run_id, commitments):
+                return
+            if (
+                existing is not None
+                and self._staleness is not None
+                and not existing.closed
+                and (existing.version, existing.run_id) == (version, run_id)
+                and all(existing.members.get(c, k) == k for c, k in members.items())
+                and set(existing.members) <= set(members)
+            ):
+                self._append(
+                    round_,
+                    self._open_record(round_, version, members, context_id, run_id, commitments),
+                )
+                existing.members.update(members)  # async: clients joined the open buffer
+                existing.commitments.update(commitments)
+                return
+            if existing is not None:
+                # A restarted coordinator reopens an unfinished round: start it afresh.
+                _log.warning(
+                    "%s: round %d reopened; its old sums are discarded", self.shard_id, round_
+                )
+            if self._open is not None and not self._open.closed:
+                _log.warning("%s: round %d replaced by %d", self.shard_id, self._open.round, round_)
+                self._open.closed = True
+            self._append(
+                round_,
+                self._open_record(round_, version, members, context_id, run_id, commitments),
+            )
+            state = _Round(round_, version, dict(members), context_id, run_id, commitments)
+            self._rounds[round_] = state
+            self._open = state
+            # The previous round stays until the next opens (the key holder may fetch it
+            # again); older ones are gone from memory and disk.
+            for old in [r for r in self._rounds if r < round_ - 1]:
+                del self._rounds[old]
+            if self._log is not None and not self._replaying:
+                self._log.forget_before(round_ - 1)
+
+    @staticmethod
+    def _open_record(
+        round_: int,
+        version: int,
+        members: dict[str, bytes],
+        context_id: str,
+        run_id: str,
+        commitments: dict[str, SignedUpdate],
+    ) -> shard_pb2.ShardLogRecord:
+        return shard_pb2.ShardLogRecord(
+            open=shard_pb2.OpenRoundRequest(
+                round=round_,
+                version=version,
+                members=[
+                    common_pb2.CohortMember(client_id=c, signing_key=k)
+                    for c, k in sorted(members.items())
+                ],
+                context_id=context_id,
+                run_id=run_id,
+                commitments=[u.to_proto() for _, u in sorted(commitments.items())],
+            )
+        )
+
+    def push(self, batch: PushBatch) -> tuple[int, int]:
+        """Validate and add one push message; returns ``(accepted, duplicates)``.
+
+        Every block of the message is validated before any is added, so a bad message
+        changes nothing.
+        """
+        try:
+            return self._push(batch)
+        except (
+            InvalidArgumentError,
+            NotReadyError,
+            RoundClosedError,
+            UnknownClientError,
+            RateLimitedError,
+            StaleUpdateError,
+        ):
+            with self._lock:
+                self.stats["refused"] += 1
+            raise
+
+    def _push(self, batch: PushBatch) -> tuple[int, int]:
+        state = self._rounds.get(batch.round)
+        if state is None and batch.round > self.open_round_number:
+            # Committed clients push as soon as the key holder froze the commitments; the
+            # coordinator opens the round here right after (the caller retries UNAVAILABLE).
+            raise NotReadyError(f"round {batch.round} is not open on {self.shard_id} yet")
+        if state is None or state.closed:
+            raise RoundClosedError(f"round {batch.round} is not open on {self.shard_id}")
+        if batch.client_id not in state.members:
+            raise UnknownClientError(
+                f"client {batch.client_id!r} is not in the cohort of round {batch.round}"
+            )
+        multiplier = self._multiplier(state, batch)
+        if batch.context_id != state.context_id:
+            raise InvalidArgumentError("ciphertexts use another key generation (context id)")
+        if not (math.isfinite(batch.weight) and 0 < batch.weight <= _MAX_WEIGHT):
+            raise InvalidArgumentError(f"weight must be in (0, {_MAX_WEIGHT:g}]")
+        if not batch.blocks:
+            raise InvalidArgumentError("push carries no blocks")
+        with self._lock:
+            sent = state.messages.get(batch.client_id, 0) + 1
+            state.messages[batch.client_id] = sent
+        if sent > self._max_messages:
+            raise RateLimitedError(
+                f"client {batch.client_id!r} sent more than {self._max_messages} push messages "
+                f"in round {batch.round}"
+            )
+        update = self._check_signature(state, batch)
+        public = self._public_context(state.context_id)
+        owned = set(self._owned)
+        seen: set[int] = set()
+        for block, _ in batch.blocks:
+            if block not in owned:
+                raise InvalidArgumentError(
+                    f"block {block} is not owned by {self.shard_id} (owner: "
+                    f"{self._ring.owner(block) if block < self._num_blocks else 'none'})"
+                )
+            if block in seen:
+                raise InvalidArgumentError(f"block {block} appears twice in one message")
+            seen.add(block)
+        coefficients = unpack_blocks(public, [data for _, data in batch.blocks])
+        for (block, _), coeffs in zip(batch.blocks, coefficients, strict=True):
+            if chunk_root(coeffs) != update.roots[block]:
+                raise InvalidArgumentError(
+                    f"block {block} does not match the client's signed commitment"
+                )
+        with self._lock:
+            if state.closed:
+                raise RoundClosedError(f"round {batch.round} closed during the push")
+            known = state.entries.get(batch.client_id)
+            fresh = [
+                i
+                for i, (block, _) in enumerate(batch.blocks)
+                if known is None or not known.has(block)
+            ]
+            if fresh:  # durable before it is added, and before it is acknowledged
+                logged = shard_pb2.PushRequest(
+                    client_id=batch.client_id,
+                    round=batch.round,
+                    version=batch.version,
+                    weight=batch.weight,
+                    context_id=batch.context_id,
+                    blocks=[
+                        shard_pb2.EncryptedBlock(
+                            block=batch.blocks[i][0], ciphertext=batch.blocks[i][1]
+                        )
+                        for i in fresh
+                    ],
+                    nonce=batch.nonce,
+                    signature=batch.signature,
+                    roots=list(batch.roots),
+                )
+                record = shard_pb2.LoggedPush(push=logged, multiplier=multiplier)
+                self._append(batch.round, shard_pb2.ShardLogRecord(push=record))
+            blocks = [batch.blocks[i][0] for i in fresh]
+            self._add(state, public, update, multiplier, blocks, coefficients[fresh])
+            duplicates = len(batch.blocks) - len(fresh)
+            self.stats["duplicates"] += duplicates
+            self.stats["bytes"] += sum(len(d) for _, d in batch.blocks)
+        return len(fresh), duplicates
+
+    def _add(
+        self,
+        state: _Round,
+        public: PublicContext | PlainContext,
+        update: SignedUpdate,
+        multiplier: int,
+        blocks: list[int],
+        coefficients: np.ndarray,
+    ) -> None:
+        """Add one client's blocks into the sums (the caller holds the lock)."""
+        if not blocks:
+            return
+        entry = state.entries.get(update.client_id)
+        if entry is None:
+            entry = state.entries[update.client_id] = _Entry.of(update, multiplier)
+        for block, coeffs in zip(blocks, coefficients, strict=True):
+            state.sums.setdefault(block, new_sum(public)).add(coeffs, multiplier)
+            entry.blocks |= 1 << block
+        self.stats["accepted"] += len(blocks)
+
+    def _multiplier(self, state: _Round, batch: PushBatch) -> int:
+        """1 in sync mode (the update must be for the round's version); in async mode the
+        fixed-point staleness weight, refusing updates older than the maximum staleness."""
+        if self._staleness is None:
+            if batch.version != state.version:
+                raise InvalidArgumentError(
+                    f"round {batch.round} trains version {state.version}, update is for "
+                    f"version {batch.version}"
+                )
+            return 1
+        age = state.version - batch.version
+        if age < 0:
+            raise InvalidArgumentError(f"update is for version {batch.version}, from the future")
+        if age > self._max_staleness:
+            raise StaleUpdateError(
+                f"update trained on version {batch.version} is {age} versions old; "
+                f"the maximum staleness is {self._max_staleness}"
+            )
+        return multiplier(self._staleness, age)
+
+    def _check_signature(self, state: _Round, batch: PushBatch) -> SignedUpdate:
+        """The signed update a push belongs to; verified once per client and round."""
+        update = SignedUpdate(
+            batch.client_id,
+            batch.weight,
+            batch.nonce,
+            batch.signature,
+            tuple(batch.roots),
+            batch.version,
+        )
+        committed = state.commitments.get(batch.client_id)
+        if state.commitments and committed != update:
+            raise InvalidArgumentError(
+                f"push from {batch.client_id!r} is not the update it committed to at the key holder"
+            )
+        known = state.entries.get(batch.client_id)
+        if known is not None:
+            if known.signed(batch.client_id) != update:
+                raise InvalidArgumentError(
+                    f"client {batch.client_id!r} sent a second, different update in this round"
+                )
+            return update
+        if len(update.roots) != self._num_blocks:
+            raise InvalidArgumentError(
+                f"a signed update commits to {len(update.roots)} blocks; the model has "
+                f"{self._num_blocks}"
+            )
+        if any(len(root) != _ROOT_BYTES for root in update.roots):
+            raise InvalidArgumentError(f"every chunk root must be {_ROOT_BYTES} bytes")
+        key = state.members[batch.client_id]
+        if not verify_update(
+            key, update, run_id=state.run_id, round_=state.round, context_id=state.context_id
+        ):
+            raise InvalidArgumentError(
+                f"push from {batch.client_id!r} is unsigned or its signature does not verify"
+            )
+        return update
+
+    def close_round(self, round_: int) -> list[str]:
+        """Stop accepting pushes; return the clients that pushed every owned block."""
+        with self._lock:
+            state = self._require(round_)
+            if not state.closed:
+                self._append(
+                    round_,
+                    shard_pb2.ShardLogRecord(close=shard_pb2.CloseRoundRequest(round=round_)),
+                )
+            state.closed = True
+            if not self._owned:
+                return sorted(state.members)
+            owned = self._owned
+            return sorted(
+                c
+                for c, entry in state.entries.items()
+                if c in state.members and all(entry.has(b) for b in owned)
+            )
+
+    def discard_round(self, round_: int) -> None:
+        """Forget an abandoned round's sums; they are never decrypted."""
+        with self._lock:
+            state = self._require(round_)
+            self._append(
+                round_, shard_pb2.ShardLogRecord(discard=shard_pb2.CloseRoundRequest(round=round_))
+            )
+            state.closed = True
+            state.sums.clear()
+            state.entries.clear()
+
+    def aggregates(self, round_: int) -> tuple[list[Aggregate], list[SignedUpdate]]:
+        """The closed round's sums, manifests and signed updates, for the key holder."""
+        with self._lock:
+            state = self._require(round_)
+            if not state.closed:
+                raise RoundClosedError(f"round {round_} is still open")
+            entries = state.entries
+            aggregates = [
+                Aggregate(
+                    b,
+                    state.sums[b].packed(),
+                    {
+                        c: Contribution(e.weight, e.root(b), e.version, e.multiplier)
+                        for c, e in entries.items()
+                        if e.has(b)
+                    },
+                )
+                for b in self._owned
+                if b in state.sums
+            ]
+            return aggregates, [e.signed(c) for c, e in entries.items()]
+
+    def _require(self, round_: int) -> _Round:
+        state = self._rounds.get(round_)
+        if state is None:
+            raise RoundClosedError(f"round {round_} is unknown to {self.shard_id}")
+        return state
+
+    @property
+    def open_round_number(self) -> int:
+        """The number of the most recent round (0 if none)."""
+        return self._open.round if self._open else 0
+
+    @property
+    def round_is_open(self) -> bool:
+        """Whether the most recent round still accepts pushes."""
+        return self._open is not None and not self._open.closed
+
+    @property
+    def owned_blocks(self) -> list[int]:
+        """Blocks this shard owns in the published model."""
+        return list(self._owned)

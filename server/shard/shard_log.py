@@ -1,0 +1,87 @@
+"""A shard's durable state: a write-ahead log per round, the published model, public contexts.
+
+A shard acknowledges a push only after the push is in its log: each accepted change (round
+opened, blocks added, round closed or discarded) is one ``ShardLogRecord`` in a
+:class:`~fedps.record_log.RecordLog` (``log/round-NNNNNNNNNNNN.wal``), fsynced by default
+before the RPC returns. A restarted shard replays the logs in round order and rebuilds its
+running sums and manifests exactly. Rounds the shard no longer keeps are deleted with their
+log. The published model (already signed by the key holder) and the public contexts the shard
+fetched are written atomically (write, fsync, rename) beside the logs. Nothing here is
+secret: ciphertexts under a public key, signed plaintext model blocks and public contexts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from fedps.atomic_file import write_atomic
+from fedps.proto import shard_pb2
+from fedps.record_log import RecordLog
+
+__all__ = ["ShardLog"]
+
+_SAFE_ID = re.compile(r"[0-9A-Za-z_-]{1,128}")
+
+
+class ShardLog:
+    """One shard's logs and snapshots.
+
+    Parameters
+    ----------
+    directory
+        The shard's state directory (created if missing).
+    fsync
+        Flush every record to disk before it is acknowledged.
+    """
+
+    def __init__(self, directory: Path, *, fsync: bool = True) -> None:
+        self.directory = directory
+        self._log = RecordLog(directory / "log", fsync=fsync)
+        self._contexts = directory / "contexts"
+        self._contexts.mkdir(exist_ok=True)
+
+    def append(self, round_: int, record: shard_pb2.ShardLogRecord) -> None:
+        """Append one record to ``round_``'s log; durable when this returns."""
+        self._log.append(round_, record.SerializeToString())
+
+    def records(self) -> Iterator[tuple[int, shard_pb2.ShardLogRecord]]:
+        """Every logged record, in round order then write order (a torn tail cut off)."""
+        for round_, payload in self._log.records():
+            record = shard_pb2.ShardLogRecord()
+            record.ParseFromString(payload)
+            yield round_, record
+
+    def forget_before(self, round_: int) -> None:
+        """Delete the logs of every round before ``round_``."""
+        self._log.forget_before(round_)
+
+    def close(self) -> None:
+        """Close the open log files."""
+        self._log.close()
+
+    def save_model(self, request: shard_pb2.PublishRequest) -> None:
+        """Replace the saved published model (every owned block, signed), atomically."""
+        write_atomic(self.directory / "model.pb", request.SerializeToString())
+
+    def load_model(self) -> shard_pb2.PublishRequest | None:
+        """The last saved published model, or None."""
+        path = self.directory / "model.pb"
+        if not path.exists():
+            return None
+        request = shard_pb2.PublishRequest()
+        request.ParseFromString(path.read_bytes())
+        return request
+
+    def save_context(self, context_id: str, data: bytes) -> None:
+        """Keep a fetched public context (public data) for a restart."""
+        if _SAFE_ID.fullmatch(context_id):
+            write_atomic(self._contexts / f"{context_id}.ctx", data)
+
+    def load_context(self, context_id: str) -> bytes | None:
+        """A saved public context, or None."""
+        if not _SAFE_ID.fullmatch(context_id):
+            return None
+        path = self._contexts / f"{context_id}.ctx"
+        return path.read_bytes() if path.exists() else None

@@ -1,0 +1,186 @@
+"""gRPC face of :class:`server.shard.shard.Shard`: decode messages, call the handler, map errors.
+
+Under mutual TLS a push must come from the certificate whose name is the push's client id.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+
+from fedps.errors import FedPSError, InvalidArgumentError
+from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
+from fedps.transport import batched, require_peer, rpc_errors
+from server.metrics import RoleMetrics
+from server.shard.shard import PushBatch, Shard, SignedUpdate
+
+__all__ = ["ShardServicer"]
+
+
+class ShardServicer(shard_pb2_grpc.ShardServicer):
+    """Thin servicer over a :class:`Shard`."""
+
+    def __init__(self, shard: Shard, metrics: RoleMetrics | None = None) -> None:
+        self.shard = shard
+        self._metrics = metrics
+
+    def OpenRound(  # noqa: N802 (gRPC method name)
+        self, request: shard_pb2.OpenRoundRequest, context: grpc.ServicerContext
+    ) -> shard_pb2.OpenRoundReply:
+        with rpc_errors(context):
+            self.shard.open_round(
+                request.round,
+                request.version,
+                {m.client_id: m.signing_key for m in request.members},
+                request.context_id,
+                request.run_id,
+                {c.client_id: SignedUpdate.from_proto(c) for c in request.commitments},
+            )
+        return shard_pb2.OpenRoundReply()
+
+    def PushBlocks(  # noqa: N802
+        self, request_iterator: Iterator[shard_pb2.PushRequest], context: grpc.ServicerContext
+    ) -> shard_pb2.PushReply:
+        accepted = duplicates = 0
+        metrics = self._metrics
+        with rpc_errors(context):
+            for message in request_iterator:
+                started = time.perf_counter()
+                try:
+                    require_peer(context, message.client_id)
+                    a, d = self.shard.push(
+                        PushBatch(
+                            client_id=message.client_id,
+                            round=message.round,
+                            version=message.version,
+                            weight=message.weight,
+                            context_id=message.context_id,
+                            blocks=[(b.block, b.ciphertext) for b in message.blocks],
+                            nonce=message.nonce,
+                            signature=message.signature,
+                            roots=tuple(message.roots),
+                        )
+                    )
+                except (FedPSError, ValueError) as exc:
+                    if metrics is not None:
+                        metrics.push_refused(exc)
+                    raise
+                if metrics is not None:
+                    nbytes = sum(len(b.ciphertext) for b in message.blocks)
+                    metrics.push_accepted(a, d, nbytes)
+                    metrics.latency.labels("push").observe(time.perf_counter() - started)
+                accepted += a
+                duplicates += d
+        return shard_pb2.PushReply(accepted=accepted, duplicates=duplicates)
+
+    def PullBlocks(  # noqa: N802
+        self, request: shard_pb2.PullRequest, context: grpc.ServicerContext
+    ) -> Iterator[shard_pb2.PullReply]:
+        with rpc_errors(context):
+            version, blocks = self.shard.pull(request.min_version)
+        items = sorted(blocks.items())
+        for batch in batched(items, lambda item: len(item[1])):
+            yield shard_pb2.PullReply(
+                blocks=[
+                    common_pb2.ParameterBlock(
+                        block=b, version=version, values=v, signature=self.shard.signature_of(b)
+                    )
+                    for b, v in batch
+                ]
+            )
+
+    def CloseRound(  # noqa: N802
+        self, request: shard_pb2.CloseRoundRequest, context: grpc.ServicerContext
+    ) -> shard_pb2.CloseRoundReply:
+        with rpc_errors(context):
+            complete = self.shard.close_round(request.round)
+        return shard_pb2.CloseRoundReply(
+            complete_clients=complete, blocks=len(self.shard.owned_blocks)
+        )
+
+    def DiscardRound(  # noqa: N802
+        self, request: shard_pb2.CloseRoundRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Empty:
+        with rpc_errors(context):
+            self.shard.discard_round(request.round)
+        return common_pb2.Empty()
+
+    def FetchAggregate(  # noqa: N802
+        self, request: shard_pb2.FetchAggregateRequest, context: grpc.ServicerContext
+    ) -> Iterator[shard_pb2.FetchAggregateReply]:
+        with rpc_errors(context):
+            aggregates, updates = self.shard.aggregates(request.round)
+        for chunk in batched(updates, lambda u: 32 * len(u.roots) + 256):
+            yield shard_pb2.FetchAggregateReply(
+                updates=[
+                    common_pb2.SignedUpdate(
+                        client_id=u.client_id,
+                        weight=u.weight,
+                        nonce=u.nonce,
+                        signature=u.signature,
+                        roots=list(u.roots),
+                        version=u.version,
+                    )
+                    for u in chunk
+                ]
+            )
+        # A block's manifest lists every contributor: count it in the message size, so a
+        # round of many clients streams in bounded messages (and bounded memory).
+        for batch in batched(aggregates, lambda a: len(a.ciphertext) + 96 * len(a.contributions)):
+            yield shard_pb2.FetchAggregateReply(
+                blocks=[
+                    common_pb2.AggregateBlock(
+                        block=a.block,
+                        ciphertext=a.ciphertext,
+                        contributions=[
+                            common_pb2.Contribution(
+                                client_id=c,
+                                weight=e.weight,
+                                root=e.root,
+                                version=e.version,
+                                multiplier=e.multiplier,
+                            )
+                            for c, e in sorted(a.contributions.items())
+                        ],
+                    )
+                    for a in batch
+                ]
+            )
+
+    def Publish(  # noqa: N802
+        self, request_iterator: Iterator[shard_pb2.PublishRequest], context: grpc.ServicerContext
+    ) -> shard_pb2.PublishReply:
+        with rpc_errors(context):
+            blocks: dict[int, np.ndarray] = {}
+            signatures: dict[int, bytes] = {}
+            header: tuple[int, int, int] | None = None
+            for message in request_iterator:
+                this = (message.version, message.num_blocks, message.values_per_block)
+                if header is not None and this != header:
+                    raise InvalidArgumentError("publish messages disagree on the version")
+                header = this
+                for block in message.blocks:
+                    blocks[block.block] = np.frombuffer(block.values, dtype="<f4")
+                    signatures[block.block] = block.signature
+            if header is None:
+                raise InvalidArgumentError("empty publish")
+            count = self.shard.publish(header[0], header[1], header[2], blocks, signatures)
+        return shard_pb2.PublishReply(blocks=count)
+
+    def GetStatus(  # noqa: N802
+        self, request: common_pb2.Empty, context: grpc.ServicerContext
+    ) -> shard_pb2.ShardStatus:
+        s = self.shard
+        return shard_pb2.ShardStatus(
+            shard_id=s.shard_id,
+            version=s.version,
+            blocks=len(s.owned_blocks),
+            open_round=s.open_round_number,
+            round_open=s.round_is_open,
+            pushes_accepted=s.stats["accepted"],
+            pushes_refused=s.stats["refused"],
+            bytes_received=s.stats["bytes"],
+        )

@@ -1,0 +1,180 @@
+"""Tests for the ``fedps`` command: expected errors are one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from crypto.enrolment import issue_tokens
+from crypto.tls import issue_cluster_certificates
+from fedps.cli.deployment import free_port
+from fedps.config import load_config
+
+_TIMEOUT_S = 60
+_ENV = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fedps.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT_S,
+        cwd=cwd,
+        env=_ENV,
+        check=False,
+    )
+
+
+def _assert_one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("fedps: error:")
+    return lines[0]
+
+
+def test_demo_with_bad_config_field(tmp_path: Path) -> None:
+    # Prepare
+    config = tmp_path / "bad.toml"
+    config.write_text("[training]\nrounds = 0\n")
+
+    # Execute
+    result = _run("demo", "--config", str(config), cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "training.rounds" in line
+    assert "Traceback" not in result.stdout
+
+
+def test_status_with_coordinator_down(tmp_path: Path) -> None:
+    # Prepare: every address is a loopback port nobody listens on; the operator's
+    # certificate (mutual TLS is the default) from `fedps certs`.
+    ports = [free_port() for _ in range(3)]
+    config = tmp_path / "down.toml"
+    config.write_text(
+        "[cluster]\n"
+        f'coordinator = "127.0.0.1:{ports[0]}"\n'
+        f'keyholder = "127.0.0.1:{ports[1]}"\n'
+        f'shards = ["127.0.0.1:{ports[2]}"]\n'
+        f'[tls]\ndirectory = "{tmp_path / "certs"}"\n'
+    )
+    issue_cluster_certificates(load_config(config), tmp_path / "certs")
+
+    # Execute
+    result = _run("status", "--config", str(config), cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "coordinator" in line
+
+
+def test_status_without_certificates_says_how_to_make_them(tmp_path: Path) -> None:
+    # Prepare: the default configuration runs under mutual TLS; there are no certificates
+    # Execute
+    result = _run("status", cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "fedps-certs" in line and "fedps certs" in line
+
+
+def test_tls_off_needs_insecure_not_enabled_false(tmp_path: Path) -> None:
+    # Prepare
+    config = tmp_path / "plain.toml"
+    config.write_text("[tls]\nenabled = false\n")
+
+    # Execute
+    result = _run("status", "--config", str(config), cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "tls" in line and "insecure" in line
+
+
+def test_experiment_with_bad_grid_axis(tmp_path: Path) -> None:
+    # Prepare
+    grid = tmp_path / "grid.toml"
+    grid.write_text("[grid]\nepsilon = [1.0]\nlearning_rate = [0.1]\n")
+
+    # Execute
+    result = _run("experiment", str(grid), "--results", str(tmp_path / "r.jsonl"), cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "unknown grid axis learning_rate" in line
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_experiment_report_without_results(tmp_path: Path) -> None:
+    # Prepare / Execute
+    result = _run("experiment", "report", str(tmp_path / "absent.jsonl"), cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "results file not found" in line
+
+
+def test_experiment_report_usage(tmp_path: Path) -> None:
+    # Prepare / Execute: report takes exactly one results file.
+    result = _run("experiment", "report", cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "usage: fedps experiment report" in line
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    # Prepare / Execute
+    result = _run("status", "--config", str(tmp_path / "absent.toml"), cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "not found" in line
+
+
+def test_help_lists_every_command(tmp_path: Path) -> None:
+    # Prepare: the installed console script when there is one, else the module.
+    script = Path(sys.executable).with_name("fedps")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "fedps.cli"]
+
+    # Execute
+    result = subprocess.run(
+        [*command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT_S,
+        cwd=tmp_path,
+        env=_ENV,
+        check=False,
+    )
+
+    # Assert
+    assert result.returncode == 0, result.stderr
+    listed = {line.strip("│ ").split(" ")[0] for line in result.stdout.splitlines()}
+    for name in ["keyholder", "shard", "coordinator", "client", "up", "demo", "status"]:
+        assert name in listed, result.stdout
+    assert "experiment" in listed, result.stdout
+
+
+def test_client_with_a_corrupt_privacy_ledger_stops_naming_it(tmp_path: Path) -> None:
+    # Prepare: a client's state folder whose ledger was damaged, and its enrolment token
+    config = tmp_path / "client.toml"
+    config.write_text(f'[tls]\ninsecure = true\ndirectory = "{tmp_path / "certs"}"\n')
+    issue_tokens(tmp_path / "certs", ["client-0"])
+    state = tmp_path / "client-state"
+    state.mkdir()
+    (state / "ledger.json").write_text('{"entries": [')
+
+    # Execute
+    result = _run("client", "--config", str(config), "--state-dir", str(state), cwd=tmp_path)
+
+    # Assert: it stops before it connects, saying which file, and leaves the file alone
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("fedps: error: privacy ledger")
+    assert str(state / "ledger.json") in last and "corrupt" in last
+    assert (state / "ledger.json").read_text() == '{"entries": ['

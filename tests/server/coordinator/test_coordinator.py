@@ -1,0 +1,94 @@
+"""Tests for server.coordinator.coordinator's privacy bookkeeping: the epsilon a client says it
+spent arrives at registration, with every GetTask and with every report, and never goes down."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from crypto.signing import BlockSigner
+from fedps.config import load_config
+from fedps.errors import InvalidArgumentError
+from server.coordinator.coordinator import Coordinator
+
+DELTA = 1e-5
+
+
+@pytest.fixture
+def coordinator(tmp_path: Path) -> Coordinator:
+    """A coordinator whose peers are never called (the client-facing handlers only)."""
+    config = load_config(None, cluster={"state_dir": str(tmp_path)})
+    return Coordinator(config, state_dir=tmp_path / "coordinator")
+
+
+def _register(coordinator: Coordinator, epsilon: float = 0.0, delta: float = DELTA) -> bytes:
+    """Register ``client-0`` (as mutual TLS proves it); returns its credential."""
+    _, credential = coordinator.register(
+        "edge-0",
+        100,
+        coordinator.layout.num_params,
+        BlockSigner().public_key,
+        identity="client-0",
+        epsilon=epsilon,
+        delta=delta,
+    )
+    return credential
+
+
+def test_epsilon_from_registration_and_get_task_never_goes_down(coordinator: Coordinator) -> None:
+    # Prepare: a restarted client registers with what its ledger says it spent
+    credential = _register(coordinator, epsilon=1.5)
+    seen = [coordinator.client_epsilons["client-0"]]
+
+    # Execute: it records a round (GetTask), reports, then a process that lost its spend
+    # (an older client, or one whose GetTask raced) says less
+    coordinator.get_task("client-0", credential, epsilon=2.0, delta=DELTA)
+    seen.append(coordinator.client_epsilons["client-0"])
+    coordinator.report(
+        "client-0",
+        1,
+        epsilon=2.0,
+        delta=DELTA,
+        bytes_pushed=0,
+        budget_exhausted=False,
+        credential=credential,
+    )
+    coordinator.get_task("client-0", credential, epsilon=0.5, delta=DELTA)
+    seen.append(coordinator.client_epsilons["client-0"])
+    credential = _register(coordinator, epsilon=0.0)
+    coordinator.get_task("client-0", credential)  # a caller that sends no spend
+    seen.append(coordinator.client_epsilons["client-0"])
+
+    # Assert
+    assert seen == [1.5, 2.0, 2.0, 2.0]
+    assert coordinator.max_epsilon == (2.0, DELTA)
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "delta"), [(math.nan, DELTA), (-0.1, DELTA), (1.0, 1.0), (1.0, -1e-9)]
+)
+def test_a_spend_out_of_range_is_refused(
+    coordinator: Coordinator, epsilon: float, delta: float
+) -> None:
+    # Prepare
+    credential = _register(coordinator, epsilon=1.0)
+
+    # Execute / Assert: refused on every path, and nothing recorded
+    with pytest.raises(InvalidArgumentError, match="epsilon"):
+        coordinator.get_task("client-0", credential, epsilon=epsilon, delta=delta)
+    with pytest.raises(InvalidArgumentError, match="epsilon"):
+        _register(coordinator, epsilon, delta)
+    assert coordinator.client_epsilons == {"client-0": 1.0}
+
+
+def test_no_dp_is_an_infinite_epsilon_not_an_error(coordinator: Coordinator) -> None:
+    # Prepare
+    credential = _register(coordinator)
+
+    # Execute
+    coordinator.get_task("client-0", credential, epsilon=math.inf, delta=DELTA)
+
+    # Assert
+    assert coordinator.client_epsilons["client-0"] == math.inf
