@@ -69,7 +69,7 @@ class CheckpointStore:
             with np.load(self.path) as data:
                 state = json.loads(bytes(data["meta"]).decode())
                 model = np.asarray(data["model"])
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as exc:
             raise FedPSError(
                 f"checkpoint {self.path} cannot be read ({exc}); restore it from a backup, "
                 "or move it away to start the run over"
