@@ -20,7 +20,7 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 
@@ -82,6 +82,8 @@ class ClientRegistry:
         The run's model size; a client with another model is refused.
     liveness_s
         A client not heard from for this long is not live (not drawn for a cohort).
+    on_change
+        Called after each registration (the coordinator wakes its cohort wait).
 
     Raises
     ------
@@ -89,7 +91,14 @@ class ClientRegistry:
         Without TLS and without an enrolment key: no client could prove an identity.
     """
 
-    def __init__(self, tls: TlsConfig, *, num_params: int, liveness_s: float) -> None:
+    def __init__(
+        self,
+        tls: TlsConfig,
+        *,
+        num_params: int,
+        liveness_s: float,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
         self._tls_directory = tls.directory
         # Checks the enrolment tokens of clients that have no certificate (TLS off, Flower).
         self._enrolment_key: bytes | None = None
@@ -97,6 +106,7 @@ class ClientRegistry:
             self._enrolment_key = load_enrolment_key(tls.directory)  # a clear error if absent
         self._num_params = num_params
         self._liveness_s = liveness_s
+        self._on_change = on_change
         self._lock = threading.Lock()
         self._clients: dict[str, RegisteredClient] = {}
 
@@ -123,7 +133,12 @@ class ClientRegistry:
     ) -> tuple[str, bytes]:
         """Register a client; returns its client id and a fresh credential.
 
-        See :meth:`server.coordinator.coordinator.Coordinator.register`.
+        The client id is the client's provisioned identity: ``identity``, the common name of
+        the caller's verified certificate under mutual TLS (the servicer passes it), or else
+        the name that ``enrolment_token`` proves (:mod:`crypto.enrolment`). Registering an
+        identity again (a restarted client) returns the same id with a new credential, and
+        ``signing_key`` (the client's Ed25519 public key) replaces the one registered before.
+        ``epsilon`` (at ``delta``) is what the client's ledger says it has spent already.
 
         Raises
         ------
@@ -160,6 +175,8 @@ class ClientRegistry:
                     credential_hash=hashlib.sha256(issued).hexdigest(),
                 )
             self._clients[client_id].spent(epsilon, delta)
+        if self._on_change is not None:
+            self._on_change()
         _log.info(
             "%s %s by %s (%s, %d examples)",
             "re-registered" if known is not None else "registered",

@@ -25,7 +25,14 @@ from fedps.parameter_client import ParameterClient
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc, shard_pb2
 from fedps.transport import call, call_until, create_channel
 
-__all__ = ["AppliedRound", "ClusterPeers", "Commitments", "KeyHolderState", "PublicContext"]
+__all__ = [
+    "AppliedRound",
+    "ClusterPeers",
+    "Commitments",
+    "KeyHolderState",
+    "PublicContext",
+    "RoundOpening",
+]
 
 _log = logging.getLogger("fedps")
 
@@ -63,6 +70,17 @@ class Commitments:
     def updates_of(self, clients: Collection[str]) -> list[common_pb2.SignedUpdate]:
         """The commitments of ``clients``."""
         return [u for u in self.updates if u.client_id in clients]
+
+
+@dataclass(frozen=True)
+class RoundOpening:
+    """A round as the key holder (commit phase) or the shards (push phase) open it."""
+
+    round: int
+    version: int  # the model version the round trains on
+    run_id: str
+    context_id: str  # the CKKS context the updates are encrypted under
+    members: Mapping[str, bytes]  # client id -> Ed25519 signing key, sorted by client id
 
 
 @dataclass(frozen=True)
@@ -132,17 +150,8 @@ class ClusterPeers:
         )
         return int(state.version)
 
-    def open_commits(
-        self,
-        round_: int,
-        version: int,
-        *,
-        run_id: str,
-        context_id: str,
-        members: Mapping[str, bytes],
-    ) -> None:
-        """Open ``round_``'s commit phase at the key holder for ``members`` (client id to
-        signing key).
+    def open_commits(self, opening: RoundOpening) -> None:
+        """Open a round's commit phase at the key holder for ``opening.members``.
 
         Raises
         ------
@@ -150,15 +159,15 @@ class ClusterPeers:
             If the key holder refuses (e.g. it froze this round for another cohort).
         """
         request = keyholder_pb2.OpenCommitsRequest(
-            round=round_,
-            version=version,
-            run_id=run_id,
-            context_id=context_id,
-            members=_members(members),
+            round=opening.round,
+            version=opening.version,
+            run_id=opening.run_id,
+            context_id=opening.context_id,
+            members=_members(opening.members),
         )
         self.retry(
             lambda: self._keyholder.OpenCommits(request, timeout=_CALL_S),
-            f"open commitments of round {round_}",
+            f"open commitments of round {opening.round}",
             retry_on=PeerUnavailableError,
         )
 
@@ -194,23 +203,14 @@ class ClusterPeers:
         return AppliedRound(reply.version, reply.noise_multiplier)
 
     # ------------------------------------------------------------------ the shards
-    def open_round(
-        self,
-        round_: int,
-        version: int,
-        *,
-        run_id: str,
-        context_id: str,
-        members: Mapping[str, bytes],
-        updates: list[common_pb2.SignedUpdate],
-    ) -> None:
-        """Open ``round_`` on every shard for ``members`` and their commitments."""
+    def open_round(self, opening: RoundOpening, updates: list[common_pb2.SignedUpdate]) -> None:
+        """Open a round on every shard for ``opening.members`` and their commitments."""
         request = shard_pb2.OpenRoundRequest(
-            round=round_,
-            version=version,
-            members=_members(members),
-            context_id=context_id,
-            run_id=run_id,
+            round=opening.round,
+            version=opening.version,
+            members=_members(opening.members),
+            context_id=opening.context_id,
+            run_id=opening.run_id,
             commitments=updates,
         )
         for sid, stub in self._params.stubs.items():

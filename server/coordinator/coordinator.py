@@ -51,7 +51,7 @@ from fedps.config import FedPSConfig
 from fedps.errors import FedPSError, QuarantinedError
 from server.coordinator.checkpoint_store import CheckpointStore
 from server.coordinator.client_registry import ClientRegistry, RegisteredClient
-from server.coordinator.cluster_peers import ClusterPeers, Commitments
+from server.coordinator.cluster_peers import ClusterPeers, Commitments, RoundOpening
 from server.coordinator.cohort_sampler import CohortSampler
 from server.coordinator.evaluator import Evaluator
 from server.coordinator.round_policy import create_round_policy
@@ -142,9 +142,9 @@ class Coordinator:
     :class:`~.checkpoint_store.CheckpointStore` and an :class:`~.evaluator.Evaluator`.
 
     :meth:`run` drives the rounds itself. Another driver (the Flower strategy) uses the public
-    steps instead: :meth:`bootstrap` once, then for each round :meth:`run_round` (in a thread),
-    :meth:`get_task`, :meth:`wait_until_pushing` and :meth:`report` for the cohort, and
-    :meth:`pull_model` for the published model.
+    steps instead: ``registry.register`` for each client, :meth:`bootstrap` once, then for
+    each round :meth:`run_round` (in a thread), :meth:`get_task`, :meth:`wait_until_pushing`
+    and :meth:`report` for the cohort, and :meth:`pull_model` for the published model.
 
     Parameters
     ----------
@@ -174,10 +174,12 @@ class Coordinator:
             self._vector.size,
             CkksParams.for_config(config).values_per_block,
         )
-        self._registry = ClientRegistry(
+        #: registration and authentication (``registry.register`` is the client's first call)
+        self.registry = ClientRegistry(
             config.tls,
             num_params=self.layout.num_params,
             liveness_s=max(30.0, 3 * self._training.deadline_s),
+            on_change=self._notify,
         )
         self._store = CheckpointStore(state_dir)
         self._policy = create_round_policy(self._training.mode, self._training)
@@ -196,53 +198,15 @@ class Coordinator:
         self._restore()
 
     # ------------------------------------------------------------------ client-facing
+    def _notify(self) -> None:
+        """Wake whoever waits for a change (a registration, a report, a stop)."""
+        with self._changed:
+            self._changed.notify_all()
+
     @property
     def clients(self) -> Mapping[str, RegisteredClient]:
         """The registered clients by client id (a read-only view)."""
-        return self._registry.clients
-
-    def register(
-        self,
-        name: str,
-        num_examples: int,
-        num_params: int,
-        signing_key: bytes = b"",
-        *,
-        identity: str | None = None,
-        enrolment_token: str = "",
-        epsilon: float = 0.0,
-        delta: float = 0.0,
-    ) -> tuple[str, bytes]:
-        """Register a client; returns its client id and a fresh credential.
-
-        The client id is the client's provisioned identity: ``identity``, the common name of
-        the caller's verified certificate under mutual TLS (the servicer passes it), or else
-        the name that ``enrolment_token`` proves (:mod:`crypto.enrolment`). Registering an
-        identity again (a restarted client) returns the same id with a new credential, and
-        ``signing_key`` (the client's Ed25519 public key) replaces the one registered before.
-        ``epsilon`` (at ``delta``) is what the client's ledger says it has spent already.
-
-        Raises
-        ------
-        UnauthenticatedError
-            Neither a certificate identity nor a valid enrolment token.
-        InvalidArgumentError
-            A weak signing key, another model size, no training examples, or an epsilon or
-            delta out of range.
-        """
-        registered = self._registry.register(
-            name,
-            num_examples,
-            num_params,
-            signing_key,
-            identity=identity,
-            enrolment_token=enrolment_token,
-            epsilon=epsilon,
-            delta=delta,
-        )
-        with self._changed:
-            self._changed.notify_all()
-        return registered
+        return self.registry.clients
 
     def get_task(
         self, client_id: str, credential: bytes = b"", *, epsilon: float = 0.0, delta: float = 0.0
@@ -255,9 +219,9 @@ class Coordinator:
         InvalidArgumentError
             An epsilon or delta out of range.
         UnknownClientError, UnauthenticatedError
-            An id nobody registered, or a missing or wrong credential.
+            See :meth:`ClientRegistry.check_in`.
         """
-        self._registry.check_in(client_id, credential, epsilon=epsilon, delta=delta)
+        self.registry.check_in(client_id, credential, epsilon=epsilon, delta=delta)
         with self._lock:
             # WAIT and DONE carry the last finished round: at client level every global round
             # counts in a client's spend, the rounds it was not drawn for too.
@@ -274,7 +238,7 @@ class Coordinator:
                     current.round,
                     current.version,
                     current.deadline,
-                    weight_scale=float(self._registry.most_examples(current.cohort)),
+                    weight_scale=float(self.registry.most_examples(current.cohort)),
                     context_id=self._context_id,
                 )
             return Task("wait", self.round)
@@ -294,12 +258,10 @@ class Coordinator:
 
         Raises
         ------
-        InvalidArgumentError
-            An epsilon, delta or byte count out of range.
-        UnknownClientError, UnauthenticatedError
-            An id nobody registered, or a missing or wrong credential.
+        InvalidArgumentError, UnknownClientError, UnauthenticatedError
+            See :meth:`ClientRegistry.record_report`.
         """
-        self._registry.record_report(
+        self.registry.record_report(
             client_id,
             credential,
             epsilon=epsilon,
@@ -315,17 +277,17 @@ class Coordinator:
     @property
     def max_epsilon(self) -> tuple[float, float]:
         """The largest epsilon any client reported, with its delta."""
-        return self._registry.max_epsilon
+        return self.registry.max_epsilon
 
     @property
     def client_epsilons(self) -> dict[str, float]:
         """The largest epsilon each registered client reported, by client id."""
-        return self._registry.client_epsilons
+        return self.registry.client_epsilons
 
     @property
     def bytes_pushed(self) -> int:
         """Bytes of encrypted updates the clients report having pushed."""
-        return self._registry.bytes_pushed
+        return self.registry.bytes_pushed
 
     def wait_until_pushing(self, round_: int, timeout_s: float) -> bool:
         """Wait until ``round_``'s commitments are frozen and its shards take pushes; False
@@ -350,8 +312,7 @@ class Coordinator:
     def stop(self) -> None:
         """Ask :meth:`run` (and a :meth:`run_round` in progress) to return soon."""
         self._stop.set()
-        with self._changed:
-            self._changed.notify_all()
+        self._notify()
 
     def run(self) -> None:
         """Run rounds until ``training.rounds`` are done or :meth:`stop` is called."""
@@ -426,13 +387,13 @@ class Coordinator:
         grace_until = time.time() + self._training.deadline_s
         with self._changed:
             while not self._stop.is_set():
-                live = self._registry.live()
+                live = self.registry.live()
                 if len(live) >= expected or (
                     len(live) >= self._training.min_quorum and time.time() > grace_until
                 ):
                     return self._sampler.draw(live)
-                usable = self._registry.usable()
-                if len(self._registry) >= expected and usable < self._training.min_quorum:
+                usable = self.registry.usable()
+                if len(self.registry) >= expected and usable < self._training.min_quorum:
                     _log.warning("fewer than min_quorum clients have privacy budget left")
                     self._stop.set()
                     return None
@@ -530,13 +491,7 @@ class Coordinator:
         key holder refused to open it (or the coordinator stopped meanwhile)."""
         self._checkpoint(opened)  # the cohort and deadline survive a restart
         try:
-            self._peers.open_commits(
-                opened.round,
-                opened.version,
-                run_id=self.run_id,
-                context_id=self._context_id,
-                members=self._registry.signing_keys(opened.cohort),
-            )
+            self._peers.open_commits(self._opening(opened, opened.cohort))
         except FedPSError as exc:
             if not self._stop.is_set():
                 # e.g. the key holder froze this round number for another cohort before a
@@ -581,14 +536,7 @@ class Coordinator:
             opened.deadline = time.time() + self._training.deadline_s
         self._checkpoint(opened)
         frozen_at = time.time()
-        self._peers.open_round(
-            opened.round,
-            opened.version,
-            run_id=self.run_id,
-            context_id=self._context_id,
-            members=self._registry.signing_keys(committed),
-            updates=commitments.updates_of(committed),
-        )
+        self._peers.open_round(self._opening(opened, committed), commitments.updates_of(committed))
         self._wait_for_pushes(opened, resume)
         if self._stop.is_set():
             return None
@@ -597,6 +545,16 @@ class Coordinator:
         accepted = self._peers.close_round(opened.round, committed)
         record.push_seconds = time.time() - frozen_at
         return accepted
+
+    def _opening(self, opened: _OpenRound, members: frozenset[str]) -> RoundOpening:
+        """``opened`` as the key holder or the shards open it, for ``members``."""
+        return RoundOpening(
+            opened.round,
+            opened.version,
+            self.run_id,
+            self._context_id,
+            self.registry.signing_keys(members),
+        )
 
     def _wait_for_pushes(self, opened: _OpenRound, resume: _OpenRound | None) -> None:
         """Wait until every committed client reported its push, or the push deadline."""
@@ -624,7 +582,7 @@ class Coordinator:
                 opened.round,
                 opened.version,
                 run_id=self.run_id,
-                members=self._registry.signing_keys(accepted),
+                members=self.registry.signing_keys(accepted),
             )
         except FedPSError as exc:  # a policy refusal, or an aggregate that cannot decrypt
             if self._stop.is_set():
@@ -671,7 +629,7 @@ class Coordinator:
             "round": self.round,
             "version": self.version,
             "history": [asdict(r) for r in self.history],
-            "clients": self._registry.state_dict(),
+            "clients": self.registry.state_dict(),
             "open": open_round.to_json() if open_round is not None else None,
         }
         self._store.save(self._vector, state)
@@ -690,7 +648,7 @@ class Coordinator:
         self.round = int(state["round"])
         self.version = int(state["version"])
         self.history = [RoundRecord(**r) for r in state["history"]]
-        self._registry.load_state_dict(state["clients"])
+        self.registry.load_state_dict(state["clients"])
         if state.get("open"):
             self._resume = _OpenRound.from_json(state["open"])
         self.last_checkpoint = checkpoint.saved_at

@@ -368,7 +368,7 @@ class FlowerStrategy(Strategy):
                 continue
             try:
                 reg = Registration.from_record(reply.content.config_records[RECORD_KEY])
-                client_id, credential = self.coordinator.register(
+                client_id, credential = self.coordinator.registry.register(
                     reg.name,
                     reg.num_examples,
                     reg.num_params,
