@@ -38,7 +38,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> coordinator_pb2.RegisterReply:
         c = self.coordinator
         with rpc_errors(context):
-            client_id, credential = c.register(
+            client_id, credential = c.registry.register(
                 request.name,
                 request.num_examples,
                 request.num_params,

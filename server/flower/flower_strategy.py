@@ -101,9 +101,11 @@ class FlowerStrategy(Strategy):
     fraction_train
         Fraction of connected nodes sampled for each round.
     min_train_nodes
-        Fewest nodes sampled (default: ``training.min_quorum``).
+        Fewest nodes sampled, as in Flower's ``FedAvg`` (default and lower bound: the quorum,
+        ``training.min_quorum``).
     min_available_nodes
-        Nodes that must be connected before a round starts (default: ``min_train_nodes``).
+        Nodes that must be connected before a round starts, as in Flower's ``FedAvg``
+        (default: ``min_train_nodes``).
     register_timeout_s
         How long registration waits for the nodes' answers.
 
@@ -127,12 +129,15 @@ class FlowerStrategy(Strategy):
             raise ConfigError("fraction_train must be in (0, 1]")
         self.config = config
         self.fraction_train = fraction_train
-        self.min_train_nodes = min_train_nodes or config.training.min_quorum
+        #: the fewest updates a round may close with (the key holder refuses fewer)
+        self.min_quorum = config.training.min_quorum
+        # Flower's sampling parameters, mapped onto the quorum here and only here.
+        self.min_train_nodes = min_train_nodes or self.min_quorum
         self.min_available_nodes = min_available_nodes or self.min_train_nodes
-        if self.min_train_nodes < config.training.min_quorum:
+        if self.min_train_nodes < self.min_quorum:
             raise ConfigError(
                 f"min_train_nodes ({self.min_train_nodes}) is below training.min_quorum "
-                f"({config.training.min_quorum}): the key holder would refuse every round"
+                f"({self.min_quorum}): the key holder would refuse every round"
             )
         self.register_timeout_s = register_timeout_s
         self.coordinator = Coordinator(
@@ -157,7 +162,7 @@ class FlowerStrategy(Strategy):
             "min quorum %d, deadline %.0fs, fraction_train %.2f",
             len(self.config.cluster.shards),
             self.config.cluster.keyholder,
-            t.min_quorum,
+            self.min_quorum,
             t.deadline_s,
             self.fraction_train,
         )
@@ -172,7 +177,7 @@ class FlowerStrategy(Strategy):
         """
         coordinator = self.coordinator
         if not self._bootstrapped:
-            coordinator._bootstrap()  # the key holder gets (or keeps) the initial model
+            coordinator.bootstrap()  # the key holder gets (or keeps) the initial model
             self._bootstrapped = True
             self._check_size(arrays)
         if server_round > self.config.training.rounds:
@@ -186,12 +191,12 @@ class FlowerStrategy(Strategy):
         nodes = self._sample(grid)
         self._register(grid, [n for n in nodes if n not in self._members])
         cohort = {n: self._members[n] for n in nodes if n in self._members}
-        if len(cohort) < self.config.training.min_quorum:
+        if len(cohort) < self.min_quorum:
             _log.warning(
                 "round %d: %d registered nodes, quorum is %d; skipping the round",
                 server_round,
                 len(cohort),
-                self.config.training.min_quorum,
+                self.min_quorum,
             )
             return []
         if len(cohort) > self.config.he.max_clients:
@@ -263,8 +268,7 @@ class FlowerStrategy(Strategy):
             metrics.update({"accuracy": record.accuracy, "loss": record.loss})
         if record.abandoned:
             return None, MetricRecord(metrics)
-        vector, _ = self.coordinator._pull_model()
-        load_flat(self._model, vector)
+        load_flat(self._model, self.coordinator.pull_model())
         return ArrayRecord(self._model.state_dict()), MetricRecord(metrics)
 
     # ------------------------------------------------------------------ evaluate
@@ -364,7 +368,7 @@ class FlowerStrategy(Strategy):
                 continue
             try:
                 reg = Registration.from_record(reply.content.config_records[RECORD_KEY])
-                client_id, credential = self.coordinator.register(
+                client_id, credential = self.coordinator.registry.register(
                     reg.name,
                     reg.num_examples,
                     reg.num_params,
@@ -388,7 +392,7 @@ class FlowerStrategy(Strategy):
 
         def run() -> None:
             try:
-                self.coordinator._run_round(number, members)
+                self.coordinator.run_round(number, members)
             except BaseException as exc:
                 errors.append(exc)
 

@@ -25,7 +25,7 @@ def coordinator(tmp_path: Path) -> Coordinator:
 
 def _register(coordinator: Coordinator, epsilon: float = 0.0, delta: float = DELTA) -> bytes:
     """Register ``client-0`` (as mutual TLS proves it); returns its credential."""
-    _, credential = coordinator.register(
+    _, credential = coordinator.registry.register(
         "edge-0",
         100,
         coordinator.layout.num_params,

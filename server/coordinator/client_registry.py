@@ -1,0 +1,319 @@
+"""The coordinator's clients: registration, authentication, liveness and privacy spend.
+
+A client's id is its provisioned identity: the common name of its certificate under mutual
+TLS, or else the name its enrolment token proves (:mod:`crypto.enrolment`). Registering
+returns a fresh random credential; the registry keeps only its SHA-256 and checks every later
+call against it in constant time. Registering an identity again (a restarted client) keeps the
+id and replaces the credential and the signing key.
+
+Each client's privacy spend (epsilon at delta) arrives with its registration, with every
+``GetTask`` and with every report; the registry keeps the largest it was told, so the maximum
+over clients never goes down and counts rounds whose update never arrived.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import math
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from types import MappingProxyType
+
+from crypto.enrolment import ENROLMENT_KEY_FILE, load_enrolment_key, verify_token
+from crypto.signing import is_weak_key
+from fedps.config import TlsConfig
+from fedps.errors import InvalidArgumentError, UnauthenticatedError, UnknownClientError
+
+__all__ = ["ClientRegistry", "RegisteredClient"]
+
+_log = logging.getLogger("fedps")
+
+_MAX_REPORTED_BYTES = 1 << 40  # per report; keeps totals far from uint64 overflow
+
+
+@dataclass
+class RegisteredClient:
+    """What the coordinator knows of one client (all of it is checkpointed)."""
+
+    name: str
+    num_examples: int
+    signing_key: str = ""  # Ed25519 public key, hex
+    credential_hash: str = ""  # SHA-256 of the credential issued at registration, hex
+    last_seen: float = field(default_factory=time.time)
+    epsilon: float = 0.0
+    delta: float = 0.0
+    bytes_pushed: int = 0
+    exhausted: bool = False
+
+    def spent(self, epsilon: float, delta: float) -> None:
+        """The client says it has spent ``epsilon`` (at ``delta``): keep the largest."""
+        self.epsilon = max(self.epsilon, epsilon)
+        if delta:
+            self.delta = delta
+
+
+def _check_spend(epsilon: float, delta: float) -> None:
+    """Check that a reported privacy spend is a number the coordinator can keep.
+
+    Raises
+    ------
+    InvalidArgumentError
+        A NaN or negative epsilon, or a delta outside [0, 1). ``+inf`` is honest: a client
+        training without DP noise has no finite epsilon.
+    """
+    if math.isnan(epsilon) or epsilon < 0 or not 0 <= delta < 1:
+        raise InvalidArgumentError("epsilon must be >= 0 (inf: no DP), delta in [0, 1)")
+
+
+class ClientRegistry:
+    """The registered clients of one run; thread-safe.
+
+    Parameters
+    ----------
+    tls
+        The deployment's TLS settings: without TLS (``insecure``) the enrolment key in
+        ``tls.directory`` must exist, since tokens are then the only proof of identity.
+    num_params
+        The run's model size; a client with another model is refused.
+    liveness_s
+        A client not heard from for this long is not live (not drawn for a cohort).
+    on_change
+        Called after each registration (the coordinator wakes its cohort wait).
+
+    Raises
+    ------
+    ConfigError
+        Without TLS and without an enrolment key: no client could prove an identity.
+    """
+
+    def __init__(
+        self,
+        tls: TlsConfig,
+        *,
+        num_params: int,
+        liveness_s: float,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self._tls_directory = tls.directory
+        # Checks the enrolment tokens of clients that have no certificate (TLS off, Flower).
+        self._enrolment_key: bytes | None = None
+        if tls.insecure or (tls.directory / ENROLMENT_KEY_FILE).exists():
+            self._enrolment_key = load_enrolment_key(tls.directory)  # a clear error if absent
+        self._num_params = num_params
+        self._liveness_s = liveness_s
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self._clients: dict[str, RegisteredClient] = {}
+
+    @property
+    def clients(self) -> Mapping[str, RegisteredClient]:
+        """The registered clients by client id (a read-only view)."""
+        return MappingProxyType(self._clients)
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    # ------------------------------------------------------------------ authentication
+    def register(
+        self,
+        name: str,
+        num_examples: int,
+        num_params: int,
+        signing_key: bytes = b"",
+        *,
+        identity: str | None = None,
+        enrolment_token: str = "",
+        epsilon: float = 0.0,
+        delta: float = 0.0,
+    ) -> tuple[str, bytes]:
+        """Register a client; returns its client id and a fresh credential.
+
+        The client id is the client's provisioned identity: ``identity``, the common name of
+        the caller's verified certificate under mutual TLS (the servicer passes it), or else
+        the name that ``enrolment_token`` proves (:mod:`crypto.enrolment`). Registering an
+        identity again (a restarted client) returns the same id with a new credential, and
+        ``signing_key`` (the client's Ed25519 public key) replaces the one registered before.
+        ``epsilon`` (at ``delta``) is what the client's ledger says it has spent already.
+
+        Raises
+        ------
+        UnauthenticatedError
+            Neither a certificate identity nor a valid enrolment token.
+        InvalidArgumentError
+            A weak signing key, another model size, no training examples, or an epsilon or
+            delta out of range.
+        """
+        _check_spend(epsilon, delta)
+        if is_weak_key(signing_key):
+            raise InvalidArgumentError("registration needs a valid 32-byte Ed25519 signing key")
+        if num_params != self._num_params:
+            raise InvalidArgumentError(
+                f"client model has {num_params} parameters, the run's model has {self._num_params}"
+            )
+        if num_examples < 1:
+            raise InvalidArgumentError("a client needs at least one training example")
+        client_id, how = self._identify(identity, enrolment_token)
+        issued = secrets.token_bytes(32)
+        with self._lock:
+            known = self._clients.get(client_id)
+            if known is not None:
+                known.name = name or client_id
+                known.num_examples = num_examples
+                known.signing_key = signing_key.hex()
+                known.credential_hash = hashlib.sha256(issued).hexdigest()
+                known.last_seen = time.time()
+            else:
+                self._clients[client_id] = RegisteredClient(
+                    name=name or client_id,
+                    num_examples=num_examples,
+                    signing_key=signing_key.hex(),
+                    credential_hash=hashlib.sha256(issued).hexdigest(),
+                )
+            self._clients[client_id].spent(epsilon, delta)
+        if self._on_change is not None:
+            self._on_change()
+        _log.info(
+            "%s %s by %s (%s, %d examples)",
+            "re-registered" if known is not None else "registered",
+            client_id,
+            how,
+            name,
+            num_examples,
+        )
+        return client_id, issued
+
+    def check_in(self, client_id: str, credential: bytes, *, epsilon: float, delta: float) -> None:
+        """A client asks for a task: authenticate it, mark it live, keep its spend.
+
+        Raises
+        ------
+        InvalidArgumentError
+            An epsilon or delta out of range.
+        UnknownClientError, UnauthenticatedError
+            An id nobody registered, or a missing or wrong credential.
+        """
+        _check_spend(epsilon, delta)
+        with self._lock:
+            client = self._authenticated(client_id, credential)
+            client.last_seen = time.time()
+            client.spent(epsilon, delta)
+
+    def record_report(
+        self,
+        client_id: str,
+        credential: bytes,
+        *,
+        epsilon: float,
+        delta: float,
+        bytes_pushed: int,
+        budget_exhausted: bool,
+    ) -> None:
+        """A client reports a round: keep its spend, its bytes and whether its budget is out.
+
+        Raises
+        ------
+        InvalidArgumentError
+            An epsilon, delta or byte count out of range.
+        UnknownClientError, UnauthenticatedError
+            An id nobody registered, or a missing or wrong credential.
+        """
+        _check_spend(epsilon, delta)
+        if not 0 <= bytes_pushed <= _MAX_REPORTED_BYTES:
+            raise InvalidArgumentError(f"bytes_pushed must be in [0, {_MAX_REPORTED_BYTES}]")
+        with self._lock:
+            client = self._authenticated(client_id, credential)
+            client.spent(epsilon, delta)
+            client.bytes_pushed += bytes_pushed
+            client.exhausted = client.exhausted or budget_exhausted
+
+    def _identify(self, identity: str | None, enrolment_token: str) -> tuple[str, str]:
+        """The client id of a registration and how it was proven (certificate or token)."""
+        if identity:
+            return identity, "certificate"
+        if not enrolment_token:
+            raise UnauthenticatedError(
+                "registration refused: present a client certificate of the deployment (mutual "
+                "TLS) or, without TLS, the enrolment token from `fedps certs`"
+            )
+        if self._enrolment_key is None:
+            raise UnauthenticatedError(
+                "registration refused: this coordinator has no enrolment key to check tokens "
+                f"({self._tls_directory / ENROLMENT_KEY_FILE}; `fedps certs` makes it)"
+            )
+        return verify_token(self._enrolment_key, enrolment_token), "enrolment token"
+
+    def _authenticated(self, client_id: str, credential: bytes) -> RegisteredClient:
+        client = self._clients.get(client_id)
+        if client is None:
+            raise UnknownClientError(f"unknown client {client_id!r}; register first")
+        digest = hashlib.sha256(credential).hexdigest()
+        if not credential or not hmac.compare_digest(digest, client.credential_hash):
+            raise UnauthenticatedError(f"missing or wrong credential for {client_id!r}")
+        return client
+
+    # ------------------------------------------------------------------ cohorts
+    def live(self) -> list[str]:
+        """The ids of the clients heard from lately that still have privacy budget."""
+        now = time.time()
+        with self._lock:
+            return [
+                cid
+                for cid, c in self._clients.items()
+                if not c.exhausted and now - c.last_seen < self._liveness_s
+            ]
+
+    def usable(self) -> int:
+        """How many registered clients still have privacy budget."""
+        with self._lock:
+            return sum(1 for c in self._clients.values() if not c.exhausted)
+
+    def most_examples(self, cohort: Iterable[str]) -> int:
+        """The largest example count among the registered members of ``cohort``."""
+        with self._lock:
+            return max(
+                (self._clients[c].num_examples for c in cohort if c in self._clients), default=0
+            )
+
+    def signing_keys(self, cohort: Iterable[str]) -> dict[str, bytes]:
+        """The Ed25519 public key of each member of ``cohort``, by client id, sorted."""
+        with self._lock:
+            return {c: bytes.fromhex(self._clients[c].signing_key) for c in sorted(cohort)}
+
+    # ------------------------------------------------------------------ privacy and traffic
+    @property
+    def max_epsilon(self) -> tuple[float, float]:
+        """The largest epsilon any client reported, with its delta."""
+        with self._lock:
+            worst = max(self._clients.values(), key=lambda c: c.epsilon, default=None)
+            return (worst.epsilon, worst.delta) if worst else (0.0, 0.0)
+
+    @property
+    def client_epsilons(self) -> dict[str, float]:
+        """The largest epsilon each registered client reported, by client id."""
+        with self._lock:
+            return {cid: c.epsilon for cid, c in self._clients.items()}
+
+    @property
+    def bytes_pushed(self) -> int:
+        """Bytes of encrypted updates the clients report having pushed."""
+        with self._lock:
+            return sum(c.bytes_pushed for c in self._clients.values())
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, dict[str, object]]:
+        """Every client's record, JSON-ready (what a checkpoint keeps)."""
+        with self._lock:
+            return {cid: asdict(c) for cid, c in self._clients.items()}
+
+    def load_state_dict(self, state: Mapping[str, Mapping[str, object]]) -> None:
+        """Replace the clients with those of :meth:`state_dict`, all of them live now."""
+        clients = {cid: RegisteredClient(**c) for cid, c in state.items()}  # type: ignore[arg-type]
+        for client in clients.values():
+            client.last_seen = time.time()
+        with self._lock:
+            self._clients = clients

@@ -1,0 +1,69 @@
+"""Tests for server.coordinator.checkpoint_store: round trip, atomic replacement, clear errors."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedps.errors import FedPSError
+from server.coordinator.checkpoint_store import CHECKPOINT_FILE, CheckpointStore
+
+
+def test_a_checkpoint_round_trips(tmp_path: Path) -> None:
+    # Prepare
+    store = CheckpointStore(tmp_path / "coordinator")
+    model = np.arange(5, dtype=np.float64)
+    state = {"round": 3, "open": {"deadline": math.inf, "cohort": ["a"]}, "history": []}
+
+    # Execute
+    empty = store.load()
+    store.save(model, state)
+    loaded = store.load()
+
+    # Assert
+    assert empty is None
+    assert loaded is not None
+    np.testing.assert_array_equal(loaded.model, model)
+    assert loaded.state == state
+    assert loaded.saved_at == store.path.stat().st_mtime
+    assert store.path == tmp_path / "coordinator" / CHECKPOINT_FILE
+
+
+def test_saving_replaces_the_file_and_leaves_nothing_beside_it(tmp_path: Path) -> None:
+    # Prepare
+    store = CheckpointStore(tmp_path)
+    store.save(np.zeros(3), {"round": 1})
+
+    # Execute
+    store.save(np.ones(3), {"round": 2})
+
+    # Assert
+    loaded = store.load()
+    assert loaded is not None and loaded.state == {"round": 2}
+    np.testing.assert_array_equal(loaded.model, np.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_FILE]
+
+
+@pytest.mark.parametrize("content", [b"", b"not a checkpoint", b"PK\x03\x04truncated"])
+def test_an_unreadable_checkpoint_is_a_clear_error(tmp_path: Path, content: bytes) -> None:
+    # Prepare
+    store = CheckpointStore(tmp_path)
+    store.path.write_bytes(content)
+
+    # Execute / Assert
+    with pytest.raises(FedPSError, match="cannot be read"):
+        store.load()
+
+
+def test_a_checkpoint_without_state_is_a_clear_error(tmp_path: Path) -> None:
+    # Prepare
+    store = CheckpointStore(tmp_path)
+    with open(store.path, "wb") as fh:
+        np.savez(fh, model=np.zeros(2))
+
+    # Execute / Assert
+    with pytest.raises(FedPSError, match="cannot be read"):
+        store.load()

@@ -1,0 +1,173 @@
+"""Tests for server.coordinator.client_registry: identities, credentials, liveness, spend."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from crypto.enrolment import create_enrolment_key, issue_token, load_enrolment_key
+from crypto.signing import BlockSigner
+from fedps.config import TlsConfig, load_config
+from fedps.errors import ConfigError, InvalidArgumentError, UnauthenticatedError, UnknownClientError
+from server.coordinator.client_registry import ClientRegistry
+
+NUM_PARAMS = 10
+DELTA = 1e-5
+
+
+@pytest.fixture
+def tls(tmp_path: Path) -> TlsConfig:
+    """TLS off: enrolment tokens are the proof of identity."""
+    create_enrolment_key(tmp_path)
+    return _tls(tmp_path)
+
+
+def _tls(directory: Path) -> TlsConfig:
+    return load_config(None, tls={"insecure": True, "directory": str(directory)}).tls
+
+
+@pytest.fixture
+def registry(tls: TlsConfig) -> ClientRegistry:
+    return ClientRegistry(tls, num_params=NUM_PARAMS, liveness_s=60.0)
+
+
+def _register(
+    registry: ClientRegistry, identity: str = "client-0", *, epsilon: float = 0.0
+) -> tuple[str, bytes]:
+    return registry.register(
+        "edge",
+        100,
+        NUM_PARAMS,
+        BlockSigner().public_key,
+        identity=identity,
+        epsilon=epsilon,
+        delta=DELTA,
+    )
+
+
+def test_a_token_proves_the_identity_and_a_restart_keeps_the_id(
+    registry: ClientRegistry, tls: TlsConfig
+) -> None:
+    # Prepare
+    token = issue_token(load_enrolment_key(tls.directory), "client-7")
+    first_key, second_key = BlockSigner().public_key, BlockSigner().public_key
+
+    # Execute: the client registers, restarts (new signing key) and registers again
+    client_id, first = registry.register("a", 5, NUM_PARAMS, first_key, enrolment_token=token)
+    again, second = registry.register("b", 6, NUM_PARAMS, second_key, enrolment_token=token)
+
+    # Assert: one client, the latest key and credential; the old credential is refused
+    assert client_id == again == "client-7"
+    assert list(registry.clients) == ["client-7"]
+    assert registry.clients["client-7"].signing_key == second_key.hex()
+    assert registry.clients["client-7"].num_examples == 6
+    registry.check_in("client-7", second, epsilon=0.0, delta=DELTA)
+    with pytest.raises(UnauthenticatedError):
+        registry.check_in("client-7", first, epsilon=0.0, delta=DELTA)
+
+
+def test_registration_without_identity_or_with_a_bad_model_is_refused(
+    registry: ClientRegistry,
+) -> None:
+    key = BlockSigner().public_key
+
+    # Execute / Assert
+    with pytest.raises(UnauthenticatedError, match="enrolment token"):
+        registry.register("a", 5, NUM_PARAMS, key)
+    with pytest.raises(InvalidArgumentError, match="parameters"):
+        registry.register("a", 5, NUM_PARAMS + 1, key, identity="client-0")
+    with pytest.raises(InvalidArgumentError, match="signing key"):
+        registry.register("a", 5, NUM_PARAMS, bytes(32), identity="client-0")
+    with pytest.raises(InvalidArgumentError, match="example"):
+        registry.register("a", 0, NUM_PARAMS, key, identity="client-0")
+    assert len(registry) == 0
+
+
+def test_without_tls_a_missing_enrolment_key_is_a_clear_error(tmp_path: Path) -> None:
+    # Execute / Assert
+    with pytest.raises(ConfigError, match="enrolment"):
+        ClientRegistry(_tls(tmp_path), num_params=1, liveness_s=1)
+
+
+def test_unknown_ids_and_wrong_credentials_are_refused(registry: ClientRegistry) -> None:
+    # Prepare
+    _register(registry)
+
+    # Execute / Assert
+    with pytest.raises(UnknownClientError):
+        registry.check_in("mallory", b"x", epsilon=0.0, delta=DELTA)
+    with pytest.raises(UnauthenticatedError):
+        registry.check_in("client-0", b"", epsilon=0.0, delta=DELTA)
+    with pytest.raises(UnauthenticatedError):
+        registry.record_report(
+            "client-0",
+            b"wrong",
+            epsilon=0.0,
+            delta=DELTA,
+            bytes_pushed=0,
+            budget_exhausted=False,
+        )
+
+
+def test_spend_and_traffic_are_kept_and_survive_a_state_round_trip(
+    registry: ClientRegistry, tls: TlsConfig
+) -> None:
+    # Prepare
+    _, credential = _register(registry, epsilon=1.0)
+    _, other = _register(registry, "client-1")
+
+    # Execute
+    registry.check_in("client-0", credential, epsilon=3.0, delta=DELTA)
+    registry.record_report(
+        "client-0", credential, epsilon=2.0, delta=DELTA, bytes_pushed=100, budget_exhausted=True
+    )
+    registry.record_report(
+        "client-1", other, epsilon=0.5, delta=DELTA, bytes_pushed=20, budget_exhausted=False
+    )
+    restored = ClientRegistry(tls, num_params=NUM_PARAMS, liveness_s=60.0)
+    restored.load_state_dict(registry.state_dict())
+
+    # Assert
+    for r in (registry, restored):
+        assert r.max_epsilon == (3.0, DELTA)
+        assert r.client_epsilons == {"client-0": 3.0, "client-1": 0.5}
+        assert r.bytes_pushed == 120
+        assert r.usable() == 1
+        assert r.live() == ["client-1"]  # an exhausted client is never live
+    with pytest.raises(InvalidArgumentError, match="bytes_pushed"):
+        registry.record_report(
+            "client-1", other, epsilon=0.5, delta=DELTA, bytes_pushed=-1, budget_exhausted=False
+        )
+
+
+def test_a_client_not_heard_from_is_not_live(tls: TlsConfig) -> None:
+    # Prepare
+    registry = ClientRegistry(tls, num_params=NUM_PARAMS, liveness_s=0.05)
+    _, credential = _register(registry)
+
+    # Execute
+    time.sleep(0.1)
+    silent = registry.live()
+    registry.check_in("client-0", credential, epsilon=0.0, delta=DELTA)
+
+    # Assert
+    assert silent == []
+    assert registry.live() == ["client-0"]
+
+
+def test_cohort_views(registry: ClientRegistry) -> None:
+    # Prepare
+    registry.register("a", 30, NUM_PARAMS, BlockSigner().public_key, identity="b")
+    key = BlockSigner().public_key
+    registry.register("b", 70, NUM_PARAMS, key, identity="a")
+
+    # Execute
+    keys = registry.signing_keys({"b", "a"})
+
+    # Assert: sorted by client id, the keys as registered
+    assert list(keys) == ["a", "b"]
+    assert keys["a"] == key
+    assert registry.most_examples({"a", "b"}) == 70
+    assert registry.most_examples({"b"}) == 30
