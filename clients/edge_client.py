@@ -50,7 +50,8 @@ from clients.dp_trainer import PrivacySpend, create_trainer
 from clients.train_step import TrainMod, TrainStep, chain
 from crypto import PLAINTEXT_CONTEXT_ID, BlockEncryptor, CkksParams, PlainContext, PublicContext
 from crypto.enrolment import TOKEN_SUFFIX, read_token
-from crypto.signing import BlockSigner, context_digest, model_verifier, sign_update, verify_block
+from crypto.signed_update import SignedUpdate
+from crypto.signing import BlockSigner, context_digest, model_verifier, verify_block
 from crypto.sketch import Challenge
 from fedps.blocks import BlockLayout, flatten_model
 from fedps.config import FedPSConfig
@@ -64,6 +65,7 @@ from fedps.errors import (
     UnknownClientError,
 )
 from fedps.hash_ring import HashRing
+from fedps.messages import signed_update_to_proto
 from fedps.models import create_model
 from fedps.parameter_client import ParameterClient
 from fedps.partitioners import create_partitioner
@@ -749,7 +751,7 @@ class EdgeClient:
         keyholder = _known(self._keyholder, "the key holder")
         attempts = 3 if self.config.training.mode == "async" else 1
         for attempt in range(attempts):
-            nonce, signature, roots = sign_update(
+            signed = SignedUpdate.sign(
                 self._signer,
                 coefficients,
                 run_id=self.run_id,
@@ -759,14 +761,7 @@ class EdgeClient:
                 weight=weight,
                 version=version,
             )
-            update = common_pb2.SignedUpdate(
-                client_id=self.client_id,
-                weight=weight,
-                nonce=nonce,
-                signature=signature,
-                roots=roots,
-                version=version,
-            )
+            update = signed_update_to_proto(signed)
             request = keyholder_pb2.CommitRequest(
                 round=round_, update=update, sketches=self._sketches(round_, coefficients)
             )
