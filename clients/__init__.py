@@ -4,5 +4,13 @@ and pushes to the shards."""
 from clients.client_state import ClientState
 from clients.dp_trainer import ClientLevelTrainer, DPTrainer, create_trainer
 from clients.edge_client import EdgeClient
+from clients.simulation import SimulatedDevice
 
-__all__ = ["ClientLevelTrainer", "ClientState", "DPTrainer", "EdgeClient", "create_trainer"]
+__all__ = [
+    "ClientLevelTrainer",
+    "ClientState",
+    "DPTrainer",
+    "EdgeClient",
+    "SimulatedDevice",
+    "create_trainer",
+]

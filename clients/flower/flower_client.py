@@ -37,13 +37,12 @@ import hashlib
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from flwr.app import (
@@ -57,14 +56,13 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
-from clients.client_state import ClientState
 from clients.dp_trainer import DPTrainer
 from clients.edge_client import EdgeClient, PreparedPush
-from crypto import BlockEncryptor
+from clients.simulation import SimulatedDevice
+from clients.train_step import TrainMod
 from crypto.randomness import SeededRandom
 from crypto.signing import BlockSigner
 from crypto.tls import setup_tls
-from fedps.blocks import BlockLayout
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import ConfigError, InvalidArgumentError
 from fedps.flower_messages import (
@@ -77,10 +75,7 @@ from fedps.flower_messages import (
     Registration,
     RoundReport,
 )
-from fedps.hash_ring import HashRing
-from fedps.parameter_client import ParameterClient
-from fedps.proto import coordinator_pb2, keyholder_pb2_grpc, shard_pb2
-from fedps.transport import create_channel
+from fedps.proto import shard_pb2
 
 __all__ = ["ClientFactory", "FlowerClient", "create_client_app"]
 
@@ -89,12 +84,12 @@ _log = logging.getLogger("fedps")
 _PARTITION_KEY = "partition-id"
 
 
-class FlowerClient(EdgeClient):
+class FlowerClient:
     """An edge client whose coordinator speaks through Flower messages.
 
-    Pulls, DP training, encryption, signatures, commitments and pushes are
-    :class:`~clients.edge_client.EdgeClient`'s own; only the task arrives in a Flower
-    message and the report leaves in the reply.
+    Pulls, DP training, encryption, signatures, commitments and pushes are those of the
+    :class:`~clients.edge_client.EdgeClient` it holds (:attr:`edge`), through its public
+    steps; only the task arrives in a Flower message and the report leaves in the reply.
 
     Parameters
     ----------
@@ -104,6 +99,10 @@ class FlowerClient(EdgeClient):
         The node's data partition (Flower's ``partition-id``).
     signer
         The node's Ed25519 key, kept in its ``Context.state`` across messages.
+    mods
+        Wrap the node's training (:data:`clients.train_step.TrainMod`), outside the
+        simulated slow devices and dropouts of the configuration
+        (:class:`clients.simulation.SimulatedDevice`), which every node applies.
 
     Raises
     ------
@@ -113,91 +112,99 @@ class FlowerClient(EdgeClient):
         node's enrolment token is missing.
     """
 
-    def __init__(self, config: FedPSConfig, *, index: int, signer: BlockSigner) -> None:
+    def __init__(
+        self,
+        config: FedPSConfig,
+        *,
+        index: int,
+        signer: BlockSigner,
+        mods: Sequence[TrainMod] = (),
+    ) -> None:
         if config.privacy.level != "example":
             raise ConfigError('Flower clients support privacy.level = "example" (DP-SGD) only')
         # Before any channel exists, as `fedps client` does: certificate tls.name (or
         # client-INDEX) under mutual TLS; a process holds one certificate, so under TLS each
         # node runs in its own process.
         setup_tls(config.tls, f"client-{index}")
-        super().__init__(config, index=index, name=f"flower-{index}")
-        # The strategy registers the node by its token, whatever the transport.
-        self._enrolment_token = self._load_token(required=True)
+        self.config = config
         self.index = index
-        self._signer = signer
-        self._last_report: RoundReport | None = None
+        device = SimulatedDevice(config.training, index=index)
+        # No state folder: the node's key and accountant live in its Context.state. The
+        # strategy registers the node by its token, whatever the transport.
+        self.edge = EdgeClient(
+            config,
+            index=index,
+            name=f"flower-{index}",
+            signer=signer,
+            token_required=True,
+            mods=[*mods, device],
+        )
         self.pending: PreparedPush | None = None  # committed, not pushed yet
         self._attached = ("", "")
-        self._open = False
+
+    @property
+    def name(self) -> str:
+        """The node's display name (``flower-INDEX``)."""
+        return self.edge.name
 
     @property
     def signing_key(self) -> bytes:
         """The Ed25519 public key the strategy registers for this node."""
-        return self._signer.public_key
+        return self.edge.signing_key
 
     @property
     def enrolment_token(self) -> str:
         """The token that proves this node's identity (``client-INDEX``) to the strategy."""
-        return self._enrolment_token
+        return self.edge.enrolment_token
+
+    def registration(self) -> Registration:
+        """What the node answers to ``query.fedps_register``."""
+        edge = self.edge
+        return Registration(
+            edge.signing_key,
+            edge.name,
+            edge.trainer.num_examples,
+            edge.num_params,
+            enrolment_token=edge.enrolment_token,
+        )
 
     def attach(self, *, client_id: str, run_id: str, timeout_s: float = 60.0) -> None:
         """Connect to the key holder and shards of ``config.cluster`` for run ``run_id``.
 
-        After :meth:`close` this only reopens the channels: the public context, the
+        After :meth:`detach` this only reopens the channels: the public context, the
         encryptor and its encryptions of zero are kept for the same run and client id.
         """
-        if self._open:
-            if self._attached == (client_id, run_id):
-                return
-            self.close()
+        if self.edge.connected and self._attached == (client_id, run_id):
+            return
         cluster = self.config.cluster
         shards = dict(zip(cluster.shard_ids, cluster.shards, strict=True))
-        self._keyholder_channel = create_channel(cluster.keyholder)
-        self._keyholder = keyholder_pb2_grpc.KeyHolderStub(self._keyholder_channel)
-        self._params = ParameterClient(shards)
-        self._ring = HashRing(sorted(shards), virtual_nodes=cluster.virtual_nodes)
-        self._open = True
+        self.edge.connect(cluster.keyholder, shards, virtual_nodes=cluster.virtual_nodes)
         if self._attached != (client_id, run_id):
-            self.client_id, self.run_id = client_id, run_id
-            self._keyholder_key = b""
-            self._fetch_context(timeout_s)
-            self._layout = BlockLayout(self.num_params, self._values_per_block)
+            self.edge.join(run_id=run_id, client_id=client_id, timeout_s=timeout_s)
             self._attached = (client_id, run_id)
 
-    def close(self) -> None:
+    def detach(self) -> None:
         """Close the channels to the key holder and shards (:meth:`attach` reopens them)."""
-        if self._open:
-            self._params.close()
-            self._keyholder_channel.close()
-            self._open = False
+        self.edge.disconnect()
 
     def shutdown(self) -> None:
         """Close the channels and stop any encryption worker."""
-        self.close()
-        encryptor = getattr(self, "_encryptor", None)
-        if isinstance(encryptor, BlockEncryptor):
-            encryptor.close()
+        self.edge.shutdown()
 
     # ------------------------------------------------------------------ privacy state
-    def _open_state(self, state_dir: Path | None) -> ClientState:
-        """No folder: the node's key and accountant live in its ``Context.state``."""
-        return ClientState.in_memory(self.identity)
-
-    def _announce_spend(self) -> None:
-        """The train reply carries the epsilon (the strategy reports it to the coordinator)."""
-
     @property
     def _dp(self) -> DPTrainer:
-        assert isinstance(self.trainer, DPTrainer)
-        return self.trainer
+        trainer = self.edge.trainer
+        assert isinstance(trainer, DPTrainer)
+        return trainer
 
     def accountant_history(self) -> list[tuple[float, float, int]]:
         """Every (noise multiplier, sample rate, steps) this node's DP-SGD has taken."""
-        return list(self.trainer.history())
+        return list(self.edge.trainer.history())
 
     def restore_accountant(self, history: list[tuple[float, float, int]]) -> None:
         """Continue from ``history`` (the one in ``Context.state``), whatever was here."""
-        self.trainer.restore(history)
+        self.edge.trainer.restore(history)
 
     def reseed(self, round_: int) -> None:
         """With ``privacy.insecure_reproducible`` only: seed this round's DP noise and Poisson
@@ -210,76 +217,64 @@ class FlowerClient(EdgeClient):
 
     # ------------------------------------------------------------------ one round
     def train_task(self, task: FlowerTask, *, timeout_s: float = 60.0) -> RoundReport:
-        """Train and push one round, as :class:`EdgeClient` does for a coordinator task."""
+        """Train and commit one round, as :class:`EdgeClient` does for a coordinator task,
+        but keep the push messages (:attr:`pending`) for the push query: they may go out
+        only once every commitment of the round is fixed. The reply carries the spend."""
         self.attach(client_id=task.client_id, run_id=task.run_id, timeout_s=timeout_s)
-        self._last_report = None
         self.pending = None
         self.reseed(task.round)
-        self._train(
-            coordinator_pb2.Task(
-                kind=coordinator_pb2.Task.TRAIN,
-                round=task.round,
-                version=task.version,
-                deadline_unix=task.deadline_unix,
-                weight_scale=task.weight_scale,
-                context_id=task.context_id,
-            )
+        outcome = self.edge.train_round(
+            task.round,
+            task.version,
+            weight_scale=task.weight_scale,
+            deadline_unix=task.deadline_unix,
+            context_id=task.context_id,
+            announce=False,  # the train reply carries the epsilon to the strategy
         )
-        # None: no update this round (the model was not published, or the version moved on)
-        return self._last_report or self.idle_report(task.round)
+        self.pending = outcome.prepared
+        if outcome.trained:
+            # Refill the pool of encryptions of zero in this process: a node has no idle time
+            # between Flower messages for a background worker.
+            self.edge.precompute(background=False)
+        if outcome.budget_exhausted:
+            return self._summary(task.round, pushed=0, budget_exhausted=True, trained=False)
+        if outcome.prepared is None:
+            # No update this round (the model was not published, the version moved on, or
+            # the round's commitments had closed)
+            return self.idle_report(task.round)
+        return self._summary(outcome.round, pushed=0, budget_exhausted=False, trained=True)
 
     def push_task(
         self, task: FlowerTask, prepared: PreparedPush, *, timeout_s: float = 60.0
     ) -> RoundReport:
-        """Push the update committed for ``task`` (the round's commitments are frozen)."""
+        """Push the update committed for ``task`` (the strategy's push query is the signal
+        that the round's commitments are frozen)."""
         self.attach(client_id=task.client_id, run_id=task.run_id, timeout_s=timeout_s)
-        pushed = self.send(prepared)
+        pushed = self.edge.send(prepared)
         return self._summary(task.round, pushed=pushed, budget_exhausted=False, trained=True)
 
     def idle_report(self, round_: int) -> RoundReport:
         """The report of a round in which this node pushes nothing."""
         return self._summary(round_, pushed=0, budget_exhausted=False, trained=False)
 
-    def _report(self, round_: int, pushed: int, *, budget_exhausted: bool) -> None:
-        """Keep the report for the Flower reply instead of calling the coordinator."""
-        self._last_report = self._summary(
-            round_,
-            pushed=pushed,
-            budget_exhausted=budget_exhausted,
-            trained=self.pending is not None,  # committed; it pushes when asked
-        )
-
     def _summary(
         self, round_: int, *, pushed: int, budget_exhausted: bool, trained: bool
     ) -> RoundReport:
+        edge = self.edge
         return RoundReport(
             round=round_,
             trained=trained,
             bytes_pushed=pushed,
             budget_exhausted=budget_exhausted,
-            weight=self.weight,
-            epsilon=self.trainer.epsilon(),
+            weight=edge.weight,
+            epsilon=edge.trainer.epsilon(),
             delta=self.config.privacy.delta,
-            num_examples=self.trainer.num_examples,
+            num_examples=edge.trainer.num_examples,
         )
-
-    def _wait_for_push_phase(self, round_: int, timeout_s: float) -> bool:
-        """The strategy's push query is the signal: the commitments are frozen."""
-        return True
-
-    def push(self, round_: int, version: int, delta: np.ndarray) -> int:
-        """Encrypt and commit as :class:`EdgeClient` does, but keep the push messages for
-        the push query (they may go out only once every commitment of the round is fixed),
-        then refill the pool of encryptions of zero in this process: a node has no idle time
-        between Flower messages for a background worker."""
-        self.pending = self.prepare(round_, version, delta)
-        if isinstance(self._encryptor, BlockEncryptor):
-            self._encryptor.precompute(self._layout.num_blocks)
-        return 0
 
 
 class ClientFactory(Protocol):
-    """Builds a node's client (:class:`FlowerClient` or a subclass)."""
+    """Builds a node's client (a :class:`FlowerClient`, with mods of its own for example)."""
 
     def __call__(self, config: FedPSConfig, *, index: int, signer: BlockSigner) -> FlowerClient: ...
 
@@ -462,7 +457,7 @@ def create_client_app(
         The fedps configuration, or a function of the node's ``Context`` that returns it;
         ``None``: load the TOML file named by the run config's ``fedps-config`` key.
     client_factory
-        Builds a node's client; a :class:`FlowerClient` subclass adds behaviour.
+        Builds a node's client; a :class:`FlowerClient` built with mods adds behaviour.
     cache_size
         Built clients kept per process (a speed-up only; 0 rebuilds for every message).
     timeout_s
@@ -492,19 +487,12 @@ def create_client_app(
             if cache_size == 0:
                 client.shutdown()
             else:
-                client.close()
+                client.detach()
 
     @app.query(REGISTER_ACTION)
     def register(message: Message, context: Context) -> Message:
         _, client = prepare(context)
-        registration = Registration(
-            client.signing_key,
-            client.name,
-            client.trainer.num_examples,
-            client.num_params,
-            enrolment_token=client.enrolment_token,
-        )
-        values: dict[str, ConfigRecordValues] = {**registration.to_record()}
+        values: dict[str, ConfigRecordValues] = {**client.registration().to_record()}
         record = ConfigRecord(values)
         return Message(RecordDict({RECORD_KEY: record}), reply_to=message)
 

@@ -3,7 +3,7 @@
 The ServerApp runs :class:`server.flower.flower_strategy.FlowerStrategy` and the ClientApp is
 :func:`clients.flower.flower_client.create_client_app`, both executed by Flower's simulation runtime
 (``flwr.simulation.run_simulation``, Ray backend) against a real key holder and two shards on
-loopback. The clients run in Ray's worker processes, so the test-only client below writes the
+loopback. The clients run in Ray's worker processes, so the test-only mod below writes the
 plaintext of what it encrypted to disk, where the replay reads it.
 
 Needs ``flwr[simulation]`` (Ray), installed with fedps's ``dev`` extra.
@@ -12,6 +12,7 @@ Needs ``flwr[simulation]`` (Ray), installed with fedps's ``dev`` extra.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
 from clients.flower.flower_client import FlowerClient, create_client_app
+from clients.train_step import TrainFn, TrainStep
 from crypto.signing import BlockSigner
 from fedps.cli.flower_bench import simulate
 from fedps.config import FedPSConfig
@@ -33,21 +35,29 @@ ROUNDS = 2
 NODES = 3
 
 
-class RecordingFlowerClient(FlowerClient):
-    """A real Flower node that also saves the plaintext of each update it encrypted (its
-    weight and delta), so the test can replay FedAvg in plaintext."""
+@dataclass(frozen=True)
+class Recorder:
+    """A mod that saves the plaintext of each update a node encrypts (its weight and delta),
+    so the test can replay FedAvg in plaintext."""
 
-    def __init__(
-        self, config: FedPSConfig, *, index: int, signer: BlockSigner, record_dir: Path
-    ) -> None:
-        super().__init__(config, index=index, signer=signer)
-        self.record_dir = record_dir
+    record_dir: Path
 
-    def push(self, round_: int, version: int, delta: np.ndarray) -> int:
-        self.record_dir.mkdir(parents=True, exist_ok=True)
-        path = self.record_dir / f"round{round_}-{self.client_id}.npz"
-        np.savez(path, weight=self.weight, delta=delta)
-        return super().push(round_, version, delta)
+    def __call__(
+        self, step: TrainStep, params: np.ndarray, call_next: TrainFn
+    ) -> np.ndarray | None:
+        delta = call_next(step, params)
+        if delta is not None:
+            self.record_dir.mkdir(parents=True, exist_ok=True)
+            path = self.record_dir / f"round{step.round}-{step.client_id}.npz"
+            np.savez(path, weight=step.weight, delta=delta)
+        return delta
+
+
+def recording_client(
+    config: FedPSConfig, *, index: int, signer: BlockSigner, record_dir: Path
+) -> FlowerClient:
+    """A real Flower node that also records what it encrypts (:class:`Recorder`)."""
+    return FlowerClient(config, index=index, signer=signer, mods=[Recorder(record_dir)])
 
 
 def test_flower_app_applies_the_plaintext_fedavg_of_the_encrypted_updates(
@@ -78,7 +88,7 @@ def test_flower_app_applies_the_plaintext_fedavg_of_the_encrypted_updates(
     record_dir = tmp_path / "sent"
     client_app = create_client_app(
         cluster.config,
-        client_factory=functools.partial(RecordingFlowerClient, record_dir=record_dir),
+        client_factory=functools.partial(recording_client, record_dir=record_dir),
     )
 
     # Execute: Flower's simulation runtime drives the ServerApp and 3 ClientApps.
