@@ -27,9 +27,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from crypto._files import write_private
 from crypto.enrolment import ENROLMENT_KEY_FILE, issue_tokens
-from fedps.atomic_file import write_atomic
+from crypto.files import write_atomic, write_private
 from fedps.config import FedPSConfig, TlsConfig
 from fedps.errors import ConfigError
 from fedps.transport import configure_tls, tls_identity

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from fedps.atomic_file import write_atomic
+from crypto.files import write_atomic
 from fedps.proto import shard_pb2
 from fedps.record_log import RecordLog
 
