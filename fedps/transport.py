@@ -2,7 +2,8 @@
 
 Servicers stay thin: each method calls a plain handler inside :func:`rpc_errors`, which turns
 our expected errors into a gRPC status with the error's message. Callers wrap stubs with
-:func:`call`, which maps a status back to the same exception class with one table.
+:func:`call`, which raises the same exception class again: one table, :data:`ERROR_STATUS`,
+gives each error class its status both ways.
 Message-size limits are set explicitly on both ends; channels retry UNAVAILABLE with
 exponential backoff and jitter through gRPC's own retry policy.
 
@@ -29,12 +30,17 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, cast
 import grpc
 
 from fedps.errors import (
+    ConfigError,
     FedPSError,
     InvalidArgumentError,
+    NotReadyError,
     PeerUnavailableError,
     PolicyError,
+    PrivacyBudgetExceededError,
     QuarantinedError,
+    RateLimitedError,
     RoundClosedError,
+    StaleUpdateError,
     UnauthenticatedError,
     UnknownClientError,
 )
@@ -55,6 +61,8 @@ class TlsMaterial(Protocol):
 
 __all__ = [
     "CALLER_ROLES",
+    "ERROR_CLASS_KEY",
+    "ERROR_STATUS",
     "MAX_MESSAGE_BYTES",
     "TARGET_MESSAGE_BYTES",
     "batched",
@@ -71,6 +79,7 @@ __all__ = [
     "reset_tls",
     "rpc_errors",
     "tls_identity",
+    "wire_class",
 ]
 
 _log = logging.getLogger("fedps")
@@ -108,8 +117,37 @@ _OPTIONS: list[tuple[str, int | str]] = [
 # pushing now, not every client that ever connected (they reconnect on their next call).
 _SERVER_OPTIONS: list[tuple[str, int | str]] = [("grpc.max_connection_idle_ms", 10_000)]
 
-# Status code -> our exception class, for the caller side.
-_FROM_STATUS: dict[grpc.StatusCode, type[FedPSError]] = {
+#: The status each of our error classes crosses the wire with, both ways. A servicer's
+#: :func:`rpc_errors` sends an error as its class's status with the error's message and names
+#: the class in the trailing metadata (:data:`ERROR_CLASS_KEY`); :func:`call` raises that
+#: class again when the name is in this table and the status is its status. A subclass that is
+#: not in the table (a role's own, such as the key holder's ``TamperingError``) crosses as its
+#: nearest ancestor that is.
+ERROR_STATUS: dict[type[FedPSError], grpc.StatusCode] = {
+    FedPSError: grpc.StatusCode.INTERNAL,
+    ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
+    InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
+    UnknownClientError: grpc.StatusCode.NOT_FOUND,
+    RoundClosedError: grpc.StatusCode.FAILED_PRECONDITION,
+    StaleUpdateError: grpc.StatusCode.FAILED_PRECONDITION,
+    PrivacyBudgetExceededError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
+    RateLimitedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    PolicyError: grpc.StatusCode.PERMISSION_DENIED,
+    QuarantinedError: grpc.StatusCode.ABORTED,
+    PeerUnavailableError: grpc.StatusCode.UNAVAILABLE,
+    NotReadyError: grpc.StatusCode.UNAVAILABLE,
+}
+
+#: Trailing-metadata key naming the class of an error sent by :func:`rpc_errors`.
+ERROR_CLASS_KEY = "fedps-error"
+
+_BY_NAME: dict[str, type[FedPSError]] = {cls.__name__: cls for cls in ERROR_STATUS}
+
+# What a status that names no class of ours becomes on the caller's side: gRPC's own failures
+# (an unreachable peer, a deadline, an oversized message), the mutual-TLS interceptor's
+# refusals, and a ValueError that a servicer turned into INVALID_ARGUMENT.
+_UNNAMED_STATUS: dict[grpc.StatusCode, type[FedPSError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
     grpc.StatusCode.PERMISSION_DENIED: PolicyError,
     grpc.StatusCode.ABORTED: QuarantinedError,
@@ -348,11 +386,18 @@ def _authenticated(
 
 @contextmanager
 def rpc_errors(context: grpc.ServicerContext) -> Iterator[None]:
-    """Turn expected fedps errors raised inside the block into a gRPC status."""
+    """Turn expected fedps errors raised inside the block into a gRPC status.
+
+    A :class:`~fedps.errors.FedPSError` becomes its class's status in :data:`ERROR_STATUS`
+    with its message, the class named in the trailing metadata; any other ``ValueError``
+    becomes ``INVALID_ARGUMENT``.
+    """
     try:
         yield
     except FedPSError as exc:
-        _abort(context, exc.status, str(exc))
+        cls = wire_class(type(exc))
+        context.set_trailing_metadata(((ERROR_CLASS_KEY, cls.__name__),))
+        _abort(context, ERROR_STATUS[cls], str(exc))
     except ValueError as exc:
         _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
@@ -400,13 +445,24 @@ def call_until(
             delay = min(delay * 1.5, 2.0)
 
 
+def wire_class(cls: type[FedPSError]) -> type[FedPSError]:
+    """The class an error of class ``cls`` crosses the wire as: ``cls`` itself when it is in
+    :data:`ERROR_STATUS`, else its nearest ancestor that is."""
+    return next(c for c in cls.__mro__ if c in ERROR_STATUS)
+
+
 def _from_rpc_error(exc: grpc.RpcError, what: str) -> FedPSError:
-    code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
-    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-    cls = _FROM_STATUS.get(code, FedPSError)
-    err = cls(f"{what}: {details}")
-    err.status = code
-    return err
+    """The error of ours that ``exc`` stands for: the class its trailing metadata names when
+    that class is in :data:`ERROR_STATUS` with the status received (a peer cannot make a
+    status mean another one), otherwise the status's usual class."""
+    if not isinstance(exc, grpc.Call):
+        return FedPSError(f"{what}: {exc}")
+    code = exc.code()
+    named = dict(exc.trailing_metadata() or ()).get(ERROR_CLASS_KEY)
+    cls = _BY_NAME.get(named) if isinstance(named, str) else None
+    if cls is None or ERROR_STATUS[cls] != code:
+        cls = _UNNAMED_STATUS.get(code, FedPSError)
+    return cls(f"{what}: {exc.details()}")
 
 
 def batched(items: list[_T], size_of: Callable[[_T], int]) -> Iterator[list[_T]]:
