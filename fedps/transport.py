@@ -7,8 +7,9 @@ gives each error class its status both ways.
 Message-size limits are set explicitly on both ends; channels retry UNAVAILABLE with
 exponential backoff and jitter through gRPC's own retry policy.
 
-Mutual TLS is process-wide: a role calls :func:`setup_tls` (or :func:`configure_tls` with a
-loaded identity) once at start, before it creates any channel or server; from then on
+Mutual TLS is process-wide: a role calls :func:`fedps.provisioning.setup_tls` (or
+:func:`crypto.tls.configure_tls` with a loaded identity) once at start, before it creates any
+channel or server; from then on
 :func:`create_channel` presents the identity's certificate and verifies the peer against the
 deployment's CA, :func:`bind` opens TLS ports that require a client certificate signed by that
 CA, and servers from :func:`create_server` refuse, with ``UNAUTHENTICATED``, any call whose
@@ -25,10 +26,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import grpc
 
+from crypto.tls import TlsMaterial, tls_identity
 from fedps.errors import (
     ConfigError,
     FedPSError,
@@ -45,20 +47,6 @@ from fedps.errors import (
     UnknownClientError,
 )
 
-
-class TlsMaterial(Protocol):
-    """What mutual TLS needs: the CA certificate, our certificate and its key (PEM)."""
-
-    @property
-    def ca_cert(self) -> bytes: ...
-
-    @property
-    def cert(self) -> bytes: ...
-
-    @property
-    def key(self) -> bytes: ...
-
-
 __all__ = [
     "CALLER_ROLES",
     "ERROR_CLASS_KEY",
@@ -71,14 +59,11 @@ __all__ = [
     "call_until",
     "certificate_role",
     "channel_credentials",
-    "configure_tls",
     "create_channel",
     "create_server",
     "peer_common_name",
     "require_peer",
-    "reset_tls",
     "rpc_errors",
-    "tls_identity",
     "wire_class",
 ]
 
@@ -162,32 +147,6 @@ _UNNAMED_STATUS: dict[grpc.StatusCode, type[FedPSError]] = {
 _T = TypeVar("_T")
 
 
-# The process-wide TLS identity (None: plaintext), set by configure_tls before any connection.
-_tls: TlsMaterial | None = None
-_tls_lock = threading.Lock()
-
-
-def configure_tls(identity: TlsMaterial | None) -> None:
-    """Use ``identity`` for mutual TLS on every channel and server created from now on.
-
-    ``None`` goes back to plaintext. Call it before creating channels or servers: existing
-    ones keep the credentials they were created with.
-    """
-    global _tls
-    with _tls_lock:
-        _tls = identity
-
-
-def reset_tls() -> None:
-    """Back to plaintext (for tests)."""
-    configure_tls(None)
-
-
-def tls_identity() -> TlsMaterial | None:
-    """The identity configured with :func:`configure_tls`, or ``None``."""
-    return _tls
-
-
 def create_channel(address: str) -> grpc.Channel:
     """A channel with fedps's message limits and retry policy; mutual TLS once configured."""
     options = [
@@ -195,7 +154,7 @@ def create_channel(address: str) -> grpc.Channel:
         ("grpc.enable_retries", 1),
         ("grpc.service_config", json.dumps(_RETRY_POLICY)),
     ]
-    identity = _tls
+    identity = tls_identity()
     if identity is None:
         return grpc.insecure_channel(address, options=options)
     return grpc.secure_channel(address, channel_credentials(identity), options=options)
@@ -222,7 +181,7 @@ def create_server(max_workers: int = 16) -> grpc.Server:
     :data:`CALLER_ROLES`).
     """
     interceptors: list[grpc.ServerInterceptor[Any, Any]] = []
-    if _tls is not None:
+    if tls_identity() is not None:
         interceptors.append(_RequireClientCertificate())
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
@@ -237,7 +196,7 @@ def bind(server: grpc.Server, address: str) -> int:
     Once TLS is configured the port speaks only TLS and requires a client certificate signed
     by the deployment's CA.
     """
-    identity = _tls
+    identity = tls_identity()
     if identity is None:
         port = server.add_insecure_port(address)
     else:

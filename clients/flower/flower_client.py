@@ -63,7 +63,6 @@ from clients.edge_client import EdgeClient, PreparedPush
 from crypto import BlockEncryptor
 from crypto.randomness import SeededRandom
 from crypto.signing import BlockSigner
-from crypto.tls import setup_tls
 from fedps.blocks import BlockLayout
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import ConfigError, InvalidArgumentError
@@ -80,6 +79,7 @@ from fedps.flower_messages import (
 from fedps.hash_ring import HashRing
 from fedps.parameter_client import ParameterClient
 from fedps.proto import coordinator_pb2, keyholder_pb2_grpc, shard_pb2
+from fedps.provisioning import setup_tls
 from fedps.transport import create_channel
 
 __all__ = ["ClientFactory", "FlowerClient", "create_client_app"]

@@ -45,10 +45,10 @@ from typing import TypeVar
 
 import numpy as np
 
-from crypto import CkksParams
 from crypto.enrolment import ENROLMENT_KEY_FILE, load_enrolment_key, verify_token
 from crypto.signing import is_weak_key, model_verifier
 from fedps.blocks import BlockLayout
+from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig
 from fedps.errors import (
     FedPSError,
@@ -203,7 +203,7 @@ class Coordinator:
         self._keyholder = keyholder_pb2_grpc.KeyHolderStub(create_channel(config.cluster.keyholder))
         self.layout = BlockLayout(
             self._vector.size,
-            CkksParams.for_config(config).values_per_block,
+            ckks_params(config).values_per_block,
         )
         self._restore()
 
