@@ -21,6 +21,12 @@ One round as the client sees it:
 6. Push each block to the shard that owns it (the shards open the round once the key holder
    froze the commitments), and report to the coordinator (epsilon spent, bytes pushed).
 
+:meth:`EdgeClient.run` loops over the coordinator's tasks with :meth:`EdgeClient.run_task`;
+steps 2 to 5 are :meth:`EdgeClient.train_round`, the part a Flower node runs too
+(:mod:`clients.flower.flower_client`), and step 6 is :meth:`EdgeClient.send`. Mods
+(:mod:`clients.train_step`) wrap the training from outside, as the simulated slow devices
+and dropouts of :class:`clients.simulation.SimulatedDevice` do.
+
 The client's state folder (``<cluster.state_dir>/clients/<identity>``, or ``state_dir``)
 keeps its signing key and privacy ledger across restarts: a restarted client registers with
 the same id and key, reports the epsilon it had spent, and resumes its budget from there; it
@@ -30,20 +36,22 @@ refuses to train past its target.
 from __future__ import annotations
 
 import logging
-import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import grpc
 import numpy as np
 
 from clients.client_state import ClientState, data_fingerprint, default_state_dir
 from clients.dp_trainer import PrivacySpend, create_trainer
+from clients.train_step import TrainMod, TrainStep, chain
 from crypto import PLAINTEXT_CONTEXT_ID, BlockEncryptor, PlainContext, PublicContext
 from crypto.enrolment import TOKEN_SUFFIX, read_token
-from crypto.signing import context_digest, model_verifier, sign_update, verify_block
+from crypto.signed_update import SignedUpdate
+from crypto.signing import BlockSigner, context_digest, model_verifier, verify_block
 from crypto.sketch import Challenge
 from fedps.blocks import BlockLayout, flatten_model
 from fedps.ckks_params import ckks_params
@@ -58,6 +66,7 @@ from fedps.errors import (
     UnknownClientError,
 )
 from fedps.hash_ring import HashRing
+from fedps.messages import signed_update_to_proto
 from fedps.models import create_model
 from fedps.parameter_client import ParameterClient
 from fedps.partitioners import create_partitioner
@@ -71,7 +80,7 @@ from fedps.proto import (
 )
 from fedps.transport import batched, call, call_until, create_channel
 
-__all__ = ["ClientSummary", "EdgeClient", "PreparedPush", "client_partition"]
+__all__ = ["ClientSummary", "EdgeClient", "PreparedPush", "RoundOutcome", "client_partition"]
 
 _log = logging.getLogger("fedps")
 _T = TypeVar("_T")
@@ -79,6 +88,7 @@ _PEER_WAIT_S = 90.0  # how long a push or a commitment waits for a restarting pe
 # Every call has a deadline: one caught in a peer's restart fails and is retried, never hangs.
 _CALL_S = 20.0
 _PUSH_S = 60.0
+_UNKNOWN = "{}: not known before EdgeClient.connect and join"
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,31 @@ class PreparedPush:
     round: int
     version: int
     messages: dict[str, list[shard_pb2.PushRequest]]
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What :meth:`EdgeClient.train_round` did.
+
+    Attributes
+    ----------
+    round
+        The round the update was committed to (async: a later buffer than asked, when the
+        asked one had frozen); the round asked for otherwise.
+    trained
+        Whether the client trained (False: it skipped the round: no model of that version,
+        the coordinator could not be told the spend, or a mod kept the update back).
+    prepared
+        The committed update's push messages (None: not trained, or the round's commitments
+        had closed).
+    budget_exhausted
+        The privacy budget is spent: nothing trained, and nothing will be.
+    """
+
+    round: int
+    trained: bool = False
+    prepared: PreparedPush | None = None
+    budget_exhausted: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,6 +166,16 @@ class EdgeClient:
     state_dir
         The folder of its signing key and privacy ledger
         (default ``<cluster.state_dir>/clients/<identity>``).
+    signer
+        The client's signing key when it is kept elsewhere (a Flower node keeps it in its
+        ``Context.state``): the client then keeps no state folder, and its ledger lives in
+        memory. Default: the key in the state folder.
+    token_required
+        Insist on the enrolment token even under mutual TLS (a Flower node is registered by
+        its token whatever the transport).
+    mods
+        Wrap every round's training (:data:`clients.train_step.TrainMod`), the first
+        outermost; for example :class:`clients.simulation.SimulatedDevice`.
 
     Its identity is ``tls.name`` or ``client-INDEX``: the certificate it presents under mutual
     TLS, or, without TLS, the enrolment token ``tls.directory/NAME.token`` it registers with.
@@ -140,16 +185,33 @@ class EdgeClient:
     ConfigError
         Without TLS (``tls.insecure``) and without a readable enrolment token; or a state
         folder in use by another process, of another identity, or with a corrupt ledger.
+    InvalidArgumentError
+        Both ``state_dir`` and ``signer`` given.
     """
 
     def __init__(
-        self, config: FedPSConfig, *, index: int, name: str = "", state_dir: Path | None = None
+        self,
+        config: FedPSConfig,
+        *,
+        index: int,
+        name: str = "",
+        state_dir: Path | None = None,
+        signer: BlockSigner | None = None,
+        token_required: bool = False,
+        mods: Sequence[TrainMod] = (),
     ) -> None:
+        if state_dir is not None and signer is not None:
+            raise InvalidArgumentError("a client keeps its key in state_dir or is given one")
         self.config = config
         self.name = name or f"edge-{index}"
         self.identity = config.tls.name or f"client-{index}"
-        self._enrolment_token = self._load_token(required=config.tls.insecure)
-        self.state = self._open_state(state_dir)
+        self.mods = tuple(mods)
+        self._enrolment_token = self._load_token(required=token_required or config.tls.insecure)
+        self.state = (
+            self._open_state(state_dir)
+            if signer is None
+            else ClientState(self.identity, signer)  # in memory
+        )
         data = client_partition(config, index)
         model = create_model(
             config.training.model,
@@ -171,55 +233,53 @@ class EdgeClient:
             create_channel(config.cluster.coordinator)
         )
         self.client_id = ""
+        self.run_id = ""
         self.bytes_pushed = 0
         self.rounds_trained = 0
         self.weight = 1.0  # num_examples / the round's weight_scale
         self._signer = self.state.signer
         self._credential = b""
-        self._round = 0
         self._sent: PreparedPush | None = None  # the last signed update pushed, for a resend
-        t = config.training
-        slow = index < round(t.slow_fraction * t.clients)
-        self.slowdown = t.slow_factor if slow else 1.0
-        self._dropouts = random.Random(t.seed * 7919 + index)  # simulated mid-round deaths
-        self.run_id = ""
+        # Known once connected (connect) and joined to a run (join):
+        self._keyholder_channel: grpc.Channel | None = None
+        self._keyholder: keyholder_pb2_grpc.KeyHolderStub | None = None
+        self._params: ParameterClient | None = None
+        self._ring: HashRing | None = None
+        self._keyholder_key = b""  # the key holder's signing key, once its context verified
+        self._context_id = ""
+        self._values_per_block = 0
+        self._encryptor: BlockEncryptor | PlainContext | None = None
+        self._layout: BlockLayout | None = None
+
+    @property
+    def signing_key(self) -> bytes:
+        """The Ed25519 public key this client signs its updates with."""
+        return self._signer.public_key
+
+    @property
+    def enrolment_token(self) -> str:
+        """The token that proves this client's identity (empty if it has none)."""
+        return self._enrolment_token
 
     def run(self, *, timeout_s: float = 3600.0) -> ClientSummary:
-        """Take part in training until the coordinator says done."""
+        """Take part in training until the coordinator says done (or the budget is spent)."""
         reply = self._register(timeout_s)
         shards = {s.shard_id: s.address for s in reply.shards}
-        keyholder = keyholder_pb2_grpc.KeyHolderStub(create_channel(reply.keyholder))
-        self._keyholder = keyholder
-        self.run_id = reply.run_id
-        self._keyholder_key = b""
-        self._fetch_context(timeout_s)
-        self._ring = HashRing(sorted(shards), virtual_nodes=reply.virtual_nodes)
-        self._layout = BlockLayout(self.num_params, self._values_per_block)
-        self._params = ParameterClient(shards)
-        _log.info("%s registered as %s", self.name, self.client_id)
-        deadline = time.time() + timeout_s
+        self.connect(reply.keyholder, shards, virtual_nodes=reply.virtual_nodes)
         try:
+            self.join(run_id=reply.run_id, client_id=self.client_id, timeout_s=timeout_s)
+            _log.info("%s registered as %s", self.name, self.client_id)
+            deadline = time.time() + timeout_s
             while time.time() < deadline:
                 try:
                     task = self._get_task(timeout_s)
                 except UnknownClientError:  # the coordinator restarted without us
                     self._register(timeout_s)
                     continue
-                if task.kind in (coordinator_pb2.Task.WAIT, coordinator_pb2.Task.DONE):
-                    self._sit_out(task.round, final=task.kind == coordinator_pb2.Task.DONE)
-                if task.kind == coordinator_pb2.Task.DONE:
+                if not self.run_task(task):
                     break
-                if task.kind == coordinator_pb2.Task.TRAIN:
-                    if not self._train(task):
-                        break
-                elif task.kind == coordinator_pb2.Task.PUSH:
-                    self._resend(task)
-                else:
-                    time.sleep(max(0.05, task.retry_after))
         finally:
-            self._params.close()
-            if isinstance(self._encryptor, BlockEncryptor):
-                self._encryptor.close()
+            self.shutdown()
         return ClientSummary(
             self.client_id,
             self.rounds_trained,
@@ -227,6 +287,70 @@ class EdgeClient:
             self.config.privacy.delta,
             self.bytes_pushed,
         )
+
+    def run_task(self, task: coordinator_pb2.Task) -> bool:
+        """Carry out one task of the coordinator.
+
+        ``TRAIN``: :meth:`train_round`, then push the update once the round's commitments
+        are frozen and report to the coordinator. ``PUSH``: push again what was pushed for
+        that round (the coordinator restarted before it saw the report). ``WAIT`` and
+        ``DONE``: count the rounds that went on without this client (client-level DP), then
+        wait ``task.retry_after`` or stop.
+
+        Returns
+        -------
+        bool
+            False when this client is done: the run is over or its privacy budget is spent.
+        """
+        if task.kind in (coordinator_pb2.Task.WAIT, coordinator_pb2.Task.DONE):
+            self._sit_out(task.round, final=task.kind == coordinator_pb2.Task.DONE)
+        if task.kind == coordinator_pb2.Task.DONE:
+            return False
+        if task.kind == coordinator_pb2.Task.TRAIN:
+            return self._train(task)
+        if task.kind == coordinator_pb2.Task.PUSH:
+            self._resend(task)
+        else:
+            time.sleep(max(0.05, task.retry_after))
+        return True
+
+    def connect(self, keyholder: str, shards: Mapping[str, str], *, virtual_nodes: int) -> None:
+        """Open channels to the key holder and the shards (``{shard_id: address}``, whose
+        blocks the hash ring with ``virtual_nodes`` assigns)."""
+        self.disconnect()
+        self._keyholder_channel = create_channel(keyholder)
+        self._keyholder = keyholder_pb2_grpc.KeyHolderStub(self._keyholder_channel)
+        self._params = ParameterClient(dict(shards))
+        self._ring = HashRing(sorted(shards), virtual_nodes=virtual_nodes)
+
+    @property
+    def connected(self) -> bool:
+        """Whether :meth:`connect` opened channels that :meth:`disconnect` has not closed."""
+        return self._params is not None
+
+    def join(self, *, run_id: str, client_id: str, timeout_s: float = 60.0) -> None:
+        """Take part in run ``run_id`` as ``client_id``: fetch, verify and adopt the key
+        holder's public context (trusted on first use unless ``security.keyholder_key`` pins
+        it). Call after :meth:`connect`."""
+        self.client_id, self.run_id = client_id, run_id
+        self._keyholder_key = b""
+        self._fetch_context(timeout_s)
+        self._layout = BlockLayout(self.num_params, self._values_per_block)
+
+    def disconnect(self) -> None:
+        """Close the channels :meth:`connect` opened; the public context, the encryptor and
+        its encryptions of zero are kept (:meth:`connect` again to go on)."""
+        if self._params is not None:
+            self._params.close()
+        if self._keyholder_channel is not None:
+            self._keyholder_channel.close()
+        self._params, self._keyholder, self._keyholder_channel = None, None, None
+
+    def shutdown(self) -> None:
+        """:meth:`disconnect` and stop the encryption worker."""
+        self.disconnect()
+        if isinstance(self._encryptor, BlockEncryptor):
+            self._encryptor.close()
 
     def close(self) -> None:
         """Release the state folder (another process may then use it)."""
@@ -252,14 +376,17 @@ class EdgeClient:
             )
         return self.trainer.spend()
 
-    def _record_spend(self) -> bool:
+    def _record_spend(self, *, announce: bool) -> bool:
         """Before training: record what the round will have spent in the ledger (durable),
-        then tell the coordinator. Whatever happens afterwards (a crash while training, a
-        push that never lands), neither reports less than was spent; killed before it trains,
-        the client has recorded one round too many. Returns False when the round must not be
-        trained: the coordinator could not be told, or it restarted without us (we register
-        again, which carries the spend, and wait for a fresh task)."""
+        then (``announce``) tell the coordinator. Whatever happens afterwards (a crash while
+        training, a push that never lands), neither reports less than was spent; killed
+        before it trains, the client has recorded one round too many. Returns False when the
+        round must not be trained: the coordinator could not be told, or it restarted
+        without us (we register again, which carries the spend, and wait for a fresh
+        task)."""
         self._record(self.trainer.spend_after_next_round())
+        if not announce:
+            return True
         try:
             try:
                 self._announce_spend()
@@ -294,10 +421,17 @@ class EdgeClient:
         """Tell the coordinator the recorded spend (every ``GetTask`` call carries it)."""
         self._get_task(_PEER_WAIT_S)
 
+    def _adopt_context(self, context_id: str) -> None:
+        """Fetch the key holder's public context ``context_id`` if it is not ours (the key
+        holder rotated its keys); an empty id changes nothing."""
+        if context_id and context_id != self._context_id:
+            self._fetch_context()
+
     def _fetch_context(self, timeout_s: float = 60.0) -> None:
         """Fetch, verify and adopt the key holder's current public context."""
+        keyholder = _known(self._keyholder, "the key holder")
         ctx = self._retry(
-            lambda: self._keyholder.GetPublicContext(common_pb2.Empty(), timeout=_CALL_S),
+            lambda: keyholder.GetPublicContext(common_pb2.Empty(), timeout=_CALL_S),
             "public context",
             timeout_s,
         )
@@ -306,9 +440,8 @@ class EdgeClient:
             raise InvalidArgumentError("the key holder's signing key changed during the run")
         self._keyholder_key = key
         self._context_id = ctx.context_id
-        old = getattr(self, "_encryptor", None)
-        if isinstance(old, BlockEncryptor):
-            old.close()
+        if isinstance(self._encryptor, BlockEncryptor):
+            self._encryptor.close()
         self._encryptor = self._make_encryptor(ctx.context, ctx.context_id)
 
     def _check_keyholder(self, ctx: keyholder_pb2.PublicContextReply) -> bytes:
@@ -379,60 +512,123 @@ class EdgeClient:
         return reply
 
     def _train(self, task: coordinator_pb2.Task) -> bool:
-        """Train and push one round; returns False when the privacy budget is spent."""
-        if task.context_id and task.context_id != self._context_id:
-            self._fetch_context()  # the key holder rotated its keys
+        """Train, push and report one round; returns False when the privacy budget is spent."""
+        self._adopt_context(task.context_id)
         sent = self._sent
         if sent is not None and (sent.round, sent.version) == (task.round, task.version):
             self._resend(task)  # never train twice for a round
             return True
-        self.trainer.set_round(task.round)
-        if not self.trainer.can_train_round():
-            _log.info("%s: privacy budget spent (epsilon %.3f)", self.name, self.recorded.epsilon)
+        outcome = self.train_round(
+            task.round,
+            task.version,
+            weight_scale=task.weight_scale,
+            deadline_unix=task.deadline_unix,
+            context_id=task.context_id,
+        )
+        if outcome.budget_exhausted:
             self._report(task.round, 0, budget_exhausted=True)
             return False
-        try:
-            vector, version = self._params.pull(
-                self._layout, min_version=task.version, verify=model_verifier(self._keyholder_key)
-            )
-        except FedPSError as exc:
-            _log.info("%s: cannot pull version %d: %s", self.name, task.version, exc)
-            time.sleep(0.2)
+        if not outcome.trained:
             return True
-        if version != task.version:
-            _log.info("%s: shards moved to version %d; skipping round", self.name, version)
-            return True
-        if not self._record_spend():
-            return True
-        started = time.perf_counter()
-        delta = self.trainer.train_round(vector)
-        if self.slowdown > 1:  # simulated slow device
-            time.sleep((self.slowdown - 1) * (time.perf_counter() - started))
-        if self._dropouts.random() < self.config.training.dropout:
-            _log.info("%s: dropping out of round %d (simulated)", self.name, task.round)
-            gone = min(task.deadline_unix - time.time(), self.config.training.deadline_s)
-            time.sleep(max(0.0, gone))  # away until the round closes
-            return True
-        security = self.config.security
-        if self.config.privacy.level == "client" or security.weighting == "uniform":
-            self.weight = 1.0  # every client weighs the same (the key holder insists)
-        else:
-            share = self.trainer.num_examples / max(task.weight_scale, 1.0)
-            self.weight = min(1.0, max(security.min_weight, share))
-        self._round = task.round
-        pushed = self.push(task.round, task.version, delta)
-        self.rounds_trained += 1
-        self._report(self._round, pushed, budget_exhausted=False)
-        if isinstance(self._encryptor, BlockEncryptor):
-            # Offline half of encryption, at low priority while we wait for the next round.
-            self._encryptor.precompute_in_background(self._layout.num_blocks)
+        pushed = 0 if outcome.prepared is None else self._push_when_open(outcome.prepared)
+        self._report(outcome.round, pushed, budget_exhausted=False)
+        # Offline half of encryption, at low priority while we wait for the next round.
+        self.precompute(background=True)
         return True
 
-    def push(self, round_: int, version: int, delta: np.ndarray) -> int:
-        """Weight, clip, encrypt, commit and push an update; returns bytes pushed (0 when
-        the update missed its round)."""
+    def train_round(
+        self,
+        round_: int,
+        version: int,
+        *,
+        weight_scale: float = 1.0,
+        deadline_unix: float = 0.0,
+        context_id: str = "",
+        announce: bool = True,
+    ) -> RoundOutcome:
+        """Train one round and commit its update, ready to :meth:`send`.
+
+        Pull version ``version`` from the shards, record what the round will spend in the
+        ledger (and, with ``announce``, tell the coordinator), train with DP through the
+        client's mods, weight the update (``weight_scale``: the cohort's largest
+        ``num_examples``), encrypt it and commit it at the key holder. Nothing reaches a shard:
+        :meth:`send` pushes the committed update once the round's commitments are frozen.
+
+        Parameters
+        ----------
+        round_, version
+            The round and the model version it trains on.
+        weight_scale
+            The cohort's largest ``num_examples`` (used with ``security.weighting =
+            "examples"``).
+        deadline_unix
+            When the round closes (for the mods).
+        context_id
+            The key holder's current public context; another than ours is fetched first.
+        announce
+            Tell the coordinator the spend before training (False where the caller carries
+            it, as a Flower reply does).
+
+        Returns
+        -------
+        RoundOutcome
+            Whether it trained, the committed update (None when the round's commitments had
+            closed) and the round it committed to, or whether the budget is spent.
+        """
+        self._adopt_context(context_id)
+        self.trainer.set_round(round_)
+        if not self.trainer.can_train_round():
+            _log.info("%s: privacy budget spent (epsilon %.3f)", self.name, self.recorded.epsilon)
+            return RoundOutcome(round_, budget_exhausted=True)
+        try:
+            vector, pulled = _known(self._params, "the shards").pull(
+                _known(self._layout, "the block layout"),
+                min_version=version,
+                verify=model_verifier(self._keyholder_key),
+            )
+        except FedPSError as exc:
+            _log.info("%s: cannot pull version %d: %s", self.name, version, exc)
+            time.sleep(0.2)
+            return RoundOutcome(round_)
+        if pulled != version:
+            _log.info("%s: shards moved to version %d; skipping round", self.name, pulled)
+            return RoundOutcome(round_)
+        if not self._record_spend(announce=announce):
+            return RoundOutcome(round_)
+        step = TrainStep(
+            self.name, self.client_id, round_, version, deadline_unix, self._weight(weight_scale)
+        )
+        delta = chain(self.mods, self._train_step)(step, vector)
+        if delta is None:  # a mod kept the update back
+            return RoundOutcome(round_)
+        self.weight = step.weight
         prepared = self.prepare(round_, version, delta)
-        return 0 if prepared is None else self.send(prepared)
+        self.rounds_trained += 1
+        committed = round_ if prepared is None else prepared.round
+        return RoundOutcome(committed, trained=True, prepared=prepared)
+
+    def _train_step(self, step: TrainStep, params: np.ndarray) -> np.ndarray:
+        """Local DP training from ``params`` (the innermost step of the mods' chain)."""
+        return self.trainer.train_round(params)
+
+    def _weight(self, weight_scale: float) -> float:
+        """The update's aggregation weight for a round of ``weight_scale``."""
+        security = self.config.security
+        if self.config.privacy.level == "client" or security.weighting == "uniform":
+            return 1.0  # every client weighs the same (the key holder insists)
+        share = self.trainer.num_examples / max(weight_scale, 1.0)
+        return min(1.0, max(security.min_weight, share))
+
+    def precompute(self, *, background: bool) -> None:
+        """Draw the encryptions of zero the next update needs (the offline half of
+        encryption), now or (``background``) in a low-priority process; nothing without
+        encryption."""
+        if isinstance(self._encryptor, BlockEncryptor):
+            blocks = _known(self._layout, "the block layout").num_blocks
+            if background:
+                self._encryptor.precompute_in_background(blocks)
+            else:
+                self._encryptor.precompute(blocks)
 
     def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
         """Weight, clip, encrypt and commit an update; returns the signed push messages per
@@ -443,16 +639,18 @@ class EdgeClient:
         clipped = np.clip(weighted, -he.max_abs_value, he.max_abs_value)
         if not np.array_equal(clipped, weighted):
             _log.warning("%s: update clipped to +-%g for encryption", self.name, he.max_abs_value)
-        encrypted, coefficients = self._encryptor.encrypt_with_coefficients(clipped)
+        encryptor = self._encryptor
+        if encryptor is None:
+            raise RuntimeError(_UNKNOWN.format("the public context"))
+        encrypted, coefficients = encryptor.encrypt_with_coefficients(clipped)
         committed = self._commit(round_, version, weight, coefficients)
         if committed is None:
             return None
         round_, update = committed
-        self._round = round_
+        ring = _known(self._ring, "the shards")
         by_shard: dict[str, list[shard_pb2.EncryptedBlock]] = {}
         for block, data in encrypted.items():
-            owner = self._ring.owner(block)
-            by_shard.setdefault(owner, []).append(
+            by_shard.setdefault(ring.owner(block), []).append(
                 shard_pb2.EncryptedBlock(block=block, ciphertext=data)
             )
         messages = {
@@ -474,13 +672,19 @@ class EdgeClient:
         }
         return PreparedPush(round_, version, messages)
 
-    def send(self, prepared: PreparedPush) -> int:
-        """Push committed messages to their shards once the round's commitments are frozen
-        and the shards opened it; returns bytes pushed (0: the round ended first)."""
+    def _push_when_open(self, prepared: PreparedPush) -> int:
+        """:meth:`send` once the coordinator says the round's commitments are frozen and the
+        shards opened it; returns bytes pushed (0: the round ended first)."""
         wait_s = self.config.training.deadline_s + _PEER_WAIT_S
         if not self._wait_for_push_phase(prepared.round, wait_s):
             _log.info("%s: round %d ended before its push phase", self.name, prepared.round)
             return 0
+        return self.send(prepared)
+
+    def send(self, prepared: PreparedPush) -> int:
+        """Push committed messages to their shards now (the round's commitments must be
+        frozen and the shards have opened it); returns bytes pushed. A shard that refuses
+        (the round closed) or stays unreachable counts no bytes."""
         total = 0
         for sid, messages in prepared.messages.items():
             try:
@@ -545,9 +749,10 @@ class EdgeClient:
         sketches of its blocks under the round's challenge. Returns the round it committed
         to and the signed update, or None when the round's commitments had closed (async:
         after trying the next buffers too, as a stale update)."""
+        keyholder = _known(self._keyholder, "the key holder")
         attempts = 3 if self.config.training.mode == "async" else 1
         for attempt in range(attempts):
-            nonce, signature, roots = sign_update(
+            signed = SignedUpdate.sign(
                 self._signer,
                 coefficients,
                 run_id=self.run_id,
@@ -557,20 +762,13 @@ class EdgeClient:
                 weight=weight,
                 version=version,
             )
-            update = common_pb2.SignedUpdate(
-                client_id=self.client_id,
-                weight=weight,
-                nonce=nonce,
-                signature=signature,
-                roots=roots,
-                version=version,
-            )
+            update = signed_update_to_proto(signed)
             request = keyholder_pb2.CommitRequest(
                 round=round_, update=update, sketches=self._sketches(round_, coefficients)
             )
             try:
                 self._retry(
-                    lambda: self._keyholder.Commit(request, timeout=_CALL_S),  # noqa: B023
+                    lambda: keyholder.Commit(request, timeout=_CALL_S),  # noqa: B023
                     "commit",
                     _PEER_WAIT_S,
                 )
@@ -592,17 +790,19 @@ class EdgeClient:
 
     def _sketches(self, round_: int, coefficients: np.ndarray) -> bytes:
         """The round's sketches of every encrypted block (none without encryption)."""
-        if not isinstance(self._encryptor, BlockEncryptor):
+        encryptor = self._encryptor
+        if not isinstance(encryptor, BlockEncryptor):
             return b""
+        keyholder = _known(self._keyholder, "the key holder")
         reply = self._retry(
-            lambda: self._keyholder.GetChallenge(
+            lambda: keyholder.GetChallenge(
                 keyholder_pb2.ChallengeRequest(round=round_, client_id=self.client_id),
                 timeout=_CALL_S,
             ),
             "challenge",
             _PEER_WAIT_S,
         )
-        public = self._encryptor.public
+        public = encryptor.public
         challenge = Challenge(
             reply.seed, modulus=public.modulus, coeffs_per_block=public.coeffs_per_block
         )
@@ -623,7 +823,7 @@ class EdgeClient:
     def _push_to(self, sid: str, messages: list[shard_pb2.PushRequest]) -> None:
         """Push messages to one shard, waiting out a restart (the shard's log keeps what it
         acknowledged, so a retry after a lost acknowledgement is counted once)."""
-        stub = self._params.stubs[sid]
+        stub = _known(self._params, "the shards").stubs[sid]
         self._retry(
             lambda: stub.PushBlocks(iter(messages), timeout=_PUSH_S), f"push to {sid}", _PEER_WAIT_S
         )
@@ -653,3 +853,11 @@ class EdgeClient:
     def _retry(self, fn: Callable[[], _T], what: str, timeout_s: float) -> _T:
         """Call ``fn``, retrying while the peer is unavailable (restarts, slow starts)."""
         return call_until(fn, what, timeout_s=timeout_s)
+
+
+def _known(value: _T | None, what: str) -> _T:
+    """``value``, known once the client connected and joined a run (a programming error
+    otherwise: call :meth:`EdgeClient.connect` and :meth:`EdgeClient.join` first)."""
+    if value is None:
+        raise RuntimeError(_UNKNOWN.format(what))
+    return value

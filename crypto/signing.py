@@ -3,10 +3,11 @@
 For every round, a client commits to each of its encrypted blocks with the Merkle root of the
 block's coefficient chunks (:func:`chunk_root`, :data:`CHUNKS` chunks per block) and signs one
 digest binding ``(run, round, client, context id, weight, nonce, all roots)``
-(:func:`update_digest`, checked by :func:`verify_update`). The key holder keeps each contributor's
-signed update as its commitment (``server.keyholder.commit_board``); a shard checks the signature
-and that each block it adds hashes to its signed root; the key holder checks that every
-contribution of an aggregate is the committed one and that the aggregate is their sum
+(:func:`update_digest`; :class:`crypto.signed_update.SignedUpdate` signs and checks it). The key
+holder keeps each contributor's signed update as its commitment
+(``server.keyholder.commit_board``); a shard checks the signature and that each block it adds
+hashes to its signed root; the key holder checks that every contribution of an aggregate is
+the committed one and that the aggregate is their sum
 (``server.keyholder.aggregate_verifier``), so a shard can neither invent, re-weight, replay nor
 swap a contribution undetected.
 """
@@ -14,11 +15,9 @@ swap a contribution undetected.
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 from cryptography.exceptions import InvalidSignature
@@ -36,7 +35,6 @@ from fedps.errors import ConfigError, InvalidArgumentError
 __all__ = [
     "CHUNKS",
     "BlockSigner",
-    "SignedFields",
     "chunk_commitment",
     "chunk_hashes",
     "chunk_root",
@@ -44,10 +42,8 @@ __all__ = [
     "is_weak_key",
     "model_block_digest",
     "model_verifier",
-    "sign_update",
     "update_digest",
     "verify_block",
-    "verify_update",
 ]
 
 #: Committed chunks per block (each 2N / 16 coefficients).
@@ -73,46 +69,6 @@ def chunk_commitment(hashes: list[bytes]) -> bytes:
 def chunk_root(coeffs: np.ndarray) -> bytes:
     """Commitment to a ciphertext: SHA-256 over its :data:`CHUNKS` chunk hashes."""
     return chunk_commitment(chunk_hashes(coeffs))
-
-
-class SignedFields(Protocol):
-    """What a signed update carries (the wire message and the shard's record both do)."""
-
-    @property
-    def client_id(self) -> str: ...
-
-    @property
-    def weight(self) -> float: ...
-
-    @property
-    def nonce(self) -> bytes: ...
-
-    @property
-    def signature(self) -> bytes: ...
-
-    @property
-    def roots(self) -> Sequence[bytes]: ...
-
-    @property
-    def version(self) -> int: ...
-
-
-def verify_update(
-    public_key: bytes, update: SignedFields, *, run_id: str, round_: int, context_id: str
-) -> bool:
-    """Whether ``update`` is signed by ``public_key`` for this run, round and key generation
-    (the check of :func:`sign_update`'s signature)."""
-    digest = update_digest(
-        run_id=run_id,
-        round_=round_,
-        client_id=update.client_id,
-        context_id=context_id,
-        weight=update.weight,
-        nonce=update.nonce,
-        roots=list(update.roots),
-        version=update.version,
-    )
-    return verify_block(public_key, digest, update.signature)
 
 
 def update_digest(
@@ -190,33 +146,6 @@ def model_block_digest(version: int, block: int, values: bytes) -> bytes:
     """What the key holder signs for each published model block."""
     head = b"fedps-model-v1" + struct.pack("<QI", version, block)
     return hashlib.sha256(head + hashlib.sha256(values).digest()).digest()
-
-
-def sign_update(
-    signer: BlockSigner,
-    coefficients: np.ndarray,
-    *,
-    run_id: str,
-    round_: int,
-    client_id: str,
-    context_id: str,
-    weight: float,
-    version: int = 0,
-) -> tuple[bytes, bytes, list[bytes]]:
-    """Commit to every block of an update and sign; returns ``(nonce, signature, roots)``."""
-    roots = [chunk_root(row) for row in coefficients]
-    nonce = os.urandom(16)
-    digest = update_digest(
-        run_id=run_id,
-        round_=round_,
-        client_id=client_id,
-        context_id=context_id,
-        weight=weight,
-        nonce=nonce,
-        roots=roots,
-        version=version,
-    )
-    return nonce, signer.sign(digest), roots
 
 
 def model_verifier(public_key: bytes) -> Callable[[int, int, bytes, bytes], bool]:

@@ -1,7 +1,8 @@
-"""Reading the published model from the shards: what clients and the coordinator share.
+"""Reading the published model from every shard: what clients and the coordinator share.
 
-Each shard streams the plaintext blocks it owns with their version; the caller checks that
-every block arrived at one version and assembles the flat vector.
+Each shard streams the plaintext blocks it owns with their version
+(:meth:`fedps.shard_client.ShardClient.pull_blocks`); the caller checks that every block
+arrived at one version and assembles the flat vector.
 """
 
 from __future__ import annotations
@@ -12,13 +13,10 @@ import numpy as np
 
 from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError, RoundClosedError
-from fedps.proto import shard_pb2, shard_pb2_grpc
-from fedps.transport import call, create_channel
+from fedps.proto import shard_pb2_grpc
+from fedps.shard_client import PULL_S, ShardClient
 
 __all__ = ["ParameterClient"]
-
-#: Deadline of one pull from one shard: a call caught in a restart fails, then is retried.
-PULL_TIMEOUT_S = 120.0
 
 
 class ParameterClient:
@@ -31,13 +29,18 @@ class ParameterClient:
     """
 
     def __init__(self, shards: dict[str, str]) -> None:
-        self._channels = {sid: create_channel(addr) for sid, addr in shards.items()}
-        self.stubs = {sid: shard_pb2_grpc.ShardStub(ch) for sid, ch in self._channels.items()}
+        #: one typed client per shard, by shard id
+        self.shards = {sid: ShardClient(sid, addr) for sid, addr in shards.items()}
+
+    @property
+    def stubs(self) -> dict[str, shard_pb2_grpc.ShardStub]:
+        """The raw stubs, for callers not yet on :attr:`shards` (the coordinator)."""
+        return {sid: client.stub for sid, client in self.shards.items()}
 
     def close(self) -> None:
         """Close every channel."""
-        for channel in self._channels.values():
-            channel.close()
+        for client in self.shards.values():
+            client.close()
 
     def pull(
         self,
@@ -60,25 +63,19 @@ class ParameterClient:
         """
         blocks: dict[int, np.ndarray] = {}
         versions: set[int] = set()
-        request = shard_pb2.PullRequest(min_version=min_version)
-        for sid, stub in self.stubs.items():
-            replies = call(
-                lambda: list(stub.PullBlocks(request, timeout=PULL_TIMEOUT_S)),  # noqa: B023
-                f"pull from {sid}",
-            )
-            for reply in replies:
-                for block in reply.blocks:
-                    values = np.frombuffer(block.values, dtype="<f4")
-                    if values.size != layout.values_per_block:
-                        raise InvalidArgumentError(f"{sid} sent block {block.block} of bad size")
-                    if verify is not None and not verify(
-                        block.version, block.block, block.values, block.signature
-                    ):
-                        raise InvalidArgumentError(
-                            f"{sid} served block {block.block} without a valid key-holder signature"
-                        )
-                    blocks[block.block] = values.astype(np.float64)
-                    versions.add(block.version)
+        for sid, shard in self.shards.items():
+            for block in shard.pull_blocks(min_version, timeout_s=PULL_S):
+                values = np.frombuffer(block.values, dtype="<f4")
+                if values.size != layout.values_per_block:
+                    raise InvalidArgumentError(f"{sid} sent block {block.block} of bad size")
+                if verify is not None and not verify(
+                    block.version, block.block, block.values, block.signature
+                ):
+                    raise InvalidArgumentError(
+                        f"{sid} served block {block.block} without a valid key-holder signature"
+                    )
+                blocks[block.block] = values.astype(np.float64)
+                versions.add(block.version)
         if len(versions) > 1:
             raise RoundClosedError(f"shards are at different versions {sorted(versions)}")
         return layout.join(blocks), (versions.pop() if versions else 0)

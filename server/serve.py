@@ -106,7 +106,7 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
         optimizer=create_server_optimizer(
             t.server_optimizer, lr=t.server_lr, momentum=t.server_momentum
         ),
-        min_cohort=t.min_quorum,
+        min_quorum=t.min_quorum,
         encrypted=config.he.enabled,
         max_clients=config.he.max_clients,
         max_abs_value=config.he.max_abs_value,

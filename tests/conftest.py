@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 
-from clients.edge_client import EdgeClient
+from clients.edge_client import EdgeClient, PreparedPush
 from crypto.enrolment import issue_tokens
 from crypto.tls import tls_identity
 from fedps.config import FedPSConfig, load_config
@@ -48,9 +48,9 @@ class RecordingClient(EdgeClient):
         self.sent: dict[int, tuple[float, np.ndarray]] = {}
         self.pushed: dict[int, set[str]] = {}
 
-    def push(self, round_: int, version: int, delta: np.ndarray) -> int:
+    def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
         self.sent[round_] = (self.weight, delta.copy())
-        return super().push(round_, version, delta)
+        return super().prepare(round_, version, delta)
 
     def _push_to(self, sid: str, messages: list[shard_pb2.PushRequest]) -> None:
         super()._push_to(sid, messages)

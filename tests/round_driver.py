@@ -18,10 +18,12 @@ import numpy as np
 
 from crypto import BlockEncryptor, PublicContext
 from crypto.enrolment import read_token
-from crypto.signing import BlockSigner, sign_update
+from crypto.signed_update import SignedUpdate
+from crypto.signing import BlockSigner
 from crypto.sketch import Challenge
 from fedps.config import FedPSConfig
 from fedps.hash_ring import HashRing
+from fedps.messages import signed_update_to_proto
 from fedps.proto import (
     common_pb2,
     coordinator_pb2,
@@ -135,7 +137,7 @@ class RoundDriver:
         if not client.packed:
             encryptor = BlockEncryptor(self.public)
             client.packed, client.coefficients = encryptor.encrypt_with_coefficients(client.update)
-        nonce, signature, roots = sign_update(
+        signed = SignedUpdate.sign(
             client.signer,
             client.coefficients,
             run_id=self.run_id,
@@ -145,14 +147,7 @@ class RoundDriver:
             weight=client.weight,
             version=client.version,
         )
-        client.signed = common_pb2.SignedUpdate(
-            client_id=client.client_id,
-            weight=client.weight,
-            nonce=nonce,
-            signature=signature,
-            roots=roots,
-            version=client.version,
-        )
+        client.signed = signed_update_to_proto(signed)
         client.signed_round = round_
 
     def challenge(self, round_: int, client: HandClient) -> Challenge:

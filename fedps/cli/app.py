@@ -148,11 +148,15 @@ def client(
     import torch
 
     from clients.edge_client import EdgeClient
+    from clients.simulation import SimulatedDevice
 
     torch.set_num_threads(max(1, threads))
     # SIGTERM (from `fedps demo`/`up` or an operator) unwinds normally, so helpers stop too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    summary = EdgeClient(cfg, index=index, name=name, state_dir=state_dir).run()
+    # The configured slow devices and dropouts (training.slow_fraction, dropout), if any.
+    device = SimulatedDevice(cfg.training, index=index)
+    client = EdgeClient(cfg, index=index, name=name, state_dir=state_dir, mods=[device])
+    summary = client.run()
     _log.info(
         "client %s done: %d rounds, epsilon %.3f (delta %g), %d bytes pushed",
         summary.client_id,

@@ -36,7 +36,8 @@ from crypto.benchmark import (
     measure_tenseal,
     timed,
 )
-from crypto.signing import BlockSigner, sign_update
+from crypto.signed_update import SignedUpdate
+from crypto.signing import BlockSigner
 from crypto.sketch import Challenge
 from fedps.ckks_params import ckks_params
 from fedps.cli.demo import run_demo
@@ -175,7 +176,7 @@ def measure_verification(
     ok, keyholder_s = timed(keyholder_side)
     if not ok:
         raise AssertionError("the honest aggregate failed its own check")
-    _, _, roots = sign_update(
+    roots = SignedUpdate.sign(
         BlockSigner(),
         coefficients[0],
         run_id="bench",
@@ -183,7 +184,7 @@ def measure_verification(
         client_id="client-0",
         context_id=public.context_id,
         weight=1.0,
-    )
+    ).roots
     commit = keyholder_pb2.CommitRequest(
         round=1,
         update=common_pb2.SignedUpdate(
@@ -290,7 +291,7 @@ def _push_updates(keyholder: str, shard: str, clients: int, num_params: int) -> 
     ]
     for i, (client, signer) in enumerate(signers.items()):
         update, coefficients = distinct[i % len(distinct)]
-        nonce, signature, roots = sign_update(
+        signed = SignedUpdate.sign(
             signer,
             coefficients,
             run_id="bench",
@@ -299,6 +300,7 @@ def _push_updates(keyholder: str, shard: str, clients: int, num_params: int) -> 
             context_id=ctx.context_id,
             weight=1.0,
         )
+        nonce, signature, roots = signed.nonce, signed.signature, signed.roots
         items = [shard_pb2.EncryptedBlock(block=b, ciphertext=c) for b, c in sorted(update.items())]
         messages = [
             shard_pb2.PushRequest(

@@ -368,14 +368,14 @@ class ApplyRoundReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
-    MIN_CONTRIBUTORS_FIELD_NUMBER: _builtins.int
+    FEWEST_CONTRIBUTORS_FIELD_NUMBER: _builtins.int
     TOTAL_WEIGHT_FIELD_NUMBER: _builtins.int
     UPDATE_NORM_FIELD_NUMBER: _builtins.int
     NOISE_MULTIPLIER_FIELD_NUMBER: _builtins.int
     TOP_UP_STD_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """the new published version"""
-    min_contributors: _builtins.int
+    fewest_contributors: _builtins.int
     """fewest contributors of any block"""
     total_weight: _builtins.float
     """of block 0"""
@@ -389,7 +389,7 @@ class ApplyRoundReply(_message.Message):
         self,
         *,
         version: _builtins.int = ...,
-        min_contributors: _builtins.int = ...,
+        fewest_contributors: _builtins.int = ...,
         total_weight: _builtins.float = ...,
         update_norm: _builtins.float = ...,
         noise_multiplier: _builtins.float = ...,
@@ -397,7 +397,7 @@ class ApplyRoundReply(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["min_contributors", b"min_contributors", "noise_multiplier", b"noise_multiplier", "top_up_std", b"top_up_std", "total_weight", b"total_weight", "update_norm", b"update_norm", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fewest_contributors", b"fewest_contributors", "noise_multiplier", b"noise_multiplier", "top_up_std", b"top_up_std", "total_weight", b"total_weight", "update_norm", b"update_norm", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,10 +1,14 @@
 """The key holder's checks on what a shard hands it, before anything is decrypted.
 
 A round's aggregates are checked against the commitments the key holder itself collected
-before the round opened for pushes (:class:`server.keyholder.commit_board.CommitBoard`):
+before the round opened for pushes (:class:`server.keyholder.commit_board.CommitBoard`), all
+in one call, :meth:`AggregateVerifier.verify`, as each shard's reply streams in:
+
+- **Well-formed replies.** Each block comes from the shard that owns it, once, at the exact
+  packed size; every signed update a shard forwards is the committed one; no block is missing.
 
 - **Exact contributor sets.** Every block's manifest names exactly the clients the round
-  closed with, each of them committed, at least ``min_cohort`` and at most ``max_clients``;
+  closed with, each of them committed, at least ``min_quorum`` and at most ``max_clients``;
   each entry carries the committed root, weight and trained version, and the staleness
   multiplier recomputed here.
 - **The whole aggregate.** Every block's aggregate (every coefficient of both polynomials) must
@@ -19,13 +23,15 @@ reason; the key holder then never decrypts that round.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
+from crypto.signed_update import SignedUpdate
 from crypto.sketch import Challenge
-from fedps.errors import PolicyError
-from fedps.proto import common_pb2
+from fedps.errors import InvalidArgumentError, PolicyError
+from fedps.messages import Aggregate, MalformedReplyError
+from fedps.shard_messages import AggregatePart
 from fedps.staleness import multiplier
 from server.keyholder.commit_board import CommitPhase
 
@@ -59,7 +65,7 @@ class AggregateVerifier:
         *,
         phase: CommitPhase,
         contributors: set[str],
-        min_cohort: int,
+        min_quorum: int,
         max_clients: int,
         challenge: Challenge | None,
         staleness: Callable[[int], float] | None = None,
@@ -68,10 +74,10 @@ class AggregateVerifier:
         missing = sorted(contributors - set(phase.commitments))
         if missing:
             raise PolicyError(f"round {phase.round}: {missing[:5]} never committed")
-        if len(contributors) < min_cohort:
+        if len(contributors) < min_quorum:
             raise PolicyError(
                 f"round {phase.round}: {len(contributors)} contributors, policy needs at least "
-                f"{min_cohort}; refusing to decrypt"
+                f"{min_quorum}; refusing to decrypt"
             )
         if len(contributors) > max_clients:
             raise PolicyError(
@@ -89,7 +95,7 @@ class AggregateVerifier:
 
     def _multiplier(
         self,
-        update: common_pb2.SignedUpdate,
+        update: SignedUpdate,
         staleness: Callable[[int], float] | None,
         max_staleness: int,
     ) -> int:
@@ -102,39 +108,115 @@ class AggregateVerifier:
             raise PolicyError(f"{update.client_id!r}'s update is too stale")
         return multiplier(staleness, age)
 
-    def check_update(self, shard: str, update: common_pb2.SignedUpdate) -> None:
+    def verify(
+        self,
+        fetched: Mapping[str, Iterable[AggregatePart]],
+        *,
+        owner: Callable[[int], str],
+        num_blocks: int,
+        block_bytes: int,
+        unpack: Callable[[list[bytes]], np.ndarray],
+    ) -> tuple[list[int], np.ndarray]:
+        """Check a whole round as each shard's reply streams in; returns every block and its
+        validated coefficients (one row each), for decryption.
+
+        ``fetched`` maps each shard to its streamed reply, ``owner`` gives a block's shard on
+        the ring, ``unpack`` validates packed aggregates into coefficient rows. Each block is
+        checked before the next message is read, so a shard cannot make the key holder hold
+        more than one small aggregate per block.
+
+        Raises
+        ------
+        TamperingError
+            Anything a correct shard would not send: nothing is to be decrypted.
+        """
+        received: dict[str, list[Aggregate]] = {}
+        for sid, parts in fetched.items():
+            received[sid] = self._receive(sid, parts, owner, num_blocks, block_bytes)
+        owners = [sid for sid, aggs in received.items() for _ in aggs]
+        blocks = [agg.block for aggs in received.values() for agg in aggs]
+        missing = sorted(set(range(num_blocks)) - set(blocks))
+        if missing:
+            raise TamperingError(
+                owner(missing[0]), "missing-block", f"no aggregate for blocks {missing[:10]}"
+            )
+        # Validate and unpack each shard's aggregates at once (vectorised; a malformed block
+        # is blamed on the shard that sent it).
+        rows: list[np.ndarray] = []
+        for sid, aggs in received.items():
+            if not aggs:
+                continue
+            try:
+                rows.append(unpack([agg.ciphertext for agg in aggs]))
+            except InvalidArgumentError as exc:
+                raise TamperingError(sid, "malformed", f"malformed aggregate: {exc}") from exc
+        coefficients = np.concatenate(rows)
+        if self.challenge is not None:
+            self.check_aggregates(owners, blocks, coefficients, self.expected_sketches())
+        return blocks, coefficients
+
+    def _receive(
+        self,
+        sid: str,
+        parts: Iterable[AggregatePart],
+        owner: Callable[[int], str],
+        num_blocks: int,
+        block_bytes: int,
+    ) -> list[Aggregate]:
+        """One shard's aggregates, each checked as it arrives (ownership, duplicates, size,
+        manifest, forwarded updates)."""
+        got: dict[int, Aggregate] = {}
+        try:
+            for part in parts:
+                for update in part.updates:
+                    self.check_update(sid, update)
+                for agg in part.blocks:
+                    if not 0 <= agg.block < num_blocks or owner(agg.block) != sid:
+                        raise TamperingError(sid, "foreign-block", f"sent block {agg.block}")
+                    if agg.block in got:
+                        raise TamperingError(
+                            sid, "duplicate-block", f"sent block {agg.block} twice"
+                        )
+                    if len(agg.ciphertext) != block_bytes:
+                        raise TamperingError(
+                            sid, "malformed", f"block {agg.block} is not {block_bytes} bytes"
+                        )
+                    self.check_manifest(sid, agg)  # before holding it: a few bytes per client
+                    got[agg.block] = agg
+        except MalformedReplyError as exc:
+            raise TamperingError(sid, "manifest", str(exc)) from exc
+        return list(got.values())
+
+    def check_update(self, shard: str, update: SignedUpdate) -> None:
         """A signed update a shard forwarded must be the committed one, if it is listed."""
         committed = self.phase.commitments.get(update.client_id)
-        if committed is None or committed.update.SerializeToString(
-            deterministic=True
-        ) != update.SerializeToString(deterministic=True):
+        if committed is None or committed.update != update:
             raise TamperingError(
                 shard, "manifest", f"forwarded an update of {update.client_id!r} never committed"
             )
 
-    def check_manifest(self, shard: str, agg: common_pb2.AggregateBlock) -> None:
+    def check_manifest(self, shard: str, agg: Aggregate) -> None:
         """The block's contributors are exactly the round's, with their committed entries."""
-        ids = [c.client_id for c in agg.contributions]
-        if len(set(ids)) != len(ids) or set(ids) != self.contributors:
+        if set(agg.contributions) != self.contributors:
             raise TamperingError(
                 shard,
                 "manifest",
-                f"block {agg.block} lists {len(ids)} contributions, not exactly the "
-                f"{len(self.contributors)} clients the round closed with",
+                f"block {agg.block} lists {len(agg.contributions)} contributions, not exactly "
+                f"the {len(self.contributors)} clients the round closed with",
             )
-        for c in agg.contributions:
-            update = self.phase.commitments[c.client_id].update
+        for client_id, c in agg.contributions.items():
+            update = self.phase.commitments[client_id].update
             if (
                 agg.block >= len(update.roots)
                 or update.roots[agg.block] != c.root
                 or c.weight != update.weight
                 or c.version != update.version
-                or c.multiplier != self.multipliers[c.client_id]
+                or c.multiplier != self.multipliers[client_id]
             ):
                 raise TamperingError(
                     shard,
                     "manifest",
-                    f"block {agg.block}: {c.client_id!r}'s entry differs from its commitment",
+                    f"block {agg.block}: {client_id!r}'s entry differs from its commitment",
                 )
 
     def expected_sketches(self) -> np.ndarray:

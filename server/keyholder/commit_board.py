@@ -15,7 +15,7 @@ So no contributor's ciphertext can depend on another's of the same round: everyt
 could show a colluding client arrives after every commitment is fixed here, and a commitment
 that comes later is refused. The key holder later checks the aggregates against exactly these
 commitments (:class:`~.aggregate_verifier.AggregateVerifier`). Every accepted change is
-logged durably before it is acknowledged (:class:`fedps.record_log.RecordLog`), so a restarted
+logged durably before it is acknowledged (:class:`~.commit_log.CommitLog`), so a restarted
 key holder keeps what it acknowledged.
 """
 
@@ -32,10 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
-from crypto.signing import is_weak_key, verify_update
+from crypto.signed_update import SignedUpdate
+from crypto.signing import is_weak_key
 from fedps.errors import InvalidArgumentError, RoundClosedError, UnknownClientError
-from fedps.proto import common_pb2, keyholder_pb2
-from fedps.record_log import RecordLog
+from fedps.keyholder_messages import CommitClosing, CommitOpening, UpdateCommitment
+from server.keyholder.commit_log import CommitLog, CommitRecord
 
 __all__ = ["CommitBoard", "CommitPhase", "Commitment"]
 
@@ -49,7 +50,7 @@ _MAX_ID = 256  # characters of a client id (error messages quote it)
 class Commitment:
     """One client's commitment: its signed update and its ciphertexts' sketches."""
 
-    update: common_pb2.SignedUpdate
+    update: SignedUpdate
     sketches: np.ndarray  # uint64, (sketch count, blocks); empty without encryption
 
 
@@ -107,29 +108,26 @@ class CommitBoard:
         self.weight_bounds = weight_bounds
         self._lock = threading.Lock()
         self._phases: dict[int, CommitPhase] = {}
-        self._log = RecordLog(directory, fsync=fsync)
+        self._log = CommitLog(directory, fsync=fsync)
         self._replaying = True
         try:
-            for _, payload in self._log.records():
-                self._replay(keyholder_pb2.CommitLogRecord.FromString(payload))
+            for record in self._log.records():
+                self._replay(record)
         finally:
             self._replaying = False
 
-    def _replay(self, record: keyholder_pb2.CommitLogRecord) -> None:
-        kind = record.WhichOneof("kind")
-        if kind == "open":
-            o = record.open
-            members = {m.client_id: bytes(m.signing_key) for m in o.members}
-            self.open(o.round, o.version, o.run_id, o.context_id, members)
-        elif kind == "commit":
-            c = record.commit
-            self.commit(c.round, c.update, c.sketches)
-        elif kind == "close":
-            self.close(record.close.round, freeze=record.close.freeze)
+    def _replay(self, record: CommitRecord) -> None:
+        if isinstance(record, CommitOpening):
+            o = record
+            self.open(o.round, o.version, o.run_id, o.context_id, o.members)
+        elif isinstance(record, UpdateCommitment):
+            self.commit(record.round, record.update, record.sketches)
+        else:
+            self.close(record.round, freeze=record.freeze)
 
-    def _append(self, round_: int, record: keyholder_pb2.CommitLogRecord) -> None:
+    def _append(self, record: CommitRecord) -> None:
         if not self._replaying:
-            self._log.append(round_, record.SerializeToString())
+            self._log.append(record)
 
     # ------------------------------------------------------------------ phases
     def open(
@@ -169,19 +167,7 @@ class CommitBoard:
                     f"round {round_}'s commitments are closed; it cannot be opened again "
                     "with another cohort"
                 )
-            record = keyholder_pb2.CommitLogRecord(
-                open=keyholder_pb2.OpenCommitsRequest(
-                    round=round_,
-                    version=version,
-                    run_id=run_id,
-                    context_id=context_id,
-                    members=[
-                        common_pb2.CohortMember(client_id=c, signing_key=k)
-                        for c, k in sorted(members.items())
-                    ],
-                )
-            )
-            self._append(round_, record)
+            self._append(CommitOpening(round_, version, run_id, context_id, members))
             # A coordinator that restarted in the commit phase opens it afresh.
             self._phases[round_] = CommitPhase(round_, version, run_id, context_id, dict(members))
             for old in [r for r in self._phases if r < round_ - _KEEP_ROUNDS]:
@@ -210,7 +196,7 @@ class CommitBoard:
         message = b"fedps-challenge-v2" + struct.pack("<QQ", phase.round, phase.version)
         return hmac.new(self._secret, message + h.digest(), hashlib.sha256).digest()
 
-    def commit(self, round_: int, update: common_pb2.SignedUpdate, sketches: bytes) -> None:
+    def commit(self, round_: int, update: SignedUpdate, sketches: bytes) -> None:
         """Accept one cohort member's commitment while the phase is open (idempotent).
 
         Raises
@@ -228,11 +214,7 @@ class CommitBoard:
             phase = self._member_phase(round_, client_id)
             known = phase.commitments.get(client_id)
             if known is not None:
-                if (
-                    known.update.SerializeToString(deterministic=True)
-                    == update.SerializeToString(deterministic=True)
-                    and known.sketches.astype("<u8").tobytes() == sketches
-                ):
+                if known.update == update and known.sketches.astype("<u8").tobytes() == sketches:
                     return  # a retry after a lost acknowledgement
                 raise InvalidArgumentError(
                     f"{client_id!r} already committed another update to round {round_}"
@@ -246,15 +228,10 @@ class CommitBoard:
                 values = values.reshape(self.sketch_count, -1) if self.sketch_count else values
             else:
                 values = self._check(phase, update, sketches)
-            record = keyholder_pb2.CommitLogRecord(
-                commit=keyholder_pb2.CommitRequest(round=round_, update=update, sketches=sketches)
-            )
-            self._append(round_, record)
+            self._append(UpdateCommitment(round_, update, sketches))
             phase.commitments[client_id] = Commitment(update, values)
 
-    def _check(
-        self, phase: CommitPhase, update: common_pb2.SignedUpdate, sketches: bytes
-    ) -> np.ndarray:
+    def _check(self, phase: CommitPhase, update: SignedUpdate, sketches: bytes) -> np.ndarray:
         if len(update.roots) != self.num_blocks or any(len(r) != _ROOT_BYTES for r in update.roots):
             raise InvalidArgumentError(
                 f"a commitment has one {_ROOT_BYTES}-byte root per block ({self.num_blocks})"
@@ -271,8 +248,8 @@ class CommitBoard:
                 f"{max(0, phase.version - self.max_staleness)}..{phase.version}"
             )
         key = phase.members[update.client_id]
-        if not verify_update(
-            key, update, run_id=phase.run_id, round_=phase.round, context_id=phase.context_id
+        if not update.verify(
+            key, run_id=phase.run_id, round_=phase.round, context_id=phase.context_id
         ):
             raise InvalidArgumentError(f"the commitment of {update.client_id!r} is not signed")
         expected = 8 * self.sketch_count * self.num_blocks
@@ -289,14 +266,11 @@ class CommitBoard:
         with self._lock:
             phase = self._require(round_)
             if freeze and not phase.frozen:
-                record = keyholder_pb2.CommitLogRecord(
-                    close=keyholder_pb2.CloseCommitsRequest(round=round_, freeze=True)
-                )
-                self._append(round_, record)
+                self._append(CommitClosing(round_, freeze=True))
                 phase.frozen = True
             return sorted(phase.commitments), phase.frozen
 
-    def updates(self, round_: int) -> list[common_pb2.SignedUpdate]:
+    def updates(self, round_: int) -> list[SignedUpdate]:
         """Every committed signed update of ``round_``, by client id."""
         with self._lock:
             phase = self._require(round_)

@@ -20,7 +20,6 @@ of a sum that carries the noise the accountant assumes.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -49,8 +48,10 @@ from fedps.errors import (
     QuarantinedError,
 )
 from fedps.hash_ring import HashRing
-from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
-from fedps.transport import batched, call, create_channel
+from fedps.messages import ParameterBlock
+from fedps.shard_client import ShardClient
+from fedps.shard_messages import Publication
+from fedps.transport import batched
 from server.keyholder.aggregate_verifier import AggregateVerifier, TamperingError
 from server.keyholder.commit_board import CommitBoard
 from server.keyholder.group_policy import GroupPolicy
@@ -63,6 +64,8 @@ _log = logging.getLogger("fedps")
 _STATE_FILE = "keyholder-state.npz"
 MAX_PARAMS = 1 << 31  # about 8 GiB of float32
 _CALL_S = 60.0  # deadline of each call to a shard: a restarting shard fails it, then a retry
+# A state file written before the quorum's one name: its results' old field name
+_OLD_FIELDS = {"min_contributors": "fewest_contributors"}
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ class RoundResult:
 
     round: int
     version: int
-    min_contributors: int
+    fewest_contributors: int
     total_weight: float
     update_norm: float
     #: False: a flush that left the synchronous parameter groups as they were
@@ -99,7 +102,7 @@ class KeyHolder:
         The cluster's hash ring.
     optimizer
         The server optimizer.
-    min_cohort
+    min_quorum
         Fewest distinct clients an aggregate must contain to be decrypted.
     groups
         The mixed policy (async mode): values that change only when a round closes.
@@ -122,7 +125,7 @@ class KeyHolder:
         shards: dict[str, str],
         ring: HashRing,
         optimizer: ServerOptimizer,
-        min_cohort: int,
+        min_quorum: int,
         encrypted: bool = True,
         max_clients: int = 1 << 30,
         max_abs_value: float = 1.0,
@@ -135,8 +138,8 @@ class KeyHolder:
         max_detections: int = 3,
         client_noise: ClientLevelNoise | None = None,
     ) -> None:
-        if min_cohort < 1:
-            raise InvalidArgumentError("min_cohort must be at least 1")
+        if min_quorum < 1:
+            raise InvalidArgumentError("min_quorum must be at least 1")
         if client_noise is not None and (groups is not None or staleness is not None):
             raise InvalidArgumentError("client-level noise needs synchronous rounds")
         self._dir = state_dir
@@ -149,11 +152,9 @@ class KeyHolder:
             )
         self.keys = SecretContext.load_or_generate(state_dir / "keys", params)
         self._ring = ring
-        self._stubs = {
-            sid: shard_pb2_grpc.ShardStub(create_channel(addr)) for sid, addr in shards.items()
-        }
+        self._shards = {sid: ShardClient(sid, addr) for sid, addr in shards.items()}
         self._optimizer = optimizer
-        self.min_cohort = min_cohort
+        self.min_quorum = min_quorum
         self.encrypted = encrypted
         self.max_clients = max_clients
         self.max_abs_value = max_abs_value
@@ -291,7 +292,7 @@ class KeyHolder:
         Raises
         ------
         PolicyError
-            If the decryption policy refuses: an aggregate of fewer than ``min_cohort``
+            If the decryption policy refuses: an aggregate of fewer than ``min_quorum``
             distinct signed contributors, a contribution that is not signed by a cohort member,
             a tampered aggregate, a missing block, an out-of-bounds result, or a round that does
             not follow the current version. A round already applied returns its released
@@ -333,7 +334,7 @@ class KeyHolder:
             verifier = AggregateVerifier(
                 phase=phase,
                 contributors=set(members or {}),
-                min_cohort=self.min_cohort,
+                min_quorum=self.min_quorum,
                 max_clients=self.max_clients,
                 challenge=self.challenge(round_),
                 staleness=self._staleness,
@@ -359,7 +360,7 @@ class KeyHolder:
             result = RoundResult(
                 round=round_,
                 version=self.version,
-                min_contributors=min(len(m) for m in manifests.values()),
+                fewest_contributors=min(len(m) for m in manifests.values()),
                 total_weight=sum(manifests[0].values()),
                 update_norm=float(np.linalg.norm(delta)),
                 sync_groups_applied=round_closed,
@@ -375,7 +376,7 @@ class KeyHolder:
             _log.info(
                 "applied round %d (%d+ contributors), published version %d",
                 round_,
-                result.min_contributors,
+                result.fewest_contributors,
                 self.version,
             )
             return result
@@ -404,40 +405,6 @@ class KeyHolder:
                 self.on_tampering(exc.shard, exc.reason)
         self._save_state()
 
-    def _fetch(
-        self, round_: int, layout: BlockLayout, verifier: AggregateVerifier
-    ) -> dict[str, list[common_pb2.AggregateBlock]]:
-        """Every shard's aggregates of ``round_``, by shard; checked as the replies stream in
-        (ownership, duplicates, size, manifest, forwarded updates), so a shard cannot make
-        the key holder hold more than one small aggregate per block."""
-        return {
-            sid: call(
-                functools.partial(self._fetch_from, sid, round_, layout, verifier),
-                f"fetch from {sid}",
-            )
-            for sid in self._stubs
-        }
-
-    def _fetch_from(
-        self, sid: str, round_: int, layout: BlockLayout, verifier: AggregateVerifier
-    ) -> list[common_pb2.AggregateBlock]:
-        got: dict[int, common_pb2.AggregateBlock] = {}
-        request = shard_pb2.FetchAggregateRequest(round=round_)
-        size = self._block_bytes()
-        for reply in self._stubs[sid].FetchAggregate(request, timeout=_CALL_S):
-            for update in reply.updates:
-                verifier.check_update(sid, update)
-            for agg in reply.blocks:
-                if not 0 <= agg.block < layout.num_blocks or self._ring.owner(agg.block) != sid:
-                    raise TamperingError(sid, "foreign-block", f"sent block {agg.block}")
-                if agg.block in got:
-                    raise TamperingError(sid, "duplicate-block", f"sent block {agg.block} twice")
-                if len(agg.ciphertext) != size:
-                    raise TamperingError(sid, "malformed", f"block {agg.block} is not {size} bytes")
-                verifier.check_manifest(sid, agg)  # before holding it: a few bytes per client
-                got[agg.block] = agg
-        return list(got.values())
-
     def _decrypt_average(
         self, round_: int, layout: BlockLayout, verifier: AggregateVerifier
     ) -> tuple[np.ndarray, dict[int, dict[str, float]], float]:
@@ -447,26 +414,16 @@ class KeyHolder:
 
         Nothing is decrypted before every block of every shard passed every check. At client
         level the average divides the topped-up sum by the fixed cohort size."""
-        fetched = self._fetch(round_, layout, verifier)
-        owners = [sid for sid, aggs in fetched.items() for _ in aggs]
-        blocks = [agg.block for aggs in fetched.values() for agg in aggs]
-        missing = sorted(set(range(layout.num_blocks)) - set(blocks))
-        if missing:
-            shard = self._ring.owner(missing[0])
-            raise TamperingError(shard, "missing-block", f"no aggregate for blocks {missing[:10]}")
-        # Validate and unpack each shard's aggregates at once (vectorised; a malformed block
-        # is blamed on the shard that sent it).
-        parts: list[np.ndarray] = []
-        for sid, aggs in fetched.items():
-            if not aggs:
-                continue
-            try:
-                parts.append(self._unpack([agg.ciphertext for agg in aggs]))
-            except InvalidArgumentError as exc:
-                raise TamperingError(sid, "malformed", f"malformed aggregate: {exc}") from exc
-        rows = np.concatenate(parts)
-        if self.encrypted:
-            verifier.check_aggregates(owners, blocks, rows, verifier.expected_sketches())
+        blocks, rows = verifier.verify(
+            {
+                sid: shard.fetch_aggregate(round_, timeout_s=_CALL_S)
+                for sid, shard in self._shards.items()
+            },
+            owner=self._ring.owner,
+            num_blocks=layout.num_blocks,
+            block_bytes=self._block_bytes(),
+            unpack=self._unpack,
+        )
         multipliers = verifier.multipliers
         effective = {c: verifier.weights[c] * multipliers[c] for c in verifier.contributors}
         total = sum(effective.values())
@@ -539,31 +496,19 @@ class KeyHolder:
         assert self.params is not None
         layout = self.layout
         n = layout.values_per_block
-        per_shard: dict[str, list[common_pb2.ParameterBlock]] = {s: [] for s in self._stubs}
+        per_shard: dict[str, list[ParameterBlock]] = {s: [] for s in self._shards}
         for b in range(layout.num_blocks):
             values = layout.block_of(self.params, b).astype("<f4").tobytes()
             signature = self.signer.sign(model_block_digest(self.version, b, values))
             per_shard[self._ring.owner(b)].append(
-                common_pb2.ParameterBlock(
-                    block=b, version=self.version, values=values, signature=signature
-                )
+                ParameterBlock(b, self.version, values, signature)
             )
         for sid, blocks in per_shard.items():
             messages = [
-                shard_pb2.PublishRequest(
-                    version=self.version,
-                    num_blocks=layout.num_blocks,
-                    values_per_block=n,
-                    blocks=batch,
-                )
+                Publication(self.version, layout.num_blocks, n, tuple(batch))
                 for batch in batched(blocks, lambda p: len(p.values))
-            ] or [
-                shard_pb2.PublishRequest(
-                    version=self.version, num_blocks=layout.num_blocks, values_per_block=n
-                )
-            ]
-            stub = self._stubs[sid]
-            call(lambda: stub.Publish(iter(messages), timeout=_CALL_S), f"publish to {sid}")  # noqa: B023
+            ] or [Publication(self.version, layout.num_blocks, n)]
+            self._shards[sid].publish(messages, timeout_s=_CALL_S)
 
     # ------------------------------------------------------------------ durability
     def _save_state(self) -> None:
@@ -600,7 +545,10 @@ class KeyHolder:
                 self._groups.load(groups)
         self.version = int(meta["version"])
         self.last_round = int(meta["last_round"])
-        self._released = {int(k): RoundResult(**v) for k, v in meta["released"].items()}
+        self._released = {
+            int(k): RoundResult(**{_OLD_FIELDS.get(f, f): x for f, x in v.items()})
+            for k, v in meta["released"].items()
+        }
         self._refused = {int(r) for r in meta.get("refused", [])}
         self.detections = {
             str(shard): {str(k): int(v) for k, v in reasons.items()}

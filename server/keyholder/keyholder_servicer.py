@@ -11,6 +11,17 @@ import numpy as np
 from crypto.signing import context_digest
 from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError
+from fedps.keyholder_messages import (
+    AppliedRound,
+    CommitClosing,
+    CommitOpening,
+    CommitSet,
+    ModelState,
+    ModelUpload,
+    PublicContextInfo,
+    RoundApplication,
+    UpdateCommitment,
+)
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc
 from fedps.transport import require_peer, rpc_errors
 from server.keyholder.keyholder import MAX_PARAMS, KeyHolder
@@ -36,12 +47,12 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
             return cached  # serialised and signed once per key generation
         context_bytes = self.keyholder.keys.public.serialize() if self.keyholder.encrypted else b""
         signer = self.keyholder.signer
-        reply = keyholder_pb2.PublicContextReply(
+        reply = PublicContextInfo(
             context=context_bytes,
             context_id=context_id,
             signing_key=signer.public_key,
             signature=signer.sign(context_digest(context_bytes, context_id)),
-        )
+        ).to_proto()
         self._context_reply = reply
         return reply
 
@@ -56,8 +67,9 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
             force = False
             version = 0
             for message in request_iterator:
-                num_params, force, version = message.num_params, message.force, message.version
-                for block in message.blocks:
+                upload = ModelUpload.from_proto(message)
+                num_params, force, version = upload.num_params, upload.force, upload.version
+                for block in upload.blocks:
                     blocks[block.block] = np.frombuffer(block.values, dtype="<f4")
             if not 0 < num_params <= MAX_PARAMS:
                 raise InvalidArgumentError(f"a model has 1..{MAX_PARAMS} parameters")
@@ -70,34 +82,25 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
     ) -> keyholder_pb2.ApplyRoundReply:
         started = time.perf_counter()
         with rpc_errors(context):
-            result = self.keyholder.apply_round(
-                request.round,
-                request.version,
-                request.run_id,
-                {m.client_id: m.signing_key for m in request.members},
-            )
+            r = RoundApplication.from_proto(request)
+            result = self.keyholder.apply_round(r.round, r.version, r.run_id, r.members)
         if self._metrics is not None:
             self._metrics.latency.labels("apply").observe(time.perf_counter() - started)
-        return keyholder_pb2.ApplyRoundReply(
+        return AppliedRound(
             version=result.version,
-            min_contributors=result.min_contributors,
+            fewest_contributors=result.fewest_contributors,
             total_weight=result.total_weight,
             update_norm=result.update_norm,
             noise_multiplier=result.noise_multiplier,
             top_up_std=result.top_up_std,
-        )
+        ).to_proto()
 
     def OpenCommits(  # noqa: N802
         self, request: keyholder_pb2.OpenCommitsRequest, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
         with rpc_errors(context):
-            self.keyholder.open_commits(
-                request.round,
-                request.version,
-                request.run_id,
-                request.context_id,
-                {m.client_id: m.signing_key for m in request.members},
-            )
+            o = CommitOpening.from_proto(request)
+            self.keyholder.open_commits(o.round, o.version, o.run_id, o.context_id, o.members)
         return common_pb2.Empty()
 
     def GetChallenge(  # noqa: N802
@@ -112,27 +115,29 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
         self, request: keyholder_pb2.CommitRequest, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
         with rpc_errors(context):
-            require_peer(context, request.update.client_id)
-            self.keyholder.commits.commit(request.round, request.update, request.sketches)
+            c = UpdateCommitment.from_proto(request)
+            require_peer(context, c.update.client_id)
+            self.keyholder.commits.commit(c.round, c.update, c.sketches)
         return common_pb2.Empty()
 
     def CloseCommits(  # noqa: N802
         self, request: keyholder_pb2.CloseCommitsRequest, context: grpc.ServicerContext
     ) -> keyholder_pb2.CommitSet:
         with rpc_errors(context):
-            ids, frozen = self.keyholder.commits.close(request.round, freeze=request.freeze)
-            updates = self.keyholder.commits.updates(request.round) if frozen else []
-        return keyholder_pb2.CommitSet(client_ids=ids, frozen=frozen, updates=updates)
+            c = CommitClosing.from_proto(request)
+            ids, frozen = self.keyholder.commits.close(c.round, freeze=c.freeze)
+            updates = self.keyholder.commits.updates(c.round) if frozen else []
+        return CommitSet(tuple(ids), frozen, tuple(updates)).to_proto()
 
     def GetModelState(  # noqa: N802
         self, request: common_pb2.Empty, context: grpc.ServicerContext
     ) -> keyholder_pb2.ModelState:
         kh = self.keyholder
-        return keyholder_pb2.ModelState(
+        return ModelState(
             version=kh.version,
             num_params=0 if kh.params is None else kh.params.size,
             initialized=kh.params is not None,
             last_round=kh.last_round,
             detections=kh.detection_counts(),
-            quarantined=kh.quarantined,
-        )
+            quarantined=tuple(kh.quarantined),
+        ).to_proto()

@@ -20,12 +20,13 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from crypto import CiphertextSum, PlainContext, PlainSum, PublicContext, new_sum, unpack_blocks
-from crypto.signing import chunk_root, is_weak_key, verify_update
+from crypto.signed_update import SignedUpdate
+from crypto.signing import chunk_root, is_weak_key
 from fedps.errors import (
     InvalidArgumentError,
     NotReadyError,
@@ -35,11 +36,12 @@ from fedps.errors import (
     UnknownClientError,
 )
 from fedps.hash_ring import HashRing
-from fedps.proto import common_pb2, shard_pb2
+from fedps.messages import Aggregate, Contribution, ParameterBlock
+from fedps.shard_messages import Publication, PushBatch, RoundOpening
 from fedps.staleness import multiplier
-from server.shard.shard_log import ShardLog
+from server.shard.shard_log import ShardLog, ShardLogRecord
 
-__all__ = ["Aggregate", "Contribution", "PushBatch", "Shard", "SignedUpdate"]
+__all__ = ["Shard"]
 
 _log = logging.getLogger("fedps")
 
@@ -47,76 +49,6 @@ _MAX_WEIGHT = 1e6
 #: Bounds on a published model (about 34 G parameters at N = 2048).
 MAX_BLOCKS = 1 << 24
 MAX_BLOCK_VALUES = 1 << 16
-
-
-@dataclass(frozen=True, slots=True)
-class SignedUpdate:
-    """A client's signed commitment to its whole update for one round."""
-
-    client_id: str
-    weight: float
-    nonce: bytes
-    signature: bytes
-    roots: tuple[bytes, ...]
-    version: int = 0
-
-    @classmethod
-    def from_proto(cls, update: common_pb2.SignedUpdate) -> SignedUpdate:
-        """The wire form's fields."""
-        return cls(
-            update.client_id,
-            update.weight,
-            bytes(update.nonce),
-            bytes(update.signature),
-            tuple(bytes(r) for r in update.roots),
-            update.version,
-        )
-
-    def to_proto(self) -> common_pb2.SignedUpdate:
-        """The wire form."""
-        return common_pb2.SignedUpdate(
-            client_id=self.client_id,
-            weight=self.weight,
-            nonce=self.nonce,
-            signature=self.signature,
-            roots=list(self.roots),
-            version=self.version,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Contribution:
-    """One manifest entry: who, with what weight, committed root, trained version and the
-    staleness multiplier the shard applied (1 in sync mode)."""
-
-    weight: float
-    root: bytes
-    version: int = 0
-    multiplier: int = 1
-
-
-@dataclass(frozen=True)
-class PushBatch:
-    """One push message: some encrypted blocks of one client's update, and its signature."""
-
-    client_id: str
-    round: int
-    version: int
-    weight: float
-    context_id: str
-    blocks: list[tuple[int, bytes]]
-    nonce: bytes = b""
-    signature: bytes = b""
-    roots: tuple[bytes, ...] = ()
-
-
-@dataclass(frozen=True)
-class Aggregate:
-    """A closed round's encrypted sum for one block, with its manifest."""
-
-    block: int
-    ciphertext: bytes
-    contributions: dict[str, Contribution]
 
 
 _ROOT_BYTES = 32  # a chunk commitment (SHA-256)
@@ -243,16 +175,14 @@ class Shard:
         self._replaying = True
         try:
             for round_, record in self._log.records():
-                kind = record.WhichOneof("kind")
-                if kind == "open":
-                    o = record.open
-                    members = {m.client_id: m.signing_key for m in o.members}
-                    commitments = {c.client_id: SignedUpdate.from_proto(c) for c in o.commitments}
+                kind = record.kind
+                if record.opening is not None:
+                    o = record.opening
                     self.open_round(
-                        o.round, o.version, members, o.context_id, o.run_id, commitments
+                        o.round, o.version, o.members, o.context_id, o.run_id, o.commitments
                     )
-                elif kind == "push":
-                    self._replay_push(record.push)
+                elif record.push is not None:
+                    self._replay_push(record.push, record.multiplier)
                 elif kind == "close":
                     self.close_round(round_)
                 elif kind == "discard":
@@ -270,26 +200,17 @@ class Shard:
             )
         return replayed
 
-    def _append(self, round_: int, record: shard_pb2.ShardLogRecord) -> None:
+    def _append(self, round_: int, record: ShardLogRecord) -> None:
         if self._log is not None and not self._replaying:
             self._log.append(round_, record)
 
-    def _replay_push(self, logged: shard_pb2.LoggedPush) -> None:
-        push = logged.push
+    def _replay_push(self, push: PushBatch, multiplier: int) -> None:
         state = self._require(push.round)
         public = self._public_context(state.context_id)
-        coefficients = unpack_blocks(public, [b.ciphertext for b in push.blocks])
-        update = SignedUpdate(
-            push.client_id,
-            push.weight,
-            push.nonce,
-            push.signature,
-            tuple(push.roots),
-            push.version,
-        )
+        coefficients = unpack_blocks(public, [data for _, data in push.blocks])
         with self._lock:
-            blocks = [b.block for b in push.blocks]
-            self._add(state, public, update, logged.multiplier, blocks, coefficients)
+            blocks = [b for b, _ in push.blocks]
+            self._add(state, public, push.update, multiplier, blocks, coefficients)
 
     # ------------------------------------------------------------------ model blocks
     def publish(
@@ -328,19 +249,16 @@ class Shard:
                 raise InvalidArgumentError(f"published block {b} is not signed by the key holder")
         if self._log is not None:
             self._log.save_model(
-                shard_pb2.PublishRequest(
-                    version=version,
-                    num_blocks=num_blocks,
-                    values_per_block=values_per_block,
-                    blocks=[
-                        common_pb2.ParameterBlock(
-                            block=b,
-                            version=version,
-                            values=v.astype("<f4").tobytes(),
-                            signature=(signatures or {}).get(b, b""),
+                Publication(
+                    version,
+                    num_blocks,
+                    values_per_block,
+                    tuple(
+                        ParameterBlock(
+                            b, version, v.astype("<f4").tobytes(), (signatures or {}).get(b, b"")
                         )
                         for b, v in sorted(blocks.items())
-                    ],
+                    ),
                 )
             )
         self._install(version, num_blocks, values_per_block, blocks, signatures or {})
@@ -405,6 +323,11 @@ class Shard:
         if any(is_weak_key(key) for key in members.values()):
             raise InvalidArgumentError("every cohort member needs a valid 32-byte Ed25519 key")
         self._public_context(context_id)  # fetch and validate the key generation now
+        opening = ShardLogRecord(
+            "open",
+            round_,
+            opening=RoundOpening(round_, version, members, context_id, run_id, commitments),
+        )
         with self._lock:
             existing = self._rounds.get(round_)
             if existing is not None and (
@@ -422,10 +345,7 @@ class Shard:
                 and all(existing.members.get(c, k) == k for c, k in members.items())
                 and set(existing.members) <= set(members)
             ):
-                self._append(
-                    round_,
-                    self._open_record(round_, version, members, context_id, run_id, commitments),
-                )
+                self._append(round_, opening)
                 existing.members.update(members)  # async: clients joined the open buffer
                 existing.commitments.update(commitments)
                 return
@@ -437,10 +357,7 @@ class Shard:
             if self._open is not None and not self._open.closed:
                 _log.warning("%s: round %d replaced by %d", self.shard_id, self._open.round, round_)
                 self._open.closed = True
-            self._append(
-                round_,
-                self._open_record(round_, version, members, context_id, run_id, commitments),
-            )
+            self._append(round_, opening)
             state = _Round(round_, version, dict(members), context_id, run_id, commitments)
             self._rounds[round_] = state
             self._open = state
@@ -450,29 +367,6 @@ class Shard:
                 del self._rounds[old]
             if self._log is not None and not self._replaying:
                 self._log.forget_before(round_ - 1)
-
-    @staticmethod
-    def _open_record(
-        round_: int,
-        version: int,
-        members: dict[str, bytes],
-        context_id: str,
-        run_id: str,
-        commitments: dict[str, SignedUpdate],
-    ) -> shard_pb2.ShardLogRecord:
-        return shard_pb2.ShardLogRecord(
-            open=shard_pb2.OpenRoundRequest(
-                round=round_,
-                version=version,
-                members=[
-                    common_pb2.CohortMember(client_id=c, signing_key=k)
-                    for c, k in sorted(members.items())
-                ],
-                context_id=context_id,
-                run_id=run_id,
-                commitments=[u.to_proto() for _, u in sorted(commitments.items())],
-            )
-        )
 
     def push(self, batch: PushBatch) -> tuple[int, int]:
         """Validate and add one push message; returns ``(accepted, duplicates)``.
@@ -550,24 +444,9 @@ class Shard:
                 if known is None or not known.has(block)
             ]
             if fresh:  # durable before it is added, and before it is acknowledged
-                logged = shard_pb2.PushRequest(
-                    client_id=batch.client_id,
-                    round=batch.round,
-                    version=batch.version,
-                    weight=batch.weight,
-                    context_id=batch.context_id,
-                    blocks=[
-                        shard_pb2.EncryptedBlock(
-                            block=batch.blocks[i][0], ciphertext=batch.blocks[i][1]
-                        )
-                        for i in fresh
-                    ],
-                    nonce=batch.nonce,
-                    signature=batch.signature,
-                    roots=list(batch.roots),
-                )
-                record = shard_pb2.LoggedPush(push=logged, multiplier=multiplier)
-                self._append(batch.round, shard_pb2.ShardLogRecord(push=record))
+                logged = replace(batch, blocks=[batch.blocks[i] for i in fresh])
+                record = ShardLogRecord("push", batch.round, push=logged, multiplier=multiplier)
+                self._append(batch.round, record)
             blocks = [batch.blocks[i][0] for i in fresh]
             self._add(state, public, update, multiplier, blocks, coefficients[fresh])
             duplicates = len(batch.blocks) - len(fresh)
@@ -617,14 +496,7 @@ class Shard:
 
     def _check_signature(self, state: _Round, batch: PushBatch) -> SignedUpdate:
         """The signed update a push belongs to; verified once per client and round."""
-        update = SignedUpdate(
-            batch.client_id,
-            batch.weight,
-            batch.nonce,
-            batch.signature,
-            tuple(batch.roots),
-            batch.version,
-        )
+        update = batch.update
         committed = state.commitments.get(batch.client_id)
         if state.commitments and committed != update:
             raise InvalidArgumentError(
@@ -645,8 +517,8 @@ class Shard:
         if any(len(root) != _ROOT_BYTES for root in update.roots):
             raise InvalidArgumentError(f"every chunk root must be {_ROOT_BYTES} bytes")
         key = state.members[batch.client_id]
-        if not verify_update(
-            key, update, run_id=state.run_id, round_=state.round, context_id=state.context_id
+        if not update.verify(
+            key, run_id=state.run_id, round_=state.round, context_id=state.context_id
         ):
             raise InvalidArgumentError(
                 f"push from {batch.client_id!r} is unsigned or its signature does not verify"
@@ -658,10 +530,7 @@ class Shard:
         with self._lock:
             state = self._require(round_)
             if not state.closed:
-                self._append(
-                    round_,
-                    shard_pb2.ShardLogRecord(close=shard_pb2.CloseRoundRequest(round=round_)),
-                )
+                self._append(round_, ShardLogRecord("close", round_))
             state.closed = True
             if not self._owned:
                 return sorted(state.members)
@@ -676,9 +545,7 @@ class Shard:
         """Forget an abandoned round's sums; they are never decrypted."""
         with self._lock:
             state = self._require(round_)
-            self._append(
-                round_, shard_pb2.ShardLogRecord(discard=shard_pb2.CloseRoundRequest(round=round_))
-            )
+            self._append(round_, ShardLogRecord("discard", round_))
             state.closed = True
             state.sums.clear()
             state.entries.clear()

@@ -8,21 +8,64 @@ running sums and manifests exactly. Rounds the shard no longer keeps are deleted
 log. The published model (already signed by the key holder) and the public contexts the shard
 fetched are written atomically (write, fsync, rename) beside the logs. Nothing here is
 secret: ciphertexts under a public key, signed plaintext model blocks and public contexts.
+
+The handler logs plain :class:`ShardLogRecord` values; their protobuf encoding (the log's
+format on disk) lives here.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from crypto.files import write_atomic
 from fedps.proto import shard_pb2
 from fedps.record_log import RecordLog
+from fedps.shard_messages import Publication, PushBatch, RoundOpening
 
-__all__ = ["ShardLog"]
+__all__ = ["ShardLog", "ShardLogRecord"]
 
 _SAFE_ID = re.compile(r"[0-9A-Za-z_-]{1,128}")
+
+
+@dataclass(frozen=True)
+class ShardLogRecord:
+    """One acknowledged change: a round opened (``opening``), a push's added blocks
+    (``push``, with the staleness ``multiplier`` applied), a round closed or discarded."""
+
+    kind: Literal["open", "push", "close", "discard"]
+    round: int
+    opening: RoundOpening | None = None
+    push: PushBatch | None = None
+    multiplier: int = 1
+
+    def to_proto(self) -> shard_pb2.ShardLogRecord:
+        """The on-disk form."""
+        if self.opening is not None:
+            return shard_pb2.ShardLogRecord(open=self.opening.to_proto())
+        if self.push is not None:
+            logged = shard_pb2.LoggedPush(push=self.push.to_proto(), multiplier=self.multiplier)
+            return shard_pb2.ShardLogRecord(push=logged)
+        closing = shard_pb2.CloseRoundRequest(round=self.round)
+        if self.kind == "discard":
+            return shard_pb2.ShardLogRecord(discard=closing)
+        return shard_pb2.ShardLogRecord(close=closing)
+
+    @classmethod
+    def from_proto(cls, record: shard_pb2.ShardLogRecord) -> ShardLogRecord:
+        """From the on-disk form."""
+        kind = record.WhichOneof("kind")
+        if kind == "open":
+            return cls("open", record.open.round, opening=RoundOpening.from_proto(record.open))
+        if kind == "push":
+            push = PushBatch.from_proto(record.push.push)
+            return cls("push", push.round, push=push, multiplier=record.push.multiplier)
+        if kind == "discard":
+            return cls("discard", record.discard.round)
+        return cls("close", record.close.round)
 
 
 class ShardLog:
@@ -42,16 +85,14 @@ class ShardLog:
         self._contexts = directory / "contexts"
         self._contexts.mkdir(exist_ok=True)
 
-    def append(self, round_: int, record: shard_pb2.ShardLogRecord) -> None:
+    def append(self, round_: int, record: ShardLogRecord) -> None:
         """Append one record to ``round_``'s log; durable when this returns."""
-        self._log.append(round_, record.SerializeToString())
+        self._log.append(round_, record.to_proto().SerializeToString())
 
-    def records(self) -> Iterator[tuple[int, shard_pb2.ShardLogRecord]]:
+    def records(self) -> Iterator[tuple[int, ShardLogRecord]]:
         """Every logged record, in round order then write order (a torn tail cut off)."""
         for round_, payload in self._log.records():
-            record = shard_pb2.ShardLogRecord()
-            record.ParseFromString(payload)
-            yield round_, record
+            yield round_, ShardLogRecord.from_proto(shard_pb2.ShardLogRecord.FromString(payload))
 
     def forget_before(self, round_: int) -> None:
         """Delete the logs of every round before ``round_``."""
@@ -61,18 +102,16 @@ class ShardLog:
         """Close the open log files."""
         self._log.close()
 
-    def save_model(self, request: shard_pb2.PublishRequest) -> None:
+    def save_model(self, model: Publication) -> None:
         """Replace the saved published model (every owned block, signed), atomically."""
-        write_atomic(self.directory / "model.pb", request.SerializeToString())
+        write_atomic(self.directory / "model.pb", model.to_proto().SerializeToString())
 
-    def load_model(self) -> shard_pb2.PublishRequest | None:
+    def load_model(self) -> Publication | None:
         """The last saved published model, or None."""
         path = self.directory / "model.pb"
         if not path.exists():
             return None
-        request = shard_pb2.PublishRequest()
-        request.ParseFromString(path.read_bytes())
-        return request
+        return Publication.from_proto(shard_pb2.PublishRequest.FromString(path.read_bytes()))
 
     def save_context(self, context_id: str, data: bytes) -> None:
         """Keep a fetched public context (public data) for a restart."""

@@ -12,10 +12,20 @@ import grpc
 import numpy as np
 
 from fedps.errors import FedPSError, InvalidArgumentError
+from fedps.messages import ParameterBlock
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
+from fedps.shard_messages import (
+    AggregatePart,
+    ClosedRound,
+    Publication,
+    PushBatch,
+    PushReceipt,
+    RoundOpening,
+    ShardStatus,
+)
 from fedps.transport import batched, require_peer, rpc_errors
 from server.metrics import RoleMetrics
-from server.shard.shard import PushBatch, Shard, SignedUpdate
+from server.shard.shard import Shard
 
 __all__ = ["ShardServicer"]
 
@@ -31,13 +41,9 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         self, request: shard_pb2.OpenRoundRequest, context: grpc.ServicerContext
     ) -> shard_pb2.OpenRoundReply:
         with rpc_errors(context):
+            o = RoundOpening.from_proto(request)
             self.shard.open_round(
-                request.round,
-                request.version,
-                {m.client_id: m.signing_key for m in request.members},
-                request.context_id,
-                request.run_id,
-                {c.client_id: SignedUpdate.from_proto(c) for c in request.commitments},
+                o.round, o.version, o.members, o.context_id, o.run_id, o.commitments
             )
         return shard_pb2.OpenRoundReply()
 
@@ -51,19 +57,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 started = time.perf_counter()
                 try:
                     require_peer(context, message.client_id)
-                    a, d = self.shard.push(
-                        PushBatch(
-                            client_id=message.client_id,
-                            round=message.round,
-                            version=message.version,
-                            weight=message.weight,
-                            context_id=message.context_id,
-                            blocks=[(b.block, b.ciphertext) for b in message.blocks],
-                            nonce=message.nonce,
-                            signature=message.signature,
-                            roots=tuple(message.roots),
-                        )
-                    )
+                    a, d = self.shard.push(PushBatch.from_proto(message))
                 except (FedPSError, ValueError) as exc:
                     if metrics is not None:
                         metrics.push_refused(exc)
@@ -74,7 +68,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                     metrics.latency.labels("push").observe(time.perf_counter() - started)
                 accepted += a
                 duplicates += d
-        return shard_pb2.PushReply(accepted=accepted, duplicates=duplicates)
+        return PushReceipt(accepted, duplicates).to_proto()
 
     def PullBlocks(  # noqa: N802
         self, request: shard_pb2.PullRequest, context: grpc.ServicerContext
@@ -85,9 +79,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         for batch in batched(items, lambda item: len(item[1])):
             yield shard_pb2.PullReply(
                 blocks=[
-                    common_pb2.ParameterBlock(
-                        block=b, version=version, values=v, signature=self.shard.signature_of(b)
-                    )
+                    ParameterBlock(b, version, v, self.shard.signature_of(b)).to_proto()
                     for b, v in batch
                 ]
             )
@@ -97,9 +89,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     ) -> shard_pb2.CloseRoundReply:
         with rpc_errors(context):
             complete = self.shard.close_round(request.round)
-        return shard_pb2.CloseRoundReply(
-            complete_clients=complete, blocks=len(self.shard.owned_blocks)
-        )
+        return ClosedRound(tuple(complete), len(self.shard.owned_blocks)).to_proto()
 
     def DiscardRound(  # noqa: N802
         self, request: shard_pb2.CloseRoundRequest, context: grpc.ServicerContext
@@ -114,41 +104,11 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         with rpc_errors(context):
             aggregates, updates = self.shard.aggregates(request.round)
         for chunk in batched(updates, lambda u: 32 * len(u.roots) + 256):
-            yield shard_pb2.FetchAggregateReply(
-                updates=[
-                    common_pb2.SignedUpdate(
-                        client_id=u.client_id,
-                        weight=u.weight,
-                        nonce=u.nonce,
-                        signature=u.signature,
-                        roots=list(u.roots),
-                        version=u.version,
-                    )
-                    for u in chunk
-                ]
-            )
+            yield AggregatePart(updates=tuple(chunk)).to_proto()
         # A block's manifest lists every contributor: count it in the message size, so a
         # round of many clients streams in bounded messages (and bounded memory).
         for batch in batched(aggregates, lambda a: len(a.ciphertext) + 96 * len(a.contributions)):
-            yield shard_pb2.FetchAggregateReply(
-                blocks=[
-                    common_pb2.AggregateBlock(
-                        block=a.block,
-                        ciphertext=a.ciphertext,
-                        contributions=[
-                            common_pb2.Contribution(
-                                client_id=c,
-                                weight=e.weight,
-                                root=e.root,
-                                version=e.version,
-                                multiplier=e.multiplier,
-                            )
-                            for c, e in sorted(a.contributions.items())
-                        ],
-                    )
-                    for a in batch
-                ]
-            )
+            yield AggregatePart(blocks=tuple(batch)).to_proto()
 
     def Publish(  # noqa: N802
         self, request_iterator: Iterator[shard_pb2.PublishRequest], context: grpc.ServicerContext
@@ -158,11 +118,12 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             signatures: dict[int, bytes] = {}
             header: tuple[int, int, int] | None = None
             for message in request_iterator:
-                this = (message.version, message.num_blocks, message.values_per_block)
+                part = Publication.from_proto(message)
+                this = (part.version, part.num_blocks, part.values_per_block)
                 if header is not None and this != header:
                     raise InvalidArgumentError("publish messages disagree on the version")
                 header = this
-                for block in message.blocks:
+                for block in part.blocks:
                     blocks[block.block] = np.frombuffer(block.values, dtype="<f4")
                     signatures[block.block] = block.signature
             if header is None:
@@ -174,7 +135,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         self, request: common_pb2.Empty, context: grpc.ServicerContext
     ) -> shard_pb2.ShardStatus:
         s = self.shard
-        return shard_pb2.ShardStatus(
+        return ShardStatus(
             shard_id=s.shard_id,
             version=s.version,
             blocks=len(s.owned_blocks),
@@ -183,4 +144,4 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             pushes_accepted=s.stats["accepted"],
             pushes_refused=s.stats["refused"],
             bytes_received=s.stats["bytes"],
-        )
+        ).to_proto()

@@ -22,10 +22,10 @@ from clients.dp_trainer import (
     Trainer,
     create_trainer,
 )
-from clients.edge_client import EdgeClient
+from clients.edge_client import EdgeClient, PreparedPush
 from crypto.randomness import SeededRandom
 from fedps.accounting import calibrate_noise
-from fedps.blocks import flatten_model
+from fedps.blocks import BlockLayout, flatten_model
 from fedps.config import FedPSConfig, load_config
 from fedps.datasets import Dataset, load_dataset
 from fedps.errors import ConfigError, PeerUnavailableError, PrivacyBudgetExceededError
@@ -334,7 +334,7 @@ class _OfflineClient(EdgeClient):
     def __init__(self, config: FedPSConfig, *, index: int, state_dir: Path) -> None:
         super().__init__(config, index=index, state_dir=state_dir)
         self._params = _FixedParams(flatten_model(self.trainer.model))  # type: ignore[assignment]
-        self._layout, self._encryptor = None, None  # type: ignore[assignment]
+        self._layout, self._encryptor = BlockLayout(self.num_params, self.num_params), None
         self._keyholder_key, self._context_id = b"", ""
         self.announced: list[float] = []  # epsilons sent in GetTask before training
         self.reports: list[tuple[int, bool]] = []  # (round, budget_exhausted)
@@ -342,8 +342,8 @@ class _OfflineClient(EdgeClient):
     def _announce_spend(self) -> None:
         self.announced.append(self.recorded.epsilon)
 
-    def push(self, round_: int, version: int, delta: np.ndarray) -> int:
-        return 0
+    def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
+        return None
 
     def _report(self, round_: int, pushed: int, *, budget_exhausted: bool) -> None:
         self.reports.append((round_, budget_exhausted))
@@ -353,7 +353,7 @@ class _OfflineClient(EdgeClient):
         task = coordinator_pb2.Task(
             kind=coordinator_pb2.Task.TRAIN, round=round_, version=0, weight_scale=weight_scale
         )
-        return self._train(task)
+        return self.run_task(task)
 
 
 def _weight_after_one_round(

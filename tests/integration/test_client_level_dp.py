@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from clients.edge_client import ClientSummary, EdgeClient
+from clients.edge_client import ClientSummary, EdgeClient, PreparedPush
+from clients.simulation import SimulatedDevice
 from fedps.accounting import epsilon, epsilon_of_history
 from server.keyholder.keyholder import RoundResult
 from tests.conftest import run_clients, start_cluster, start_coordinator
@@ -30,9 +31,9 @@ class RecordingClient(EdgeClient):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.sent: dict[int, tuple[float, np.ndarray]] = {}
 
-    def push(self, round_: int, version: int, delta: np.ndarray) -> int:
+    def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
         self.sent[round_] = (self.weight, delta.copy())
-        return super().push(round_, version, delta)
+        return super().prepare(round_, version, delta)
 
 
 def test_client_level_training_learns_within_budget(tmp_path: Path) -> None:
@@ -173,7 +174,12 @@ def test_epsilon_with_dropouts_is_the_epsilon_of_the_released_models(tmp_path: P
             return result
 
         keyholder.apply_round = recording  # type: ignore[method-assign]
-        clients = [EdgeClient(cluster.config, index=i) for i in range(DROPOUT_CLIENTS)]
+        clients = [
+            EdgeClient(
+                cluster.config, index=i, mods=[SimulatedDevice(cluster.config.training, index=i)]
+            )
+            for i in range(DROPOUT_CLIENTS)
+        ]
         coordinator = start_coordinator(cluster)
 
         # Execute

@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner
 from fedps.errors import InvalidArgumentError, PolicyError, RoundClosedError, UnknownClientError
+from fedps.messages import Aggregate
 from fedps.proto import keyholder_pb2
 from fedps.transport import call
-from server.shard.shard import Aggregate, SignedUpdate
 from tests.conftest import Cluster, start_cluster
 from tests.round_driver import HandClient, RoundDriver
 

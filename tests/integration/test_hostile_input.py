@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from crypto import BlockEncryptor, bitpack
-from crypto.signing import BlockSigner, sign_update
+from crypto.signed_update import SignedUpdate
+from crypto.signing import BlockSigner
 from fedps.cli.deployment import free_port
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
 from fedps.transport import MAX_MESSAGE_BYTES, create_channel
@@ -59,7 +60,7 @@ def _push(
     """A push of a real update, signed as a client would sign it unless told otherwise."""
     public = cluster.keyholder.keys.public
     packed, coefficients = BlockEncryptor(public).encrypt_with_coefficients(np.full(3000, 0.5))
-    nonce, signature, roots = sign_update(
+    signed = SignedUpdate.sign(
         signer or SIGNERS[client],
         coefficients,
         run_id=RUN,
@@ -68,6 +69,7 @@ def _push(
         context_id=public.context_id,
         weight=1.0,
     )
+    nonce, signature, roots = signed.nonce, signed.signature, signed.roots
     if blocks is None:
         blocks = sorted(packed.items())
     return shard_pb2.PushRequest(

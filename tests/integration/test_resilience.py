@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from clients.edge_client import EdgeClient
+from clients.simulation import SimulatedDevice
 from crypto import _seal_io
 from fedps.cli.cluster_status import print_status
 from fedps.cli.deployment import write_config
@@ -149,7 +150,12 @@ def test_thirty_percent_dropout_still_trains_the_model(tmp_path: Path) -> None:
     # round each client dies mid-round with probability 0.3 (trains, never pushes)
     cluster = start_cluster(tmp_path, training={"dropout": 0.3, "deadline_s": 3.0})
     try:
-        clients = [EdgeClient(cluster.config, index=i) for i in range(4)]
+        clients = [
+            EdgeClient(
+                cluster.config, index=i, mods=[SimulatedDevice(cluster.config.training, index=i)]
+            )
+            for i in range(4)
+        ]
         # Execute
         run_clients(clients, timeout_s=400)
         # Assert: rounds closed at the deadline with whoever pushed, within the budget, and

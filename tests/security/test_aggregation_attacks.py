@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from crypto import CiphertextSum, PublicContext, unpack_block
+from crypto.signed_update import SignedUpdate
 from crypto.sketch import Challenge
 from fedps.cli.cluster_status import print_status
 from fedps.errors import (
@@ -30,12 +31,13 @@ from fedps.errors import (
     QuarantinedError,
     RoundClosedError,
 )
+from fedps.messages import Aggregate, Contribution, signed_update_from_proto
 from fedps.proto import common_pb2
 from fedps.staleness import create_staleness, multiplier
 from server.keyholder.aggregate_verifier import AggregateVerifier, TamperingError
 from server.keyholder.commit_board import Commitment, CommitPhase
 from server.keyholder.keyholder import KeyHolder
-from server.shard.shard import Aggregate, Contribution, Shard, SignedUpdate
+from server.shard.shard import Shard
 from tests.conftest import Cluster, start_cluster
 from tests.round_driver import HandClient, RoundDriver
 
@@ -219,13 +221,18 @@ def test_a_changed_coefficient_is_refused_500_times(arena: Arena) -> None:
             RUN,
             public.context_id,
             {c.client_id: c.signer.public_key for c in clients},
-            {c.client_id: Commitment(c.signed, challenge.sketch(c.coefficients)) for c in clients},
+            {
+                c.client_id: Commitment(
+                    signed_update_from_proto(c.signed), challenge.sketch(c.coefficients)
+                )
+                for c in clients
+            },
             frozen=True,
         )
         verifier = AggregateVerifier(
             phase=phase,
             contributors={c.client_id for c in clients},
-            min_cohort=2,
+            min_quorum=2,
             max_clients=100,
             challenge=challenge,
             staleness=staleness,

@@ -21,7 +21,7 @@ from fedps.cli.experiment import load_grid, read_results, run_experiment
 from fedps.cli.experiment_report import render_report
 from fedps.errors import ConfigError, FedPSError, PeerUnavailableError
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "experiments"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "experiments"
 
 TINY = """
 [training]

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner, update_digest
 from fedps.errors import InvalidArgumentError, RoundClosedError, UnknownClientError
-from fedps.proto import common_pb2
 from server.keyholder.commit_board import CommitBoard
 
 Q = (1 << 45) - 229
@@ -30,9 +30,7 @@ def _board(directory: Path, bounds: tuple[float, float] = (0.1, 1.0)) -> CommitB
     )
 
 
-def _update(
-    signer: BlockSigner, client: str, round_: int = 1, weight: float = 0.5
-) -> common_pb2.SignedUpdate:
+def _update(signer: BlockSigner, client: str, round_: int = 1, weight: float = 0.5) -> SignedUpdate:
     roots = [os.urandom(32) for _ in range(BLOCKS)]
     nonce = os.urandom(16)
     digest = update_digest(
@@ -45,12 +43,12 @@ def _update(
         roots=roots,
         version=0,
     )
-    return common_pb2.SignedUpdate(
+    return SignedUpdate(
         client_id=client,
         weight=weight,
         nonce=nonce,
         signature=signer.sign(digest),
-        roots=roots,
+        roots=tuple(roots),
         version=0,
     )
 

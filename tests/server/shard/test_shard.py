@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from crypto import BlockEncryptor, CkksParams, PublicContext, SecretContext, bitpack, unpack_block
-from crypto.signing import BlockSigner, chunk_root, sign_update
+from crypto.signed_update import SignedUpdate
+from crypto.signing import BlockSigner, chunk_root
 from fedps.errors import (
     InvalidArgumentError,
     NotReadyError,
@@ -25,7 +26,9 @@ from fedps.errors import (
     UnknownClientError,
 )
 from fedps.hash_ring import HashRing
-from server.shard.shard import Aggregate, Contribution, PushBatch, Shard, SignedUpdate
+from fedps.messages import Aggregate, Contribution
+from fedps.shard_messages import PushBatch
+from server.shard.shard import Shard
 from server.shard.shard_log import ShardLog
 
 N = 2048
@@ -85,7 +88,7 @@ class Updates:
     ) -> Pusher:
         """Sign ``client``'s whole update once; push messages for any blocks of it."""
         update = encrypted or self.encrypted[client]
-        nonce, signature, roots = sign_update(
+        signed = SignedUpdate.sign(
             signer or self.signers[client],
             update.coefficients,
             run_id=run_id,
@@ -95,6 +98,7 @@ class Updates:
             weight=weight,
             version=version,
         )
+        nonce, signature, roots = signed.nonce, signed.signature, signed.roots
 
         def push_batch(blocks: Iterable[int]) -> PushBatch:
             return PushBatch(

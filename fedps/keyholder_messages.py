@@ -1,0 +1,286 @@
+"""The plain records of ``keyholder.proto``, each with its one conversion to and from the wire.
+
+:class:`~fedps.keyholder_client.KeyHolderClient` sends and receives them; the key holder's
+servicer and commit log decode into them and encode from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from crypto.signed_update import SignedUpdate
+from fedps.messages import (
+    ParameterBlock,
+    members_from_proto,
+    members_to_proto,
+    signed_update_from_proto,
+    signed_update_to_proto,
+)
+from fedps.proto import keyholder_pb2
+
+__all__ = [
+    "AppliedRound",
+    "CommitClosing",
+    "CommitOpening",
+    "CommitSet",
+    "ModelState",
+    "ModelUpload",
+    "PublicContextInfo",
+    "RoundApplication",
+    "UpdateCommitment",
+]
+
+
+@dataclass(frozen=True)
+class CommitOpening:
+    """The coordinator opens a round's commit phase for a cohort (client id -> Ed25519 key)."""
+
+    round: int
+    version: int
+    run_id: str
+    context_id: str
+    members: dict[str, bytes]
+
+    def to_proto(self) -> keyholder_pb2.OpenCommitsRequest:
+        """The wire form (members by client id)."""
+        return keyholder_pb2.OpenCommitsRequest(
+            round=self.round,
+            version=self.version,
+            run_id=self.run_id,
+            members=members_to_proto(self.members),
+            context_id=self.context_id,
+        )
+
+    @classmethod
+    def from_proto(cls, message: keyholder_pb2.OpenCommitsRequest) -> CommitOpening:
+        """From the wire form."""
+        return cls(
+            message.round,
+            message.version,
+            message.run_id,
+            message.context_id,
+            members_from_proto(message.members),
+        )
+
+
+@dataclass(frozen=True)
+class UpdateCommitment:
+    """A client's commitment to a round: its signed update and its ciphertexts' sketches
+    (little-endian uint64, sketch count x blocks)."""
+
+    round: int
+    update: SignedUpdate
+    sketches: bytes = b""
+
+    def to_proto(self) -> keyholder_pb2.CommitRequest:
+        """The wire form."""
+        return keyholder_pb2.CommitRequest(
+            round=self.round, update=signed_update_to_proto(self.update), sketches=self.sketches
+        )
+
+    @classmethod
+    def from_proto(cls, message: keyholder_pb2.CommitRequest) -> UpdateCommitment:
+        """From the wire form."""
+        return cls(message.round, signed_update_from_proto(message.update), bytes(message.sketches))
+
+
+@dataclass(frozen=True, slots=True)
+class CommitClosing:
+    """Ask who committed to ``round``; with ``freeze``, accept no commitment after."""
+
+    round: int
+    freeze: bool
+
+    def to_proto(self) -> keyholder_pb2.CloseCommitsRequest:
+        """The wire form."""
+        return keyholder_pb2.CloseCommitsRequest(round=self.round, freeze=self.freeze)
+
+    @classmethod
+    def from_proto(cls, message: keyholder_pb2.CloseCommitsRequest) -> CommitClosing:
+        """From the wire form."""
+        return cls(message.round, message.freeze)
+
+
+@dataclass(frozen=True)
+class CommitSet:
+    """The clients committed so far, whether the phase is frozen, and (frozen) each
+    committed signed update by client id."""
+
+    client_ids: tuple[str, ...]
+    frozen: bool
+    updates: tuple[SignedUpdate, ...] = ()
+
+    def to_proto(self) -> keyholder_pb2.CommitSet:
+        """The wire form."""
+        return keyholder_pb2.CommitSet(
+            client_ids=list(self.client_ids),
+            frozen=self.frozen,
+            updates=[signed_update_to_proto(u) for u in self.updates],
+        )
+
+    @classmethod
+    def from_proto(cls, message: keyholder_pb2.CommitSet) -> CommitSet:
+        """From the wire form."""
+        return cls(
+            tuple(message.client_ids),
+            message.frozen,
+            tuple(signed_update_from_proto(u) for u in message.updates),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PublicContextInfo:
+    """The key holder's public context, its id, its Ed25519 key and its signature
+    (:func:`crypto.signing.context_digest`)."""
+
+    context: bytes
+    context_id: str
+    signing_key: bytes
+    signature: bytes
+
+    def to_proto(self) -> keyholder_pb2.PublicContextReply:
+        """The wire form."""
+        return keyholder_pb2.PublicContextReply(
+            context=self.context,
+            context_id=self.context_id,
+            signing_key=self.signing_key,
+            signature=self.signature,
+        )
+
+    @classmethod
+    def from_proto(cls, message: keyholder_pb2.PublicContextReply) -> PublicContextInfo:
+        """From the wire form."""
+        return cls(
+            bytes(message.context),
+            message.context_id,
+            bytes(message.signing_key),
+            bytes(message.signature),
+        )
+
+
+@dataclass(frozen=True)
+class ModelUpload:
+    """The chief's initial model (one message of it: some of its blocks)."""
+
+    num_params: int
+    blocks: tuple[ParameterBlock, ...]
+    force: bool = False
+    version: int = 0
+
+    def to_proto(self) -> keyholder_pb2.InitializeRequest:
+        """The wire form."""
+        return keyholder_pb2.InitializeRequest(
+            num_params=self.num_params,
+            blocks=[b.to_proto() for b in self.blocks],
+            force=self.force,
+            version=self.version,
+        )
+
+    @classmethod
+    def from_proto(cls, message: keyholder_pb2.InitializeRequest) -> ModelUpload:
+        """From the wire form."""
+        return cls(
+            message.num_params,
+            tuple(ParameterBlock.from_proto(b) for b in message.blocks),
+            message.force,
+            message.version,
+        )
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """The key holder's model: version, size, last applied round, and the tampering it
+    detected by shard (with the shards it no longer decrypts for)."""
+
+    version: int
+    num_params: int
+    initialized: bool
+    last_round: int
+    detections: dict[str, int] = field(default_factory=dict)
+    quarantined: tuple[str, ...] = ()
+
+    def to_proto(self) -> keyholder_pb2.ModelState:
+        """The wire form."""
+        return keyholder_pb2.ModelState(
+            version=self.version,
+            num_params=self.num_params,
+            initialized=self.initialized,
+            last_round=self.last_round,
+            detections=self.detections,
+            quarantined=list(self.quarantined),
+        )
+
+    @classmethod
+    def from_proto(cls, message: keyholder_pb2.ModelState) -> ModelState:
+        """From the wire form."""
+        return cls(
+            message.version,
+            message.num_params,
+            message.initialized,
+            message.last_round,
+            dict(message.detections),
+            tuple(message.quarantined),
+        )
+
+
+@dataclass(frozen=True)
+class RoundApplication:
+    """The coordinator asks to apply ``round`` (trained on ``version``) with exactly the
+    clients it closed with."""
+
+    round: int
+    version: int
+    run_id: str
+    members: dict[str, bytes]
+
+    def to_proto(self) -> keyholder_pb2.ApplyRoundRequest:
+        """The wire form."""
+        return keyholder_pb2.ApplyRoundRequest(
+            round=self.round,
+            version=self.version,
+            run_id=self.run_id,
+            members=members_to_proto(self.members),
+        )
+
+    @classmethod
+    def from_proto(cls, message: keyholder_pb2.ApplyRoundRequest) -> RoundApplication:
+        """From the wire form."""
+        return cls(
+            message.round, message.version, message.run_id, members_from_proto(message.members)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedRound:
+    """What applying a round released: the new version, the fewest contributors of any
+    block, block 0's total weight, the update's norm and (client-level DP) the noise."""
+
+    version: int
+    fewest_contributors: int
+    total_weight: float
+    update_norm: float
+    noise_multiplier: float = 0.0
+    top_up_std: float = 0.0
+
+    def to_proto(self) -> keyholder_pb2.ApplyRoundReply:
+        """The wire form."""
+        return keyholder_pb2.ApplyRoundReply(
+            version=self.version,
+            fewest_contributors=self.fewest_contributors,
+            total_weight=self.total_weight,
+            update_norm=self.update_norm,
+            noise_multiplier=self.noise_multiplier,
+            top_up_std=self.top_up_std,
+        )
+
+    @classmethod
+    def from_proto(cls, message: keyholder_pb2.ApplyRoundReply) -> AppliedRound:
+        """From the wire form."""
+        return cls(
+            message.version,
+            message.fewest_contributors,
+            message.total_weight,
+            message.update_norm,
+            message.noise_multiplier,
+            message.top_up_std,
+        )

@@ -1,0 +1,34 @@
+"""What every typed service client shares: one call with the status -> exception mapping
+and optional retries, and a streamed reply read under the same mapping."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
+
+from fedps.transport import call, call_until
+
+__all__ = ["invoke", "stream_replies"]
+
+_T = TypeVar("_T")
+
+
+def invoke(fn: Callable[[], _T], what: str, retry_s: float | None = None) -> _T:
+    """Run ``fn`` (a stub call with its deadline); a gRPC status becomes our exception
+    (:func:`fedps.transport.call`). With ``retry_s``, an unavailable peer is retried for up to
+    that long (:func:`fedps.transport.call_until`)."""
+    if retry_s is None:
+        return call(fn, what)
+    return call_until(fn, what, timeout_s=retry_s)
+
+
+def stream_replies(replies: Iterable[_T], what: str) -> Iterator[_T]:
+    """The messages of a streamed reply, as they arrive, a gRPC error mid-stream mapped as
+    by :func:`invoke`."""
+    iterator = iter(replies)
+    while True:
+        head = call(lambda: list(itertools.islice(iterator, 1)), what)
+        if not head:
+            return
+        yield head[0]

@@ -1,0 +1,147 @@
+"""The typed client of one shard: the wire twin of the shard's servicer.
+
+One method per RPC of ``shard.proto``, taking and returning the plain records of
+:mod:`fedps.shard_messages`; the channel (with fedps's limits, retry policy and, once
+configured, mutual TLS), each call's deadline and the status -> exception mapping live here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from fedps.messages import ParameterBlock
+from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
+from fedps.service_call import invoke, stream_replies
+from fedps.shard_messages import (
+    AggregatePart,
+    ClosedRound,
+    Publication,
+    PushBatch,
+    PushReceipt,
+    RoundOpening,
+    ShardStatus,
+)
+from fedps.transport import create_channel
+
+__all__ = ["CALL_S", "PULL_S", "PUSH_S", "ShardClient"]
+
+#: Default deadline of a call (one caught in a shard's restart fails, then may be retried).
+CALL_S = 20.0
+#: Deadline of a push, and of the key holder's fetch and publish.
+PUSH_S = 60.0
+#: Deadline of one pull of the model.
+PULL_S = 120.0
+
+
+class ShardClient:
+    """Calls one shard.
+
+    Parameters
+    ----------
+    shard_id
+        The shard's name (in error messages).
+    address
+        ``host:port``.
+
+    Every method takes ``timeout_s``, the call's deadline; those that may wait out a
+    restarting shard take ``retry_s``, how long an unavailable shard is retried (``None``:
+    fail at once).
+    """
+
+    def __init__(self, shard_id: str, address: str) -> None:
+        self.shard_id = shard_id
+        self._channel = create_channel(address)
+        self._stub = shard_pb2_grpc.ShardStub(self._channel)
+
+    @property
+    def stub(self) -> shard_pb2_grpc.ShardStub:
+        """The raw stub, for callers not yet on the typed methods."""
+        return self._stub
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def open_round(
+        self, opening: RoundOpening, *, timeout_s: float = CALL_S, retry_s: float | None = None
+    ) -> None:
+        """Open a round for a cohort (the coordinator's call)."""
+        request = opening.to_proto()
+        invoke(
+            lambda: self._stub.OpenRound(request, timeout=timeout_s),
+            f"open round on {self.shard_id}",
+            retry_s,
+        )
+
+    def push_blocks(
+        self,
+        batches: Sequence[PushBatch],
+        *,
+        timeout_s: float = PUSH_S,
+        retry_s: float | None = None,
+    ) -> PushReceipt:
+        """Stream one client's push messages; the receipt counts the bytes sent."""
+        messages = [b.to_proto() for b in batches]
+        reply = invoke(
+            lambda: self._stub.PushBlocks(iter(messages), timeout=timeout_s),
+            f"push to {self.shard_id}",
+            retry_s,
+        )
+        return PushReceipt.from_proto(reply, sum(m.ByteSize() for m in messages))
+
+    def pull_blocks(
+        self, min_version: int = 0, *, timeout_s: float = PULL_S
+    ) -> list[ParameterBlock]:
+        """Every block the shard owns at its current version (at least ``min_version``)."""
+        request = shard_pb2.PullRequest(min_version=min_version)
+        replies = invoke(
+            lambda: list(self._stub.PullBlocks(request, timeout=timeout_s)),
+            f"pull from {self.shard_id}",
+        )
+        return [ParameterBlock.from_proto(b) for reply in replies for b in reply.blocks]
+
+    def close_round(
+        self, round_: int, *, timeout_s: float = CALL_S, retry_s: float | None = None
+    ) -> ClosedRound:
+        """Stop accepting pushes for ``round_``; who pushed every block of this shard."""
+        request = shard_pb2.CloseRoundRequest(round=round_)
+        reply = invoke(
+            lambda: self._stub.CloseRound(request, timeout=timeout_s),
+            f"close round on {self.shard_id}",
+            retry_s,
+        )
+        return ClosedRound.from_proto(reply)
+
+    def discard_round(self, round_: int, *, timeout_s: float = CALL_S) -> None:
+        """Drop an abandoned round's sums."""
+        request = shard_pb2.CloseRoundRequest(round=round_)
+        invoke(
+            lambda: self._stub.DiscardRound(request, timeout=timeout_s),
+            f"discard round on {self.shard_id}",
+        )
+
+    def fetch_aggregate(self, round_: int, *, timeout_s: float = PUSH_S) -> Iterator[AggregatePart]:
+        """The closed round's encrypted sums, manifests and signed updates, message by
+        message as they stream in (the key holder checks each before it reads the next)."""
+        request = shard_pb2.FetchAggregateRequest(round=round_)
+        what = f"fetch from {self.shard_id}"
+        replies = invoke(lambda: self._stub.FetchAggregate(request, timeout=timeout_s), what)
+        for reply in stream_replies(replies, what):
+            yield AggregatePart.from_proto(reply)
+
+    def publish(self, messages: Sequence[Publication], *, timeout_s: float = PUSH_S) -> int:
+        """Publish a new version of the shard's blocks (one or more messages, one header);
+        returns the number of blocks the shard installed."""
+        requests = [m.to_proto() for m in messages]
+        reply = invoke(
+            lambda: self._stub.Publish(iter(requests), timeout=timeout_s),
+            f"publish to {self.shard_id}",
+        )
+        return int(reply.blocks)
+
+    def get_status(self, *, timeout_s: float = CALL_S) -> ShardStatus:
+        """The shard's status (the operator's call)."""
+        reply = invoke(
+            lambda: self._stub.GetStatus(common_pb2.Empty(), timeout=timeout_s), self.shard_id
+        )
+        return ShardStatus.from_proto(reply)
