@@ -12,7 +12,7 @@ one folder per identity (``<cluster.state_dir>/clients/<identity>`` by default, 
     accountant's history of ``(noise multiplier, sample rate, steps)``, its epsilon at the
     delta and accountant it was recorded with, and (client level) the run whose global rounds
     the last entry counts. The file carries a SHA-256 checksum of its content and is
-    rewritten atomically (:func:`fedps.atomic_file.write_atomic`) at every record.
+    rewritten atomically (:func:`crypto.files.write_atomic`) at every record.
 ``signing.key``
     The Ed25519 key the client signs its updates with (mode 0600): a restarted client's
     commitments are still its own.
@@ -48,8 +48,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from clients.dp_trainer import History, PrivacySpend
+from crypto.files import write_atomic
 from crypto.signing import BlockSigner
-from fedps.atomic_file import write_atomic
 from fedps.config import FedPSConfig, PrivacyConfig
 from fedps.datasets import Dataset
 from fedps.errors import ConfigError

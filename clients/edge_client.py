@@ -48,12 +48,13 @@ import numpy as np
 from clients.client_state import ClientState, data_fingerprint, default_state_dir
 from clients.dp_trainer import PrivacySpend, create_trainer
 from clients.train_step import TrainMod, TrainStep, chain
-from crypto import PLAINTEXT_CONTEXT_ID, BlockEncryptor, CkksParams, PlainContext, PublicContext
+from crypto import PLAINTEXT_CONTEXT_ID, BlockEncryptor, PlainContext, PublicContext
 from crypto.enrolment import TOKEN_SUFFIX, read_token
 from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner, context_digest, model_verifier, verify_block
 from crypto.sketch import Challenge
 from fedps.blocks import BlockLayout, flatten_model
+from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig
 from fedps.datasets import Dataset, load_dataset
 from fedps.errors import (
@@ -468,7 +469,7 @@ class EdgeClient:
             if params.enabled:
                 raise InvalidArgumentError("the key holder offers no encryption; refusing")
             _log.warning("%s: encryption is OFF (insecure baseline)", self.name)
-            self._values_per_block = CkksParams.for_config(self.config).values_per_block
+            self._values_per_block = ckks_params(self.config).values_per_block
             return PlainContext(self._values_per_block)
         public = PublicContext.from_bytes(context)
         if public.context_id != context_id:

@@ -21,7 +21,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from crypto._files import write_private
+from crypto.files import write_private
 from fedps.errors import ConfigError, UnauthenticatedError
 
 __all__ = [

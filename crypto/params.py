@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fedps.config import FedPSConfig, HEConfig
 from fedps.errors import ConfigError
 
 __all__ = ["ASYNC_WEIGHT_BITS", "MAX_COEFF_BITS_128", "NOISE_AT_N2048", "CkksParams"]
@@ -103,30 +102,6 @@ class CkksParams:
         raise ConfigError(
             f"no single-prime parameters give precision {precision:g} for {max_clients} "
             f"clients of magnitude {max_abs_value:g}; relax one of them"
-        )
-
-    @classmethod
-    def for_config(cls, config: FedPSConfig) -> CkksParams:
-        """The run's parameters: ``[he]``, plus headroom for staleness multipliers in async
-        mode (integer weights of up to ``2**ASYNC_WEIGHT_BITS``)."""
-        extra = ASYNC_WEIGHT_BITS if config.training.mode == "async" else 0
-        return cls.from_config(config.he, extra_bits=extra)
-
-    @classmethod
-    def from_config(cls, he: HEConfig, *, extra_bits: int = 0) -> CkksParams:
-        """Parameters fixed in the ``[he]`` section, or derived from its workload fields."""
-        if he.poly_modulus_degree is not None:
-            assert he.coeff_modulus_bits is not None and he.scale_bits is not None
-            return cls(
-                poly_modulus_degree=he.poly_modulus_degree,
-                coeff_modulus_bits=he.coeff_modulus_bits,
-                scale_bits=he.scale_bits,
-            )
-        return cls.for_workload(
-            max_clients=he.max_clients,
-            max_abs_value=he.max_abs_value,
-            precision=he.precision,
-            extra_bits=extra_bits,
         )
 
     @property

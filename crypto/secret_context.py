@@ -18,7 +18,7 @@ import numpy as np
 import tenseal.sealapi as seal
 
 from crypto import _seal_io
-from crypto._files import write_private
+from crypto.files import write_private
 from crypto.params import CkksParams
 from crypto.public_context import PublicContext, make_seal_context
 from fedps.errors import FedPSError, InvalidArgumentError

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
-from crypto._files import write_private
+from crypto.files import write_private
 from fedps.errors import ConfigError, InvalidArgumentError
 
 __all__ = [

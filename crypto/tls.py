@@ -7,7 +7,11 @@ and DNS names; ``127.0.0.1`` and ``localhost`` always included) and the Extended
 its role. :class:`TlsIdentity` is what a process loads to speak TLS: the CA certificate it
 trusts plus its own certificate and key. ``fedps certs`` writes all of them for a cluster,
 with the enrolment key and client tokens of :mod:`crypto.enrolment`; ``fedps up`` and
-``fedps demo`` create them on first start (:func:`provision_cluster`).
+``fedps demo`` create them on first start (:func:`fedps.provisioning.provision_cluster`).
+
+The process's identity is process-wide: :func:`configure_tls` sets it (usually through
+:func:`fedps.provisioning.setup_tls`, from the ``[tls]`` section) before any channel or server
+exists, and :mod:`fedps.transport` reads it (:func:`tls_identity`) for every channel and port.
 
 Key material is never logged or put into an error message; only file names are.
 """
@@ -16,25 +20,21 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import logging
 import secrets
 import stat
+import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from crypto._files import write_private
-from crypto.enrolment import ENROLMENT_KEY_FILE, issue_tokens
-from fedps.atomic_file import write_atomic
-from fedps.config import FedPSConfig, TlsConfig
+from crypto.files import write_atomic, write_private
 from fedps.errors import ConfigError
-from fedps.transport import configure_tls, tls_identity
-
-_log = logging.getLogger("fedps")
 
 __all__ = [
     "CA_CERT_FILE",
@@ -43,13 +43,12 @@ __all__ = [
     "OPERATOR_NAME",
     "CertPaths",
     "TlsIdentity",
-    "client_identities",
+    "TlsMaterial",
+    "configure_tls",
     "issue_certificate",
-    "issue_cluster_certificates",
+    "issue_certificates",
     "make_ca",
-    "provision_cluster",
-    "reset_tls",
-    "setup_tls",
+    "tls_identity",
 ]
 
 #: The CA's certificate and key inside a certificate directory.
@@ -71,6 +70,19 @@ class CertPaths:
 
     cert: Path
     key: Path
+
+
+class TlsMaterial(Protocol):
+    """What mutual TLS needs: the CA certificate, our certificate and its key (PEM)."""
+
+    @property
+    def ca_cert(self) -> bytes: ...
+
+    @property
+    def cert(self) -> bytes: ...
+
+    @property
+    def key(self) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -252,67 +264,39 @@ def issue_certificate(
     return paths
 
 
-def issue_cluster_certificates(config: FedPSConfig, out_dir: Path) -> list[CertPaths]:
-    """The CA (reused if ``out_dir`` has one) and one certificate per party of ``config``.
+def issue_certificates(
+    out_dir: Path, *, servers: Mapping[str, Sequence[str]], clients: Sequence[str]
+) -> list[CertPaths]:
+    """The CA (reused if ``out_dir`` has one) and one certificate per identity, all in
+    ``out_dir``.
 
-    Key holder, coordinator and shards get server and client usage (they also call each
-    other), with the host of their ``[cluster]`` address in the SubjectAltName. Each of the
-    ``training.clients`` clients (``client-0``...) and the operator get client usage only.
+    Parameters
+    ----------
+    out_dir
+        Where the CA is (or is created, :func:`make_ca`) and the certificates go.
+    servers
+        Identity -> the hosts it serves on: server and client usage (servers also call each
+        other), those hosts in the SubjectAltName.
+    clients
+        Identities with client usage only.
+
+    Returns
+    -------
+    list[CertPaths]
+        The CA's paths first, then one per identity.
     """
     if (out_dir / CA_KEY_FILE).exists():
         written = [CertPaths(out_dir / CA_CERT_FILE, out_dir / CA_KEY_FILE)]
         _read(out_dir / CA_CERT_FILE)  # a CA key without its certificate: say which is missing
     else:
         written = [make_ca(out_dir)]
-    cluster = config.cluster
-    servers = {
-        "keyholder": cluster.keyholder,
-        "coordinator": cluster.coordinator,
-        **dict(zip(cluster.shard_ids, cluster.shards, strict=True)),
-    }
-    for name, address in servers.items():
-        host = _host_of(address)
-        hosts = [host] if host else []
-        written.append(issue_certificate(out_dir, name, hosts=hosts, client=True, server=True))
-    for name in [*client_identities(config), OPERATOR_NAME]:
+    for name, hosts in servers.items():
+        written.append(
+            issue_certificate(out_dir, name, hosts=list(hosts), client=True, server=True)
+        )
+    for name in clients:
         written.append(issue_certificate(out_dir, name, hosts=[], client=True, server=False))
     return written
-
-
-def client_identities(config: FedPSConfig) -> list[str]:
-    """The client identities an operator provisions: ``client-0`` ... ``client-{N-1}`` for
-    ``training.clients`` = N (certificate common names and token names)."""
-    return [f"client-{i}" for i in range(config.training.clients)]
-
-
-def provision_cluster(config: FedPSConfig) -> list[Path]:
-    """Create what a one-machine cluster needs in ``tls.directory`` if there is none.
-
-    With TLS on and no CA there yet: the CA and every party's certificate
-    (:func:`issue_cluster_certificates`). With no enrolment key there yet: the key and every
-    client's token (:func:`crypto.enrolment.issue_tokens`). Nothing that exists is replaced.
-    ``fedps up`` and ``fedps demo`` call this on start.
-
-    Returns
-    -------
-    list[Path]
-        The files written (empty when nothing was missing).
-    """
-    directory = config.tls.directory
-    written: list[Path] = []
-    if config.tls.enabled and not (directory / CA_KEY_FILE).exists():
-        for paths in issue_cluster_certificates(config, directory):
-            written += [paths.cert, paths.key]
-    if not (directory / ENROLMENT_KEY_FILE).exists():
-        written += issue_tokens(directory, client_identities(config))
-        written.append(directory / ENROLMENT_KEY_FILE)
-    return written
-
-
-def _host_of(address: str) -> str:
-    """The host of ``host:port``; empty for wildcard binds, which no peer dials."""
-    host = address.rpartition(":")[0].removeprefix("[").removesuffix("]")
-    return "" if host in ("", "0.0.0.0", "::") else host
 
 
 def _san(hosts: list[str]) -> list[x509.GeneralName]:
@@ -350,45 +334,23 @@ def _read(path: Path) -> bytes:
         raise ConfigError(f"cannot read TLS file {path}: {exc.strerror}") from None
 
 
-_warned_insecure = False
+# The process-wide TLS identity (None: plaintext), set by configure_tls before any connection.
+_tls: TlsMaterial | None = None
+_tls_lock = threading.Lock()
 
 
-def setup_tls(tls: TlsConfig, name: str) -> None:
-    """Configure this process's TLS from the ``[tls]`` section, before anything connects.
+def configure_tls(identity: TlsMaterial | None) -> None:
+    """Use ``identity`` for mutual TLS on every channel and server created from now on
+    (:mod:`fedps.transport` reads it); ``None`` goes back to plaintext.
 
-    By default (``tls.enabled``) load identity ``tls.name`` (default ``name``, the role's name
-    such as ``shard-0`` or ``client-3``) from ``tls.directory`` and configure it process-wide
-    (:func:`fedps.transport.configure_tls`). With ``tls.insecure`` (``--insecure``) traffic
-    stays plaintext, and the process says so with a warning when it starts.
-
-    Raises
-    ------
-    ConfigError
-        A certificate or key file is missing (the message names it and suggests
-        ``fedps certs``) or the key is readable by others.
+    Call it before creating channels or servers: existing ones keep the credentials they were
+    created with.
     """
-    global _warned_insecure
-    if tls.enabled:
-        identity = TlsIdentity.load(tls.directory, tls.name or name)
-        if identity == tls_identity():
-            return  # already set up (the CLI and serve_forever both call this)
-        configure_tls(identity)
-        _log.info("mutual TLS on as %r (certificates in %s)", tls.name or name, tls.directory)
-        return
-    configure_tls(None)
-    if _warned_insecure:
-        return  # once per process: the CLI and serve_forever both call this
-    _warned_insecure = True
-    _log.warning(
-        "TLS is off (--insecure): gRPC traffic of %s is unencrypted and unauthenticated, and "
-        "clients are admitted by enrolment token alone. Drop --insecure and tls.insecure to "
-        "use mutual TLS (certificates from `fedps certs`)",
-        name,
-    )
+    global _tls
+    with _tls_lock:
+        _tls = identity
 
 
-def reset_tls() -> None:
-    """Plaintext again, and forget the insecure-mode warning (for tests)."""
-    global _warned_insecure
-    configure_tls(None)
-    _warned_insecure = False
+def tls_identity() -> TlsMaterial | None:
+    """The identity configured with :func:`configure_tls`, or ``None``."""
+    return _tls

@@ -2,12 +2,14 @@
 
 Servicers stay thin: each method calls a plain handler inside :func:`rpc_errors`, which turns
 our expected errors into a gRPC status with the error's message. Callers wrap stubs with
-:func:`call`, which maps a status back to the same exception class with one table.
+:func:`call`, which raises the same exception class again: one table, :data:`ERROR_STATUS`,
+gives each error class its status both ways.
 Message-size limits are set explicitly on both ends; channels retry UNAVAILABLE with
 exponential backoff and jitter through gRPC's own retry policy.
 
-Mutual TLS is process-wide: a role calls :func:`setup_tls` (or :func:`configure_tls` with a
-loaded identity) once at start, before it creates any channel or server; from then on
+Mutual TLS is process-wide: a role calls :func:`fedps.provisioning.setup_tls` (or
+:func:`crypto.tls.configure_tls` with a loaded identity) once at start, before it creates any
+channel or server; from then on
 :func:`create_channel` presents the identity's certificate and verifies the peer against the
 deployment's CA, :func:`bind` opens TLS ports that require a client certificate signed by that
 CA, and servers from :func:`create_server` refuse, with ``UNAUTHENTICATED``, any call whose
@@ -24,37 +26,31 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import grpc
 
+from crypto.tls import TlsMaterial, tls_identity
 from fedps.errors import (
+    ConfigError,
     FedPSError,
     InvalidArgumentError,
+    NotReadyError,
     PeerUnavailableError,
     PolicyError,
+    PrivacyBudgetExceededError,
     QuarantinedError,
+    RateLimitedError,
     RoundClosedError,
+    StaleUpdateError,
     UnauthenticatedError,
     UnknownClientError,
 )
 
-
-class TlsMaterial(Protocol):
-    """What mutual TLS needs: the CA certificate, our certificate and its key (PEM)."""
-
-    @property
-    def ca_cert(self) -> bytes: ...
-
-    @property
-    def cert(self) -> bytes: ...
-
-    @property
-    def key(self) -> bytes: ...
-
-
 __all__ = [
     "CALLER_ROLES",
+    "ERROR_CLASS_KEY",
+    "ERROR_STATUS",
     "MAX_MESSAGE_BYTES",
     "TARGET_MESSAGE_BYTES",
     "batched",
@@ -63,14 +59,12 @@ __all__ = [
     "call_until",
     "certificate_role",
     "channel_credentials",
-    "configure_tls",
     "create_channel",
     "create_server",
     "peer_common_name",
     "require_peer",
-    "reset_tls",
     "rpc_errors",
-    "tls_identity",
+    "wire_class",
 ]
 
 _log = logging.getLogger("fedps")
@@ -108,8 +102,37 @@ _OPTIONS: list[tuple[str, int | str]] = [
 # pushing now, not every client that ever connected (they reconnect on their next call).
 _SERVER_OPTIONS: list[tuple[str, int | str]] = [("grpc.max_connection_idle_ms", 10_000)]
 
-# Status code -> our exception class, for the caller side.
-_FROM_STATUS: dict[grpc.StatusCode, type[FedPSError]] = {
+#: The status each of our error classes crosses the wire with, both ways. A servicer's
+#: :func:`rpc_errors` sends an error as its class's status with the error's message and names
+#: the class in the trailing metadata (:data:`ERROR_CLASS_KEY`); :func:`call` raises that
+#: class again when the name is in this table and the status is its status. A subclass that is
+#: not in the table (a role's own, such as the key holder's ``TamperingError``) crosses as its
+#: nearest ancestor that is.
+ERROR_STATUS: dict[type[FedPSError], grpc.StatusCode] = {
+    FedPSError: grpc.StatusCode.INTERNAL,
+    ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
+    InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
+    UnknownClientError: grpc.StatusCode.NOT_FOUND,
+    RoundClosedError: grpc.StatusCode.FAILED_PRECONDITION,
+    StaleUpdateError: grpc.StatusCode.FAILED_PRECONDITION,
+    PrivacyBudgetExceededError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
+    RateLimitedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    PolicyError: grpc.StatusCode.PERMISSION_DENIED,
+    QuarantinedError: grpc.StatusCode.ABORTED,
+    PeerUnavailableError: grpc.StatusCode.UNAVAILABLE,
+    NotReadyError: grpc.StatusCode.UNAVAILABLE,
+}
+
+#: Trailing-metadata key naming the class of an error sent by :func:`rpc_errors`.
+ERROR_CLASS_KEY = "fedps-error"
+
+_BY_NAME: dict[str, type[FedPSError]] = {cls.__name__: cls for cls in ERROR_STATUS}
+
+# What a status that names no class of ours becomes on the caller's side: gRPC's own failures
+# (an unreachable peer, a deadline, an oversized message), the mutual-TLS interceptor's
+# refusals, and a ValueError that a servicer turned into INVALID_ARGUMENT.
+_UNNAMED_STATUS: dict[grpc.StatusCode, type[FedPSError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
     grpc.StatusCode.PERMISSION_DENIED: PolicyError,
     grpc.StatusCode.ABORTED: QuarantinedError,
@@ -124,32 +147,6 @@ _FROM_STATUS: dict[grpc.StatusCode, type[FedPSError]] = {
 _T = TypeVar("_T")
 
 
-# The process-wide TLS identity (None: plaintext), set by configure_tls before any connection.
-_tls: TlsMaterial | None = None
-_tls_lock = threading.Lock()
-
-
-def configure_tls(identity: TlsMaterial | None) -> None:
-    """Use ``identity`` for mutual TLS on every channel and server created from now on.
-
-    ``None`` goes back to plaintext. Call it before creating channels or servers: existing
-    ones keep the credentials they were created with.
-    """
-    global _tls
-    with _tls_lock:
-        _tls = identity
-
-
-def reset_tls() -> None:
-    """Back to plaintext (for tests)."""
-    configure_tls(None)
-
-
-def tls_identity() -> TlsMaterial | None:
-    """The identity configured with :func:`configure_tls`, or ``None``."""
-    return _tls
-
-
 def create_channel(address: str) -> grpc.Channel:
     """A channel with fedps's message limits and retry policy; mutual TLS once configured."""
     options = [
@@ -157,7 +154,7 @@ def create_channel(address: str) -> grpc.Channel:
         ("grpc.enable_retries", 1),
         ("grpc.service_config", json.dumps(_RETRY_POLICY)),
     ]
-    identity = _tls
+    identity = tls_identity()
     if identity is None:
         return grpc.insecure_channel(address, options=options)
     return grpc.secure_channel(address, channel_credentials(identity), options=options)
@@ -184,7 +181,7 @@ def create_server(max_workers: int = 16) -> grpc.Server:
     :data:`CALLER_ROLES`).
     """
     interceptors: list[grpc.ServerInterceptor[Any, Any]] = []
-    if _tls is not None:
+    if tls_identity() is not None:
         interceptors.append(_RequireClientCertificate())
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
@@ -199,7 +196,7 @@ def bind(server: grpc.Server, address: str) -> int:
     Once TLS is configured the port speaks only TLS and requires a client certificate signed
     by the deployment's CA.
     """
-    identity = _tls
+    identity = tls_identity()
     if identity is None:
         port = server.add_insecure_port(address)
     else:
@@ -348,11 +345,18 @@ def _authenticated(
 
 @contextmanager
 def rpc_errors(context: grpc.ServicerContext) -> Iterator[None]:
-    """Turn expected fedps errors raised inside the block into a gRPC status."""
+    """Turn expected fedps errors raised inside the block into a gRPC status.
+
+    A :class:`~fedps.errors.FedPSError` becomes its class's status in :data:`ERROR_STATUS`
+    with its message, the class named in the trailing metadata; any other ``ValueError``
+    becomes ``INVALID_ARGUMENT``.
+    """
     try:
         yield
     except FedPSError as exc:
-        _abort(context, exc.status, str(exc))
+        cls = wire_class(type(exc))
+        context.set_trailing_metadata(((ERROR_CLASS_KEY, cls.__name__),))
+        _abort(context, ERROR_STATUS[cls], str(exc))
     except ValueError as exc:
         _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
@@ -400,13 +404,24 @@ def call_until(
             delay = min(delay * 1.5, 2.0)
 
 
+def wire_class(cls: type[FedPSError]) -> type[FedPSError]:
+    """The class an error of class ``cls`` crosses the wire as: ``cls`` itself when it is in
+    :data:`ERROR_STATUS`, else its nearest ancestor that is."""
+    return next(c for c in cls.__mro__ if c in ERROR_STATUS)
+
+
 def _from_rpc_error(exc: grpc.RpcError, what: str) -> FedPSError:
-    code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
-    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-    cls = _FROM_STATUS.get(code, FedPSError)
-    err = cls(f"{what}: {details}")
-    err.status = code
-    return err
+    """The error of ours that ``exc`` stands for: the class its trailing metadata names when
+    that class is in :data:`ERROR_STATUS` with the status received (a peer cannot make a
+    status mean another one), otherwise the status's usual class."""
+    if not isinstance(exc, grpc.Call):
+        return FedPSError(f"{what}: {exc}")
+    code = exc.code()
+    named = dict(exc.trailing_metadata() or ()).get(ERROR_CLASS_KEY)
+    cls = _BY_NAME.get(named) if isinstance(named, str) else None
+    if cls is None or ERROR_STATUS[cls] != code:
+        cls = _UNNAMED_STATUS.get(code, FedPSError)
+    return cls(f"{what}: {exc.details()}")
 
 
 def batched(items: list[_T], size_of: Callable[[_T], int]) -> Iterator[list[_T]]:

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, PublicContext
+from crypto import PLAINTEXT_CONTEXT_ID, PlainContext, PublicContext
 from crypto.signing import model_verifier
 from fedps.accounting import client_level_noise
 from fedps.blocks import group_mask
+from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig, is_loopback
 from fedps.errors import InvalidArgumentError
 from fedps.hash_ring import HashRing
@@ -52,11 +53,6 @@ def weight_bounds(config: FedPSConfig) -> tuple[float, float]:
     if config.security.weighting == "uniform" or config.privacy.level == "client":
         return (1.0, 1.0)
     return (config.security.min_weight, 1.0)
-
-
-def ckks_params(config: FedPSConfig) -> CkksParams:
-    """The scheme parameters of the configuration (validated for 128-bit security)."""
-    return CkksParams.for_config(config)
 
 
 def _staleness(config: FedPSConfig) -> Callable[[int], float] | None:
@@ -220,7 +216,7 @@ def serve_forever(
     role: str, config: FedPSConfig, *, index: int = 0, clear_detections: bool = False
 ) -> None:
     """Run one role until SIGINT/SIGTERM, then stop gracefully."""
-    from crypto.tls import setup_tls  # before any channel or port exists
+    from fedps.provisioning import setup_tls  # before any channel or port exists
 
     setup_tls(config.tls, f"shard-{index}" if role == "shard" else role)
     cluster = config.cluster

@@ -13,10 +13,11 @@ import pytest
 
 from clients.edge_client import EdgeClient, PreparedPush
 from crypto.enrolment import issue_tokens
-from crypto.tls import client_identities
+from crypto.tls import tls_identity
 from fedps.config import FedPSConfig, load_config
 from fedps.proto import shard_pb2
-from fedps.transport import bind, create_server, reset_tls, tls_identity
+from fedps.provisioning import client_identities, reset_tls
+from fedps.transport import bind, create_server
 from server.coordinator.coordinator import Coordinator
 from server.keyholder.keyholder import KeyHolder
 from server.serve import add_coordinator, add_keyholder, add_shard

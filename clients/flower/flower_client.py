@@ -62,7 +62,6 @@ from clients.simulation import SimulatedDevice
 from clients.train_step import TrainMod
 from crypto.randomness import SeededRandom
 from crypto.signing import BlockSigner
-from crypto.tls import setup_tls
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import ConfigError, InvalidArgumentError
 from fedps.flower_messages import (
@@ -76,6 +75,7 @@ from fedps.flower_messages import (
     RoundReport,
 )
 from fedps.proto import shard_pb2
+from fedps.provisioning import setup_tls
 
 __all__ = ["ClientFactory", "FlowerClient", "create_client_app"]
 

@@ -58,7 +58,7 @@ def _load(config: Path | None, *, insecure: bool = False) -> FedPSConfig:
 def _setup_tls(cfg: FedPSConfig, name: str) -> None:
     """Before anything connects: load identity ``tls.name`` (default ``name``) under mutual
     TLS (the default), or warn that traffic is plaintext (``--insecure``)."""
-    from crypto.tls import setup_tls
+    from fedps.provisioning import setup_tls
 
     setup_tls(cfg.tls, name)
 
@@ -66,7 +66,7 @@ def _setup_tls(cfg: FedPSConfig, name: str) -> None:
 def _provision(cfg: FedPSConfig) -> None:
     """Create the certificates, enrolment key and tokens in ``tls.directory`` if there are
     none (``up`` and ``demo`` on first start)."""
-    from crypto.tls import provision_cluster
+    from fedps.provisioning import provision_cluster
 
     try:
         written = provision_cluster(cfg)
@@ -178,7 +178,7 @@ def certs(
     """Create the deployment's CA (or reuse the one in DIR), a certificate per party, and an
     enrolment token per client (for runs without TLS)."""
     from crypto.enrolment import issue_tokens
-    from crypto.tls import client_identities, issue_cluster_certificates
+    from fedps.provisioning import client_identities, issue_cluster_certificates
 
     cfg = _load(config)
     directory = out if out is not None else cfg.tls.directory

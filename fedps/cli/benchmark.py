@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from crypto import BlockEncryptor, CkksParams, PublicContext, SecretContext
+from crypto import BlockEncryptor, PublicContext, SecretContext
 from crypto.benchmark import (
     decryption_error,
     measure_noise,
@@ -39,11 +39,12 @@ from crypto.benchmark import (
 from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner
 from crypto.sketch import Challenge
-from crypto.tls import setup_tls
+from fedps.ckks_params import ckks_params
 from fedps.cli.demo import run_demo
 from fedps.cli.deployment import Deployment, local_cluster, write_config
 from fedps.config import load_config
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc, shard_pb2, shard_pb2_grpc
+from fedps.provisioning import setup_tls
 from fedps.transport import batched, call, create_channel
 
 __all__ = ["machine_description", "run_bench", "time_to_accuracy"]
@@ -83,7 +84,7 @@ def run_bench(
     console: Console,
 ) -> dict[str, Any]:
     """Run every benchmark; returns the results (also what ``--json`` writes)."""
-    params = CkksParams.for_config(load_config())
+    params = ckks_params(load_config())
     keys = SecretContext.generate(params)
     results: dict[str, Any] = {"machine": machine_description(), "params": params.__dict__}
     console.print(f"scheme: {params}")

@@ -17,12 +17,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from crypto import CkksParams
-from crypto.tls import OPERATOR_NAME, provision_cluster, setup_tls
+from crypto.tls import OPERATOR_NAME
+from fedps.ckks_params import ckks_params
 from fedps.cli.deployment import Deployment, local_cluster, write_config
 from fedps.config import load_config
 from fedps.errors import FedPSError, PeerUnavailableError
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from fedps.provisioning import provision_cluster, setup_tls
 from fedps.transport import call, create_channel
 
 __all__ = ["run_demo"]
@@ -55,7 +56,7 @@ def run_demo(
         f"{'DP-SGD' if config.privacy.level == 'example' else 'client-level DP (DP-FedAvg)'} "
         f"(target epsilon {config.privacy.target_epsilon}, delta {config.privacy.delta}, "
         f"{config.privacy.noise_mode} noise), "
-        f"CKKS {CkksParams.for_config(config) if config.he.enabled else 'OFF'}, "
+        f"CKKS {ckks_params(config) if config.he.enabled else 'OFF'}, "
         f"{'mutual TLS' if config.tls.enabled else 'TLS OFF (--insecure)'}"
     )
     started = time.time()

@@ -29,12 +29,12 @@ from flwr.app import Context
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from crypto import CkksParams
 from crypto.enrolment import issue_tokens
-from crypto.tls import client_identities
+from fedps.ckks_params import ckks_params
 from fedps.cli.benchmark import machine_description
 from fedps.cli.deployment import Deployment, local_cluster, write_config
 from fedps.config import FedPSConfig, load_config
+from fedps.provisioning import client_identities
 from server.flower.flower_strategy import FlowerStrategy
 from server.flower.in_process_grid import InProcessGrid
 
@@ -297,7 +297,7 @@ def run_flower_bench(
         sample = bench_config(
             Path(tmp), clients=largest, max_clients=largest, rounds=1, model=model, dataset=dataset
         )
-    results["params"] = CkksParams.for_config(sample).__dict__
+    results["params"] = ckks_params(sample).__dict__
     peaks = [s["shard_peak_rss_mib"] for s in results["sizes"]]
     results["shard_memory_ratio"] = peaks[-1] / peaks[0]
     return results

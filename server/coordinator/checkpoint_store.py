@@ -1,7 +1,7 @@
 """The coordinator's checkpoint: the last model it pulled and its state, in one file.
 
 The file is an ``.npz`` with two arrays: ``model`` (the flat parameter vector) and ``meta``
-(the state as UTF-8 JSON). It is replaced atomically (:func:`fedps.atomic_file.write_atomic`):
+(the state as UTF-8 JSON). It is replaced atomically (:func:`crypto.files.write_atomic`):
 a crash at any moment leaves the previous checkpoint or the new one, never a mix.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fedps.atomic_file import write_atomic
+from crypto.files import write_atomic
 from fedps.errors import FedPSError
 
 __all__ = ["CHECKPOINT_FILE", "Checkpoint", "CheckpointStore"]

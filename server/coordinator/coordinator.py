@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from crypto import CkksParams
 from fedps.blocks import BlockLayout
+from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig
 from fedps.errors import FedPSError, QuarantinedError
 from server.coordinator.checkpoint_store import CheckpointStore
@@ -172,7 +172,7 @@ class Coordinator:
         self._vector: np.ndarray = self.evaluator.initial_vector()
         self.layout = BlockLayout(
             self._vector.size,
-            CkksParams.for_config(config).values_per_block,
+            ckks_params(config).values_per_block,
         )
         #: registration and authentication (``registry.register`` is the client's first call)
         self.registry = ClientRegistry(

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, SecretContext, unpack_blocks
+from crypto.files import atomic_writer, write_atomic, write_private
 from crypto.randomness import SecureRandom
 from crypto.release import decryption_error_bound, flood_and_round, released_std
 from crypto.secret_context import SECRET_KEY_FILE
@@ -168,7 +169,9 @@ class KeyHolder:
         self._noise = SecureRandom()  # the top-up: nobody else may be able to regenerate it
         challenge_key = _load_or_create_secret(state_dir / "keys" / "challenge.key")
         self.signer = BlockSigner.load_or_create(state_dir / "keys" / "signing.key")
-        (state_dir / "keys" / "signing.pub").write_text(self.signer.public_key.hex() + "\n")
+        write_atomic(
+            state_dir / "keys" / "signing.pub", self.signer.public_key.hex().encode() + b"\n"
+        )
         if not encrypted:
             _log.warning("encryption is OFF: updates travel and are summed in plaintext")
         self._lock = threading.Lock()
@@ -511,7 +514,6 @@ class KeyHolder:
     def _save_state(self) -> None:
         assert self.params is not None
         path = self._dir / _STATE_FILE
-        tmp = path.with_name(path.name + ".tmp")
         meta = {
             "version": self.version,
             "last_round": self.last_round,
@@ -526,11 +528,8 @@ class KeyHolder:
         arrays.update({f"opt_{k}": v for k, v in self._optimizer.state.items()})
         if self._groups is not None:
             arrays.update({f"groups_{k}": v for k, v in self._groups.state().items()})
-        with open(tmp, "wb") as fh:
+        with atomic_writer(path) as fh:
             np.savez(fh, *[], **arrays)  # type: ignore[arg-type]
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
         self.last_saved = time.time()
 
     def _load_state(self) -> None:
@@ -565,7 +564,5 @@ def _load_or_create_secret(path: Path) -> bytes:
         return path.read_bytes()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     secret = os.urandom(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(secret)
+    write_private(path, secret, exclusive=True)
     return secret

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from fedps.atomic_file import write_atomic
+from crypto.files import write_atomic
 from fedps.proto import shard_pb2
 from fedps.record_log import RecordLog
 from fedps.shard_messages import Publication, PushBatch, RoundOpening

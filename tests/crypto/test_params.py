@@ -7,6 +7,7 @@ import pytest
 
 from crypto import BlockEncryptor, CiphertextSum, CkksParams, SecretContext
 from crypto.params import MAX_COEFF_BITS_128
+from fedps.ckks_params import ckks_params_from
 from fedps.config import load_config
 from fedps.errors import ConfigError
 
@@ -26,7 +27,7 @@ def test_derived_parameters_are_secure_and_have_headroom(
 
 
 def test_default_workload_costs_under_twelve_bytes_per_value() -> None:
-    params = CkksParams.from_config(load_config().he)
+    params = ckks_params_from(load_config().he)
     assert params.coeff_modulus_bits / 4 <= 12
 
 
@@ -39,7 +40,7 @@ def test_fixed_parameters_in_config_win() -> None:
     he = load_config(
         None, he={"poly_modulus_degree": 4096, "coeff_modulus_bits": 50, "scale_bits": 40}
     ).he
-    assert CkksParams.from_config(he) == CkksParams(4096, 50, 40)
+    assert ckks_params_from(he) == CkksParams(4096, 50, 40)
 
 
 def test_sum_of_max_clients_meets_the_precision() -> None:

@@ -18,8 +18,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 _SCRIPT = """
 import os, sys
 from crypto import CkksParams, SecretContext, _seal_io
+from fedps.ckks_params import ckks_params
 from fedps.config import load_config
-keys = SecretContext.generate(CkksParams.for_config(load_config()))
+keys = SecretContext.generate(ckks_params(load_config()))
 assert keys.public.serialize()
 root = _seal_io.scratch_root()
 pid = os.fork()

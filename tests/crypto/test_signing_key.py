@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from crypto.files import write_atomic
 from crypto.signing import BlockSigner
-from fedps.atomic_file import write_atomic
 from fedps.errors import ConfigError
 
 

@@ -19,13 +19,12 @@ from crypto.tls import (
     CA_KEY_FILE,
     TlsIdentity,
     issue_certificate,
-    issue_cluster_certificates,
     make_ca,
-    provision_cluster,
 )
 from fedps.cli import app
 from fedps.config import load_config
 from fedps.errors import ConfigError
+from fedps.provisioning import issue_cluster_certificates, provision_cluster
 
 
 def _mode(path: Path) -> int:

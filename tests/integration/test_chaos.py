@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from crypto.tls import provision_cluster
 from fedps.cli.deployment import Deployment, local_cluster, write_config
 from fedps.config import load_config
 from fedps.errors import FedPSError
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from fedps.provisioning import provision_cluster
 from fedps.transport import call, create_channel
 from server.coordinator.evaluator import Evaluator
 from tests.conftest import RecordingClient, run_clients

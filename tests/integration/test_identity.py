@@ -36,7 +36,6 @@ from crypto.tls import (
     TlsIdentity,
     issue_certificate,
     make_ca,
-    provision_cluster,
 )
 from fedps.cli.deployment import Deployment, local_cluster, write_config
 from fedps.config import FedPSConfig, load_config
@@ -48,6 +47,7 @@ from fedps.proto import (
     shard_pb2,
     shard_pb2_grpc,
 )
+from fedps.provisioning import provision_cluster
 from fedps.transport import channel_credentials
 from server.coordinator.evaluator import Evaluator
 from tests.conftest import Cluster, start_cluster

@@ -18,22 +18,21 @@ import pytest
 from crypto.tls import (
     OPERATOR_NAME,
     TlsIdentity,
+    configure_tls,
     issue_certificate,
     make_ca,
-    reset_tls,
-    setup_tls,
+    tls_identity,
 )
 from fedps.config import load_config
 from fedps.errors import ConfigError
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
+from fedps.provisioning import reset_tls, setup_tls
 from fedps.transport import (
     bind,
     call,
     channel_credentials,
-    configure_tls,
     create_channel,
     create_server,
-    tls_identity,
 )
 from server.serve import add_shard
 

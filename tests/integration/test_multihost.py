@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from crypto.tls import provision_cluster
 from fedps.cli.deployment import write_config
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import FedPSError
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from fedps.provisioning import provision_cluster
 from fedps.transport import call, create_channel
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

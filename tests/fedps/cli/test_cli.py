@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from crypto.enrolment import issue_tokens
-from crypto.tls import issue_cluster_certificates
 from fedps.cli.deployment import free_port
 from fedps.config import load_config
+from fedps.provisioning import issue_cluster_certificates
 
 _TIMEOUT_S = 60
 _ENV = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}

@@ -1,0 +1,38 @@
+"""The run's CKKS parameters from its configuration (``[he]`` and ``training.mode``).
+
+:class:`crypto.params.CkksParams` knows nothing of the configuration (``crypto/`` imports
+nothing of ours but :mod:`fedps.errors`); the roles, the CLI and the tools build the run's
+parameters here, so that all of them agree.
+"""
+
+from __future__ import annotations
+
+from crypto.params import ASYNC_WEIGHT_BITS, CkksParams
+from fedps.config import FedPSConfig, HEConfig
+
+__all__ = ["ckks_params", "ckks_params_from"]
+
+
+def ckks_params(config: FedPSConfig) -> CkksParams:
+    """The run's parameters: ``[he]``, plus headroom for staleness multipliers in async mode
+    (integer weights of up to ``2**ASYNC_WEIGHT_BITS``)."""
+    extra = ASYNC_WEIGHT_BITS if config.training.mode == "async" else 0
+    return ckks_params_from(config.he, extra_bits=extra)
+
+
+def ckks_params_from(he: HEConfig, *, extra_bits: int = 0) -> CkksParams:
+    """Parameters fixed in the ``[he]`` section, or derived from its workload fields
+    (:meth:`crypto.params.CkksParams.for_workload`)."""
+    if he.poly_modulus_degree is not None:
+        assert he.coeff_modulus_bits is not None and he.scale_bits is not None
+        return CkksParams(
+            poly_modulus_degree=he.poly_modulus_degree,
+            coeff_modulus_bits=he.coeff_modulus_bits,
+            scale_bits=he.scale_bits,
+        )
+    return CkksParams.for_workload(
+        max_clients=he.max_clients,
+        max_abs_value=he.max_abs_value,
+        precision=he.precision,
+        extra_bits=extra_bits,
+    )
