@@ -374,11 +374,11 @@ def test_from_bytes_fuzz_never_crashes(keys: SecretContext, data: st.DataObject)
     elif kind in ("flip", "flip-head"):
         # flip-head hits the magic, the length fields and the parameter header.
         last = len(valid) - 1 if kind == "flip" else 64
-        blob = bytearray(valid)
+        flipped = bytearray(valid)
         for _ in range(data.draw(st.integers(1, 4))):
             pos = data.draw(st.integers(0, last))
-            blob[pos] ^= data.draw(st.integers(1, 255))
-        blob = bytes(blob)
+            flipped[pos] ^= data.draw(st.integers(1, 255))
+        blob = bytes(flipped)
     elif kind == "cut":
         blob = valid[: data.draw(st.integers(0, len(valid) - 1))]
     else:
