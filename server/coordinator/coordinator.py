@@ -120,6 +120,7 @@ class _Client:
     delta: float = 0.0
     bytes_pushed: int = 0
     exhausted: bool = False
+    noise_multiplier: float | None = None  # as the client last reported it
 
     def spent(self, epsilon: float, delta: float) -> None:
         """The client says it has spent ``epsilon`` (at ``delta``): keep the largest."""
@@ -359,15 +360,21 @@ class Coordinator:
         bytes_pushed: int,
         budget_exhausted: bool,
         credential: bytes = b"",
+        noise_multiplier: float | None = None,
     ) -> None:
-        """A client says it pushed its update for ``round_`` (or ran out of budget)."""
+        """A client says it pushed its update for ``round_`` (or ran out of budget); it trains
+        with DP noise multiplier ``noise_multiplier`` (``None``: not said)."""
         _check_spend(epsilon, delta)
+        if noise_multiplier is not None and not noise_multiplier >= 0:
+            raise InvalidArgumentError("noise_multiplier must be >= 0 (0: no DP noise)")
         if not 0 <= bytes_pushed <= _MAX_REPORTED_BYTES:
             raise InvalidArgumentError(f"bytes_pushed must be in [0, {_MAX_REPORTED_BYTES}]")
         with self._changed:
             client = self._known(client_id)
             self._check_credential(client, client_id, credential)
             client.spent(epsilon, delta)
+            if noise_multiplier is not None:
+                client.noise_multiplier = noise_multiplier
             client.bytes_pushed += bytes_pushed
             client.exhausted = client.exhausted or budget_exhausted
             if self._open is not None and self._open.round == round_:
@@ -398,6 +405,16 @@ class Coordinator:
         """The largest epsilon each registered client reported, by client id."""
         with self._lock:
             return {cid: c.epsilon for cid, c in self.clients.items()}
+
+    @property
+    def client_noise_multipliers(self) -> dict[str, float]:
+        """The noise multiplier each client last reported, by client id."""
+        with self._lock:
+            return {
+                cid: c.noise_multiplier
+                for cid, c in self.clients.items()
+                if c.noise_multiplier is not None
+            }
 
     def wait_until_pushing(self, round_: int, timeout_s: float) -> bool:
         """Wait until ``round_``'s commitments are frozen and its shards take pushes; False

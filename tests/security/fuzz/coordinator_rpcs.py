@@ -93,6 +93,8 @@ class CoordinatorRpcs:
             return bad(f"epsilon {m.epsilon!r} is NaN or negative")
         if not (math.isfinite(m.delta) and 0 <= m.delta < 1):
             return bad(f"delta {m.delta!r} is not in [0, 1)")
+        if not m.noise_multiplier >= 0:
+            return bad(f"noise multiplier {m.noise_multiplier!r} is NaN or negative")
         return LEGIT
 
     def credential_metadata(self, rng: random.Random) -> Metadata:
@@ -140,6 +142,7 @@ class CoordinatorRpcs:
                 delta=1e-5,
                 bytes_pushed=70_000,
                 budget_exhausted=False,
+                noise_multiplier=1.1,
             )
 
         methods = SERVICE.methods_by_name
