@@ -6,6 +6,7 @@ once; ``test_real_sweep_resumes`` runs the real platform on a grid of two tiny p
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -17,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from fedps.cli import experiment
+from fedps.cli.demo_summary import DemoSummary
 from fedps.cli.experiment import load_grid, read_results, run_experiment
 from fedps.cli.experiment_report import render_report
 from fedps.errors import ConfigError, FedPSError, PeerUnavailableError
@@ -57,20 +59,29 @@ class FakeDemo:
         workdir: Path,
         overrides: Mapping[str, Mapping[str, object]],
         **_: object,
-    ) -> dict[str, object]:
+    ) -> DemoSummary:
         self.calls.append(overrides)
         enabled = overrides.get("he", {}).get("enabled")
         if f"encryption={'true' if enabled else 'false'}" in self.fail:
             raise PeerUnavailableError("every client exited before training finished")
-        return {
-            "final_accuracy": 0.9 if enabled else 0.8,
-            "max_epsilon": 7.4,
-            "delta": 1e-5,
-            "seconds": 1.5,
-            "bytes_pushed": 1000,
-            "abandoned_rounds": 0,
-            "round_accuracy": [(0.5, 0.7), (0.5, 0.9)],
-        }
+        return DemoSummary(
+            rounds=2,
+            final_accuracy=0.9 if enabled else 0.8,
+            max_epsilon=7.4,
+            client_epsilons=(),
+            client_noise_multipliers=(),
+            delta=1e-5,
+            noise="secure",
+            bytes_pushed=1000,
+            seconds=1.5,
+            clients=2,
+            shards=1,
+            tls=False,
+            abandoned_rounds=0,
+            round_seconds=(0.5, 0.5),
+            push_seconds=(0.1, 0.1),
+            round_accuracy=((0.5, 0.7), (0.5, 0.9)),
+        )
 
 
 # ---------------------------------------------------------------------------- grid files
@@ -515,7 +526,9 @@ def test_infinite_epsilon_is_written_as_inf(
     results = tmp_path / "results.jsonl"
     fake = FakeDemo()
     monkeypatch.setattr(
-        experiment, "run_demo", lambda *a, **k: {**fake(*a, **k), "max_epsilon": math.inf}
+        experiment,
+        "run_demo",
+        lambda *a, **k: dataclasses.replace(fake(*a, **k), max_epsilon=math.inf),
     )
 
     # Execute
