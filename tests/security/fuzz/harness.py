@@ -1,10 +1,12 @@
 """The RPC fuzz loop: requests generated for one RPC (:class:`CaseGenerator`), sent through a
 real channel, and every outcome classified against the RPC's oracle (:class:`RpcStats`).
 
-An :class:`RpcSpec` names one RPC with its request and reply classes, a valid request to start
-from and the oracle (``judge``) that classifies every request as *genuine* (must succeed),
-*legit* (success allowed), *malformed* (must be refused) or *skip* (valid and state-changing:
-never sent). A spec whose classes do not match the RPC's descriptor fails when it is built.
+An :class:`RpcSpec` names one RPC (its method descriptor), a valid request to start from and
+the oracle (``judge``) that classifies every request as *genuine* (must succeed), *legit*
+(success allowed), *malformed* (must be refused) or *skip* (valid and state-changing: never
+sent). The oracles are typed with the RPC's request class, so that mypy sees a renamed field;
+a spec whose valid request is not of the RPC's request type fails when it is built, and the
+``rpc`` mode fails before fuzzing when an RPC has no spec (:func:`~.rpc_mode.rpc_specs`).
 """
 
 from __future__ import annotations
