@@ -10,7 +10,6 @@ import dataclasses
 import io
 import json
 import math
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,12 @@ import pytest
 from rich.console import Console
 
 from fedps.cli import experiment
-from fedps.cli.demo_summary import DemoSummary
 from fedps.cli.experiment import load_grid, read_results, run_experiment
 from fedps.cli.experiment_report import render_report
-from fedps.errors import ConfigError, FedPSError, PeerUnavailableError
+from fedps.errors import ConfigError, FedPSError
+from tests.fedps.cli.fake_demo import FakeDemo
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "experiments"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "experiments"
 
 TINY = """
 [training]
@@ -44,44 +43,6 @@ def _write(tmp_path: Path, text: str, name: str = "grid.toml") -> Path:
 
 def _console() -> Console:
     return Console(file=io.StringIO(), width=200)
-
-
-class FakeDemo:
-    """Stands in for run_demo: records each call, fails for keys in ``fail``."""
-
-    def __init__(self, fail: tuple[str, ...] = ()) -> None:
-        self.calls: list[Mapping[str, Mapping[str, object]]] = []
-        self.fail = fail
-
-    def __call__(
-        self,
-        config_path: Path | None,
-        workdir: Path,
-        overrides: Mapping[str, Mapping[str, object]],
-        **_: object,
-    ) -> DemoSummary:
-        self.calls.append(overrides)
-        enabled = overrides.get("he", {}).get("enabled")
-        if f"encryption={'true' if enabled else 'false'}" in self.fail:
-            raise PeerUnavailableError("every client exited before training finished")
-        return DemoSummary(
-            rounds=2,
-            final_accuracy=0.9 if enabled else 0.8,
-            max_epsilon=7.4,
-            client_epsilons=(),
-            client_noise_multipliers=(),
-            delta=1e-5,
-            noise="secure",
-            bytes_pushed=1000,
-            seconds=1.5,
-            clients=2,
-            shards=1,
-            tls=False,
-            abandoned_rounds=0,
-            round_seconds=(0.5, 0.5),
-            push_seconds=(0.1, 0.1),
-            round_accuracy=((0.5, 0.7), (0.5, 0.9)),
-        )
 
 
 # ---------------------------------------------------------------------------- grid files
