@@ -11,6 +11,7 @@ a spec whose valid request is not of the RPC's request type fails when it is bui
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import re
@@ -163,29 +164,19 @@ class RpcStats:
             bucket.append(entry())
 
     def as_json(self) -> dict[str, Any]:
+        """The RPC's entry in the report: every count, the histograms and the examples."""
+        out = dataclasses.asdict(self)
+        for internal in ("slow_unexpected", "refusals", "accepted_reasons"):
+            del out[internal]
         return {
-            "target": self.target,
-            "calls": self.calls,
-            "messages": self.messages,
+            **out,
             "complete": self.calls >= self.target,
             "kinds": dict(self.kinds),
             "codes": dict(self.codes),
-            "ok_legit": self.ok_legit,
-            "refused": self.refused,
-            "raw_refused": self.raw_refused,
-            "skipped_valid": self.skipped_valid,
-            "client_errors": self.client_errors,
-            "accepted_malformed": self.accepted_malformed,
-            "refused_genuine": self.refused_genuine,
-            "unexpected": self.unexpected,
-            "hangs": self.hangs,
-            "slow": self.slow,
             "max_call_s": round(self.max_call_s, 3),
             "seconds": round(self.seconds, 2),
-            "stopped": self.stopped,
             "top_refusals": dict(self.refusals.most_common(20)),
             "accepted_malformed_reasons": dict(self.accepted_reasons.most_common(12)),
-            "examples": self.examples,
         }
 
 
