@@ -73,8 +73,9 @@ Layout
     ``values`` (random values and byte/string mutations), ``mutator`` (protobuf wire data
     and structured mutations), ``harness`` (the RPC fuzz loop and its verdicts), ``cluster``
     (the running cluster and the genuine material), one module per service with its RPC
-    specs and oracles (``shard_rpcs``, ``keyholder_rpcs``, ``coordinator_rpcs``), ``rpc_mode``,
-    ``deser`` (the deserialisation paths) and this command line.
+    specs and oracles (``shard_rpcs``, ``keyholder_rpcs``, ``coordinator_rpcs``, each a
+    ``service_rpcs.ServiceRpcs``), ``rpc_mode``, ``deser`` (the deserialisation paths) and
+    this command line.
 """
 
 from __future__ import annotations

@@ -11,18 +11,15 @@ import random
 from typing import Any
 
 from fedps.proto import coordinator_pb2
-from tests.security.fuzz.cluster import FuzzCluster
 from tests.security.fuzz.harness import LEGIT, SKIP, Metadata, RpcSpec, bad, empty
+from tests.security.fuzz.service_rpcs import ServiceRpcs
 from tests.security.fuzz.values import rand_bytes
 
-SERVICE = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"]
 
+class CoordinatorRpcs(ServiceRpcs):
+    """The ``Coordinator`` service's RPCs."""
 
-class CoordinatorRpcs:
-    """The oracles and specs of the ``Coordinator`` service's RPCs, against ``cluster``."""
-
-    def __init__(self, cluster: FuzzCluster) -> None:
-        self.cluster = cluster
+    service = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"]
 
     def credential_ok(self, client_id: str, metadata: Metadata) -> bool:
         """Whether the call carries ``client_id``'s credential (when credentials exist)."""
@@ -117,7 +114,6 @@ class CoordinatorRpcs:
         return [(header, rand_bytes(rng, 32).hex()), (header, cred)]
 
     def specs(self) -> list[RpcSpec[Any]]:
-        """One spec per RPC of the service."""
         cl = self.cluster
         a, c = cl.ids["a"], cl.ids["c"]
         pools = cl.cohort_pools
@@ -145,7 +141,7 @@ class CoordinatorRpcs:
                 noise_multiplier=1.1,
             )
 
-        methods = SERVICE.methods_by_name
+        methods = self.service.methods_by_name
         return [
             RpcSpec(
                 methods["Register"],

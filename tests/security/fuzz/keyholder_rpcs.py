@@ -17,19 +17,17 @@ import numpy as np
 from crypto.signing import is_weak_key
 from fedps.proto import keyholder_pb2
 from server.shard.shard import SignedUpdate
-from tests.security.fuzz.cluster import CommitPhaseView, FuzzCluster
+from tests.security.fuzz.cluster import CommitPhaseView
 from tests.security.fuzz.harness import GENUINE, LEGIT, SKIP, Metadata, RpcSpec, bad, empty
 from tests.security.fuzz.mutator import Mutator, describe
+from tests.security.fuzz.service_rpcs import ServiceRpcs
 from tests.security.fuzz.values import U64, mutate_bytes
 
-SERVICE = keyholder_pb2.DESCRIPTOR.services_by_name["KeyHolder"]
 
+class KeyHolderRpcs(ServiceRpcs):
+    """The ``KeyHolder`` service's RPCs."""
 
-class KeyHolderRpcs:
-    """The oracles and specs of the ``KeyHolder`` service's RPCs, against ``cluster``."""
-
-    def __init__(self, cluster: FuzzCluster) -> None:
-        self.cluster = cluster
+    service = keyholder_pb2.DESCRIPTOR.services_by_name["KeyHolder"]
 
     def mutate_commit(self, rng: random.Random) -> keyholder_pb2.CommitRequest:
         """A genuine commitment (mostly b's, still open in round 2) with its sketches, its
@@ -204,7 +202,6 @@ class KeyHolderRpcs:
         return None if got in expected else f"a commit set of no phase: {describe(reply)}"
 
     def specs(self) -> list[RpcSpec[Any]]:
-        """One spec per RPC of the service."""
         c = self.cluster
         commit_keys = sorted(c.commit_requests)
 
@@ -234,7 +231,7 @@ class KeyHolderRpcs:
                 round=rng.choice(list(c.commit_phases)), freeze=rng.random() < 0.5
             )
 
-        methods = SERVICE.methods_by_name
+        methods = self.service.methods_by_name
         return [
             RpcSpec(methods["GetPublicContext"], empty, pools=c.cohort_pools),
             RpcSpec(

@@ -18,23 +18,19 @@ from crypto import bitpack
 from crypto.signing import is_weak_key
 from fedps.proto import shard_pb2
 from server.shard.shard import SignedUpdate
-from tests.security.fuzz.cluster import FuzzCluster
 from tests.security.fuzz.harness import GENUINE, LEGIT, SKIP, Metadata, RpcSpec, bad, empty
 from tests.security.fuzz.mutator import Mutator
+from tests.security.fuzz.service_rpcs import ServiceRpcs
 from tests.security.fuzz.values import flip_bits, mutate_bytes, mutate_str
 
-SERVICE = shard_pb2.DESCRIPTOR.services_by_name["Shard"]
 
+class ShardRpcs(ServiceRpcs):
+    """The ``Shard`` service's RPCs."""
 
-class ShardRpcs:
-    """The oracles and specs of the ``Shard`` service's RPCs, against ``cluster``."""
-
-    def __init__(self, cluster: FuzzCluster) -> None:
-        self.cluster = cluster
+    service = shard_pb2.DESCRIPTOR.services_by_name["Shard"]
 
     def mutate_push_ciphertext(self, rng: random.Random) -> shard_pb2.PushRequest:
         """A genuine signed push (some of its blocks) with one ciphertext corrupted."""
-
         cid = rng.choice(sorted(self.cluster.pushes))
         msg = copy.deepcopy(self.cluster.pushes[cid])
         if rng.random() < 0.5:
@@ -72,7 +68,6 @@ class ShardRpcs:
 
     def shard_open_request(self) -> shard_pb2.OpenRoundRequest:
         """Round 1's OpenRound as the coordinator sent it: the committed cohort and updates."""
-
         return shard_pb2.OpenRoundRequest(
             round=self.cluster.round,
             version=self.cluster.version,
@@ -186,7 +181,6 @@ class ShardRpcs:
         return SKIP
 
     def specs(self) -> list[RpcSpec[Any]]:
-        """One spec per RPC of the service."""
         c = self.cluster
         genuine_pushes = list(c.pushes.values())
 
@@ -207,7 +201,7 @@ class ShardRpcs:
         def close_base(rng: random.Random) -> shard_pb2.CloseRoundRequest:
             return shard_pb2.CloseRoundRequest(round=c.round)
 
-        methods = SERVICE.methods_by_name
+        methods = self.service.methods_by_name
         return [
             RpcSpec(
                 methods["OpenRound"],
