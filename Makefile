@@ -22,7 +22,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 typecheck: $(STAMP)
-	$(BIN)/mypy fedps crypto clients server
+	$(BIN)/mypy fedps crypto clients server tests
 
 protos: $(STAMP)
 	PATH=$(BIN):$$PATH bash fedps/proto/generate.sh

@@ -837,6 +837,7 @@ class EdgeClient:
             delta=self.config.privacy.delta,
             bytes_pushed=pushed,
             budget_exhausted=budget_exhausted,
+            noise_multiplier=self.trainer.noise_multiplier,
         )
         self._retry(
             lambda: self._coordinator.ReportUpdate(

@@ -264,7 +264,7 @@ def demo(
     with tempfile.TemporaryDirectory(prefix="fedps-demo-") as tmp:
         summary = run_demo(config, Path(tmp), overrides)
     if json_out is not None:
-        json_out.write_text(json.dumps(summary, indent=2) + "\n")
+        json_out.write_text(summary.to_json())
         typer.echo(f"summary written to {json_out}")
 
 

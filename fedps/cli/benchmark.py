@@ -218,17 +218,15 @@ def _round_times(model: str, rounds: int) -> dict[str, Any]:
                 {"training": {"model": model, "rounds": rounds}, "he": {"enabled": enabled}},
                 quiet=True,
             )
-        times = summary["round_seconds"]
-        pushes = summary["push_seconds"]
-        assert isinstance(times, list) and isinstance(pushes, list)
+        times, pushes = list(summary.round_seconds), list(summary.push_seconds)
         # The first rounds pay for imports, warm-up and the first draw of encryptions of zero.
         steady = times[2:] or times
         out[label] = {
             "median_round_s": statistics.median(steady),
             "median_push_phase_s": statistics.median(pushes[2:] or pushes),
             "round_seconds": times,
-            "bytes_pushed": summary["bytes_pushed"],
-            "final_accuracy": summary["final_accuracy"],
+            "bytes_pushed": summary.bytes_pushed,
+            "final_accuracy": summary.final_accuracy,
         }
     out["ratio"] = out["secure"]["median_round_s"] / out["plaintext"]["median_round_s"]
     return out
@@ -351,8 +349,7 @@ def time_to_accuracy(
                 {"training": training, "privacy": {"noise_multiplier": 1.0}},
                 quiet=True,
             )
-        history = summary["round_accuracy"]
-        assert isinstance(history, list)
+        history = summary.round_accuracy
         elapsed = 0.0
         reached: float | None = None
         for seconds, accuracy in history:
@@ -361,7 +358,7 @@ def time_to_accuracy(
                 reached = elapsed
         out[label] = {
             "seconds_to_target": reached,
-            "final_accuracy": summary["final_accuracy"],
+            "final_accuracy": summary.final_accuracy,
             "updates_applied": len(history),
         }
     sync_t, async_t = out["sync"]["seconds_to_target"], out["async"]["seconds_to_target"]

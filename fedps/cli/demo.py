@@ -2,9 +2,9 @@
 
 Starts a key holder, the shards, a coordinator and the edge clients as separate processes on
 free loopback ports, prints each round's accuracy, max epsilon over clients and bytes pushed
-as the coordinator reports them, and returns a summary. The run has its own certificates
-(mutual TLS, the default) and enrolment tokens in ``WORKDIR/certs``; the summary's ``tls``
-says whether it ran under TLS.
+as the coordinator reports them, and returns a :class:`~fedps.cli.demo_summary.DemoSummary`.
+The run has its own certificates (mutual TLS, the default) and enrolment tokens in
+``WORKDIR/certs``; the summary's ``tls`` says whether it ran under TLS.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from crypto.tls import OPERATOR_NAME
 from fedps.ckks_params import ckks_params
+from fedps.cli.demo_summary import DemoSummary
 from fedps.cli.deployment import Deployment, local_cluster, write_config
 from fedps.config import load_config
 from fedps.errors import FedPSError, PeerUnavailableError
@@ -37,8 +38,8 @@ def run_demo(
     console: Console | None = None,
     timeout_s: float = 1800.0,
     quiet: bool = False,
-) -> dict[str, object]:
-    """Run the demo; returns the summary (rounds, final accuracy, max epsilon, ...)."""
+) -> DemoSummary:
+    """Run the demo; returns its summary (rounds, final accuracy, max epsilon, ...)."""
     console = console or Console(stderr=False, quiet=quiet)
     shards = len(load_config(config_path, **overrides).cluster.shards)
     cluster = local_cluster(workdir / "state", shards)
@@ -72,28 +73,30 @@ def run_demo(
         deployment.stop()
     seconds = time.time() - started
     evaluated = [r for r in status.history if r.accuracy >= 0]
-    summary: dict[str, object] = {
-        "rounds": status.round,
-        "final_accuracy": evaluated[-1].accuracy if evaluated else None,
-        "max_epsilon": status.max_epsilon,
-        "client_epsilons": [status.client_epsilons[c] for c in sorted(status.client_epsilons)],
-        "delta": status.delta or config.privacy.delta,
-        "noise": config.privacy.noise_mode,
-        "bytes_pushed": status.bytes_pushed,
-        "seconds": round(seconds, 2),
-        "clients": t.clients,
-        "shards": shards,
-        "tls": config.tls.enabled,
-        "abandoned_rounds": sum(1 for r in status.history if r.abandoned),
-        "round_seconds": [round(r.seconds, 3) for r in status.history],
-        "push_seconds": [round(r.push_seconds, 3) for r in status.history],
-        "round_accuracy": [
+    noise = status.client_noise_multipliers
+    summary = DemoSummary(
+        rounds=status.round,
+        final_accuracy=evaluated[-1].accuracy if evaluated else None,
+        max_epsilon=status.max_epsilon,
+        client_epsilons=tuple(status.client_epsilons[c] for c in sorted(status.client_epsilons)),
+        client_noise_multipliers=tuple(noise[c] for c in sorted(noise)),
+        delta=status.delta or config.privacy.delta,
+        noise=config.privacy.noise_mode,
+        bytes_pushed=status.bytes_pushed,
+        seconds=round(seconds, 2),
+        clients=t.clients,
+        shards=shards,
+        tls=config.tls.enabled,
+        abandoned_rounds=sum(1 for r in status.history if r.abandoned),
+        round_seconds=tuple(round(r.seconds, 3) for r in status.history),
+        push_seconds=tuple(round(r.push_seconds, 3) for r in status.history),
+        round_accuracy=tuple(
             (round(r.seconds, 3), r.accuracy if r.accuracy >= 0 else None) for r in status.history
-        ],
-    }
+        ),
+    )
     console.print(
-        f"done in {seconds:.1f}s: accuracy {summary['final_accuracy']}, max epsilon "
-        f"{status.max_epsilon:.3f} (delta {summary['delta']:g}, {summary['noise']} noise), "
+        f"done in {seconds:.1f}s: accuracy {summary.final_accuracy}, max epsilon "
+        f"{status.max_epsilon:.3f} (delta {summary.delta:g}, {summary.noise} noise), "
         f"{status.bytes_pushed / 1e6:.2f} MB pushed"
     )
     return summary

@@ -77,7 +77,6 @@ _NO_DP_NOISE = 0.0
 """The noise multiplier of "no DP" (epsilon ``"inf"``): clipping stays on, no noise is added,
 and the clients report an infinite epsilon."""
 _PARTITION = re.compile(r"^(iid|dirichlet|shard)(?::(.+))?$")
-_NOISE_LOG = re.compile(r"noise multiplier ([0-9.]+|inf|nan)")
 _CSV_COLUMNS = (
     "key",
     "dataset",
@@ -463,21 +462,6 @@ def _json_float(value: object, digits: int) -> float | str | None:
     return round(float(value), digits)
 
 
-def _client_logs(workdir: Path, clients: int, pattern: re.Pattern[str]) -> list[float] | None:
-    """The last value ``pattern`` finds in each client's log, or ``None`` if one lacks it."""
-    values: list[float] = []
-    for i in range(clients):
-        log = workdir / "state" / "logs" / f"client-{i}.log"
-        try:
-            found = pattern.findall(log.read_text(errors="replace"))
-        except OSError:
-            return None
-        if not found:
-            return None
-        values.append(float(found[-1]))
-    return values
-
-
 def _failure_log(log_dir: Path, chars: int = 1500) -> str | None:
     """The end of the first role's log that reports an error (logs of a temporary workdir
     are removed with it, so a failed point keeps this much in its record)."""
@@ -486,16 +470,6 @@ def _failure_log(log_dir: Path, chars: int = 1500) -> str | None:
         if "Traceback" in text or "fedps: error:" in text or " ERROR " in text:
             return f"{log.name}: ...{text[-chars:]}"
     return None
-
-
-def _round_accuracy(history: object) -> list[float | str | None]:
-    """Each round's test accuracy (``None``: not evaluated) from a demo summary."""
-    if not isinstance(history, list):
-        return []
-    out: list[float | str | None] = []
-    for pair in history:  # (seconds, accuracy) pairs
-        out.append(_json_float(pair[-1] if isinstance(pair, tuple | list) and pair else None, 6))
-    return out
 
 
 def _describe(point: Point, grid: Grid) -> dict[str, Any]:
@@ -539,24 +513,24 @@ def _run_point(point: Point, grid: Grid, root: Path, timeout_s: float) -> dict[s
         record["workdir"] = str(workdir)
         record["log_tail"] = _failure_log(workdir / "state" / "logs")
     else:
-        clients = int(record["clients"])
-        noise = _client_logs(workdir, clients, _NOISE_LOG)
-        # as each client last reported it to the coordinator (the demo's summary)
-        reported = summary.get("client_epsilons")
-        epsilons = [float(e) for e in reported] if isinstance(reported, list) else []
+        # as each client last reported them to the coordinator (the demo's summary); the
+        # noise multipliers only when every client reported one
+        epsilons = summary.client_epsilons
+        noise = summary.client_noise_multipliers
+        if len(noise) != int(record["clients"]):
+            noise = ()
         if record["noise_multiplier"] is None and noise:
             record["noise_multiplier"] = round(sum(noise) / len(noise), 4)
-        accuracy = summary.get("final_accuracy")
         record.update(
-            final_accuracy=_json_float(accuracy, 6),
-            max_epsilon=_json_float(summary.get("max_epsilon"), 4),
-            delta=summary.get("delta"),
+            final_accuracy=_json_float(summary.final_accuracy, 6),
+            max_epsilon=_json_float(summary.max_epsilon, 4),
+            delta=summary.delta,
             client_epsilons=[_json_float(e, 4) for e in epsilons] if epsilons else None,
-            client_noise_multipliers=noise,
-            seconds=summary.get("seconds"),
-            bytes_pushed=summary.get("bytes_pushed"),
-            abandoned_rounds=summary.get("abandoned_rounds"),
-            round_accuracy=_round_accuracy(summary.get("round_accuracy")),
+            client_noise_multipliers=[_json_float(s, 4) for s in noise] if noise else None,
+            seconds=summary.seconds,
+            bytes_pushed=summary.bytes_pushed,
+            abandoned_rounds=summary.abandoned_rounds,
+            round_accuracy=[_json_float(accuracy, 6) for _, accuracy in summary.round_accuracy],
         )
     record["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     return record

@@ -239,6 +239,7 @@ class UpdateReport(_message.Message):
     DELTA_FIELD_NUMBER: _builtins.int
     BYTES_PUSHED_FIELD_NUMBER: _builtins.int
     BUDGET_EXHAUSTED_FIELD_NUMBER: _builtins.int
+    NOISE_MULTIPLIER_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     round: _builtins.int
     weight: _builtins.float
@@ -246,6 +247,8 @@ class UpdateReport(_message.Message):
     delta: _builtins.float
     bytes_pushed: _builtins.int
     budget_exhausted: _builtins.bool
+    noise_multiplier: _builtins.float
+    """The noise multiplier of the client's DP training (DP-SGD or DP-FedAvg; 0: no noise)."""
     def __init__(
         self,
         *,
@@ -256,10 +259,11 @@ class UpdateReport(_message.Message):
         delta: _builtins.float = ...,
         bytes_pushed: _builtins.int = ...,
         budget_exhausted: _builtins.bool = ...,
+        noise_multiplier: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_exhausted", b"budget_exhausted", "bytes_pushed", b"bytes_pushed", "client_id", b"client_id", "delta", b"delta", "epsilon", b"epsilon", "round", b"round", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_exhausted", b"budget_exhausted", "bytes_pushed", b"bytes_pushed", "client_id", b"client_id", "delta", b"delta", "epsilon", b"epsilon", "noise_multiplier", b"noise_multiplier", "round", b"round", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -339,6 +343,26 @@ class ClusterStatus(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class ClientNoiseMultipliersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     RUN_ID_FIELD_NUMBER: _builtins.int
     ROUND_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
@@ -351,6 +375,7 @@ class ClusterStatus(_message.Message):
     LAST_CHECKPOINT_UNIX_FIELD_NUMBER: _builtins.int
     CLIENT_EPSILONS_FIELD_NUMBER: _builtins.int
     NOISE_FIELD_NUMBER: _builtins.int
+    CLIENT_NOISE_MULTIPLIERS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     round: _builtins.int
     version: _builtins.int
@@ -368,6 +393,10 @@ class ClusterStatus(_message.Message):
     def client_epsilons(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """The largest epsilon each registered client reported (at delta), by client id."""
 
+    @_builtins.property
+    def client_noise_multipliers(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """The noise multiplier each client last reported, by client id (clients that reported)."""
+
     def __init__(
         self,
         *,
@@ -383,10 +412,11 @@ class ClusterStatus(_message.Message):
         last_checkpoint_unix: _builtins.float = ...,
         client_epsilons: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         noise: _builtins.str = ...,
+        client_noise_multipliers: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "client_epsilons", b"client_epsilons", "delta", b"delta", "finished", b"finished", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "noise", b"noise", "registered", b"registered", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "client_epsilons", b"client_epsilons", "client_noise_multipliers", b"client_noise_multipliers", "delta", b"delta", "finished", b"finished", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "noise", b"noise", "registered", b"registered", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

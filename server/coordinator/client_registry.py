@@ -49,6 +49,7 @@ class RegisteredClient:
     delta: float = 0.0
     bytes_pushed: int = 0
     exhausted: bool = False
+    noise_multiplier: float | None = None  # as the client last reported it
 
     def spent(self, epsilon: float, delta: float) -> None:
         """The client says it has spent ``epsilon`` (at ``delta``): keep the largest."""
@@ -212,22 +213,28 @@ class ClientRegistry:
         delta: float,
         bytes_pushed: int,
         budget_exhausted: bool,
+        noise_multiplier: float | None = None,
     ) -> None:
-        """A client reports a round: keep its spend, its bytes and whether its budget is out.
+        """A client reports a round: keep its spend, its bytes, whether its budget is out and
+        the DP noise multiplier it trains with (``None``: not said, the last one stays).
 
         Raises
         ------
         InvalidArgumentError
-            An epsilon, delta or byte count out of range.
+            An epsilon, delta, noise multiplier or byte count out of range.
         UnknownClientError, UnauthenticatedError
             An id nobody registered, or a missing or wrong credential.
         """
         _check_spend(epsilon, delta)
         if not 0 <= bytes_pushed <= _MAX_REPORTED_BYTES:
             raise InvalidArgumentError(f"bytes_pushed must be in [0, {_MAX_REPORTED_BYTES}]")
+        if noise_multiplier is not None and not noise_multiplier >= 0:
+            raise InvalidArgumentError("noise_multiplier must be >= 0 (0: no DP noise)")
         with self._lock:
             client = self._authenticated(client_id, credential)
             client.spent(epsilon, delta)
+            if noise_multiplier is not None:
+                client.noise_multiplier = noise_multiplier
             client.bytes_pushed += bytes_pushed
             client.exhausted = client.exhausted or budget_exhausted
 
@@ -297,6 +304,16 @@ class ClientRegistry:
         """The largest epsilon each registered client reported, by client id."""
         with self._lock:
             return {cid: c.epsilon for cid, c in self._clients.items()}
+
+    @property
+    def client_noise_multipliers(self) -> dict[str, float]:
+        """The noise multiplier each client last reported, by client id."""
+        with self._lock:
+            return {
+                cid: c.noise_multiplier
+                for cid, c in self._clients.items()
+                if c.noise_multiplier is not None
+            }
 
     @property
     def bytes_pushed(self) -> int:

@@ -253,8 +253,10 @@ class Coordinator:
         bytes_pushed: int,
         budget_exhausted: bool,
         credential: bytes = b"",
+        noise_multiplier: float | None = None,
     ) -> None:
-        """A client says it pushed its update for ``round_`` (or ran out of budget).
+        """A client says it pushed its update for ``round_`` (or ran out of budget); it trains
+        with DP noise multiplier ``noise_multiplier`` (``None``: not said).
 
         Raises
         ------
@@ -268,6 +270,7 @@ class Coordinator:
             delta=delta,
             bytes_pushed=bytes_pushed,
             budget_exhausted=budget_exhausted,
+            noise_multiplier=noise_multiplier,
         )
         with self._changed:
             if self._open is not None and self._open.round == round_:
@@ -288,6 +291,11 @@ class Coordinator:
     def bytes_pushed(self) -> int:
         """Bytes of encrypted updates the clients report having pushed."""
         return self.registry.bytes_pushed
+
+    @property
+    def client_noise_multipliers(self) -> dict[str, float]:
+        """The noise multiplier each client last reported, by client id."""
+        return self.registry.client_noise_multipliers
 
     def wait_until_pushing(self, round_: int, timeout_s: float) -> bool:
         """Wait until ``round_``'s commitments are frozen and its shards take pushes; False

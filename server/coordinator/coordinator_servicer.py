@@ -97,6 +97,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 bytes_pushed=request.bytes_pushed,
                 budget_exhausted=request.budget_exhausted,
                 credential=_credential(context),
+                noise_multiplier=request.noise_multiplier,
             )
         return common_pb2.Empty()
 
@@ -132,6 +133,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             bytes_pushed=c.bytes_pushed,
             last_checkpoint_unix=c.last_checkpoint,
             client_epsilons=c.client_epsilons,
+            client_noise_multipliers=c.client_noise_multipliers,
         )
 
 

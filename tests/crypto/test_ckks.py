@@ -36,6 +36,7 @@ from crypto import (
     unpack_block,
 )
 from fedps.errors import ConfigError, FedPSError, InvalidArgumentError
+from tests.crypto.context_parts import context_parts
 
 N = 2048
 ERROR_PER_CIPHERTEXT = 1e-4
@@ -55,17 +56,6 @@ def other_keys() -> SecretContext:
 @pytest.fixture(scope="module")
 def encryptor(keys: SecretContext) -> BlockEncryptor:
     return BlockEncryptor(keys.public)
-
-
-def _parts(serialized: bytes) -> list[bytes]:
-    """Split a serialised public context into its length-prefixed parts."""
-    assert serialized.startswith(_MAGIC)
-    parts, pos = [], len(_MAGIC)
-    while pos < len(serialized):
-        (size,) = struct.unpack_from("<I", serialized, pos)
-        parts.append(serialized[pos + 4 : pos + 4 + size])
-        pos += 4 + size
-    return parts
 
 
 # --------------------------------------------------------------------------- parameters
@@ -374,11 +364,11 @@ def test_from_bytes_fuzz_never_crashes(keys: SecretContext, data: st.DataObject)
     elif kind in ("flip", "flip-head"):
         # flip-head hits the magic, the length fields and the parameter header.
         last = len(valid) - 1 if kind == "flip" else 64
-        blob = bytearray(valid)
+        flipped = bytearray(valid)
         for _ in range(data.draw(st.integers(1, 4))):
             pos = data.draw(st.integers(0, last))
-            blob[pos] ^= data.draw(st.integers(1, 255))
-        blob = bytes(blob)
+            flipped[pos] ^= data.draw(st.integers(1, 255))
+        blob = bytes(flipped)
     elif kind == "cut":
         blob = valid[: data.draw(st.integers(0, len(valid) - 1))]
     else:
@@ -406,7 +396,10 @@ def test_public_context_contains_no_secret_key(keys: SecretContext) -> None:
     # (parms_id, which the public key shares, coefficient count, scale, array header).
     secret_data = secret_raw[-8 * N :]
     assert len(secret_raw) > 8 * N
-    haystacks = [serialized, *(_seal_io.uncompressed_body(p) for p in _parts(serialized)[1:])]
+    haystacks = [
+        serialized,
+        *(_seal_io.uncompressed_body(p) for p in context_parts(serialized)[1:]),
+    ]
 
     # Execute
     windows = {secret_data[i : i + 32] for i in range(len(secret_data) - 31)}

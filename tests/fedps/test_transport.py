@@ -14,7 +14,7 @@ from fedps.errors import InvalidArgumentError, PeerUnavailableError
 from fedps.transport import call_until
 
 
-class _RpcError(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+class _RpcError(grpc.RpcError, grpc.Call):
     """The error a stub raises, with its status code."""
 
     def __init__(self, code: grpc.StatusCode) -> None:
@@ -35,7 +35,8 @@ class _RpcError(grpc.RpcError, grpc.Call):  # type: ignore[misc]
     def is_active(self) -> bool:
         return False
 
-    def time_remaining(self) -> float | None:
+    # grpc's stubs say float; the documented value of a call without a deadline is None.
+    def time_remaining(self) -> float | None:  # type: ignore[override]
         return None
 
     def cancel(self) -> bool:

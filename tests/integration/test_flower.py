@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -118,5 +119,8 @@ def test_flower_app_applies_the_plaintext_fedavg_of_the_encrypted_updates(
     assert [r.contributors for r in history] == [NODES] * ROUNDS
     metrics = result.train_metrics_clientapp
     assert sorted(metrics) == [1, 2]
-    assert all(m["contributors"] == NODES and m["bytes-pushed"] > 0 for m in metrics.values())
-    assert 0 < metrics[ROUNDS]["max-epsilon"] <= cluster.config.privacy.target_epsilon
+    assert all(
+        m["contributors"] == NODES and cast(int, m["bytes-pushed"]) > 0 for m in metrics.values()
+    )
+    target = cast(float, cluster.config.privacy.target_epsilon)
+    assert 0 < cast(float, metrics[ROUNDS]["max-epsilon"]) <= target

@@ -91,7 +91,7 @@ def _expect(
     with pytest.raises(grpc.RpcError) as info:
         stub.PushBlocks(iter([request]))
     assert info.value.code() == code, info.value.details()
-    details: str = info.value.details()
+    details: str = info.value.details() or ""
     assert details
     return details
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import numpy as np
 import pytest
@@ -34,7 +35,7 @@ def test_pull_verifies_every_block_signature(cluster: Cluster) -> None:
     client = ParameterClient(shards)
     # Execute: an honest pull verifies
     vector, _ = client.pull(layout, verify=model_verifier(kh.signer.public_key))
-    np.testing.assert_allclose(vector, kh.params, atol=1e-6)
+    np.testing.assert_allclose(vector, cast(np.ndarray, kh.params), atol=1e-6)
     # A shard that alters a block it serves is caught
     shard = next(s for s in cluster.shards if s.owned_blocks)
     block = shard.owned_blocks[0]

@@ -1,9 +1,9 @@
 """Fuzzing every RPC and every deserialisation path, in a subprocess so that a crash shows.
 
-The fuzz itself is ``tests/security/fuzz_target.py`` (its docstring describes the inputs and
-the per-RPC oracles). Acceptance: at least 10,000 malformed messages to each RPC of the
-``Shard``, ``KeyHolder`` and ``Coordinator`` services and 10,000 inputs to each
-deserialisation path, with zero crashes, zero unexpected statuses (INTERNAL, UNKNOWN,
+The fuzz itself is the package ``tests/security/fuzz/`` (its ``__main__`` describes the inputs;
+one module per service holds that service's oracles). Acceptance: at least 10,000 malformed
+messages to each RPC of the ``Shard``, ``KeyHolder`` and ``Coordinator`` services and 10,000
+inputs to each deserialisation path, with zero crashes, zero unexpected statuses (INTERNAL, UNKNOWN,
 DEADLINE_EXCEEDED, ...), zero malformed requests accepted, zero genuine requests (a repeated
 commitment, the open round's challenge) refused, zero malformed blocks added to a shard's
 sums, and no change to the published model or the key holder's commitments. The full runs
@@ -64,7 +64,7 @@ def _run(
     command = [
         sys.executable,
         "-m",
-        "tests.security.fuzz_target",
+        "tests.security.fuzz",
         mode,
         str(n),
         SEED,

@@ -6,10 +6,10 @@ once; ``test_real_sweep_resumes`` runs the real platform on a grid of two tiny p
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,8 @@ from rich.console import Console
 from fedps.cli import experiment
 from fedps.cli.experiment import load_grid, read_results, run_experiment
 from fedps.cli.experiment_report import render_report
-from fedps.errors import ConfigError, FedPSError, PeerUnavailableError
+from fedps.errors import ConfigError, FedPSError
+from tests.fedps.cli.fake_demo import FakeDemo
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "experiments"
 
@@ -42,35 +43,6 @@ def _write(tmp_path: Path, text: str, name: str = "grid.toml") -> Path:
 
 def _console() -> Console:
     return Console(file=io.StringIO(), width=200)
-
-
-class FakeDemo:
-    """Stands in for run_demo: records each call, fails for keys in ``fail``."""
-
-    def __init__(self, fail: tuple[str, ...] = ()) -> None:
-        self.calls: list[Mapping[str, Mapping[str, object]]] = []
-        self.fail = fail
-
-    def __call__(
-        self,
-        config_path: Path | None,
-        workdir: Path,
-        overrides: Mapping[str, Mapping[str, object]],
-        **_: object,
-    ) -> dict[str, object]:
-        self.calls.append(overrides)
-        enabled = overrides.get("he", {}).get("enabled")
-        if f"encryption={'true' if enabled else 'false'}" in self.fail:
-            raise PeerUnavailableError("every client exited before training finished")
-        return {
-            "final_accuracy": 0.9 if enabled else 0.8,
-            "max_epsilon": 7.4,
-            "delta": 1e-5,
-            "seconds": 1.5,
-            "bytes_pushed": 1000,
-            "abandoned_rounds": 0,
-            "round_accuracy": [(0.5, 0.7), (0.5, 0.9)],
-        }
 
 
 # ---------------------------------------------------------------------------- grid files
@@ -515,7 +487,9 @@ def test_infinite_epsilon_is_written_as_inf(
     results = tmp_path / "results.jsonl"
     fake = FakeDemo()
     monkeypatch.setattr(
-        experiment, "run_demo", lambda *a, **k: {**fake(*a, **k), "max_epsilon": math.inf}
+        experiment,
+        "run_demo",
+        lambda *a, **k: dataclasses.replace(fake(*a, **k), max_epsilon=math.inf),
     )
 
     # Execute

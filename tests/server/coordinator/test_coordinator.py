@@ -37,6 +37,26 @@ def _register(coordinator: Coordinator, epsilon: float = 0.0, delta: float = DEL
     return credential
 
 
+def _report(
+    coordinator: Coordinator,
+    credential: bytes,
+    *,
+    epsilon: float = 2.0,
+    noise_multiplier: float | None = None,
+) -> None:
+    """``client-0`` reports round 1 (nothing pushed)."""
+    coordinator.report(
+        "client-0",
+        1,
+        epsilon=epsilon,
+        delta=DELTA,
+        bytes_pushed=0,
+        budget_exhausted=False,
+        credential=credential,
+        noise_multiplier=noise_multiplier,
+    )
+
+
 def test_epsilon_from_registration_and_get_task_never_goes_down(coordinator: Coordinator) -> None:
     # Prepare: a restarted client registers with what its ledger says it spent
     credential = _register(coordinator, epsilon=1.5)
@@ -46,15 +66,7 @@ def test_epsilon_from_registration_and_get_task_never_goes_down(coordinator: Coo
     # (an older client, or one whose GetTask raced) says less
     coordinator.get_task("client-0", credential, epsilon=2.0, delta=DELTA)
     seen.append(coordinator.client_epsilons["client-0"])
-    coordinator.report(
-        "client-0",
-        1,
-        epsilon=2.0,
-        delta=DELTA,
-        bytes_pushed=0,
-        budget_exhausted=False,
-        credential=credential,
-    )
+    _report(coordinator, credential, epsilon=2.0)
     coordinator.get_task("client-0", credential, epsilon=0.5, delta=DELTA)
     seen.append(coordinator.client_epsilons["client-0"])
     credential = _register(coordinator, epsilon=0.0)
@@ -92,3 +104,30 @@ def test_no_dp_is_an_infinite_epsilon_not_an_error(coordinator: Coordinator) -> 
 
     # Assert
     assert coordinator.client_epsilons["client-0"] == math.inf
+
+
+def test_the_noise_multiplier_travels_in_the_report(coordinator: Coordinator) -> None:
+    # Prepare
+    credential = _register(coordinator)
+    before = coordinator.client_noise_multipliers
+
+    # Execute: a report with the client's noise multiplier, then one that does not say it
+    _report(coordinator, credential, noise_multiplier=1.25)
+    _report(coordinator, credential)
+
+    # Assert
+    assert before == {}
+    assert coordinator.client_noise_multipliers == {"client-0": 1.25}
+
+
+@pytest.mark.parametrize("noise_multiplier", [math.nan, -0.5])
+def test_a_noise_multiplier_out_of_range_is_refused(
+    coordinator: Coordinator, noise_multiplier: float
+) -> None:
+    # Prepare
+    credential = _register(coordinator)
+
+    # Execute / Assert
+    with pytest.raises(InvalidArgumentError, match="noise_multiplier"):
+        _report(coordinator, credential, noise_multiplier=noise_multiplier)
+    assert coordinator.client_noise_multipliers == {}

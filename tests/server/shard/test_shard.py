@@ -40,6 +40,8 @@ COHORT = ["a", "b", "c"]
 
 #: Makes the push message carrying some blocks of one signed update.
 Pusher = Callable[[Iterable[int]], PushBatch]
+#: Finds a public context by its id, as the key holder's lookup does.
+Lookup = Callable[[str], PublicContext]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +142,7 @@ def foreign_block(ring: HashRing) -> int:
 
 
 @pytest.fixture(scope="module")
-def lookup(keys: SecretContext) -> Callable[[str], PublicContext]:
+def lookup(keys: SecretContext) -> Lookup:
     def public_context(context_id: str) -> PublicContext:
         if context_id != keys.public.context_id:
             raise InvalidArgumentError(f"unknown context id {context_id[:12]}")
@@ -155,7 +157,7 @@ def updates(keys: SecretContext) -> Updates:
     return Updates(keys)
 
 
-def _published(ring: HashRing, owned: list[int], lookup: Callable[[str], PublicContext]) -> Shard:
+def _published(ring: HashRing, owned: list[int], lookup: Lookup) -> Shard:
     shard = Shard(SHARD, ring, lookup)
     shard.publish(1, NUM_BLOCKS, N, {b: np.full(N, float(b)) for b in owned})
     return shard
@@ -165,7 +167,7 @@ def _published(ring: HashRing, owned: list[int], lookup: Callable[[str], PublicC
 def shard(
     ring: HashRing,
     owned: list[int],
-    lookup: Callable[[str], PublicContext],
+    lookup: Lookup,
     keys: SecretContext,
     updates: Updates,
 ) -> Shard:
@@ -211,7 +213,7 @@ def _decrypted_sums(aggregates: list[Aggregate], keys: SecretContext) -> dict[in
 # --------------------------------------------------------------------------- model blocks
 
 
-def test_publish_then_pull(ring: HashRing, owned: list[int], lookup: Callable) -> None:
+def test_publish_then_pull(ring: HashRing, owned: list[int], lookup: Lookup) -> None:
     # Prepare
     shard = Shard(SHARD, ring, lookup)
     values = {b: np.linspace(-1.0, 1.0, N) * (b + 1) for b in owned}
@@ -232,7 +234,7 @@ def test_publish_then_pull(ring: HashRing, owned: list[int], lookup: Callable) -
     assert shard.pull(1)[0] == 3  # an older minimum is served the newer version
 
 
-def test_pull_before_publish_is_not_ready(ring: HashRing, lookup: Callable) -> None:
+def test_pull_before_publish_is_not_ready(ring: HashRing, lookup: Lookup) -> None:
     # Prepare
     shard = Shard(SHARD, ring, lookup)
 
@@ -249,7 +251,7 @@ def test_pull_of_future_version_is_refused(shard: Shard) -> None:
 
 @pytest.mark.parametrize("case", ["missing-block", "foreign-block", "bad-shape", "nan"])
 def test_publish_rejects_malformed_blocks(
-    ring: HashRing, owned: list[int], foreign_block: int, lookup: Callable, case: str
+    ring: HashRing, owned: list[int], foreign_block: int, lookup: Lookup, case: str
 ) -> None:
     # Prepare
     shard = _published(ring, owned, lookup)
@@ -271,7 +273,7 @@ def test_publish_rejects_malformed_blocks(
     assert np.frombuffer(pulled[owned[0]], dtype="<f4")[0] == float(owned[0])
 
 
-def test_publish_refuses_older_version(ring: HashRing, owned: list[int], lookup: Callable) -> None:
+def test_publish_refuses_older_version(ring: HashRing, owned: list[int], lookup: Lookup) -> None:
     # Prepare
     shard = _published(ring, owned, lookup)
     shard.publish(2, NUM_BLOCKS, N, {b: np.zeros(N) for b in owned})
@@ -283,7 +285,7 @@ def test_publish_refuses_older_version(ring: HashRing, owned: list[int], lookup:
     assert shard.version == 2
 
 
-def test_shard_not_on_ring_is_refused(ring: HashRing, lookup: Callable) -> None:
+def test_shard_not_on_ring_is_refused(ring: HashRing, lookup: Lookup) -> None:
     # Prepare / Execute / Assert
     with pytest.raises(InvalidArgumentError, match="not on the ring"):
         Shard("shard-9", ring, lookup)
@@ -293,7 +295,7 @@ def test_shard_not_on_ring_is_refused(ring: HashRing, lookup: Callable) -> None:
 
 
 def test_push_before_open_round_is_refused(
-    ring: HashRing, owned: list[int], lookup: Callable, updates: Updates
+    ring: HashRing, owned: list[int], lookup: Lookup, updates: Updates
 ) -> None:
     # Prepare
     shard = _published(ring, owned, lookup)
@@ -591,7 +593,7 @@ def test_aggregates_of_open_or_unknown_round_are_refused(
 
 
 def test_one_sum_per_block_whatever_the_number_of_clients(
-    ring: HashRing, owned: list[int], lookup: Callable, keys: SecretContext, updates: Updates
+    ring: HashRing, owned: list[int], lookup: Lookup, keys: SecretContext, updates: Updates
 ) -> None:
     # Prepare
     shard = _published(ring, owned, lookup)
@@ -828,7 +830,7 @@ def test_second_different_update_in_a_round_is_refused(
 
 
 def test_too_many_messages_in_a_round_are_refused(
-    ring: HashRing, owned: list[int], lookup: Callable, keys: SecretContext, updates: Updates
+    ring: HashRing, owned: list[int], lookup: Lookup, keys: SecretContext, updates: Updates
 ) -> None:
     # Prepare: a shard allowing two messages per client and round; "a" sends its first block
     # twice (a duplicate counts as a message).
@@ -868,7 +870,7 @@ def _publish_and_open(
     shard.open_round(1, 1, updates.members(COHORT), keys.public.context_id)
 
 
-def _durable(tmp_path: Path, ring: HashRing, lookup: Callable[[str], PublicContext]) -> Shard:
+def _durable(tmp_path: Path, ring: HashRing, lookup: Lookup) -> Shard:
     shard = Shard(SHARD, ring, lookup, log=ShardLog(tmp_path / SHARD))
     shard.recover()
     return shard
@@ -878,7 +880,7 @@ def test_restarted_shard_continues_the_open_round_and_counts_nothing_twice(
     tmp_path: Path,
     ring: HashRing,
     owned: list[int],
-    lookup: Callable[[str], PublicContext],
+    lookup: Lookup,
     keys: SecretContext,
     updates: Updates,
 ) -> None:
@@ -907,7 +909,7 @@ def test_closed_and_discarded_rounds_stay_so_after_restart(
     tmp_path: Path,
     ring: HashRing,
     owned: list[int],
-    lookup: Callable[[str], PublicContext],
+    lookup: Lookup,
     keys: SecretContext,
     updates: Updates,
 ) -> None:
@@ -931,7 +933,7 @@ def test_torn_last_record_is_cut_off(
     tmp_path: Path,
     ring: HashRing,
     owned: list[int],
-    lookup: Callable[[str], PublicContext],
+    lookup: Lookup,
     keys: SecretContext,
     updates: Updates,
 ) -> None:
