@@ -55,6 +55,13 @@ def _load(config: Path | None, *, insecure: bool = False) -> FedPSConfig:
     return load_config(config)
 
 
+def _write_json(path: Path | None, data: object, what: str) -> None:
+    """``--json``: write ``data`` (``what``) as indented JSON to ``path``, if one was given."""
+    if path is not None:
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        typer.echo(f"{what} written to {path}")
+
+
 def _setup_tls(cfg: FedPSConfig, name: str) -> None:
     """Before anything connects: load identity ``tls.name`` (default ``name``) under mutual
     TLS (the default), or warn that traffic is plaintext (``--insecure``)."""
@@ -259,9 +266,7 @@ def demo(
         overrides["training"] = training
     with tempfile.TemporaryDirectory(prefix="fedps-demo-") as tmp:
         summary = run_demo(config, Path(tmp), overrides)
-    if json_out is not None:
-        json_out.write_text(json.dumps(summary, indent=2) + "\n")
-        typer.echo(f"summary written to {json_out}")
+    _write_json(json_out, summary, "summary")
 
 
 @app.command()
@@ -306,9 +311,7 @@ def bench(
             target=async_target, slow_fraction=0.25, slow_factor=5.0, rounds=20
         )
     console.print(render_table(results))
-    if json_out is not None:
-        json_out.write_text(json.dumps(results, indent=2) + "\n")
-        typer.echo(f"results written to {json_out}")
+    _write_json(json_out, results, "results")
 
 
 @app.command()
