@@ -344,7 +344,7 @@ class DPTrainer(Trainer):
     """
 
     def _prepare(self, data: Dataset, training: TrainingConfig, seed: int) -> None:
-        privacy = self.privacy
+        model, privacy = self.model, self.privacy
         self.source = _source(privacy, seed)
         loader = _loader(data, training.batch_size, self.source.seed(), shuffle=False)
         # Poisson sampling takes each example at rate 1 / len(loader) but draws
@@ -365,15 +365,13 @@ class DPTrainer(Trainer):
         else:
             assert privacy.noise_multiplier is not None
             sigma = privacy.noise_multiplier
-        optimizer = torch.optim.SGD(
-            self.model.parameters(), lr=training.lr, momentum=training.momentum
-        )
+        optimizer = torch.optim.SGD(model.parameters(), lr=training.lr, momentum=training.momentum)
         with warnings.catch_warnings():
             # Opacus warns that its own secure_mode is off: the source replaces it.
             warnings.filterwarnings("ignore", message=".*[Ss]ecure.*")
             self.engine = _SourcedPrivacyEngine(accountant=privacy.accountant, source=self.source)
             self.module, self.optimizer, self.loader = self.engine.make_private(
-                module=self.model,
+                module=model,
                 optimizer=optimizer,
                 data_loader=loader,
                 noise_multiplier=sigma,
