@@ -244,7 +244,8 @@ class Trainer(abc.ABC):
     @abc.abstractmethod
     def _prepare(self, data: Dataset, training: TrainingConfig, seed: int) -> None:
         """Set up training on ``data``: draw :attr:`source` from ``seed`` (see
-        :func:`_source`), and set :attr:`noise_multiplier` and :attr:`sample_rate`."""
+        :func:`_source`; after the subclass's own checks, so that a refused configuration
+        warns of no insecure seed), and set :attr:`noise_multiplier` and :attr:`sample_rate`."""
 
     @abc.abstractmethod
     def history(self) -> History:
