@@ -198,8 +198,22 @@ class _SourcedPrivacyEngine(PrivacyEngine):  # type: ignore[misc]  # Opacus is u
 class Trainer(abc.ABC):
     """A client's local trainer: trains a round, returns the update, keeps the privacy account.
 
-    Subclasses set the attributes in their constructor and implement :meth:`history`,
-    :meth:`history_after_next_round`, :meth:`restore` and :meth:`_train_locally`.
+    Subclasses set up their training and noise in :meth:`_prepare`, which the constructor
+    calls last, and implement :meth:`history`, :meth:`history_after_next_round`,
+    :meth:`restore` and :meth:`_train_locally`.
+
+    Parameters
+    ----------
+    model
+        The model to train (a subclass may restrict it).
+    data
+        The client's private training data.
+    training, privacy
+        Hyperparameters; ``privacy.target_epsilon`` is the budget (``None``: no budget).
+    seed
+        Used only with ``privacy.insecure_reproducible``: then the DP noise and the sampling
+        are drawn from it (anyone holding it can regenerate them). By default they come from
+        :class:`crypto.randomness.SecureRandom`.
     """
 
     model: torch.nn.Module
@@ -208,7 +222,30 @@ class Trainer(abc.ABC):
     sample_rate: float
     budget: float | None
     privacy: PrivacyConfig
+    source: RandomSource
     run_id: str = ""  # the run the trainer counts global rounds in (see set_run)
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        data: Dataset,
+        *,
+        training: TrainingConfig,
+        privacy: PrivacyConfig,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.privacy = privacy
+        self.num_examples = len(data.y)
+        self.budget = privacy.target_epsilon
+        self._epochs = training.local_epochs
+        self._prepare(data, training, seed)
+
+    @abc.abstractmethod
+    def _prepare(self, data: Dataset, training: TrainingConfig, seed: int) -> None:
+        """Set up training on ``data``: draw :attr:`source` from ``seed`` (see
+        :func:`_source`; after the subclass's own checks, so that a refused configuration
+        warns of no insecure seed), and set :attr:`noise_multiplier` and :attr:`sample_rate`."""
 
     @abc.abstractmethod
     def history(self) -> History:
@@ -302,35 +339,14 @@ class Trainer(abc.ABC):
 class DPTrainer(Trainer):
     """DP-SGD (Abadi et al. 2016) on one client's data, via Opacus: example-level DP.
 
-    Parameters
-    ----------
-    model
-        An Opacus-compatible module (no BatchNorm).
-    data
-        The client's private training data.
-    training, privacy
-        Hyperparameters; ``training.rounds * training.local_epochs`` is the horizon the noise
-        is calibrated for when ``privacy.target_epsilon`` is set.
-    seed
-        Used only with ``privacy.insecure_reproducible``: then the DP noise and the Poisson
-        sampling are drawn from it (anyone holding it can regenerate them). By default they
-        come from :class:`crypto.randomness.SecureRandom`.
+    Takes the parameters of :class:`Trainer`: the model must be Opacus-compatible (no
+    BatchNorm), and ``training.rounds * training.local_epochs`` epochs are the horizon the
+    noise is calibrated for when ``privacy.target_epsilon`` is set.
     """
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        data: Dataset,
-        *,
-        training: TrainingConfig,
-        privacy: PrivacyConfig,
-        seed: int = 0,
-    ) -> None:
+    def _prepare(self, data: Dataset, training: TrainingConfig, seed: int) -> None:
+        model, privacy = self.model, self.privacy
         self.source = _source(privacy, seed)
-        self.model = model
-        self.privacy = privacy
-        self.num_examples = len(data.y)
-        self._epochs = training.local_epochs
         loader = _loader(data, training.batch_size, self.source.seed(), shuffle=False)
         # Poisson sampling takes each example at rate 1 / len(loader) but draws
         # int(1 / (1 / len(loader))) batches per epoch (as Opacus's loader does), which
@@ -366,7 +382,6 @@ class DPTrainer(Trainer):
         if len(self.loader) != steps_per_epoch:  # calibrated for a different step count
             raise RuntimeError(f"Opacus draws {len(self.loader)} batches, not {steps_per_epoch}")
         self.noise_multiplier = float(self.optimizer.noise_multiplier)
-        self.budget = privacy.target_epsilon
         _log.info(
             "DP-SGD: %d examples, sample rate %.4f, noise multiplier %.3f, %s noise",
             self.num_examples,
@@ -437,16 +452,8 @@ class ClientLevelTrainer(Trainer):
     another noise) on the same data is kept as a prior history that the run's
     ``(sigma, q, r)`` is composed with.
 
-    Parameters
-    ----------
-    model
-        The model (any module; no per-sample gradients are needed).
-    data
-        The client's private training data.
-    training, privacy
-        Hyperparameters; ``training.mode`` must be ``"sync"``.
-    seed
-        Used only with ``privacy.insecure_reproducible`` (see :class:`DPTrainer`).
+    Takes the parameters of :class:`Trainer`; the model may be any module (no per-sample
+    gradients are needed), and ``training.mode`` must be ``"sync"``.
 
     Raises
     ------
@@ -454,32 +461,20 @@ class ClientLevelTrainer(Trainer):
         In asynchronous mode (no cohorts), or for an unknown accountant.
     """
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        data: Dataset,
-        *,
-        training: TrainingConfig,
-        privacy: PrivacyConfig,
-        seed: int = 0,
-    ) -> None:
+    def _prepare(self, data: Dataset, training: TrainingConfig, seed: int) -> None:
+        privacy = self.privacy
         if training.mode != "sync":
             raise ConfigError("privacy.level = 'client' needs training.mode = 'sync' (cohorts)")
         self.source = _source(privacy, seed)
-        self.model = model
-        self.privacy = privacy
-        self.num_examples = len(data.y)
         self.noise = client_level_noise(training, privacy)
         self.cohort_size = self.noise.cohort
         self.sample_rate = self.noise.sample_rate
         self.clip_norm = privacy.clip_norm
         self.noise_multiplier = self.noise.noise_multiplier
         self.noise_std = self.noise.share_std
-        self.budget = privacy.target_epsilon
-        self._epochs = training.local_epochs
         self._loader = _loader(data, training.batch_size, self.source.seed(), shuffle=True)
         self._optimizer = torch.optim.SGD(
-            model.parameters(), lr=training.lr, momentum=training.momentum
+            self.model.parameters(), lr=training.lr, momentum=training.momentum
         )
         self._round = 0  # the global round announced by set_round
         self._rounds_spent = 0  # global rounds of run run_id accounted for

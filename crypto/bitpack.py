@@ -157,7 +157,7 @@ def pack(values: npt.NDArray[np.uint64], bits: int) -> bytes:
         One-dimensional ``uint64`` array whose length is a multiple of 64 and whose every value
         is below ``2**bits``.
     bits : int
-        Bits per value, between 1 and 64.
+        Same as :func:`packed_size`.
 
     Returns
     -------
@@ -284,10 +284,8 @@ def unpack(data: bytes | memoryview, count: int, bits: int) -> npt.NDArray[np.ui
     data : bytes or memoryview
         Exactly ``packed_size(count, bits)`` bytes, as produced by :func:`pack`. A memoryview
         must be C-contiguous.
-    count : int
-        Number of values, a non-negative multiple of 64.
-    bits : int
-        Bits per value, between 1 and 64.
+    count, bits : int
+        Same as :func:`packed_size`.
 
     Returns
     -------

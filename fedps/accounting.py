@@ -142,10 +142,8 @@ def epsilon(
         Poisson sampling rate q in (0, 1].
     steps
         How many steps (0 gives epsilon 0).
-    delta
-        The target delta.
-    accountant
-        ``"rdp"``, ``"prv"`` or ``"gdp"``.
+    delta, accountant
+        Same as :func:`epsilon_of_history`.
 
     Returns
     -------
@@ -187,15 +185,11 @@ def calibrate_noise(
     ----------
     target_epsilon
         The budget for the whole run.
-    delta
-        The target delta.
-    sample_rate
-        Poisson sampling rate q in (0, 1].
+    delta, sample_rate, accountant
+        Same as :func:`epsilon`.
     steps
-        Steps the run takes at that rate (example level: optimizer steps; client level:
+        Steps the run takes at ``sample_rate`` (example level: optimizer steps; client level:
         rounds).
-    accountant
-        ``"rdp"``, ``"prv"`` or ``"gdp"``.
     rtol
         How far below the target the epsilon may land, relative to it.
 

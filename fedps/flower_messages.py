@@ -17,6 +17,10 @@ This module holds what both ends must agree on, as plain mappings of Flower's re
     pushes: the same :class:`FlowerTask`; the node pushes the update it committed and
     answers with its :class:`RoundReport`. No message ever carries a model update, in
     plaintext or encrypted: updates go to the shards over fedps's own gRPC.
+
+Every parser (``from_record``, ``from_metrics``) checks what it reads and raises
+:class:`~fedps.errors.InvalidArgumentError`, naming the key, when a field is missing or of the
+wrong type, a count is negative or a real is not finite: a payload is never half-parsed.
 """
 
 from __future__ import annotations
@@ -107,13 +111,7 @@ class Registration:
 
     @classmethod
     def from_record(cls, values: _Values) -> Registration:
-        """Parse and check a registration reply.
-
-        Raises
-        ------
-        InvalidArgumentError
-            If a field is missing or of the wrong type.
-        """
+        """Parse a node's registration reply (a node that sent no token gets ``""``)."""
         key = _field(values, "signing-key", bytes)
         assert isinstance(key, bytes)
         token = _str(values, "enrolment-token") if "enrolment-token" in values else ""
@@ -152,13 +150,7 @@ class FlowerTask:
 
     @classmethod
     def from_record(cls, values: _Values) -> FlowerTask:
-        """Parse and check a train message's task.
-
-        Raises
-        ------
-        InvalidArgumentError
-            If a field is missing or of the wrong type.
-        """
+        """Parse the task of a train or push message (``deadline`` is Unix seconds)."""
         return cls(
             round=_int(values, "round"),
             version=_int(values, "version"),
@@ -192,13 +184,7 @@ class RoundReport:
 
     @classmethod
     def from_metrics(cls, values: _Values) -> RoundReport:
-        """Parse and check a train reply's metrics.
-
-        Raises
-        ------
-        InvalidArgumentError
-            If a field is missing or of the wrong type.
-        """
+        """Parse a train reply's metrics (flags travel as ``0``/``1``, see :meth:`to_metrics`)."""
         return cls(
             round=_int(values, "round"),
             trained=bool(_int(values, "trained")),

@@ -55,6 +55,13 @@ def _load(config: Path | None, *, insecure: bool = False) -> FedPSConfig:
     return load_config(config)
 
 
+def _write_json(path: Path | None, text: str, what: str) -> None:
+    """``--json``: write ``text`` (``what``, JSON) to ``path``, if one was given."""
+    if path is not None:
+        path.write_text(text)
+        typer.echo(f"{what} written to {path}")
+
+
 def _setup_tls(cfg: FedPSConfig, name: str) -> None:
     """Before anything connects: load identity ``tls.name`` (default ``name``) under mutual
     TLS (the default), or warn that traffic is plaintext (``--insecure``)."""
@@ -263,9 +270,7 @@ def demo(
         overrides["training"] = training
     with tempfile.TemporaryDirectory(prefix="fedps-demo-") as tmp:
         summary = run_demo(config, Path(tmp), overrides)
-    if json_out is not None:
-        json_out.write_text(summary.to_json())
-        typer.echo(f"summary written to {json_out}")
+    _write_json(json_out, summary.to_json(), "summary")
 
 
 @app.command()
@@ -310,9 +315,7 @@ def bench(
             target=async_target, slow_fraction=0.25, slow_factor=5.0, rounds=20
         )
     console.print(render_table(results))
-    if json_out is not None:
-        json_out.write_text(json.dumps(results, indent=2) + "\n")
-        typer.echo(f"results written to {json_out}")
+    _write_json(json_out, json.dumps(results, indent=2) + "\n", "results")
 
 
 @app.command()
