@@ -59,6 +59,7 @@ class RecordingClient(EdgeClient):
     @property
     def acknowledged(self) -> set[int]:
         """Rounds whose push every shard that owns a block acknowledged."""
+        assert self._ring is not None and self._layout is not None, "the client never joined"
         owners = {self._ring.owner(b) for b in range(self._layout.num_blocks)}
         return {r for r, sids in self.pushed.items() if sids >= owners}
 

@@ -90,12 +90,16 @@ def address() -> Iterator[str]:
 
 
 def _unary_call(address: str, name: str, message: str) -> Callable[[], bytes]:
-    method = create_channel(address).unary_unary(f"/{_SERVICE}/Unary")
+    method = create_channel(address).unary_unary(
+        f"/{_SERVICE}/Unary", request_serializer=None, response_deserializer=None
+    )
     return lambda: method(f"{name}:{message}".encode(), timeout=10)
 
 
 def _stream_call(address: str, name: str, message: str) -> Callable[[], list[bytes]]:
-    method = create_channel(address).unary_stream(f"/{_SERVICE}/Stream")
+    method = create_channel(address).unary_stream(
+        f"/{_SERVICE}/Stream", request_serializer=None, response_deserializer=None
+    )
     return lambda: list(method(f"{name}:{message}".encode(), timeout=10))
 
 

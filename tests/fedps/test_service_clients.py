@@ -146,6 +146,7 @@ def test_service_clients_against_a_running_cluster(cluster: Cluster) -> None:
         assert verify_block(
             info.signing_key, context_digest(info.context, info.context_id), info.signature
         )
+        assert cluster.keyholder.params is not None
         assert state.initialized and state.num_params == cluster.keyholder.params.size
         with pytest.raises(RoundClosedError):
             keyholder.get_challenge(99, "client-9")

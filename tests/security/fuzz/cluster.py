@@ -25,9 +25,11 @@ import numpy as np
 
 from crypto import BlockEncryptor, bitpack
 from crypto.enrolment import issue_tokens, read_token
-from crypto.signing import BlockSigner, sign_update, update_digest
+from crypto.signed_update import SignedUpdate
+from crypto.signing import BlockSigner, update_digest
 from crypto.sketch import Challenge
 from fedps.config import FedPSConfig
+from fedps.messages import signed_update_to_proto
 from fedps.proto import (
     common_pb2,
     coordinator_pb2,
@@ -367,7 +369,7 @@ class FuzzCluster:
         ``send``: commit it at the key holder."""
         cid = self.ids[name]
         coeffs = self.genuine[cid].coeffs
-        nonce, signature, roots = sign_update(
+        update = SignedUpdate.sign(
             self.signers[name],
             coeffs,
             run_id=self.run_id,
@@ -385,14 +387,7 @@ class FuzzCluster:
         )
         request = keyholder_pb2.CommitRequest(
             round=round_,
-            update=common_pb2.SignedUpdate(
-                client_id=cid,
-                weight=1.0,
-                nonce=nonce,
-                signature=signature,
-                roots=roots,
-                version=self.version,
-            ),
+            update=signed_update_to_proto(update),
             sketches=challenge.sketch(coeffs).astype("<u8").tobytes(),
         )
         self.commit_requests[(round_, cid)] = request
@@ -423,7 +418,10 @@ class FuzzCluster:
                     dict(p.members),
                     p.frozen,
                     {
-                        c: (x.update.SerializeToString(deterministic=True), x.sketches.tobytes())
+                        c: (
+                            signed_update_to_proto(x.update).SerializeToString(deterministic=True),
+                            x.sketches.tobytes(),
+                        )
                         for c, x in p.commitments.items()
                     },
                 )

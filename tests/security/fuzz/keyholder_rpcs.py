@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from crypto.signing import is_weak_key
+from fedps.messages import signed_update_from_proto
 from fedps.proto import keyholder_pb2
-from server.shard.shard import SignedUpdate
 from tests.security.fuzz.cluster import CommitPhaseView
 from tests.security.fuzz.harness import GENUINE, LEGIT, SKIP, Metadata, RpcSpec, bad, empty
 from tests.security.fuzz.mutator import Mutator, describe
@@ -144,7 +144,7 @@ class KeyHolderRpcs(ServiceRpcs):
         if isinstance(phase, str):
             return phase
         genuine = self.cluster.commit_requests[(m.round, client)]
-        same = SignedUpdate.from_proto(m.update) == SignedUpdate.from_proto(genuine.update)
+        same = signed_update_from_proto(m.update) == signed_update_from_proto(genuine.update)
         if client in phase.committed:
             if not same or m.sketches != genuine.sketches:
                 return bad("a second, different commitment of a client that committed")

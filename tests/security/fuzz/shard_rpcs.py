@@ -16,8 +16,8 @@ import numpy as np
 
 from crypto import bitpack
 from crypto.signing import is_weak_key
+from fedps.messages import signed_update_from_proto
 from fedps.proto import shard_pb2
-from server.shard.shard import SignedUpdate
 from tests.security.fuzz.harness import GENUINE, LEGIT, SKIP, Metadata, RpcSpec, bad, empty
 from tests.security.fuzz.mutator import Mutator
 from tests.security.fuzz.service_rpcs import ServiceRpcs
@@ -131,13 +131,15 @@ class ShardRpcs(ServiceRpcs):
             return bad("empty cohort")
         if any(is_weak_key(k) for k in members.values()):
             return bad("a signing key is not a valid 32-byte Ed25519 key")
-        commitments = {u.client_id: SignedUpdate.from_proto(u) for u in m.commitments}
+        commitments = {u.client_id: signed_update_from_proto(u) for u in m.commitments}
         if any(c not in members for c in commitments):
             return bad("a commitment of no cohort member")
         if m.context_id != self.cluster.context_id:
             return bad("unknown context id")
         genuine = {
-            c: SignedUpdate.from_proto(self.cluster.commit_requests[(self.cluster.round, c)].update)
+            c: signed_update_from_proto(
+                self.cluster.commit_requests[(self.cluster.round, c)].update
+            )
             for c in self.cluster.cohort
         }
         if (m.round, m.version, m.run_id, members, commitments) == (
