@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 from crypto.signed_update import SignedUpdate
 from fedps.messages import (
     ParameterBlock,
+    from_message,
     members_from_proto,
     members_to_proto,
     signed_update_from_proto,
     signed_update_to_proto,
+    to_message,
 )
 from fedps.proto import keyholder_pb2
 
@@ -43,24 +45,13 @@ class CommitOpening:
 
     def to_proto(self) -> keyholder_pb2.OpenCommitsRequest:
         """The wire form (members by client id)."""
-        return keyholder_pb2.OpenCommitsRequest(
-            round=self.round,
-            version=self.version,
-            run_id=self.run_id,
-            members=members_to_proto(self.members),
-            context_id=self.context_id,
-        )
+        members = members_to_proto(self.members)
+        return to_message(keyholder_pb2.OpenCommitsRequest, self, members=members)
 
     @classmethod
     def from_proto(cls, message: keyholder_pb2.OpenCommitsRequest) -> CommitOpening:
         """From the wire form."""
-        return cls(
-            message.round,
-            message.version,
-            message.run_id,
-            message.context_id,
-            members_from_proto(message.members),
-        )
+        return from_message(cls, message, members=members_from_proto(message.members))
 
 
 @dataclass(frozen=True)
@@ -74,14 +65,13 @@ class UpdateCommitment:
 
     def to_proto(self) -> keyholder_pb2.CommitRequest:
         """The wire form."""
-        return keyholder_pb2.CommitRequest(
-            round=self.round, update=signed_update_to_proto(self.update), sketches=self.sketches
-        )
+        update = signed_update_to_proto(self.update)
+        return to_message(keyholder_pb2.CommitRequest, self, update=update)
 
     @classmethod
     def from_proto(cls, message: keyholder_pb2.CommitRequest) -> UpdateCommitment:
         """From the wire form."""
-        return cls(message.round, signed_update_from_proto(message.update), bytes(message.sketches))
+        return from_message(cls, message, update=signed_update_from_proto(message.update))
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,12 +83,12 @@ class CommitClosing:
 
     def to_proto(self) -> keyholder_pb2.CloseCommitsRequest:
         """The wire form."""
-        return keyholder_pb2.CloseCommitsRequest(round=self.round, freeze=self.freeze)
+        return to_message(keyholder_pb2.CloseCommitsRequest, self)
 
     @classmethod
     def from_proto(cls, message: keyholder_pb2.CloseCommitsRequest) -> CommitClosing:
         """From the wire form."""
-        return cls(message.round, message.freeze)
+        return from_message(cls, message)
 
 
 @dataclass(frozen=True)
@@ -112,20 +102,14 @@ class CommitSet:
 
     def to_proto(self) -> keyholder_pb2.CommitSet:
         """The wire form."""
-        return keyholder_pb2.CommitSet(
-            client_ids=list(self.client_ids),
-            frozen=self.frozen,
-            updates=[signed_update_to_proto(u) for u in self.updates],
-        )
+        updates = [signed_update_to_proto(u) for u in self.updates]
+        return to_message(keyholder_pb2.CommitSet, self, updates=updates)
 
     @classmethod
     def from_proto(cls, message: keyholder_pb2.CommitSet) -> CommitSet:
         """From the wire form."""
-        return cls(
-            tuple(message.client_ids),
-            message.frozen,
-            tuple(signed_update_from_proto(u) for u in message.updates),
-        )
+        updates = tuple(signed_update_from_proto(u) for u in message.updates)
+        return from_message(cls, message, updates=updates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,22 +124,12 @@ class PublicContextInfo:
 
     def to_proto(self) -> keyholder_pb2.PublicContextReply:
         """The wire form."""
-        return keyholder_pb2.PublicContextReply(
-            context=self.context,
-            context_id=self.context_id,
-            signing_key=self.signing_key,
-            signature=self.signature,
-        )
+        return to_message(keyholder_pb2.PublicContextReply, self)
 
     @classmethod
     def from_proto(cls, message: keyholder_pb2.PublicContextReply) -> PublicContextInfo:
         """From the wire form."""
-        return cls(
-            bytes(message.context),
-            message.context_id,
-            bytes(message.signing_key),
-            bytes(message.signature),
-        )
+        return from_message(cls, message)
 
 
 @dataclass(frozen=True)
@@ -169,22 +143,14 @@ class ModelUpload:
 
     def to_proto(self) -> keyholder_pb2.InitializeRequest:
         """The wire form."""
-        return keyholder_pb2.InitializeRequest(
-            num_params=self.num_params,
-            blocks=[b.to_proto() for b in self.blocks],
-            force=self.force,
-            version=self.version,
-        )
+        blocks = [b.to_proto() for b in self.blocks]
+        return to_message(keyholder_pb2.InitializeRequest, self, blocks=blocks)
 
     @classmethod
     def from_proto(cls, message: keyholder_pb2.InitializeRequest) -> ModelUpload:
         """From the wire form."""
-        return cls(
-            message.num_params,
-            tuple(ParameterBlock.from_proto(b) for b in message.blocks),
-            message.force,
-            message.version,
-        )
+        blocks = tuple(ParameterBlock.from_proto(b) for b in message.blocks)
+        return from_message(cls, message, blocks=blocks)
 
 
 @dataclass(frozen=True)
@@ -201,26 +167,12 @@ class ModelState:
 
     def to_proto(self) -> keyholder_pb2.ModelState:
         """The wire form."""
-        return keyholder_pb2.ModelState(
-            version=self.version,
-            num_params=self.num_params,
-            initialized=self.initialized,
-            last_round=self.last_round,
-            detections=self.detections,
-            quarantined=list(self.quarantined),
-        )
+        return to_message(keyholder_pb2.ModelState, self)
 
     @classmethod
     def from_proto(cls, message: keyholder_pb2.ModelState) -> ModelState:
         """From the wire form."""
-        return cls(
-            message.version,
-            message.num_params,
-            message.initialized,
-            message.last_round,
-            dict(message.detections),
-            tuple(message.quarantined),
-        )
+        return from_message(cls, message)
 
 
 @dataclass(frozen=True)
@@ -235,19 +187,13 @@ class RoundApplication:
 
     def to_proto(self) -> keyholder_pb2.ApplyRoundRequest:
         """The wire form."""
-        return keyholder_pb2.ApplyRoundRequest(
-            round=self.round,
-            version=self.version,
-            run_id=self.run_id,
-            members=members_to_proto(self.members),
-        )
+        members = members_to_proto(self.members)
+        return to_message(keyholder_pb2.ApplyRoundRequest, self, members=members)
 
     @classmethod
     def from_proto(cls, message: keyholder_pb2.ApplyRoundRequest) -> RoundApplication:
         """From the wire form."""
-        return cls(
-            message.round, message.version, message.run_id, members_from_proto(message.members)
-        )
+        return from_message(cls, message, members=members_from_proto(message.members))
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,23 +210,9 @@ class AppliedRound:
 
     def to_proto(self) -> keyholder_pb2.ApplyRoundReply:
         """The wire form."""
-        return keyholder_pb2.ApplyRoundReply(
-            version=self.version,
-            fewest_contributors=self.fewest_contributors,
-            total_weight=self.total_weight,
-            update_norm=self.update_norm,
-            noise_multiplier=self.noise_multiplier,
-            top_up_std=self.top_up_std,
-        )
+        return to_message(keyholder_pb2.ApplyRoundReply, self)
 
     @classmethod
     def from_proto(cls, message: keyholder_pb2.ApplyRoundReply) -> AppliedRound:
         """From the wire form."""
-        return cls(
-            message.version,
-            message.fewest_contributors,
-            message.total_weight,
-            message.update_norm,
-            message.noise_multiplier,
-            message.top_up_std,
-        )
+        return from_message(cls, message)

@@ -11,50 +11,76 @@ no protobuf), so its conversion is the pair :func:`signed_update_to_proto` /
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from google.protobuf.message import Message
 
 from crypto.signed_update import SignedUpdate
 from fedps.errors import InvalidArgumentError
 from fedps.proto import common_pb2
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "Aggregate",
     "Contribution",
     "MalformedReplyError",
     "ParameterBlock",
+    "from_message",
     "members_from_proto",
     "members_to_proto",
     "signed_update_from_proto",
     "signed_update_to_proto",
+    "to_message",
 ]
+
+_M = TypeVar("_M", bound=Message)
+_R = TypeVar("_R", bound="DataclassInstance")
 
 
 class MalformedReplyError(InvalidArgumentError):
     """A peer's reply cannot be one a correct peer sends (e.g. a client listed twice)."""
 
 
+def to_message(message_type: type[_M], record: DataclassInstance, **converted: Any) -> _M:
+    """The wire form of ``record``: each of its fields that ``message_type`` has, by name;
+    ``converted`` gives the fields that need converting first (nested messages)."""
+    names = message_type.DESCRIPTOR.fields_by_name
+    values = {f.name: getattr(record, f.name) for f in fields(record) if f.name in names}
+    return message_type(**(values | converted))
+
+
+def from_message(cls: type[_R], message: Message, **converted: Any) -> _R:
+    """A record of type ``cls`` from its wire form: each of its fields that ``message`` has,
+    by name (repeated fields as tuples, maps as dicts); ``converted`` gives the fields that
+    need converting first (nested messages)."""
+    names = message.DESCRIPTOR.fields_by_name
+    values = {
+        f.name: _plain(getattr(message, f.name))
+        for f in fields(cls)
+        if f.name in names and f.name not in converted
+    }
+    return cls(**(values | converted))
+
+
+def _plain(value: Any) -> Any:
+    """A protobuf field's value as plain Python: scalars as they are, a map as a dict, a
+    repeated field as a tuple."""
+    if isinstance(value, str | bytes | int | float):
+        return value
+    return dict(value) if hasattr(value, "keys") else tuple(value)
+
+
 def signed_update_to_proto(update: SignedUpdate) -> common_pb2.SignedUpdate:
     """The wire form of a signed update."""
-    return common_pb2.SignedUpdate(
-        client_id=update.client_id,
-        weight=update.weight,
-        nonce=update.nonce,
-        signature=update.signature,
-        roots=list(update.roots),
-        version=update.version,
-    )
+    return to_message(common_pb2.SignedUpdate, update)
 
 
 def signed_update_from_proto(message: common_pb2.SignedUpdate) -> SignedUpdate:
     """A signed update from its wire form (unknown fields are not part of it)."""
-    return SignedUpdate(
-        message.client_id,
-        message.weight,
-        bytes(message.nonce),
-        bytes(message.signature),
-        tuple(bytes(r) for r in message.roots),
-        message.version,
-    )
+    return from_message(SignedUpdate, message)
 
 
 def members_to_proto(members: Mapping[str, bytes]) -> list[common_pb2.CohortMember]:
@@ -79,14 +105,12 @@ class ParameterBlock:
 
     def to_proto(self) -> common_pb2.ParameterBlock:
         """The wire form."""
-        return common_pb2.ParameterBlock(
-            block=self.block, version=self.version, values=self.values, signature=self.signature
-        )
+        return to_message(common_pb2.ParameterBlock, self)
 
     @classmethod
     def from_proto(cls, message: common_pb2.ParameterBlock) -> ParameterBlock:
         """From the wire form."""
-        return cls(message.block, message.version, bytes(message.values), bytes(message.signature))
+        return from_message(cls, message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,18 +125,12 @@ class Contribution:
 
     def to_proto(self, client_id: str) -> common_pb2.Contribution:
         """The wire form, naming the contributor."""
-        return common_pb2.Contribution(
-            client_id=client_id,
-            weight=self.weight,
-            root=self.root,
-            version=self.version,
-            multiplier=self.multiplier,
-        )
+        return to_message(common_pb2.Contribution, self, client_id=client_id)
 
     @classmethod
     def from_proto(cls, message: common_pb2.Contribution) -> Contribution:
         """From the wire form (the contributor's id is the caller's key)."""
-        return cls(message.weight, bytes(message.root), message.version, message.multiplier)
+        return from_message(cls, message)
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,12 @@ from crypto.signed_update import SignedUpdate
 from fedps.messages import (
     Aggregate,
     ParameterBlock,
+    from_message,
     members_from_proto,
     members_to_proto,
     signed_update_from_proto,
     signed_update_to_proto,
+    to_message,
 )
 from fedps.proto import shard_pb2
 
@@ -44,25 +46,21 @@ class RoundOpening:
 
     def to_proto(self) -> shard_pb2.OpenRoundRequest:
         """The wire form (members and commitments by client id)."""
-        return shard_pb2.OpenRoundRequest(
-            round=self.round,
-            version=self.version,
+        return to_message(
+            shard_pb2.OpenRoundRequest,
+            self,
             members=members_to_proto(self.members),
-            context_id=self.context_id,
-            run_id=self.run_id,
             commitments=[signed_update_to_proto(u) for _, u in sorted(self.commitments.items())],
         )
 
     @classmethod
     def from_proto(cls, message: shard_pb2.OpenRoundRequest) -> RoundOpening:
         """From the wire form."""
-        return cls(
-            message.round,
-            message.version,
-            members_from_proto(message.members),
-            message.context_id,
-            message.run_id,
-            {c.client_id: signed_update_from_proto(c) for c in message.commitments},
+        return from_message(
+            cls,
+            message,
+            members=members_from_proto(message.members),
+            commitments={c.client_id: signed_update_from_proto(c) for c in message.commitments},
         )
 
 
@@ -89,32 +87,14 @@ class PushBatch:
 
     def to_proto(self) -> shard_pb2.PushRequest:
         """The wire form."""
-        return shard_pb2.PushRequest(
-            client_id=self.client_id,
-            round=self.round,
-            version=self.version,
-            weight=self.weight,
-            context_id=self.context_id,
-            blocks=[shard_pb2.EncryptedBlock(block=b, ciphertext=c) for b, c in self.blocks],
-            nonce=self.nonce,
-            signature=self.signature,
-            roots=list(self.roots),
-        )
+        blocks = [shard_pb2.EncryptedBlock(block=b, ciphertext=c) for b, c in self.blocks]
+        return to_message(shard_pb2.PushRequest, self, blocks=blocks)
 
     @classmethod
     def from_proto(cls, message: shard_pb2.PushRequest) -> PushBatch:
         """From the wire form."""
-        return cls(
-            client_id=message.client_id,
-            round=message.round,
-            version=message.version,
-            weight=message.weight,
-            context_id=message.context_id,
-            blocks=[(b.block, bytes(b.ciphertext)) for b in message.blocks],
-            nonce=bytes(message.nonce),
-            signature=bytes(message.signature),
-            roots=tuple(bytes(r) for r in message.roots),
-        )
+        blocks = [(b.block, bytes(b.ciphertext)) for b in message.blocks]
+        return from_message(cls, message, blocks=blocks)
 
     def serialize(self) -> bytes:
         """The wire bytes (to keep a prepared push outside the process)."""
@@ -137,12 +117,12 @@ class PushReceipt:
 
     def to_proto(self) -> shard_pb2.PushReply:
         """The wire form."""
-        return shard_pb2.PushReply(accepted=self.accepted, duplicates=self.duplicates)
+        return to_message(shard_pb2.PushReply, self)
 
     @classmethod
     def from_proto(cls, message: shard_pb2.PushReply, sent_bytes: int = 0) -> PushReceipt:
         """From the wire form."""
-        return cls(message.accepted, message.duplicates, sent_bytes)
+        return from_message(cls, message, sent_bytes=sent_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,14 +134,12 @@ class ClosedRound:
 
     def to_proto(self) -> shard_pb2.CloseRoundReply:
         """The wire form."""
-        return shard_pb2.CloseRoundReply(
-            complete_clients=list(self.complete_clients), blocks=self.blocks
-        )
+        return to_message(shard_pb2.CloseRoundReply, self)
 
     @classmethod
     def from_proto(cls, message: shard_pb2.CloseRoundReply) -> ClosedRound:
         """From the wire form."""
-        return cls(tuple(message.complete_clients), message.blocks)
+        return from_message(cls, message)
 
 
 @dataclass(frozen=True)
@@ -201,22 +179,14 @@ class Publication:
 
     def to_proto(self) -> shard_pb2.PublishRequest:
         """The wire form."""
-        return shard_pb2.PublishRequest(
-            version=self.version,
-            num_blocks=self.num_blocks,
-            values_per_block=self.values_per_block,
-            blocks=[b.to_proto() for b in self.blocks],
-        )
+        blocks = [b.to_proto() for b in self.blocks]
+        return to_message(shard_pb2.PublishRequest, self, blocks=blocks)
 
     @classmethod
     def from_proto(cls, message: shard_pb2.PublishRequest) -> Publication:
         """From the wire form."""
-        return cls(
-            message.version,
-            message.num_blocks,
-            message.values_per_block,
-            tuple(ParameterBlock.from_proto(b) for b in message.blocks),
-        )
+        blocks = tuple(ParameterBlock.from_proto(b) for b in message.blocks)
+        return from_message(cls, message, blocks=blocks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,27 +204,9 @@ class ShardStatus:
 
     def to_proto(self) -> shard_pb2.ShardStatus:
         """The wire form."""
-        return shard_pb2.ShardStatus(
-            shard_id=self.shard_id,
-            version=self.version,
-            blocks=self.blocks,
-            open_round=self.open_round,
-            round_open=self.round_open,
-            pushes_accepted=self.pushes_accepted,
-            pushes_refused=self.pushes_refused,
-            bytes_received=self.bytes_received,
-        )
+        return to_message(shard_pb2.ShardStatus, self)
 
     @classmethod
     def from_proto(cls, message: shard_pb2.ShardStatus) -> ShardStatus:
         """From the wire form."""
-        return cls(
-            message.shard_id,
-            message.version,
-            message.blocks,
-            message.open_round,
-            message.round_open,
-            message.pushes_accepted,
-            message.pushes_refused,
-            message.bytes_received,
-        )
+        return from_message(cls, message)
