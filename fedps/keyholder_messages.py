@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from crypto.signed_update import SignedUpdate
 from fedps.messages import (
     ParameterBlock,
+    WireRecord,
     from_message,
     members_from_proto,
     members_to_proto,
@@ -75,20 +76,13 @@ class UpdateCommitment:
 
 
 @dataclass(frozen=True, slots=True)
-class CommitClosing:
+class CommitClosing(WireRecord[keyholder_pb2.CloseCommitsRequest]):
     """Ask who committed to ``round``; with ``freeze``, accept no commitment after."""
+
+    wire = keyholder_pb2.CloseCommitsRequest
 
     round: int
     freeze: bool
-
-    def to_proto(self) -> keyholder_pb2.CloseCommitsRequest:
-        """The wire form."""
-        return to_message(keyholder_pb2.CloseCommitsRequest, self)
-
-    @classmethod
-    def from_proto(cls, message: keyholder_pb2.CloseCommitsRequest) -> CommitClosing:
-        """From the wire form."""
-        return from_message(cls, message)
 
 
 @dataclass(frozen=True)
@@ -113,23 +107,16 @@ class CommitSet:
 
 
 @dataclass(frozen=True, slots=True)
-class PublicContextInfo:
+class PublicContextInfo(WireRecord[keyholder_pb2.PublicContextReply]):
     """The key holder's public context, its id, its Ed25519 key and its signature
     (:func:`crypto.signing.context_digest`)."""
+
+    wire = keyholder_pb2.PublicContextReply
 
     context: bytes
     context_id: str
     signing_key: bytes
     signature: bytes
-
-    def to_proto(self) -> keyholder_pb2.PublicContextReply:
-        """The wire form."""
-        return to_message(keyholder_pb2.PublicContextReply, self)
-
-    @classmethod
-    def from_proto(cls, message: keyholder_pb2.PublicContextReply) -> PublicContextInfo:
-        """From the wire form."""
-        return from_message(cls, message)
 
 
 @dataclass(frozen=True)
@@ -154,9 +141,11 @@ class ModelUpload:
 
 
 @dataclass(frozen=True)
-class ModelState:
+class ModelState(WireRecord[keyholder_pb2.ModelState]):
     """The key holder's model: version, size, last applied round, and the tampering it
     detected by shard (with the shards it no longer decrypts for)."""
+
+    wire = keyholder_pb2.ModelState
 
     version: int
     num_params: int
@@ -164,15 +153,6 @@ class ModelState:
     last_round: int
     detections: dict[str, int] = field(default_factory=dict)
     quarantined: tuple[str, ...] = ()
-
-    def to_proto(self) -> keyholder_pb2.ModelState:
-        """The wire form."""
-        return to_message(keyholder_pb2.ModelState, self)
-
-    @classmethod
-    def from_proto(cls, message: keyholder_pb2.ModelState) -> ModelState:
-        """From the wire form."""
-        return from_message(cls, message)
 
 
 @dataclass(frozen=True)
@@ -197,9 +177,11 @@ class RoundApplication:
 
 
 @dataclass(frozen=True, slots=True)
-class AppliedRound:
+class AppliedRound(WireRecord[keyholder_pb2.ApplyRoundReply]):
     """What applying a round released: the new version, the fewest contributors of any
     block, block 0's total weight, the update's norm and (client-level DP) the noise."""
+
+    wire = keyholder_pb2.ApplyRoundReply
 
     version: int
     fewest_contributors: int
@@ -207,12 +189,3 @@ class AppliedRound:
     update_norm: float
     noise_multiplier: float = 0.0
     top_up_std: float = 0.0
-
-    def to_proto(self) -> keyholder_pb2.ApplyRoundReply:
-        """The wire form."""
-        return to_message(keyholder_pb2.ApplyRoundReply, self)
-
-    @classmethod
-    def from_proto(cls, message: keyholder_pb2.ApplyRoundReply) -> AppliedRound:
-        """From the wire form."""
-        return from_message(cls, message)

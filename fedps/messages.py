@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
 from google.protobuf.message import Message
 
@@ -20,14 +20,12 @@ from crypto.signed_update import SignedUpdate
 from fedps.errors import InvalidArgumentError
 from fedps.proto import common_pb2
 
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
-
 __all__ = [
     "Aggregate",
     "Contribution",
     "MalformedReplyError",
     "ParameterBlock",
+    "WireRecord",
     "from_message",
     "members_from_proto",
     "members_to_proto",
@@ -37,14 +35,14 @@ __all__ = [
 ]
 
 _M = TypeVar("_M", bound=Message)
-_R = TypeVar("_R", bound="DataclassInstance")
+_R = TypeVar("_R")
 
 
 class MalformedReplyError(InvalidArgumentError):
     """A peer's reply cannot be one a correct peer sends (e.g. a client listed twice)."""
 
 
-def to_message(message_type: type[_M], record: DataclassInstance, **converted: Any) -> _M:
+def to_message(message_type: type[_M], record: Any, **converted: Any) -> _M:
     """The wire form of ``record``: each of its fields that ``message_type`` has, by name;
     ``converted`` gives the fields that need converting first (nested messages)."""
     names = message_type.DESCRIPTOR.fields_by_name
@@ -59,10 +57,28 @@ def from_message(cls: type[_R], message: Message, **converted: Any) -> _R:
     names = message.DESCRIPTOR.fields_by_name
     values = {
         f.name: _plain(getattr(message, f.name))
-        for f in fields(cls)
+        for f in fields(cast(Any, cls))
         if f.name in names and f.name not in converted
     }
     return cls(**(values | converted))
+
+
+class WireRecord(Generic[_M]):
+    """A frozen dataclass whose wire form is the message type :attr:`wire`, field for field
+    by name; a record with nested messages overrides the conversions to convert those."""
+
+    __slots__ = ()
+    #: the protobuf message type of the record's wire form
+    wire: ClassVar[type[Message]]
+
+    def to_proto(self) -> _M:
+        """The wire form."""
+        return cast(_M, to_message(self.wire, self))
+
+    @classmethod
+    def from_proto(cls, message: _M) -> Self:
+        """From the wire form."""
+        return from_message(cls, message)
 
 
 def _plain(value: Any) -> Any:
@@ -94,23 +110,16 @@ def members_from_proto(members: Iterable[common_pb2.CohortMember]) -> dict[str, 
 
 
 @dataclass(frozen=True, slots=True)
-class ParameterBlock:
+class ParameterBlock(WireRecord[common_pb2.ParameterBlock]):
     """One published block of the global model: float32 values and the key holder's
     signature (:func:`crypto.signing.model_block_digest`)."""
+
+    wire = common_pb2.ParameterBlock
 
     block: int
     version: int
     values: bytes
     signature: bytes = b""
-
-    def to_proto(self) -> common_pb2.ParameterBlock:
-        """The wire form."""
-        return to_message(common_pb2.ParameterBlock, self)
-
-    @classmethod
-    def from_proto(cls, message: common_pb2.ParameterBlock) -> ParameterBlock:
-        """From the wire form."""
-        return from_message(cls, message)
 
 
 @dataclass(frozen=True, slots=True)

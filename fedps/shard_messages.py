@@ -12,6 +12,7 @@ from crypto.signed_update import SignedUpdate
 from fedps.messages import (
     Aggregate,
     ParameterBlock,
+    WireRecord,
     from_message,
     members_from_proto,
     members_to_proto,
@@ -126,20 +127,13 @@ class PushReceipt:
 
 
 @dataclass(frozen=True, slots=True)
-class ClosedRound:
+class ClosedRound(WireRecord[shard_pb2.CloseRoundReply]):
     """A closed round on one shard: the clients that pushed every block it owns."""
+
+    wire = shard_pb2.CloseRoundReply
 
     complete_clients: tuple[str, ...]
     blocks: int
-
-    def to_proto(self) -> shard_pb2.CloseRoundReply:
-        """The wire form."""
-        return to_message(shard_pb2.CloseRoundReply, self)
-
-    @classmethod
-    def from_proto(cls, message: shard_pb2.CloseRoundReply) -> ClosedRound:
-        """From the wire form."""
-        return from_message(cls, message)
 
 
 @dataclass(frozen=True)
@@ -190,8 +184,10 @@ class Publication:
 
 
 @dataclass(frozen=True, slots=True)
-class ShardStatus:
+class ShardStatus(WireRecord[shard_pb2.ShardStatus]):
     """What a shard reports to the operator."""
+
+    wire = shard_pb2.ShardStatus
 
     shard_id: str
     version: int
@@ -201,12 +197,3 @@ class ShardStatus:
     pushes_accepted: int
     pushes_refused: int
     bytes_received: int
-
-    def to_proto(self) -> shard_pb2.ShardStatus:
-        """The wire form."""
-        return to_message(shard_pb2.ShardStatus, self)
-
-    @classmethod
-    def from_proto(cls, message: shard_pb2.ShardStatus) -> ShardStatus:
-        """From the wire form."""
-        return from_message(cls, message)
