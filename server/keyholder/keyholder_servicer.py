@@ -9,19 +9,9 @@ import grpc
 import numpy as np
 
 from crypto.signing import context_digest
+from fedps import keyholder_messages as records
 from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError
-from fedps.keyholder_messages import (
-    AppliedRound,
-    CommitClosing,
-    CommitOpening,
-    CommitSet,
-    ModelState,
-    ModelUpload,
-    PublicContextInfo,
-    RoundApplication,
-    UpdateCommitment,
-)
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc
 from fedps.transport import require_peer, rpc_errors
 from server.keyholder.keyholder import MAX_PARAMS, KeyHolder
@@ -47,7 +37,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
             return cached  # serialised and signed once per key generation
         context_bytes = self.keyholder.keys.public.serialize() if self.keyholder.encrypted else b""
         signer = self.keyholder.signer
-        reply = PublicContextInfo(
+        reply = records.PublicContextInfo(
             context=context_bytes,
             context_id=context_id,
             signing_key=signer.public_key,
@@ -67,7 +57,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
             force = False
             version = 0
             for message in request_iterator:
-                upload = ModelUpload.from_proto(message)
+                upload = records.ModelUpload.from_proto(message)
                 num_params, force, version = upload.num_params, upload.force, upload.version
                 for block in upload.blocks:
                     blocks[block.block] = np.frombuffer(block.values, dtype="<f4")
@@ -82,11 +72,11 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
     ) -> keyholder_pb2.ApplyRoundReply:
         started = time.perf_counter()
         with rpc_errors(context):
-            r = RoundApplication.from_proto(request)
+            r = records.RoundApplication.from_proto(request)
             result = self.keyholder.apply_round(r.round, r.version, r.run_id, r.members)
         if self._metrics is not None:
             self._metrics.latency.labels("apply").observe(time.perf_counter() - started)
-        return AppliedRound(
+        return records.AppliedRound(
             version=result.version,
             fewest_contributors=result.fewest_contributors,
             total_weight=result.total_weight,
@@ -99,7 +89,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
         self, request: keyholder_pb2.OpenCommitsRequest, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
         with rpc_errors(context):
-            o = CommitOpening.from_proto(request)
+            o = records.CommitOpening.from_proto(request)
             self.keyholder.open_commits(o.round, o.version, o.run_id, o.context_id, o.members)
         return common_pb2.Empty()
 
@@ -115,7 +105,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
         self, request: keyholder_pb2.CommitRequest, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
         with rpc_errors(context):
-            c = UpdateCommitment.from_proto(request)
+            c = records.UpdateCommitment.from_proto(request)
             require_peer(context, c.update.client_id)
             self.keyholder.commits.commit(c.round, c.update, c.sketches)
         return common_pb2.Empty()
@@ -124,16 +114,16 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
         self, request: keyholder_pb2.CloseCommitsRequest, context: grpc.ServicerContext
     ) -> keyholder_pb2.CommitSet:
         with rpc_errors(context):
-            c = CommitClosing.from_proto(request)
+            c = records.CommitClosing.from_proto(request)
             ids, frozen = self.keyholder.commits.close(c.round, freeze=c.freeze)
             updates = self.keyholder.commits.updates(c.round) if frozen else []
-        return CommitSet(tuple(ids), frozen, tuple(updates)).to_proto()
+        return records.CommitSet(tuple(ids), frozen, tuple(updates)).to_proto()
 
     def GetModelState(  # noqa: N802
         self, request: common_pb2.Empty, context: grpc.ServicerContext
     ) -> keyholder_pb2.ModelState:
         kh = self.keyholder
-        return ModelState(
+        return records.ModelState(
             version=kh.version,
             num_params=0 if kh.params is None else kh.params.size,
             initialized=kh.params is not None,

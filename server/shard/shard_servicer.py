@@ -11,18 +11,10 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 
+from fedps import shard_messages as records
 from fedps.errors import FedPSError, InvalidArgumentError
 from fedps.messages import ParameterBlock
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
-from fedps.shard_messages import (
-    AggregatePart,
-    ClosedRound,
-    Publication,
-    PushBatch,
-    PushReceipt,
-    RoundOpening,
-    ShardStatus,
-)
 from fedps.transport import batched, require_peer, rpc_errors
 from server.metrics import RoleMetrics
 from server.shard.shard import Shard
@@ -41,7 +33,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         self, request: shard_pb2.OpenRoundRequest, context: grpc.ServicerContext
     ) -> shard_pb2.OpenRoundReply:
         with rpc_errors(context):
-            o = RoundOpening.from_proto(request)
+            o = records.RoundOpening.from_proto(request)
             self.shard.open_round(
                 o.round, o.version, o.members, o.context_id, o.run_id, o.commitments
             )
@@ -57,7 +49,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                 started = time.perf_counter()
                 try:
                     require_peer(context, message.client_id)
-                    a, d = self.shard.push(PushBatch.from_proto(message))
+                    a, d = self.shard.push(records.PushBatch.from_proto(message))
                 except (FedPSError, ValueError) as exc:
                     if metrics is not None:
                         metrics.push_refused(exc)
@@ -68,7 +60,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                     metrics.latency.labels("push").observe(time.perf_counter() - started)
                 accepted += a
                 duplicates += d
-        return PushReceipt(accepted, duplicates).to_proto()
+        return records.PushReceipt(accepted, duplicates).to_proto()
 
     def PullBlocks(  # noqa: N802
         self, request: shard_pb2.PullRequest, context: grpc.ServicerContext
@@ -89,7 +81,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     ) -> shard_pb2.CloseRoundReply:
         with rpc_errors(context):
             complete = self.shard.close_round(request.round)
-        return ClosedRound(tuple(complete), len(self.shard.owned_blocks)).to_proto()
+        return records.ClosedRound(tuple(complete), len(self.shard.owned_blocks)).to_proto()
 
     def DiscardRound(  # noqa: N802
         self, request: shard_pb2.CloseRoundRequest, context: grpc.ServicerContext
@@ -104,11 +96,11 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         with rpc_errors(context):
             aggregates, updates = self.shard.aggregates(request.round)
         for chunk in batched(updates, lambda u: 32 * len(u.roots) + 256):
-            yield AggregatePart(updates=tuple(chunk)).to_proto()
+            yield records.AggregatePart(updates=tuple(chunk)).to_proto()
         # A block's manifest lists every contributor: count it in the message size, so a
         # round of many clients streams in bounded messages (and bounded memory).
         for batch in batched(aggregates, lambda a: len(a.ciphertext) + 96 * len(a.contributions)):
-            yield AggregatePart(blocks=tuple(batch)).to_proto()
+            yield records.AggregatePart(blocks=tuple(batch)).to_proto()
 
     def Publish(  # noqa: N802
         self, request_iterator: Iterator[shard_pb2.PublishRequest], context: grpc.ServicerContext
@@ -118,7 +110,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             signatures: dict[int, bytes] = {}
             header: tuple[int, int, int] | None = None
             for message in request_iterator:
-                part = Publication.from_proto(message)
+                part = records.Publication.from_proto(message)
                 this = (part.version, part.num_blocks, part.values_per_block)
                 if header is not None and this != header:
                     raise InvalidArgumentError("publish messages disagree on the version")
@@ -135,7 +127,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         self, request: common_pb2.Empty, context: grpc.ServicerContext
     ) -> shard_pb2.ShardStatus:
         s = self.shard
-        return ShardStatus(
+        return records.ShardStatus(
             shard_id=s.shard_id,
             version=s.version,
             blocks=len(s.owned_blocks),
