@@ -120,6 +120,21 @@ class TlsIdentity:
         return cls(ca_cert=ca_cert, cert=cert, key=_read(key_path))
 
 
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    """A CA signs certificates only; a party's key signs TLS handshakes only."""
+    return x509.KeyUsage(
+        digital_signature=not ca,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 def make_ca(directory: Path, *, common_name: str = "fedps deployment CA") -> CertPaths:
     """Create a new CA in ``directory`` (``ca.crt``, and ``ca.key`` with mode 0600).
 
@@ -155,17 +170,7 @@ def make_ca(directory: Path, *, common_name: str = "fedps deployment CA") -> Cer
         .not_valid_after(now + VALIDITY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(ca=True),
             critical=True,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
@@ -235,17 +240,7 @@ def issue_certificate(
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(ca=False),
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)

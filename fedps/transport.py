@@ -273,6 +273,15 @@ def require_peer(context: grpc.ServicerContext, client_id: str) -> None:
         raise PolicyError(f"certificate {name!r} may not act for client {client_id!r}")
 
 
+#: The four kinds of gRPC method and how to build a handler of each kind.
+_HANDLER_KINDS: tuple[tuple[str, Callable[..., grpc.RpcMethodHandler[Any, Any]]], ...] = (
+    ("unary_unary", grpc.unary_unary_rpc_method_handler),
+    ("unary_stream", grpc.unary_stream_rpc_method_handler),
+    ("stream_unary", grpc.stream_unary_rpc_method_handler),
+    ("stream_stream", grpc.stream_stream_rpc_method_handler),
+)
+
+
 class _RequireClientCertificate(_Interceptor):
     """Abort calls whose peer has no verified certificate with ``UNAUTHENTICATED``, and calls
     from a role :data:`CALLER_ROLES` does not allow with ``PERMISSION_DENIED``.
@@ -291,30 +300,14 @@ class _RequireClientCertificate(_Interceptor):
         if handler is None:
             return None
         method = handler_call_details.method
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _authenticated(handler.unary_unary, method),
-                handler.request_deserializer,
-                handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                _authenticated(handler.unary_stream, method),
-                handler.request_deserializer,
-                handler.response_serializer,
-            )
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                _authenticated(handler.stream_unary, method),
-                handler.request_deserializer,
-                handler.response_serializer,
-            )
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(
-                _authenticated(handler.stream_stream, method),
-                handler.request_deserializer,
-                handler.response_serializer,
-            )
+        for kind, wrap in _HANDLER_KINDS:
+            behaviour = getattr(handler, kind)
+            if behaviour is not None:
+                return wrap(
+                    _authenticated(behaviour, method),
+                    handler.request_deserializer,
+                    handler.response_serializer,
+                )
         return handler
 
 

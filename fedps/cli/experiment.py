@@ -59,17 +59,9 @@ __all__ = ["Grid", "Point", "load_grid", "read_results", "run_experiment"]
 
 _log = logging.getLogger("fedps")
 
-_AXES = (
-    "centralised",
-    "partition",
-    "clients",
-    "mode",
-    "dropout",
-    "encryption",
-    "epsilon",
-    "noise_multiplier",
-    "seed",
-)
+_SETUP_AXES = ("centralised", "partition", "clients", "mode", "dropout", "encryption")
+"""The axes of the platform's set-up (then come the privacy axes and the seed)."""
+_AXES = (*_SETUP_AXES, "epsilon", "noise_multiplier", "seed")
 """Every axis, in the order points are enumerated and keys are written."""
 
 _SECTIONS = ("cluster", "training", "privacy", "he", "security", "tls")
@@ -82,12 +74,7 @@ _CSV_COLUMNS = (
     "dataset",
     "model",
     "rounds",
-    "centralised",
-    "partition",
-    "clients",
-    "mode",
-    "dropout",
-    "encryption",
+    *_SETUP_AXES,
     "seed",
     "epsilon",
     "noise_multiplier",
