@@ -6,18 +6,19 @@ servicer and commit log decode into them and encode from them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from crypto.signed_update import SignedUpdate
 from fedps.messages import (
+    MEMBERS,
+    SIGNED_UPDATE,
+    SIGNED_UPDATES,
+    Converter,
     ParameterBlock,
     WireRecord,
-    from_message,
-    members_from_proto,
-    members_to_proto,
-    signed_update_from_proto,
-    signed_update_to_proto,
-    to_message,
+    records_of,
 )
 from fedps.proto import keyholder_pb2
 
@@ -35,8 +36,11 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class CommitOpening:
+class CommitOpening(WireRecord[keyholder_pb2.OpenCommitsRequest]):
     """The coordinator opens a round's commit phase for a cohort (client id -> Ed25519 key)."""
+
+    wire = keyholder_pb2.OpenCommitsRequest
+    nested: ClassVar[Mapping[str, Converter]] = {"members": MEMBERS}
 
     round: int
     version: int
@@ -44,35 +48,18 @@ class CommitOpening:
     context_id: str
     members: dict[str, bytes]
 
-    def to_proto(self) -> keyholder_pb2.OpenCommitsRequest:
-        """The wire form (members by client id)."""
-        members = members_to_proto(self.members)
-        return to_message(keyholder_pb2.OpenCommitsRequest, self, members=members)
-
-    @classmethod
-    def from_proto(cls, message: keyholder_pb2.OpenCommitsRequest) -> CommitOpening:
-        """From the wire form."""
-        return from_message(cls, message, members=members_from_proto(message.members))
-
 
 @dataclass(frozen=True)
-class UpdateCommitment:
+class UpdateCommitment(WireRecord[keyholder_pb2.CommitRequest]):
     """A client's commitment to a round: its signed update and its ciphertexts' sketches
     (little-endian uint64, sketch count x blocks)."""
+
+    wire = keyholder_pb2.CommitRequest
+    nested: ClassVar[Mapping[str, Converter]] = {"update": SIGNED_UPDATE}
 
     round: int
     update: SignedUpdate
     sketches: bytes = b""
-
-    def to_proto(self) -> keyholder_pb2.CommitRequest:
-        """The wire form."""
-        update = signed_update_to_proto(self.update)
-        return to_message(keyholder_pb2.CommitRequest, self, update=update)
-
-    @classmethod
-    def from_proto(cls, message: keyholder_pb2.CommitRequest) -> UpdateCommitment:
-        """From the wire form."""
-        return from_message(cls, message, update=signed_update_from_proto(message.update))
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,24 +73,16 @@ class CommitClosing(WireRecord[keyholder_pb2.CloseCommitsRequest]):
 
 
 @dataclass(frozen=True)
-class CommitSet:
+class CommitSet(WireRecord[keyholder_pb2.CommitSet]):
     """The clients committed so far, whether the phase is frozen, and (frozen) each
     committed signed update by client id."""
+
+    wire = keyholder_pb2.CommitSet
+    nested: ClassVar[Mapping[str, Converter]] = {"updates": SIGNED_UPDATES}
 
     client_ids: tuple[str, ...]
     frozen: bool
     updates: tuple[SignedUpdate, ...] = ()
-
-    def to_proto(self) -> keyholder_pb2.CommitSet:
-        """The wire form."""
-        updates = [signed_update_to_proto(u) for u in self.updates]
-        return to_message(keyholder_pb2.CommitSet, self, updates=updates)
-
-    @classmethod
-    def from_proto(cls, message: keyholder_pb2.CommitSet) -> CommitSet:
-        """From the wire form."""
-        updates = tuple(signed_update_from_proto(u) for u in message.updates)
-        return from_message(cls, message, updates=updates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,24 +99,16 @@ class PublicContextInfo(WireRecord[keyholder_pb2.PublicContextReply]):
 
 
 @dataclass(frozen=True)
-class ModelUpload:
+class ModelUpload(WireRecord[keyholder_pb2.InitializeRequest]):
     """The chief's initial model (one message of it: some of its blocks)."""
+
+    wire = keyholder_pb2.InitializeRequest
+    nested: ClassVar[Mapping[str, Converter]] = {"blocks": records_of(ParameterBlock)}
 
     num_params: int
     blocks: tuple[ParameterBlock, ...]
     force: bool = False
     version: int = 0
-
-    def to_proto(self) -> keyholder_pb2.InitializeRequest:
-        """The wire form."""
-        blocks = [b.to_proto() for b in self.blocks]
-        return to_message(keyholder_pb2.InitializeRequest, self, blocks=blocks)
-
-    @classmethod
-    def from_proto(cls, message: keyholder_pb2.InitializeRequest) -> ModelUpload:
-        """From the wire form."""
-        blocks = tuple(ParameterBlock.from_proto(b) for b in message.blocks)
-        return from_message(cls, message, blocks=blocks)
 
 
 @dataclass(frozen=True)
@@ -156,24 +127,17 @@ class ModelState(WireRecord[keyholder_pb2.ModelState]):
 
 
 @dataclass(frozen=True)
-class RoundApplication:
+class RoundApplication(WireRecord[keyholder_pb2.ApplyRoundRequest]):
     """The coordinator asks to apply ``round`` (trained on ``version``) with exactly the
     clients it closed with."""
+
+    wire = keyholder_pb2.ApplyRoundRequest
+    nested: ClassVar[Mapping[str, Converter]] = {"members": MEMBERS}
 
     round: int
     version: int
     run_id: str
     members: dict[str, bytes]
-
-    def to_proto(self) -> keyholder_pb2.ApplyRoundRequest:
-        """The wire form."""
-        members = members_to_proto(self.members)
-        return to_message(keyholder_pb2.ApplyRoundRequest, self, members=members)
-
-    @classmethod
-    def from_proto(cls, message: keyholder_pb2.ApplyRoundRequest) -> RoundApplication:
-        """From the wire form."""
-        return from_message(cls, message, members=members_from_proto(message.members))
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ no protobuf), so its conversion is the pair :func:`signed_update_to_proto` /
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
@@ -21,14 +21,20 @@ from fedps.errors import InvalidArgumentError
 from fedps.proto import common_pb2
 
 __all__ = [
+    "COMMITMENTS",
+    "MEMBERS",
+    "SIGNED_UPDATE",
+    "SIGNED_UPDATES",
     "Aggregate",
     "Contribution",
+    "Converter",
     "MalformedReplyError",
     "ParameterBlock",
     "WireRecord",
     "from_message",
     "members_from_proto",
     "members_to_proto",
+    "records_of",
     "signed_update_from_proto",
     "signed_update_to_proto",
     "to_message",
@@ -63,22 +69,30 @@ def from_message(cls: type[_R], message: Message, **converted: Any) -> _R:
     return cls(**(values | converted))
 
 
+#: How one field crosses the wire: (to the wire, from the wire).
+Converter = tuple[Callable[[Any], Any], Callable[[Any], Any]]
+
+
 class WireRecord(Generic[_M]):
     """A frozen dataclass whose wire form is the message type :attr:`wire`, field for field
-    by name; a record with nested messages overrides the conversions to convert those."""
+    by name; the fields in :attr:`nested` are converted with their pair of functions."""
 
     __slots__ = ()
     #: the protobuf message type of the record's wire form
     wire: ClassVar[type[Message]]
+    #: the fields that need converting (nested messages), by name
+    nested: ClassVar[Mapping[str, Converter]] = {}
 
     def to_proto(self) -> _M:
         """The wire form."""
-        return cast(_M, to_message(self.wire, self))
+        converted = {name: out(getattr(self, name)) for name, (out, _) in self.nested.items()}
+        return cast(_M, to_message(self.wire, self, **converted))
 
     @classmethod
     def from_proto(cls, message: _M) -> Self:
         """From the wire form."""
-        return from_message(cls, message)
+        converted = {name: back(getattr(message, name)) for name, (_, back) in cls.nested.items()}
+        return from_message(cls, message, **converted)
 
 
 def _plain(value: Any) -> Any:
@@ -107,6 +121,30 @@ def members_to_proto(members: Mapping[str, bytes]) -> list[common_pb2.CohortMemb
 def members_from_proto(members: Iterable[common_pb2.CohortMember]) -> dict[str, bytes]:
     """A cohort from the wire: client id -> Ed25519 public key."""
     return {m.client_id: bytes(m.signing_key) for m in members}
+
+
+#: A cohort (client id -> Ed25519 public key), by client id on the wire.
+MEMBERS: Converter = (members_to_proto, members_from_proto)
+#: One signed update.
+SIGNED_UPDATE: Converter = (signed_update_to_proto, signed_update_from_proto)
+#: Signed updates, in order.
+SIGNED_UPDATES: Converter = (
+    lambda updates: [signed_update_to_proto(u) for u in updates],
+    lambda messages: tuple(signed_update_from_proto(m) for m in messages),
+)
+#: Signed updates by client id (in client-id order on the wire).
+COMMITMENTS: Converter = (
+    lambda updates: [signed_update_to_proto(u) for _, u in sorted(updates.items())],
+    lambda messages: {m.client_id: signed_update_from_proto(m) for m in messages},
+)
+
+
+def records_of(record_type: type[WireRecord[Any]] | type[Aggregate]) -> Converter:
+    """A repeated field of nested records of ``record_type``, as a tuple."""
+    return (
+        lambda records: [r.to_proto() for r in records],
+        lambda messages: tuple(record_type.from_proto(m) for m in messages),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,18 +6,21 @@ decode into them and encode from them; :class:`server.shard.shard.Shard` never s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from crypto.signed_update import SignedUpdate
 from fedps.messages import (
+    COMMITMENTS,
+    MEMBERS,
+    SIGNED_UPDATES,
     Aggregate,
+    Converter,
     ParameterBlock,
     WireRecord,
     from_message,
-    members_from_proto,
-    members_to_proto,
-    signed_update_from_proto,
-    signed_update_to_proto,
+    records_of,
     to_message,
 )
 from fedps.proto import shard_pb2
@@ -34,9 +37,12 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class RoundOpening:
+class RoundOpening(WireRecord[shard_pb2.OpenRoundRequest]):
     """The coordinator opens ``round`` on model ``version`` for a cohort (client id ->
     Ed25519 key), with each member's commitment fixed at the key holder."""
+
+    wire = shard_pb2.OpenRoundRequest
+    nested: ClassVar[Mapping[str, Converter]] = {"members": MEMBERS, "commitments": COMMITMENTS}
 
     round: int
     version: int
@@ -44,25 +50,6 @@ class RoundOpening:
     context_id: str
     run_id: str = ""
     commitments: dict[str, SignedUpdate] = field(default_factory=dict)
-
-    def to_proto(self) -> shard_pb2.OpenRoundRequest:
-        """The wire form (members and commitments by client id)."""
-        return to_message(
-            shard_pb2.OpenRoundRequest,
-            self,
-            members=members_to_proto(self.members),
-            commitments=[signed_update_to_proto(u) for _, u in sorted(self.commitments.items())],
-        )
-
-    @classmethod
-    def from_proto(cls, message: shard_pb2.OpenRoundRequest) -> RoundOpening:
-        """From the wire form."""
-        return from_message(
-            cls,
-            message,
-            members=members_from_proto(message.members),
-            commitments={c.client_id: signed_update_from_proto(c) for c in message.commitments},
-        )
 
 
 @dataclass(frozen=True)
@@ -137,50 +124,32 @@ class ClosedRound(WireRecord[shard_pb2.CloseRoundReply]):
 
 
 @dataclass(frozen=True)
-class AggregatePart:
+class AggregatePart(WireRecord[shard_pb2.FetchAggregateReply]):
     """One message of a closed round's aggregates: encrypted sums with their manifests, and
     the contributors' signed updates (each once over the stream)."""
+
+    wire = shard_pb2.FetchAggregateReply
+    nested: ClassVar[Mapping[str, Converter]] = {
+        "blocks": records_of(Aggregate),
+        "updates": SIGNED_UPDATES,
+    }
 
     blocks: tuple[Aggregate, ...] = ()
     updates: tuple[SignedUpdate, ...] = ()
 
-    def to_proto(self) -> shard_pb2.FetchAggregateReply:
-        """The wire form."""
-        return shard_pb2.FetchAggregateReply(
-            blocks=[a.to_proto() for a in self.blocks],
-            updates=[signed_update_to_proto(u) for u in self.updates],
-        )
-
-    @classmethod
-    def from_proto(cls, message: shard_pb2.FetchAggregateReply) -> AggregatePart:
-        """From the wire form (:class:`~fedps.messages.MalformedReplyError` for a manifest
-        that lists a client twice)."""
-        return cls(
-            tuple(Aggregate.from_proto(a) for a in message.blocks),
-            tuple(signed_update_from_proto(u) for u in message.updates),
-        )
-
 
 @dataclass(frozen=True)
-class Publication:
+class Publication(WireRecord[shard_pb2.PublishRequest]):
     """A published version of some blocks of the model (one publish message, or a shard's
     saved model)."""
+
+    wire = shard_pb2.PublishRequest
+    nested: ClassVar[Mapping[str, Converter]] = {"blocks": records_of(ParameterBlock)}
 
     version: int
     num_blocks: int
     values_per_block: int
     blocks: tuple[ParameterBlock, ...] = ()
-
-    def to_proto(self) -> shard_pb2.PublishRequest:
-        """The wire form."""
-        blocks = [b.to_proto() for b in self.blocks]
-        return to_message(shard_pb2.PublishRequest, self, blocks=blocks)
-
-    @classmethod
-    def from_proto(cls, message: shard_pb2.PublishRequest) -> Publication:
-        """From the wire form."""
-        blocks = tuple(ParameterBlock.from_proto(b) for b in message.blocks)
-        return from_message(cls, message, blocks=blocks)
 
 
 @dataclass(frozen=True, slots=True)
