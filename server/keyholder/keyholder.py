@@ -48,6 +48,7 @@ from fedps.errors import (
     QuarantinedError,
 )
 from fedps.hash_ring import HashRing
+from fedps.keyholder_messages import ModelState
 from fedps.messages import ParameterBlock
 from fedps.shard_client import ShardClient
 from fedps.shard_messages import Publication
@@ -263,6 +264,17 @@ class KeyHolder:
         """Detections so far, by shard."""
         with self._lock:
             return {shard: sum(r.values()) for shard, r in self.detections.items()}
+
+    def model_state(self) -> ModelState:
+        """The model's version, size and last round, and the tampering detected so far."""
+        return ModelState(
+            version=self.version,
+            num_params=0 if self.params is None else self.params.size,
+            initialized=self.params is not None,
+            last_round=self.last_round,
+            detections=self.detection_counts(),
+            quarantined=tuple(self.quarantined),
+        )
 
     def clear_detections(self) -> None:
         """Forget every detection (the operator replaced the suspect shards); refused

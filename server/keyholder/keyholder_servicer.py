@@ -122,12 +122,4 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
     def GetModelState(  # noqa: N802
         self, request: common_pb2.Empty, context: grpc.ServicerContext
     ) -> keyholder_pb2.ModelState:
-        kh = self.keyholder
-        return records.ModelState(
-            version=kh.version,
-            num_params=0 if kh.params is None else kh.params.size,
-            initialized=kh.params is not None,
-            last_round=kh.last_round,
-            detections=kh.detection_counts(),
-            quarantined=tuple(kh.quarantined),
-        ).to_proto()
+        return self.keyholder.model_state().to_proto()

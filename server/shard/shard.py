@@ -37,7 +37,7 @@ from fedps.errors import (
 )
 from fedps.hash_ring import HashRing
 from fedps.messages import Aggregate, Contribution, ParameterBlock
-from fedps.shard_messages import Publication, PushBatch, RoundOpening
+from fedps.shard_messages import Publication, PushBatch, RoundOpening, ShardStatus
 from fedps.staleness import multiplier
 from server.shard.shard_log import ShardLog, ShardLogRecord
 
@@ -587,6 +587,19 @@ class Shard:
     def round_is_open(self) -> bool:
         """Whether the most recent round still accepts pushes."""
         return self._open is not None and not self._open.closed
+
+    def status(self) -> ShardStatus:
+        """What this shard reports to the operator."""
+        return ShardStatus(
+            shard_id=self.shard_id,
+            version=self.version,
+            blocks=len(self.owned_blocks),
+            open_round=self.open_round_number,
+            round_open=self.round_is_open,
+            pushes_accepted=self.stats["accepted"],
+            pushes_refused=self.stats["refused"],
+            bytes_received=self.stats["bytes"],
+        )
 
     @property
     def owned_blocks(self) -> list[int]:

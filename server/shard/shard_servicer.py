@@ -126,14 +126,4 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     def GetStatus(  # noqa: N802
         self, request: common_pb2.Empty, context: grpc.ServicerContext
     ) -> shard_pb2.ShardStatus:
-        s = self.shard
-        return records.ShardStatus(
-            shard_id=s.shard_id,
-            version=s.version,
-            blocks=len(s.owned_blocks),
-            open_round=s.open_round_number,
-            round_open=s.round_is_open,
-            pushes_accepted=s.stats["accepted"],
-            pushes_refused=s.stats["refused"],
-            bytes_received=s.stats["bytes"],
-        ).to_proto()
+        return self.shard.status().to_proto()
