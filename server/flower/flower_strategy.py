@@ -50,18 +50,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
+from fedps import flower_messages as wire
 from fedps.blocks import load_flat
 from fedps.config import FedPSConfig
 from fedps.errors import ConfigError, FedPSError, InvalidArgumentError
-from fedps.flower_messages import (
-    METRICS_KEY,
-    PUSH_ACTION,
-    RECORD_KEY,
-    REGISTER_ACTION,
-    FlowerTask,
-    Registration,
-    RoundReport,
-)
 from server.coordinator.coordinator import Coordinator, RoundRecord
 
 __all__ = ["FlowerStrategy"]
@@ -86,7 +78,7 @@ class _Round:
     cohort: dict[int, _Member]  # Flower node id -> member
     thread: threading.Thread
     error: list[BaseException]
-    tasks: dict[int, FlowerTask] = field(default_factory=dict)  # what each node was sent
+    tasks: dict[int, wire.FlowerTask] = field(default_factory=dict)  # what each node was sent
 
 
 class FlowerStrategy(Strategy):
@@ -212,7 +204,7 @@ class FlowerStrategy(Strategy):
             task = coordinator.get_task(member.client_id, member.credential)
             if task.kind != "train":
                 raise FedPSError(f"round {opened.number}: no task for {member.client_id}")
-            opened.tasks[node] = FlowerTask(
+            opened.tasks[node] = wire.FlowerTask(
                 round=task.round,
                 version=task.version,
                 deadline_unix=task.deadline_unix,
@@ -247,7 +239,7 @@ class FlowerStrategy(Strategy):
             and self.coordinator.wait_until_pushing(current.number, timeout)
         ):
             pushes = [
-                self._message(current.tasks[node], node, f"{MessageType.QUERY}.{PUSH_ACTION}")
+                self._message(current.tasks[node], node, f"{MessageType.QUERY}.{wire.PUSH_ACTION}")
                 for node in committed
             ]
             replies = grid.send_and_receive(pushes, timeout=timeout)
@@ -288,14 +280,14 @@ class FlowerStrategy(Strategy):
     # ------------------------------------------------------------------ helpers
     def _message(
         self,
-        task: FlowerTask,
+        task: wire.FlowerTask,
         node: int,
         message_type: str,
         server_round: int | None = None,
         config: ConfigRecord | None = None,
     ) -> Message:
         values: dict[str, ConfigRecordValues] = {**task.to_record()}
-        content = RecordDict({RECORD_KEY: ConfigRecord(values)})
+        content = RecordDict({wire.RECORD_KEY: ConfigRecord(values)})
         if config is not None:
             content["config"] = config
         group = str(server_round) if server_round is not None else str(task.round)
@@ -309,11 +301,11 @@ class FlowerStrategy(Strategy):
         server_round: int,
         *,
         hold_committed: bool = False,
-    ) -> dict[int, RoundReport]:
+    ) -> dict[int, wire.RoundReport]:
         """Report each ``expected`` node's reply to the coordinator (a node without one:
         done, nothing pushed); with ``hold_committed``, return the committed nodes' reports
         unreported instead (they still have to push)."""
-        held: dict[int, RoundReport] = {}
+        held: dict[int, wire.RoundReport] = {}
         replied: set[int] = set()
         for reply in replies:
             node = reply.metadata.src_node_id
@@ -356,7 +348,7 @@ class FlowerStrategy(Strategy):
         messages = [
             Message(
                 content=RecordDict(),
-                message_type=f"{MessageType.QUERY}.{REGISTER_ACTION}",
+                message_type=f"{MessageType.QUERY}.{wire.REGISTER_ACTION}",
                 dst_node_id=node,
             )
             for node in nodes
@@ -367,7 +359,7 @@ class FlowerStrategy(Strategy):
                 _log.warning("node %d did not register: %s", node, reply.error.reason)
                 continue
             try:
-                reg = Registration.from_record(reply.content.config_records[RECORD_KEY])
+                reg = wire.Registration.from_record(reply.content.config_records[wire.RECORD_KEY])
                 client_id, credential = self.coordinator.registry.register(
                     reg.name,
                     reg.num_examples,
@@ -411,14 +403,14 @@ class FlowerStrategy(Strategy):
         self._round = _Round(number, cohort, thread, errors)
         return self._round
 
-    def _report_of(self, reply: Message, number: int) -> RoundReport | None:
+    def _report_of(self, reply: Message, number: int) -> wire.RoundReport | None:
         """The node's report, or None for an error reply or a malformed one."""
         node = reply.metadata.src_node_id
         if reply.has_error():
             _log.warning("node %d failed round %d: %s", node, number, reply.error.reason)
             return None
         try:
-            report = RoundReport.from_metrics(reply.content.metric_records[METRICS_KEY])
+            report = wire.RoundReport.from_metrics(reply.content.metric_records[wire.METRICS_KEY])
         except (KeyError, InvalidArgumentError) as exc:
             _log.warning("node %d sent a malformed report: %s", node, exc)
             return None
@@ -427,7 +419,7 @@ class FlowerStrategy(Strategy):
             return None
         return report
 
-    def _report(self, member: _Member, number: int, report: RoundReport | None) -> None:
+    def _report(self, member: _Member, number: int, report: wire.RoundReport | None) -> None:
         """Tell the coordinator the member is done with the round (pushed or not); which
         updates count is what the shards accepted, never what a reply claims."""
         try:
