@@ -10,6 +10,7 @@ import dataclasses
 import io
 import json
 import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -206,18 +207,33 @@ def test_every_shipped_grid_loads() -> None:
 # ---------------------------------------------------------------------------- sweeps
 
 
-def test_sweep_records_points_and_skips_them_on_resume(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """A grid file (TINY unless rewritten) and where its sweep keeps its results."""
+
+    grid: Path
+    results: Path
+    monkeypatch: pytest.MonkeyPatch
+
+    def run(self, demo: Callable[..., Any] | None = None, **options: Any) -> list[dict[str, Any]]:
+        """Sweep the grid, with ``demo`` standing in for the platform from now on if given."""
+        if demo is not None:
+            self.monkeypatch.setattr(experiment, "run_demo", demo)
+        return run_experiment(self.grid, self.results, console=_console(), **options)
+
+
+@pytest.fixture
+def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Sweep:
+    return Sweep(_write(tmp_path, TINY), tmp_path / "out" / "results.jsonl", monkeypatch)
+
+
+def test_sweep_records_points_and_skips_them_on_resume(tmp_path: Path, sweep: Sweep) -> None:
     # Prepare
-    grid = _write(tmp_path, TINY)
-    results = tmp_path / "out" / "results.jsonl"
     fake = FakeDemo()
-    monkeypatch.setattr(experiment, "run_demo", fake)
 
     # Execute
-    first = run_experiment(grid, results, workdir=tmp_path / "work", console=_console())
-    second = run_experiment(grid, results, console=_console())
+    first = sweep.run(fake, workdir=tmp_path / "work")
+    second = sweep.run()
 
     # Assert
     assert len(fake.calls) == 2  # the second sweep ran nothing
@@ -226,87 +242,67 @@ def test_sweep_records_points_and_skips_them_on_resume(
     assert first[0]["final_accuracy"] == 0.9 and first[0]["encryption"] is True
     assert first[0]["clients"] == 2 and first[0]["epsilon"] == 7.5
     assert first[0]["round_accuracy"] == [0.7, 0.9]
-    assert len(results.read_text().splitlines()) == 2
-    csv = results.with_suffix(".csv").read_text().splitlines()
+    assert len(sweep.results.read_text().splitlines()) == 2
+    csv = sweep.results.with_suffix(".csv").read_text().splitlines()
     assert csv[0].startswith("key,") and len(csv) == 3
 
 
-def test_sweep_runs_only_points_missing_from_the_results(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_sweep_runs_only_points_missing_from_the_results(sweep: Sweep) -> None:
     # Prepare: a results file whose last line an interrupted write cut short.
-    grid = _write(tmp_path, TINY)
-    results = tmp_path / "results.jsonl"
-    monkeypatch.setattr(experiment, "run_demo", FakeDemo())
-    run_experiment(grid, results, console=_console())
-    first_line = results.read_text().splitlines()[0]
-    results.write_text(first_line + "\n" + '{"key": "encryption=fal')
+    sweep.run(FakeDemo())
+    first_line = sweep.results.read_text().splitlines()[0]
+    sweep.results.write_text(first_line + "\n" + '{"key": "encryption=fal')
     fake = FakeDemo()
-    monkeypatch.setattr(experiment, "run_demo", fake)
 
     # Execute
-    records = run_experiment(grid, results, console=_console())
+    records = sweep.run(fake)
 
     # Assert
     assert len(fake.calls) == 1
     assert fake.calls[0]["he"] == {"enabled": False}
     assert [r["key"] for r in records] == ["encryption=true", "encryption=false"]
-    assert [r["key"] for r in read_results(results)] == ["encryption=true", "encryption=false"]
+    assert [r["key"] for r in read_results(sweep.results)] == [
+        "encryption=true",
+        "encryption=false",
+    ]
 
 
-def test_failed_point_is_recorded_and_retried(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_failed_point_is_recorded_and_retried(sweep: Sweep) -> None:
     # Prepare
-    grid = _write(tmp_path, TINY)
-    results = tmp_path / "results.jsonl"
-    monkeypatch.setattr(experiment, "run_demo", FakeDemo(fail=("encryption=true",)))
-    failed = run_experiment(grid, results, console=_console())
+    failed = sweep.run(FakeDemo(fail=("encryption=true",)))
     retry = FakeDemo()
-    monkeypatch.setattr(experiment, "run_demo", retry)
 
     # Execute
-    records = run_experiment(grid, results, console=_console())
+    records = sweep.run(retry)
 
     # Assert
     assert "every client exited" in failed[0]["error"]
     assert "error" not in failed[1]  # the sweep went on
     assert len(retry.calls) == 1 and retry.calls[0]["he"] == {"enabled": True}
     assert all("error" not in r for r in records)
-    assert len(results.read_text().splitlines()) == 3  # the retry superseded the failure
+    assert len(sweep.results.read_text().splitlines()) == 3  # the retry superseded the failure
 
 
-def test_resume_refuses_results_of_another_base_configuration(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_resume_refuses_results_of_another_base_configuration(sweep: Sweep) -> None:
     # Prepare
-    grid = _write(tmp_path, TINY)
-    results = tmp_path / "results.jsonl"
-    monkeypatch.setattr(experiment, "run_demo", FakeDemo())
-    run_experiment(grid, results, console=_console())
-    grid.write_text(TINY.replace("rounds = 2", "rounds = 5"))
+    sweep.run(FakeDemo())
+    sweep.grid.write_text(TINY.replace("rounds = 2", "rounds = 5"))
 
     # Execute / Assert
     with pytest.raises(ConfigError, match="another base configuration"):
-        run_experiment(grid, results, console=_console())
+        sweep.run()
 
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_real_sweep_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Prepare
-    grid = _write(tmp_path, TINY)
-    results = tmp_path / "results.jsonl"
-
+def test_real_sweep_resumes(sweep: Sweep) -> None:
     # Execute: the real platform, twice; then a file with only the first point done.
-    records = run_experiment(grid, results, console=_console(), point_timeout_s=300)
-    lines = results.read_text().splitlines()
-    monkeypatch.setattr(experiment, "run_demo", FakeDemo(fail=("encryption=true",)))
-    again = run_experiment(grid, results, console=_console())
-    results.write_text(lines[0] + "\n")
+    records = sweep.run(point_timeout_s=300)
+    lines = sweep.results.read_text().splitlines()
+    again = sweep.run(FakeDemo(fail=("encryption=true",)))
+    sweep.results.write_text(lines[0] + "\n")
     fake = FakeDemo()
-    monkeypatch.setattr(experiment, "run_demo", fake)
-    resumed = run_experiment(grid, results, console=_console())
+    resumed = sweep.run(fake)
 
     # Assert
     assert all("error" not in r for r in records), records
@@ -349,7 +345,14 @@ def _record(key: str, **fields: Any) -> dict[str, Any]:
     return {**base, **fields}
 
 
-def _results_file(tmp_path: Path) -> Path:
+def _results_file(tmp_path: Path, records: Iterable[dict[str, Any]]) -> Path:
+    """A results file holding ``records``, one JSON line each."""
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def _sample_results(tmp_path: Path) -> Path:
     records = [
         _record(
             f"centralised=false,partition={part},encryption={str(enc).lower()},epsilon={eps}",
@@ -379,14 +382,12 @@ def _results_file(tmp_path: Path) -> Path:
             error="PeerUnavailableError: every client exited",
         )
     )
-    path = tmp_path / "results.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in reversed(records)))
-    return path
+    return _results_file(tmp_path, reversed(records))
 
 
 def test_report_lists_every_point_sorted_and_draws_plots(tmp_path: Path) -> None:
     # Prepare
-    results = _results_file(tmp_path)
+    results = _sample_results(tmp_path)
 
     # Execute
     report = render_report(results, tmp_path / "report")
@@ -428,8 +429,7 @@ def test_report_summarises_seeds_and_shows_dropout(tmp_path: Path) -> None:
             (0.3, 2, None),
         )
     ]
-    results = tmp_path / "results.jsonl"
-    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+    results = _results_file(tmp_path, records)
 
     # Execute
     text = render_report(results, tmp_path / "report").read_text()
@@ -457,8 +457,7 @@ def test_report_says_where_the_noise_came_from(
         _record(f"seed={i}", seed=i, **({} if noise is None else {"noise": noise}))
         for i, noise in enumerate(noises)
     ]
-    results = tmp_path / "results.jsonl"
-    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+    results = _results_file(tmp_path, records)
 
     # Execute
     text = render_report(results, tmp_path / "report").read_text()
@@ -479,24 +478,16 @@ def test_report_of_missing_or_empty_results_fails(tmp_path: Path) -> None:
         render_report(empty, tmp_path / "out")
 
 
-def test_infinite_epsilon_is_written_as_inf(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_infinite_epsilon_is_written_as_inf(sweep: Sweep) -> None:
     # Prepare: "no DP" points report an astronomically large epsilon, some values are inf.
-    grid = _write(tmp_path, '[grid]\nepsilon = ["inf"]\n')
-    results = tmp_path / "results.jsonl"
+    sweep.grid.write_text('[grid]\nepsilon = ["inf"]\n')
     fake = FakeDemo()
-    monkeypatch.setattr(
-        experiment,
-        "run_demo",
-        lambda *a, **k: dataclasses.replace(fake(*a, **k), max_epsilon=math.inf),
-    )
 
     # Execute
-    (record,) = run_experiment(grid, results, console=_console())
+    (record,) = sweep.run(lambda *a, **k: dataclasses.replace(fake(*a, **k), max_epsilon=math.inf))
 
     # Assert
-    line = json.loads(results.read_text())
+    line = json.loads(sweep.results.read_text())
     assert record["epsilon"] == "inf" == line["epsilon"]
     assert line["max_epsilon"] == "inf"
-    assert "Infinity" not in results.read_text()
+    assert "Infinity" not in sweep.results.read_text()

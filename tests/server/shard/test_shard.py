@@ -210,6 +210,16 @@ def _decrypted_sums(aggregates: list[Aggregate], keys: SecretContext) -> dict[in
     return out
 
 
+def _assert_counted_alone(
+    client: str, aggregates: list[Aggregate], signed: list[SignedUpdate], updates: Updates
+) -> None:
+    """Every aggregate counts ``client`` alone, with weight 1; only its update is handed on."""
+    assert all(
+        agg.contributions == _contributions(updates, agg.block, {client: 1.0}) for agg in aggregates
+    )
+    assert [u.client_id for u in signed] == [client]
+
+
 # --------------------------------------------------------------------------- model blocks
 
 
@@ -432,10 +442,7 @@ def test_invalid_push_is_refused_and_adds_nothing(
     # Assert: only "a" is in the sums, the manifests and the signed updates.
     assert shard.stats["refused"] == 1
     assert shard.stats["accepted"] == len(owned)
-    assert all(
-        agg.contributions == _contributions(updates, agg.block, {"a": 1.0}) for agg in aggregates
-    )
-    assert [u.client_id for u in signed] == ["a"]
+    _assert_counted_alone("a", aggregates, signed, updates)
     sums = _decrypted_sums(aggregates, keys)
     assert sorted(sums) == owned
     assert all(abs(s - 1.0) < TOLERANCE for s in sums.values())
@@ -631,10 +638,7 @@ def test_reopening_same_round_is_idempotent(
     # Assert: the sums survived the repeated open.
     aggregates, signed = shard.aggregates(1)
     assert len(aggregates) == len(owned)
-    assert all(
-        agg.contributions == _contributions(updates, agg.block, {"a": 1.0}) for agg in aggregates
-    )
-    assert [u.client_id for u in signed] == ["a"]
+    _assert_counted_alone("a", aggregates, signed, updates)
 
 
 @pytest.mark.parametrize("case", ["smaller-cohort", "new-key"])
@@ -656,10 +660,7 @@ def test_reopening_with_new_cohort_starts_afresh(
     # Assert
     aggregates, signed = shard.aggregates(1)
     assert len(aggregates) == len(owned)
-    assert all(
-        agg.contributions == _contributions(updates, agg.block, {"b": 1.0}) for agg in aggregates
-    )
-    assert [u.client_id for u in signed] == ["b"]
+    _assert_counted_alone("b", aggregates, signed, updates)
 
 
 def test_opening_next_round_closes_the_previous_one(
@@ -689,10 +690,7 @@ def _assert_only_a_counted(
     assert shard.close_round(1) == ["a"]
     aggregates, signed = shard.aggregates(1)
     assert shard.stats["accepted"] == len(owned)
-    assert all(
-        agg.contributions == _contributions(updates, agg.block, {"a": 1.0}) for agg in aggregates
-    )
-    assert [u.client_id for u in signed] == ["a"]
+    _assert_counted_alone("a", aggregates, signed, updates)
     sums = _decrypted_sums(aggregates, keys)
     assert sorted(sums) == owned
     assert all(abs(s - 1.0) < TOLERANCE for s in sums.values())
@@ -870,28 +868,48 @@ def _publish_and_open(
     shard.open_round(1, 1, updates.members(COHORT), keys.public.context_id)
 
 
-def _durable(tmp_path: Path, ring: HashRing, lookup: Lookup) -> Shard:
-    shard = Shard(SHARD, ring, lookup, log=ShardLog(tmp_path / SHARD))
-    shard.recover()
-    return shard
+@dataclasses.dataclass(frozen=True)
+class Durable:
+    """Where a durable shard keeps its log, and what its tests need besides."""
+
+    path: Path
+    ring: HashRing
+    lookup: Lookup
+    owned: list[int]
+    keys: SecretContext
+    updates: Updates
+
+    def start(self) -> Shard:
+        """A shard on the log, having recovered what it holds (as after a crash)."""
+        shard = Shard(SHARD, self.ring, self.lookup, log=ShardLog(self.path / SHARD))
+        shard.recover()
+        return shard
 
 
-def test_restarted_shard_continues_the_open_round_and_counts_nothing_twice(
+@pytest.fixture
+def durable(
     tmp_path: Path,
     ring: HashRing,
     owned: list[int],
     lookup: Lookup,
     keys: SecretContext,
     updates: Updates,
+) -> Durable:
+    return Durable(tmp_path, ring, lookup, owned, keys, updates)
+
+
+def test_restarted_shard_continues_the_open_round_and_counts_nothing_twice(
+    durable: Durable,
 ) -> None:
+    owned, keys, updates = durable.owned, durable.keys, durable.updates
     # Prepare: a durable shard publishes, opens round 1 and acknowledges client a
-    first = _durable(tmp_path, ring, lookup)
+    first = durable.start()
     _publish_and_open(first, owned, keys, updates)
     push_a = updates.signed("a")(owned)
     assert first.push(push_a) == (len(owned), 0)
     # Execute: the process dies (nothing closed, nothing flushed by hand) and restarts
     del first
-    second = _durable(tmp_path, ring, lookup)
+    second = durable.start()
     retried = second.push(push_a)  # the same message again, its acknowledgement was lost
     _push_all(second, "b", updates, owned)
     # Assert: the model and the round survived; a counted once, b added
@@ -905,16 +923,10 @@ def test_restarted_shard_continues_the_open_round_and_counts_nothing_twice(
     assert all(abs(v - 3.0) < TOLERANCE for v in sums.values())  # 1 (a) + 2 (b), once each
 
 
-def test_closed_and_discarded_rounds_stay_so_after_restart(
-    tmp_path: Path,
-    ring: HashRing,
-    owned: list[int],
-    lookup: Lookup,
-    keys: SecretContext,
-    updates: Updates,
-) -> None:
+def test_closed_and_discarded_rounds_stay_so_after_restart(durable: Durable) -> None:
+    owned, keys, updates = durable.owned, durable.keys, durable.updates
     # Prepare: round 1 closed with a; round 2 discarded after b
-    first = _durable(tmp_path, ring, lookup)
+    first = durable.start()
     _publish_and_open(first, owned, keys, updates)
     _push_all(first, "a", updates, owned)
     first.close_round(1)
@@ -922,31 +934,25 @@ def test_closed_and_discarded_rounds_stay_so_after_restart(
     first.push(updates.signed("b", round_=2)(owned))
     first.discard_round(2)
     # Execute
-    second = _durable(tmp_path, ring, lookup)
+    second = durable.start()
     # Assert: round 1's aggregate is still there to fetch; round 2 holds nothing
     sums = _decrypted_sums(second.aggregates(1)[0], keys)
     assert sorted(sums) == owned and all(abs(v - 1.0) < TOLERANCE for v in sums.values())
     assert second.aggregates(2)[0] == []
 
 
-def test_torn_last_record_is_cut_off(
-    tmp_path: Path,
-    ring: HashRing,
-    owned: list[int],
-    lookup: Lookup,
-    keys: SecretContext,
-    updates: Updates,
-) -> None:
+def test_torn_last_record_is_cut_off(durable: Durable) -> None:
+    owned, keys, updates = durable.owned, durable.keys, durable.updates
     # Prepare: a acknowledged; then the process dies in the middle of writing b's record
-    first = _durable(tmp_path, ring, lookup)
+    first = durable.start()
     _publish_and_open(first, owned, keys, updates)
     _push_all(first, "a", updates, owned)
-    path = tmp_path / SHARD / "log" / f"round-{1:012d}.wal"
+    path = durable.path / SHARD / "log" / f"round-{1:012d}.wal"
     good = path.stat().st_size
     with open(path, "ab") as fh:
         fh.write(b"\x00\x10\x00\x00garbage")  # a header promising 4096 bytes, then a crash
     # Execute
-    second = _durable(tmp_path, ring, lookup)
+    second = durable.start()
     # Assert: a is there, the torn record is gone from the file, b can push normally
     assert path.stat().st_size == good
     assert _push_all(second, "b", updates, owned) == (len(owned), 0)
