@@ -13,7 +13,6 @@ import numpy as np
 
 from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError, RoundClosedError
-from fedps.proto import shard_pb2_grpc
 from fedps.shard_client import PULL_S, ShardClient
 
 __all__ = ["ParameterClient"]
@@ -31,11 +30,6 @@ class ParameterClient:
     def __init__(self, shards: dict[str, str]) -> None:
         #: one typed client per shard, by shard id
         self.shards = {sid: ShardClient(sid, addr) for sid, addr in shards.items()}
-
-    @property
-    def stubs(self) -> dict[str, shard_pb2_grpc.ShardStub]:
-        """The raw stubs, for callers not yet on :attr:`shards` (the coordinator)."""
-        return {sid: client.stub for sid, client in self.shards.items()}
 
     def close(self) -> None:
         """Close every channel."""

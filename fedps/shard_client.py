@@ -53,11 +53,6 @@ class ShardClient:
         self._channel = create_channel(address)
         self._stub = shard_pb2_grpc.ShardStub(self._channel)
 
-    @property
-    def stub(self) -> shard_pb2_grpc.ShardStub:
-        """The raw stub, for callers not yet on the typed methods."""
-        return self._stub
-
     def close(self) -> None:
         """Close the channel."""
         self._channel.close()

@@ -48,10 +48,12 @@ import numpy as np
 from fedps.blocks import BlockLayout
 from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig
+from fedps.coordinator_messages import RETRY_AFTER_S, Task
 from fedps.errors import FedPSError, QuarantinedError
+from fedps.keyholder_messages import CommitOpening, CommitSet, RoundApplication
 from server.coordinator.checkpoint_store import CheckpointStore
 from server.coordinator.client_registry import ClientRegistry, RegisteredClient
-from server.coordinator.cluster_peers import ClusterPeers, Commitments, RoundOpening
+from server.coordinator.cluster_peers import ClusterPeers
 from server.coordinator.cohort_sampler import CohortSampler
 from server.coordinator.evaluator import Evaluator
 from server.coordinator.round_policy import create_round_policy
@@ -64,7 +66,7 @@ __all__ = ["Coordinator", "RoundRecord", "Task"]
 
 _log = logging.getLogger("fedps")
 
-_WAIT_S = 0.2
+_WAIT_S = RETRY_AFTER_S
 
 
 @dataclass
@@ -84,19 +86,6 @@ class RoundRecord:
     #: client level: the noise multiplier the released model carries (0: example level)
     noise_multiplier: float = 0.0
     cohort: int = 0  # clients drawn for the round
-
-
-@dataclass(frozen=True)
-class Task:
-    """What a client should do next."""
-
-    kind: str  # "wait" | "train" | "push" | "done"
-    round: int = 0
-    version: int = 0
-    deadline_unix: float = 0.0  # math.inf: no deadline (an asynchronous buffer's commits)
-    retry_after: float = _WAIT_S
-    weight_scale: float = 1.0
-    context_id: str = ""
 
 
 @dataclass
@@ -448,7 +437,7 @@ class Coordinator:
         if self._stop.is_set():
             return
         commitments = self._peers.commitments(round_, freeze=True)  # none accepted after this
-        committed = commitments.client_ids & cohort
+        committed = frozenset(commitments.client_ids) & cohort
         record = RoundRecord(
             round=round_, version=opened.version, contributors=0, cohort=len(cohort)
         )
@@ -519,7 +508,7 @@ class Coordinator:
             while not self._stop.is_set() and time.time() < opened.deadline:
                 commitments = self._peers.commitments(opened.round, freeze=False)
                 with self._changed:
-                    opened.committed = commitments.client_ids
+                    opened.committed = frozenset(commitments.client_ids)
                     if commitments.frozen or self._policy.commitments_complete(  # frozen: restart
                         opened.cohort, opened.committed, opened.reported
                     ):
@@ -533,7 +522,7 @@ class Coordinator:
         self,
         opened: _OpenRound,
         committed: frozenset[str],
-        commitments: Commitments,
+        commitments: CommitSet,
         resume: _OpenRound | None,
         record: RoundRecord,
     ) -> set[str] | None:
@@ -544,7 +533,7 @@ class Coordinator:
             opened.deadline = time.time() + self._training.deadline_s
         self._checkpoint(opened)
         frozen_at = time.time()
-        self._peers.open_round(self._opening(opened, committed), commitments.updates_of(committed))
+        self._peers.open_round(self._opening(opened, committed), commitments)
         self._wait_for_pushes(opened, resume)
         if self._stop.is_set():
             return None
@@ -554,9 +543,9 @@ class Coordinator:
         record.push_seconds = time.time() - frozen_at
         return accepted
 
-    def _opening(self, opened: _OpenRound, members: frozenset[str]) -> RoundOpening:
+    def _opening(self, opened: _OpenRound, members: frozenset[str]) -> CommitOpening:
         """``opened`` as the key holder or the shards open it, for ``members``."""
-        return RoundOpening(
+        return CommitOpening(
             opened.round,
             opened.version,
             self.run_id,
@@ -587,10 +576,9 @@ class Coordinator:
         the new version, or abandon the round if refused. False: stopping."""
         try:
             applied = self._peers.apply_round(
-                opened.round,
-                opened.version,
-                run_id=self.run_id,
-                members=self.registry.signing_keys(accepted),
+                RoundApplication(
+                    opened.round, opened.version, self.run_id, self.registry.signing_keys(accepted)
+                )
             )
         except FedPSError as exc:  # a policy refusal, or an aggregate that cannot decrypt
             if self._stop.is_set():

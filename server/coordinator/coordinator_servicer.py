@@ -10,21 +10,20 @@ from __future__ import annotations
 
 import grpc
 
+from fedps.coordinator_messages import (
+    CREDENTIAL_HEADER,
+    ClientRegistration,
+    ClusterStatus,
+    RegistrationReply,
+    RoundSummary,
+    TaskQuery,
+    UpdateReport,
+)
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fedps.transport import peer_common_name, require_peer, rpc_errors
 from server.coordinator.coordinator import Coordinator
 
 __all__ = ["CREDENTIAL_HEADER", "CoordinatorServicer"]
-
-#: Metadata key carrying a client's credential (hex).
-CREDENTIAL_HEADER = "x-fedps-credential"
-
-_KINDS = {
-    "wait": coordinator_pb2.Task.WAIT,
-    "train": coordinator_pb2.Task.TRAIN,
-    "done": coordinator_pb2.Task.DONE,
-    "push": coordinator_pb2.Task.PUSH,
-}
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
@@ -37,67 +36,56 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: coordinator_pb2.RegisterRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.RegisterReply:
         c = self.coordinator
+        r = ClientRegistration.from_proto(request)
         with rpc_errors(context):
             client_id, credential = c.registry.register(
-                request.name,
-                request.num_examples,
-                request.num_params,
-                request.signing_key,
+                r.name,
+                r.num_examples,
+                r.num_params,
+                r.signing_key,
                 identity=peer_common_name(context),
-                enrolment_token=request.enrolment_token,
-                epsilon=request.epsilon,
-                delta=request.delta,
+                enrolment_token=r.enrolment_token,
+                epsilon=r.epsilon,
+                delta=r.delta,
             )
         cluster = c.config.cluster
-        return coordinator_pb2.RegisterReply(
+        return RegistrationReply(
             client_id=client_id,
             run_id=c.run_id,
             keyholder=cluster.keyholder,
-            shards=[
-                coordinator_pb2.ShardAddress(shard_id=sid, address=addr)
-                for sid, addr in zip(cluster.shard_ids, cluster.shards, strict=True)
-            ],
+            shards=dict(zip(cluster.shard_ids, cluster.shards, strict=True)),
             virtual_nodes=cluster.virtual_nodes,
             num_params=c.layout.num_params,
             rounds=c.config.training.rounds,
             credential=credential,
-        )
+        ).to_proto()
 
     def GetTask(  # noqa: N802
         self, request: coordinator_pb2.TaskRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.Task:
+        query = TaskQuery.from_proto(request)
         with rpc_errors(context):
-            require_peer(context, request.client_id)
+            require_peer(context, query.client_id)
             task = self.coordinator.get_task(
-                request.client_id,
-                _credential(context),
-                epsilon=request.epsilon,
-                delta=request.delta,
+                query.client_id, _credential(context), epsilon=query.epsilon, delta=query.delta
             )
-        return coordinator_pb2.Task(
-            kind=_KINDS[task.kind],
-            round=task.round,
-            version=task.version,
-            deadline_unix=task.deadline_unix,
-            retry_after=task.retry_after,
-            weight_scale=task.weight_scale,
-            context_id=task.context_id,
-        )
+        return task.to_proto()
 
     def ReportUpdate(  # noqa: N802
         self, request: coordinator_pb2.UpdateReport, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
+        report = UpdateReport.from_proto(request)
         with rpc_errors(context):
-            require_peer(context, request.client_id)
+            require_peer(context, report.client_id)
             self.coordinator.report(
-                request.client_id,
-                request.round,
-                epsilon=request.epsilon,
-                delta=request.delta,
-                bytes_pushed=request.bytes_pushed,
-                budget_exhausted=request.budget_exhausted,
+                report.client_id,
+                report.round,
+                epsilon=report.epsilon,
+                delta=report.delta,
+                bytes_pushed=report.bytes_pushed,
+                budget_exhausted=report.budget_exhausted,
                 credential=_credential(context),
-                noise_multiplier=request.noise_multiplier,
+                noise_multiplier=report.noise_multiplier,
             )
         return common_pb2.Empty()
 
@@ -106,35 +94,21 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> coordinator_pb2.ClusterStatus:
         c = self.coordinator
         epsilon, delta = c.max_epsilon
-        return coordinator_pb2.ClusterStatus(
+        return ClusterStatus(
             noise=c.config.privacy.noise_mode,
             run_id=c.run_id,
             round=c.round,
             version=c.version,
             registered=len(c.clients),
             finished=c.finished,
-            history=[
-                coordinator_pb2.RoundSummary(
-                    round=r.round,
-                    version=r.version,
-                    contributors=r.contributors,
-                    accuracy=r.accuracy,
-                    loss=r.loss,
-                    max_epsilon=r.max_epsilon,
-                    bytes_pushed=r.bytes_pushed,
-                    seconds=r.seconds,
-                    abandoned=r.abandoned,
-                    push_seconds=r.push_seconds,
-                )
-                for r in list(c.history)
-            ],
+            history=tuple(RoundSummary.of(r) for r in list(c.history)),
             max_epsilon=epsilon,
             delta=delta,
             bytes_pushed=c.bytes_pushed,
             last_checkpoint_unix=c.last_checkpoint,
             client_epsilons=c.client_epsilons,
             client_noise_multipliers=c.client_noise_multipliers,
-        )
+        ).to_proto()
 
 
 def _credential(context: grpc.ServicerContext) -> bytes:

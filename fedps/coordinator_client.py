@@ -1,0 +1,98 @@
+"""The typed client of the coordinator: the wire twin of the coordinator's servicer.
+
+One method per RPC of ``coordinator.proto``, taking and returning the plain records of
+:mod:`fedps.coordinator_messages`; the channel, each call's deadline, the status -> exception
+mapping, the wait for a restarting coordinator (``retry_s``) and the credential issued at
+registration (sent on every later call) live here.
+"""
+
+from __future__ import annotations
+
+from fedps.coordinator_messages import (
+    CREDENTIAL_HEADER,
+    ClientRegistration,
+    ClusterStatus,
+    RegistrationReply,
+    Task,
+    TaskQuery,
+    UpdateReport,
+)
+from fedps.proto import common_pb2, coordinator_pb2_grpc
+from fedps.service_call import invoke
+from fedps.transport import create_channel
+
+__all__ = ["CALL_S", "CoordinatorClient"]
+
+#: Default deadline of a call.
+CALL_S = 20.0
+
+
+class CoordinatorClient:
+    """Calls the coordinator at ``address``.
+
+    Every method takes ``timeout_s``, the call's deadline; those a client makes take
+    ``retry_s``: how long an unavailable coordinator is retried (``None``: fail at once).
+    """
+
+    def __init__(self, address: str) -> None:
+        self._channel = create_channel(address)
+        self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
+        #: the credential of the last registration (empty before one)
+        self.credential = b""
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def register(
+        self,
+        registration: ClientRegistration,
+        *,
+        timeout_s: float = CALL_S,
+        retry_s: float | None = None,
+    ) -> RegistrationReply:
+        """Register; the credential the coordinator issues (if any) is sent from now on."""
+        request = registration.to_proto()
+        reply = invoke(
+            lambda: self._stub.Register(request, timeout=timeout_s), "register", retry_s
+        )
+        registered = RegistrationReply.from_proto(reply)
+        if registered.credential:
+            self.credential = registered.credential
+        return registered
+
+    def get_task(
+        self, query: TaskQuery, *, timeout_s: float = CALL_S, retry_s: float | None = None
+    ) -> Task:
+        """The caller's next task (the query carries its recorded privacy spend)."""
+        request = query.to_proto()
+        reply = invoke(
+            lambda: self._stub.GetTask(request, metadata=self._metadata(), timeout=timeout_s),
+            "get task",
+            retry_s,
+        )
+        return Task.from_proto(reply)
+
+    def report_update(
+        self, report: UpdateReport, *, timeout_s: float = CALL_S, retry_s: float | None = None
+    ) -> None:
+        """Report a round's part: spend, bytes pushed, budget, noise multiplier."""
+        request = report.to_proto()
+        invoke(
+            lambda: self._stub.ReportUpdate(
+                request, metadata=self._metadata(), timeout=timeout_s
+            ),
+            "report",
+            retry_s,
+        )
+
+    def get_status(self, *, timeout_s: float = CALL_S) -> ClusterStatus:
+        """The run's status (the operator's call)."""
+        reply = invoke(
+            lambda: self._stub.GetStatus(common_pb2.Empty(), timeout=timeout_s), "status"
+        )
+        return ClusterStatus.from_proto(reply)
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        """The credential as call metadata (none before a registration issued one)."""
+        return ((CREDENTIAL_HEADER, self.credential.hex()),) if self.credential else ()
