@@ -37,12 +37,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-import grpc
 import numpy as np
 
 from clients.client_state import ClientState, data_fingerprint, default_state_dir
@@ -56,6 +55,14 @@ from crypto.sketch import Challenge
 from fedps.blocks import BlockLayout, flatten_model
 from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig
+from fedps.coordinator_client import CoordinatorClient
+from fedps.coordinator_messages import (
+    ClientRegistration,
+    RegistrationReply,
+    Task,
+    TaskQuery,
+    UpdateReport,
+)
 from fedps.datasets import Dataset, load_dataset
 from fedps.errors import (
     ConfigError,
@@ -66,28 +73,19 @@ from fedps.errors import (
     UnknownClientError,
 )
 from fedps.hash_ring import HashRing
-from fedps.messages import signed_update_to_proto
+from fedps.keyholder_client import KeyHolderClient
+from fedps.keyholder_messages import PublicContextInfo, UpdateCommitment
 from fedps.models import create_model
 from fedps.parameter_client import ParameterClient
 from fedps.partitioners import create_partitioner
-from fedps.proto import (
-    common_pb2,
-    coordinator_pb2,
-    coordinator_pb2_grpc,
-    keyholder_pb2,
-    keyholder_pb2_grpc,
-    shard_pb2,
-)
-from fedps.transport import batched, call, call_until, create_channel
+from fedps.shard_messages import PushBatch
+from fedps.transport import batched
 
 __all__ = ["ClientSummary", "EdgeClient", "PreparedPush", "RoundOutcome", "client_partition"]
 
 _log = logging.getLogger("fedps")
 _T = TypeVar("_T")
 _PEER_WAIT_S = 90.0  # how long a push or a commitment waits for a restarting peer
-# Every call has a deadline: one caught in a peer's restart fails and is retried, never hangs.
-_CALL_S = 20.0
-_PUSH_S = 60.0
 _UNKNOWN = "{}: not known before EdgeClient.connect and join"
 
 
@@ -97,7 +95,7 @@ class PreparedPush:
 
     round: int
     version: int
-    messages: dict[str, list[shard_pb2.PushRequest]]
+    messages: dict[str, list[PushBatch]]
 
 
 @dataclass(frozen=True)
@@ -229,20 +227,17 @@ class EdgeClient:
         )
         self._data = data_fingerprint(data)
         self.recorded = self._restore_spend()  # the spend the ledger holds
-        self._coordinator = coordinator_pb2_grpc.CoordinatorStub(
-            create_channel(config.cluster.coordinator)
-        )
+        # Every call has a deadline: one caught in a peer's restart fails and is retried.
+        self._coordinator = CoordinatorClient(config.cluster.coordinator)
         self.client_id = ""
         self.run_id = ""
         self.bytes_pushed = 0
         self.rounds_trained = 0
         self.weight = 1.0  # num_examples / the round's weight_scale
         self._signer = self.state.signer
-        self._credential = b""
         self._sent: PreparedPush | None = None  # the last signed update pushed, for a resend
         # Known once connected (connect) and joined to a run (join):
-        self._keyholder_channel: grpc.Channel | None = None
-        self._keyholder: keyholder_pb2_grpc.KeyHolderStub | None = None
+        self._keyholder: KeyHolderClient | None = None
         self._params: ParameterClient | None = None
         self._ring: HashRing | None = None
         self._keyholder_key = b""  # the key holder's signing key, once its context verified
@@ -264,8 +259,7 @@ class EdgeClient:
     def run(self, *, timeout_s: float = 3600.0) -> ClientSummary:
         """Take part in training until the coordinator says done (or the budget is spent)."""
         reply = self._register(timeout_s)
-        shards = {s.shard_id: s.address for s in reply.shards}
-        self.connect(reply.keyholder, shards, virtual_nodes=reply.virtual_nodes)
+        self.connect(reply.keyholder, reply.shards, virtual_nodes=reply.virtual_nodes)
         try:
             self.join(run_id=reply.run_id, client_id=self.client_id, timeout_s=timeout_s)
             _log.info("%s registered as %s", self.name, self.client_id)
@@ -288,7 +282,7 @@ class EdgeClient:
             self.bytes_pushed,
         )
 
-    def run_task(self, task: coordinator_pb2.Task) -> bool:
+    def run_task(self, task: Task) -> bool:
         """Carry out one task of the coordinator.
 
         ``TRAIN``: :meth:`train_round`, then push the update once the round's commitments
@@ -302,13 +296,13 @@ class EdgeClient:
         bool
             False when this client is done: the run is over or its privacy budget is spent.
         """
-        if task.kind in (coordinator_pb2.Task.WAIT, coordinator_pb2.Task.DONE):
-            self._sit_out(task.round, final=task.kind == coordinator_pb2.Task.DONE)
-        if task.kind == coordinator_pb2.Task.DONE:
+        if task.kind in ("wait", "done"):
+            self._sit_out(task.round, final=task.kind == "done")
+        if task.kind == "done":
             return False
-        if task.kind == coordinator_pb2.Task.TRAIN:
+        if task.kind == "train":
             return self._train(task)
-        if task.kind == coordinator_pb2.Task.PUSH:
+        if task.kind == "push":
             self._resend(task)
         else:
             time.sleep(max(0.05, task.retry_after))
@@ -318,8 +312,7 @@ class EdgeClient:
         """Open channels to the key holder and the shards (``{shard_id: address}``, whose
         blocks the hash ring with ``virtual_nodes`` assigns)."""
         self.disconnect()
-        self._keyholder_channel = create_channel(keyholder)
-        self._keyholder = keyholder_pb2_grpc.KeyHolderStub(self._keyholder_channel)
+        self._keyholder = KeyHolderClient(keyholder)
         self._params = ParameterClient(dict(shards))
         self._ring = HashRing(sorted(shards), virtual_nodes=virtual_nodes)
 
@@ -342,9 +335,9 @@ class EdgeClient:
         its encryptions of zero are kept (:meth:`connect` again to go on)."""
         if self._params is not None:
             self._params.close()
-        if self._keyholder_channel is not None:
-            self._keyholder_channel.close()
-        self._params, self._keyholder, self._keyholder_channel = None, None, None
+        if self._keyholder is not None:
+            self._keyholder.close()
+        self._params, self._keyholder = None, None
 
     def shutdown(self) -> None:
         """:meth:`disconnect` and stop the encryption worker."""
@@ -408,7 +401,7 @@ class EdgeClient:
         self._record(self.trainer.spend())
         if final:
             try:
-                call(self._poll_task, "final spend")
+                self._poll_task()
             except FedPSError as exc:  # the ledger has it; a next registration carries it
                 _log.info("%s: cannot tell the coordinator its final spend: %s", self.name, exc)
 
@@ -430,11 +423,7 @@ class EdgeClient:
     def _fetch_context(self, timeout_s: float = 60.0) -> None:
         """Fetch, verify and adopt the key holder's current public context."""
         keyholder = _known(self._keyholder, "the key holder")
-        ctx = self._retry(
-            lambda: keyholder.GetPublicContext(common_pb2.Empty(), timeout=_CALL_S),
-            "public context",
-            timeout_s,
-        )
+        ctx = keyholder.get_public_context(retry_s=timeout_s)
         key = self._check_keyholder(ctx)
         if self._keyholder_key and key != self._keyholder_key:
             raise InvalidArgumentError("the key holder's signing key changed during the run")
@@ -444,7 +433,7 @@ class EdgeClient:
             self._encryptor.close()
         self._encryptor = self._make_encryptor(ctx.context, ctx.context_id)
 
-    def _check_keyholder(self, ctx: keyholder_pb2.PublicContextReply) -> bytes:
+    def _check_keyholder(self, ctx: PublicContextInfo) -> bytes:
         """Verify the key holder's signature on its public context, against the pinned key."""
         pinned = self.config.security.keyholder_key
         if pinned and bytes.fromhex(pinned) != ctx.signing_key:
@@ -490,8 +479,8 @@ class EdgeClient:
             )
         return token or ""
 
-    def _register(self, timeout_s: float) -> coordinator_pb2.RegisterReply:
-        request = coordinator_pb2.RegisterRequest(
+    def _register(self, timeout_s: float) -> RegistrationReply:
+        registration = ClientRegistration(
             name=self.name,
             num_examples=self.trainer.num_examples,
             num_params=self.num_params,
@@ -500,18 +489,12 @@ class EdgeClient:
             epsilon=self.recorded.epsilon,
             delta=self.config.privacy.delta,
         )
-        reply = self._retry(
-            lambda: self._coordinator.Register(request, timeout=_CALL_S),
-            "register",
-            timeout_s,
-        )
+        reply = self._coordinator.register(registration, retry_s=timeout_s)
         self.client_id = reply.client_id
         self.trainer.set_run(reply.run_id)
-        if reply.credential:
-            self._credential = reply.credential
         return reply
 
-    def _train(self, task: coordinator_pb2.Task) -> bool:
+    def _train(self, task: Task) -> bool:
         """Train, push and report one round; returns False when the privacy budget is spent."""
         self._adopt_context(task.context_id)
         sent = self._sent
@@ -648,14 +631,12 @@ class EdgeClient:
             return None
         round_, update = committed
         ring = _known(self._ring, "the shards")
-        by_shard: dict[str, list[shard_pb2.EncryptedBlock]] = {}
+        by_shard: dict[str, list[tuple[int, bytes]]] = {}
         for block, data in encrypted.items():
-            by_shard.setdefault(ring.owner(block), []).append(
-                shard_pb2.EncryptedBlock(block=block, ciphertext=data)
-            )
+            by_shard.setdefault(ring.owner(block), []).append((block, data))
         messages = {
             sid: [
-                shard_pb2.PushRequest(
+                PushBatch(
                     client_id=self.client_id,
                     round=round_,
                     version=version,
@@ -666,7 +647,7 @@ class EdgeClient:
                     signature=update.signature,
                     roots=update.roots,
                 )
-                for batch in batched(blocks, lambda b: len(b.ciphertext))
+                for batch in batched(blocks, lambda b: len(b[1]))
             ]
             for sid, blocks in by_shard.items()
         }
@@ -688,16 +669,14 @@ class EdgeClient:
         total = 0
         for sid, messages in prepared.messages.items():
             try:
-                self._push_to(sid, messages)
+                total += self._push_to(sid, messages)
             except (RoundClosedError, PeerUnavailableError) as exc:
                 _log.info("%s: push refused: %s", self.name, exc)
-                continue
-            total += sum(m.ByteSize() for m in messages)
         self._sent = prepared
         self.bytes_pushed += total
         return total
 
-    def _resend(self, task: coordinator_pb2.Task) -> None:
+    def _resend(self, task: Task) -> None:
         """Asked again for a round we pushed (the coordinator restarted before it saw our
         report): push the same signed messages again (the shards acknowledge them as
         duplicates and count them once) and report again."""
@@ -712,21 +691,15 @@ class EdgeClient:
                 _log.info("%s: resend refused: %s", self.name, exc)
         self._report(task.round, 0, budget_exhausted=False)
 
-    def _get_task(self, timeout_s: float) -> coordinator_pb2.Task:
+    def _get_task(self, timeout_s: float) -> Task:
         """The coordinator's next task for us (waiting out its restarts up to ``timeout_s``)."""
-        return self._retry(self._poll_task, "get task", timeout_s)
+        return self._poll_task(retry_s=timeout_s)
 
-    def _poll_task(self) -> coordinator_pb2.Task:
-        """One ``GetTask`` call, carrying the spend recorded in the ledger."""
-        request = coordinator_pb2.TaskRequest(
-            client_id=self.client_id,
-            epsilon=self.recorded.epsilon,
-            delta=self.config.privacy.delta,
-        )
-        task: coordinator_pb2.Task = self._coordinator.GetTask(
-            request, metadata=self._metadata(), timeout=_CALL_S
-        )
-        return task
+    def _poll_task(self, *, retry_s: float | None = None) -> Task:
+        """One ``GetTask`` call (retried while the coordinator is unavailable, up to
+        ``retry_s``), carrying the spend recorded in the ledger."""
+        query = TaskQuery(self.client_id, self.recorded.epsilon, self.config.privacy.delta)
+        return self._coordinator.get_task(query, retry_s=retry_s)
 
     def _wait_for_push_phase(self, round_: int, timeout_s: float) -> bool:
         """After committing to ``round_``: wait until the coordinator says the round's
@@ -735,16 +708,16 @@ class EdgeClient:
         until = time.time() + timeout_s
         while time.time() < until:
             task = self._get_task(timeout_s)
-            if task.kind == coordinator_pb2.Task.PUSH and task.round == round_:
+            if task.kind == "push" and task.round == round_:
                 return True
-            if task.kind == coordinator_pb2.Task.DONE or task.round > round_:
+            if task.kind == "done" or task.round > round_:
                 return False
             time.sleep(max(0.05, min(task.retry_after, 0.2)))
         return False
 
     def _commit(
         self, round_: int, version: int, weight: float, coefficients: np.ndarray
-    ) -> tuple[int, common_pb2.SignedUpdate] | None:
+    ) -> tuple[int, SignedUpdate] | None:
         """Commit to the encrypted update at the key holder: its signed block roots and the
         sketches of its blocks under the round's challenge. Returns the round it committed
         to and the signed update, or None when the round's commitments had closed (async:
@@ -752,7 +725,7 @@ class EdgeClient:
         keyholder = _known(self._keyholder, "the key holder")
         attempts = 3 if self.config.training.mode == "async" else 1
         for attempt in range(attempts):
-            signed = SignedUpdate.sign(
+            update = SignedUpdate.sign(
                 self._signer,
                 coefficients,
                 run_id=self.run_id,
@@ -762,16 +735,9 @@ class EdgeClient:
                 weight=weight,
                 version=version,
             )
-            update = signed_update_to_proto(signed)
-            request = keyholder_pb2.CommitRequest(
-                round=round_, update=update, sketches=self._sketches(round_, coefficients)
-            )
+            commitment = UpdateCommitment(round_, update, self._sketches(round_, coefficients))
             try:
-                self._retry(
-                    lambda: keyholder.Commit(request, timeout=_CALL_S),  # noqa: B023
-                    "commit",
-                    _PEER_WAIT_S,
-                )
+                keyholder.commit(commitment, retry_s=_PEER_WAIT_S)
                 return round_, update
             except RoundClosedError as exc:
                 _log.info("%s: commitment refused: %s", self.name, exc)
@@ -794,17 +760,10 @@ class EdgeClient:
         if not isinstance(encryptor, BlockEncryptor):
             return b""
         keyholder = _known(self._keyholder, "the key holder")
-        reply = self._retry(
-            lambda: keyholder.GetChallenge(
-                keyholder_pb2.ChallengeRequest(round=round_, client_id=self.client_id),
-                timeout=_CALL_S,
-            ),
-            "challenge",
-            _PEER_WAIT_S,
-        )
+        seed = keyholder.get_challenge(round_, self.client_id, retry_s=_PEER_WAIT_S)
         public = encryptor.public
         challenge = Challenge(
-            reply.seed, modulus=public.modulus, coeffs_per_block=public.coeffs_per_block
+            seed, modulus=public.modulus, coeffs_per_block=public.coeffs_per_block
         )
         return challenge.sketch(coefficients).astype("<u8").tobytes()
 
@@ -813,23 +772,22 @@ class EdgeClient:
         until = time.time() + timeout_s
         while time.time() < until:
             task = self._get_task(timeout_s)
-            if task.kind == coordinator_pb2.Task.DONE:
+            if task.kind == "done":
                 return None
-            if task.kind == coordinator_pb2.Task.TRAIN and task.round > round_:
-                return int(task.round)
+            if task.kind == "train" and task.round > round_:
+                return task.round
             time.sleep(max(0.05, task.retry_after))
         return None
 
-    def _push_to(self, sid: str, messages: list[shard_pb2.PushRequest]) -> None:
+    def _push_to(self, sid: str, messages: list[PushBatch]) -> int:
         """Push messages to one shard, waiting out a restart (the shard's log keeps what it
-        acknowledged, so a retry after a lost acknowledgement is counted once)."""
-        stub = _known(self._params, "the shards").stubs[sid]
-        self._retry(
-            lambda: stub.PushBlocks(iter(messages), timeout=_PUSH_S), f"push to {sid}", _PEER_WAIT_S
-        )
+        acknowledged, so a retry after a lost acknowledgement is counted once); returns the
+        bytes sent."""
+        shard = _known(self._params, "the shards").shards[sid]
+        return shard.push_blocks(messages, retry_s=_PEER_WAIT_S).sent_bytes
 
     def _report(self, round_: int, pushed: int, *, budget_exhausted: bool) -> None:
-        report = coordinator_pb2.UpdateReport(
+        report = UpdateReport(
             client_id=self.client_id,
             round=round_,
             weight=self.weight,
@@ -839,21 +797,7 @@ class EdgeClient:
             budget_exhausted=budget_exhausted,
             noise_multiplier=self.trainer.noise_multiplier,
         )
-        self._retry(
-            lambda: self._coordinator.ReportUpdate(
-                report, metadata=self._metadata(), timeout=_CALL_S
-            ),
-            "report",
-            60.0,
-        )
-
-    def _metadata(self) -> tuple[tuple[str, str | bytes], ...]:
-        """The credential the coordinator issued us, as call metadata."""
-        return (("x-fedps-credential", self._credential.hex()),) if self._credential else ()
-
-    def _retry(self, fn: Callable[[], _T], what: str, timeout_s: float) -> _T:
-        """Call ``fn``, retrying while the peer is unavailable (restarts, slow starts)."""
-        return call_until(fn, what, timeout_s=timeout_s)
+        self._coordinator.report_update(report, retry_s=60.0)
 
 
 def _known(value: _T | None, what: str) -> _T:

@@ -53,9 +53,7 @@ class CoordinatorClient:
     ) -> RegistrationReply:
         """Register; the credential the coordinator issues (if any) is sent from now on."""
         request = registration.to_proto()
-        reply = invoke(
-            lambda: self._stub.Register(request, timeout=timeout_s), "register", retry_s
-        )
+        reply = invoke(lambda: self._stub.Register(request, timeout=timeout_s), "register", retry_s)
         registered = RegistrationReply.from_proto(reply)
         if registered.credential:
             self.credential = registered.credential
@@ -79,9 +77,7 @@ class CoordinatorClient:
         """Report a round's part: spend, bytes pushed, budget, noise multiplier."""
         request = report.to_proto()
         invoke(
-            lambda: self._stub.ReportUpdate(
-                request, metadata=self._metadata(), timeout=timeout_s
-            ),
+            lambda: self._stub.ReportUpdate(request, metadata=self._metadata(), timeout=timeout_s),
             "report",
             retry_s,
         )

@@ -15,8 +15,8 @@ from clients.edge_client import EdgeClient, PreparedPush
 from crypto.enrolment import issue_tokens
 from crypto.tls import tls_identity
 from fedps.config import FedPSConfig, load_config
-from fedps.proto import shard_pb2
 from fedps.provisioning import client_identities, reset_tls
+from fedps.shard_messages import PushBatch
 from fedps.transport import bind, create_server
 from server.coordinator.coordinator import Coordinator
 from server.keyholder.keyholder import KeyHolder
@@ -52,9 +52,10 @@ class RecordingClient(EdgeClient):
         self.sent[round_] = (self.weight, delta.copy())
         return super().prepare(round_, version, delta)
 
-    def _push_to(self, sid: str, messages: list[shard_pb2.PushRequest]) -> None:
-        super()._push_to(sid, messages)
+    def _push_to(self, sid: str, messages: list[PushBatch]) -> int:
+        sent = super()._push_to(sid, messages)
         self.pushed.setdefault(messages[0].round, set()).add(sid)
+        return sent
 
     @property
     def acknowledged(self) -> set[int]:

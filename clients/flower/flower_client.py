@@ -74,8 +74,8 @@ from fedps.flower_messages import (
     Registration,
     RoundReport,
 )
-from fedps.proto import shard_pb2
 from fedps.provisioning import setup_tls
+from fedps.shard_messages import PushBatch
 
 __all__ = ["ClientFactory", "FlowerClient", "create_client_app"]
 
@@ -286,7 +286,7 @@ class _NodeState:
     signing_key: bytes  # Ed25519 private key, raw 32 bytes
     last_round: int = 0
     history: tuple[tuple[float, float, int], ...] = ()
-    # The committed update's push messages, until the push query (serialised PushRequests)
+    # The committed update's push messages, until the push query (serialised PushBatches)
     pending_round: int = 0
     pending_version: int = 0
     pending_shards: tuple[str, ...] = ()
@@ -298,15 +298,15 @@ class _NodeState:
         self.pending_round = 0 if prepared is None else prepared.round
         self.pending_version = 0 if prepared is None else prepared.version
         self.pending_shards = tuple(sid for sid, msgs in items for _ in msgs)
-        self.pending_messages = tuple(m.SerializeToString() for _, msgs in items for m in msgs)
+        self.pending_messages = tuple(m.serialize() for _, msgs in items for m in msgs)
 
     def prepared(self, round_: int) -> PreparedPush | None:
         """The kept push messages, if they are ``round_``'s."""
         if not self.pending_messages or self.pending_round != round_:
             return None
-        messages: dict[str, list[shard_pb2.PushRequest]] = {}
+        messages: dict[str, list[PushBatch]] = {}
         for sid, data in zip(self.pending_shards, self.pending_messages, strict=True):
-            messages.setdefault(sid, []).append(shard_pb2.PushRequest.FromString(data))
+            messages.setdefault(sid, []).append(PushBatch.from_bytes(data))
         return PreparedPush(self.pending_round, self.pending_version, messages)
 
     @classmethod

@@ -103,7 +103,9 @@ class ClusterPeers:
         """Who committed to ``round_`` so far; with ``freeze``, accept no commitment after."""
         what = "freeze commitments" if freeze else "commitments"
         closing = CommitClosing(round_, freeze)
-        return self.retry(lambda: self._keyholder.close_commits(closing), f"{what} of round {round_}")
+        return self.retry(
+            lambda: self._keyholder.close_commits(closing), f"{what} of round {round_}"
+        )
 
     def apply_round(self, application: RoundApplication) -> AppliedRound:
         """Ask the key holder to check, decrypt and apply exactly ``application.members``'

@@ -27,10 +27,10 @@ from crypto.randomness import SeededRandom
 from fedps.accounting import calibrate_noise
 from fedps.blocks import BlockLayout, flatten_model
 from fedps.config import FedPSConfig, load_config
+from fedps.coordinator_messages import ClientRegistration, RegistrationReply, Task
 from fedps.datasets import Dataset, load_dataset
 from fedps.errors import ConfigError, PeerUnavailableError, PrivacyBudgetExceededError
 from fedps.models import create_model
-from fedps.proto import coordinator_pb2
 
 ROUNDS = 3
 TARGET_EPSILON = 2.0
@@ -350,10 +350,7 @@ class _OfflineClient(EdgeClient):
 
     def train(self, round_: int, weight_scale: float = 1.0) -> bool:
         """Run the client's round ``round_`` as if the coordinator asked for it."""
-        task = coordinator_pb2.Task(
-            kind=coordinator_pb2.Task.TRAIN, round=round_, version=0, weight_scale=weight_scale
-        )
-        return self.run_task(task)
+        return self.run_task(Task("train", round_, 0, weight_scale=weight_scale))
 
 
 def _weight_after_one_round(
@@ -569,16 +566,16 @@ def test_restarted_edge_client_resumes_its_budget(tmp_path: Path) -> None:
 
 
 class _Coordinator:
-    """Stands in for the coordinator's stub: keeps the registration request."""
+    """Stands in for the coordinator's client: keeps the registration request."""
 
     def __init__(self) -> None:
-        self.requests: list[coordinator_pb2.RegisterRequest] = []
+        self.requests: list[ClientRegistration] = []
 
-    def Register(  # noqa: N802 (gRPC method name)
-        self, request: coordinator_pb2.RegisterRequest, timeout: float
-    ) -> coordinator_pb2.RegisterReply:
-        self.requests.append(request)
-        return coordinator_pb2.RegisterReply(client_id="client-1", run_id="run")
+    def register(
+        self, registration: ClientRegistration, *, retry_s: float | None = None
+    ) -> RegistrationReply:
+        self.requests.append(registration)
+        return RegistrationReply("client-1", "run", "", {}, 0, 0, 0)
 
 
 def test_restarted_edge_client_registers_with_its_recorded_epsilon(tmp_path: Path) -> None:
