@@ -7,10 +7,11 @@ coordinator's servicer decodes requests into them and encodes its replies from t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
-from fedps.messages import WireRecord, from_message, to_message
+from fedps.messages import Converter, WireRecord, records_of
 from fedps.proto import coordinator_pb2
 
 __all__ = [
@@ -37,6 +38,13 @@ _KINDS = {
     "push": coordinator_pb2.Task.PUSH,
 }
 _KIND_NAMES = {number: name for name, number in _KINDS.items()}
+#: A task's kind: its name here, the enum on the wire.
+_KIND: Converter = (_KINDS.__getitem__, _KIND_NAMES.__getitem__)
+#: Shards (shard id -> address), in order on the wire.
+_SHARDS: Converter = (
+    lambda shards: [coordinator_pb2.ShardAddress(shard_id=s, address=a) for s, a in shards.items()],
+    lambda messages: {m.shard_id: m.address for m in messages},
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +64,13 @@ class ClientRegistration(WireRecord[coordinator_pb2.RegisterRequest]):
 
 
 @dataclass(frozen=True)
-class RegistrationReply:
+class RegistrationReply(WireRecord[coordinator_pb2.RegisterReply]):
     """The coordinator's answer to a registration: the caller's client id, the run, where
     the key holder and the shards are (``{shard_id: address}``), and the credential to send
     on every later call."""
+
+    wire = coordinator_pb2.RegisterReply
+    nested: ClassVar[Mapping[str, Converter]] = {"shards": _SHARDS}
 
     client_id: str
     run_id: str
@@ -69,19 +80,6 @@ class RegistrationReply:
     num_params: int
     rounds: int
     credential: bytes = b""
-
-    def to_proto(self) -> coordinator_pb2.RegisterReply:
-        """The wire form (shards in order)."""
-        shards = [
-            coordinator_pb2.ShardAddress(shard_id=s, address=a) for s, a in self.shards.items()
-        ]
-        return to_message(coordinator_pb2.RegisterReply, self, shards=shards)
-
-    @classmethod
-    def from_proto(cls, message: coordinator_pb2.RegisterReply) -> RegistrationReply:
-        """From the wire form."""
-        shards = {s.shard_id: s.address for s in message.shards}
-        return from_message(cls, message, shards=shards)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +94,12 @@ class TaskQuery(WireRecord[coordinator_pb2.TaskRequest]):
 
 
 @dataclass(frozen=True)
-class Task:
+class Task(WireRecord[coordinator_pb2.Task]):
     """What a client should do next: ``kind`` is ``"wait"``, ``"train"``, ``"push"`` or
     ``"done"``."""
+
+    wire = coordinator_pb2.Task
+    nested: ClassVar[Mapping[str, Converter]] = {"kind": _KIND}
 
     kind: str
     round: int = 0
@@ -107,15 +108,6 @@ class Task:
     retry_after: float = RETRY_AFTER_S
     weight_scale: float = 1.0
     context_id: str = ""
-
-    def to_proto(self) -> coordinator_pb2.Task:
-        """The wire form."""
-        return to_message(coordinator_pb2.Task, self, kind=_KINDS[self.kind])
-
-    @classmethod
-    def from_proto(cls, message: coordinator_pb2.Task) -> Task:
-        """From the wire form."""
-        return from_message(cls, message, kind=_KIND_NAMES[message.kind])
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +151,11 @@ class RoundSummary(WireRecord[coordinator_pb2.RoundSummary]):
 
 
 @dataclass(frozen=True)
-class ClusterStatus:
+class ClusterStatus(WireRecord[coordinator_pb2.ClusterStatus]):
     """What the coordinator reports to the operator."""
+
+    wire = coordinator_pb2.ClusterStatus
+    nested: ClassVar[Mapping[str, Converter]] = {"history": records_of(RoundSummary)}
 
     run_id: str
     round: int
@@ -175,14 +170,3 @@ class ClusterStatus:
     client_epsilons: dict[str, float] = field(default_factory=dict)
     noise: str = ""
     client_noise_multipliers: dict[str, float] = field(default_factory=dict)
-
-    def to_proto(self) -> coordinator_pb2.ClusterStatus:
-        """The wire form."""
-        history = [r.to_proto() for r in self.history]
-        return to_message(coordinator_pb2.ClusterStatus, self, history=history)
-
-    @classmethod
-    def from_proto(cls, message: coordinator_pb2.ClusterStatus) -> ClusterStatus:
-        """From the wire form."""
-        history = tuple(RoundSummary.from_proto(r) for r in message.history)
-        return from_message(cls, message, history=history)

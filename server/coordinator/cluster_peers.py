@@ -17,20 +17,11 @@ from typing import TypeVar
 import numpy as np
 
 from crypto.signing import model_verifier
+from fedps import keyholder_messages as records
 from fedps.blocks import BlockLayout
 from fedps.config import ClusterConfig
 from fedps.errors import FedPSError, PeerUnavailableError
 from fedps.keyholder_client import KeyHolderClient
-from fedps.keyholder_messages import (
-    AppliedRound,
-    CommitClosing,
-    CommitOpening,
-    CommitSet,
-    ModelState,
-    ModelUpload,
-    PublicContextInfo,
-    RoundApplication,
-)
 from fedps.messages import ParameterBlock
 from fedps.parameter_client import ParameterClient
 from fedps.shard_messages import RoundOpening
@@ -64,11 +55,11 @@ class ClusterPeers:
         return call_until(fn, what, retry_on=retry_on, stop=self._stop)
 
     # ------------------------------------------------------------------ the key holder
-    def model_state(self) -> ModelState:
+    def model_state(self) -> records.ModelState:
         """The key holder's model state (waits for the key holder)."""
         return self.retry(self._keyholder.get_model_state, "key holder state")
 
-    def public_context(self) -> PublicContextInfo:
+    def public_context(self) -> records.PublicContextInfo:
         """The key holder's current context, its id and its model-signing key."""
         return self.retry(self._keyholder.get_public_context, "public context")
 
@@ -81,11 +72,11 @@ class ClusterPeers:
             ParameterBlock(b, version, layout.block_of(vector, b).astype("<f4").tobytes())
             for b in range(layout.num_blocks)
         )
-        upload = ModelUpload(layout.num_params, blocks, force=force, version=version)
+        upload = records.ModelUpload(layout.num_params, blocks, force=force, version=version)
         state = self.retry(lambda: self._keyholder.initialize_model([upload]), "initialise model")
         return state.version
 
-    def open_commits(self, opening: CommitOpening) -> None:
+    def open_commits(self, opening: records.CommitOpening) -> None:
         """Open a round's commit phase at the key holder for ``opening.members``.
 
         Raises
@@ -99,15 +90,15 @@ class ClusterPeers:
             retry_on=PeerUnavailableError,
         )
 
-    def commitments(self, round_: int, *, freeze: bool) -> CommitSet:
+    def commitments(self, round_: int, *, freeze: bool) -> records.CommitSet:
         """Who committed to ``round_`` so far; with ``freeze``, accept no commitment after."""
         what = "freeze commitments" if freeze else "commitments"
-        closing = CommitClosing(round_, freeze)
+        closing = records.CommitClosing(round_, freeze)
         return self.retry(
             lambda: self._keyholder.close_commits(closing), f"{what} of round {round_}"
         )
 
-    def apply_round(self, application: RoundApplication) -> AppliedRound:
+    def apply_round(self, application: records.RoundApplication) -> records.AppliedRound:
         """Ask the key holder to check, decrypt and apply exactly ``application.members``'
         sum.
 
@@ -124,7 +115,7 @@ class ClusterPeers:
         )
 
     # ------------------------------------------------------------------ the shards
-    def open_round(self, opening: CommitOpening, commitments: CommitSet) -> None:
+    def open_round(self, opening: records.CommitOpening, commitments: records.CommitSet) -> None:
         """Open a round on every shard for ``opening.members`` and their commitments."""
         members = opening.members
         round_opening = RoundOpening(

@@ -10,15 +10,8 @@ from __future__ import annotations
 
 import grpc
 
-from fedps.coordinator_messages import (
-    CREDENTIAL_HEADER,
-    ClientRegistration,
-    ClusterStatus,
-    RegistrationReply,
-    RoundSummary,
-    TaskQuery,
-    UpdateReport,
-)
+from fedps import coordinator_messages as records
+from fedps.coordinator_messages import CREDENTIAL_HEADER
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fedps.transport import peer_common_name, require_peer, rpc_errors
 from server.coordinator.coordinator import Coordinator
@@ -36,7 +29,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: coordinator_pb2.RegisterRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.RegisterReply:
         c = self.coordinator
-        r = ClientRegistration.from_proto(request)
+        r = records.ClientRegistration.from_proto(request)
         with rpc_errors(context):
             client_id, credential = c.registry.register(
                 r.name,
@@ -49,7 +42,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 delta=r.delta,
             )
         cluster = c.config.cluster
-        return RegistrationReply(
+        return records.RegistrationReply(
             client_id=client_id,
             run_id=c.run_id,
             keyholder=cluster.keyholder,
@@ -63,7 +56,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def GetTask(  # noqa: N802
         self, request: coordinator_pb2.TaskRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.Task:
-        query = TaskQuery.from_proto(request)
+        query = records.TaskQuery.from_proto(request)
         with rpc_errors(context):
             require_peer(context, query.client_id)
             task = self.coordinator.get_task(
@@ -74,7 +67,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def ReportUpdate(  # noqa: N802
         self, request: coordinator_pb2.UpdateReport, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
-        report = UpdateReport.from_proto(request)
+        report = records.UpdateReport.from_proto(request)
         with rpc_errors(context):
             require_peer(context, report.client_id)
             self.coordinator.report(
@@ -94,14 +87,14 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     ) -> coordinator_pb2.ClusterStatus:
         c = self.coordinator
         epsilon, delta = c.max_epsilon
-        return ClusterStatus(
+        return records.ClusterStatus(
             noise=c.config.privacy.noise_mode,
             run_id=c.run_id,
             round=c.round,
             version=c.version,
             registered=len(c.clients),
             finished=c.finished,
-            history=tuple(RoundSummary.of(r) for r in list(c.history)),
+            history=tuple(records.RoundSummary.of(r) for r in list(c.history)),
             max_epsilon=epsilon,
             delta=delta,
             bytes_pushed=c.bytes_pushed,
