@@ -8,6 +8,11 @@ registration (sent on every later call) live here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
+from google.protobuf.message import Message
+
 from fedps.coordinator_messages import (
     CREDENTIAL_HEADER,
     ClientRegistration,
@@ -22,6 +27,8 @@ from fedps.service_call import invoke
 from fedps.transport import create_channel
 
 __all__ = ["CALL_S", "CoordinatorClient"]
+
+_T = TypeVar("_T")
 
 #: Default deadline of a call.
 CALL_S = 20.0
@@ -63,11 +70,8 @@ class CoordinatorClient:
         self, query: TaskQuery, *, timeout_s: float = CALL_S, retry_s: float | None = None
     ) -> Task:
         """The caller's next task (the query carries its recorded privacy spend)."""
-        request = query.to_proto()
-        reply = invoke(
-            lambda: self._stub.GetTask(request, metadata=self._metadata(), timeout=timeout_s),
-            "get task",
-            retry_s,
+        reply = self._with_credential(
+            self._stub.GetTask, query.to_proto(), "get task", timeout_s, retry_s
         )
         return Task.from_proto(reply)
 
@@ -75,11 +79,8 @@ class CoordinatorClient:
         self, report: UpdateReport, *, timeout_s: float = CALL_S, retry_s: float | None = None
     ) -> None:
         """Report a round's part: spend, bytes pushed, budget, noise multiplier."""
-        request = report.to_proto()
-        invoke(
-            lambda: self._stub.ReportUpdate(request, metadata=self._metadata(), timeout=timeout_s),
-            "report",
-            retry_s,
+        self._with_credential(
+            self._stub.ReportUpdate, report.to_proto(), "report", timeout_s, retry_s
         )
 
     def get_status(self, *, timeout_s: float = CALL_S) -> ClusterStatus:
@@ -89,6 +90,19 @@ class CoordinatorClient:
         )
         return ClusterStatus.from_proto(reply)
 
+    def _with_credential(
+        self,
+        rpc: Callable[..., _T],
+        request: Message,
+        what: str,
+        timeout_s: float,
+        retry_s: float | None,
+    ) -> _T:
+        """Call ``rpc`` with the credential (none before a registration issued one), read
+        at every attempt."""
+        return invoke(
+            lambda: rpc(request, metadata=self._metadata(), timeout=timeout_s), what, retry_s
+        )
+
     def _metadata(self) -> tuple[tuple[str, str], ...]:
-        """The credential as call metadata (none before a registration issued one)."""
         return ((CREDENTIAL_HEADER, self.credential.hex()),) if self.credential else ()
