@@ -14,29 +14,12 @@ import pytest
 from crypto.enrolment import read_token
 from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner, context_digest, verify_block
+from fedps import coordinator_messages as co
+from fedps import keyholder_messages as kh
+from fedps import shard_messages as sh
 from fedps.coordinator_client import CoordinatorClient
-from fedps.coordinator_messages import (
-    ClientRegistration,
-    ClusterStatus,
-    RegistrationReply,
-    RoundSummary,
-    Task,
-    TaskQuery,
-    UpdateReport,
-)
 from fedps.errors import FedPSError, RoundClosedError, UnauthenticatedError
 from fedps.keyholder_client import KeyHolderClient
-from fedps.keyholder_messages import (
-    AppliedRound,
-    CommitClosing,
-    CommitOpening,
-    CommitSet,
-    ModelState,
-    ModelUpload,
-    PublicContextInfo,
-    RoundApplication,
-    UpdateCommitment,
-)
 from fedps.messages import (
     Aggregate,
     Contribution,
@@ -47,15 +30,6 @@ from fedps.messages import (
 )
 from fedps.proto import common_pb2
 from fedps.shard_client import ShardClient
-from fedps.shard_messages import (
-    AggregatePart,
-    ClosedRound,
-    Publication,
-    PushBatch,
-    PushReceipt,
-    RoundOpening,
-    ShardStatus,
-)
 from tests.conftest import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,35 +41,35 @@ AGGREGATE = Aggregate(1, b"c" * 8, {"client-0": Contribution(0.5, b"r" * 32, 3, 
 RECORDS = [
     BLOCK,
     AGGREGATE,
-    RoundOpening(4, 3, {"client-0": KEY}, "ctx", "run", {"client-0": UPDATE}),
-    PushBatch("client-0", 4, 3, 0.5, "ctx", [(0, b"a"), (1, b"b")], b"n", b"s", (b"r" * 32,)),
-    PushReceipt(2, 1),
-    ClosedRound(("client-0", "client-1"), 5),
-    AggregatePart((AGGREGATE,), (UPDATE,)),
-    Publication(7, 10, 4, (BLOCK,)),
-    ShardStatus("shard-0", 7, 5, 4, True, 10, 1, 4096),
-    CommitOpening(4, 3, "run", "ctx", {"client-0": KEY}),
-    UpdateCommitment(4, UPDATE, b"\1" * 16),
-    CommitClosing(4, True),
-    CommitSet(("client-0",), True, (UPDATE,)),
-    PublicContextInfo(b"context", "ctx", KEY, b"g" * 64),
-    ModelUpload(40, (BLOCK,), True, 7),
-    ModelState(7, 40, True, 6, {"shard-1": 2}, ("shard-1",)),
-    RoundApplication(4, 3, "run", {"client-0": KEY}),
-    AppliedRound(4, 3, 2.0, 0.25, 1.1, 0.01),
-    ClientRegistration("edge-0", 60, 40, KEY, "client-0.ab", 1.5, 1e-5),
-    RegistrationReply("client-0", "run", "kh:1", {"shard-1": "s:2", "shard-0": "s:1"}, 8, 40, 5),
-    TaskQuery("client-0", 1.5, 1e-5),
-    *(Task(kind, 4, 3, 1e9, 0.5, 60.0, "ctx") for kind in ("wait", "train", "push", "done")),
-    Task("train", 4, 3, math.inf),
-    UpdateReport("client-0", 4, 0.5, 1.5, 1e-5, 4096, True, 1.1),
-    ClusterStatus(
+    sh.RoundOpening(4, 3, {"client-0": KEY}, "ctx", "run", {"client-0": UPDATE}),
+    sh.PushBatch("client-0", 4, 3, 0.5, "ctx", [(0, b"a"), (1, b"b")], b"n", b"s", (b"r" * 32,)),
+    sh.PushReceipt(2, 1),
+    sh.ClosedRound(("client-0", "client-1"), 5),
+    sh.AggregatePart((AGGREGATE,), (UPDATE,)),
+    sh.Publication(7, 10, 4, (BLOCK,)),
+    sh.ShardStatus("shard-0", 7, 5, 4, True, 10, 1, 4096),
+    kh.CommitOpening(4, 3, "run", "ctx", {"client-0": KEY}),
+    kh.UpdateCommitment(4, UPDATE, b"\1" * 16),
+    kh.CommitClosing(4, True),
+    kh.CommitSet(("client-0",), True, (UPDATE,)),
+    kh.PublicContextInfo(b"context", "ctx", KEY, b"g" * 64),
+    kh.ModelUpload(40, (BLOCK,), True, 7),
+    kh.ModelState(7, 40, True, 6, {"shard-1": 2}, ("shard-1",)),
+    kh.RoundApplication(4, 3, "run", {"client-0": KEY}),
+    kh.AppliedRound(4, 3, 2.0, 0.25, 1.1, 0.01),
+    co.ClientRegistration("edge-0", 60, 40, KEY, "client-0.ab", 1.5, 1e-5),
+    co.RegistrationReply("client-0", "run", "kh:1", {"shard-1": "s:2", "shard-0": "s:1"}, 8, 40, 5),
+    co.TaskQuery("client-0", 1.5, 1e-5),
+    *(co.Task(kind, 4, 3, 1e9, 0.5, 60.0, "ctx") for kind in ("wait", "train", "push", "done")),
+    co.Task("train", 4, 3, math.inf),
+    co.UpdateReport("client-0", 4, 0.5, 1.5, 1e-5, 4096, True, 1.1),
+    co.ClusterStatus(
         "run",
         4,
         3,
         2,
         False,
-        (RoundSummary(3, 3, 2, -1.0, 0.5, 1.5, 4096, 2.5, False, 0.75),),
+        (co.RoundSummary(3, 3, 2, -1.0, 0.5, 1.5, 4096, 2.5, False, 0.75),),
         1.5,
         1e-5,
         8192,
@@ -123,10 +97,10 @@ def test_signed_update_round_trip_and_push_bytes() -> None:
         common_pb2.SignedUpdate.FromString(signed_update_to_proto(UPDATE).SerializeToString())
     )
     batch = RECORDS[3]
-    assert isinstance(batch, PushBatch)
+    assert isinstance(batch, sh.PushBatch)
     # Assert
     assert back == UPDATE
-    assert PushBatch.from_bytes(batch.serialize()) == batch
+    assert sh.PushBatch.from_bytes(batch.serialize()) == batch
 
 
 def test_a_manifest_that_lists_a_client_twice_is_malformed() -> None:
@@ -187,7 +161,7 @@ def test_service_clients_against_a_running_cluster(cluster: Cluster) -> None:
             with pytest.raises(RoundClosedError):
                 list(client.fetch_aggregate(99))
         with pytest.raises(FedPSError):
-            shards[0].open_round(RoundOpening(99, 0, {}, info.context_id))
+            shards[0].open_round(sh.RoundOpening(99, 0, {}, info.context_id))
     finally:
         keyholder.close()
         for client in shards:
@@ -207,10 +181,12 @@ def test_coordinator_client_against_a_running_cluster(cluster: Cluster) -> None:
     try:
         # Execute
         registered = coordinator.register(
-            ClientRegistration("edge-0", 10, num_params, KEY, token, 0.5, delta)
+            co.ClientRegistration("edge-0", 10, num_params, KEY, token, 0.5, delta)
         )
-        task = coordinator.get_task(TaskQuery(registered.client_id, 0.75, delta))
-        coordinator.report_update(UpdateReport(registered.client_id, task.round, 1.0, 0.75, delta))
+        task = coordinator.get_task(co.TaskQuery(registered.client_id, 0.75, delta))
+        coordinator.report_update(
+            co.UpdateReport(registered.client_id, task.round, 1.0, 0.75, delta)
+        )
         status = coordinator.get_status()
         # Assert: the reply names the cluster, the credential rides on every later call ...
         cluster_config = config.cluster
@@ -226,7 +202,7 @@ def test_coordinator_client_against_a_running_cluster(cluster: Cluster) -> None:
         assert status.client_epsilons == {"client-0": 0.75}
         # ... and a client without it is refused
         with pytest.raises(UnauthenticatedError):
-            stranger.get_task(TaskQuery(registered.client_id))
+            stranger.get_task(co.TaskQuery(registered.client_id))
     finally:
         coordinator.close()
         stranger.close()
