@@ -86,7 +86,8 @@ class CoordinatorClient:
     def get_status(self, *, timeout_s: float = CALL_S) -> ClusterStatus:
         """The run's status (the operator's call)."""
         reply = invoke(
-            lambda: self._stub.GetStatus(common_pb2.Empty(), timeout=timeout_s), "status"
+            lambda: self._stub.GetStatus(common_pb2.Empty(), timeout=timeout_s),
+            "coordinator status",
         )
         return ClusterStatus.from_proto(reply)
 

@@ -7,9 +7,10 @@ import time
 import typer
 
 from fedps.config import FedPSConfig
+from fedps.coordinator_client import CoordinatorClient
 from fedps.errors import FedPSError
-from fedps.proto import common_pb2, coordinator_pb2_grpc, keyholder_pb2_grpc, shard_pb2_grpc
-from fedps.transport import call, create_channel
+from fedps.keyholder_client import KeyHolderClient
+from fedps.shard_client import ShardClient
 
 __all__ = ["print_status"]
 
@@ -17,8 +18,11 @@ __all__ = ["print_status"]
 def print_status(config: FedPSConfig) -> None:
     """Print the cluster's health; raise :class:`FedPSError` if the coordinator is down."""
     cluster = config.cluster
-    coordinator = coordinator_pb2_grpc.CoordinatorStub(create_channel(cluster.coordinator))
-    status = call(lambda: coordinator.GetStatus(common_pb2.Empty(), timeout=5), "coordinator")
+    coordinator = CoordinatorClient(cluster.coordinator)
+    try:
+        status = coordinator.get_status(timeout_s=5)
+    finally:
+        coordinator.close()
     age = time.time() - status.last_checkpoint_unix if status.last_checkpoint_unix else None
     typer.echo(f"coordinator {cluster.coordinator}: up, run {status.run_id}")
     typer.echo(
@@ -32,17 +36,19 @@ def print_status(config: FedPSConfig) -> None:
     typer.echo(f"  DP noise: {noise}{warning}")
     for client_id in sorted(status.client_epsilons):
         typer.echo(f"  {client_id}: epsilon {status.client_epsilons[client_id]:.3f}")
-    keyholder = keyholder_pb2_grpc.KeyHolderStub(create_channel(cluster.keyholder))
+    keyholder = KeyHolderClient(cluster.keyholder)
     detections: dict[str, int] = {}
     quarantined: set[str] = set()
     try:
-        state = call(lambda: keyholder.GetModelState(common_pb2.Empty(), timeout=5), "key holder")
+        state = keyholder.get_model_state(timeout_s=5)
         typer.echo(f"key holder {cluster.keyholder}: up, version {state.version}")
         detections, quarantined = dict(state.detections), set(state.quarantined)
     except FedPSError as exc:
         typer.echo(f"key holder {cluster.keyholder}: DOWN ({exc})")
+    finally:
+        keyholder.close()
     for sid, address in zip(cluster.shard_ids, cluster.shards, strict=True):
-        stub = shard_pb2_grpc.ShardStub(create_channel(address))
+        shard = ShardClient(sid, address)
         suspect = ""
         if sid in detections:
             suspect = (
@@ -50,10 +56,12 @@ def print_status(config: FedPSConfig) -> None:
                 f"{detections[sid]} tampered aggregate(s) detected by the key holder"
             )
         try:
-            s = call(lambda: stub.GetStatus(common_pb2.Empty(), timeout=5), sid)  # noqa: B023
+            s = shard.get_status(timeout_s=5)
             typer.echo(
                 f"{sid} {address}: up, version {s.version}, {s.blocks} blocks, "
                 f"{s.pushes_accepted} pushes accepted, {s.pushes_refused} refused{suspect}"
             )
         except FedPSError as exc:
             typer.echo(f"{sid} {address}: DOWN ({exc}){suspect}")
+        finally:
+            shard.close()

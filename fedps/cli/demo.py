@@ -22,12 +22,26 @@ from fedps.ckks_params import ckks_params
 from fedps.cli.demo_summary import DemoSummary
 from fedps.cli.deployment import Deployment, local_cluster, write_config
 from fedps.config import load_config
+from fedps.coordinator_client import CoordinatorClient
+from fedps.coordinator_messages import ClusterStatus
 from fedps.errors import FedPSError, PeerUnavailableError
-from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fedps.provisioning import provision_cluster, setup_tls
-from fedps.transport import call, create_channel
 
 __all__ = ["run_demo"]
+
+#: What the watcher shows while the coordinator does not answer: nothing yet.
+_NO_STATUS = ClusterStatus(
+    run_id="",
+    round=0,
+    version=0,
+    registered=0,
+    finished=False,
+    history=(),
+    max_epsilon=0.0,
+    delta=0.0,
+    bytes_pushed=0,
+    last_checkpoint_unix=0.0,
+)
 
 
 def run_demo(
@@ -62,14 +76,16 @@ def run_demo(
     )
     started = time.time()
     deployment = Deployment(path, config)
+    coordinator = CoordinatorClient(config.cluster.coordinator)
     try:
         deployment.start_servers()
         # The cores go to the clients: one alone (a centralised baseline) trains on all.
         threads = str(max(1, (os.cpu_count() or 1) // t.clients))
         for i in range(t.clients):
             deployment.start(f"client-{i}", "client", "--index", str(i), "--threads", threads)
-        status = _watch(deployment, config.cluster.coordinator, t.rounds, console, timeout_s)
+        status = _watch(deployment, coordinator, t.rounds, console, timeout_s)
     finally:
+        coordinator.close()
         deployment.stop()
     seconds = time.time() - started
     evaluated = [r for r in status.history if r.accuracy >= 0]
@@ -104,12 +120,11 @@ def run_demo(
 
 def _watch(
     deployment: Deployment,
-    address: str,
+    coordinator: CoordinatorClient,
     rounds: int,
     console: Console,
     timeout_s: float,
-) -> coordinator_pb2.ClusterStatus:
-    stub = coordinator_pb2_grpc.CoordinatorStub(create_channel(address))
+) -> ClusterStatus:
     shown = 0
     until = time.time() + timeout_s
     columns = (
@@ -125,11 +140,9 @@ def _watch(
             servers = [n for n in deployment.processes if not n.startswith("client")]
             deployment.check_alive(servers)
             try:
-                status: coordinator_pb2.ClusterStatus = call(
-                    lambda: stub.GetStatus(common_pb2.Empty()), "coordinator status"
-                )
+                status = coordinator.get_status()
             except FedPSError:
-                status = coordinator_pb2.ClusterStatus()
+                status = _NO_STATUS
             for record in status.history[shown:]:
                 acc = f"{record.accuracy:.4f}" if record.accuracy >= 0 else "  -   "
                 note = "  (abandoned: no quorum)" if record.abandoned else ""
