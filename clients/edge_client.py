@@ -636,17 +636,7 @@ class EdgeClient:
             by_shard.setdefault(ring.owner(block), []).append((block, data))
         messages = {
             sid: [
-                PushBatch(
-                    client_id=self.client_id,
-                    round=round_,
-                    version=version,
-                    weight=weight,
-                    context_id=self._context_id,
-                    blocks=batch,
-                    nonce=update.nonce,
-                    signature=update.signature,
-                    roots=update.roots,
-                )
+                PushBatch.carrying(update, round_=round_, context_id=self._context_id, blocks=batch)
                 for batch in batched(blocks, lambda b: len(b[1]))
             ]
             for sid, blocks in by_shard.items()

@@ -89,6 +89,12 @@ class WireRecord(Generic[_M]):
         return cast(_M, to_message(self.wire, self, **converted))
 
     @classmethod
+    def taken_from(cls, source: Any) -> Self:
+        """The record of the fields of the same names in ``source`` (a richer record of the
+        role that produced it)."""
+        return cls(**{f.name: getattr(source, f.name) for f in fields(cast(Any, cls))})
+
+    @classmethod
     def from_proto(cls, message: _M) -> Self:
         """From the wire form."""
         converted = {name: back(getattr(message, name)) for name, (_, back) in cls.nested.items()}

@@ -73,6 +73,23 @@ class PushBatch:
             self.client_id, self.weight, self.nonce, self.signature, self.roots, self.version
         )
 
+    @classmethod
+    def carrying(
+        cls, update: SignedUpdate, *, round_: int, context_id: str, blocks: list[tuple[int, bytes]]
+    ) -> PushBatch:
+        """A push of ``blocks`` (block, packed ciphertext) that carries ``update``."""
+        return cls(
+            update.client_id,
+            round_,
+            update.version,
+            update.weight,
+            context_id,
+            blocks,
+            update.nonce,
+            update.signature,
+            update.roots,
+        )
+
     def to_proto(self) -> shard_pb2.PushRequest:
         """The wire form."""
         blocks = [shard_pb2.EncryptedBlock(block=b, ciphertext=c) for b, c in self.blocks]

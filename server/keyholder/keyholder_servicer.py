@@ -76,14 +76,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
             result = self.keyholder.apply_round(r.round, r.version, r.run_id, r.members)
         if self._metrics is not None:
             self._metrics.latency.labels("apply").observe(time.perf_counter() - started)
-        return records.AppliedRound(
-            version=result.version,
-            fewest_contributors=result.fewest_contributors,
-            total_weight=result.total_weight,
-            update_norm=result.update_norm,
-            noise_multiplier=result.noise_multiplier,
-            top_up_std=result.top_up_std,
-        ).to_proto()
+        return records.AppliedRound.taken_from(result).to_proto()
 
     def OpenCommits(  # noqa: N802
         self, request: keyholder_pb2.OpenCommitsRequest, context: grpc.ServicerContext

@@ -30,6 +30,7 @@ from fedps.messages import (
 )
 from fedps.proto import common_pb2
 from fedps.shard_client import ShardClient
+from server.keyholder.keyholder import RoundResult
 from tests.conftest import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,6 +102,23 @@ def test_signed_update_round_trip_and_push_bytes() -> None:
     # Assert
     assert back == UPDATE
     assert sh.PushBatch.from_bytes(batch.serialize()) == batch
+
+
+def test_a_push_carries_the_update_it_was_built_from() -> None:
+    # Execute
+    batch = sh.PushBatch.carrying(UPDATE, round_=4, context_id="ctx", blocks=[(0, b"a")])
+    # Assert
+    assert batch.update == UPDATE
+    assert (batch.client_id, batch.round, batch.context_id) == ("client-0", 4, "ctx")
+
+
+def test_a_wire_record_takes_its_fields_from_a_richer_record() -> None:
+    # Prepare: the key holder's result of a round has more than its reply carries
+    result = RoundResult(5, 8, 3, 3.0, 0.25, contributors={"client-0": 1.0}, top_up_std=0.5)
+    # Execute
+    applied = kh.AppliedRound.taken_from(result)
+    # Assert
+    assert applied == kh.AppliedRound(8, 3, 3.0, 0.25, 0.0, 0.5)
 
 
 def test_a_manifest_that_lists_a_client_twice_is_malformed() -> None:
