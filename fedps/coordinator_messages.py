@@ -38,8 +38,8 @@ _KINDS = {
     "push": coordinator_pb2.Task.PUSH,
 }
 _KIND_NAMES = {number: name for name, number in _KINDS.items()}
-#: A task's kind: its name here, the enum on the wire.
-_KIND: Converter = (_KINDS.__getitem__, _KIND_NAMES.__getitem__)
+#: A task's kind: its name here, the enum on the wire (a kind this client does not know: wait).
+_KIND: Converter = (_KINDS.__getitem__, lambda number: _KIND_NAMES.get(number, "wait"))
 #: Shards (shard id -> address), in order on the wire.
 _SHARDS: Converter = (
     lambda shards: [coordinator_pb2.ShardAddress(shard_id=s, address=a) for s, a in shards.items()],

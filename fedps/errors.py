@@ -33,12 +33,12 @@ class FedPSError(Exception):
     """Root of every error fedps raises on purpose."""
 
 
-class ConfigError(FedPSError, ValueError):
-    """A configuration file or field is invalid."""
-
-
 class InvalidArgumentError(FedPSError, ValueError):
     """A request is malformed: wrong size, count, parameters or values."""
+
+
+class ConfigError(InvalidArgumentError):
+    """A configuration file or field is invalid."""
 
 
 class UnknownClientError(FedPSError):
@@ -58,7 +58,7 @@ class UnauthenticatedError(FedPSError):
     """The caller presented no valid credential."""
 
 
-class RateLimitedError(FedPSError):
+class RateLimitedError(InvalidArgumentError):
     """A caller exceeded its per-round request budget."""
 
 
@@ -70,7 +70,7 @@ class QuarantinedError(PolicyError):
     """The key holder decrypts nothing more: a shard was caught tampering too often."""
 
 
-class PrivacyBudgetExceededError(FedPSError):
+class PrivacyBudgetExceededError(RoundClosedError):
     """A client would spend more than its epsilon budget."""
 
 

@@ -52,6 +52,7 @@ __all__ = [
     "ERROR_CLASS_KEY",
     "ERROR_STATUS",
     "MAX_MESSAGE_BYTES",
+    "STATUS_CLASS",
     "TARGET_MESSAGE_BYTES",
     "batched",
     "bind",
@@ -129,10 +130,12 @@ ERROR_CLASS_KEY = "fedps-error"
 
 _BY_NAME: dict[str, type[FedPSError]] = {cls.__name__: cls for cls in ERROR_STATUS}
 
-# What a status that names no class of ours becomes on the caller's side: gRPC's own failures
-# (an unreachable peer, a deadline, an oversized message), the mutual-TLS interceptor's
-# refusals, and a ValueError that a servicer turned into INVALID_ARGUMENT.
-_UNNAMED_STATUS: dict[grpc.StatusCode, type[FedPSError]] = {
+#: The usual class of each status: what a status that names no class of ours becomes on the
+#: caller's side (gRPC's own failures: an unreachable peer, a deadline, an oversized message;
+#: the mutual-TLS interceptor's refusals; a ValueError that a servicer turned into
+#: INVALID_ARGUMENT). Every class in :data:`ERROR_STATUS` is a subclass of its status's usual
+#: class, so a caller that catches the usual class catches whatever a peer names.
+STATUS_CLASS: dict[grpc.StatusCode, type[FedPSError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
     grpc.StatusCode.PERMISSION_DENIED: PolicyError,
     grpc.StatusCode.ABORTED: QuarantinedError,
@@ -405,15 +408,17 @@ def wire_class(cls: type[FedPSError]) -> type[FedPSError]:
 
 def _from_rpc_error(exc: grpc.RpcError, what: str) -> FedPSError:
     """The error of ours that ``exc`` stands for: the class its trailing metadata names when
-    that class is in :data:`ERROR_STATUS` with the status received (a peer cannot make a
-    status mean another one), otherwise the status's usual class."""
+    that class is in :data:`ERROR_STATUS` with the status received and is the status's usual
+    class or a subclass of it (a peer cannot make a status mean another one), otherwise the
+    status's usual class."""
     if not isinstance(exc, grpc.Call):
         return FedPSError(f"{what}: {exc}")
     code = exc.code()
     named = dict(exc.trailing_metadata() or ()).get(ERROR_CLASS_KEY)
+    usual = STATUS_CLASS.get(code, FedPSError)
     cls = _BY_NAME.get(named) if isinstance(named, str) else None
-    if cls is None or ERROR_STATUS[cls] != code:
-        cls = _UNNAMED_STATUS.get(code, FedPSError)
+    if cls is None or ERROR_STATUS[cls] != code or not issubclass(cls, usual):
+        cls = usual  # so whoever catches a status's usual class catches every class it names
     return cls(f"{what}: {exc.details()}")
 
 

@@ -29,8 +29,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: coordinator_pb2.RegisterRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.RegisterReply:
         c = self.coordinator
-        r = records.ClientRegistration.from_proto(request)
         with rpc_errors(context):
+            r = records.ClientRegistration.from_proto(request)
             client_id, credential = c.registry.register(
                 r.name,
                 r.num_examples,
@@ -56,8 +56,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def GetTask(  # noqa: N802
         self, request: coordinator_pb2.TaskRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.Task:
-        query = records.TaskQuery.from_proto(request)
         with rpc_errors(context):
+            query = records.TaskQuery.from_proto(request)
             require_peer(context, query.client_id)
             task = self.coordinator.get_task(
                 query.client_id, _credential(context), epsilon=query.epsilon, delta=query.delta
@@ -67,8 +67,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def ReportUpdate(  # noqa: N802
         self, request: coordinator_pb2.UpdateReport, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
-        report = records.UpdateReport.from_proto(request)
         with rpc_errors(context):
+            report = records.UpdateReport.from_proto(request)
             require_peer(context, report.client_id)
             self.coordinator.report(
                 report.client_id,

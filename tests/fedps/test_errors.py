@@ -18,6 +18,7 @@ from fedps.errors import FedPSError, InvalidArgumentError, PolicyError
 from fedps.transport import (
     ERROR_CLASS_KEY,
     ERROR_STATUS,
+    STATUS_CLASS,
     bind,
     call,
     create_channel,
@@ -143,6 +144,15 @@ def test_a_value_error_and_a_forged_class_name_come_back_by_status(address: str)
     assert type(value_error.value) is InvalidArgumentError
     assert str(value_error.value) == "push: bad size"
     assert type(forged.value) is PolicyError
+
+
+def test_every_class_a_status_can_name_is_caught_as_the_status_s_usual_class() -> None:
+    # A peer names the class of its error; a caller that catches what a status meant before
+    # classes were named (RoundClosedError for FAILED_PRECONDITION, ...) must still catch it.
+    for cls, code in ERROR_STATUS.items():
+        usual = STATUS_CLASS.get(code, FedPSError)
+        # Assert
+        assert issubclass(cls, usual), f"{cls.__name__} would escape `except {usual.__name__}`"
 
 
 def test_the_table_holds_every_class_of_fedps_errors() -> None:
