@@ -4,7 +4,9 @@
 (:class:`~fedps.keyholder_client.KeyHolderClient`, :class:`~fedps.shard_client.ShardClient`)
 with the plain records of :mod:`fedps.keyholder_messages` and :mod:`fedps.shard_messages`.
 Every call has a deadline (a call caught in a peer's restart fails and is retried, never
-hangs) and is retried until it succeeds or the coordinator stops.
+hangs) and is retried while the peer is unavailable until it succeeds or the coordinator
+stops; a shard that refuses to open or close a round (it answers, with an error) is asked
+:data:`REFUSALS` times, then the round is abandoned with that error.
 """
 
 from __future__ import annotations
@@ -27,11 +29,14 @@ from fedps.parameter_client import ParameterClient
 from fedps.shard_messages import RoundOpening
 from fedps.transport import call_until
 
-__all__ = ["ClusterPeers"]
+__all__ = ["REFUSALS", "ClusterPeers"]
 
 _log = logging.getLogger("fedps")
 
 _T = TypeVar("_T")
+
+#: Times a shard may refuse opening or closing a round before the round is abandoned
+REFUSALS = 5
 
 
 class ClusterPeers:
@@ -53,6 +58,20 @@ class ClusterPeers:
     def retry(self, fn: Callable[[], _T], what: str, retry_on: type[FedPSError] = FedPSError) -> _T:
         """Call until it succeeds (or the coordinator stops), retrying ``retry_on`` errors."""
         return call_until(fn, what, retry_on=retry_on, stop=self._stop)
+
+    def _bounded(self, fn: Callable[[], _T], what: str) -> _T:
+        """Call until it succeeds: an unavailable peer is waited for (until the coordinator
+        stops), any other error is retried :data:`REFUSALS` times, then raised."""
+        for attempt in range(1, REFUSALS + 1):
+            try:
+                return self.retry(fn, what, retry_on=PeerUnavailableError)
+            except PeerUnavailableError:
+                raise  # stopping
+            except FedPSError as exc:
+                if attempt == REFUSALS or self._stop.wait(0.5 * attempt):
+                    raise FedPSError(f"{what}: refused {attempt} times, last: {exc}") from exc
+                _log.warning("%s: %s; retrying (%d of %d)", what, exc, attempt, REFUSALS)
+        raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ the key holder
     def model_state(self) -> records.ModelState:
@@ -127,14 +146,14 @@ class ClusterPeers:
             {u.client_id: u for u in commitments.updates if u.client_id in members},
         )
         for sid, shard in self._params.shards.items():
-            self.retry(lambda: shard.open_round(round_opening), f"open round on {sid}")  # noqa: B023
+            self._bounded(lambda: shard.open_round(round_opening), f"open round on {sid}")  # noqa: B023
 
     def close_round(self, round_: int, cohort: frozenset[str]) -> set[str]:
         """Close ``round_`` on every shard; returns the clients of ``cohort`` whose pushes
         every shard holding blocks found complete."""
         accepted = set(cohort)
         for sid, shard in self._params.shards.items():
-            closed = self.retry(lambda: shard.close_round(round_), f"close round on {sid}")  # noqa: B023
+            closed = self._bounded(lambda: shard.close_round(round_), f"close round on {sid}")  # noqa: B023
             if closed.blocks:
                 accepted &= set(closed.complete_clients)
         return accepted

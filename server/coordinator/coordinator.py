@@ -49,7 +49,7 @@ from fedps.blocks import BlockLayout
 from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig
 from fedps.coordinator_messages import RETRY_AFTER_S, Task
-from fedps.errors import FedPSError, QuarantinedError
+from fedps.errors import FedPSError, PolicyError, QuarantinedError
 from fedps.keyholder_messages import CommitOpening, CommitSet, RoundApplication
 from server.coordinator.checkpoint_store import CheckpointStore
 from server.coordinator.client_registry import ClientRegistry, RegisteredClient
@@ -321,9 +321,14 @@ class Coordinator:
                 raise
 
     def _run(self) -> None:
-        self.bootstrap()
+        checkpointed = self.round
+        self.bootstrap()  # the round and version follow the key holder's
         resume, self._resume = self._resume, None
-        if resume is not None and resume.round > self.round and resume.version == self.version:
+        if resume is not None and checkpointed < resume.round <= self.round:
+            # The key holder applied the round before we restarted: record its result.
+            _log.info("round %d was applied before a restart; recording it", resume.round)
+            self._record_applied(resume)
+        elif resume is not None and resume.round > self.round and resume.version == self.version:
             # Restarted mid-round: continue it, so pushes the shards acknowledged still count.
             _log.info("continuing round %d after a restart", resume.round)
             self._run_round(resume.round, resume.cohort, resume=resume)
@@ -465,6 +470,15 @@ class Coordinator:
             return  # stopping, not refused: a restart continues the round
         self._finish_round(record, started, bytes_before)
 
+    def _record_applied(self, opened: _OpenRound) -> None:
+        """Record ``opened``, which the key holder applied while we were down (asking again
+        returns its result)."""
+        record = RoundRecord(
+            round=opened.round, version=opened.version, contributors=0, cohort=len(opened.cohort)
+        )
+        if self._apply(opened, opened.committed, record):
+            self._finish_round(record, time.time(), self.bytes_pushed)
+
     def _cohort_fits(self, round_: int, cohort: frozenset[str]) -> bool:
         """Whether a round can run with the drawn ``cohort``: at least ``min_quorum`` and at
         most ``he.max_clients`` clients (a Poisson draw can miss either; the round is then
@@ -533,13 +547,19 @@ class Coordinator:
             opened.deadline = time.time() + self._training.deadline_s
         self._checkpoint(opened)
         frozen_at = time.time()
-        self._peers.open_round(self._opening(opened, committed), commitments)
-        self._wait_for_pushes(opened, resume)
-        if self._stop.is_set():
-            return None
-        opened.closing = True
-        self._checkpoint(opened)
-        accepted = self._peers.close_round(opened.round, committed)
+        try:
+            self._peers.open_round(self._opening(opened, committed), commitments)
+            self._wait_for_pushes(opened, resume)
+            if self._stop.is_set():
+                return None
+            opened.closing = True
+            self._checkpoint(opened)
+            accepted = self._peers.close_round(opened.round, committed)
+        except FedPSError as exc:
+            if self._stop.is_set():
+                return None
+            _log.error("round %d: a shard keeps refusing it (%s); abandoned", opened.round, exc)
+            return set()
         record.push_seconds = time.time() - frozen_at
         return accepted
 
@@ -573,27 +593,54 @@ class Coordinator:
 
     def _apply(self, opened: _OpenRound, accepted: frozenset[str], record: RoundRecord) -> bool:
         """Have the key holder check, decrypt and apply exactly ``accepted``'s sum; record
-        the new version, or abandon the round if refused. False: stopping."""
-        try:
-            applied = self._peers.apply_round(
-                RoundApplication(
-                    opened.round, opened.version, self.run_id, self.registry.signing_keys(accepted)
-                )
-            )
-        except FedPSError as exc:  # a policy refusal, or an aggregate that cannot decrypt
-            if self._stop.is_set():
-                return False
-            _log.warning("round %d refused by the key holder: %s", opened.round, exc)
-            self._peers.discard_round(opened.round)
-            record.abandoned = True
-            if isinstance(exc, QuarantinedError):
-                _log.error("the run stops: %s", exc)
-                self._stop.set()  # no round can be applied any more
-        else:
-            self.version = applied.version
-            record.version = applied.version
-            record.noise_multiplier = applied.noise_multiplier
+        the new version, or abandon the round if the key holder refused it. False: stopping.
+
+        Only a refusal (:class:`PolicyError`: the checks failed, nothing was decrypted)
+        abandons the round. Any other failure (the key holder could not write its state, a
+        shard did not take the new version, an unexpected error) is asked again until it
+        succeeds: the key holder may have applied the round, and an applied round is never
+        discarded (asking again returns its result and publishes it again)."""
+        application = RoundApplication(
+            opened.round, opened.version, self.run_id, self.registry.signing_keys(accepted)
+        )
+        while True:
+            try:
+                applied = self._peers.apply_round(application)
+                break
+            except PolicyError as exc:  # refused: the round is never decrypted
+                if self._stop.is_set():
+                    return False
+                self._refused(opened, record, exc)
+                return True
+            except FedPSError as exc:
+                _log.warning("round %d: the key holder did not apply it yet: %s", opened.round, exc)
+                if self._stop.wait(_WAIT_S):
+                    return False
+        self.version = applied.version
+        record.version = applied.version
+        record.contributors = applied.fewest_contributors
+        record.noise_multiplier = applied.noise_multiplier
         return True
+
+    def _refused(self, opened: _OpenRound, record: RoundRecord, exc: PolicyError) -> None:
+        """The key holder refused ``opened``: discard it, and follow the key holder's version
+        if the refusal was a version mismatch (later rounds train the key holder's model)."""
+        _log.warning("round %d refused by the key holder: %s", opened.round, exc)
+        self._peers.discard_round(opened.round)
+        record.abandoned = True
+        if isinstance(exc, QuarantinedError):
+            _log.error("the run stops: %s", exc)
+            self._stop.set()  # no round can be applied any more
+            return
+        state = self._peers.model_state()
+        if state.version != self.version:
+            _log.error(
+                "round %d: the key holder's model is at version %d, not %d; following it",
+                opened.round,
+                state.version,
+                self.version,
+            )
+            self.version = state.version
 
     def _finish_round(self, record: RoundRecord, started: float, bytes_before: int) -> None:
         round_ = record.round
@@ -628,7 +675,21 @@ class Coordinator:
             "clients": self.registry.state_dict(),
             "open": open_round.to_json() if open_round is not None else None,
         }
-        self._store.save(self._vector, state)
+        delay = 0.5
+        while True:
+            try:
+                self._store.save(self._vector, state)
+                break
+            except OSError as exc:  # e.g. disk full: the round waits until it is written
+                _log.error(
+                    "cannot write the checkpoint %s (%s); retrying in %.1f s",
+                    self._store.path,
+                    exc.strerror or exc,
+                    delay,
+                )
+                if self._stop.wait(delay):
+                    return
+                delay = min(2 * delay, 30.0)
         self.last_checkpoint = time.time()
         _log.info("checkpoint at round %d (version %d)", self.round, self.version)
 

@@ -44,6 +44,7 @@ from fedps.errors import (
     FedPSError,
     InvalidArgumentError,
     NotReadyError,
+    PeerUnavailableError,
     PolicyError,
     QuarantinedError,
 )
@@ -86,6 +87,15 @@ class RoundResult:
     noise_multiplier: float = 0.0
     #: client level: the std per value of the noise the key holder added to the sum
     top_up_std: float = 0.0
+
+
+@dataclass(frozen=True)
+class _ModelSnapshot:
+    params: np.ndarray
+    version: int
+    last_round: int
+    optimizer: dict[str, np.ndarray]
+    groups: dict[str, np.ndarray]
 
 
 class KeyHolder:
@@ -309,12 +319,16 @@ class KeyHolder:
             a tampered aggregate, a missing block, an out-of-bounds result, or a round that does
             not follow the current version. A round already applied returns its released
             result again, never a fresh decryption.
+        PeerUnavailableError
+            If the state cannot be written (nothing is applied; asking again applies the round)
+            or a shard does not take the new version (the round is applied and durable;
+            asking again publishes it). Never a refusal: the caller retries.
         """
         with self._lock:
             cached = self._released.get(round_)
             if cached is not None:
-                if round_ == self.last_round:
-                    self._publish()  # the first attempt may have died before publishing
+                if round_ == self.last_round:  # the first attempt may not have published
+                    self._publish_applied(round_)
                 return cached
             if round_ in self._refused:
                 raise PolicyError(f"round {round_} was refused before; it is never decrypted")
@@ -358,6 +372,7 @@ class KeyHolder:
             except PolicyError as exc:
                 self._refuse(round_, exc)
                 raise
+            before = self._snapshot()
             round_closed = True
             if self._groups is None:
                 self.params = self._optimizer.step(self.params, delta)
@@ -381,10 +396,18 @@ class KeyHolder:
                 top_up_std=top_up,
             )
             self._released[round_] = result
-            self._save_state()
+            try:
+                self._save_state()  # the decision is durable before anything is published
+            except OSError as exc:
+                self._restore(before)
+                del self._released[round_]
+                raise PeerUnavailableError(
+                    f"the key holder cannot write its state ({exc.strerror or exc}); round "
+                    f"{round_} is not applied, asking again applies it"
+                ) from exc
             if self.rotate_every_rounds and round_ % self.rotate_every_rounds == 0:
                 self._rotate_keys()
-            self._publish()
+            self._publish_applied(round_)
             _log.info(
                 "applied round %d (%d+ contributors), published version %d",
                 round_,
@@ -392,6 +415,40 @@ class KeyHolder:
                 self.version,
             )
             return result
+
+    def _snapshot(self) -> _ModelSnapshot:
+        """What applying a round changes, to put back when its state cannot be saved."""
+        assert self.params is not None
+        groups = self._groups.state() if self._groups is not None else {}
+        return _ModelSnapshot(
+            self.params,
+            self.version,
+            self.last_round,
+            dict(self._optimizer.state),
+            {k: v.copy() for k, v in groups.items()},
+        )
+
+    def _restore(self, snapshot: _ModelSnapshot) -> None:
+        self.params, self.version, self.last_round = (
+            snapshot.params,
+            snapshot.version,
+            snapshot.last_round,
+        )
+        self._optimizer.state = dict(snapshot.optimizer)
+        if self._groups is not None:
+            self._groups.load(snapshot.groups)
+
+    def _publish_applied(self, round_: int) -> None:
+        """Publish the version round ``round_`` produced; a shard that does not take it
+        leaves the round applied (durably) and unpublished, and the caller is asked to retry:
+        the next :meth:`apply_round` of the same round publishes it again (idempotently)."""
+        try:
+            self._publish()
+        except FedPSError as exc:
+            raise PeerUnavailableError(
+                f"round {round_} is applied (version {self.version}) but not yet published to "
+                f"every shard ({exc}); asking again publishes it"
+            ) from exc
 
     def _rotate_keys(self) -> None:
         """Replace the key pair: later rounds encrypt under a new context, old keys are gone."""
@@ -415,7 +472,10 @@ class KeyHolder:
             )
             if self.on_tampering is not None:
                 self.on_tampering(exc.shard, exc.reason)
-        self._save_state()
+        try:
+            self._save_state()
+        except OSError as exc:  # the check fails the same way if the round is asked again
+            _log.error("round %d: cannot record the refusal (%s)", round_, exc.strerror or exc)
 
     def _decrypt_average(
         self, round_: int, layout: BlockLayout, verifier: AggregateVerifier

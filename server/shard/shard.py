@@ -354,10 +354,10 @@ class Shard:
                 _log.warning(
                     "%s: round %d reopened; its old sums are discarded", self.shard_id, round_
                 )
+            self._append(round_, opening)  # durable first: a failed write changes nothing
             if self._open is not None and not self._open.closed:
                 _log.warning("%s: round %d replaced by %d", self.shard_id, self._open.round, round_)
                 self._open.closed = True
-            self._append(round_, opening)
             state = _Round(round_, version, dict(members), context_id, run_id, commitments)
             self._rounds[round_] = state
             self._open = state
