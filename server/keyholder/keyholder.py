@@ -240,11 +240,15 @@ class KeyHolder:
             self._optimizer.state.clear()
             try:
                 self._publish()
-            except Exception:
-                # Nothing changes unless every shard took the new model.
+                self._save_state()
+            except Exception as exc:
+                # Nothing changes unless every shard took the new model and it is saved.
                 self.params, self.version, self._optimizer.state = before
+                if isinstance(exc, OSError):
+                    raise PeerUnavailableError(
+                        f"the key holder cannot write its state ({exc.strerror or exc})"
+                    ) from exc
                 raise
-            self._save_state()
 
     # ------------------------------------------------------------------ commitments
     def open_commits(
