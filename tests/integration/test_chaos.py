@@ -10,25 +10,23 @@ model must equal the plaintext replay of exactly those updates.
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 
-from fedps.cli.deployment import Deployment, local_cluster, write_config
-from fedps.config import load_config
-from fedps.errors import FedPSError
-from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
-from fedps.provisioning import provision_cluster
-from fedps.transport import call, create_channel
-from server.coordinator.evaluator import Evaluator
+from fedps.cli.deployment import Deployment
 from tests.conftest import RecordingClient, run_clients
+from tests.process_cluster import (
+    assert_replayed,
+    cluster_config,
+    recorded,
+    start_role,
+    wait_for_round,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -38,54 +36,18 @@ VICTIMS = ["keyholder", "shard-0", "shard-1", "coordinator"]
 TRIALS = 10
 
 
-def _status(address: str) -> coordinator_pb2.ClusterStatus:
-    stub = coordinator_pb2_grpc.CoordinatorStub(create_channel(address))
-    reply: coordinator_pb2.ClusterStatus = call(
-        lambda: stub.GetStatus(common_pb2.Empty(), timeout=2), "status"
-    )
-    return reply
-
-
 def _kill_and_restart(
     deployment: Deployment, victim: str, round_: int, delay_s: float, log: list[str]
 ) -> None:
     """When round ``round_`` is under way, wait ``delay_s``, SIGKILL ``victim``, restart it."""
-    coordinator = deployment.config.cluster.coordinator
-    until = time.time() + 120
-    while time.time() < until:
-        try:
-            if _status(coordinator).round >= round_ - 1:
-                break
-        except FedPSError:
-            pass
-        time.sleep(0.05)
+    wait_for_round(deployment.config, round_ - 1)
     time.sleep(delay_s)
     proc = deployment.processes[victim]
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     log.append(f"killed {victim} in round {round_} after {delay_s:.2f}s")
-    args = ["shard", "--index", victim.split("-")[1]] if victim.startswith("shard") else [victim]
-    deployment.start(victim, *args)
-    cluster = deployment.config.cluster
-    address = {"keyholder": cluster.keyholder, "coordinator": cluster.coordinator}.get(victim)
-    deployment.wait_ready([address or cluster.shards[int(victim.split("-")[1])]])
+    start_role(deployment, victim)
     log.append(f"restarted {victim}")
-
-
-def _replay(
-    initial: np.ndarray,
-    released: dict[str, dict[str, Any]],
-    clients: list[RecordingClient],
-) -> np.ndarray:
-    """The plaintext FedAvg of exactly the updates the key holder says it applied (every
-    block of a round holds exactly the same contributors)."""
-    sent = {c.client_id: c.sent for c in clients}
-    model = initial.copy()
-    for round_ in sorted(released, key=int):
-        weights: dict[str, float] = released[round_]["contributors"]
-        summed = sum(weights[c] * sent[c][int(round_)][1] for c in weights)
-        model = model + summed / sum(weights.values())
-    return model
 
 
 @pytest.mark.parametrize("trial", range(TRIALS))
@@ -95,28 +57,7 @@ def test_sigkill_a_server_mid_round_loses_nothing(tmp_path: Path, trial: int) ->
     victim = VICTIMS[trial % len(VICTIMS)] if trial < len(VICTIMS) else rng.choice(VICTIMS)
     round_ = rng.randint(1, ROUNDS)
     delay_s = rng.uniform(0.0, 2.0)
-    state = tmp_path / "state"
-    config = load_config(
-        None,
-        cluster=local_cluster(state),
-        training={
-            "rounds": ROUNDS,
-            "clients": CLIENTS,
-            "min_quorum": 2,
-            "deadline_s": 60.0,
-            "checkpoint_every": 1,
-            "lr": 0.3,
-        },
-        # The clients share this process, which holds one certificate: without TLS, each
-        # client proves its identity with its enrolment token.
-        tls={"insecure": True, "directory": str(tmp_path / "certs")},
-        # Flooding adds ~5e-6 of noise per value and round on purpose (docs/security.md);
-        # off here, so the replay checks exact accounting at 1e-4, not the noise.
-        security={"flood_bits": 0},
-    )
-    provision_cluster(config)
-    path = tmp_path / "fedps.toml"
-    write_config(config, path)
+    config, path = cluster_config(tmp_path, rounds=ROUNDS, clients=CLIENTS)
     deployment = Deployment(path, config)
     log: list[str] = []
     try:
@@ -129,24 +70,9 @@ def test_sigkill_a_server_mid_round_loses_nothing(tmp_path: Path, trial: int) ->
         # Execute
         run_clients(clients, timeout_s=240)
         killer.join(120)
-        until = time.time() + 60
-        while not _status(config.cluster.coordinator).finished and time.time() < until:
-            time.sleep(0.2)
-        status = _status(config.cluster.coordinator)
+        final = wait_for_round(config, ROUNDS, finished=True)
     finally:
         deployment.stop()
     # Assert: training finished, every round applied, nothing lost or counted twice
     assert log == [f"killed {victim} in round {round_} after {delay_s:.2f}s", f"restarted {victim}"]
-    assert status.finished and status.round == ROUNDS, log
-    assert not any(r.abandoned for r in status.history)
-    with np.load(state / "keyholder" / "keyholder-state.npz") as data:
-        applied = data["params"]
-        meta = json.loads(bytes(data["meta"]).decode())
-    assert meta["version"] == ROUNDS
-    released = meta["released"]
-    for r in range(1, ROUNDS + 1):
-        acknowledged = {c.client_id for c in clients if r in c.acknowledged}
-        assert set(released[str(r)]["contributors"]) == acknowledged, (r, log)
-    initial = Evaluator(config.training).initial_vector()
-    expected = _replay(initial, released, clients)
-    assert np.linalg.norm(applied - expected) / np.linalg.norm(expected) < 1e-4
+    assert_replayed(config, final, recorded(clients), log)

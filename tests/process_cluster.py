@@ -1,0 +1,194 @@
+"""A fedps cluster of real processes for fault tests, and the plaintext replay they check.
+
+Key holder, shards and coordinator run as ``python -m fedps.cli ROLE`` processes
+(:class:`~fedps.cli.deployment.Deployment`); the clients are :class:`RecordingClient` threads
+(or processes, :mod:`tests.recording_client`) that remember the plaintext of what they pushed
+and which rounds every shard acknowledged. After training, :func:`assert_replayed` checks that
+the key holder applied every round with exactly the acknowledged clients and that its model
+equals the plaintext FedAvg of exactly their updates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedps.cli.deployment import Deployment, local_cluster, write_config
+from fedps.config import FedPSConfig, load_config
+from fedps.coordinator_client import CoordinatorClient
+from fedps.coordinator_messages import ClusterStatus
+from fedps.errors import FedPSError
+from fedps.provisioning import provision_cluster
+from server.coordinator.evaluator import Evaluator
+from tests.conftest import RecordingClient
+
+__all__ = [
+    "HANG_S",
+    "Recorded",
+    "assert_replayed",
+    "cluster_config",
+    "recorded",
+    "role_args",
+    "role_env",
+    "start_role",
+    "status",
+    "wait_for_round",
+]
+
+#: Bound of any wait for a process or a round: only a hang reaches it, never a verdict.
+HANG_S = 600.0
+
+
+@dataclass
+class Recorded:
+    """What one client pushed: ``sent[round] = (weight, delta)`` and the rounds whose push
+    every shard that owns a block acknowledged."""
+
+    client_id: str
+    sent: dict[int, tuple[float, np.ndarray]] = field(default_factory=dict)
+    acknowledged: set[int] = field(default_factory=set)
+
+
+def recorded(clients: Sequence[RecordingClient]) -> list[Recorded]:
+    """What in-process recording clients pushed."""
+    return [Recorded(c.client_id, c.sent, c.acknowledged) for c in clients]
+
+
+def cluster_config(tmp_path: Path, *, rounds: int, clients: int) -> tuple[FedPSConfig, Path]:
+    """A provisioned configuration for a process cluster on loopback, written to a file."""
+    config = load_config(
+        None,
+        cluster=local_cluster(tmp_path / "state"),
+        training={
+            "rounds": rounds,
+            "clients": clients,
+            "min_quorum": 2,
+            "deadline_s": 60.0,
+            "checkpoint_every": 1,
+            "lr": 0.3,
+        },
+        # The clients share this process, which holds one certificate: without TLS, each
+        # client proves its identity with its enrolment token.
+        tls={"insecure": True, "directory": str(tmp_path / "certs")},
+        # Flooding adds ~5e-6 of noise per value and round on purpose (docs/security.md);
+        # off here, so the replay checks exact accounting at 1e-4, not the noise.
+        security={"flood_bits": 0},
+    )
+    provision_cluster(config)
+    path = tmp_path / "fedps.toml"
+    write_config(config, path)
+    return config, path
+
+
+def role_args(name: str) -> list[str]:
+    """The ``fedps`` arguments that start role ``name`` (``keyholder``, ``shard-1``...)."""
+    if name.startswith("shard-"):
+        return ["shard", "--index", name.split("-")[1]]
+    return [name]
+
+
+def address_of(config: FedPSConfig, name: str) -> str:
+    """Where role ``name`` listens."""
+    cluster = config.cluster
+    if name.startswith("shard-"):
+        return cluster.shards[int(name.split("-")[1])]
+    return cluster.keyholder if name == "keyholder" else cluster.coordinator
+
+
+@contextmanager
+def role_env(env: Mapping[str, str]) -> Iterator[None]:
+    """``env`` set in this process's environment while a role process is started (it
+    inherits it), removed after."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def start_role(deployment: Deployment, name: str, env: Mapping[str, str] | None = None) -> None:
+    """Start role ``name`` (with ``env`` added to its environment) and wait until it serves."""
+    with role_env(env or {}):
+        deployment.start(name, *role_args(name))
+    deployment.wait_ready([address_of(deployment.config, name)])
+
+
+def status(config: FedPSConfig) -> ClusterStatus:
+    """The coordinator's status (one call)."""
+    client = CoordinatorClient(config.cluster.coordinator)
+    try:
+        return client.get_status(timeout_s=5.0)
+    finally:
+        client.close()
+
+
+def wait_for_round(config: FedPSConfig, round_: int, *, finished: bool = False) -> ClusterStatus:
+    """Wait until the coordinator finished ``round_`` (and, with ``finished``, the run)."""
+    until = time.monotonic() + HANG_S
+    while time.monotonic() < until:
+        try:
+            s = status(config)
+            if s.round >= round_ and (s.finished or not finished):
+                return s
+        except FedPSError:
+            pass  # restarting
+        time.sleep(0.2)
+    raise AssertionError(f"round {round_} did not finish in {HANG_S:.0f} s (a hang)")
+
+
+def keyholder_state(state_dir: Path) -> tuple[np.ndarray, dict[str, Any]]:
+    """The key holder's saved model and metadata."""
+    import io
+
+    from crypto.files import read_checked
+
+    data = read_checked(state_dir / "keyholder" / "keyholder-state.npz", what="key holder state")
+    assert data is not None, "the key holder saved no state"
+    with np.load(io.BytesIO(data)) as arrays:
+        return arrays["params"], json.loads(bytes(arrays["meta"]).decode())
+
+
+def replay(
+    initial: np.ndarray, released: Mapping[str, Mapping[str, Any]], clients: list[Recorded]
+) -> np.ndarray:
+    """The plaintext FedAvg of exactly the updates the key holder says it applied (every
+    block of a round holds exactly the same contributors)."""
+    sent = {c.client_id: c.sent for c in clients}
+    model = initial.copy()
+    for round_ in sorted(released, key=int):
+        weights: dict[str, float] = released[round_]["contributors"]
+        summed = sum(weights[c] * sent[c][int(round_)][1] for c in weights)
+        model = model + summed / sum(weights.values())
+    return model
+
+
+def assert_replayed(
+    config: FedPSConfig, final: ClusterStatus, clients: list[Recorded], log: object = ""
+) -> None:
+    """Training finished, every round applied with exactly the clients whose pushes were
+    acknowledged, and the key holder's model is the plaintext replay of their updates."""
+    rounds = config.training.rounds
+    assert final.finished and final.round == rounds, log
+    assert not any(r.abandoned for r in final.history), (final.history, log)
+    applied, meta = keyholder_state(config.cluster.state_dir)
+    assert meta["version"] == rounds, log
+    released = meta["released"]
+    for r in range(1, rounds + 1):
+        acknowledged = {c.client_id for c in clients if r in c.acknowledged}
+        assert set(released[str(r)]["contributors"]) == acknowledged, (r, log)
+    initial = Evaluator(config.training).initial_vector()
+    expected = replay(initial, released, clients)
+    assert np.linalg.norm(applied - expected) / np.linalg.norm(expected) < 1e-4, log
