@@ -14,6 +14,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "CorruptStateError",
     "FedPSError",
     "InvalidArgumentError",
     "NotReadyError",
@@ -39,6 +40,12 @@ class InvalidArgumentError(FedPSError, ValueError):
 
 class ConfigError(InvalidArgumentError):
     """A configuration file or field is invalid."""
+
+
+class CorruptStateError(FedPSError):
+    """A state file or log on disk is damaged (a checksum mismatch, a truncated file): the role
+    stops with one line naming the file, keeps the evidence and repairs nothing on its own.
+    A local error: it stops the process that reads its own state."""
 
 
 class UnknownClientError(FedPSError):

@@ -2,14 +2,30 @@
 
 Each record is framed as ``length, crc32, payload`` and, with ``fsync`` on (the default),
 flushed to disk before :meth:`RecordLog.append` returns, so whoever acknowledges after
-appending acknowledges only what is durable. Reading back cuts a torn or corrupt last record
-(one that was being written when the process died, so never acknowledged). The shard logs
-its pushes this way (:mod:`server.shard.shard_log`), the key holder its commitments
-(:mod:`server.keyholder.commit_board`).
+appending acknowledges only what is durable. The shard logs its pushes this way
+(:mod:`server.shard.shard_log`), the key holder its commitments
+(:mod:`server.keyholder.commit_log`).
+
+All or nothing: an append that cannot be written (a full disk) truncates the file back to
+where it was and raises :class:`~fedps.errors.PeerUnavailableError` (the caller retries later;
+nothing was acknowledged). If even that truncation fails, the log refuses every later append
+until the process restarts, so nothing can land after a torn record.
+
+Reading back tells a torn tail from corruption. A last record cut short (its header or payload
+runs past the end of the file) was being written when the process died, so it was never
+acknowledged: it is cut off, with a WARNING. A complete record whose checksum or length is
+wrong, anywhere in the file, is corruption: nothing is truncated or rewritten, the file stays
+in place as it is, a copy is written beside it as ``NAME.corrupt`` and
+:class:`~fedps.errors.CorruptStateError` stops the role (cutting there would silently drop
+records that were acknowledged). A record whose length field lost one bit, so that it seems
+to run past the end of the file, is recognised as corruption too: with that bit restored its
+checksum matches.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import re
@@ -17,7 +33,10 @@ import struct
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import NoReturn
+
+from crypto.files import write_all, write_atomic
+from fedps.errors import CorruptStateError, PeerUnavailableError
 
 __all__ = ["RecordLog"]
 
@@ -26,6 +45,7 @@ _log = logging.getLogger("fedps")
 _HEADER = struct.Struct("<II")  # payload length, crc32 of the payload
 _MAX_RECORD = 64 << 20
 _NAME = re.compile(r"round-(\d{12})\.wal")
+_HINT = "restore the file from a backup, or move it aside to drop what it recorded for that round"
 
 
 class RecordLog:
@@ -38,29 +58,86 @@ class RecordLog:
     fsync
         Flush every record to disk before :meth:`append` returns (``False`` survives a
         process crash, not a power loss).
+    what
+        What the log is, for messages (``"shard log"``).
+    hint
+        How an operator recovers from a corrupt record, for the error.
     """
 
-    def __init__(self, directory: Path, *, fsync: bool = True) -> None:
+    def __init__(
+        self, directory: Path, *, fsync: bool = True, what: str = "log", hint: str = _HINT
+    ) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self._fsync = fsync
-        self._files: dict[int, BinaryIO] = {}
+        self._what = what
+        self._hint = hint
+        self._files: dict[int, io.FileIO] = {}
+        self._ends: dict[int, int] = {}  # each open file's length after its last good record
+        self._broken: str | None = None  # why no append may land any more
 
     def _path(self, round_: int) -> Path:
         return self.directory / f"round-{round_:012d}.wal"
 
     def append(self, round_: int, payload: bytes) -> None:
-        """Append one record to ``round_``'s log; durable when this returns."""
+        """Append one record to ``round_``'s log; durable when this returns.
+
+        Raises
+        ------
+        PeerUnavailableError
+            The record could not be written (a full disk): the file is as it was, nothing was
+            recorded, the caller may retry later.
+        """
+        if self._broken is not None:
+            raise PeerUnavailableError(self._broken)
+        path = self._path(round_)
         fh = self._files.get(round_)
         if fh is None:
-            fh = self._files[round_] = open(self._path(round_), "ab")  # noqa: SIM115
-        fh.write(_HEADER.pack(len(payload), zlib.crc32(payload)) + payload)
-        fh.flush()
-        if self._fsync:
-            os.fsync(fh.fileno())
+            fh = self._files[round_] = open(path, "ab", buffering=0)  # noqa: SIM115
+            self._ends[round_] = fh.seek(0, os.SEEK_END)
+        end = self._ends[round_]
+        try:
+            write_all(fh, path, _HEADER.pack(len(payload), zlib.crc32(payload)), payload)
+            if self._fsync:
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            self._undo(round_, end, exc)
+        self._ends[round_] = end + _HEADER.size + len(payload)
+
+    def _undo(self, round_: int, end: int, exc: OSError) -> NoReturn:
+        """Cut ``round_``'s file back to ``end`` after a failed append, then raise."""
+        path = self._path(round_)
+        fh = self._files[round_]
+        reason = exc.strerror or str(exc)
+        try:
+            os.ftruncate(fh.fileno(), end)
+            if self._fsync:
+                os.fsync(fh.fileno())
+        except OSError as undo:
+            del self._files[round_], self._ends[round_]
+            with contextlib.suppress(OSError):
+                fh.close()
+            self._broken = (
+                f"{self._what} {path.name}: cannot write ({reason}) nor undo the partial "
+                f"write ({undo.strerror or undo}); nothing more is recorded until the role "
+                "restarts"
+            )
+            _log.error("%s", self._broken)
+            raise PeerUnavailableError(self._broken) from exc
+        _log.warning("%s %s: cannot write (%s); left as it was", self._what, path, reason)
+        raise PeerUnavailableError(
+            f"{self._what} {path.name}: cannot write ({reason}); nothing was recorded, retry later"
+        ) from exc
 
     def records(self) -> Iterator[tuple[int, bytes]]:
-        """Every record, in round order then write order; a torn tail is cut off."""
+        """Every record, in round order then write order; a torn tail is cut off.
+
+        Raises
+        ------
+        CorruptStateError
+            A complete record is damaged (after the records before it were yielded); the file
+            is left as it is and copied to ``NAME.corrupt``.
+        """
         rounds = sorted(
             int(m.group(1)) for p in self.directory.iterdir() if (m := _NAME.fullmatch(p.name))
         )
@@ -68,19 +145,50 @@ class RecordLog:
             path = self._path(round_)
             data = path.read_bytes()
             offset = 0
-            while offset + _HEADER.size <= len(data):
-                length, crc = _HEADER.unpack_from(data, offset)
-                payload = data[offset + _HEADER.size : offset + _HEADER.size + length]
-                if length > _MAX_RECORD or len(payload) != length or zlib.crc32(payload) != crc:
-                    break
-                offset += _HEADER.size + length
-                yield round_, payload
+            while (end := self._record_end(path, data, offset)) is not None:
+                yield round_, data[offset + _HEADER.size : end]
+                offset = end
             if offset < len(data):
                 _log.warning(
-                    "%s: cutting %d bytes of an unfinished record", path, len(data) - offset
+                    "%s: cutting a torn last record (%d bytes, never acknowledged)",
+                    path,
+                    len(data) - offset,
                 )
                 with open(path, "r+b") as fh:
                     fh.truncate(offset)
+                    if self._fsync:
+                        os.fsync(fh.fileno())
+
+    def _record_end(self, path: Path, data: bytes, offset: int) -> int | None:
+        """Where the record at ``offset`` ends; None at the end of the file or a torn tail."""
+        start = offset + _HEADER.size
+        if start > len(data):
+            return None
+        length: int
+        crc: int
+        length, crc = _HEADER.unpack_from(data, offset)
+        view = memoryview(data)[start:]
+        if length > _MAX_RECORD:
+            self._corrupt(path, data, offset, f"impossible length {length}")
+        if length > len(view):
+            if any(
+                (fixed := length ^ (1 << bit)) <= len(view) and zlib.crc32(view[:fixed]) == crc
+                for bit in range(32)
+            ):
+                self._corrupt(path, data, offset, "damaged length")
+            return None
+        if zlib.crc32(view[:length]) != crc:
+            self._corrupt(path, data, offset, "checksum mismatch")
+        return start + length
+
+    def _corrupt(self, path: Path, data: bytes, offset: int, why: str) -> NoReturn:
+        kept = path.with_name(f"{path.name}.corrupt")
+        write_atomic(kept, data)
+        raise CorruptStateError(
+            f"{path}: corrupt record at byte {offset} ({why}); the role stops so nothing "
+            f"acknowledged is lost. Kept for inspection at {kept}. To recover: {self._hint} "
+            "(see docs/operations.md)"
+        )
 
     def forget_before(self, round_: int) -> None:
         """Delete the logs of every round before ``round_``."""
@@ -88,6 +196,7 @@ class RecordLog:
             m = _NAME.fullmatch(path.name)
             if m and int(m.group(1)) < round_:
                 fh = self._files.pop(int(m.group(1)), None)
+                self._ends.pop(int(m.group(1)), None)
                 if fh is not None:
                     fh.close()
                 path.unlink(missing_ok=True)
@@ -97,3 +206,4 @@ class RecordLog:
         for fh in self._files.values():
             fh.close()
         self._files.clear()
+        self._ends.clear()

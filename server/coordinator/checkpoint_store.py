@@ -1,8 +1,12 @@
 """The coordinator's checkpoint: the last model it pulled and its state, in one file.
 
 The file is an ``.npz`` with two arrays: ``model`` (the flat parameter vector) and ``meta``
-(the state as UTF-8 JSON). It is replaced atomically (:func:`crypto.files.write_atomic`):
-a crash at any moment leaves the previous checkpoint or the new one, never a mix.
+(the state as UTF-8 JSON), kept as a checked state file (:func:`crypto.files.write_checked`):
+replaced atomically, so a crash at any moment leaves the previous checkpoint or the new one,
+never a mix, and verified against its SHA-256 at load, so a damaged checkpoint stops the
+coordinator (:class:`~fedps.errors.CorruptStateError`) instead of resuming from it. A
+checkpoint written before the checked format is loaded once unchecked and rewritten at the
+next save.
 """
 
 from __future__ import annotations
@@ -16,13 +20,18 @@ from typing import Any
 
 import numpy as np
 
-from crypto.files import write_atomic
-from fedps.errors import FedPSError
+from crypto.files import read_checked, write_checked
+from fedps.errors import CorruptStateError
 
 __all__ = ["CHECKPOINT_FILE", "Checkpoint", "CheckpointStore"]
 
 #: The checkpoint's file name in the coordinator's state folder.
 CHECKPOINT_FILE = "coordinator-checkpoint.npz"
+
+_HINT = (
+    "restore it from a backup, or move it aside to start the run over (the key holder keeps "
+    "the model)"
+)
 
 
 @dataclass(frozen=True)
@@ -52,28 +61,28 @@ class CheckpointStore:
         buffer = io.BytesIO()
         meta = np.frombuffer(json.dumps(state).encode(), dtype=np.uint8)
         np.savez(buffer, model=model, meta=meta)
-        write_atomic(self.path, buffer.getvalue())
+        write_checked(self.path, buffer.getbuffer())
 
     def load(self) -> Checkpoint | None:
         """The saved checkpoint, or None when there is none.
 
         Raises
         ------
-        FedPSError
-            If the file exists but cannot be read (truncated, not a checkpoint, bad JSON):
-            a coordinator that silently started over would repeat rounds.
+        CorruptStateError
+            If the file exists but cannot be read (truncated, checksum mismatch, not a
+            checkpoint, bad JSON): a coordinator that silently started over would repeat
+            rounds.
         """
-        if not self.path.exists():
+        what = "the coordinator checkpoint"
+        raw = read_checked(self.path, what=what, hint=_HINT, legacy_prefix=b"PK\x03\x04")
+        if raw is None:
             return None
         try:
-            with np.load(self.path) as data:
+            with np.load(io.BytesIO(raw)) as data:
                 state = json.loads(bytes(data["meta"]).decode())
                 model = np.asarray(data["model"])
         except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as exc:
-            raise FedPSError(
-                f"checkpoint {self.path} cannot be read ({exc}); restore it from a backup, "
-                "or move it away to start the run over"
-            ) from exc
+            raise CorruptStateError(f"{self.path}: {what} cannot be read ({exc}); {_HINT}") from exc
         if not isinstance(state, dict):
-            raise FedPSError(f"checkpoint {self.path} holds no coordinator state")
+            raise CorruptStateError(f"{self.path}: {what} holds no coordinator state; {_HINT}")
         return Checkpoint(model=model, state=state, saved_at=self.path.stat().st_mtime)

@@ -17,6 +17,11 @@ from fedps.record_log import RecordLog
 
 __all__ = ["CommitLog", "CommitRecord"]
 
+_HINT = (
+    "restore the file from a backup, or move it aside to drop that round's commitments (the "
+    "key holder then refuses that round as never opened; later rounds proceed)"
+)
+
 #: One logged change of a commit phase.
 CommitRecord = CommitOpening | UpdateCommitment | CommitClosing
 
@@ -33,7 +38,7 @@ class CommitLog:
     """
 
     def __init__(self, directory: Path, *, fsync: bool = True) -> None:
-        self._log = RecordLog(directory, fsync=fsync)
+        self._log = RecordLog(directory, fsync=fsync, what="commit log", hint=_HINT)
 
     def append(self, record: CommitRecord) -> None:
         """Append one record to its round's log; durable when this returns."""
@@ -46,7 +51,13 @@ class CommitLog:
         self._log.append(record.round, message.SerializeToString())
 
     def records(self) -> Iterator[CommitRecord]:
-        """Every logged record, in round order then write order."""
+        """Every logged record, in round order then write order.
+
+        Raises
+        ------
+        CorruptStateError
+            A logged record is damaged (see :class:`~fedps.record_log.RecordLog`).
+        """
         for _, payload in self._log.records():
             message = keyholder_pb2.CommitLogRecord.FromString(payload)
             kind = message.WhichOneof("kind")

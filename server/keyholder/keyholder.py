@@ -20,11 +20,13 @@ of a sum that carries the noise the accountant assumes.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import threading
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, SecretContext, unpack_blocks
-from crypto.files import atomic_writer, write_atomic, write_private
+from crypto.files import read_checked, write_atomic, write_checked, write_private
 from crypto.randomness import SecureRandom
 from crypto.release import decryption_error_bound, flood_and_round, released_std
 from crypto.secret_context import SECRET_KEY_FILE
@@ -41,7 +43,7 @@ from crypto.sketch import Challenge, sketch_count
 from fedps.accounting import ClientLevelNoise
 from fedps.blocks import BlockLayout
 from fedps.errors import (
-    FedPSError,
+    CorruptStateError,
     InvalidArgumentError,
     NotReadyError,
     PeerUnavailableError,
@@ -154,13 +156,7 @@ class KeyHolder:
         if client_noise is not None and (groups is not None or staleness is not None):
             raise InvalidArgumentError("client-level noise needs synchronous rounds")
         self._dir = state_dir
-        secret = state_dir / "keys" / SECRET_KEY_FILE
-        if (state_dir / _STATE_FILE).exists() and not secret.exists():
-            raise FedPSError(
-                f"{secret} is missing but {state_dir / _STATE_FILE} exists: the secret key of "
-                "this run is lost, and every ciphertext not yet decrypted with it; start a "
-                "new run (docs/operations.md)"
-            )
+        _require_keys(state_dir)
         self.keys = SecretContext.load_or_generate(state_dir / "keys", params)
         self._ring = ring
         self._shards = {sid: ShardClient(sid, addr) for sid, addr in shards.items()}
@@ -604,40 +600,109 @@ class KeyHolder:
         arrays.update({f"opt_{k}": v for k, v in self._optimizer.state.items()})
         if self._groups is not None:
             arrays.update({f"groups_{k}": v for k, v in self._groups.state().items()})
-        with atomic_writer(path) as fh:
-            np.savez(fh, *[], **arrays)  # type: ignore[arg-type]
+        buffer = io.BytesIO()
+        np.savez(buffer, *[], **arrays)  # type: ignore[arg-type]
+        write_checked(path, buffer.getbuffer())
         self.last_saved = time.time()
 
     def _load_state(self) -> None:
+        """Resume from the state file, if there is one.
+
+        Raises
+        ------
+        CorruptStateError
+            The file is damaged (checksum, truncation) or does not hold a key holder's state.
+        """
         path = self._dir / _STATE_FILE
-        if not path.exists():
+        what = "the key holder state"
+        hint = (
+            f"restore {_STATE_FILE} from a backup; without it the run cannot continue "
+            "(docs/operations.md)"
+        )
+        raw = read_checked(path, what=what, hint=hint, legacy_prefix=b"PK\x03\x04")
+        if raw is None:
             return
-        with np.load(path) as data:
-            meta = json.loads(bytes(data["meta"]).decode())
-            self.params = data["params"]
-            self._optimizer.state = {k[4:]: data[k] for k in data.files if k.startswith("opt_")}
-            if self._groups is not None:
-                groups = {k[7:]: data[k] for k in data.files if k.startswith("groups_")}
-                self._groups.load(groups)
-        self.version = int(meta["version"])
-        self.last_round = int(meta["last_round"])
-        self._released = {
-            int(k): RoundResult(**{_OLD_FIELDS.get(f, f): x for f, x in v.items()})
-            for k, v in meta["released"].items()
-        }
-        self._refused = {int(r) for r in meta.get("refused", [])}
-        self.detections = {
-            str(shard): {str(k): int(v) for k, v in reasons.items()}
-            for shard, reasons in meta.get("detections", {}).items()
-        }
+        try:
+            with np.load(io.BytesIO(raw)) as data:
+                meta = json.loads(bytes(data["meta"]).decode())
+                self.params = data["params"]
+                opt = {k[4:]: data[k] for k in data.files if k.startswith("opt_")}
+                self._optimizer.state = opt
+                if self._groups is not None:
+                    groups = {k[7:]: data[k] for k in data.files if k.startswith("groups_")}
+                    self._groups.load(groups)
+            self.version = int(meta["version"])
+            self.last_round = int(meta["last_round"])
+            self._released = {
+                int(k): RoundResult(**{_OLD_FIELDS.get(f, f): x for f, x in v.items()})
+                for k, v in meta["released"].items()
+            }
+            self._refused = {int(r) for r in meta.get("refused", [])}
+            self.detections = {
+                str(shard): {str(k): int(v) for k, v in reasons.items()}
+                for shard, reasons in meta.get("detections", {}).items()
+            }
+        except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
+            raise CorruptStateError(f"{path}: {what} cannot be read ({exc}); {hint}") from exc
         self.last_saved = path.stat().st_mtime
         _log.info("key holder resumed at version %d (round %d)", self.version, self.last_round)
 
 
+#: What the loss of each key of a key holder that already has state means.
+_LOST_KEYS = {
+    SECRET_KEY_FILE: (
+        "the secret key of this run is lost, and every ciphertext not yet decrypted with it; "
+        "start a new run"
+    ),
+    "signing.key": (
+        "the key that signs every published model is lost, and a new one would not match the "
+        "signing.pub that shards and clients verify against; restore it from a backup, or "
+        "start a new run"
+    ),
+    "challenge.key": (
+        "the key behind the commitment challenges is lost, and a new one would fail every "
+        "commitment of the rounds now open; restore it from a backup, or start a new run"
+    ),
+}
+
+
+def _require_keys(state_dir: Path) -> None:
+    """Stop when a key of a key holder that already has state is missing: a key made anew in
+    its place would silently break what the old one protects. On a first start (no state)
+    the keys are created.
+
+    Raises
+    ------
+    CorruptStateError
+        One line naming the missing key and what to do.
+    """
+    state = state_dir / _STATE_FILE
+    if not state.exists():
+        return
+    for name, lost in _LOST_KEYS.items():
+        key = state_dir / "keys" / name
+        if not key.exists():
+            raise CorruptStateError(
+                f"{key} is missing but {state} exists: {lost} (docs/operations.md)"
+            )
+
+
 def _load_or_create_secret(path: Path) -> bytes:
-    """A 32-byte secret kept in a 0600 file (created on first use)."""
+    """A 32-byte secret kept in a 0600 file (created on first use, see :func:`_require_keys`).
+
+    Raises
+    ------
+    CorruptStateError
+        The file does not hold 32 bytes.
+    """
     if path.exists():
-        return path.read_bytes()
+        secret = path.read_bytes()
+        if len(secret) != 32:
+            raise CorruptStateError(
+                f"{path}: the key is corrupt ({len(secret)} bytes, not 32); restore it from a "
+                "backup (docs/operations.md)"
+            )
+        return secret
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     secret = os.urandom(32)
     write_private(path, secret, exclusive=True)

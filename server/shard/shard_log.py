@@ -6,8 +6,10 @@ opened, blocks added, round closed or discarded) is one ``ShardLogRecord`` in a
 before the RPC returns. A restarted shard replays the logs in round order and rebuilds its
 running sums and manifests exactly. Rounds the shard no longer keeps are deleted with their
 log. The published model (already signed by the key holder) and the public contexts the shard
-fetched are written atomically (write, fsync, rename) beside the logs. Nothing here is
-secret: ciphertexts under a public key, signed plaintext model blocks and public contexts.
+fetched are checked state files (:func:`crypto.files.write_checked`: written atomically, with a
+SHA-256 verified at load) beside the logs. A corrupt log record or state file stops the shard
+with :class:`~fedps.errors.CorruptStateError` naming the file and how to recover. Nothing here
+is secret: ciphertexts under a public key, signed plaintext model blocks and public contexts.
 
 The handler logs plain :class:`ShardLogRecord` values; their protobuf encoding (the log's
 format on disk) lives here.
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from crypto.files import write_atomic
+from crypto.files import read_checked, write_checked
 from fedps.proto import shard_pb2
 from fedps.record_log import RecordLog
 from fedps.shard_messages import Publication, PushBatch, RoundOpening
@@ -29,6 +31,14 @@ from fedps.shard_messages import Publication, PushBatch, RoundOpening
 __all__ = ["ShardLog", "ShardLogRecord"]
 
 _SAFE_ID = re.compile(r"[0-9A-Za-z_-]{1,128}")
+_LOG_HINT = (
+    "restore the file from a backup, or move it aside to drop that round's pushes (the "
+    "round is then abandoned, as if this shard had lost it)"
+)
+_MODEL_HINT = (
+    "delete it; the key holder republishes the model to this shard when the coordinator starts"
+)
+_CONTEXT_HINT = "delete it; the shard fetches the public context from the key holder again"
 
 
 @dataclass(frozen=True)
@@ -81,7 +91,7 @@ class ShardLog:
 
     def __init__(self, directory: Path, *, fsync: bool = True) -> None:
         self.directory = directory
-        self._log = RecordLog(directory / "log", fsync=fsync)
+        self._log = RecordLog(directory / "log", fsync=fsync, what="shard log", hint=_LOG_HINT)
         self._contexts = directory / "contexts"
         self._contexts.mkdir(exist_ok=True)
 
@@ -90,7 +100,13 @@ class ShardLog:
         self._log.append(round_, record.to_proto().SerializeToString())
 
     def records(self) -> Iterator[tuple[int, ShardLogRecord]]:
-        """Every logged record, in round order then write order (a torn tail cut off)."""
+        """Every logged record, in round order then write order (a torn tail cut off).
+
+        Raises
+        ------
+        CorruptStateError
+            A logged record is damaged (see :class:`~fedps.record_log.RecordLog`).
+        """
         for round_, payload in self._log.records():
             yield round_, ShardLogRecord.from_proto(shard_pb2.ShardLogRecord.FromString(payload))
 
@@ -104,23 +120,37 @@ class ShardLog:
 
     def save_model(self, model: Publication) -> None:
         """Replace the saved published model (every owned block, signed), atomically."""
-        write_atomic(self.directory / "model.pb", model.to_proto().SerializeToString())
+        write_checked(self.directory / "model.pb", model.to_proto().SerializeToString())
 
     def load_model(self) -> Publication | None:
-        """The last saved published model, or None."""
-        path = self.directory / "model.pb"
-        if not path.exists():
+        """The last saved published model, or None.
+
+        Raises
+        ------
+        CorruptStateError
+            ``model.pb`` is damaged.
+        """
+        data = read_checked(
+            self.directory / "model.pb", what="the published model", hint=_MODEL_HINT
+        )
+        if data is None:
             return None
-        return Publication.from_proto(shard_pb2.PublishRequest.FromString(path.read_bytes()))
+        return Publication.from_proto(shard_pb2.PublishRequest.FromString(data))
 
     def save_context(self, context_id: str, data: bytes) -> None:
         """Keep a fetched public context (public data) for a restart."""
         if _SAFE_ID.fullmatch(context_id):
-            write_atomic(self._contexts / f"{context_id}.ctx", data)
+            write_checked(self._contexts / f"{context_id}.ctx", data)
 
     def load_context(self, context_id: str) -> bytes | None:
-        """A saved public context, or None."""
+        """A saved public context, or None.
+
+        Raises
+        ------
+        CorruptStateError
+            The saved context is damaged.
+        """
         if not _SAFE_ID.fullmatch(context_id):
             return None
         path = self._contexts / f"{context_id}.ctx"
-        return path.read_bytes() if path.exists() else None
+        return read_checked(path, what=f"public context {context_id}", hint=_CONTEXT_HINT)

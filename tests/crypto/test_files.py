@@ -2,12 +2,44 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from crypto.files import atomic_writer, write_atomic, write_private
+from crypto.files import (
+    FAULTS_VARIABLE,
+    atomic_writer,
+    read_checked,
+    reset_faults,
+    write_all,
+    write_atomic,
+    write_checked,
+    write_private,
+)
+from fedps.errors import CorruptStateError
+
+_PAYLOAD = bytes(range(256)) * 3
+_HINT = "delete it; it is fetched again"
+
+
+@pytest.fixture
+def faults(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """Fault injection armed afresh: the test sets the patterns with ``setenv``."""
+    reset_faults()
+    yield monkeypatch
+    monkeypatch.delenv(FAULTS_VARIABLE, raising=False)
+    reset_faults()
+
+
+def _read(path: Path) -> bytes | None:
+    return read_checked(path, what="the test state", hint=_HINT)
 
 
 def _mode(path: Path) -> int:
@@ -78,3 +110,112 @@ def test_exclusive_write_never_replaces_an_existing_file(tmp_path: Path) -> None
         write_private(path, b"second", exclusive=True)
     assert path.read_bytes() == b"first"
     assert [p.name for p in tmp_path.iterdir()] == ["challenge.key"]
+
+
+def test_a_checked_file_round_trips_and_a_missing_one_is_none(tmp_path: Path) -> None:
+    # Prepare
+    path = tmp_path / "model.pb"
+
+    # Execute
+    missing = _read(path)
+    write_checked(path, _PAYLOAD, mode=0o600)
+
+    # Assert
+    assert missing is None
+    assert _read(path) == _PAYLOAD
+    assert _mode(path) == 0o600
+
+
+@settings(deadline=None, max_examples=80)
+@given(st.data())
+def test_any_flipped_bit_of_a_checked_file_is_detected(data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        # Prepare
+        path = Path(folder) / "model.pb"
+        write_checked(path, _PAYLOAD)
+        damaged = bytearray(path.read_bytes())
+        bit = data.draw(st.integers(0, len(damaged) * 8 - 1))
+        damaged[bit // 8] ^= 1 << (bit % 8)
+        path.write_bytes(damaged)
+
+        # Execute / Assert: one line naming the file, the damage and the hint
+        with pytest.raises(CorruptStateError) as info:
+            _read(path)
+        message = str(info.value)
+        assert message.startswith(f"{path}: the test state is corrupt (")
+        assert message.endswith(f"); {_HINT}") and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("keep", "why"),
+    [
+        (0, "truncated: 0 bytes"),
+        (3, "truncated: 3 bytes"),
+        (20, "truncated: 20 bytes, shorter than its header"),
+        (100, f"truncated: 53 of {len(_PAYLOAD)} bytes"),
+    ],
+)
+def test_a_truncated_checked_file_is_detected(tmp_path: Path, keep: int, why: str) -> None:
+    # Prepare
+    path = tmp_path / "coordinator-checkpoint.npz"
+    write_checked(path, _PAYLOAD)
+    path.write_bytes(path.read_bytes()[:keep])
+
+    # Execute / Assert
+    with pytest.raises(CorruptStateError, match=rf"is corrupt \({why}\); "):
+        _read(path)
+
+
+def test_a_file_without_the_header_is_refused_unless_its_old_format_is_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: a file written before the checked format
+    path = tmp_path / "keyholder-state.npz"
+    path.write_bytes(b"PK\x03\x04 an old npz")
+
+    # Execute
+    with pytest.raises(CorruptStateError, match="not a fedps state file"):
+        _read(path)
+    with caplog.at_level(logging.WARNING, "fedps"):
+        legacy = read_checked(path, what="state", hint=_HINT, legacy_prefix=b"PK\x03\x04")
+
+    # Assert
+    assert legacy == b"PK\x03\x04 an old npz"
+    assert "has no checksum" in caplog.text
+
+
+def test_an_armed_fault_fails_the_first_write_once_and_leaves_the_target(
+    tmp_path: Path, faults: pytest.MonkeyPatch
+) -> None:
+    # Prepare
+    path = tmp_path / "model.pb"
+    write_checked(path, b"old")
+    faults.setenv(FAULTS_VARIABLE, "*.ctx,model.*")
+
+    # Execute
+    with pytest.raises(OSError) as info:
+        write_checked(path, _PAYLOAD)
+    after_failure = _read(path)
+    write_atomic(tmp_path / "other.bin", b"unmatched")
+    write_checked(path, _PAYLOAD)  # a pattern fires once per process
+
+    # Assert
+    assert info.value.errno == errno.ENOSPC
+    assert after_failure == b"old"
+    assert _read(path) == _PAYLOAD
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pb", "other.bin"]
+
+
+def test_an_armed_fault_writes_about_half_of_the_bytes(
+    tmp_path: Path, faults: pytest.MonkeyPatch
+) -> None:
+    # Prepare
+    path = tmp_path / "blocks.bin"
+    faults.setenv(FAULTS_VARIABLE, "blocks.bin")
+
+    # Execute
+    with open(path, "wb") as fh, pytest.raises(OSError, match="No space left on device"):
+        write_all(fh, path, b"a" * 10, b"b" * 10)
+
+    # Assert
+    assert path.read_bytes() == b"a" * 10

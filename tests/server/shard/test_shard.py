@@ -9,18 +9,21 @@ every block) once per test, as a real client signs once per round.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from crypto import BlockEncryptor, CkksParams, PublicContext, SecretContext, bitpack, unpack_block
+from crypto.files import FAULTS_VARIABLE, reset_faults
 from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner, chunk_root
 from fedps.errors import (
+    CorruptStateError,
     InvalidArgumentError,
     NotReadyError,
+    PeerUnavailableError,
     RateLimitedError,
     RoundClosedError,
     UnknownClientError,
@@ -957,3 +960,72 @@ def test_torn_last_record_is_cut_off(durable: Durable) -> None:
     assert path.stat().st_size == good
     assert _push_all(second, "b", updates, owned) == (len(owned), 0)
     assert second.close_round(1) == ["a", "b"]
+
+
+@pytest.fixture
+def faults(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """Fault injection armed afresh: the test sets the patterns with ``setenv``."""
+    reset_faults()
+    yield monkeypatch
+    reset_faults()
+
+
+def _flip_byte(path: Path, index: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[index] ^= 0x04
+    path.write_bytes(data)
+
+
+def test_a_push_the_disk_cannot_hold_is_refused_and_counted_once_retried(
+    durable: Durable, faults: pytest.MonkeyPatch
+) -> None:
+    owned, keys, updates = durable.owned, durable.keys, durable.updates
+    # Prepare: round 1 open, then the disk is full for the next record
+    first = durable.start()
+    _publish_and_open(first, owned, keys, updates)
+    faults.setenv(FAULTS_VARIABLE, "round-*.wal")
+    push_a = updates.signed("a")(owned)
+    # Execute: refused as unavailable (a client retries), then the retry is acknowledged
+    with pytest.raises(PeerUnavailableError, match="nothing was recorded, retry later"):
+        first.push(push_a)
+    retried = first.push(push_a)
+    second = durable.start()
+    # Assert: counted once, in memory and after a restart
+    assert retried == (len(owned), 0)
+    assert second.push(push_a) == (0, len(owned))
+    assert second.close_round(1) == ["a"]
+    sums = _decrypted_sums(second.aggregates(1)[0], keys)
+    assert all(abs(v - 1.0) < TOLERANCE for v in sums.values())
+
+
+def test_a_corrupt_round_opening_stops_recovery(durable: Durable) -> None:
+    owned, keys, updates = durable.owned, durable.keys, durable.updates
+    # Prepare: round 1 opened and pushed to; then a bit of its opening record flips
+    first = durable.start()
+    _publish_and_open(first, owned, keys, updates)
+    _push_all(first, "a", updates, owned)
+    path = durable.path / SHARD / "log" / f"round-{1:012d}.wal"
+    _flip_byte(path, 12)
+    damaged = path.read_bytes()
+    # Execute / Assert: the shard stops instead of forgetting the round
+    with pytest.raises(CorruptStateError) as info:
+        durable.start()
+    assert str(info.value).startswith(f"{path}: corrupt record at byte 0 (checksum mismatch)")
+    assert path.read_bytes() == damaged
+    assert path.with_name(f"{path.name}.corrupt").read_bytes() == damaged
+
+
+def test_a_flipped_bit_in_the_saved_model_stops_recovery(durable: Durable) -> None:
+    owned, keys, updates = durable.owned, durable.keys, durable.updates
+    # Prepare
+    first = durable.start()
+    _publish_and_open(first, owned, keys, updates)
+    path = durable.path / SHARD / "model.pb"
+    _flip_byte(path, path.stat().st_size // 2)
+    # Execute / Assert
+    with pytest.raises(CorruptStateError) as info:
+        durable.start()
+    assert str(info.value) == (
+        f"{path}: the published model is corrupt (checksum mismatch); delete it; the key "
+        "holder republishes the model to this shard when the coordinator starts"
+    )
