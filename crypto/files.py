@@ -26,8 +26,9 @@ Fault injection (a test hook): every write of a state file or log record passes 
 :func:`write_all`. When the environment variable ``FEDPS_INJECT_FAULTS`` holds a
 comma-separated list of ``fnmatch`` patterns (``model.pb,round-*.wal``), the first write to a
 file whose base name matches each pattern writes about half its bytes, then fails with
-``OSError(ENOSPC)``: once per pattern per process (:func:`reset_faults` re-arms them). The
-first write while the variable is set logs a WARNING that faults are armed.
+``OSError(ENOSPC)``: once per pattern per process (:func:`reset_faults` re-arms them);
+``PATTERN@N`` fails the N-th matching write instead of the first. The first write while the
+variable is set logs a WARNING that faults are armed.
 """
 
 from __future__ import annotations
@@ -81,11 +82,12 @@ class _Faults:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.fired: set[str] = set()
+        self.matched: dict[str, int] = {}  # writes that matched each entry so far
         self.warned = False
 
     def strike(self, path: Path) -> bool:
-        """Whether this write to ``path`` is the one to fail (a pattern's first match)."""
+        """Whether this write to ``path`` is the one to fail: the first match of an entry
+        ``PATTERN``, the N-th of an entry ``PATTERN@N``."""
         spec = os.environ.get(FAULTS_VARIABLE, "")
         if not spec:
             return False
@@ -93,10 +95,12 @@ class _Faults:
             if not self.warned:
                 self.warned = True
                 _log.warning("fault injection is armed (%s=%s): a test hook", FAULTS_VARIABLE, spec)
-            for pattern in (p.strip() for p in spec.split(",")):
-                if pattern and pattern not in self.fired and fnmatch.fnmatch(path.name, pattern):
-                    self.fired.add(pattern)
-                    return True
+            for entry in (e.strip() for e in spec.split(",")):
+                pattern, _, nth = entry.partition("@")
+                if pattern and fnmatch.fnmatch(path.name, pattern):
+                    self.matched[entry] = self.matched.get(entry, 0) + 1
+                    if self.matched[entry] == int(nth or 1):
+                        return True
         return False
 
 

@@ -33,6 +33,7 @@ import grpc
 from crypto.tls import TlsMaterial, tls_identity
 from fedps.errors import (
     ConfigError,
+    CorruptStateError,
     FedPSError,
     InvalidArgumentError,
     NotReadyError,
@@ -123,6 +124,7 @@ ERROR_STATUS: dict[type[FedPSError], grpc.StatusCode] = {
     QuarantinedError: grpc.StatusCode.ABORTED,
     PeerUnavailableError: grpc.StatusCode.UNAVAILABLE,
     NotReadyError: grpc.StatusCode.UNAVAILABLE,
+    CorruptStateError: grpc.StatusCode.DATA_LOSS,
 }
 
 #: Trailing-metadata key naming the class of an error sent by :func:`rpc_errors`.
@@ -145,6 +147,7 @@ STATUS_CLASS: dict[grpc.StatusCode, type[FedPSError]] = {
     grpc.StatusCode.DEADLINE_EXCEEDED: PeerUnavailableError,
     grpc.StatusCode.RESOURCE_EXHAUSTED: InvalidArgumentError,
     grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
+    grpc.StatusCode.DATA_LOSS: CorruptStateError,
 }
 
 _T = TypeVar("_T")

@@ -13,6 +13,7 @@ import pytest
 
 from clients.edge_client import EdgeClient, PreparedPush
 from crypto.enrolment import issue_tokens
+from crypto.files import FAULTS_VARIABLE, reset_faults
 from crypto.tls import tls_identity
 from fedps.config import FedPSConfig, load_config
 from fedps.provisioning import client_identities, reset_tls
@@ -30,6 +31,16 @@ def _plaintext_after_each_test() -> Iterator[None]:
     without one (in-process clusters cannot give each role its own certificate)."""
     yield
     reset_tls()
+
+
+@pytest.fixture
+def faults(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """Fault injection (:data:`crypto.files.FAULTS_VARIABLE`) armed afresh: the test sets the
+    patterns with ``faults.setenv(FAULTS_VARIABLE, ...)``; they are gone after it."""
+    reset_faults()
+    yield monkeypatch
+    monkeypatch.delenv(FAULTS_VARIABLE, raising=False)
+    reset_faults()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -35,6 +35,7 @@ __all__ = [
     "Recorded",
     "assert_replayed",
     "cluster_config",
+    "keyholder_state",
     "recorded",
     "role_args",
     "role_env",
@@ -155,7 +156,8 @@ def keyholder_state(state_dir: Path) -> tuple[np.ndarray, dict[str, Any]]:
 
     from crypto.files import read_checked
 
-    data = read_checked(state_dir / "keyholder" / "keyholder-state.npz", what="key holder state")
+    path = state_dir / "keyholder" / "keyholder-state.npz"
+    data = read_checked(path, what="key holder state", hint="")
     assert data is not None, "the key holder saved no state"
     with np.load(io.BytesIO(data)) as arrays:
         return arrays["params"], json.loads(bytes(arrays["meta"]).decode())

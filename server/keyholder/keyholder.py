@@ -44,6 +44,7 @@ from fedps.accounting import ClientLevelNoise
 from fedps.blocks import BlockLayout
 from fedps.errors import (
     CorruptStateError,
+    FedPSError,
     InvalidArgumentError,
     NotReadyError,
     PeerUnavailableError,

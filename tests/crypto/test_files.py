@@ -6,7 +6,6 @@ import errno
 import logging
 import stat
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ from crypto.files import (
     FAULTS_VARIABLE,
     atomic_writer,
     read_checked,
-    reset_faults,
     write_all,
     write_atomic,
     write_checked,
@@ -27,15 +25,6 @@ from fedps.errors import CorruptStateError
 
 _PAYLOAD = bytes(range(256)) * 3
 _HINT = "delete it; it is fetched again"
-
-
-@pytest.fixture
-def faults(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """Fault injection armed afresh: the test sets the patterns with ``setenv``."""
-    reset_faults()
-    yield monkeypatch
-    monkeypatch.delenv(FAULTS_VARIABLE, raising=False)
-    reset_faults()
 
 
 def _read(path: Path) -> bytes | None:

@@ -6,28 +6,18 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crypto.files import FAULTS_VARIABLE, reset_faults
+from crypto.files import FAULTS_VARIABLE
 from fedps.errors import CorruptStateError, PeerUnavailableError
 from fedps.record_log import RecordLog
 
 _RECORDS = [b"opened", b"a push of some length", b"closed"]
 _FILE = "round-000000000007.wal"
-
-
-@pytest.fixture
-def faults(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """Fault injection armed afresh: the test sets the patterns with ``setenv``."""
-    reset_faults()
-    yield monkeypatch
-    monkeypatch.delenv(FAULTS_VARIABLE, raising=False)
-    reset_faults()
 
 
 def _written(directory: Path, records: list[bytes] = _RECORDS) -> Path:

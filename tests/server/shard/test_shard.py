@@ -9,14 +9,14 @@ every block) once per test, as a real client signs once per round.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from crypto import BlockEncryptor, CkksParams, PublicContext, SecretContext, bitpack, unpack_block
-from crypto.files import FAULTS_VARIABLE, reset_faults
+from crypto.files import FAULTS_VARIABLE
 from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner, chunk_root
 from fedps.errors import (
@@ -960,14 +960,6 @@ def test_torn_last_record_is_cut_off(durable: Durable) -> None:
     assert path.stat().st_size == good
     assert _push_all(second, "b", updates, owned) == (len(owned), 0)
     assert second.close_round(1) == ["a", "b"]
-
-
-@pytest.fixture
-def faults(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """Fault injection armed afresh: the test sets the patterns with ``setenv``."""
-    reset_faults()
-    yield monkeypatch
-    reset_faults()
 
 
 def _flip_byte(path: Path, index: int) -> None:
