@@ -95,13 +95,13 @@ class _Faults:
             if not self.warned:
                 self.warned = True
                 _log.warning("fault injection is armed (%s=%s): a test hook", FAULTS_VARIABLE, spec)
+            strike = False
             for entry in (e.strip() for e in spec.split(",")):
                 pattern, _, nth = entry.partition("@")
                 if pattern and fnmatch.fnmatch(path.name, pattern):
                     self.matched[entry] = self.matched.get(entry, 0) + 1
-                    if self.matched[entry] == int(nth or 1):
-                        return True
-        return False
+                    strike |= self.matched[entry] == int(nth or 1)
+            return strike
 
 
 _faults = _Faults()

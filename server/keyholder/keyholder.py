@@ -402,10 +402,12 @@ class KeyHolder:
             except OSError as exc:
                 self._restore(before)
                 del self._released[round_]
-                raise PeerUnavailableError(
+                message = (
                     f"the key holder cannot write its state ({exc.strerror or exc}); round "
                     f"{round_} is not applied, asking again applies it"
-                ) from exc
+                )
+                _log.error("%s", message)
+                raise PeerUnavailableError(message) from exc
             if self.rotate_every_rounds and round_ % self.rotate_every_rounds == 0:
                 self._rotate_keys()
             self._publish_applied(round_)
@@ -446,10 +448,12 @@ class KeyHolder:
         try:
             self._publish()
         except FedPSError as exc:
-            raise PeerUnavailableError(
+            message = (
                 f"round {round_} is applied (version {self.version}) but not yet published to "
                 f"every shard ({exc}); asking again publishes it"
-            ) from exc
+            )
+            _log.warning("%s", message)
+            raise PeerUnavailableError(message) from exc
 
     def _rotate_keys(self) -> None:
         """Replace the key pair: later rounds encrypt under a new context, old keys are gone."""

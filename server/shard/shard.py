@@ -30,6 +30,7 @@ from crypto.signing import chunk_root, is_weak_key
 from fedps.errors import (
     InvalidArgumentError,
     NotReadyError,
+    PeerUnavailableError,
     RateLimitedError,
     RoundClosedError,
     StaleUpdateError,
@@ -248,7 +249,7 @@ class Shard:
             ):
                 raise InvalidArgumentError(f"published block {b} is not signed by the key holder")
         if self._log is not None:
-            self._log.save_model(
+            self._save_model(
                 Publication(
                     version,
                     num_blocks,
@@ -264,6 +265,20 @@ class Shard:
         self._install(version, num_blocks, values_per_block, blocks, signatures or {})
         _log.info("%s published version %d (%d blocks)", self.shard_id, version, len(owned))
         return len(owned)
+
+    def _save_model(self, model: Publication) -> None:
+        """Save the published model before installing it; a failed write installs nothing
+        and is answered as unavailable (the key holder publishes again)."""
+        assert self._log is not None
+        try:
+            self._log.save_model(model)
+        except OSError as exc:
+            message = (
+                f"{self.shard_id} cannot save version {model.version} of the model "
+                f"({exc.strerror or exc}); it keeps version {self.version}"
+            )
+            _log.error("%s", message)
+            raise PeerUnavailableError(message) from exc
 
     def _install(
         self,

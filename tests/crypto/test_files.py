@@ -208,3 +208,24 @@ def test_an_armed_fault_writes_about_half_of_the_bytes(
 
     # Assert
     assert path.read_bytes() == b"a" * 10
+
+
+def test_a_fault_at_n_fails_exactly_the_nth_matching_writes(
+    tmp_path: Path, faults: pytest.MonkeyPatch
+) -> None:
+    # Prepare: the 2nd and 4th writes of model.pb fail
+    path = tmp_path / "model.pb"
+    faults.setenv(FAULTS_VARIABLE, "model.pb@2,model.pb@4")
+
+    # Execute
+    failed: list[int] = []
+    for n in range(1, 7):
+        write_atomic(tmp_path / "other.bin", b"unmatched")  # never counted
+        try:
+            write_checked(path, bytes([n]))
+        except OSError:
+            failed.append(n)
+
+    # Assert
+    assert failed == [2, 4]
+    assert _read(path) == bytes([6])

@@ -85,11 +85,12 @@ def test_a_state_write_that_fails_applies_nothing_and_asking_again_applies_once(
 def test_a_version_a_shard_did_not_take_is_published_when_asked_again(
     ready: tuple[Cluster, RoundDriver], faults: pytest.MonkeyPatch
 ) -> None:
-    # Prepare: a committed round; the next write of a published model fails (one shard)
+    # Prepare: a committed round; the next writes of a published model fail, more of them
+    # than the channel's own retries (the shard answers each with UNAVAILABLE)
     cluster, driver = ready
     clients = _clients()
     driver.committed_round(1, 0, clients)
-    faults.setenv(FAULTS_VARIABLE, "model.pb")
+    faults.setenv(FAULTS_VARIABLE, ",".join(f"model.pb@{n}" for n in range(1, 6)))
 
     # Execute
     with pytest.raises(PeerUnavailableError, match="round 1 is applied") as refused:

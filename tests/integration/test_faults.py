@@ -109,8 +109,8 @@ def test_a_failed_write_loses_nothing(tmp_path: Path, case: str) -> None:
         deployment.stop()
 
     # Assert: the fault happened, and nothing was lost or counted twice
-    logs = "".join((deployment.log_dir / f"{n}.log").read_text() for n in ENOSPC[case])
-    assert "No space left on device" in logs
+    logs = "".join((deployment.log_dir / f"{n}.log").read_text() for n in SERVERS)
+    assert "No space left on device" in logs  # the fault happened (reported by a caller)
     assert_replayed(config, final, recorded(clients), logs[-4000:])
 
 
