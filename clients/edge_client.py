@@ -27,6 +27,12 @@ steps 2 to 5 are :meth:`EdgeClient.train_round`, the part a Flower node runs too
 (:mod:`clients.train_step`) wrap the training from outside, as the simulated slow devices
 and dropouts of :class:`clients.simulation.SimulatedDevice` do.
 
+The client outlasts its servers: a transient failure at any step (a server unreachable,
+restarting, stopping, overloaded or failing inside: :func:`fedps.transport.is_transient`)
+and a round that closed under it (:class:`~fedps.errors.RoundClosedError`) send it back,
+after a backoff, to asking the coordinator for its next task; a committed update is kept
+and pushed when the coordinator asks for it, even after such a failure.
+
 The client's state folder (``<cluster.state_dir>/clients/<identity>``, or ``state_dir``)
 keeps its signing key and privacy ledger across restarts: a restarted client registers with
 the same id and key, reports the epsilon it had spent, and resumes its budget from there; it
@@ -68,7 +74,7 @@ from fedps.errors import (
     ConfigError,
     FedPSError,
     InvalidArgumentError,
-    PeerUnavailableError,
+    PrivacyBudgetExceededError,
     RoundClosedError,
     UnknownClientError,
 )
@@ -79,13 +85,15 @@ from fedps.models import create_model
 from fedps.parameter_client import ParameterClient
 from fedps.partitioners import create_partitioner
 from fedps.shard_messages import PushBatch
-from fedps.transport import batched
+from fedps.transport import Backoff, batched, is_transient
 
 __all__ = ["ClientSummary", "EdgeClient", "PreparedPush", "RoundOutcome", "client_partition"]
 
 _log = logging.getLogger("fedps")
 _T = TypeVar("_T")
 _PEER_WAIT_S = 90.0  # how long a push or a commitment waits for a restarting peer
+# The pauses of the task loop after a failed step: 0.5 s growing to 10 s, full jitter.
+_LOOP_BACKOFF = {"first_s": 0.5, "cap_s": 10.0}
 _UNKNOWN = "{}: not known before EdgeClient.connect and join"
 
 
@@ -235,7 +243,8 @@ class EdgeClient:
         self.rounds_trained = 0
         self.weight = 1.0  # num_examples / the round's weight_scale
         self._signer = self.state.signer
-        self._sent: PreparedPush | None = None  # the last signed update pushed, for a resend
+        # the last committed update (pushed or not), pushed when the coordinator asks for it
+        self._committed: PreparedPush | None = None
         # Known once connected (connect) and joined to a run (join):
         self._keyholder: KeyHolderClient | None = None
         self._params: ParameterClient | None = None
@@ -257,21 +266,21 @@ class EdgeClient:
         return self._enrolment_token
 
     def run(self, *, timeout_s: float = 3600.0) -> ClientSummary:
-        """Take part in training until the coordinator says done (or the budget is spent)."""
+        """Take part in training until the coordinator says done (or the budget is spent).
+
+        Servers that fail do not end the client: after a transient failure at any step or a
+        round that closed under it, it pauses (exponential backoff, full jitter) and asks the
+        coordinator for its next task again; a coordinator that forgot it is registered with
+        again. Only the client's own faults (a request or credential refused) raise;
+        ``timeout_s`` bounds the whole run.
+        """
+        deadline = time.time() + timeout_s
         reply = self._register(timeout_s)
         self.connect(reply.keyholder, reply.shards, virtual_nodes=reply.virtual_nodes)
         try:
             self.join(run_id=reply.run_id, client_id=self.client_id, timeout_s=timeout_s)
             _log.info("%s registered as %s", self.name, self.client_id)
-            deadline = time.time() + timeout_s
-            while time.time() < deadline:
-                try:
-                    task = self._get_task(timeout_s)
-                except UnknownClientError:  # the coordinator restarted without us
-                    self._register(timeout_s)
-                    continue
-                if not self.run_task(task):
-                    break
+            self._run_tasks(deadline)
         finally:
             self.shutdown()
         return ClientSummary(
@@ -281,6 +290,31 @@ class EdgeClient:
             self.config.privacy.delta,
             self.bytes_pushed,
         )
+
+    def _run_tasks(self, deadline: float) -> None:
+        """Ask for tasks and carry them out until the run is over for us or ``deadline``
+        (``time.time()``), surviving every failure that is not ours."""
+        backoff = Backoff(**_LOOP_BACKOFF)
+        registered = True
+        while (left := deadline - time.time()) > 0:
+            try:
+                if not registered:
+                    self._register(left)
+                    registered = True
+                if not self.run_task(self._get_task(left)):
+                    return
+                backoff.reset()
+            except UnknownClientError:  # the coordinator restarted without us
+                registered = False
+            except PrivacyBudgetExceededError as exc:
+                _log.info("%s: %s; done", self.name, exc)
+                return
+            except FedPSError as exc:
+                if not _passes(exc):
+                    raise
+                level = logging.INFO if isinstance(exc, RoundClosedError) else logging.WARNING
+                _log.log(level, "%s: %s; asking for the next task", self.name, exc)
+                backoff.pause()
 
     def run_task(self, task: Task) -> bool:
         """Carry out one task of the coordinator.
@@ -381,12 +415,13 @@ class EdgeClient:
         if not announce:
             return True
         try:
-            try:
-                self._announce_spend()
-            except UnknownClientError:
-                self._register(_PEER_WAIT_S)
-                return False
-        except PeerUnavailableError as exc:
+            self._announce_spend()
+        except UnknownClientError:
+            self._register(_PEER_WAIT_S)
+            return False
+        except FedPSError as exc:
+            if not is_transient(exc):
+                raise
             _log.warning("%s: cannot tell the coordinator its spend: %s", self.name, exc)
             return False
         return True
@@ -492,14 +527,22 @@ class EdgeClient:
         reply = self._coordinator.register(registration, retry_s=timeout_s)
         self.client_id = reply.client_id
         self.trainer.set_run(reply.run_id)
+        if self.run_id and reply.run_id != self.run_id:  # a coordinator that lost its state
+            _log.warning(
+                "%s: the coordinator runs %s now, not %s", self.name, reply.run_id, self.run_id
+            )
+            self.run_id, self._committed = reply.run_id, None
         return reply
 
     def _train(self, task: Task) -> bool:
         """Train, push and report one round; returns False when the privacy budget is spent."""
         self._adopt_context(task.context_id)
-        sent = self._sent
-        if sent is not None and (sent.round, sent.version) == (task.round, task.version):
-            self._resend(task)  # never train twice for a round
+        committed = self._committed
+        if committed is not None and (committed.round, committed.version) == (
+            task.round,
+            task.version,
+        ):
+            self._deliver(committed)  # never train twice for a round
             return True
         outcome = self.train_round(
             task.round,
@@ -513,8 +556,11 @@ class EdgeClient:
             return False
         if not outcome.trained:
             return True
-        pushed = 0 if outcome.prepared is None else self._push_when_open(outcome.prepared)
-        self._report(outcome.round, pushed, budget_exhausted=False)
+        if outcome.prepared is None:  # the round's commitments had closed
+            self._report(outcome.round, 0, budget_exhausted=False)
+        else:
+            self._committed = outcome.prepared  # kept through a failure of what follows
+            self._deliver(outcome.prepared)
         # Offline half of encryption, at low priority while we wait for the next round.
         self.precompute(background=True)
         return True
@@ -643,6 +689,10 @@ class EdgeClient:
         }
         return PreparedPush(round_, version, messages)
 
+    def _deliver(self, prepared: PreparedPush) -> None:
+        """Push a committed update once its round's push phase opens, and report it."""
+        self._report(prepared.round, self._push_when_open(prepared), budget_exhausted=False)
+
     def _push_when_open(self, prepared: PreparedPush) -> int:
         """:meth:`send` once the coordinator says the round's commitments are frozen and the
         shards opened it; returns bytes pushed (0: the round ended first)."""
@@ -655,30 +705,36 @@ class EdgeClient:
     def send(self, prepared: PreparedPush) -> int:
         """Push committed messages to their shards now (the round's commitments must be
         frozen and the shards have opened it); returns bytes pushed. A shard that refuses
-        (the round closed) or stays unreachable counts no bytes."""
+        (the round closed) or keeps failing counts no bytes."""
+        total = self._push_all(prepared)
+        self._committed = prepared
+        self.bytes_pushed += total
+        return total
+
+    def _push_all(self, prepared: PreparedPush) -> int:
+        """Push to every shard that owns a block; returns the bytes the shards took. A shard
+        that refuses (the round closed) or keeps failing is logged and skipped: the others
+        still get theirs, and the round's close decides."""
         total = 0
         for sid, messages in prepared.messages.items():
             try:
                 total += self._push_to(sid, messages)
-            except (RoundClosedError, PeerUnavailableError) as exc:
-                _log.info("%s: push refused: %s", self.name, exc)
-        self._sent = prepared
-        self.bytes_pushed += total
+            except FedPSError as exc:
+                if not _passes(exc):
+                    raise
+                _log.info("%s: push to %s refused: %s", self.name, sid, exc)
         return total
 
     def _resend(self, task: Task) -> None:
-        """Asked again for a round we pushed (the coordinator restarted before it saw our
-        report): push the same signed messages again (the shards acknowledge them as
-        duplicates and count them once) and report again."""
-        sent = self._sent
-        if sent is None or sent.round != task.round:
+        """Asked to push for a round we committed to: after a failure cut our wait for the
+        push phase short, or again (the coordinator restarted before it saw our report).
+        Push the same signed messages (shards acknowledge a repeat as a duplicate and count
+        it once) and report."""
+        committed = self._committed
+        if committed is None or committed.round != task.round:
             time.sleep(max(0.05, task.retry_after))  # nothing of ours in that round
             return
-        for sid, messages in sent.messages.items():
-            try:
-                self._push_to(sid, messages)
-            except (RoundClosedError, PeerUnavailableError) as exc:
-                _log.info("%s: resend refused: %s", self.name, exc)
+        self._push_all(committed)
         self._report(task.round, 0, budget_exhausted=False)
 
     def _get_task(self, timeout_s: float) -> Task:
@@ -788,6 +844,12 @@ class EdgeClient:
             noise_multiplier=self.trainer.noise_multiplier,
         )
         self._coordinator.report_update(report, retry_s=60.0)
+
+
+def _passes(exc: FedPSError) -> bool:
+    """Whether a failed step leaves the client going (to its next task): a transient failure
+    of a server, or a round that closed (applied, abandoned, a stale update) under it."""
+    return isinstance(exc, RoundClosedError) or is_transient(exc)
 
 
 def _known(value: _T | None, what: str) -> _T:

@@ -38,7 +38,8 @@ class CoordinatorClient:
     """Calls the coordinator at ``address``.
 
     Every method takes ``timeout_s``, the call's deadline; those a client makes take
-    ``retry_s``: how long an unavailable coordinator is retried (``None``: fail at once).
+    ``retry_s``: how long a transient failure of the coordinator (unreachable, restarting,
+    failed inside: :func:`fedps.transport.is_transient`) is retried (``None``: fail at once).
     """
 
     def __init__(self, address: str) -> None:

@@ -35,8 +35,9 @@ APPLY_S = 300.0
 class KeyHolderClient:
     """Calls the key holder at ``address``.
 
-    Every method takes ``timeout_s``, the call's deadline, and ``retry_s``: how long an
-    unavailable key holder is retried (``None``: fail at once).
+    Every method takes ``timeout_s``, the call's deadline, and ``retry_s``: how long a
+    transient failure of the key holder (unreachable, restarting, failed inside, such as a
+    full disk: :func:`fedps.transport.is_transient`) is retried (``None``: fail at once).
     """
 
     def __init__(self, address: str) -> None:

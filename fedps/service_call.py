@@ -16,8 +16,11 @@ _T = TypeVar("_T")
 
 def invoke(fn: Callable[[], _T], what: str, retry_s: float | None = None) -> _T:
     """Run ``fn`` (a stub call with its deadline); a gRPC status becomes our exception
-    (:func:`fedps.transport.call`). With ``retry_s``, an unavailable peer is retried for up to
-    that long (:func:`fedps.transport.call_until`)."""
+    (:func:`fedps.transport.call`). With ``retry_s``, a peer's transient failure
+    (:func:`fedps.transport.is_transient`: unreachable, restarting, stopping, overloaded or
+    failed inside) is retried with backoff for up to that long
+    (:func:`fedps.transport.call_until`); the caller's own faults and answers (a closed
+    round, an unknown client) are raised at once."""
     if retry_s is None:
         return call(fn, what)
     return call_until(fn, what, timeout_s=retry_s)

@@ -44,8 +44,9 @@ class ShardClient:
         ``host:port``.
 
     Every method takes ``timeout_s``, the call's deadline; those that may wait out a
-    restarting shard take ``retry_s``, how long an unavailable shard is retried (``None``:
-    fail at once).
+    restarting shard take ``retry_s``, how long a transient failure of the shard
+    (unreachable, restarting, failed inside: :func:`fedps.transport.is_transient`) is retried
+    (``None``: fail at once).
     """
 
     def __init__(self, shard_id: str, address: str) -> None:

@@ -55,6 +55,8 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "STATUS_CLASS",
     "TARGET_MESSAGE_BYTES",
+    "TRANSIENT_STATUS",
+    "Backoff",
     "batched",
     "bind",
     "call",
@@ -63,6 +65,7 @@ __all__ = [
     "channel_credentials",
     "create_channel",
     "create_server",
+    "is_transient",
     "peer_common_name",
     "require_peer",
     "rpc_errors",
@@ -374,33 +377,113 @@ def call(fn: Callable[[], _T], what: str) -> _T:
         raise _from_rpc_error(exc, what) from exc
 
 
+#: The statuses a caller asks again after, with backoff: the peer is unreachable, past the
+#: call's deadline, stopping (``CANCELLED``), overloaded (``RESOURCE_EXHAUSTED``, ``ABORTED``)
+#: or failed inside (``UNKNOWN``: an ``OSError`` such as a full disk in a handler;
+#: ``INTERNAL``). None of them is the caller's fault or an answer to its request.
+TRANSIENT_STATUS: frozenset[grpc.StatusCode] = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.INTERNAL,
+    }
+)
+
+#: Classes a peer names with a transient status that are final answers: asking again cannot
+#: change them (a caller over its rate limit, a quarantined key holder).
+_FINAL_ANSWERS = frozenset(cls.__name__ for cls in (RateLimitedError, QuarantinedError))
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by :func:`call`, is a peer's transient failure: worth the same
+    call again later.
+
+    True for a status in :data:`TRANSIENT_STATUS` unless the peer named a final answer with
+    it (:class:`~fedps.errors.RateLimitedError`, :class:`~fedps.errors.QuarantinedError`),
+    and for a :class:`~fedps.errors.PeerUnavailableError` raised without a status. False for
+    everything else: the caller's own fault (``INVALID_ARGUMENT``, ``PERMISSION_DENIED``,
+    ``UNAUTHENTICATED``) and answers about its request (a closed round, a spent budget, an
+    unknown client).
+    """
+    cause = exc.__cause__
+    if not isinstance(cause, grpc.RpcError):
+        return isinstance(exc, PeerUnavailableError)
+    if not isinstance(cause, grpc.Call):
+        return True  # the transport failed without a status
+    named = dict(cause.trailing_metadata() or ()).get(ERROR_CLASS_KEY)
+    return cause.code() in TRANSIENT_STATUS and named not in _FINAL_ANSWERS
+
+
+class Backoff:
+    """Pauses between attempts: exponential with full jitter.
+
+    The n-th pause (from 0) is drawn uniformly from ``[0, min(cap_s, first_s * 2**n)]``
+    (Brooker, "Exponential Backoff And Jitter", AWS Architecture Blog, 2015), so callers that
+    lost the same peer spread out instead of coming back in lockstep.
+
+    Parameters
+    ----------
+    first_s
+        The ceiling of the first pause (0: no pauses at all, for tests).
+    cap_s
+        The largest ceiling.
+    """
+
+    def __init__(self, *, first_s: float = 0.2, cap_s: float = 2.0) -> None:
+        if first_s < 0 or cap_s < first_s:
+            raise ValueError("backoff needs 0 <= first_s <= cap_s")
+        self._first_s, self._cap_s = first_s, cap_s
+        self._ceiling = first_s
+
+    def reset(self) -> None:
+        """Start again from the first pause (after a success)."""
+        self._ceiling = self._first_s
+
+    def pause(self, stop: threading.Event | None = None) -> None:
+        """Sleep the next pause (returning early once ``stop`` is set)."""
+        seconds = random.uniform(0.0, self._ceiling)
+        self._ceiling = min(self._ceiling * 2, self._cap_s)
+        if stop is not None:
+            stop.wait(seconds)
+        elif seconds > 0:
+            time.sleep(seconds)
+
+
 def call_until(
     fn: Callable[[], _T],
     what: str,
     *,
-    retry_on: type[FedPSError] = PeerUnavailableError,
+    retry_on: type[FedPSError] | Callable[[FedPSError], bool] = is_transient,
     timeout_s: float | None = None,
     stop: threading.Event | None = None,
+    backoff: Backoff | None = None,
 ) -> _T:
-    """:func:`call`, retried on ``retry_on`` errors until it succeeds.
+    """:func:`call`, retried until it succeeds.
 
-    Between attempts it backs off exponentially (0.2 s, growing to 2 s) with full jitter, so
-    clients that lost the same peer do not come back in lockstep. It gives up, re-raising the
-    last error, after ``timeout_s`` or once ``stop`` is set. The channel's own retry policy
-    (a few quick attempts on ``UNAVAILABLE``) runs inside each attempt; this loop outlasts a
-    peer's restart.
+    ``retry_on`` says which errors are retried: a class (its instances) or a predicate, by
+    default :func:`is_transient`. Between attempts it pauses by ``backoff`` (default
+    :class:`Backoff`: 0.2 s growing to 2 s, full jitter). It gives up, re-raising the last
+    error, after ``timeout_s`` or once ``stop`` is set. The channel's own retry policy (a few
+    quick attempts on ``UNAVAILABLE``) runs inside each attempt; this loop outlasts a peer's
+    restart.
     """
+    retried = (lambda exc: isinstance(exc, retry_on)) if isinstance(retry_on, type) else retry_on
     until = None if timeout_s is None else time.monotonic() + timeout_s
-    delay = 0.2
+    backoff = backoff or Backoff()
     while True:
         try:
             return call(fn, what)
-        except retry_on as exc:
+        except FedPSError as exc:
+            if not retried(exc):
+                raise
             if (stop is not None and stop.is_set()) or (until and time.monotonic() > until):
                 raise
             _log.info("%s: %s; retrying", what, exc)
-            time.sleep(random.uniform(0.5, 1.0) * delay)
-            delay = min(delay * 1.5, 2.0)
+            backoff.pause(stop)
 
 
 def wire_class(cls: type[FedPSError]) -> type[FedPSError]:

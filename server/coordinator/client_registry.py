@@ -9,6 +9,12 @@ id and replaces the credential and the signing key.
 Each client's privacy spend (epsilon at delta) arrives with its registration, with every
 ``GetTask`` and with every report; the registry keeps the largest it was told, so the maximum
 over clients never goes down and counts rounds whose update never arrived.
+
+A client is live, and may be drawn for a cohort, while it has budget left and has been heard
+from within ``liveness_s``. A cohort member that let a round's deadline pass without
+reporting (:meth:`ClientRegistry.mark_missed`) is not live until it asks for a task or
+registers again: a dead client leaves the next draw at once, instead of staying in cohorts
+for ``liveness_s``.
 """
 
 from __future__ import annotations
@@ -110,6 +116,7 @@ class ClientRegistry:
         self._on_change = on_change
         self._lock = threading.Lock()
         self._clients: dict[str, RegisteredClient] = {}
+        self._missed: set[str] = set()  # missed a deadline, not heard from since
 
     @property
     def clients(self) -> Mapping[str, RegisteredClient]:
@@ -168,6 +175,7 @@ class ClientRegistry:
                 known.signing_key = signing_key.hex()
                 known.credential_hash = hashlib.sha256(issued).hexdigest()
                 known.last_seen = time.time()
+                self._missed.discard(client_id)
             else:
                 self._clients[client_id] = RegisteredClient(
                     name=name or client_id,
@@ -202,6 +210,7 @@ class ClientRegistry:
         with self._lock:
             client = self._authenticated(client_id, credential)
             client.last_seen = time.time()
+            self._missed.discard(client_id)
             client.spent(epsilon, delta)
 
     def record_report(
@@ -265,14 +274,34 @@ class ClientRegistry:
 
     # ------------------------------------------------------------------ cohorts
     def live(self) -> list[str]:
-        """The ids of the clients heard from lately that still have privacy budget."""
+        """The ids of the clients heard from lately that still have privacy budget and
+        missed no deadline since (:meth:`mark_missed`)."""
         now = time.time()
         with self._lock:
             return [
                 cid
                 for cid, c in self._clients.items()
-                if not c.exhausted and now - c.last_seen < self._liveness_s
+                if not c.exhausted
+                and now - c.last_seen < self._liveness_s
+                and cid not in self._missed
             ]
+
+    def mark_missed(self, client_ids: Iterable[str], *, deadline: float) -> None:
+        """``client_ids`` were in a cohort and did not report by ``deadline``
+        (``time.time()``): leave each out of :meth:`live` until it asks for a task or
+        registers again. A client heard from after ``deadline`` is alive and stays live."""
+        with self._lock:
+            missed = sorted(
+                cid
+                for cid in client_ids
+                if cid in self._clients and self._clients[cid].last_seen < deadline
+            )
+            self._missed.update(missed)
+        if missed:
+            _log.info(
+                "left out of cohorts until they ask for a task: %s (missed a deadline)",
+                ", ".join(missed),
+            )
 
     def usable(self) -> int:
         """How many registered clients still have privacy budget."""
@@ -334,3 +363,4 @@ class ClientRegistry:
             client.last_seen = time.time()
         with self._lock:
             self._clients = clients
+            self._missed.clear()

@@ -531,6 +531,7 @@ class Coordinator:
         finally:
             with self._changed:
                 self._open = None
+        self._mark_missed(opened, opened.cohort - opened.committed)
 
     def _push_phase(
         self,
@@ -586,6 +587,13 @@ class Coordinator:
             ):
                 self._wait(opened)
             self._open = None
+        self._mark_missed(opened, opened.committed)
+
+    def _mark_missed(self, opened: _OpenRound, expected: frozenset[str]) -> None:
+        """Once ``opened``'s deadline passed, leave the members of ``expected`` that did not
+        report out of cohorts until they ask for a task again (a dead client)."""
+        if not self._stop.is_set() and time.time() >= opened.deadline:
+            self.registry.mark_missed(expected - opened.reported, deadline=opened.deadline)
 
     def _wait(self, opened: _OpenRound) -> None:
         """Wait for a change (holding the lock), at most until ``opened``'s deadline."""

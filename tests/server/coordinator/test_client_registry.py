@@ -171,3 +171,43 @@ def test_cohort_views(registry: ClientRegistry) -> None:
     assert keys["a"] == key
     assert registry.most_examples({"a", "b"}) == 70
     assert registry.most_examples({"b"}) == 30
+
+
+def test_a_cohort_member_that_missed_a_deadline_is_not_live_until_it_asks_again(
+    registry: ClientRegistry,
+) -> None:
+    # Prepare: three live clients, each last heard from before the round's deadline
+    credentials = {
+        cid: cred for cid, cred in (_register(registry, f"client-{i}") for i in range(3))
+    }
+    deadline = time.time() + 60.0
+
+    # Execute: client-2 never reported; then it asks for a task again
+    registry.mark_missed(["client-2"], deadline=deadline)
+    while_missing = sorted(registry.live())
+    registry.check_in("client-2", credentials["client-2"], epsilon=0.0, delta=DELTA)
+
+    # Assert: left out of the draw until it asked again
+    assert while_missing == ["client-0", "client-1"]
+    assert sorted(registry.live()) == ["client-0", "client-1", "client-2"]
+
+
+def test_a_missed_deadline_is_forgiven_by_a_registration_and_not_held_against_the_heard(
+    registry: ClientRegistry,
+) -> None:
+    # Prepare
+    for i in range(2):
+        _register(registry, f"client-{i}")
+    passed = time.time() - 60.0  # both were heard from after this deadline
+
+    # Execute
+    registry.mark_missed(["client-0", "client-1", "nobody"], deadline=passed)
+    heard_after = sorted(registry.live())
+    registry.mark_missed(["client-0"], deadline=time.time() + 60.0)
+    missing = sorted(registry.live())
+    _register(registry, "client-0")  # a restarted client registers again
+
+    # Assert
+    assert heard_after == ["client-0", "client-1"]
+    assert missing == ["client-1"]
+    assert sorted(registry.live()) == ["client-0", "client-1"]
