@@ -162,6 +162,10 @@ def create_channel(address: str) -> grpc.Channel:
         *_OPTIONS,
         ("grpc.enable_retries", 1),
         ("grpc.service_config", json.dumps(_RETRY_POLICY)),
+        # A peer back from a restart is reached within seconds (gRPC's default backoff
+        # grows to 120 s between reconnection attempts)
+        ("grpc.initial_reconnect_backoff_ms", 500),
+        ("grpc.max_reconnect_backoff_ms", 5000),
     ]
     identity = tls_identity()
     if identity is None:
