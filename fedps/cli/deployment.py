@@ -117,8 +117,9 @@ def round_line(record: RoundSummary, rounds: int) -> str:
     0.912, epsilon 1.84 (max), 4.2 s``."""
     head = f"round {record.round}/{rounds}: "
     if record.abandoned:
-        return f"{head}abandoned (no quorum: {record.contributors} clients), {record.seconds:.1f} s"
-    parts = [f"{record.contributors} clients"]
+        return f"{head}abandoned (no quorum, {record.contributors} pushed), {record.seconds:.1f} s"
+    n = record.contributors
+    parts = [f"{n} client{'' if n == 1 else 's'}"]
     if record.accuracy >= 0:
         parts.append(f"accuracy {record.accuracy:.3f}")
     parts += [f"epsilon {record.max_epsilon:.2f} (max)", f"{record.seconds:.1f} s"]
