@@ -291,8 +291,9 @@ class Deployment:
         delay = policy.delay(restarts, time.monotonic())
         if delay is None:
             raise FedPSError(
-                f"{name} died {policy.max_restarts + 1} times within {policy.window_s:.0f} s "
-                f"(last exit code {code}: {line}); stopped the cluster, see {self.log_dir}"
+                f"{name} died again after {policy.max_restarts} restarts within "
+                f"{policy.window_s:.0f} s (exit code {code}: {line}); stopped the cluster, "
+                f"see {self.log_dir}"
             )
         _log.warning(
             "%s exited with code %d (its log ends: %s); restarting it in %.0f s",
@@ -307,11 +308,11 @@ class Deployment:
         """Stop every process: clients first, then the coordinator, the shards and the key
         holder last. Each group gets SIGTERM and ``grace_s`` seconds to exit, then SIGKILL.
         A SIGINT or SIGTERM to this process meanwhile is ignored, so no role outlives it."""
-        groups: dict[str, list[subprocess.Popen[bytes]]] = {}
-        for name in reversed(list(self.processes)):
-            kind = "client" if name not in self.servers else name.split("-")[0]
-            groups.setdefault(kind, []).append(self.processes[name])
         with _signals_ignored():
+            groups: dict[str, list[subprocess.Popen[bytes]]] = {}
+            for name in reversed(list(self.processes)):
+                kind = "client" if name not in self.servers else name.split("-")[0]
+                groups.setdefault(kind, []).append(self.processes[name])
             for procs in groups.values():
                 _terminate(procs, grace_s)
 
