@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from fedps.errors import FedPSError
+from fedps.errors import ConfigError
 
 __all__ = ["LOCK_FILE", "StateLock", "StateLockedError"]
 
@@ -24,8 +24,9 @@ __all__ = ["LOCK_FILE", "StateLock", "StateLockedError"]
 LOCK_FILE = ".lock"
 
 
-class StateLockedError(FedPSError):
-    """Another process holds the lock of the state directory (a second instance of a role)."""
+class StateLockedError(ConfigError):
+    """Another process holds the lock of the state directory (a second instance of a role):
+    a configuration error, as two roles configured on one ``cluster.state_dir`` are."""
 
 
 class StateLock:

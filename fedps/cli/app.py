@@ -228,8 +228,7 @@ def up(
     try:
         deployment.start_servers()
         typer.echo(f"fedps cluster up; coordinator at {cfg.cluster.coordinator}. Ctrl-C to stop.")
-        status = deployment.supervise(echo=typer.echo)
-        typer.echo(f"training finished after {status.round} rounds; stopping the cluster")
+        deployment.supervise(echo=typer.echo)
     except KeyboardInterrupt:
         typer.echo("stopping...")
     finally:

@@ -234,8 +234,10 @@ class Deployment:
         echo: Callable[[str], None],
         policy: RestartPolicy | None = None,
         poll_s: float = 1.0,
+        linger_s: float = 10.0,
     ) -> ClusterStatus:
-        """Keep the server roles up until the coordinator reports training finished.
+        """Keep the server roles up until the coordinator reports training finished, and
+        ``linger_s`` seconds more (so that polling clients hear it and exit cleanly).
 
         Every ``poll_s`` seconds: restart a role that exited (after the policy's backoff,
         logged with its exit code and last log line), ask the coordinator for its status (as
@@ -253,6 +255,7 @@ class Deployment:
         restarts: dict[str, list[float]] = {name: [] for name in self.servers}
         due: dict[str, float] = {}  # role -> when to restart it
         shown = 0
+        finished_at: float | None = None
         rounds = self.config.training.rounds
         coordinator = CoordinatorClient(self.config.cluster.coordinator)
         try:
@@ -274,7 +277,13 @@ class Deployment:
                     for record in status.history[shown:]:
                         echo(round_line(record, rounds))
                     shown = len(status.history)
-                    if status.finished:
+                    if status.finished and finished_at is None:
+                        finished_at = now
+                        echo(
+                            f"training finished after {status.round} rounds; stopping the "
+                            f"cluster in {linger_s:.0f} s"
+                        )
+                    if finished_at is not None and now - finished_at >= linger_s:
                         return status
                 time.sleep(poll_s)
         finally:
