@@ -18,9 +18,11 @@ peer has no verified certificate.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -56,6 +58,7 @@ __all__ = [
     "STATUS_CLASS",
     "TARGET_MESSAGE_BYTES",
     "TRANSIENT_STATUS",
+    "AddressInUseError",
     "Backoff",
     "batched",
     "bind",
@@ -105,7 +108,12 @@ _OPTIONS: list[tuple[str, int | str]] = [
 
 # A server closes a connection idle this long: a shard's memory then follows the clients
 # pushing now, not every client that ever connected (they reconnect on their next call).
-_SERVER_OPTIONS: list[tuple[str, int | str]] = [("grpc.max_connection_idle_ms", 10_000)]
+# No SO_REUSEPORT (gRPC sets it by default on Linux): a second process on a port in use must
+# fail to bind, not share the port with the first and get half of its connections.
+_SERVER_OPTIONS: list[tuple[str, int | str]] = [
+    ("grpc.max_connection_idle_ms", 10_000),
+    ("grpc.so_reuseport", 0),
+]
 
 #: The status each of our error classes crosses the wire with, both ways. A servicer's
 #: :func:`rpc_errors` sends an error as its class's status with the error's message and names
@@ -203,25 +211,76 @@ def create_server(max_workers: int = 16) -> grpc.Server:
     )
 
 
-def bind(server: grpc.Server, address: str) -> int:
+class AddressInUseError(PeerUnavailableError):
+    """A server cannot listen on its address: another process listens there."""
+
+
+def bind(server: grpc.Server, address: str, *, role: str = "process") -> int:
     """Bind ``address`` (``host:0`` picks a free port) and return the bound port.
 
     Once TLS is configured the port speaks only TLS and requires a client certificate signed
-    by the deployment's CA.
+    by the deployment's CA. Servers from :func:`create_server` do not share ports, so a
+    second server on a port in use fails here.
+
+    Raises
+    ------
+    AddressInUseError
+        Another process listens on ``address`` (``role`` names what this server is, for
+        the message).
+    PeerUnavailableError
+        ``address`` cannot be bound for another reason.
     """
+    in_use = AddressInUseError(
+        f"{address} is in use (another fedps {role} may be running); stop it or choose another port"
+    )
+    if _in_use(address):  # checked first: gRPC would also log its own error on stderr
+        raise in_use
     identity = tls_identity()
-    if identity is None:
-        port = server.add_insecure_port(address)
-    else:
-        credentials = grpc.ssl_server_credentials(
-            [(identity.key, identity.cert)],
-            root_certificates=identity.ca_cert,
-            require_client_auth=True,
-        )
-        port = server.add_secure_port(address, credentials)
+    try:
+        if identity is None:
+            port = server.add_insecure_port(address)
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [(identity.key, identity.cert)],
+                root_certificates=identity.ca_cert,
+                require_client_auth=True,
+            )
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError:  # gRPC's "Failed to bind"
+        port = 0
     if port == 0:
-        raise PeerUnavailableError(f"cannot bind {address}")
+        raise in_use if _in_use(address) else PeerUnavailableError(f"cannot bind {address}")
     return port
+
+
+def _in_use(address: str) -> bool:
+    """Whether another socket listens on ``address``'s port (False for port 0, and for an
+    address this machine cannot bind at all)."""
+    host, _, port = address.rpartition(":")
+    try:
+        number = int(port)
+        infos = (
+            socket.getaddrinfo(
+                host.strip("[]") or None,
+                number,
+                type=socket.SOCK_STREAM,
+                flags=socket.AI_PASSIVE,
+            )
+            if number
+            else []
+        )
+    except (ValueError, OSError):
+        return False
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            # As gRPC binds: SO_REUSEADDR, so connections in TIME_WAIT do not count
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return True
+    return False
 
 
 if TYPE_CHECKING:

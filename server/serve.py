@@ -26,6 +26,7 @@ from fedps.errors import InvalidArgumentError
 from fedps.hash_ring import HashRing
 from fedps.proto import common_pb2, coordinator_pb2_grpc, keyholder_pb2_grpc, shard_pb2_grpc
 from fedps.staleness import create_staleness
+from fedps.state_lock import StateLock
 from fedps.transport import bind, call, create_channel, create_server
 from server.keyholder.group_policy import GroupPolicy
 from server.keyholder.keyholder import KeyHolder
@@ -215,7 +216,19 @@ def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -
 def serve_forever(
     role: str, config: FedPSConfig, *, index: int = 0, clear_detections: bool = False
 ) -> None:
-    """Run one role until SIGINT/SIGTERM, then stop gracefully."""
+    """Run one role until SIGINT/SIGTERM, then stop gracefully.
+
+    One instance per role: the role's state directory is locked
+    (:class:`~fedps.state_lock.StateLock`) before anything in it is read or written, and its
+    port is not shared; a second instance raises instead of serving.
+
+    Raises
+    ------
+    StateLockedError
+        Another process holds the role's state directory.
+    AddressInUseError
+        Another process listens on the role's address.
+    """
     from fedps.provisioning import setup_tls  # before any channel or port exists
 
     setup_tls(config.tls, f"shard-{index}" if role == "shard" else role)
@@ -227,24 +240,26 @@ def serve_forever(
     }[role]
     if not address:
         raise InvalidArgumentError(f"shard index {index} out of range")
-    server = create_server()
-    bind(server, address)
-    coordinator: Coordinator | None = None
-    if role == "keyholder":
-        keyholder = add_keyholder(server, config, cluster.state_dir / "keyholder")
-        if clear_detections:
-            keyholder.clear_detections()
-    elif role == "shard":
-        add_shard(server, config, index)
-    else:
-        coordinator = add_coordinator(server, config, cluster.state_dir / "coordinator")
-    server.start()
-    _log.info("%s listening on %s", role, address)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    if coordinator is not None:
-        coordinator.stop()
-    server.stop(grace=2.0).wait()
+    name = cluster.shard_ids[index] if role == "shard" else role
+    with StateLock(cluster.state_dir / name):  # held until this process stops serving
+        server = create_server()
+        bind(server, address, role=name)
+        coordinator: Coordinator | None = None
+        if role == "keyholder":
+            keyholder = add_keyholder(server, config, cluster.state_dir / "keyholder")
+            if clear_detections:
+                keyholder.clear_detections()
+        elif role == "shard":
+            add_shard(server, config, index)
+        else:
+            coordinator = add_coordinator(server, config, cluster.state_dir / "coordinator")
+        server.start()
+        _log.info("%s listening on %s", role, address)
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        stop.wait()
+        if coordinator is not None:
+            coordinator.stop()
+        server.stop(grace=2.0).wait()
     _log.info("%s stopped", role)

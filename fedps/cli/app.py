@@ -10,7 +10,6 @@ import logging
 import signal
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -212,7 +211,9 @@ def up(
     config: Annotated[Path, typer.Argument(help="Cluster configuration (TOML).")],
     insecure: InsecureOpt = False,
 ) -> None:
-    """Start key holder, shards and coordinator as processes; Ctrl-C stops them cleanly.
+    """Start key holder, shards and coordinator as processes and keep them up until training
+    ends: a role that dies is restarted, one line per round is printed, and Ctrl-C or SIGTERM
+    stops every role cleanly.
 
     Creates the certificates and enrolment tokens in ``tls.directory`` on first start."""
     from crypto.tls import OPERATOR_NAME
@@ -221,15 +222,13 @@ def up(
     _setup_logging(True)
     cfg = _load(config, insecure=insecure)
     _provision(cfg)
-    if cfg.tls.insecure:
-        _setup_tls(cfg, OPERATOR_NAME)  # warns here too that the cluster runs without TLS
+    _setup_tls(cfg, OPERATOR_NAME)  # to read the coordinator's status (and warn if no TLS)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as Ctrl-C does
     deployment = Deployment(config, cfg)
     try:
         deployment.start_servers()
         typer.echo(f"fedps cluster up; coordinator at {cfg.cluster.coordinator}. Ctrl-C to stop.")
-        while True:
-            deployment.check_alive()
-            time.sleep(1.0)
+        deployment.supervise(echo=typer.echo)
     except KeyboardInterrupt:
         typer.echo("stopping...")
     finally:

@@ -1,0 +1,71 @@
+"""Tests for fedps.cli.deployment's supervision rules: restart backoff, the restart limit,
+and the progress line of a round."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedps.cli.deployment import RestartPolicy, round_line
+from fedps.coordinator_messages import RoundSummary
+
+
+def _round(**fields: object) -> RoundSummary:
+    values: dict[str, object] = {
+        "round": 3,
+        "version": 3,
+        "contributors": 5,
+        "accuracy": 0.9123,
+        "loss": 0.3,
+        "max_epsilon": 1.8412,
+        "bytes_pushed": 1000,
+        "seconds": 4.21,
+        "abandoned": False,
+        "push_seconds": 1.0,
+    }
+    return RoundSummary(**{**values, **fields})  # type: ignore[arg-type]
+
+
+def test_restart_delay_doubles_from_the_first_delay() -> None:
+    # Prepare
+    policy = RestartPolicy(max_restarts=5, window_s=300.0, first_delay_s=1.0, max_delay_s=8.0)
+    # Execute
+    delays = [policy.delay([100.0] * n, now=100.0) for n in range(5)]
+    # Assert: 1, 2, 4, then capped at 8
+    assert delays == [1.0, 2.0, 4.0, 8.0, 8.0]
+
+
+def test_restart_limit_counts_only_the_window() -> None:
+    # Prepare
+    policy = RestartPolicy(max_restarts=2, window_s=60.0)
+    # Execute / Assert: two restarts within the minute: no third
+    assert policy.delay([10.0, 20.0], now=30.0) is None
+    # ... but once the first is older than the window, one more is allowed
+    assert policy.delay([10.0, 20.0], now=75.0) == pytest.approx(2.0)
+
+
+def test_round_line_of_an_applied_round() -> None:
+    # Prepare / Execute
+    line = round_line(_round(), rounds=10)
+    # Assert
+    assert line == "round 3/10: 5 clients, accuracy 0.912, epsilon 1.84 (max), 4.2 s"
+
+
+def test_round_line_of_a_round_not_evaluated_leaves_accuracy_out() -> None:
+    # Prepare / Execute
+    line = round_line(_round(accuracy=-1.0), rounds=10)
+    # Assert
+    assert line == "round 3/10: 5 clients, epsilon 1.84 (max), 4.2 s"
+
+
+def test_round_line_of_one_client_says_client() -> None:
+    # Prepare / Execute
+    line = round_line(_round(contributors=1), rounds=10)
+    # Assert
+    assert line.startswith("round 3/10: 1 client, accuracy")
+
+
+def test_round_line_of_an_abandoned_round_says_so() -> None:
+    # Prepare / Execute
+    line = round_line(_round(abandoned=True, contributors=1), rounds=10)
+    # Assert
+    assert line == "round 3/10: abandoned (no quorum, 1 pushed), 4.2 s"

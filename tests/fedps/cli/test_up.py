@@ -1,0 +1,184 @@
+"""``fedps up`` on real processes: it supervises the roles until training ends.
+
+The key holder, shards and coordinator are processes that ``fedps up`` starts; the clients are
+:class:`EdgeClient` threads of this process (the cluster runs without TLS, clients prove who
+they are with their enrolment tokens). Every wait is bounded only to catch a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from clients.edge_client import EdgeClient
+from fedps.config import FedPSConfig
+from fedps.coordinator_client import CoordinatorClient
+from fedps.errors import FedPSError
+from fedps.state_lock import StateLock
+from tests.conftest import run_clients
+from tests.role_processes import (
+    HANG_S,
+    is_running,
+    last_line,
+    lock_holder,
+    start_fedps,
+    wait_until,
+    write_local_config,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.faults]
+
+ROUNDS = 3
+CLIENTS = 3
+ROLES = ["keyholder", "shard-0", "shard-1", "coordinator"]
+
+
+@dataclass
+class Up:
+    """A running ``fedps up`` and the cluster it supervises."""
+
+    proc: subprocess.Popen[bytes]
+    config: FedPSConfig
+    log: Path
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def role_pids(self) -> dict[str, int | None]:
+        """The pid in each role's state lock (the process that holds, or last held, it)."""
+        return {name: lock_holder(self.config.cluster.state_dir / name) for name in ROLES}
+
+    def wait_up(self) -> dict[str, int]:
+        """Wait until every role serves; return their pids."""
+        wait_until(lambda: "fedps cluster up" in self.output or self.proc.poll() is not None, "up")
+        assert self.proc.poll() is None, self.output
+        pids = self.role_pids()
+        assert all(pid is not None for pid in pids.values()), pids
+        return {name: pid for name, pid in pids.items() if pid is not None}
+
+    def round_reached(self, round_: int) -> bool:
+        coordinator = CoordinatorClient(self.config.cluster.coordinator)
+        try:
+            return coordinator.get_status(timeout_s=10).round >= round_
+        except FedPSError:
+            return False
+        finally:
+            coordinator.close()
+
+
+def _write_config(root: Path) -> tuple[Path, FedPSConfig]:
+    """A tiny training run: 3 rounds of 3 clients."""
+    training = {
+        "rounds": ROUNDS,
+        "clients": CLIENTS,
+        "min_quorum": 2,
+        "deadline_s": 60.0,
+        "checkpoint_every": 1,
+        "lr": 0.3,
+    }
+    return write_local_config(root, training=training)
+
+
+def _start_up(path: Path, config: FedPSConfig, log: Path) -> Up:
+    return Up(start_fedps("up", str(path), "--insecure", log=log), config, log)
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    """``fedps up`` on a tiny training run, stopped (SIGTERM) if a test left it running."""
+    running = _start_up(*_write_config(tmp_path), log=tmp_path / "up.log")
+    yield running
+    if running.proc.poll() is None:
+        running.proc.send_signal(signal.SIGTERM)
+        running.proc.wait(HANG_S)
+
+
+def _train(up: Up) -> None:
+    run_clients([EdgeClient(up.config, index=i) for i in range(CLIENTS)], timeout_s=HANG_S)
+
+
+def _assert_no_role_left(up: Up, pids: dict[str, int]) -> None:
+    """No role process is left, and every state directory can be locked again."""
+    assert not [name for name, pid in pids.items() if is_running(pid)], pids
+    for name in ROLES:
+        with StateLock(up.config.cluster.state_dir / name) as lock:
+            assert lock.held
+
+
+def test_up_trains_to_the_end_prints_each_round_and_exits_0(up: Up) -> None:
+    # Prepare
+    pids = up.wait_up()
+    # Execute
+    _train(up)
+    code = up.proc.wait(HANG_S)
+    # Assert: one line per round, a clean exit, no role left behind
+    output = up.output
+    assert code == 0, output
+    rounds = [line for line in output.splitlines() if line.startswith("round ")]
+    assert [line.split(":")[0] for line in rounds] == [f"round {r}/{ROUNDS}" for r in (1, 2, 3)]
+    assert all("clients" in line and "epsilon" in line for line in rounds), rounds
+    assert f"training finished after {ROUNDS} rounds" in output
+    _assert_no_role_left(up, pids)
+
+
+def test_up_restarts_a_killed_shard_and_training_still_finishes(up: Up) -> None:
+    # Prepare: training under way, its first round done
+    pids = up.wait_up()
+    clients = threading.Thread(target=_train, args=(up,))
+    clients.start()
+    wait_until(lambda: up.round_reached(1), "round 1")
+    # Execute: SIGKILL shard-1
+    os.kill(pids["shard-1"], signal.SIGKILL)
+    clients.join(HANG_S)
+    code = up.proc.wait(HANG_S)
+    # Assert: restarted (logged with its exit code), a new process took its lock, training
+    # finished and up exited 0
+    output = up.output
+    assert code == 0, output
+    assert f"shard-1 exited with code {-signal.SIGKILL}" in output
+    assert "restarting it" in output
+    restarted = lock_holder(up.config.cluster.state_dir / "shard-1")
+    assert restarted is not None and restarted != pids["shard-1"]
+    assert f"training finished after {ROUNDS} rounds" in output
+    _assert_no_role_left(up, {**pids, "shard-1": restarted})
+
+
+def test_sigterm_stops_up_and_every_role(up: Up) -> None:
+    # Prepare: the cluster up, its coordinator waiting for clients
+    pids = up.wait_up()
+    # Execute
+    up.proc.send_signal(signal.SIGTERM)
+    code = up.proc.wait(HANG_S)
+    # Assert: a clean stop, no role process left
+    assert code == 0, up.output
+    assert "stopping..." in up.output
+    _assert_no_role_left(up, pids)
+
+
+def test_a_role_on_a_port_in_use_stops_up_with_its_line(tmp_path: Path) -> None:
+    # Prepare: another program listens on shard-1's port
+    path, config = _write_config(tmp_path)
+    host, _, port = config.cluster.shards[1].rpartition(":")
+    with socket.create_server((host, int(port))):
+        # Execute
+        up = _start_up(path, config, tmp_path / "up.log")
+        code = up.proc.wait(HANG_S)
+    # Assert: exit 2 with shard-1's one line; nothing restarted, nothing left running
+    assert code == 2, up.output
+    assert last_line(up.output) == (
+        f"fedps: error: shard-1 stopped: {config.cluster.shards[1]} is in use (another fedps "
+        "shard-1 may be running); stop it or choose another port"
+    )
+    assert "restarting" not in up.output
+    pids = {name: pid for name, pid in up.role_pids().items() if pid is not None}
+    assert "keyholder" in pids
+    assert not [name for name, pid in pids.items() if is_running(pid)], pids

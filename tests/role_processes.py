@@ -1,0 +1,112 @@
+"""Roles as real processes (``python -m fedps.cli ...``) on loopback, for the tests of one
+instance per role and of ``fedps up``'s supervision.
+
+Every configuration here runs without TLS (``tls.insecure``), so the test process can call the
+roles and run :class:`clients.edge_client.EdgeClient` threads with enrolment tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import grpc
+
+from fedps.cli.deployment import local_cluster, write_config
+from fedps.config import FedPSConfig, load_config
+from fedps.provisioning import provision_cluster
+from fedps.state_lock import LOCK_FILE
+
+#: Upper bound of any wait here: it only catches a hang, nothing should take this long.
+HANG_S = 300.0
+
+_ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", "NO_COLOR": "1"}
+
+
+def write_local_config(
+    root: Path, name: str = "fedps.toml", **sections: Mapping[str, object]
+) -> tuple[Path, FedPSConfig]:
+    """A configuration of a whole cluster on free loopback ports, state in ``root/state``
+    (``cluster`` in ``sections`` overrides fields), certificates and tokens in
+    ``root/certs``; written to ``root/NAME``."""
+    cluster = {**local_cluster(root / "state"), **sections.pop("cluster", {})}
+    tls = {"insecure": True, "directory": str(root / "certs")}
+    config = load_config(None, cluster=cluster, tls=tls, **sections)
+    provision_cluster(config)
+    path = root / name
+    write_config(config, path)
+    return path, config
+
+
+def start_fedps(*args: str, log: Path) -> subprocess.Popen[bytes]:
+    """``python -m fedps.cli ARGS``, stdout and stderr into ``log`` (its own session, so a
+    signal meant for the test never reaches it)."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "fedps.cli", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_ENV,
+            start_new_session=True,
+        )
+
+
+def run_fedps(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m fedps.cli ARGS`` to the end."""
+    return subprocess.run(
+        [sys.executable, "-m", "fedps.cli", *args],
+        capture_output=True,
+        text=True,
+        env=_ENV,
+        timeout=HANG_S,
+        check=False,
+    )
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = HANG_S) -> None:
+    """Poll ``condition`` until it holds; fail the test after ``timeout_s`` (a hang)."""
+    until = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < until, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def wait_listening(address: str, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Block until ``address`` accepts a gRPC connection (and ``proc``, if given, lives)."""
+    with grpc.insecure_channel(address) as channel:
+        until = time.monotonic() + HANG_S
+        while True:
+            assert proc is None or proc.poll() is None, f"the server of {address} exited"
+            try:
+                grpc.channel_ready_future(channel).result(timeout=1.0)
+                return
+            except grpc.FutureTimeoutError:
+                assert time.monotonic() < until, f"{address} never came up"
+
+
+def lock_holder(role_dir: Path) -> int | None:
+    """The pid written in ``role_dir``'s state lock (None before any role took it)."""
+    try:
+        text = (role_dir / LOCK_FILE).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text else None
+
+
+def is_running(pid: int) -> bool:
+    """Whether process ``pid`` exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of ``text``."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
