@@ -45,6 +45,7 @@ def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,  # a dependency may have configured the root logger on import
     )
 
 

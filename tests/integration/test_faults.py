@@ -144,7 +144,7 @@ def test_a_torn_log_tail_is_cut_and_nothing_acknowledged_is_lost(tmp_path: Path)
 
     # Assert
     shard_log = (deployment.log_dir / "shard-0.log").read_text()
-    assert "unfinished record" in shard_log
+    assert "torn last record" in shard_log
     assert_replayed(config, final, recorded(clients), shard_log[-4000:])
 
 
