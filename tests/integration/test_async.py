@@ -116,14 +116,17 @@ def test_buffer_never_flushes_below_k_and_training_runs(tmp_path: Path) -> None:
     cluster = start_cluster(tmp_path, training={**ASYNC, "rounds": 2, "max_staleness": 4})
     try:
         clients = [EdgeClient(cluster.config, index=i) for i in range(3)]
-        early = threading.Thread(target=run_clients, args=(clients[:2],), kwargs={"timeout_s": 60})
+        early = threading.Thread(
+            target=run_clients,
+            args=(clients[:2],),
+        )
         early.start()
         time.sleep(8)
         # Assert: no flush with two updates
         assert cluster.keyholder.version == 0
         assert cluster.coordinator.history == []
         # Execute: the third client arrives; buffers flush
-        run_clients(clients[2:], timeout_s=90)
+        run_clients(clients[2:])
         early.join(90)
         # Assert
         assert cluster.coordinator.finished

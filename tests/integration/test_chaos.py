@@ -23,12 +23,10 @@ import pytest
 
 from fedps.cli.deployment import Deployment, local_cluster, write_config
 from fedps.config import load_config
-from fedps.errors import FedPSError
-from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fedps.provisioning import provision_cluster
-from fedps.transport import call, create_channel
 from server.coordinator.evaluator import Evaluator
-from tests.conftest import RecordingClient, run_clients
+from tests.conftest import RecordingClient, coordinator_status, reached, run_clients
+from tests.waiting import HANG_S, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -38,28 +36,13 @@ VICTIMS = ["keyholder", "shard-0", "shard-1", "coordinator"]
 TRIALS = 10
 
 
-def _status(address: str) -> coordinator_pb2.ClusterStatus:
-    stub = coordinator_pb2_grpc.CoordinatorStub(create_channel(address))
-    reply: coordinator_pb2.ClusterStatus = call(
-        lambda: stub.GetStatus(common_pb2.Empty(), timeout=2), "status"
-    )
-    return reply
-
-
 def _kill_and_restart(
     deployment: Deployment, victim: str, round_: int, delay_s: float, log: list[str]
 ) -> None:
     """When round ``round_`` is under way, wait ``delay_s``, SIGKILL ``victim``, restart it."""
     coordinator = deployment.config.cluster.coordinator
-    until = time.time() + 120
-    while time.time() < until:
-        try:
-            if _status(coordinator).round >= round_ - 1:
-                break
-        except FedPSError:
-            pass
-        time.sleep(0.05)
-    time.sleep(delay_s)
+    wait_for(lambda: reached(coordinator, round_ - 1), f"round {round_ - 1} applied")
+    time.sleep(delay_s)  # the random moment of the kill, not a synchronisation
     proc = deployment.processes[victim]
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
@@ -127,17 +110,16 @@ def test_sigkill_a_server_mid_round_loses_nothing(tmp_path: Path, trial: int) ->
         )
         killer.start()
         # Execute
-        run_clients(clients, timeout_s=240)
-        killer.join(120)
-        until = time.time() + 60
-        while not _status(config.cluster.coordinator).finished and time.time() < until:
-            time.sleep(0.2)
-        status = _status(config.cluster.coordinator)
+        run_clients(clients)
+        killer.join(HANG_S)
+        coordinator = config.cluster.coordinator
+        wait_for(lambda: reached(coordinator, finished=True), "the end of training", poll_s=0.2)
+        status = coordinator_status(coordinator)
     finally:
         deployment.stop()
     # Assert: training finished, every round applied, nothing lost or counted twice
     assert log == [f"killed {victim} in round {round_} after {delay_s:.2f}s", f"restarted {victim}"]
-    assert status.finished and status.round == ROUNDS, log
+    assert status is not None and status.finished and status.round == ROUNDS, log
     assert not any(r.abandoned for r in status.history)
     with np.load(state / "keyholder" / "keyholder-state.npz") as data:
         applied = data["params"]

@@ -26,10 +26,8 @@ import pytest
 
 from fedps.cli.deployment import write_config
 from fedps.config import FedPSConfig, load_config
-from fedps.errors import FedPSError
-from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fedps.provisioning import provision_cluster
-from fedps.transport import call, create_channel
+from tests.conftest import coordinator_status, reached
 from tests.waiting import HANG_S, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -112,23 +110,6 @@ def _config(tmp_path: Path) -> FedPSConfig:
     )
 
 
-def _status(config: FedPSConfig) -> coordinator_pb2.ClusterStatus | None:
-    """The coordinator's status, or None while it is not answering (starting, loaded)."""
-    stub = coordinator_pb2_grpc.CoordinatorStub(create_channel(config.cluster.coordinator))
-    try:
-        reply: coordinator_pb2.ClusterStatus = call(
-            lambda: stub.GetStatus(common_pb2.Empty(), timeout=30), "status"
-        )
-    except FedPSError:
-        return None
-    return reply
-
-
-def _reached(config: FedPSConfig, round_: int = 0, *, finished: bool = False) -> bool:
-    status = _status(config)
-    return status is not None and status.round >= round_ and status.finished >= finished
-
-
 def test_training_survives_a_cut_link_between_hosts(tmp_path: Path, hosts: dict[str, str]) -> None:
     # Prepare: every role on its own host; three clients on a fourth
     config = _config(tmp_path)
@@ -155,12 +136,13 @@ def test_training_survives_a_cut_link_between_hosts(tmp_path: Path, hosts: dict[
             start("clients", f"client-{i}", "client", "--index", str(i))
         # Execute: once round 2 is under way, cut shard-1's link for a few seconds (the
         # length of the cut, not a deadline: clients and coordinator wait out any length)
-        wait_for(lambda: _reached(config, 1), "round 1 applied", poll_s=0.2)
+        coordinator = config.cluster.coordinator
+        wait_for(lambda: reached(coordinator, 1), "round 1 applied", poll_s=0.2)
         _ip("link", "set", f"{PREFIX}v{HOSTS['shard-1']}", "down")
         time.sleep(CUT_S)
         _ip("link", "set", f"{PREFIX}v{HOSTS['shard-1']}", "up")
-        wait_for(lambda: _reached(config, finished=True), "the end of training", poll_s=0.5)
-        status = _status(config)
+        wait_for(lambda: reached(coordinator, finished=True), "the end of training", poll_s=0.5)
+        status = coordinator_status(coordinator)
     finally:
         for proc in procs:
             proc.terminate()
