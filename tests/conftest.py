@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 
 from clients.edge_client import EdgeClient, PreparedPush
 from crypto.enrolment import issue_tokens
@@ -26,6 +27,11 @@ from server.keyholder.keyholder import KeyHolder
 from server.serve import add_coordinator, add_keyholder, add_shard
 from server.shard.shard import Shard
 from tests.waiting import HANG_S
+
+# Hypothesis checks a fixed number of examples, never a pace: its per-example deadline
+# (200 ms) and its "too slow" health check would fail a property on a loaded machine.
+settings.register_profile("fedps", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("fedps")
 
 
 @pytest.fixture(autouse=True)
