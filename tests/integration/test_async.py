@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from fedps.transport import create_channel
 from server.keyholder.keyholder import RoundResult
 from tests.conftest import Cluster, run_clients, start_cluster
 from tests.round_driver import HandClient, RoundDriver
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -121,7 +121,10 @@ def test_buffer_never_flushes_below_k_and_training_runs(tmp_path: Path) -> None:
             args=(clients[:2],),
         )
         early.start()
-        time.sleep(8)
+        # (the event the check needs, not a pause: both early clients are in, and with two of
+        # the three a buffer of K = 3 cannot fill)
+        live = cluster.coordinator.registry.live
+        wait_for(lambda: len(live()) == 2, "the two early clients checking in")
         # Assert: no flush with two updates
         assert cluster.keyholder.version == 0
         assert cluster.coordinator.history == []
