@@ -20,7 +20,7 @@ from fedps.transport import create_channel
 from server.keyholder.keyholder import RoundResult
 from tests.conftest import Cluster, run_clients, start_cluster
 from tests.round_driver import HandClient, RoundDriver
-from tests.waiting import wait_for
+from tests.waiting import HANG_S, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -130,7 +130,8 @@ def test_buffer_never_flushes_below_k_and_training_runs(tmp_path: Path) -> None:
         assert cluster.coordinator.history == []
         # Execute: the third client arrives; buffers flush
         run_clients(clients[2:])
-        early.join(90)
+        early.join(HANG_S)
+        assert not early.is_alive(), "hang guard: the early clients never finished"
         # Assert
         assert cluster.coordinator.finished
         assert cluster.keyholder.version == 2
