@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,19 +11,28 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 
 from clients.edge_client import EdgeClient, PreparedPush
 from crypto.enrolment import issue_tokens
 from crypto.files import FAULTS_VARIABLE, reset_faults
 from crypto.tls import tls_identity
 from fedps.config import FedPSConfig, load_config
+from fedps.errors import FedPSError
+from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fedps.provisioning import client_identities, reset_tls
 from fedps.shard_messages import PushBatch
-from fedps.transport import bind, create_server
+from fedps.transport import bind, call, create_channel, create_server
 from server.coordinator.coordinator import Coordinator
 from server.keyholder.keyholder import KeyHolder
 from server.serve import add_coordinator, add_keyholder, add_shard
 from server.shard.shard import Shard
+from tests.waiting import HANG_S
+
+# Hypothesis checks a fixed number of examples, never a pace: its per-example deadline
+# (200 ms) and its "too slow" health check would fail a property on a loaded machine.
+settings.register_profile("fedps", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("fedps")
 
 
 @pytest.fixture(autouse=True)
@@ -161,8 +171,32 @@ def cluster(tmp_path: Path, small_training: dict[str, object]) -> Iterator[Clust
     c.stop()
 
 
-def run_clients(clients: Sequence[object], timeout_s: float = 120.0) -> list[object]:
-    """Run ``EdgeClient.run`` for each client in its own thread; return the summaries."""
+def coordinator_status(address: str) -> coordinator_pb2.ClusterStatus | None:
+    """The status of the coordinator at ``address``, or None while it does not answer (it
+    is starting, restarting, or slow on a loaded machine): for tests that wait on it."""
+    stub = coordinator_pb2_grpc.CoordinatorStub(create_channel(address))
+    try:
+        reply: coordinator_pb2.ClusterStatus = call(
+            lambda: stub.GetStatus(common_pb2.Empty(), timeout=30), "status"
+        )
+    except FedPSError:
+        return None
+    return reply
+
+
+def reached(address: str, round_: int = 0, *, finished: bool = False) -> bool:
+    """Whether the coordinator at ``address`` answers with round ``round_`` or later (and
+    with training over, if ``finished``)."""
+    status = coordinator_status(address)
+    return status is not None and status.round >= round_ and (status.finished or not finished)
+
+
+def run_clients(clients: Sequence[object], timeout_s: float = HANG_S) -> list[object]:
+    """Run ``EdgeClient.run`` for each client in its own thread; return the summaries.
+
+    ``timeout_s`` is a hang guard, not a pace: a client still running after it fails the
+    test. (``EdgeClient.run`` itself stops quietly when its ``timeout_s`` is spent, so a
+    short one would change what a slow machine checks.)"""
     results: list[object] = [None] * len(clients)
     errors: list[BaseException] = []
 
@@ -175,8 +209,11 @@ def run_clients(clients: Sequence[object], timeout_s: float = 120.0) -> list[obj
     threads = [threading.Thread(target=target, args=(i,)) for i in range(len(clients))]
     for t in threads:
         t.start()
+    until = time.monotonic() + timeout_s
     for t in threads:
-        t.join(timeout_s)
+        t.join(max(0.0, until - time.monotonic()))
     if errors:
         raise errors[0]
+    stuck = [i for i, t in enumerate(threads) if t.is_alive()]
+    assert not stuck, f"hang guard: clients {stuck} still running after {timeout_s:g} s"
     return results

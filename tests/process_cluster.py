@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,10 +24,10 @@ from fedps.cli.deployment import Deployment, local_cluster, write_config
 from fedps.config import FedPSConfig, load_config
 from fedps.coordinator_client import CoordinatorClient
 from fedps.coordinator_messages import ClusterStatus
-from fedps.errors import FedPSError
 from fedps.provisioning import provision_cluster
 from server.coordinator.evaluator import Evaluator
-from tests.conftest import RecordingClient
+from tests.conftest import RecordingClient, reached
+from tests.waiting import HANG_S, wait_for
 
 __all__ = [
     "HANG_S",
@@ -43,9 +42,6 @@ __all__ = [
     "status",
     "wait_for_round",
 ]
-
-#: Bound of any wait for a process or a round: only a hang reaches it, never a verdict.
-HANG_S = 600.0
 
 
 @dataclass
@@ -140,16 +136,10 @@ def status(config: FedPSConfig) -> ClusterStatus:
 
 def wait_for_round(config: FedPSConfig, round_: int, *, finished: bool = False) -> ClusterStatus:
     """Wait until the coordinator finished ``round_`` (and, with ``finished``, the run)."""
-    until = time.monotonic() + HANG_S
-    while time.monotonic() < until:
-        try:
-            s = status(config)
-            if s.round >= round_ and (s.finished or not finished):
-                return s
-        except FedPSError:
-            pass  # restarting
-        time.sleep(0.2)
-    raise AssertionError(f"round {round_} did not finish in {HANG_S:.0f} s (a hang)")
+    address = config.cluster.coordinator
+    what = "the end of training" if finished else f"round {round_}"
+    wait_for(lambda: reached(address, round_, finished=finished), what, poll_s=0.2)
+    return status(config)
 
 
 def keyholder_state(state_dir: Path) -> tuple[np.ndarray, dict[str, Any]]:

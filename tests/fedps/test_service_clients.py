@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +31,7 @@ from fedps.proto import common_pb2
 from fedps.shard_client import ShardClient
 from server.keyholder.keyholder import RoundResult
 from tests.conftest import Cluster
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = BlockSigner().public_key
@@ -151,9 +151,7 @@ def test_only_servicers_logs_and_service_clients_touch_protobuf() -> None:
 @pytest.mark.integration
 def test_service_clients_against_a_running_cluster(cluster: Cluster) -> None:
     # Prepare: wait for the coordinator to publish version 0
-    until = time.time() + 30
-    while time.time() < until and not cluster.shards[0].owned_blocks:
-        time.sleep(0.05)
+    wait_for(lambda: bool(cluster.shards[0].owned_blocks), "the first published model")
     config = cluster.config.cluster
     keyholder = KeyHolderClient(config.keyholder)
     shards = [ShardClient(s, a) for s, a in zip(config.shard_ids, config.shards, strict=True)]

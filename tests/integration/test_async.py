@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from fedps.transport import create_channel
 from server.keyholder.keyholder import RoundResult
 from tests.conftest import Cluster, run_clients, start_cluster
 from tests.round_driver import HandClient, RoundDriver
+from tests.waiting import HANG_S, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -116,15 +116,22 @@ def test_buffer_never_flushes_below_k_and_training_runs(tmp_path: Path) -> None:
     cluster = start_cluster(tmp_path, training={**ASYNC, "rounds": 2, "max_staleness": 4})
     try:
         clients = [EdgeClient(cluster.config, index=i) for i in range(3)]
-        early = threading.Thread(target=run_clients, args=(clients[:2],), kwargs={"timeout_s": 60})
+        early = threading.Thread(
+            target=run_clients,
+            args=(clients[:2],),
+        )
         early.start()
-        time.sleep(8)
+        # (the event the check needs, not a pause: both early clients are in, and with two of
+        # the three a buffer of K = 3 cannot fill)
+        live = cluster.coordinator.registry.live
+        wait_for(lambda: len(live()) == 2, "the two early clients checking in")
         # Assert: no flush with two updates
         assert cluster.keyholder.version == 0
         assert cluster.coordinator.history == []
         # Execute: the third client arrives; buffers flush
-        run_clients(clients[2:], timeout_s=90)
-        early.join(90)
+        run_clients(clients[2:])
+        early.join(HANG_S)
+        assert not early.is_alive(), "hang guard: the early clients never finished"
         # Assert
         assert cluster.coordinator.finished
         assert cluster.keyholder.version == 2

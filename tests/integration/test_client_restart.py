@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -27,6 +26,7 @@ from clients.client_state import LEDGER_FILE
 from fedps.cli.deployment import write_config
 from server.coordinator.coordinator import Coordinator
 from tests.conftest import start_cluster
+from tests.waiting import HANG_S, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.privacy]
 
@@ -34,7 +34,6 @@ BUDGET_ROUNDS = 3  # what the client's noise is calibrated for
 RUN_ROUNDS = 30  # what the coordinator would run
 TARGET_EPSILON = 3.0
 CLIENT = "client-0"
-_WAIT_S = 240.0  # for a process or a round, never part of an assertion
 
 
 def _ledger(path: Path) -> tuple[int, float] | None:
@@ -78,14 +77,6 @@ def _start_client(config: Path, state_dir: Path, log: IO[bytes]) -> subprocess.P
     )
 
 
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    until = time.monotonic() + _WAIT_S
-    while not condition():
-        if time.monotonic() > until:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.01)
-
-
 def _non_decreasing(values: list[float]) -> bool:
     return all(a <= b for a, b in itertools.pairwise(values))
 
@@ -112,31 +103,31 @@ def test_client_sigkilled_mid_run_keeps_its_id_and_never_trains_past_its_budget(
     try:
         with open(log_path, "ab") as log:
             client = _start_client(config, state_dir, log)
-            _wait_for(lambda: _ledger(ledger) is not None, "the first recorded round")
+            wait_for(lambda: _ledger(ledger) is not None, "the first recorded round")
             first = _ledger(ledger)
             assert first is not None
             steps_per_round = first[0]
 
             # Execute: SIGKILL it once it recorded its second round (it is training it) ...
-            _wait_for(
+            wait_for(
                 lambda: (_ledger(ledger) or (0, 0.0))[0] >= 2 * steps_per_round,
                 "the second recorded round",
             )
             key = coordinator.clients[CLIENT].signing_key
             credential = coordinator.clients[CLIENT].credential_hash
             client.send_signal(signal.SIGKILL)
-            killed = client.wait(_WAIT_S)
+            killed = client.wait(HANG_S)
             at_kill = _ledger(ledger)
             run_finished_at_kill = coordinator.finished
             # ... and start it again on the same state folder
             restarted = _start_client(config, state_dir, log)
-            _wait_for(
+            wait_for(
                 lambda: coordinator.clients[CLIENT].credential_hash != credential,
                 "the restarted client's registration",
             )
             at_registration = coordinator.client_epsilons[CLIENT]
             key_after_restart = coordinator.clients[CLIENT].signing_key
-            exit_code = restarted.wait(_WAIT_S)
+            exit_code = restarted.wait(HANG_S)
     finally:
         watcher.done.set()
         watcher.join()

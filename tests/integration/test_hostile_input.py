@@ -212,7 +212,7 @@ def test_block_swapped_after_signing_is_refused(
 def _refused(cluster: Cluster) -> dict[str, float]:
     """The shard's Prometheus counters of refused pushes, by reason."""
     url = f"http://{cluster.config.metrics.shards[0]}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as reply:
+    with urllib.request.urlopen(url, timeout=60) as reply:
         text = reply.read().decode()
     pattern = r'fedps_pushes_total\{outcome="refused",reason="(\w+)"\} ([0-9.e+]+)'
     return {reason: float(n) for reason, n in re.findall(pattern, text)}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import cast
 
 import numpy as np
@@ -13,17 +12,14 @@ from crypto.signing import model_verifier
 from fedps.errors import InvalidArgumentError
 from fedps.parameter_client import ParameterClient
 from tests.conftest import Cluster
+from tests.waiting import HANG_S, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 def _wait_published(cluster: Cluster) -> None:
-
-    until = time.time() + 30
-    while (
-        time.time() < until and cluster.shards[0].version == 0 and not cluster.shards[0]._published
-    ):
-        time.sleep(0.05)
+    shard = cluster.shards[0]
+    wait_for(lambda: shard.version > 0 or bool(shard._published), "the first published model")
 
 
 def test_pull_verifies_every_block_signature(cluster: Cluster) -> None:
@@ -52,4 +48,4 @@ def test_client_refuses_a_key_holder_that_is_not_the_pinned_one(cluster: Cluster
     client = EdgeClient(config, index=0)
     # Execute / Assert
     with pytest.raises(InvalidArgumentError, match="pinned"):
-        client.run(timeout_s=30)
+        client.run(timeout_s=HANG_S)

@@ -10,6 +10,7 @@ import pytest
 from clients.edge_client import EdgeClient
 from fedps.errors import InvalidArgumentError
 from tests.conftest import Cluster, RecordingClient, run_clients, start_cluster
+from tests.waiting import HANG_S
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +73,7 @@ def test_client_refuses_a_downgrade_to_plaintext(tmp_path: Path) -> None:
         client = EdgeClient(secure, index=0)
         # Execute / Assert
         with pytest.raises(InvalidArgumentError, match="no encryption"):
-            client.run(timeout_s=30)
+            client.run(timeout_s=HANG_S)
     finally:
         cluster.stop()
 

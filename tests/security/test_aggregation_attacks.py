@@ -12,7 +12,6 @@ of three different model versions, weighted by staleness).
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,6 +39,7 @@ from server.keyholder.keyholder import KeyHolder
 from server.shard.shard import Shard
 from tests.conftest import Cluster, start_cluster
 from tests.round_driver import HandClient, RoundDriver
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.attack, pytest.mark.integration]
 
@@ -428,9 +428,7 @@ def test_quarantine_after_max_detections(
     )
     try:
         kh = cluster.keyholder
-        until = time.time() + 60
-        while kh.params is None and time.time() < until:
-            time.sleep(0.05)
+        wait_for(lambda: kh.params is not None, "the key holder's initial model")
         assert kh.params is not None
         size, version = kh.params.size, kh.version
         driver = RoundDriver(cluster.config, kh.keys.public, run_id=RUN)

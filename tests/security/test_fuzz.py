@@ -7,16 +7,17 @@ inputs to each deserialisation path, with zero crashes, zero unexpected statuses
 DEADLINE_EXCEEDED, ...), zero malformed requests accepted, zero genuine requests (a repeated
 commitment, the open round's challenge) refused, zero malformed blocks added to a shard's
 sums, and no change to the published model or the key holder's commitments. The full runs
-are ``slow``; the smoke runs (200 per RPC or path, tighter time limits) are part of the
-default quick run.
+are ``slow``; the smoke runs (200 per RPC or path) are part of the default quick run.
 
-On 2 cores the full runs take about 5 minutes (RPCs, one test per service so that test
-workers share them) and 1.5 minutes (deserialisation) when nothing is wrong; an RPC that hangs
-or is slow to fail stops early and fails the test.
+The work is bounded by counts, not clocks: every run sends exactly its N inputs however long
+a loaded machine takes. On 2 cores the full runs take about 5 minutes (RPCs, one test per
+service so that test workers share them) and 1.5 minutes (deserialisation) when nothing is
+wrong. The only clocks are hang guards: a call's deadline (60 s; an RPC whose calls hang
+stops early and fails the test) and :data:`HANG_S` for the whole subprocess.
 
-``FEDPS_FUZZ_N`` overrides the full count, ``FEDPS_FUZZ_SEED`` the seed (default 0) and
-``FEDPS_FUZZ_RPC_BUDGET_S`` the time allowed per RPC or path (default 180 s). To reproduce
-a failure, run the command printed in the failure message from the repository root.
+``FEDPS_FUZZ_N`` overrides the full count and ``FEDPS_FUZZ_SEED`` the seed (default 0). To
+reproduce a failure, run the command printed in the failure message from the repository
+root.
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FULL_N = int(os.environ.get("FEDPS_FUZZ_N", "10000"))
 SEED = os.environ.get("FEDPS_FUZZ_SEED", "0")
-BUDGET_S = float(os.environ.get("FEDPS_FUZZ_RPC_BUDGET_S", "180"))
 SMOKE_N = 200
-#: Options of the smoke runs: fail fast on a hang instead of waiting for the full budget.
-SMOKE_OPTIONS = ["--rpc-budget", "30", "--path-budget", "30", "--call-timeout", "5"]
+#: Hang guard of one fuzz subprocess (its start-up included): more than ten times the few
+#: minutes a full run takes on 2 cores; only a run that is really stuck reaches it.
+HANG_S = 1800.0
 
 
 SERVICES = ("Shard", "KeyHolder", "Coordinator")
@@ -57,7 +58,7 @@ def _services(only: str | None = None) -> list[str]:
 
 
 def _run(
-    mode: str, n: int, tmp_path: Path, *, timeout: float, options: list[str]
+    mode: str, n: int, tmp_path: Path, *, options: list[str] | None = None
 ) -> tuple[dict[str, Any], str, str]:
     """Run the fuzz target; returns its JSON report, stderr tail and command line."""
     crumb = tmp_path / f"fuzz-{mode}.breadcrumb"
@@ -68,7 +69,7 @@ def _run(
         mode,
         str(n),
         SEED,
-        *options,
+        *(options or []),
     ]
     shown = "python " + shlex.join(command[1:])
     try:
@@ -77,7 +78,7 @@ def _run(
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
-            timeout=timeout,
+            timeout=HANG_S,
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
@@ -85,7 +86,9 @@ def _run(
         stderr = (
             exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr
         )
-        pytest.fail(f"`{shown}` did not finish in {timeout:.0f} s (last: {where})\n{stderr}")
+        pytest.fail(
+            f"hang guard: `{shown}` did not finish in {HANG_S:g} s (last: {where})\n{stderr}"
+        )
     tail = proc.stderr[-8000:]
     if proc.returncode < 0:
         name = signal.Signals(-proc.returncode).name
@@ -163,7 +166,7 @@ def _check_deser(report: dict[str, Any], n: int, shown: str) -> None:
     for name, r in report["paths"].items():
         issues = []
         if r["calls"] < n:
-            issues.append(f"only {r['calls']} of {n} inputs ({r['stopped'] or 'no reason'})")
+            issues.append(f"only {r['calls']} of {n} inputs")
         if r["failures"]:
             issues.append(f"{r['failures']} inputs neither refused (FedPSError) nor validated")
         if issues:
@@ -180,14 +183,14 @@ def _check_deser(report: dict[str, Any], n: int, shown: str) -> None:
 @pytest.mark.integration
 def test_rpc_fuzz_smoke(tmp_path: Path) -> None:
     # Execute
-    report, _, shown = _run("rpc", SMOKE_N, tmp_path, timeout=900, options=SMOKE_OPTIONS)
+    report, _, shown = _run("rpc", SMOKE_N, tmp_path)
     # Assert
     _check_rpc(report, SMOKE_N, shown)
 
 
 def test_deser_fuzz_smoke(tmp_path: Path) -> None:
     # Execute
-    report, _, shown = _run("deser", SMOKE_N, tmp_path, timeout=600, options=SMOKE_OPTIONS)
+    report, _, shown = _run("deser", SMOKE_N, tmp_path)
     # Assert
     _check_deser(report, SMOKE_N, shown)
 
@@ -196,13 +199,10 @@ def test_deser_fuzz_smoke(tmp_path: Path) -> None:
 @pytest.mark.integration
 @pytest.mark.parametrize("service", SERVICES)
 def test_rpc_fuzz(tmp_path: Path, service: str) -> None:
-    # Prepare: one service's RPCs (three runs that test workers can share), each RPC at most
-    # BUDGET_S, plus start-up and the final checks
-    rpcs = _services(service)
-    options = ["--rpc-budget", f"{BUDGET_S:g}", *(f"--only={rpc}" for rpc in rpcs)]
-    timeout = len(rpcs) * (BUDGET_S + 30) + 300
+    # Prepare: one service's RPCs (three runs that test workers can share)
+    options = [f"--only={rpc}" for rpc in _services(service)]
     # Execute
-    report, _, shown = _run("rpc", FULL_N, tmp_path, timeout=timeout, options=options)
+    report, _, shown = _run("rpc", FULL_N, tmp_path, options=options)
     # Assert
     _check_rpc(report, FULL_N, shown, service)
 
@@ -210,9 +210,7 @@ def test_rpc_fuzz(tmp_path: Path, service: str) -> None:
 @pytest.mark.slow
 @pytest.mark.integration
 def test_deser_fuzz(tmp_path: Path) -> None:
-    # Prepare
-    options = ["--path-budget", f"{BUDGET_S:g}"]
     # Execute
-    report, _, shown = _run("deser", FULL_N, tmp_path, timeout=12 * BUDGET_S + 300, options=options)
+    report, _, shown = _run("deser", FULL_N, tmp_path)
     # Assert
     _check_deser(report, FULL_N, shown)

@@ -22,6 +22,7 @@ from fedps.cli.experiment import load_grid, read_results, run_experiment
 from fedps.cli.experiment_report import render_report
 from fedps.errors import ConfigError, FedPSError
 from tests.fedps.cli.fake_demo import FakeDemo
+from tests.waiting import HANG_S
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "experiments"
 
@@ -297,7 +298,7 @@ def test_resume_refuses_results_of_another_base_configuration(sweep: Sweep) -> N
 @pytest.mark.slow
 def test_real_sweep_resumes(sweep: Sweep) -> None:
     # Execute: the real platform, twice; then a file with only the first point done.
-    records = sweep.run(point_timeout_s=300)
+    records = sweep.run(point_timeout_s=HANG_S)  # a hang guard, not a pace
     lines = sweep.results.read_text().splitlines()
     again = sweep.run(FakeDemo(fail=("encryption=true",)))
     sweep.results.write_text(lines[0] + "\n")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import math
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +42,10 @@ from fedps.transport import MAX_MESSAGE_BYTES, create_channel
 from server.coordinator.coordinator_servicer import CREDENTIAL_HEADER
 from tests.conftest import start_cluster
 from tests.security.fuzz.values import U64, rand_bytes
+from tests.waiting import wait_for
+
+#: Deadline of the liveness checks' calls: a hang guard, far above their milliseconds.
+_HANG_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ class FuzzCluster:
             "KeyHolder": c.config.cluster.keyholder,
             "Coordinator": c.config.cluster.coordinator,
         }
-        _wait(lambda: self.kh.params is not None and self.shard._published, 120, "model")
+        wait_for(lambda: self.kh.params is not None and self.shard._published, "the model")
         public = self.kh.keys.public
         self.public = public
         self.n = public.params.values_per_block
@@ -115,7 +118,7 @@ class FuzzCluster:
             if credential:
                 self.credentials[reply.client_id] = credential
             if name == "b":  # a and b are the cohort of round 1; c registers afterwards
-                _wait(lambda: bool(self.kh.commits._phases), 60, "round 1's commit phase")
+                wait_for(lambda: bool(self.kh.commits._phases), "round 1's commit phase")
         a, b = self.ids["a"], self.ids["b"]
         self.cohort = {a, b}
         self.round = max(self.kh.commits._phases)
@@ -147,10 +150,9 @@ class FuzzCluster:
         self.seeds: dict[int, bytes] = {}
         for name in ("a", "b"):
             self._commit(keyholder, self.round, name, send=True)
-        _wait(
+        wait_for(
             lambda: self.shard.round_is_open and self.shard.open_round_number == self.round,
-            60,
-            "round 1 to open on the shard",
+            "round 1 opening on the shard",
         )
         state = self.shard._rounds[self.round]
         assert set(state.members) == set(state.commitments) == self.cohort, state.commitments
@@ -474,10 +476,12 @@ class FuzzCluster:
         empty = common_pb2.Empty()
         close_commits = keyholder_pb2.CloseCommitsRequest(round=self.round)  # takes its lock
         checks: dict[str, Callable[[], Any]] = {
-            "Shard.GetStatus": lambda: shard.GetStatus(empty, timeout=20),
-            "KeyHolder.GetModelState": lambda: keyholder.GetModelState(empty, timeout=20),
-            "KeyHolder.CloseCommits": lambda: keyholder.CloseCommits(close_commits, timeout=20),
-            "Coordinator.GetStatus": lambda: coordinator.GetStatus(empty, timeout=20),
+            "Shard.GetStatus": lambda: shard.GetStatus(empty, timeout=_HANG_S),
+            "KeyHolder.GetModelState": lambda: keyholder.GetModelState(empty, timeout=_HANG_S),
+            "KeyHolder.CloseCommits": lambda: keyholder.CloseCommits(
+                close_commits, timeout=_HANG_S
+            ),
+            "Coordinator.GetStatus": lambda: coordinator.GetStatus(empty, timeout=_HANG_S),
         }
         failed = []
         for name, check in checks.items():
@@ -496,11 +500,3 @@ def _enrolment_tokens(config: FedPSConfig, names: dict[str, int]) -> dict[str, s
     issue_tokens(directory, [f"client-{i}" for i in names.values()])
     tokens = {name: read_token(directory, f"client-{i}") for name, i in names.items()}
     return {name: token for name, token in tokens.items() if token}
-
-
-def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > end:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.05)

@@ -319,7 +319,6 @@ def fuzz_rpc(
     n: int,
     rng: random.Random,
     *,
-    budget_s: float,
     timeout: float,
     slow_s: float,
     max_hangs: int,
@@ -345,8 +344,6 @@ def fuzz_rpc(
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
                 _record(stats, pending.pop(fut), *fut.result(), slow_s=slow_s)
-            if not stats.stopped and time.monotonic() - start > budget_s:
-                stats.stopped = f"time budget of {budget_s:g} s spent"
             if not stats.stopped and stats.hangs >= max_hangs:
                 stats.stopped = f"{stats.hangs} calls hit the {timeout:g} s deadline"
             if not stats.stopped and stats.slow_unexpected >= 4 * max_hangs:

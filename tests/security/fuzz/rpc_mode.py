@@ -98,7 +98,6 @@ def run_rpc_mode(args: argparse.Namespace, crumb: Breadcrumb) -> dict[str, Any]:
             make_callable(channels[spec.service], spec),
             args.n,
             rng,
-            budget_s=args.rpc_budget,
             timeout=args.call_timeout,
             slow_s=args.slow,
             max_hangs=args.max_hangs,
