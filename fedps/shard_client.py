@@ -90,11 +90,13 @@ class ShardClient:
     ) -> list[ParameterBlock]:
         """Every block the shard owns at its current version (at least ``min_version``)."""
         request = shard_pb2.PullRequest(min_version=min_version)
-        replies = invoke(
-            lambda: list(self._stub.PullBlocks(request, timeout=timeout_s)),
-            f"pull from {self.shard_id}",
-        )
-        return [ParameterBlock.from_proto(b) for reply in replies for b in reply.blocks]
+        what = f"pull from {self.shard_id}"
+        replies = invoke(lambda: self._stub.PullBlocks(request, timeout=timeout_s), what)
+        return [
+            ParameterBlock.from_proto(b)
+            for reply in stream_replies(replies, what, timeout_s=timeout_s)
+            for b in reply.blocks
+        ]
 
     def close_round(
         self, round_: int, *, timeout_s: float = CALL_S, retry_s: float | None = None
@@ -122,7 +124,7 @@ class ShardClient:
         request = shard_pb2.FetchAggregateRequest(round=round_)
         what = f"fetch from {self.shard_id}"
         replies = invoke(lambda: self._stub.FetchAggregate(request, timeout=timeout_s), what)
-        for reply in stream_replies(replies, what):
+        for reply in stream_replies(replies, what, timeout_s=timeout_s):
             yield AggregatePart.from_proto(reply)
 
     def publish(self, messages: Sequence[Publication], *, timeout_s: float = PUSH_S) -> int:
