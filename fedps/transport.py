@@ -97,7 +97,15 @@ _RETRY_POLICY = {
                 "backoffMultiplier": 2,
                 "retryableStatusCodes": ["UNAVAILABLE"],
             },
-        }
+        },
+        {
+            # Streamed replies are not retried by the channel (its retries of a stream whose
+            # peer died were seen to hang past the deadline); their callers retry instead.
+            "name": [
+                {"service": "fedps.proto.Shard", "method": "PullBlocks"},
+                {"service": "fedps.proto.Shard", "method": "FetchAggregate"},
+            ],
+        },
     ]
 }
 
