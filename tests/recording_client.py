@@ -41,7 +41,10 @@ class _FileRecordingClient(RecordingClient):
 
     def _push_to(self, sid: str, messages: list[PushBatch]) -> int:
         sent = super()._push_to(sid, messages)
-        recorded = {"client_id": self.client_id, "acknowledged": sorted(self.acknowledged)}
+        path = self.out / "acknowledged.json"
+        before = set(json.loads(path.read_text())["acknowledged"]) if path.exists() else set()
+        acknowledged = sorted(before | self.acknowledged)  # with the killed process's
+        recorded = {"client_id": self.client_id, "acknowledged": acknowledged}
         write_atomic(self.out / "acknowledged.json", json.dumps(recorded).encode())
         return sent
 
