@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from fedps.cli.deployment import Deployment, local_cluster, write_config
-from fedps.config import FedPSConfig, load_config
+from fedps.cli.deployment import Deployment
+from fedps.config import FedPSConfig
 from fedps.coordinator_client import CoordinatorClient
 from fedps.coordinator_messages import ClusterStatus
-from fedps.provisioning import provision_cluster
 from server.coordinator.evaluator import Evaluator
 from tests.conftest import RecordingClient, reached
+from tests.role_processes import write_local_config
 from tests.waiting import HANG_S, wait_for
 
 __all__ = [
@@ -61,9 +61,8 @@ def recorded(clients: Sequence[RecordingClient]) -> list[Recorded]:
 
 def cluster_config(tmp_path: Path, *, rounds: int, clients: int) -> tuple[FedPSConfig, Path]:
     """A provisioned configuration for a process cluster on loopback, written to a file."""
-    config = load_config(
-        None,
-        cluster=local_cluster(tmp_path / "state"),
+    path, config = write_local_config(
+        tmp_path,
         training={
             "rounds": rounds,
             "clients": clients,
@@ -74,16 +73,10 @@ def cluster_config(tmp_path: Path, *, rounds: int, clients: int) -> tuple[FedPSC
             "checkpoint_every": 1,
             "lr": 0.3,
         },
-        # The clients share this process, which holds one certificate: without TLS, each
-        # client proves its identity with its enrolment token.
-        tls={"insecure": True, "directory": str(tmp_path / "certs")},
         # Flooding adds ~5e-6 of noise per value and round on purpose (docs/security.md);
         # off here, so the replay checks exact accounting at 1e-4, not the noise.
         security={"flood_bits": 0},
     )
-    provision_cluster(config)
-    path = tmp_path / "fedps.toml"
-    write_config(config, path)
     return config, path
 
 

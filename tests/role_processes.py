@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import grpc
@@ -65,14 +65,6 @@ def run_fedps(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=HANG_S,
         check=False,
     )
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = HANG_S) -> None:
-    """Poll ``condition`` until it holds; fail the test after ``timeout_s`` (a hang)."""
-    until = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < until, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def wait_listening(address: str, proc: subprocess.Popen[bytes] | None = None) -> None:

@@ -26,6 +26,7 @@ import pytest
 
 from fedps.cli.deployment import Deployment
 from fedps.config import FedPSConfig
+from fedps.coordinator_messages import ClusterStatus
 from tests.conftest import RecordingClient, run_clients
 from tests.process_cluster import (
     HANG_S,
@@ -34,10 +35,10 @@ from tests.process_cluster import (
     recorded,
     role_args,
     start_role,
-    status,
     wait_for_round,
 )
 from tests.recording_client import load_recorded
+from tests.role_processes import last_line, run_fedps
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.faults]
 
@@ -65,8 +66,9 @@ def _start_servers(deployment: Deployment, faults: dict[str, str]) -> None:
 
 def _train(
     config: FedPSConfig, clients: list[RecordingClient], during: Callable[[], None] | None = None
-) -> None:
-    """Run the clients to the end of training, with ``during`` in a thread beside them."""
+) -> ClusterStatus:
+    """Run the clients to the end of training, with ``during`` in a thread beside them;
+    returns the coordinator's final status."""
     errors: list[BaseException] = []
 
     def target() -> None:
@@ -84,13 +86,24 @@ def _train(
         thread.join(HANG_S)
     if errors:
         raise errors[0]
-    wait_for_round(config, ROUNDS, finished=True)
+    return wait_for_round(config, ROUNDS, finished=True)
 
 
-def _role_command(config_path: Path, role: str) -> list[str]:
-    """The command line of one more process of ``role`` (outside the deployment)."""
-    args = [*role_args(role), "--config", str(config_path), "--insecure"]
-    return [sys.executable, "-m", "fedps.cli", *args]
+def _run(
+    deployment: Deployment,
+    *,
+    faults: dict[str, str] | None = None,
+    during: Callable[[], None] | None = None,
+) -> tuple[ClusterStatus, list[RecordingClient]]:
+    """Start the servers (``faults`` armed per role), train with every client and
+    ``during`` beside them, stop the servers; the final status and the clients."""
+    config = deployment.config
+    try:
+        _start_servers(deployment, faults or {})
+        clients = [RecordingClient(config, index=i) for i in range(CLIENTS)]
+        return _train(config, clients, during), clients
+    finally:
+        deployment.stop()
 
 
 @pytest.mark.parametrize("case", sorted(ENOSPC))
@@ -98,15 +111,8 @@ def test_a_failed_write_loses_nothing(tmp_path: Path, case: str) -> None:
     # Prepare: one write of one role's state fails with ENOSPC (half of it on disk)
     config, path = cluster_config(tmp_path, rounds=ROUNDS, clients=CLIENTS)
     deployment = Deployment(path, config)
-    try:
-        _start_servers(deployment, ENOSPC[case])
-        clients = [RecordingClient(config, index=i) for i in range(CLIENTS)]
-
-        # Execute
-        _train(config, clients)
-        final = status(config)
-    finally:
-        deployment.stop()
+    # Execute
+    final, clients = _run(deployment, faults=ENOSPC[case])
 
     # Assert: the fault happened, and nothing was lost or counted twice
     logs = "".join((deployment.log_dir / f"{n}.log").read_text() for n in SERVERS)
@@ -132,15 +138,8 @@ def test_a_torn_log_tail_is_cut_and_nothing_acknowledged_is_lost(tmp_path: Path)
             fh.write(header + payload[:500])  # the length reaches past the end of the file
         start_role(deployment, "shard-0")
 
-    try:
-        _start_servers(deployment, {})
-        clients = [RecordingClient(config, index=i) for i in range(CLIENTS)]
-
-        # Execute
-        _train(config, clients, tear)
-        final = status(config)
-    finally:
-        deployment.stop()
+    # Execute
+    final, clients = _run(deployment, during=tear)
 
     # Assert
     shard_log = (deployment.log_dir / "shard-0.log").read_text()
@@ -156,28 +155,14 @@ def test_a_second_shard_instance_exits_and_the_first_keeps_serving(tmp_path: Pat
 
     def start_a_second_shard_0() -> None:
         wait_for_round(config, 1)
-        second.append(
-            subprocess.run(
-                _role_command(path, "shard-0"),
-                capture_output=True,
-                text=True,
-                timeout=HANG_S,
-            )
-        )
+        second.append(run_fedps(*role_args("shard-0"), "--config", str(path), "--insecure"))
 
-    try:
-        _start_servers(deployment, {})
-        clients = [RecordingClient(config, index=i) for i in range(CLIENTS)]
-
-        # Execute
-        _train(config, clients, start_a_second_shard_0)
-        final = status(config)
-    finally:
-        deployment.stop()
+    # Execute
+    final, clients = _run(deployment, during=start_a_second_shard_0)
 
     # Assert: the second exits 2 with one line; training went on with the first
     (result,) = second
-    last = result.stderr.strip().splitlines()[-1]
+    last = last_line(result.stderr)
     assert result.returncode == 2, result.stderr
     assert last.startswith("fedps: error:") and "shard-0" in last, result.stderr
     assert "Traceback" not in result.stderr
@@ -199,15 +184,8 @@ def test_sigterm_of_every_role_mid_round_loses_nothing(tmp_path: Path) -> None:
             stopped.append(deployment.processes[name].wait(HANG_S))
         _start_servers(deployment, {})
 
-    try:
-        _start_servers(deployment, {})
-        clients = [RecordingClient(config, index=i) for i in range(CLIENTS)]
-
-        # Execute
-        _train(config, clients, stop_everything_and_restart)
-        final = status(config)
-    finally:
-        deployment.stop()
+    # Execute
+    final, clients = _run(deployment, during=stop_everything_and_restart)
 
     # Assert: every role stopped gracefully (exit 0), and nothing was lost
     assert stopped == [0, 0, 0, 0]
@@ -242,8 +220,7 @@ def test_a_client_sigkilled_and_restarted_loses_nothing(tmp_path: Path) -> None:
             restarted.append(client_process())
 
         # Execute
-        _train(config, others, kill_and_restart)
-        final = status(config)
+        final = _train(config, others, kill_and_restart)
         assert restarted[0].wait(HANG_S) == 0
     finally:
         deployment.stop()
@@ -293,15 +270,13 @@ def test_a_damaged_state_file_stops_its_role_with_one_line(tmp_path: Path) -> No
             _flip_bit(target)
 
         # Execute: start the damaged role
-        result = subprocess.run(
-            _role_command(path, role), capture_output=True, text=True, timeout=HANG_S
-        )
+        result = run_fedps(*role_args(role), "--config", str(path), "--insecure")
         refused[case] = (result.returncode, result.stderr, target.name)
         target.write_bytes(before)  # the next case starts from a sound state
 
     # Assert: each refuses to start, with one line naming the file (no traceback)
     for case, (code, stderr, name) in refused.items():
-        last = stderr.strip().splitlines()[-1]
+        last = last_line(stderr)
         assert code == 2, (case, stderr)
         assert last.startswith("fedps: error:") and name in last, (case, stderr)
         assert "Traceback" not in stderr, (case, stderr)

@@ -30,9 +30,9 @@ from tests.role_processes import (
     last_line,
     lock_holder,
     start_fedps,
-    wait_until,
     write_local_config,
 )
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.faults]
 
@@ -59,7 +59,12 @@ class Up:
 
     def wait_up(self) -> dict[str, int]:
         """Wait until every role serves; return their pids."""
-        wait_until(lambda: "fedps cluster up" in self.output or self.proc.poll() is not None, "up")
+        wait_for(
+            lambda: "fedps cluster up" in self.output or self.proc.poll() is not None,
+            "up",
+            hang_s=HANG_S,
+            poll_s=0.2,
+        )
         assert self.proc.poll() is None, self.output
         pids = self.role_pids()
         assert all(pid is not None for pid in pids.values()), pids
@@ -135,7 +140,7 @@ def test_up_restarts_a_killed_shard_and_training_still_finishes(up: Up) -> None:
     pids = up.wait_up()
     clients = threading.Thread(target=_train, args=(up,))
     clients.start()
-    wait_until(lambda: up.round_reached(1), "round 1")
+    wait_for(lambda: up.round_reached(1), "round 1", hang_s=HANG_S, poll_s=0.2)
     # Execute: SIGKILL shard-1
     os.kill(pids["shard-1"], signal.SIGKILL)
     clients.join(HANG_S)
