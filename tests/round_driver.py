@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -34,8 +37,9 @@ from fedps.proto import (
     shard_pb2_grpc,
 )
 from fedps.transport import call, create_channel
+from tests.conftest import Cluster, start_cluster
 
-__all__ = ["HandClient", "RoundDriver", "TaskPoller"]
+__all__ = ["HandClient", "RoundDriver", "TaskPoller", "driven_cluster"]
 
 
 @dataclass
@@ -255,3 +259,19 @@ class TaskPoller:
                 )
                 call(lambda: self._stub.ReportUpdate(report, metadata=self._metadata), "report")  # noqa: B023
             time.sleep(self._poll_s)
+
+
+@contextmanager
+def driven_cluster(
+    tmp_path: Path, *, num_shards: int, num_params: int, run_id: str
+) -> Iterator[tuple[Cluster, RoundDriver]]:
+    """A key holder and ``num_shards`` shards without a coordinator (3 clients, quorum 2),
+    the key holder given a zero model of ``num_params``, and a driver for its rounds."""
+    cluster = start_cluster(
+        tmp_path, num_shards=num_shards, coordinator=False, training={"clients": 3, "min_quorum": 2}
+    )
+    try:
+        cluster.keyholder.initialize(np.zeros(num_params))
+        yield cluster, RoundDriver(cluster.config, cluster.keyholder.keys.public, run_id=run_id)
+    finally:
+        cluster.stop()

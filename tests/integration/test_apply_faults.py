@@ -18,9 +18,9 @@ import pytest
 from crypto.files import FAULTS_VARIABLE
 from fedps.errors import PeerUnavailableError
 from fedps.proto import keyholder_pb2
-from tests.conftest import Cluster, start_cluster
+from tests.conftest import Cluster
 from tests.process_cluster import keyholder_state
-from tests.round_driver import HandClient, RoundDriver
+from tests.round_driver import HandClient, RoundDriver, driven_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -30,12 +30,8 @@ PARAMS = 3000
 
 @pytest.fixture
 def ready(tmp_path: Path) -> Iterator[tuple[Cluster, RoundDriver]]:
-    cluster = start_cluster(
-        tmp_path, num_shards=2, coordinator=False, training={"clients": 3, "min_quorum": 2}
-    )
-    cluster.keyholder.initialize(np.zeros(PARAMS))
-    yield cluster, RoundDriver(cluster.config, cluster.keyholder.keys.public, run_id=RUN)
-    cluster.stop()
+    with driven_cluster(tmp_path, num_shards=2, num_params=PARAMS, run_id=RUN) as ready:
+        yield ready
 
 
 def _clients() -> list[HandClient]:

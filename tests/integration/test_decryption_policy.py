@@ -21,8 +21,8 @@ from fedps.errors import InvalidArgumentError, PolicyError, RoundClosedError, Un
 from fedps.messages import Aggregate
 from fedps.proto import keyholder_pb2
 from fedps.transport import call
-from tests.conftest import Cluster, start_cluster
-from tests.round_driver import HandClient, RoundDriver
+from tests.conftest import Cluster
+from tests.round_driver import HandClient, RoundDriver, driven_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -32,12 +32,8 @@ PARAMS = 3000
 
 @pytest.fixture
 def ready(tmp_path: Path) -> Iterator[tuple[Cluster, RoundDriver]]:
-    cluster = start_cluster(
-        tmp_path, num_shards=1, coordinator=False, training={"clients": 3, "min_quorum": 2}
-    )
-    cluster.keyholder.initialize(np.zeros(PARAMS))
-    yield cluster, RoundDriver(cluster.config, cluster.keyholder.keys.public, run_id=RUN)
-    cluster.stop()
+    with driven_cluster(tmp_path, num_shards=1, num_params=PARAMS, run_id=RUN) as ready:
+        yield ready
 
 
 def _clients(names: tuple[str, ...] = ("alice", "bob", "carol")) -> list[HandClient]:
