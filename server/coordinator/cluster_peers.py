@@ -22,7 +22,7 @@ from crypto.signing import model_verifier
 from fedps import keyholder_messages as records
 from fedps.blocks import BlockLayout
 from fedps.config import ClusterConfig
-from fedps.errors import FedPSError, PeerUnavailableError
+from fedps.errors import FedPSError, PeerUnavailableError, PolicyError
 from fedps.keyholder_client import KeyHolderClient
 from fedps.messages import ParameterBlock
 from fedps.parameter_client import ParameterClient
@@ -55,8 +55,14 @@ class ClusterPeers:
         self._params = ParameterClient(dict(zip(cluster.shard_ids, cluster.shards, strict=True)))
         self._keyholder = KeyHolderClient(cluster.keyholder)
 
-    def retry(self, fn: Callable[[], _T], what: str, retry_on: type[FedPSError] = FedPSError) -> _T:
-        """Call until it succeeds (or the coordinator stops), retrying ``retry_on`` errors."""
+    def retry(
+        self,
+        fn: Callable[[], _T],
+        what: str,
+        retry_on: type[FedPSError] | Callable[[FedPSError], bool] = FedPSError,
+    ) -> _T:
+        """Call until it succeeds (or the coordinator stops), retrying ``retry_on`` errors
+        (a class, or a predicate)."""
         return call_until(fn, what, retry_on=retry_on, stop=self._stop)
 
     def _bounded(self, fn: Callable[[], _T], what: str) -> _T:
@@ -121,16 +127,22 @@ class ClusterPeers:
         """Ask the key holder to check, decrypt and apply exactly ``application.members``'
         sum.
 
+        Every answer but a refusal is asked again until the coordinator stops: the key holder
+        may have applied the round (it could not write its state, a shard did not take the
+        new version, it restarted), and asking again applies it or returns its result and
+        publishes it again; an applied round is never discarded.
+
         Raises
         ------
+        PolicyError
+            The key holder refused the round (its checks failed; nothing was decrypted).
         FedPSError
-            A policy refusal, or an aggregate that cannot be decrypted (a key holder or shard
-            that is restarting only delays the round).
+            The last error when the coordinator stopped.
         """
         return self.retry(
             lambda: self._keyholder.apply_round(application),
             f"apply round {application.round}",
-            retry_on=PeerUnavailableError,
+            retry_on=lambda exc: not isinstance(exc, PolicyError),
         )
 
     # ------------------------------------------------------------------ the shards

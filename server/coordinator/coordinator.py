@@ -611,19 +611,15 @@ class Coordinator:
         application = RoundApplication(
             opened.round, opened.version, self.run_id, self.registry.signing_keys(accepted)
         )
-        while True:
-            try:
-                applied = self._peers.apply_round(application)
-                break
-            except PolicyError as exc:  # refused: the round is never decrypted
-                if self._stop.is_set():
-                    return False
-                self._refused(opened, record, exc)
-                return True
-            except FedPSError as exc:
-                _log.warning("round %d: the key holder did not apply it yet: %s", opened.round, exc)
-                if self._stop.wait(_WAIT_S):
-                    return False
+        try:
+            applied = self._peers.apply_round(application)  # asks again until applied
+        except PolicyError as exc:  # refused: the round is never decrypted
+            if self._stop.is_set():
+                return False
+            self._refused(opened, record, exc)
+            return True
+        except FedPSError:  # only once stopping: every other answer is asked again
+            return False
         self.version = applied.version
         record.version = applied.version
         record.contributors = applied.fewest_contributors
