@@ -243,7 +243,11 @@ def serve_forever(
     name = cluster.shard_ids[index] if role == "shard" else role
     with StateLock(cluster.state_dir / name):  # held until this process stops serving
         server = create_server()
-        bind(server, address, role=name)
+        try:
+            bind(server, address, role=name)
+        except BaseException:
+            server.stop(None)  # an unstarted server left to the interpreter's exit can hang it
+            raise
         coordinator: Coordinator | None = None
         if role == "keyholder":
             keyholder = add_keyholder(server, config, cluster.state_dir / "keyholder")

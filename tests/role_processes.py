@@ -56,15 +56,19 @@ def start_fedps(*args: str, log: Path) -> subprocess.Popen[bytes]:
 
 
 def run_fedps(*args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m fedps.cli ARGS`` to the end."""
-    return subprocess.run(
-        [sys.executable, "-m", "fedps.cli", *args],
-        capture_output=True,
-        text=True,
-        env=_ENV,
-        timeout=HANG_S,
-        check=False,
-    )
+    """``python -m fedps.cli ARGS`` to the end (a hang fails with what it printed)."""
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "fedps.cli", *args],
+            capture_output=True,
+            text=True,
+            env=_ENV,
+            timeout=HANG_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        printed = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        raise AssertionError(f"fedps {' '.join(args)} hung; its stderr:\n{printed}") from exc
 
 
 def wait_listening(address: str, proc: subprocess.Popen[bytes] | None = None) -> None:
