@@ -36,6 +36,7 @@ import torch
 from opacus import PrivacyEngine
 from opacus.data_loader import wrap_collate_with_empty
 from opacus.optimizers.optimizer import DPOptimizer, _check_processed_flag, _mark_as_processed
+from opacus.validators import ModuleValidator
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
@@ -45,6 +46,7 @@ from fedps.blocks import flatten_model, load_flat
 from fedps.config import PrivacyConfig, TrainingConfig
 from fedps.datasets import Dataset
 from fedps.errors import ConfigError, PrivacyBudgetExceededError
+from fedps.tasks import Task
 
 __all__ = [
     "ClientLevelTrainer",
@@ -53,6 +55,7 @@ __all__ = [
     "PoissonBatches",
     "PrivacySpend",
     "Trainer",
+    "check_model",
     "create_trainer",
 ]
 
@@ -214,6 +217,9 @@ class Trainer(abc.ABC):
         Used only with ``privacy.insecure_reproducible``: then the DP noise and the sampling
         are drawn from it (anyone holding it can regenerate them). By default they come from
         :class:`crypto.randomness.SecureRandom`.
+    task
+        Where the loss and the local optimizer come from (:class:`fedps.tasks.Task`; default:
+        cross-entropy, or mean squared error for regression, and SGD).
     """
 
     model: torch.nn.Module
@@ -233,12 +239,15 @@ class Trainer(abc.ABC):
         training: TrainingConfig,
         privacy: PrivacyConfig,
         seed: int = 0,
+        task: Task | None = None,
     ) -> None:
         self.model = model
         self.privacy = privacy
         self.num_examples = len(data.y)
         self.budget = privacy.target_epsilon
         self._epochs = training.local_epochs
+        self.task = task or Task(name="default", model=lambda: model, load_data=lambda _: data)
+        self._loss = self.task.loss_fn(data.is_regression)
         self._prepare(data, training, seed)
 
     @abc.abstractmethod
@@ -346,6 +355,7 @@ class DPTrainer(Trainer):
 
     def _prepare(self, data: Dataset, training: TrainingConfig, seed: int) -> None:
         model, privacy = self.model, self.privacy
+        check_model(model, self.task.name)
         self.source = _source(privacy, seed)
         loader = _loader(data, training.batch_size, self.source.seed(), shuffle=False)
         # Poisson sampling takes each example at rate 1 / len(loader) but draws
@@ -366,7 +376,7 @@ class DPTrainer(Trainer):
         else:
             assert privacy.noise_multiplier is not None
             sigma = privacy.noise_multiplier
-        optimizer = torch.optim.SGD(model.parameters(), lr=training.lr, momentum=training.momentum)
+        optimizer = self.task.create_optimizer(model.parameters(), training)
         with warnings.catch_warnings():
             # Opacus warns that its own secure_mode is off: the source replaces it.
             warnings.filterwarnings("ignore", message=".*[Ss]ecure.*")
@@ -418,7 +428,7 @@ class DPTrainer(Trainer):
 
     def _train_locally(self) -> None:
         self.module.train()
-        loss_fn = torch.nn.CrossEntropyLoss()
+        loss_fn = self._loss
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Full backward hook")
             for _ in range(self._epochs):
@@ -473,9 +483,7 @@ class ClientLevelTrainer(Trainer):
         self.noise_multiplier = self.noise.noise_multiplier
         self.noise_std = self.noise.share_std
         self._loader = _loader(data, training.batch_size, self.source.seed(), shuffle=True)
-        self._optimizer = torch.optim.SGD(
-            self.model.parameters(), lr=training.lr, momentum=training.momentum
-        )
+        self._optimizer = self.task.create_optimizer(self.model.parameters(), training)
         self._round = 0  # the global round announced by set_round
         self._rounds_spent = 0  # global rounds of run run_id accounted for
         self._prior: History = ()  # spent before run run_id (restored)
@@ -544,11 +552,12 @@ class ClientLevelTrainer(Trainer):
 
     def _train_locally(self) -> None:
         self.model.train()
-        loss_fn = torch.nn.CrossEntropyLoss()
+        loss_fn = self._loss
         for _ in range(self._epochs):
             for x, y in self._loader:
                 self._optimizer.zero_grad()
-                loss_fn(self.model(x), y).backward()
+                loss: torch.Tensor = loss_fn(self.model(x), y)
+                loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch
                 self._optimizer.step()
         self._optimizer.zero_grad()
 
@@ -557,6 +566,24 @@ class ClientLevelTrainer(Trainer):
         released = self.add_noise(self.clip(update))
         self._rounds_spent = self._next_rounds_spent()
         return released
+
+
+def check_model(model: torch.nn.Module, task: str) -> None:
+    """Refuse a model that Opacus cannot train with per-sample gradients.
+
+    Raises
+    ------
+    ConfigError
+        Naming every offending layer (BatchNorm and the like) and the fix.
+    """
+    errors = ModuleValidator.validate(model, strict=False)
+    if errors:
+        found = "; ".join(str(e) for e in errors)
+        raise ConfigError(
+            f"task {task!r}: the model cannot be trained with DP-SGD: {found}. Fix it in the "
+            "task's model(): return opacus.validators.ModuleValidator.fix(model) (BatchNorm "
+            "becomes GroupNorm), or replace the layers yourself"
+        )
 
 
 def _source(privacy: PrivacyConfig, seed: int) -> RandomSource:
@@ -577,6 +604,7 @@ def create_trainer(
     training: TrainingConfig,
     privacy: PrivacyConfig,
     seed: int = 0,
+    task: Task | None = None,
 ) -> Trainer:
     """The trainer for ``privacy.level`` (``"example"`` or ``"client"``).
 
@@ -591,4 +619,4 @@ def create_trainer(
         raise ConfigError(
             f"unknown privacy level {privacy.level!r}; choose one of {', '.join(_TRAINERS)}"
         ) from None
-    return cls(model, data, training=training, privacy=privacy, seed=seed)
+    return cls(model, data, training=training, privacy=privacy, seed=seed, task=task)

@@ -69,7 +69,7 @@ from fedps.coordinator_messages import (
     TaskQuery,
     UpdateReport,
 )
-from fedps.datasets import Dataset, load_dataset
+from fedps.datasets import Dataset
 from fedps.errors import (
     ConfigError,
     FedPSError,
@@ -81,10 +81,10 @@ from fedps.errors import (
 from fedps.hash_ring import HashRing
 from fedps.keyholder_client import KeyHolderClient
 from fedps.keyholder_messages import PublicContextInfo, UpdateCommitment
-from fedps.models import create_model
 from fedps.parameter_client import ParameterClient
-from fedps.partitioners import create_partitioner
 from fedps.shard_messages import PushBatch
+from fedps.tasks import ClientData, load_task
+from fedps.tasks import Task as UserTask
 from fedps.transport import Backoff, batched, is_transient
 
 __all__ = ["ClientSummary", "EdgeClient", "PreparedPush", "RoundOutcome", "client_partition"]
@@ -142,20 +142,17 @@ class ClientSummary:
     bytes_pushed: int
 
 
-def client_partition(config: FedPSConfig, index: int) -> Dataset:
-    """The training partition of client ``index`` under the configured partitioner."""
+def client_partition(
+    config: FedPSConfig, index: int, *, data: Path | None = None, task: UserTask | None = None
+) -> Dataset:
+    """Client ``index``'s own training data: ``task``'s (default: the configured task's)
+    ``load_data`` for the file or folder ``data``; for a built-in dataset, partition ``index``
+    under the configured partitioner."""
     t = config.training
     if not 0 <= index < t.clients:
         raise InvalidArgumentError(f"client index {index} out of range [0, {t.clients})")
-    train, _ = load_dataset(t.dataset, data_dir=t.data_dir)
-    kwargs: dict[str, object] = {}
-    if t.partition == "dirichlet":
-        kwargs = {"alpha": t.dirichlet_alpha}
-    elif t.partition == "shard":
-        kwargs = {"num_shards_per_partition": t.shards_per_client}
-    parts = create_partitioner(t.partition, **kwargs).partition(train.y, t.clients, t.seed)
-    idx = parts[index]
-    return Dataset(x=train.x[idx], y=train.y[idx], num_classes=train.num_classes, name=train.name)
+    task = task or load_task(config)
+    return task.client_data(ClientData(data, index=index, num_clients=t.clients, seed=t.seed))
 
 
 class EdgeClient:
@@ -182,6 +179,10 @@ class EdgeClient:
     mods
         Wrap every round's training (:data:`clients.train_step.TrainMod`), the first
         outermost; for example :class:`clients.simulation.SimulatedDevice`.
+    data
+        The client's own data, passed to the task's ``load_data`` (``fedps client --data``).
+    task
+        The task to train (default: the configured one, :func:`fedps.tasks.load_task`).
 
     Its identity is ``tls.name`` or ``client-INDEX``: the certificate it presents under mutual
     TLS, or, without TLS, the enrolment token ``tls.directory/NAME.token`` it registers with.
@@ -205,6 +206,8 @@ class EdgeClient:
         signer: BlockSigner | None = None,
         token_required: bool = False,
         mods: Sequence[TrainMod] = (),
+        data: Path | None = None,
+        task: UserTask | None = None,
     ) -> None:
         if state_dir is not None and signer is not None:
             raise InvalidArgumentError("a client keeps its key in state_dir or is given one")
@@ -218,22 +221,19 @@ class EdgeClient:
             if signer is None
             else ClientState(self.identity, signer)  # in memory
         )
-        data = client_partition(config, index)
-        model = create_model(
-            config.training.model,
-            num_features=data.num_features,
-            num_classes=data.num_classes,
-            seed=config.training.seed,
-        )
+        self.task = task or load_task(config)
+        own = client_partition(config, index, data=data, task=self.task)
+        model = self.task.create_model(config.training.seed)
         self.num_params = flatten_model(model).size
         self.trainer = create_trainer(
             model,
-            data,
+            own,
             training=config.training,
             privacy=config.privacy,
             seed=config.training.seed * 1000 + index + 1,
+            task=self.task,
         )
-        self._data = data_fingerprint(data)
+        self._data = data_fingerprint(own)
         self.recorded = self._restore_spend()  # the spend the ledger holds
         # Every call has a deadline: one caught in a peer's restart fails and is retried.
         self._coordinator = CoordinatorClient(config.cluster.coordinator)

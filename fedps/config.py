@@ -342,10 +342,24 @@ class MetricsConfig(_Section):
         return self
 
 
+class TaskConfig(_Section):
+    """The task: the user's model, data loading, loss and metrics (:mod:`fedps.tasks`).
+
+    ``app`` names a registered task (``register_task``, or the ``fedps.tasks`` entry-point
+    group) or a module, ``"my_pkg.task"`` or ``"my_pkg.task:attr"``, found on the path with
+    ``dir`` (the project directory) appended. Empty: the built-in task of
+    ``training.dataset`` with ``training.model``.
+    """
+
+    app: str = ""
+    dir: str = Field("", description="the project directory (default: the config file's)")
+
+
 class FedPSConfig(_Section):
     """The whole configuration."""
 
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     he: HEConfig = Field(default_factory=HEConfig)
@@ -435,6 +449,11 @@ def load_config(path: Path | None = None, **overrides: Mapping[str, object]) -> 
         if not isinstance(current, dict):
             raise ConfigError(f"{section}: must be a table")
         data[section] = {**current, **values}
+    task = data.get("task", {})
+    if path is not None and isinstance(task, dict) and task.get("app"):
+        # the project directory, as Flower's: relative to the configuration file
+        project = Path(str(task.get("dir", "")) or ".")
+        data["task"] = {**task, "dir": str(path.parent.resolve() / project)}
     try:
         return FedPSConfig.model_validate(data)
     except ValidationError as exc:

@@ -51,18 +51,21 @@ _MNIST_CLASSES = 10
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """A labelled dataset held in memory.
+    """A labelled dataset held in memory: classification or regression.
 
     Parameters
     ----------
     x : numpy.ndarray
-        Features, ``float32`` of shape ``(n, num_features)``, already scaled to ``[0, 1]``.
+        Features, ``float32`` of shape ``(n, ...)`` (a row, an image, ...).
     y : numpy.ndarray
-        Labels, ``int64`` of shape ``(n,)``, each in ``[0, num_classes)``.
+        Classification: ``int64`` labels of shape ``(n,)``, each in ``[0, num_classes)``.
+        Regression (``num_classes == 0``): ``float32`` targets of shape ``(n,)`` or
+        ``(n, k)``.
     num_classes : int
-        Number of classes of the task (not necessarily all present in ``y``).
+        Number of classes of the task (not necessarily all present in ``y``); 0 for
+        regression.
     name : str
-        Registry name of the dataset, with the split, e.g. ``"digits/train"``.
+        Where the data comes from, e.g. ``"digits/train"`` or a file name.
 
     Raises
     ------
@@ -71,27 +74,42 @@ class Dataset:
     """
 
     x: npt.NDArray[np.float32]
-    y: npt.NDArray[np.int64]
+    y: npt.NDArray[np.int64] | npt.NDArray[np.float32]
     num_classes: int
     name: str
 
     def __post_init__(self) -> None:
         """Check dtypes, shapes and label range."""
-        if self.x.dtype != np.float32 or self.x.ndim != 2:
-            raise ValueError(f"x must be a 2-D float32 array, got {self.x.ndim}-D {self.x.dtype}")
-        if self.y.dtype != np.int64 or self.y.ndim != 1:
-            raise ValueError(f"y must be a 1-D int64 array, got {self.y.ndim}-D {self.y.dtype}")
+        if self.x.dtype != np.float32 or self.x.ndim < 2:
+            raise ValueError(
+                f"x must be a float32 array of one row per example, got {self.x.ndim}-D "
+                f"{self.x.dtype}"
+            )
         if self.x.shape[0] != self.y.shape[0]:
             raise ValueError(f"x has {self.x.shape[0]} rows but y has {self.y.shape[0]} labels")
-        if self.num_classes < 1:
-            raise ValueError(f"num_classes must be >= 1, got {self.num_classes}")
+        if self.num_classes == 0:
+            if self.y.dtype != np.float32 or self.y.ndim not in (1, 2):
+                raise ValueError(
+                    f"regression targets must be a 1-D or 2-D float32 array, got "
+                    f"{self.y.ndim}-D {self.y.dtype}"
+                )
+            return
+        if self.y.dtype != np.int64 or self.y.ndim != 1:
+            raise ValueError(f"y must be a 1-D int64 array, got {self.y.ndim}-D {self.y.dtype}")
+        if self.num_classes < 0:
+            raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
         if self.y.size and (int(self.y.min()) < 0 or int(self.y.max()) >= self.num_classes):
             raise ValueError(f"labels must lie in [0, {self.num_classes})")
 
     @property
+    def is_regression(self) -> bool:
+        """Whether the targets are real values (``num_classes == 0``)."""
+        return self.num_classes == 0
+
+    @property
     def num_features(self) -> int:
-        """Number of features of one row."""
-        return int(self.x.shape[1])
+        """Number of features of one example (all its values, whatever its shape)."""
+        return int(np.prod(self.x.shape[1:]))
 
     def __len__(self) -> int:
         """Number of rows."""

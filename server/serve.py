@@ -69,13 +69,9 @@ def _group_policy(config: FedPSConfig) -> GroupPolicy | None:
     t = config.training
     if not config.groups.sync:
         return None
-    from fedps.datasets import load_dataset
-    from fedps.models import create_model
+    from fedps.tasks import load_task
 
-    train, _ = load_dataset(t.dataset, data_dir=t.data_dir)
-    model = create_model(
-        t.model, num_features=train.num_features, num_classes=train.num_classes, seed=t.seed
-    )
+    model = load_task(config).create_model(t.seed)
     return GroupPolicy(group_mask(model, config.groups.sync), config.groups.buffers_per_round(t))
 
 

@@ -134,7 +134,17 @@ def coordinator(config: ConfigOpt = None, insecure: InsecureOpt = False) -> None
 @app.command()
 def client(
     config: ConfigOpt = None,
-    index: Annotated[int, typer.Option(help="Which data partition this client holds.")] = 0,
+    index: Annotated[
+        int,
+        typer.Option(
+            help="The client's number (its identity client-INDEX, and a built-in "
+            "dataset's partition)."
+        ),
+    ] = 0,
+    data: Annotated[
+        Optional[Path],  # noqa: UP045 - typer needs Optional here
+        typer.Option(help="This client's own data, given to the task's load_data."),
+    ] = None,
     name: Annotated[str, typer.Option(help="A display name.")] = "",
     threads: Annotated[int, typer.Option(help="Torch CPU threads for local training.")] = 1,
     state_dir: Annotated[
@@ -162,7 +172,7 @@ def client(
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # The configured slow devices and dropouts (training.slow_fraction, dropout), if any.
     device = SimulatedDevice(cfg.training, index=index)
-    client = EdgeClient(cfg, index=index, name=name, state_dir=state_dir, mods=[device])
+    client = EdgeClient(cfg, index=index, name=name, state_dir=state_dir, mods=[device], data=data)
     summary = client.run()
     _log.info(
         "client %s done: %d rounds, epsilon %.3f (delta %g), %d bytes pushed",

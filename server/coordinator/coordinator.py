@@ -51,6 +51,8 @@ from fedps.config import FedPSConfig
 from fedps.coordinator_messages import RETRY_AFTER_S, Task
 from fedps.errors import FedPSError, PolicyError, QuarantinedError
 from fedps.keyholder_messages import CommitOpening, CommitSet, RoundApplication
+from fedps.tasks import Task as UserTask
+from fedps.tasks import load_task
 from server.coordinator.checkpoint_store import CheckpointStore
 from server.coordinator.client_registry import ClientRegistry, RegisteredClient
 from server.coordinator.cluster_peers import ClusterPeers
@@ -79,6 +81,8 @@ class RoundRecord:
     accuracy: float = -1.0
     loss: float = -1.0
     max_epsilon: float = 0.0
+    #: the task's evaluation of the round's model: ``loss`` and its metrics (empty: none)
+    metrics: dict[str, float] = field(default_factory=dict)
     bytes_pushed: int = 0
     seconds: float = 0.0
     abandoned: bool = False
@@ -141,6 +145,9 @@ class Coordinator:
         The cluster configuration.
     state_dir
         Where checkpoints are written.
+    task
+        The task (default: the configured one): its model's initial parameters start the
+        run, and its evaluation data, if any, evaluates every published model.
 
     Raises
     ------
@@ -151,13 +158,15 @@ class Coordinator:
         If the checkpoint in ``state_dir`` cannot be read or is for another model.
     """
 
-    def __init__(self, config: FedPSConfig, *, state_dir: Path) -> None:
+    def __init__(
+        self, config: FedPSConfig, *, state_dir: Path, task: UserTask | None = None
+    ) -> None:
         self.config = config
         self._training = config.training
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()
-        self.evaluator = Evaluator(self._training)
+        self.evaluator = Evaluator(task or load_task(config), seed=self._training.seed)
         self._vector: np.ndarray = self.evaluator.initial_vector()
         self.layout = BlockLayout(
             self._vector.size,
@@ -653,7 +662,9 @@ class Coordinator:
             round_ % self._training.eval_every == 0 or round_ == self._training.rounds
         ):
             self._vector = self._peers.retry(self.pull_model, "pull model")
-            record.accuracy, record.loss = self.evaluator.evaluate(self._vector)
+            record.metrics = self.evaluator.evaluate(self._vector)
+            record.accuracy = record.metrics.get("accuracy", -1.0)
+            record.loss = record.metrics.get("loss", -1.0)
         record.max_epsilon = self.max_epsilon[0]
         record.bytes_pushed = self.bytes_pushed - bytes_before
         record.seconds = time.time() - started

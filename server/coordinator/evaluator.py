@@ -1,42 +1,42 @@
-"""Evaluates a published model on held-out data (the coordinator's test split)."""
+"""Evaluates a published model on the operator's held-out data (the task's evaluation set)."""
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from fedps.blocks import flatten_model, load_flat
-from fedps.config import TrainingConfig
-from fedps.datasets import load_dataset
-from fedps.models import create_model
+from fedps.tasks import Task, evaluate_model
 
 __all__ = ["Evaluator"]
 
 
 class Evaluator:
-    """Accuracy and loss of a flat parameter vector on the configured test split."""
+    """The task's metrics of a flat parameter vector on the task's evaluation data.
 
-    def __init__(self, training: TrainingConfig) -> None:
-        train, test = load_dataset(training.dataset, data_dir=training.data_dir)
-        self._x = torch.from_numpy(test.x)
-        self._y = torch.from_numpy(test.y)
-        self.model = create_model(
-            training.model,
-            num_features=train.num_features,
-            num_classes=train.num_classes,
-            seed=training.seed,
-        )
+    Parameters
+    ----------
+    task
+        The task: its model (built with ``seed``) gives the initial parameters, its
+        ``load_eval_data`` the held-out data (none: :meth:`evaluate` returns nothing).
+    """
+
+    def __init__(self, task: Task, *, seed: int) -> None:
+        self.task = task
+        self.model = task.create_model(seed)
+        self._data = task.eval_data()
+
+    @property
+    def has_data(self) -> bool:
+        """Whether the operator holds evaluation data."""
+        return self._data is not None
 
     def initial_vector(self) -> np.ndarray:
         """The model's deterministic initial parameters."""
         return flatten_model(self.model)
 
-    def evaluate(self, vector: np.ndarray) -> tuple[float, float]:
-        """Return ``(accuracy, mean cross-entropy loss)`` of ``vector``."""
+    def evaluate(self, vector: np.ndarray) -> dict[str, float]:
+        """``loss`` and the task's metrics of ``vector`` (empty without evaluation data)."""
+        if self._data is None:
+            return {}
         load_flat(self.model, vector)
-        self.model.eval()
-        with torch.no_grad():
-            logits = self.model(self._x)
-            loss = torch.nn.functional.cross_entropy(logits, self._y).item()
-            accuracy = (logits.argmax(dim=1) == self._y).float().mean().item()
-        return float(accuracy), float(loss)
+        return evaluate_model(self.task, self.model, self._data)
