@@ -24,6 +24,7 @@ from fedps.cli.deployment import Deployment
 from fedps.config import FedPSConfig
 from fedps.coordinator_client import CoordinatorClient
 from fedps.coordinator_messages import ClusterStatus
+from fedps.tasks import load_task
 from server.coordinator.evaluator import Evaluator
 from tests.conftest import RecordingClient, reached
 from tests.role_processes import write_local_config
@@ -176,6 +177,6 @@ def assert_replayed(
     for r in range(1, rounds + 1):
         acknowledged = {c.client_id for c in clients if r in c.acknowledged}
         assert set(released[str(r)]["contributors"]) == acknowledged, (r, log)
-    initial = Evaluator(config.training).initial_vector()
+    initial = Evaluator(load_task(config), seed=config.training.seed).initial_vector()
     expected = replay(initial, released, clients)
     assert np.linalg.norm(applied - expected) / np.linalg.norm(expected) < 1e-4, log

@@ -124,7 +124,7 @@ def test_dataset_validates_and_is_frozen() -> None:
     with pytest.raises(ValueError, match="float32"):
         Dataset(x=x.astype(np.float64), y=y, num_classes=3, name="toy")
     with pytest.raises(ValueError, match="int64"):
-        Dataset(x=x, y=y.astype(np.int32), num_classes=3, name="toy")
+        Dataset(x=x, y=y.astype(np.int32), num_classes=3, name="toy")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="rows"):
         Dataset(x=x[:2], y=y, num_classes=3, name="toy")
     with pytest.raises(ValueError, match="labels"):

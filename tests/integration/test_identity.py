@@ -48,6 +48,7 @@ from fedps.proto import (
     shard_pb2_grpc,
 )
 from fedps.provisioning import provision_cluster
+from fedps.tasks import load_task
 from fedps.transport import channel_credentials
 from server.coordinator.evaluator import Evaluator
 from tests.conftest import Cluster, start_cluster
@@ -252,7 +253,7 @@ def _start_tls_cluster(root: Path, mode: str) -> tuple[TlsCluster, Deployment]:
         config=config,
         certs=root / "certs",
         stranger=TlsIdentity(ca_cert=ours.ca_cert, cert=foreign.cert, key=foreign.key),
-        num_params=Evaluator(config.training).initial_vector().size,
+        num_params=Evaluator(load_task(config), seed=config.training.seed).initial_vector().size,
     )
     try:
         deployment.start_servers()
