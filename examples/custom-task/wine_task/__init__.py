@@ -1,0 +1,1 @@
+"""A fedps task project: a model of the user's own, trained on wine data kept per client."""
