@@ -18,55 +18,25 @@ form before decrypting. The shard adds blocks as integer arrays modulo q either 
 
 from __future__ import annotations
 
-import ctypes
-import multiprocessing
-import os
-import signal
 import threading
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 
 import numpy as np
 
 from crypto import bitpack
 from crypto.ckks_encoder import CkksEncoder
 from crypto.public_context import PublicContext
+from crypto.zero_worker import ZeroWorker
 from fedps.errors import InvalidArgumentError
 
 __all__ = ["BlockEncryptor", "num_blocks"]
 
-_worker_context: PublicContext | None = None
 _ONLINE_CHUNK = 64  # blocks encoded, added and packed together
 
 
 def num_blocks(num_values: int, values_per_block: int) -> int:
     """Blocks needed for ``num_values`` values."""
     return max(1, -(-num_values // values_per_block))
-
-
-def _init_worker(context: bytes) -> None:
-    _exit_with_parent()
-    global _worker_context
-    _worker_context = PublicContext.from_bytes(context)
-
-
-def _init_background_worker(context: bytes) -> None:
-    os.nice(10)  # yield the cores to training; draw zeros with what is left over
-    _exit_with_parent()
-    _init_worker(context)
-
-
-def _exit_with_parent() -> None:
-    """Ask Linux to end this worker when its parent dies (a killed client leaves no orphan)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _zeros_in_worker(count: int) -> np.ndarray:
-    assert _worker_context is not None
-    return _worker_context.encrypt_zeros(count)
 
 
 class BlockEncryptor:
@@ -89,8 +59,8 @@ class BlockEncryptor:
         self._pool: list[np.ndarray] = []
         self._pooled = 0
         self._lock = threading.Lock()
-        self._executor: ProcessPoolExecutor | None = None
-        self._background: ProcessPoolExecutor | None = None
+        self._workers: list[ZeroWorker] = []
+        self._background: ZeroWorker | None = None
         self._pending: Future[np.ndarray] | None = None
 
     @property
@@ -120,13 +90,8 @@ class BlockEncryptor:
         if missing <= 0 or self._pending is not None:
             return
         if self._background is None:
-            self._background = ProcessPoolExecutor(
-                1,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_background_worker,
-                initargs=(self.public.serialize(),),
-            )
-        self._pending = self._background.submit(_zeros_in_worker, missing)
+            self._background = ZeroWorker(self.public.serialize(), low_priority=True)
+        self._pending = self._background.submit(missing)
 
     def _collect_background(self, *, wait: bool = True) -> None:
         """Add the background draw to the pool (``wait=False``: only if it is already done)."""
@@ -142,23 +107,20 @@ class BlockEncryptor:
     def _draw(self, count: int) -> np.ndarray:
         if self.workers == 1 or count < 2 * self.workers:
             return self.public.encrypt_zeros(count)
-        if self._executor is None:
-            # spawn, not fork: the parent may hold gRPC threads, which must not be forked.
-            self._executor = ProcessPoolExecutor(
-                self.workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker,
-                initargs=(self.public.serialize(),),
-            )
+        if not self._workers:
+            # processes of their own (python -m), not forks of this one with its gRPC threads
+            context = self.public.serialize()
+            self._workers = [ZeroWorker(context) for _ in range(self.workers)]
         shares = [count // self.workers + (i < count % self.workers) for i in range(self.workers)]
-        return np.concatenate(list(self._executor.map(_zeros_in_worker, shares)))
+        draws = [w.submit(share) for w, share in zip(self._workers, shares, strict=True)]
+        return np.concatenate([draw.result() for draw in draws])
 
     def close(self) -> None:
         """Stop the worker processes, if any."""
-        for executor in (self._executor, self._background):
-            if executor is not None:
-                executor.shutdown(cancel_futures=True)
-        self._executor = self._background = None
+        for worker in [*self._workers, self._background]:
+            if worker is not None:
+                worker.close()
+        self._workers, self._background = [], None
         self._pending = None
 
     def _take_zeros(self, count: int) -> np.ndarray:
