@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
 from crypto.randomness import RandomSource, random_source
+from fedps._registry import add_entry
 from fedps.accounting import calibrate_noise, client_level_noise, epsilon_of_history
 from fedps.blocks import flatten_model, load_flat
 from fedps.config import PrivacyConfig, TrainingConfig
@@ -57,6 +58,7 @@ __all__ = [
     "Trainer",
     "check_model",
     "create_trainer",
+    "register_trainer",
 ]
 
 _log = logging.getLogger("fedps")
@@ -595,6 +597,18 @@ _TRAINERS: dict[str, type[DPTrainer] | type[ClientLevelTrainer]] = {
     "client": ClientLevelTrainer,
     "example": DPTrainer,
 }
+
+
+def register_trainer(name: str, trainer: type[DPTrainer] | type[ClientLevelTrainer]) -> None:
+    """Make the trainer class ``trainer`` available to :func:`create_trainer` for
+    ``privacy.level = NAME``.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is empty or already registered.
+    """
+    add_entry(_TRAINERS, name, trainer, "trainer")
 
 
 def create_trainer(
