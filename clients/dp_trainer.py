@@ -580,12 +580,24 @@ def check_model(model: torch.nn.Module, task: str) -> None:
     """
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
-        found = "; ".join(str(e) for e in errors)
+        # name the layers (Opacus's errors name only their kind), each with its first sentence
+        layers = [
+            f"layer {name!r} ({type(module).__name__}): {_first_sentence(layer_errors[0])}"
+            for name, module in model.named_modules()
+            if next(module.children(), None) is None
+            and (layer_errors := ModuleValidator.validate(module, strict=False))
+        ]
+        found = "; ".join(layers or [str(e) for e in errors])
         raise ConfigError(
             f"task {task!r}: the model cannot be trained with DP-SGD: {found}. Fix it in the "
             "task's model(): return opacus.validators.ModuleValidator.fix(model) (BatchNorm "
             "becomes GroupNorm), or replace the layers yourself"
         )
+
+
+def _first_sentence(error: Exception) -> str:
+    text = str(error)
+    return text[: text.index(". ")] if ". " in text else text.rstrip(".")
 
 
 def _source(privacy: PrivacyConfig, seed: int) -> RandomSource:
