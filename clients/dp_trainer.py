@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
 from crypto.randomness import RandomSource, random_source
+from fedps._registry import add_entry
 from fedps.accounting import calibrate_noise, client_level_noise, epsilon_of_history
 from fedps.blocks import flatten_model, load_flat
 from fedps.config import PrivacyConfig, TrainingConfig
@@ -57,6 +58,7 @@ __all__ = [
     "Trainer",
     "check_model",
     "create_trainer",
+    "register_trainer",
 ]
 
 _log = logging.getLogger("fedps")
@@ -578,12 +580,24 @@ def check_model(model: torch.nn.Module, task: str) -> None:
     """
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
-        found = "; ".join(str(e) for e in errors)
+        # name the layers (Opacus's errors name only their kind), each with its first sentence
+        layers = [
+            f"layer {name!r} ({type(module).__name__}): {_first_sentence(layer_errors[0])}"
+            for name, module in model.named_modules()
+            if next(module.children(), None) is None
+            and (layer_errors := ModuleValidator.validate(module, strict=False))
+        ]
+        found = "; ".join(layers or [str(e) for e in errors])
         raise ConfigError(
             f"task {task!r}: the model cannot be trained with DP-SGD: {found}. Fix it in the "
             "task's model(): return opacus.validators.ModuleValidator.fix(model) (BatchNorm "
             "becomes GroupNorm), or replace the layers yourself"
         )
+
+
+def _first_sentence(error: Exception) -> str:
+    text = str(error)
+    return text[: text.index(". ")] if ". " in text else text.rstrip(".")
 
 
 def _source(privacy: PrivacyConfig, seed: int) -> RandomSource:
@@ -595,6 +609,18 @@ _TRAINERS: dict[str, type[DPTrainer] | type[ClientLevelTrainer]] = {
     "client": ClientLevelTrainer,
     "example": DPTrainer,
 }
+
+
+def register_trainer(name: str, trainer: type[DPTrainer] | type[ClientLevelTrainer]) -> None:
+    """Make the trainer class ``trainer`` available to :func:`create_trainer` for
+    ``privacy.level = NAME``.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is empty or already registered.
+    """
+    add_entry(_TRAINERS, name, trainer, "trainer")
 
 
 def create_trainer(

@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from fedps._registry import add_entry
 from fedps.errors import ConfigError
 
-__all__ = ["Dataset", "image_shape", "load_dataset"]
+__all__ = ["Dataset", "image_shape", "load_dataset", "register_dataset"]
 
 _LOG = logging.getLogger("fedps")
 
@@ -288,6 +289,34 @@ _IMAGE_SHAPES: dict[str, tuple[int, int, int]] = {
     "fashion_mnist": (1, _MNIST_SIDE, _MNIST_SIDE),
     "mnist5k": (1, _MNIST_SIDE, _MNIST_SIDE),
 }
+
+
+def register_dataset(
+    name: str,
+    loader: Callable[[str | None], tuple[Dataset, Dataset]],
+    *,
+    image_shape: tuple[int, int, int] | None = None,
+) -> None:
+    """Make ``loader(data_dir)``, returning ``(train, test)``, available to
+    :func:`load_dataset` as ``name``.
+
+    Parameters
+    ----------
+    name : str
+        The new dataset's name.
+    loader : callable
+        Loads the dataset from a directory (``None``: its default place).
+    image_shape : tuple of int, optional
+        ``(channels, height, width)`` of a row, for :func:`image_shape`, if rows are images.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is empty or already registered.
+    """
+    add_entry(_LOADERS, name, loader, "dataset")
+    if image_shape is not None:
+        _IMAGE_SHAPES[name] = image_shape
 
 
 def _unknown(name: str) -> ConfigError:

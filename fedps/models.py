@@ -10,9 +10,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from fedps._registry import add_entry
 from fedps.errors import ConfigError
 
-__all__ = ["create_model", "model_names"]
+__all__ = ["create_model", "model_names", "register_model"]
 
 
 def _mlp(num_features: int, num_classes: int) -> nn.Module:
@@ -74,6 +75,18 @@ _MODELS: dict[str, Callable[[int, int], nn.Module]] = {
     "mlp": _mlp,
     "mlp1m": _mlp1m,
 }
+
+
+def register_model(name: str, factory: Callable[[int, int], nn.Module]) -> None:
+    """Make ``factory(num_features, num_classes)`` available to :func:`create_model` (and
+    ``training.model``) as ``name``.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is empty or already registered.
+    """
+    add_entry(_MODELS, name, factory, "model")
 
 
 def model_names() -> list[str]:

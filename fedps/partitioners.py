@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from fedps._registry import add_entry
 from fedps.errors import ConfigError
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "Partitioner",
     "ShardPartitioner",
     "create_partitioner",
+    "register_partitioner",
 ]
 
 _LOG = logging.getLogger("fedps")
@@ -291,6 +293,18 @@ _PARTITIONERS: dict[str, type[Partitioner]] = {
     "iid": IidPartitioner,
     "shard": ShardPartitioner,
 }
+
+
+def register_partitioner(name: str, partitioner: type[Partitioner]) -> None:
+    """Make the class ``partitioner`` available to :func:`create_partitioner` as ``name``
+    (its constructor's arguments are the partitioner's keyword arguments).
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is empty or already registered.
+    """
+    add_entry(_PARTITIONERS, name, partitioner, "partitioner")
 
 
 def create_partitioner(name: str, **kwargs: Any) -> Partitioner:

@@ -12,9 +12,10 @@ import math
 from collections.abc import Callable
 
 from crypto.params import ASYNC_WEIGHT_BITS
+from fedps._registry import add_entry
 from fedps.errors import ConfigError
 
-__all__ = ["create_staleness", "multiplier"]
+__all__ = ["create_staleness", "multiplier", "register_staleness"]
 
 StalenessFn = Callable[[int], float]
 
@@ -36,6 +37,18 @@ _REGISTRY: dict[str, Callable[[float, float], StalenessFn]] = {
     "hinge": _hinge,
     "polynomial": _polynomial,
 }
+
+
+def register_staleness(name: str, factory: Callable[[float, float], StalenessFn]) -> None:
+    """Make ``factory(a, b)``, returning a weight function of the staleness, available to
+    :func:`create_staleness` (and ``training.staleness``) as ``name``.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is empty or already registered.
+    """
+    add_entry(_REGISTRY, name, factory, "staleness function")
 
 
 def create_staleness(name: str, *, a: float = 0.5, b: float = 4.0) -> StalenessFn:

@@ -165,6 +165,10 @@ def to_dataset(data: DataLike, what: str = "data") -> Dataset:
     x, y = (
         v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v) for v in data
     )
+    if x.ndim == 0:
+        raise ConfigError(f"{what}: features need one row per example, not a scalar")
+    if y.ndim == 0:
+        raise ConfigError(f"{what}: targets need one target per row, not a scalar")
     if x.ndim == 1:
         x = x[:, None]
     if len(x) == 0 or len(x) != len(y):
@@ -175,6 +179,8 @@ def to_dataset(data: DataLike, what: str = "data") -> Dataset:
     if y.dtype.kind in "iub":
         if int(y.min()) < 0:
             raise ConfigError(f"{what}: class labels must be 0, 1, ...; got {int(y.min())}")
+        if y.ndim > 2 or (y.ndim == 2 and y.shape[1] != 1):
+            raise ConfigError(f"{what}: one class label per row, not targets of shape {y.shape}")
         labels = np.ascontiguousarray(y, dtype=np.int64).reshape(-1)
         return Dataset(features, labels, int(labels.max()) + 1, what)
     if y.dtype.kind != "f" or not np.all(np.isfinite(y)):
@@ -256,7 +262,10 @@ def _import(app: str, project_dir: str) -> object:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name is not None and module_name.startswith(exc.name):
+        # the task's own module (or a package on its way) is missing, not one it imports
+        if exc.name is not None and (
+            exc.name == module_name or module_name.startswith(exc.name + ".")
+        ):
             raise ConfigError(
                 f"task {app!r}: no module {exc.name!r} in {project_dir or 'the path'} (task.app "
                 f"names a module of the project, or one of {', '.join(task_names())})"

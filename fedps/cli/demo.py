@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -24,7 +24,7 @@ from fedps.cli.deployment import Deployment, local_cluster, write_config
 from fedps.config import load_config
 from fedps.coordinator_client import CoordinatorClient
 from fedps.coordinator_messages import ClusterStatus
-from fedps.errors import FedPSError, PeerUnavailableError
+from fedps.errors import ConfigError, FedPSError, PeerUnavailableError
 from fedps.provisioning import provision_cluster, setup_tls
 
 __all__ = ["run_demo"]
@@ -52,8 +52,13 @@ def run_demo(
     console: Console | None = None,
     timeout_s: float = 1800.0,
     quiet: bool = False,
+    client_data: Sequence[Path] = (),
 ) -> DemoSummary:
-    """Run the demo; returns its summary (rounds, final accuracy, max epsilon, ...)."""
+    """Run the demo; returns its summary (rounds, final accuracy, max epsilon, ...).
+
+    ``client_data``: each client's own data (``fedps client --data``), one path per client in
+    order; empty: none (a built-in task's clients are partitions of one dataset).
+    """
     console = console or Console(stderr=False, quiet=quiet)
     shards = len(load_config(config_path, **overrides).cluster.shards)
     cluster = local_cluster(workdir / "state", shards)
@@ -81,8 +86,13 @@ def run_demo(
         deployment.start_servers()
         # The cores go to the clients: one alone (a centralised baseline) trains on all.
         threads = str(max(1, (os.cpu_count() or 1) // t.clients))
+        if client_data and len(client_data) != t.clients:
+            raise ConfigError(f"{len(client_data)} client data paths for {t.clients} clients")
         for i in range(t.clients):
-            deployment.start(f"client-{i}", "client", "--index", str(i), "--threads", threads)
+            data = ("--data", str(client_data[i])) if client_data else ()
+            deployment.start(
+                f"client-{i}", "client", "--index", str(i), "--threads", threads, *data
+            )
         status = _watch(deployment, coordinator, t.rounds, console, timeout_s)
     finally:
         coordinator.close()

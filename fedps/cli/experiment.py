@@ -12,6 +12,13 @@ are axes and whose values are lists::
     partition = ["iid", "dirichlet:0.5"]  # training.partition (+ dirichlet_alpha / shards)
     encryption = [true, false]            # he.enabled
 
+A grid can train the user's own task: ``[task] app`` names it (:mod:`fedps.tasks`), its
+project directory ``dir`` is relative to the grid file, and ``data`` gives each client its own
+file, ``{index}`` standing for the client's number (``"data/client{index}.csv"``, relative to
+the grid file too). A record then holds the task's metrics of the last evaluated round
+(``final_metrics``, a ``final_NAME`` column each in the CSV) beside ``final_accuracy`` (for
+classification).
+
 The cartesian product of the axes gives the points. Each point runs the whole platform (key
 holder, shards, coordinator and clients as processes on loopback, :func:`fedps.cli.demo.run_demo`)
 and appends one JSON line to the results file, refreshing a CSV beside it. A sweep run again
@@ -28,6 +35,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import re
 import tempfile
 import time
@@ -54,6 +62,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from fedps.cli.demo import run_demo
 from fedps.config import FedPSConfig, load_config, read_toml
 from fedps.errors import ConfigError, FedPSError
+from server.coordinator.checkpoint_store import CheckpointStore
 
 __all__ = ["Grid", "Point", "load_grid", "read_results", "run_experiment"]
 
@@ -64,13 +73,14 @@ _SETUP_AXES = ("centralised", "partition", "clients", "mode", "dropout", "encryp
 _AXES = (*_SETUP_AXES, "epsilon", "noise_multiplier", "seed")
 """Every axis, in the order points are enumerated and keys are written."""
 
-_SECTIONS = ("cluster", "training", "privacy", "he", "security", "tls")
+_SECTIONS = ("cluster", "task", "training", "privacy", "he", "security", "tls")
 _NO_DP_NOISE = 0.0
 """The noise multiplier of "no DP" (epsilon ``"inf"``): clipping stays on, no noise is added,
 and the clients report an infinite epsilon."""
 _PARTITION = re.compile(r"^(iid|dirichlet|shard)(?::(.+))?$")
 _CSV_COLUMNS = (
     "key",
+    "task",
     "dataset",
     "model",
     "rounds",
@@ -227,6 +237,7 @@ class Grid(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     cluster: dict[str, Any] = Field(default_factory=dict)
+    task: dict[str, Any] = Field(default_factory=dict)
     training: dict[str, Any] = Field(default_factory=dict)
     privacy: dict[str, Any] = Field(default_factory=dict)
     he: dict[str, Any] = Field(default_factory=dict)
@@ -241,7 +252,15 @@ class Grid(BaseModel):
     @property
     def base(self) -> dict[str, dict[str, Any]]:
         """The configuration sections the file sets (overrides of fedps's defaults)."""
-        return {s: dict(getattr(self, s)) for s in _SECTIONS if getattr(self, s)}
+        sections = {s: dict(getattr(self, s)) for s in _SECTIONS if getattr(self, s)}
+        sections.get("task", {}).pop("data", None)  # the grid's, not the configuration's
+        return {s: values for s, values in sections.items() if values}
+
+    def client_data(self, clients: int) -> list[Path]:
+        """Each client's own data file (``[task] data`` with ``{index}`` filled in); empty
+        when the grid gives none."""
+        pattern = self.task.get("data")
+        return [Path(str(pattern).format(index=i)) for i in range(clients)] if pattern else []
 
     @property
     def digest(self) -> str:
@@ -332,6 +351,9 @@ def load_grid(path: Path) -> Grid:
         value, or makes an invalid configuration at some point.
     """
     data = read_toml(path, "grid")
+    task = data.get("task")
+    if isinstance(task, dict):
+        data["task"] = _resolve_task(task, path)
     axes = data.get("grid")
     if axes is None:
         raise ConfigError(f"{path}: no [grid] table")
@@ -355,6 +377,30 @@ def load_grid(path: Path) -> Grid:
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     return grid
+
+
+def _resolve_task(task: dict[str, Any], grid_path: Path) -> dict[str, Any]:
+    """``[task]`` with ``dir`` and ``data`` relative to the grid file (as a configuration
+    file's ``dir`` is to it), and ``data`` checked to name each client's file."""
+    here = grid_path.parent.resolve()
+    out = dict(task)
+    if out.get("app"):
+        out["dir"] = str(here / str(out.get("dir") or "."))
+    data = out.get("data")
+    if data is not None:
+        if not isinstance(data, str) or "{index}" not in data:
+            raise ConfigError(
+                f"{grid_path}: task.data: a path with {{index}} for the client's number, such "
+                f'as "data/client{{index}}.csv"'
+            )
+        try:
+            data.format(index=0)
+        except (KeyError, IndexError, ValueError):
+            raise ConfigError(
+                f"{grid_path}: task.data: {data!r} has a field other than {{index}}"
+            ) from None
+        out["data"] = os.path.join(here, data)
+    return out
 
 
 def read_results(path: Path) -> list[dict[str, Any]]:
@@ -421,12 +467,18 @@ def _csv_value(value: object) -> object:
 
 
 def _write_csv(records: list[dict[str, Any]], path: Path) -> None:
-    """Write ``records`` as CSV (one row per point; lists space-separated)."""
+    """Write ``records`` as CSV (one row per point; lists space-separated; a ``final_NAME``
+    column for each metric a task reported, after ``final_accuracy``)."""
+    names = sorted({n for r in records for n in r.get("final_metrics") or {}} - {"accuracy"})
+    at = _CSV_COLUMNS.index("final_accuracy") + 1
+    columns = (*_CSV_COLUMNS[:at], *(f"final_{n}" for n in names), *_CSV_COLUMNS[at:])
     with path.open("w", newline="") as out:
         writer = csv.writer(out)
-        writer.writerow(_CSV_COLUMNS)
+        writer.writerow(columns)
         for record in records:
-            writer.writerow([_csv_value(record.get(c)) for c in _CSV_COLUMNS])
+            metrics = record.get("final_metrics") or {}
+            values = {**record, **{f"final_{n}": metrics.get(n) for n in names}}
+            writer.writerow([_csv_value(values.get(c)) for c in columns])
 
 
 def _append(path: Path, record: Mapping[str, Any]) -> None:
@@ -468,6 +520,7 @@ def _describe(point: Point, grid: Grid) -> dict[str, Any]:
         epsilon = math.inf  # no noise
     return {
         "key": point.key,
+        "task": config.task.app or t.dataset,
         "dataset": t.dataset,
         "model": t.model,
         "rounds": t.rounds,
@@ -491,8 +544,11 @@ def _run_point(point: Point, grid: Grid, root: Path, timeout_s: float) -> dict[s
     slug = re.sub(r"[^A-Za-z0-9.=-]+", "_", point.key)[:80]
     workdir = Path(tempfile.mkdtemp(prefix=f"{slug}-", dir=root))
     started = time.time()
+    overrides = _checkpoint_last_round(point.overrides)
+    data = grid.client_data(int(record["clients"]))
+    extra: dict[str, Any] = {"client_data": data} if data else {}
     try:
-        summary = run_demo(None, workdir, point.overrides, quiet=True, timeout_s=timeout_s)
+        summary = run_demo(None, workdir, overrides, quiet=True, timeout_s=timeout_s, **extra)
     except FedPSError as exc:
         _log.info("point %s failed: %s", point.key, exc)
         record["error"] = f"{type(exc).__name__}: {exc}"[:4000]
@@ -519,8 +575,40 @@ def _run_point(point: Point, grid: Grid, root: Path, timeout_s: float) -> dict[s
             abandoned_rounds=summary.abandoned_rounds,
             round_accuracy=[_json_float(accuracy, 6) for _, accuracy in summary.round_accuracy],
         )
+        round_metrics = _round_metrics(workdir / "state" / "coordinator")
+        evaluated = [m for m in round_metrics if m]
+        record.update(final_metrics=evaluated[-1] if evaluated else None)
+        record.update(round_metrics=round_metrics)
     record["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     return record
+
+
+def _checkpoint_last_round(
+    overrides: Mapping[str, Mapping[str, object]],
+) -> dict[str, dict[str, object]]:
+    """``overrides`` with a checkpoint cadence that divides the rounds, so the coordinator's
+    checkpoint holds the last round's metrics before it says training finished."""
+    out = {name: dict(values) for name, values in overrides.items()}
+    t = load_config(None, **overrides).training
+    if t.rounds % t.checkpoint_every:
+        out.setdefault("training", {})["checkpoint_every"] = math.gcd(t.rounds, t.checkpoint_every)
+    return out
+
+
+def _round_metrics(state_dir: Path) -> list[dict[str, float]]:
+    """The task's metrics of each round (empty: not evaluated) from the coordinator's
+    checkpoint; none when it left no checkpoint."""
+    try:
+        checkpoint = CheckpointStore(state_dir).load()
+    except FedPSError as exc:
+        _log.warning("no metrics: %s", exc)
+        return []
+    if checkpoint is None:
+        return []
+    return [
+        {str(k): float(v) for k, v in dict(r.get("metrics") or {}).items()}
+        for r in checkpoint.state.get("history", [])
+    ]
 
 
 @contextlib.contextmanager
@@ -539,12 +627,15 @@ def _summary_line(record: Mapping[str, Any]) -> str:
         first = escape(str(record["error"]).partition("\n")[0])
         return f"{record['key']}: [red]FAILED[/] {first}"
     accuracy, epsilon = record.get("final_accuracy"), record.get("max_epsilon")
-    acc = f"{accuracy:.4f}" if isinstance(accuracy, float) else "-"
+    acc = f"acc {accuracy:.4f}" if isinstance(accuracy, float) else "acc -"
+    metrics = record.get("final_metrics") or {}
+    if not isinstance(accuracy, float) and metrics:
+        acc = "  ".join(f"{name} {value:.4g}" for name, value in sorted(metrics.items()))
     eps = str(epsilon)
     if isinstance(epsilon, float):
         eps = f"{epsilon:.3g}" if epsilon >= 1e4 else f"{epsilon:.2f}"
     return (
-        f"{record['key']}: acc {acc}  eps {eps}  {record.get('seconds') or 0:.1f}s  "
+        f"{record['key']}: {acc}  eps {eps}  {record.get('seconds') or 0:.1f}s  "
         f"{(record.get('bytes_pushed') or 0) / 1e6:.2f} MB"
     )
 

@@ -12,9 +12,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from fedps._registry import add_entry
 from fedps.errors import ConfigError
 
-__all__ = ["ServerOptimizer", "create_server_optimizer"]
+__all__ = ["ServerOptimizer", "create_server_optimizer", "register_server_optimizer"]
 
 
 class ServerOptimizer(ABC):
@@ -94,6 +95,20 @@ _OPTIMIZERS: dict[str, Callable[[float, float], ServerOptimizer]] = {
     "fedavgm": lambda lr, momentum: FedAvgM(lr, momentum),
     "fedadam": lambda lr, _momentum: FedAdam(lr),
 }
+
+
+def register_server_optimizer(
+    name: str, factory: Callable[[float, float], ServerOptimizer]
+) -> None:
+    """Make ``factory(lr, momentum)`` available to :func:`create_server_optimizer` as
+    ``name``.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is empty or already registered.
+    """
+    add_entry(_OPTIMIZERS, name, factory, "server optimizer")
 
 
 def create_server_optimizer(name: str, *, lr: float, momentum: float = 0.9) -> ServerOptimizer:

@@ -6,13 +6,15 @@ from __future__ import annotations
 import itertools
 import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from opacus.accountants import RDPAccountant
+from opacus.validators import ModuleValidator
 
 from clients.client_state import LEDGER_FILE
 from clients.dp_trainer import (
@@ -31,6 +33,8 @@ from fedps.coordinator_messages import ClientRegistration, RegistrationReply, Ta
 from fedps.datasets import Dataset, load_dataset
 from fedps.errors import ConfigError, PeerUnavailableError, PrivacyBudgetExceededError
 from fedps.models import create_model
+from fedps.tasks import ClientData
+from fedps.tasks import Task as UserTask
 
 ROUNDS = 3
 TARGET_EPSILON = 2.0
@@ -627,3 +631,51 @@ def test_opacus_takes_its_noise_and_batches_from_the_source(data: Dataset) -> No
     ]
     assert np.count_nonzero(update) > 0.99 * update.size
     assert trainer.module.grad_accumulation_allowed is False  # Poisson: one pass per step
+
+
+def _normed_task(model: Callable[[], torch.nn.Module]) -> UserTask:
+    """A task on 40 rows of digits whose model is ``model``."""
+
+    def load_data(client: ClientData) -> Dataset:
+        train, _ = load_dataset("digits")
+        return Dataset(train.x[:40], train.y[:40], train.num_classes, "digits/40")
+
+    return UserTask(name="normed", model=model, load_data=load_data)
+
+
+def _batch_normed() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 10)
+    )
+
+
+def test_a_task_model_with_batchnorm_is_refused_at_client_start_with_the_fix(
+    tmp_path: Path,
+) -> None:
+    # Prepare
+    config = _config(noise_multiplier=1.0)
+
+    # Execute / Assert: the layer is named, and ModuleValidator.fix as the way out
+    with pytest.raises(ConfigError) as refused:
+        EdgeClient(config, index=0, state_dir=tmp_path, task=_normed_task(_batch_normed))
+    message = str(refused.value)
+    assert "task 'normed'" in message
+    assert "layer '1' (BatchNorm1d): BatchNorm cannot support training with" in message
+    assert "ModuleValidator.fix(model)" in message
+
+
+def test_the_fixed_task_model_trains(tmp_path: Path) -> None:
+    # Prepare: the fix the refusal names
+    config = _config(noise_multiplier=1.0)
+    task = _normed_task(lambda: ModuleValidator.fix(_batch_normed()))
+
+    # Execute
+    client = EdgeClient(config, index=0, state_dir=tmp_path, task=task)
+    params = flatten_model(client.trainer.model)
+    update = client.trainer.train_round(params)
+    client.close()
+
+    # Assert
+    assert any(isinstance(m, torch.nn.GroupNorm) for m in client.trainer.model.modules())
+    assert np.all(np.isfinite(update)) and np.any(update != 0)
+    assert client.trainer.epsilon() > 0
