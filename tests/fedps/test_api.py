@@ -12,6 +12,11 @@ import pytest
 import torch
 
 import fedps
+from crypto.tls import OPERATOR_NAME
+from fedps.cli.api import use_identity
+from fedps.config import load_config
+from fedps.errors import ConfigError
+from fedps.provisioning import provision_cluster
 from fedps.tasks import evaluate_model, load_task
 from tests.role_processes import write_local_config
 from tests.waiting import HANG_S
@@ -118,3 +123,15 @@ def test_the_top_level_exports_the_api() -> None:
     assert callable(names["run_client"]) and callable(names["load_model"])
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         fedps.nothing  # noqa: B018
+
+
+def test_an_in_process_client_under_tls_refuses_the_operators_identity(tmp_path: Path) -> None:
+    # Prepare: a mutual-TLS configuration with its certificates; this process speaks as the
+    # operator (as a LocalCluster's script does)
+    config = load_config(None, tls={"directory": str(tmp_path / "certs")})
+    provision_cluster(config)
+    use_identity(config, OPERATOR_NAME)
+
+    # Execute / Assert: a client in this process would present the operator's certificate
+    with pytest.raises(ConfigError, match="run each client in its own process"):
+        fedps.run_client(config, index=0)
