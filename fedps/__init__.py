@@ -2,13 +2,66 @@
 
 This package is the shared core every role uses: configuration, the wire protocol, the hash
 ring, model <-> vector <-> blocks, datasets, partitioners, models and the CLI.
+
+Its top level is the Python API for scripts and notebooks (docs/api.md): run a local cluster
+(:class:`LocalCluster`) and clients (:func:`run_client`), read the run's history
+(:func:`read_history`) and the trained model (:func:`load_model`, :func:`export_model`). The
+API's names are imported on first use, so ``import fedps`` stays light.
 """
+
+from __future__ import annotations
 
 from fedps._layout import check_layout
 
 check_layout()  # first: a user's server.py must not hide fedps's server/ package
 
+import importlib  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
 from fedps.errors import FedPSError  # noqa: E402
 
-__all__ = ["FedPSError"]
+if TYPE_CHECKING:
+    from fedps.cli.api import ClientSummary, export_model, load_model, run_client
+    from fedps.cli.history import History, read_history
+    from fedps.cli.local_cluster import LocalCluster
+    from fedps.coordinator_messages import RoundSummary
+    from fedps.tasks import ClientData, Task
+
+__all__ = [
+    "ClientData",
+    "ClientSummary",
+    "FedPSError",
+    "History",
+    "LocalCluster",
+    "RoundSummary",
+    "Task",
+    "export_model",
+    "load_model",
+    "read_history",
+    "run_client",
+]
 __version__ = "0.1.0"
+
+# Each name of the API and the module that defines it, imported on first use.
+_LAZY = {
+    "ClientData": "fedps.tasks",
+    "ClientSummary": "fedps.cli.api",
+    "History": "fedps.cli.history",
+    "LocalCluster": "fedps.cli.local_cluster",
+    "RoundSummary": "fedps.coordinator_messages",
+    "Task": "fedps.tasks",
+    "export_model": "fedps.cli.api",
+    "load_model": "fedps.cli.api",
+    "read_history": "fedps.cli.history",
+    "run_client": "fedps.cli.api",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'fedps' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -129,7 +129,12 @@ class UpdateReport(WireRecord[coordinator_pb2.UpdateReport]):
 
 @dataclass(frozen=True, slots=True)
 class RoundSummary(WireRecord[coordinator_pb2.RoundSummary]):
-    """One finished round, as the operator sees it (accuracy negative: not evaluated)."""
+    """One finished round, as the operator sees it (accuracy negative: not evaluated).
+
+    ``metrics`` is the task's evaluation of the round's model: ``loss`` and the task's
+    metrics (``accuracy`` for a classification task by default); empty when the round was not
+    evaluated.
+    """
 
     wire = coordinator_pb2.RoundSummary
 
@@ -143,6 +148,7 @@ class RoundSummary(WireRecord[coordinator_pb2.RoundSummary]):
     seconds: float
     abandoned: bool
     push_seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, record: Any) -> RoundSummary:

@@ -391,6 +391,27 @@ def status(config: ConfigOpt = None, insecure: InsecureOpt = False) -> None:
     print_status(cfg)
 
 
+@app.command()
+def export(
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Where to write the model's state_dict (.pt).")
+    ],
+    config: ConfigOpt = None,
+    insecure: InsecureOpt = False,
+) -> None:
+    """Write the trained global model as a PyTorch state_dict, pulled from the shards with the
+    key holder's signature checked (as the operator identity); it loads into the task's model
+    with model.load_state_dict(torch.load(PATH))."""
+    from crypto.tls import OPERATOR_NAME
+    from fedps.cli.export import export_model
+
+    _setup_logging(False)
+    cfg = _load(config, insecure=insecure)
+    _setup_tls(cfg, OPERATOR_NAME)
+    version = export_model(cfg, out)
+    typer.echo(f"model version {version} written to {out}")
+
+
 def main() -> None:
     """Console-script entry point: expected errors become one line on stderr, exit 2."""
     try:

@@ -273,6 +273,26 @@ Global___UpdateReport: _TypeAlias = UpdateReport  # noqa: Y015
 class RoundSummary(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class MetricsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ROUND_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     CONTRIBUTORS_FIELD_NUMBER: _builtins.int
@@ -283,6 +303,7 @@ class RoundSummary(_message.Message):
     SECONDS_FIELD_NUMBER: _builtins.int
     ABANDONED_FIELD_NUMBER: _builtins.int
     PUSH_SECONDS_FIELD_NUMBER: _builtins.int
+    METRICS_FIELD_NUMBER: _builtins.int
     round: _builtins.int
     version: _builtins.int
     contributors: _builtins.int
@@ -297,6 +318,12 @@ class RoundSummary(_message.Message):
     """Seconds from the freeze of the commitments to the close: the pushes, which wait for
     every commitment of the round (commit before reveal).
     """
+    @_builtins.property
+    def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """The task's evaluation of the round's model: "loss" and the task's metrics (such as
+        "accuracy"); empty when the round was not evaluated.
+        """
+
     def __init__(
         self,
         *,
@@ -310,10 +337,11 @@ class RoundSummary(_message.Message):
         seconds: _builtins.float = ...,
         abandoned: _builtins.bool = ...,
         push_seconds: _builtins.float = ...,
+        metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abandoned", b"abandoned", "accuracy", b"accuracy", "bytes_pushed", b"bytes_pushed", "contributors", b"contributors", "loss", b"loss", "max_epsilon", b"max_epsilon", "push_seconds", b"push_seconds", "round", b"round", "seconds", b"seconds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abandoned", b"abandoned", "accuracy", b"accuracy", "bytes_pushed", b"bytes_pushed", "contributors", b"contributors", "loss", b"loss", "max_epsilon", b"max_epsilon", "metrics", b"metrics", "push_seconds", b"push_seconds", "round", b"round", "seconds", b"seconds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,139 @@
+"""``fedps export``: the trained global model as a PyTorch ``state_dict``, its signature checked.
+
+The model is pulled the way a client pulls it: the key holder's public context gives its
+Ed25519 key (checked against ``security.keyholder_key`` when that pins it, trusted on first
+use otherwise, with a warning) and the context's signature is verified with it; the shards'
+blocks of the published version are then pulled and every block's key-holder signature
+verified (:func:`crypto.signing.model_verifier`), so a shard cannot hand out a model the key
+holder did not publish. The flat vector is loaded into the task's model
+(:meth:`fedps.tasks.Task.create_model`), whose ``state_dict`` is what :func:`export_model`
+saves: ``model.load_state_dict(torch.load(path))`` loads it into the same task's model.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from crypto.signing import context_digest, model_verifier, verify_block
+from fedps.blocks import BlockLayout, flatten_model, load_flat
+from fedps.ckks_params import ckks_params
+from fedps.config import FedPSConfig
+from fedps.errors import ConfigError, FedPSError, InvalidArgumentError, RoundClosedError
+from fedps.keyholder_client import KeyHolderClient
+from fedps.keyholder_messages import PublicContextInfo
+from fedps.parameter_client import ParameterClient
+from fedps.tasks import Task, load_task
+
+__all__ = ["export_model", "pull_model"]
+
+_log = logging.getLogger("fedps")
+
+#: Deadline of each call to the key holder.
+_CALL_S = 10.0
+#: How often a pull caught in a publish (shards at different versions) is tried again.
+_PULL_ATTEMPTS = 20
+
+
+def pull_model(config: FedPSConfig, *, task: Task | None = None) -> tuple[torch.nn.Module, int]:
+    """The published global model in the task's model, and its version.
+
+    Parameters
+    ----------
+    config
+        The cluster's configuration (addresses, ``security.keyholder_key``, the task).
+    task
+        The task whose model to fill (default: the configured one).
+
+    Raises
+    ------
+    FedPSError
+        The key holder or a shard is unreachable, the key holder is not the pinned one, its
+        public context or a block does not verify, or the published model does not fit the
+        task's model. The message is one line.
+    """
+    task = task or load_task(config)
+    model = task.create_model(config.training.seed)
+    num_params = flatten_model(model).size
+    cluster = config.cluster
+    keyholder = KeyHolderClient(cluster.keyholder)
+    try:
+        key = _verified_key(config, keyholder.get_public_context(timeout_s=_CALL_S))
+        state = keyholder.get_model_state(timeout_s=_CALL_S)
+    finally:
+        keyholder.close()
+    if not state.initialized:
+        raise FedPSError("the key holder has published no model yet")
+    if state.num_params != num_params:
+        raise ConfigError(
+            f"the published model has {state.num_params} parameters but task {task.name!r}'s "
+            f"model has {num_params}: export with the configuration the cluster trained with"
+        )
+    layout = BlockLayout(num_params, ckks_params(config).values_per_block)
+    shards = ParameterClient(dict(zip(cluster.shard_ids, cluster.shards, strict=True)))
+    try:
+        vector, version = _pull(shards, layout, state.version, key)
+    finally:
+        shards.close()
+    load_flat(model, vector)
+    return model, version
+
+
+def export_model(config: FedPSConfig, path: Path, *, task: Task | None = None) -> int:
+    """Write the published global model's ``state_dict`` to ``path`` (``torch.save``) after
+    checking its signature (:func:`pull_model`); returns the model's version.
+
+    Raises
+    ------
+    FedPSError
+        As :func:`pull_model`, or ``path`` cannot be written.
+    """
+    model, version = pull_model(config, task=task)
+    try:
+        torch.save(model.state_dict(), path)
+    except OSError as exc:
+        raise FedPSError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return version
+
+
+def _verified_key(config: FedPSConfig, ctx: PublicContextInfo) -> bytes:
+    """The key holder's signing key from its public context: the pinned one if
+    ``security.keyholder_key`` pins it, and the context's signature verified with it."""
+    pinned = config.security.keyholder_key
+    if pinned and bytes.fromhex(pinned) != ctx.signing_key:
+        raise InvalidArgumentError(
+            "the key holder's signing key does not match security.keyholder_key (pinned); "
+            "refusing its model"
+        )
+    if not pinned:
+        _log.warning(
+            "key holder key not pinned (security.keyholder_key); trusting %s on first use",
+            ctx.signing_key.hex()[:16],
+        )
+    digest = context_digest(ctx.context, ctx.context_id)
+    if not verify_block(ctx.signing_key, digest, ctx.signature):
+        raise InvalidArgumentError("the key holder's public context does not verify; refusing")
+    return bytes(ctx.signing_key)
+
+
+def _pull(
+    shards: ParameterClient, layout: BlockLayout, version: int, key: bytes
+) -> tuple[np.ndarray, int]:
+    """Pull version ``version`` or later, every block verified against ``key``; a pull caught
+    in a publish (shards at different versions) is tried again."""
+    attempts = 0
+    while True:
+        try:
+            return shards.pull(layout, version, verify=model_verifier(key))
+        except RoundClosedError as exc:
+            attempts += 1
+            if attempts >= _PULL_ATTEMPTS:
+                raise
+            _log.info("pull caught in a publish (%s); trying again", exc)
+            time.sleep(0.5)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"{exc}; refusing the model") from None

@@ -1,0 +1,137 @@
+"""``fedps export``: the trained model as a state_dict, refused unless the key holder signed it.
+
+One real cluster on loopback (key holder, 2 shards, coordinator) trains 2 rounds of the
+built-in digits task with 3 clients; every test then runs ``fedps export`` as a process
+against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from clients.edge_client import EdgeClient
+from fedps.cli.deployment import write_config
+from fedps.config import FedPSConfig
+from fedps.tasks import evaluate_model, load_task
+from tests.conftest import Cluster, run_clients, start_cluster, start_coordinator
+from tests.role_processes import last_line, run_fedps
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A cluster that trained 2 rounds of digits and keeps serving its model."""
+    root = tmp_path_factory.mktemp("export")
+    training = {"rounds": 2, "clients": 3, "min_quorum": 3, "deadline_s": 300.0, "lr": 0.3}
+    cluster = start_cluster(root, coordinator=False, training=training)
+    try:
+        clients = [EdgeClient(cluster.config, index=i) for i in range(3)]
+        start_coordinator(cluster)
+        run_clients(clients)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _config_file(config: FedPSConfig, path: Path, **security: object) -> Path:
+    """``config`` with ``security`` fields replaced, written to ``path``."""
+    write_config(
+        config.model_copy(update={"security": config.security.model_copy(update=security)}),
+        path,
+    )
+    return path
+
+
+def test_export_writes_the_model_the_coordinator_evaluated(
+    trained: Cluster, tmp_path: Path
+) -> None:
+    # Prepare: the key holder's key pinned, as an operator would from keys/signing.pub
+    key = trained.keyholder.signer.public_key.hex()
+    config = _config_file(trained.config, tmp_path / "fedps.toml", keyholder_key=key)
+    out = tmp_path / "model.pt"
+    task = load_task(trained.config)
+
+    # Execute
+    result = run_fedps("export", "-c", str(config), "-o", str(out))
+
+    # Assert: the file loads into the task's model and scores what the coordinator reported
+    assert result.returncode == 0, result.stderr
+    assert f"model version 2 written to {out}" in result.stdout
+    model = task.create_model(trained.config.training.seed)
+    model.load_state_dict(torch.load(out))
+    eval_data = task.eval_data()
+    assert eval_data is not None
+    metrics = evaluate_model(task, model, eval_data)
+    last = trained.coordinator.history[-1]
+    assert last.round == 2 and last.accuracy > 0.5
+    assert metrics["accuracy"] == pytest.approx(last.accuracy, abs=1e-6)
+    assert metrics["loss"] == pytest.approx(last.loss, abs=1e-6)
+
+
+def test_export_refuses_a_block_a_shard_altered(trained: Cluster, tmp_path: Path) -> None:
+    # Prepare: a shard serves one block changed after the key holder signed it
+    config = _config_file(trained.config, tmp_path / "fedps.toml")
+    out = tmp_path / "model.pt"
+    shard = next(s for s in trained.shards if s.owned_blocks)
+    block = shard.owned_blocks[0]
+    honest = shard._values[block].copy()
+    shard._values[block] = honest + np.float32(0.5)
+
+    # Execute
+    try:
+        result = run_fedps("export", "-c", str(config), "-o", str(out))
+    finally:
+        shard._values[block] = honest
+
+    # Assert: one line, exit 2, and no file
+    assert result.returncode == 2, result.stderr
+    line = last_line(result.stderr)
+    assert line.startswith("fedps: error:"), result.stderr
+    assert f"block {block} without a valid key-holder signature" in line
+    assert "refusing" in line
+    assert not out.exists()
+
+
+def test_export_refuses_a_key_holder_that_is_not_the_pinned_one(
+    trained: Cluster, tmp_path: Path
+) -> None:
+    # Prepare: some other key pinned
+    config = _config_file(trained.config, tmp_path / "fedps.toml", keyholder_key="ab" * 32)
+    out = tmp_path / "model.pt"
+
+    # Execute
+    result = run_fedps("export", "-c", str(config), "-o", str(out))
+
+    # Assert
+    assert result.returncode == 2, result.stderr
+    assert last_line(result.stderr) == (
+        "fedps: error: the key holder's signing key does not match security.keyholder_key "
+        "(pinned); refusing its model"
+    )
+    assert not out.exists()
+
+
+def test_export_refuses_a_model_that_does_not_fit_the_task(
+    trained: Cluster, tmp_path: Path
+) -> None:
+    # Prepare: the configuration names another model than the cluster trained
+    training = trained.config.training.model_copy(update={"model": "logreg"})
+    config = tmp_path / "fedps.toml"
+    write_config(trained.config.model_copy(update={"training": training}), config)
+    out = tmp_path / "model.pt"
+
+    # Execute
+    result = run_fedps("export", "-c", str(config), "-o", str(out))
+
+    # Assert
+    assert result.returncode == 2, result.stderr
+    line = last_line(result.stderr)
+    assert line.startswith("fedps: error: the published model has "), result.stderr
+    assert "task 'digits'" in line
+    assert not out.exists()
