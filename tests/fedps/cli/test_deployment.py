@@ -57,6 +57,19 @@ def test_round_line_of_a_round_not_evaluated_leaves_accuracy_out() -> None:
     assert line == "round 3/10: 5 clients, epsilon 1.84 (max), 4.2 s"
 
 
+def test_round_line_shows_a_task_s_own_metrics() -> None:
+    # Prepare: a regression task's round (no accuracy) and a classifier's with one more metric
+    regression = _round(accuracy=-1.0, metrics={"loss": 0.2734, "mae": 0.41239})
+    classifier = _round(metrics={"loss": 0.3, "accuracy": 0.912, "f1": 0.9})
+    # Execute / Assert
+    assert round_line(regression, rounds=10) == (
+        "round 3/10: 5 clients, loss 0.2734, mae 0.4124, epsilon 1.84 (max), 4.2 s"
+    )
+    assert round_line(classifier, rounds=10) == (
+        "round 3/10: 5 clients, accuracy 0.912, f1 0.9, epsilon 1.84 (max), 4.2 s"
+    )
+
+
 def test_round_line_of_one_client_says_client() -> None:
     # Prepare / Execute
     line = round_line(_round(contributors=1), rounds=10)
