@@ -41,6 +41,7 @@ refuses to train past its target.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -51,7 +52,7 @@ from typing import TypeVar
 import numpy as np
 
 from clients.client_state import ClientState, data_fingerprint, default_state_dir
-from clients.dp_trainer import PrivacySpend, create_trainer
+from clients.dp_trainer import PrivacySpend, Trainer, create_trainer
 from clients.train_step import TrainMod, TrainStep, chain
 from crypto import PLAINTEXT_CONTEXT_ID, BlockEncryptor, PlainContext, PublicContext
 from crypto.enrolment import TOKEN_SUFFIX, read_token
@@ -87,7 +88,18 @@ from fedps.tasks import ClientData, load_task
 from fedps.tasks import Task as UserTask
 from fedps.transport import Backoff, batched, is_transient
 
-__all__ = ["ClientSummary", "EdgeClient", "PreparedPush", "RoundOutcome", "client_partition"]
+__all__ = [
+    "EXTERNAL_DATA",
+    "ClientSummary",
+    "EdgeClient",
+    "PreparedPush",
+    "RoundOutcome",
+    "client_partition",
+]
+
+#: The ledger's key (a fingerprint's format) for the spend of a given trainer, whose data
+#: fedps never sees.
+EXTERNAL_DATA = hashlib.sha256(b"fedps-data-v1/external").hexdigest()
 
 _log = logging.getLogger("fedps")
 _T = TypeVar("_T")
@@ -183,6 +195,12 @@ class EdgeClient:
         The client's own data, passed to the task's ``load_data`` (``fedps client --data``).
     task
         The task to train (default: the configured one, :func:`fedps.tasks.load_task`).
+    trainer
+        A trainer the caller built, for a training fedps does not run itself (a Flower node
+        that wraps the user's own ``train``:
+        :class:`clients.flower.wrapped_trainer.WrappedTrainer`); no data is loaded then, and
+        the ledger keeps its spend under :data:`EXTERNAL_DATA`.
+        Default: the task's trainer for ``privacy.level`` on the client's own data.
 
     Its identity is ``tls.name`` or ``client-INDEX``: the certificate it presents under mutual
     TLS, or, without TLS, the enrolment token ``tls.directory/NAME.token`` it registers with.
@@ -193,7 +211,7 @@ class EdgeClient:
         Without TLS (``tls.insecure``) and without a readable enrolment token; or a state
         folder in use by another process, of another identity, or with a corrupt ledger.
     InvalidArgumentError
-        Both ``state_dir`` and ``signer`` given.
+        Both ``state_dir`` and ``signer`` given, or both ``data`` and ``trainer``.
     """
 
     def __init__(
@@ -208,9 +226,12 @@ class EdgeClient:
         mods: Sequence[TrainMod] = (),
         data: Path | None = None,
         task: UserTask | None = None,
+        trainer: Trainer | None = None,
     ) -> None:
         if state_dir is not None and signer is not None:
             raise InvalidArgumentError("a client keeps its key in state_dir or is given one")
+        if data is not None and trainer is not None:
+            raise InvalidArgumentError("a given trainer holds the client's data; no data then")
         self.config = config
         self.name = name or f"edge-{index}"
         self.identity = config.tls.name or f"client-{index}"
@@ -221,19 +242,23 @@ class EdgeClient:
             if signer is None
             else ClientState(self.identity, signer)  # in memory
         )
-        self.task = task or load_task(config)
-        own = client_partition(config, index, data=data, task=self.task)
-        model = self.task.create_model(config.training.seed)
-        self.num_params = flatten_model(model).size
-        self.trainer = create_trainer(
-            model,
-            own,
-            training=config.training,
-            privacy=config.privacy,
-            seed=config.training.seed * 1000 + index + 1,
-            task=self.task,
-        )
-        self._data = data_fingerprint(own)
+        if trainer is None:
+            self.task = task or load_task(config)
+            own = client_partition(config, index, data=data, task=self.task)
+            trainer = create_trainer(
+                self.task.create_model(config.training.seed),
+                own,
+                training=config.training,
+                privacy=config.privacy,
+                seed=config.training.seed * 1000 + index + 1,
+                task=self.task,
+            )
+            self._data = data_fingerprint(own)
+        else:
+            self.task = task or trainer.task
+            self._data = EXTERNAL_DATA
+        self.trainer = trainer
+        self.num_params = flatten_model(trainer.model).size
         self.recorded = self._restore_spend()  # the spend the ledger holds
         # Every call has a deadline: one caught in a peer's restart fails and is retried.
         self._coordinator = CoordinatorClient(config.cluster.coordinator)
@@ -358,8 +383,9 @@ class EdgeClient:
     def join(self, *, run_id: str, client_id: str, timeout_s: float = 60.0) -> None:
         """Take part in run ``run_id`` as ``client_id``: fetch, verify and adopt the key
         holder's public context (trusted on first use unless ``security.keyholder_key`` pins
-        it). Call after :meth:`connect`."""
+        it), and count the trainer's rounds in that run. Call after :meth:`connect`."""
         self.client_id, self.run_id = client_id, run_id
+        self.trainer.set_run(run_id)
         self._keyholder_key = b""
         self._fetch_context(timeout_s)
         self._layout = BlockLayout(self.num_params, self._values_per_block)

@@ -3,16 +3,22 @@
 The Flower strategy (:mod:`server.flower.flower_strategy`) and the Flower client
 (:mod:`clients.flower.flower_client`) speak the coordinator's client protocol over Flower messages.
 This module holds what both ends must agree on, as plain mappings of Flower's record values
-(``int``, ``float``, ``str``, ``bytes``), so that it imports neither Flower nor a role:
+(``int``, ``float``, ``str``, ``bytes``), so that it imports neither Flower nor a role.
 
-``query.fedps_register``
+Every fedps message is a Flower ``train`` message whose ``"fedps"`` ConfigRecord names its
+stage (``"stage"``), as Flower's SecAgg+ carries its stages: a ``ClientApp`` routes a message
+only to a function registered for its type, so a mod around a user's own ``train``
+(:class:`clients.flower.fedps_mod.FedPSMod`) sees every stage without the user registering
+anything else.
+
+``register`` (:data:`REGISTER_STAGE`)
     Node to strategy: :class:`Registration` (public signing key, examples, model size, and
     the enrolment token that proves the node's identity).
-``train``
+``train`` (:data:`TRAIN_STAGE`)
     Strategy to node: :class:`FlowerTask`; node to strategy: :class:`RoundReport`, metadata
     only. The node trains, encrypts and commits its update at the key holder
     (``trained``: committed), but pushes nothing yet.
-``query.fedps_push``
+``push`` (:data:`PUSH_STAGE`)
     Strategy to node, once the key holder froze the round's commitments and the shards take
     pushes: the same :class:`FlowerTask`; the node pushes the update it committed and
     answers with its :class:`RoundReport`. No message ever carries a model update, in
@@ -34,18 +40,28 @@ from fedps.errors import InvalidArgumentError
 __all__ = [
     "CONFIG_KEY",
     "METRICS_KEY",
-    "PUSH_ACTION",
+    "PUSH_STAGE",
     "RECORD_KEY",
-    "REGISTER_ACTION",
+    "REGISTER_STAGE",
+    "STAGES",
+    "STAGE_KEY",
+    "TRAIN_STAGE",
     "FlowerTask",
     "Registration",
     "RoundReport",
+    "stage_of",
 ]
 
-#: The query action of registration (message type ``query.fedps_register``).
-REGISTER_ACTION = "fedps_register"
-#: The query action that asks a committed node to push (``query.fedps_push``).
-PUSH_ACTION = "fedps_push"
+#: The key of the stage in the ``"fedps"`` ConfigRecord of every fedps message.
+STAGE_KEY = "stage"
+#: The stage that asks a node for its registration.
+REGISTER_STAGE = "register"
+#: The stage that asks a node to train, encrypt and commit (carries a :class:`FlowerTask`).
+TRAIN_STAGE = "train"
+#: The stage that asks a committed node to push (carries the same :class:`FlowerTask`).
+PUSH_STAGE = "push"
+#: Every stage, in the order a round walks them.
+STAGES = (REGISTER_STAGE, TRAIN_STAGE, PUSH_STAGE)
 #: The ConfigRecord holding fedps's task, registration and node state.
 RECORD_KEY = "fedps"
 #: The MetricRecord of a train reply.
@@ -85,6 +101,16 @@ def _str(values: _Values, key: str) -> str:
     value = _field(values, key, str)
     assert isinstance(value, str)
     return value
+
+
+def stage_of(values: _Values) -> str:
+    """The stage a fedps record names (one of :data:`STAGES`)."""
+    stage = _str(values, STAGE_KEY)
+    if stage not in STAGES:
+        raise InvalidArgumentError(
+            f"fedps record: {STAGE_KEY!r} must be one of {', '.join(STAGES)}, got {stage!r}"
+        )
+    return stage
 
 
 @dataclass(frozen=True)

@@ -1,30 +1,35 @@
-"""fedps inside a Flower ``ClientApp``: DP-SGD, encrypted pushes, metadata-only replies.
+"""fedps inside a Flower ``ClientApp``: DP training, encrypted pushes, metadata-only replies.
 
 A Flower app gains fedps's encrypted aggregation by using :func:`create_client_app` as its
-``ClientApp`` and :class:`server.flower.flower_strategy.FlowerStrategy` as its strategy. The Flower
-messages replace the fedps coordinator's client protocol (register, get task, report); the
-update itself never travels in a Flower message:
+``ClientApp`` (fedps trains, with DP-SGD) or by adding :class:`clients.flower.fedps_mod.FedPSMod`
+to the ``mods`` of its own ``ClientApp`` (the app's ``train`` trains), with
+:class:`server.flower.flower_strategy.FlowerStrategy` as its strategy. The Flower messages
+replace the fedps coordinator's client protocol (register, get task, report); the update
+itself never travels in a Flower message. Every fedps message is a Flower ``train`` message
+whose ``"fedps"`` ConfigRecord names its stage (:mod:`fedps.flower_messages`), handled by a
+:class:`FlowerNode`:
 
-1. ``query.fedps_register``: the node answers with its Ed25519 public key, its number of
-   training examples, the model size and its enrolment token (``tls.directory/client-N.token``
-   from ``fedps certs``); the strategy registers it with the coordinator as ``client-N``.
-2. ``train``: the message's ``"fedps"`` ConfigRecord is the coordinator's task (round,
-   model version, client id, run id, context id, weight scale, deadline). The node runs the
-   same round as :class:`clients.edge_client.EdgeClient`: it pulls the signed model of that
-   version from the shards, trains with DP-SGD (Opacus), weights, clips, encrypts, signs and
-   commits the update at the key holder (the block roots and their sketches under the round's
-   challenge), keeps the signed push messages in its ``Context.state`` and replies with
-   metadata only (weight, epsilon), never the update.
-3. ``query.fedps_push``: once every commitment of the round is fixed, the node pushes the
-   messages it kept to the shards that own the blocks and replies with the bytes pushed.
+1. ``register``: the node answers with its Ed25519 public key, its number of training
+   examples, the model size and its enrolment token (``tls.directory/client-N.token`` from
+   ``fedps certs``); the strategy registers it with the coordinator as ``client-N``.
+2. ``train``: the record also carries the coordinator's task (round, model version, client
+   id, run id, context id, weight scale, deadline). The node runs the same round as
+   :class:`clients.edge_client.EdgeClient`: it pulls the signed model of that version from the
+   shards, trains with DP, weights, clips, encrypts, signs and commits the update at the key
+   holder (the block roots and their sketches under the round's challenge), keeps the signed
+   push messages in its ``Context.state`` and replies with metadata only (weight, epsilon),
+   never the update.
+3. ``push``: once every commitment of the round is fixed, the node pushes the messages it
+   kept to the shards that own the blocks and replies with the bytes pushed.
 
 Flower rebuilds the ``ClientApp`` for every message and may run a node's messages in
 different processes, so everything a node must keep lives in its ``Context.state``: its
 signing key (the node's secret; ``Context.state`` stays on the SuperNode) and its privacy
-accountant's history, which is restored before every round. A node therefore keeps no state
-folder of its own (:class:`clients.client_state.ClientState` in memory only): its budget
-lasts as long as the SuperNode's ``Context.state``. The noise and Poisson sampling come from
-the CSPRNG (:class:`crypto.randomness.SecureRandom`), fresh at every draw; only with
+accountant's history (and, at client level, the run its rounds count in), which is restored
+before every round. A node therefore keeps no state folder of its own
+(:class:`clients.client_state.ClientState` in memory only): its budget lasts as long as the
+SuperNode's ``Context.state``. The noise and Poisson sampling come from the CSPRNG
+(:class:`crypto.randomness.SecureRandom`), fresh at every draw; only with
 ``privacy.insecure_reproducible`` are they seeded, from (``training.seed``, partition, round),
 so that a rebuilt client never replays an earlier round's noise. Built clients are kept in a
 small per-process cache purely as a speed-up; the state restored from the context is
@@ -38,7 +43,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -56,8 +61,9 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
-from clients.dp_trainer import DPTrainer
+from clients.dp_trainer import Trainer
 from clients.edge_client import EdgeClient, PreparedPush
+from clients.flower.wrapped_trainer import LocalTrain, WrappedTrainer
 from clients.simulation import SimulatedDevice
 from clients.train_step import TrainMod
 from crypto.randomness import SeededRandom
@@ -67,17 +73,18 @@ from fedps.errors import ConfigError, InvalidArgumentError
 from fedps.flower_messages import (
     CONFIG_KEY,
     METRICS_KEY,
-    PUSH_ACTION,
+    PUSH_STAGE,
     RECORD_KEY,
-    REGISTER_ACTION,
+    REGISTER_STAGE,
     FlowerTask,
     Registration,
     RoundReport,
+    stage_of,
 )
 from fedps.provisioning import setup_tls
 from fedps.shard_messages import PushBatch
 
-__all__ = ["ClientFactory", "FlowerClient", "create_client_app"]
+__all__ = ["ClientFactory", "FlowerClient", "FlowerNode", "create_client_app", "fedps_record"]
 
 _log = logging.getLogger("fedps")
 
@@ -103,13 +110,17 @@ class FlowerClient:
         Wrap the node's training (:data:`clients.train_step.TrainMod`), outside the
         simulated slow devices and dropouts of the configuration
         (:class:`clients.simulation.SimulatedDevice`), which every node applies.
+    trainer
+        The node's trainer when the caller builds it: a
+        :class:`~clients.flower.wrapped_trainer.WrappedTrainer` for a node that trains with
+        the app's own ``train`` (:class:`~clients.flower.fedps_mod.FedPSMod`). Default:
+        DP-SGD on partition ``index`` of the configured task's data.
 
     Raises
     ------
     ConfigError
-        For ``privacy.level = "client"``: its accountant state cannot be carried in
-        ``Context.state`` yet, so only example-level DP-SGD is offered through Flower. Or the
-        node's enrolment token is missing.
+        Without ``trainer``, for ``privacy.level = "client"``: fedps's own training through
+        Flower is example-level DP-SGD only. Or the node's enrolment token is missing.
     """
 
     def __init__(
@@ -119,9 +130,13 @@ class FlowerClient:
         index: int,
         signer: BlockSigner,
         mods: Sequence[TrainMod] = (),
+        trainer: Trainer | None = None,
     ) -> None:
-        if config.privacy.level != "example":
-            raise ConfigError('Flower clients support privacy.level = "example" (DP-SGD) only')
+        if trainer is None and config.privacy.level != "example":
+            raise ConfigError(
+                'Flower clients support privacy.level = "example" (DP-SGD) only; a node that '
+                "wraps its own train function (FedPSMod) trains at client level"
+            )
         # Before any channel exists, as `fedps client` does: certificate tls.name (or
         # client-INDEX) under mutual TLS; a process holds one certificate, so under TLS each
         # node runs in its own process.
@@ -138,6 +153,7 @@ class FlowerClient:
             signer=signer,
             token_required=True,
             mods=[*mods, device],
+            trainer=trainer,
         )
         self.pending: PreparedPush | None = None  # committed, not pushed yet
         self._attached = ("", "")
@@ -158,7 +174,7 @@ class FlowerClient:
         return self.edge.enrolment_token
 
     def registration(self) -> Registration:
-        """What the node answers to ``query.fedps_register``."""
+        """What the node answers to the ``register`` stage."""
         edge = self.edge
         return Registration(
             edge.signing_key,
@@ -192,45 +208,55 @@ class FlowerClient:
         self.edge.shutdown()
 
     # ------------------------------------------------------------------ privacy state
-    @property
-    def _dp(self) -> DPTrainer:
-        trainer = self.edge.trainer
-        assert isinstance(trainer, DPTrainer)
-        return trainer
-
     def accountant_history(self) -> list[tuple[float, float, int]]:
-        """Every (noise multiplier, sample rate, steps) this node's DP-SGD has taken."""
+        """Every (noise multiplier, sample rate, steps or rounds) this node's DP has taken."""
         return list(self.edge.trainer.history())
 
-    def restore_accountant(self, history: list[tuple[float, float, int]]) -> None:
-        """Continue from ``history`` (the one in ``Context.state``), whatever was here."""
-        self.edge.trainer.restore(history)
+    @property
+    def accountant_run(self) -> str:
+        """The run whose global rounds the accountant's last entry counts (client level)."""
+        return self.edge.trainer.run_id
+
+    def restore_accountant(
+        self, history: Sequence[tuple[float, float, int]], *, run_id: str = ""
+    ) -> None:
+        """Continue from ``history`` (the one in ``Context.state``, its rounds counted in run
+        ``run_id``), whatever was here."""
+        self.edge.trainer.restore(history, run_id=run_id)
 
     def reseed(self, round_: int) -> None:
         """With ``privacy.insecure_reproducible`` only: seed this round's DP noise and Poisson
         sampling from (seed, partition, round). The secure default draws fresh from the
         CSPRNG and needs no seed."""
-        source = self._dp.source
+        source = self.edge.trainer.source
         if isinstance(source, SeededRandom):
             text = f"fedps-flower/{self.config.training.seed}/{self.index}/{round_}".encode()
             source.reseed(int.from_bytes(hashlib.sha256(text).digest()[:8], "little"))
 
     # ------------------------------------------------------------------ one round
-    def train_task(self, task: FlowerTask, *, timeout_s: float = 60.0) -> RoundReport:
+    def train_task(
+        self, task: FlowerTask, *, timeout_s: float = 60.0, local: LocalTrain | None = None
+    ) -> RoundReport:
         """Train and commit one round, as :class:`EdgeClient` does for a coordinator task,
-        but keep the push messages (:attr:`pending`) for the push query: they may go out
-        only once every commitment of the round is fixed. The reply carries the spend."""
+        but keep the push messages (:attr:`pending`) for the push stage: they may go out
+        only once every commitment of the round is fixed. The reply carries the spend.
+
+        ``local`` is the round's training for a node whose trainer is a
+        :class:`~clients.flower.wrapped_trainer.WrappedTrainer` (and only for one).
+        """
         self.attach(client_id=task.client_id, run_id=task.run_id, timeout_s=timeout_s)
+        self.edge.trainer.set_run(task.run_id)  # the run the restored rounds count in
         self.pending = None
         self.reseed(task.round)
-        outcome = self.edge.train_round(
-            task.round,
-            task.version,
-            weight_scale=task.weight_scale,
-            deadline_unix=task.deadline_unix,
-            context_id=task.context_id,
-            announce=False,  # the train reply carries the epsilon to the strategy
-        )
+        with self._training_with(local):
+            outcome = self.edge.train_round(
+                task.round,
+                task.version,
+                weight_scale=task.weight_scale,
+                deadline_unix=task.deadline_unix,
+                context_id=task.context_id,
+                announce=False,  # the train reply carries the epsilon to the strategy
+            )
         self.pending = outcome.prepared
         if outcome.trained:
             # Refill the pool of encryptions of zero in this process: a node has no idle time
@@ -244,10 +270,21 @@ class FlowerClient:
             return self.idle_report(task.round)
         return self._summary(outcome.round, pushed=0, budget_exhausted=False, trained=True)
 
+    def _training_with(self, local: LocalTrain | None) -> AbstractContextManager[object]:
+        """The round's wrapped training in place, if it has one."""
+        trainer = self.edge.trainer
+        if isinstance(trainer, WrappedTrainer) and local is not None:
+            return trainer.training_with(local)
+        if isinstance(trainer, WrappedTrainer) or local is not None:
+            raise InvalidArgumentError(
+                "a wrapped train function goes with a WrappedTrainer, and only with one"
+            )
+        return nullcontext()
+
     def push_task(
         self, task: FlowerTask, prepared: PreparedPush, *, timeout_s: float = 60.0
     ) -> RoundReport:
-        """Push the update committed for ``task`` (the strategy's push query is the signal
+        """Push the update committed for ``task`` (the strategy's push stage is the signal
         that the round's commitments are frozen)."""
         self.attach(client_id=task.client_id, run_id=task.run_id, timeout_s=timeout_s)
         pushed = self.edge.send(prepared)
@@ -286,7 +323,8 @@ class _NodeState:
     signing_key: bytes  # Ed25519 private key, raw 32 bytes
     last_round: int = 0
     history: tuple[tuple[float, float, int], ...] = ()
-    # The committed update's push messages, until the push query (serialised PushBatches)
+    run_id: str = ""  # the run the history's last entry counts global rounds in
+    # The committed update's push messages, until the push stage (serialised PushBatches)
     pending_round: int = 0
     pending_version: int = 0
     pending_shards: tuple[str, ...] = ()
@@ -333,6 +371,7 @@ class _NodeState:
             signing_key=key,
             last_round=int(_float(record.get("last-round", 0))),
             history=tuple(zip(sigmas, rates, steps, strict=True)),
+            run_id=str(record.get("accountant-run", "")),
             pending_round=int(_float(record.get("pending-round", 0))),
             pending_version=int(_float(record.get("pending-version", 0))),
             pending_shards=tuple(str(s) for s in shards),
@@ -347,6 +386,7 @@ class _NodeState:
                 "accountant-sigma": [float(s) for s, _, _ in self.history],
                 "accountant-rate": [float(q) for _, q, _ in self.history],
                 "accountant-steps": [int(n) for _, _, n in self.history],
+                "accountant-run": self.run_id,
                 "pending-round": self.pending_round,
                 "pending-version": self.pending_version,
                 "pending-shards": list(self.pending_shards),
@@ -419,24 +459,132 @@ def _config_of(context: Context) -> FedPSConfig:
     return load_config(Path(path))
 
 
+def fedps_record(message: Message) -> ConfigRecord | None:
+    """The ``"fedps"`` ConfigRecord of a fedps message (None: not one of fedps's)."""
+    if not message.has_content():
+        return None
+    return message.content.config_records.get(RECORD_KEY)
+
+
+class FlowerNode:
+    """The fedps stages of a Flower node (``register``, ``train``, ``push``), for a
+    ``ClientApp`` (:func:`create_client_app`) or a mod
+    (:class:`~clients.flower.fedps_mod.FedPSMod`).
+
+    Parameters
+    ----------
+    config
+        The fedps configuration, or a function of the node's ``Context`` that returns it;
+        ``None``: load the TOML file named by the run config's ``fedps-config`` key.
+    client_factory
+        Builds a node's client.
+    cache_size
+        Built clients kept per process (a speed-up only; 0 rebuilds for every message).
+    timeout_s
+        How long a node waits for the key holder when it attaches.
+    """
+
+    def __init__(
+        self,
+        config: FedPSConfig | Callable[[Context], FedPSConfig] | None = None,
+        *,
+        client_factory: ClientFactory = FlowerClient,
+        cache_size: int = 16,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self._config = config
+        self._cache = _ClientCache(cache_size, client_factory)
+        self._cache_size = cache_size
+        self._timeout_s = timeout_s
+
+    def handle(
+        self, message: Message, context: Context, *, local: LocalTrain | None = None
+    ) -> Message:
+        """Answer a fedps message; ``local`` is the ``train`` stage's wrapped training (for a
+        node whose client has a :class:`~clients.flower.wrapped_trainer.WrappedTrainer`).
+
+        Raises
+        ------
+        InvalidArgumentError
+            If the message is not a well-formed fedps message.
+        """
+        record = fedps_record(message)
+        if record is None:
+            raise InvalidArgumentError(f"not a fedps message: no {RECORD_KEY!r} ConfigRecord")
+        stage = stage_of(record)
+        if stage == REGISTER_STAGE:
+            return self._register(message, context)
+        task = FlowerTask.from_record(record)
+        if stage == PUSH_STAGE:
+            return _reply(self._push(task, context), message)
+        return _reply(self._train(task, context, local), message)
+
+    def _prepare(self, context: Context) -> tuple[_NodeState, FlowerClient]:
+        config = self._config
+        resolved = config if isinstance(config, FedPSConfig) else (config or _config_of)(context)
+        state = _NodeState.load(context)
+        return state, self._cache.get(resolved, context, state)
+
+    @contextmanager
+    def _session(self, context: Context) -> Iterator[tuple[_NodeState, FlowerClient]]:
+        """The node's state and client for one message; the client is released after it
+        (a cached node keeps no connection between messages)."""
+        state, client = self._prepare(context)
+        try:
+            yield state, client
+        finally:
+            if self._cache_size == 0:
+                client.shutdown()
+            else:
+                client.detach()
+
+    def _register(self, message: Message, context: Context) -> Message:
+        _, client = self._prepare(context)
+        values: dict[str, ConfigRecordValues] = {**client.registration().to_record()}
+        return Message(RecordDict({RECORD_KEY: ConfigRecord(values)}), reply_to=message)
+
+    def _train(self, task: FlowerTask, context: Context, local: LocalTrain | None) -> RoundReport:
+        with self._session(context) as (state, client):
+            if task.round <= state.last_round:
+                # Never train twice for a round (nor spend privacy on it): a repeated message.
+                _log.info("%s: round %d already trained; not again", client.name, task.round)
+                return client.idle_report(task.round)
+            return _train_round(client, state, task, context, self._timeout_s, local)
+
+    def _push(self, task: FlowerTask, context: Context) -> RoundReport:
+        with self._session(context) as (state, client):
+            prepared = state.prepared(task.round)
+            if prepared is None:
+                _log.info("%s: nothing committed for round %d", client.name, task.round)
+                return client.idle_report(task.round)
+            # the epsilon it reports
+            client.restore_accountant(state.history, run_id=state.run_id)
+            report = client.push_task(task, prepared, timeout_s=self._timeout_s)
+            state.keep(None)
+            state.save(context)
+            return report
+
+
 def _train_round(
     client: FlowerClient,
     state: _NodeState,
     task: FlowerTask,
     context: Context,
     timeout_s: float,
+    local: LocalTrain | None,
 ) -> RoundReport:
     """Train one round from the accountant in ``state``; whatever happens, every DP step
     taken is written back to ``Context.state`` (a failed push still spent the privacy)."""
     before = state.history
-    client.restore_accountant(list(before))
+    client.restore_accountant(before, run_id=state.run_id)
     report: RoundReport | None = None
     try:
-        report = client.train_task(task, timeout_s=timeout_s)
+        report = client.train_task(task, timeout_s=timeout_s, local=local)
         state.keep(client.pending)
         return report
     finally:
         state.history = tuple(client.accountant_history())
+        state.run_id = client.accountant_run
         if state.history != before or (report is not None and report.budget_exhausted):
             state.last_round = task.round
         state.save(context)
@@ -466,72 +614,18 @@ def create_client_app(
     Returns
     -------
     ClientApp
-        Handles ``query.fedps_register`` and ``train`` messages.
+        Handles every fedps stage (:class:`FlowerNode`), all of them ``train`` messages.
     """
     app = ClientApp()
-    cache = _ClientCache(cache_size, client_factory)
-
-    def prepare(context: Context) -> tuple[_NodeState, FlowerClient]:
-        resolved = config if isinstance(config, FedPSConfig) else (config or _config_of)(context)
-        state = _NodeState.load(context)
-        return state, cache.get(resolved, context, state)
-
-    @contextmanager
-    def session(context: Context) -> Iterator[tuple[_NodeState, FlowerClient]]:
-        """The node's state and client for one message; the client is released after it
-        (a cached node keeps no connection between messages)."""
-        state, client = prepare(context)
-        try:
-            yield state, client
-        finally:
-            if cache_size == 0:
-                client.shutdown()
-            else:
-                client.detach()
-
-    @app.query(REGISTER_ACTION)
-    def register(message: Message, context: Context) -> Message:
-        _, client = prepare(context)
-        values: dict[str, ConfigRecordValues] = {**client.registration().to_record()}
-        record = ConfigRecord(values)
-        return Message(RecordDict({RECORD_KEY: record}), reply_to=message)
+    node = FlowerNode(
+        config, client_factory=client_factory, cache_size=cache_size, timeout_s=timeout_s
+    )
 
     @app.train()
     def train(message: Message, context: Context) -> Message:
-        task = _task_of(message, "train")
-        with session(context) as (state, client):
-            if task.round <= state.last_round:
-                # Never train twice for a round (nor spend privacy on it): a repeated message.
-                _log.info("%s: round %d already trained; not again", client.name, task.round)
-                report = client.idle_report(task.round)
-            else:
-                report = _train_round(client, state, task, context, timeout_s)
-        return _reply(report, message)
-
-    @app.query(PUSH_ACTION)
-    def push(message: Message, context: Context) -> Message:
-        task = _task_of(message, "push")
-        with session(context) as (state, client):
-            prepared = state.prepared(task.round)
-            if prepared is None:
-                _log.info("%s: nothing committed for round %d", client.name, task.round)
-                report = client.idle_report(task.round)
-            else:
-                client.restore_accountant(list(state.history))  # the epsilon it reports
-                report = client.push_task(task, prepared, timeout_s=timeout_s)
-                state.keep(None)
-                state.save(context)
-        return _reply(report, message)
+        return node.handle(message, context)
 
     return app
-
-
-def _task_of(message: Message, what: str) -> FlowerTask:
-    """The fedps task a train or push message carries."""
-    record = message.content.config_records.get(RECORD_KEY)
-    if record is None:
-        raise InvalidArgumentError(f"{what} message without a {RECORD_KEY!r} ConfigRecord")
-    return FlowerTask.from_record(record)
 
 
 def _reply(report: RoundReport, message: Message) -> Message:

@@ -5,7 +5,10 @@ coordinator's part for a running key holder and shards. It holds a real
 :class:`~server.coordinator.coordinator.Coordinator` and lets Flower carry the coordinator's client
 protocol (see :mod:`fedps.flower_messages`):
 
-- Nodes it has not met yet get a ``query.fedps_register`` message; each answers with its
+Every fedps message is a Flower ``train`` message whose ``"fedps"`` record names its stage
+(:mod:`fedps.flower_messages`), so that a mod around a user's own ``train`` sees them all.
+
+- Nodes it has not met yet get a ``register`` message; each answers with its
   Ed25519 public key, examples, model size and enrolment token, and is registered with the
   coordinator under the identity its token proves (``client-N``).
 - ``configure_train`` opens the next fedps round on every shard for the sampled nodes (the
@@ -14,7 +17,7 @@ protocol (see :mod:`fedps.flower_messages`):
   the shards, train with DP-SGD, and push encrypted, signed blocks to the shards themselves.
 - Nodes commit their encrypted update at the key holder and reply (metadata only). Once the
   coordinator froze the commitments and opened the round on the shards, ``aggregate_train``
-  sends each committed node a ``query.fedps_push``; it pushes and replies. Each reply is
+  sends each committed node a ``push`` message; it pushes and replies. Each reply is
   reported to the coordinator, which then closes the round on the shards and asks the key
   holder to verify, decrypt, average and apply the aggregate of exactly the committed clients
   whose pushes completed. The result is the model the key holder published, pulled from the
@@ -23,6 +26,13 @@ protocol (see :mod:`fedps.flower_messages`):
 So the Flower server never sees an update, encrypted or not, and never holds a key. Its
 replies carry what fedps's coordinator records: contributors, the largest epsilon of any
 client (not a weighted mean), bytes pushed, held-out accuracy and loss.
+
+Client-level DP (``privacy.level = "client"``, the privacy of nodes that wrap their own
+``train``, :class:`clients.flower.fedps_mod.FedPSMod`) counts every global round at the
+cohort rate q = ``training.cohort_size / training.clients``, which assumes Poisson cohorts;
+Flower samples a fixed fraction instead, so at client level the strategy takes every node in
+every round (q = 1: ``training.cohort_size`` 0 or ``training.clients``, ``fraction_train``
+1) and refuses any other setting.
 """
 
 from __future__ import annotations
@@ -51,9 +61,11 @@ from flwr.serverapp.strategy import Strategy
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fedps import flower_messages as wire
+from fedps.accounting import client_cohort
 from fedps.blocks import load_flat
 from fedps.config import FedPSConfig
 from fedps.errors import ConfigError, FedPSError, InvalidArgumentError
+from fedps.tasks import Task as UserTask
 from server.coordinator.coordinator import Coordinator, RoundRecord
 
 __all__ = ["FlowerStrategy"]
@@ -100,11 +112,15 @@ class FlowerStrategy(Strategy):
         (default: ``min_train_nodes``).
     register_timeout_s
         How long registration waits for the nodes' answers.
+    task
+        The task whose model is trained and evaluated (default: the configured one,
+        :func:`fedps.tasks.load_task`); the key holder must hold the same model.
 
     Raises
     ------
     ConfigError
-        If the sampling settings cannot reach ``training.min_quorum``.
+        If the sampling settings cannot reach ``training.min_quorum``, or, at client level,
+        sample fewer than every node.
     """
 
     def __init__(
@@ -116,9 +132,18 @@ class FlowerStrategy(Strategy):
         min_train_nodes: int | None = None,
         min_available_nodes: int | None = None,
         register_timeout_s: float = 300.0,
+        task: UserTask | None = None,
     ) -> None:
         if not 0 < fraction_train <= 1:
             raise ConfigError("fraction_train must be in (0, 1]")
+        if config.privacy.level == "client" and (
+            fraction_train < 1 or client_cohort(config.training)[1] < 1
+        ):
+            raise ConfigError(
+                'privacy.level = "client" through Flower takes every node in every round: '
+                "set fraction_train = 1 and training.cohort_size = 0 (client-level accounting "
+                "assumes Poisson cohorts, which Flower's sampling does not draw)"
+            )
         self.config = config
         self.fraction_train = fraction_train
         #: the fewest updates a round may close with (the key holder refuses fewer)
@@ -133,7 +158,7 @@ class FlowerStrategy(Strategy):
             )
         self.register_timeout_s = register_timeout_s
         self.coordinator = Coordinator(
-            config, state_dir=state_dir or config.cluster.state_dir / "flower"
+            config, state_dir=state_dir or config.cluster.state_dir / "flower", task=task
         )
         self._model = copy.deepcopy(self.coordinator.evaluator.model)
         self._members: dict[int, _Member] = {}
@@ -214,7 +239,7 @@ class FlowerStrategy(Strategy):
                 run_id=coordinator.run_id,
             )
             messages.append(
-                self._message(opened.tasks[node], node, MessageType.TRAIN, server_round, config)
+                self._message(opened.tasks[node], node, wire.TRAIN_STAGE, server_round, config)
             )
         _log.info("round %d (fedps round %d): %d nodes", server_round, opened.number, len(cohort))
         return messages
@@ -239,8 +264,7 @@ class FlowerStrategy(Strategy):
             and self.coordinator.wait_until_pushing(current.number, timeout)
         ):
             pushes = [
-                self._message(current.tasks[node], node, f"{MessageType.QUERY}.{wire.PUSH_ACTION}")
-                for node in committed
+                self._message(current.tasks[node], node, wire.PUSH_STAGE) for node in committed
             ]
             replies = grid.send_and_receive(pushes, timeout=timeout)
             self._collect(current, replies, set(committed), server_round)
@@ -282,16 +306,17 @@ class FlowerStrategy(Strategy):
         self,
         task: wire.FlowerTask,
         node: int,
-        message_type: str,
+        stage: str,
         server_round: int | None = None,
         config: ConfigRecord | None = None,
     ) -> Message:
+        """A ``train`` message of ``stage`` carrying ``task`` (and the round's ``config``)."""
         values: dict[str, ConfigRecordValues] = {**task.to_record()}
-        content = RecordDict({wire.RECORD_KEY: ConfigRecord(values)})
+        group = str(server_round if server_round is not None else task.round)
+        message = _stage_message(stage, node, values, group_id=group)
         if config is not None:
-            content["config"] = config
-        group = str(server_round) if server_round is not None else str(task.round)
-        return Message(content=content, message_type=message_type, dst_node_id=node, group_id=group)
+            message.content["config"] = config
+        return message
 
     def _collect(
         self,
@@ -345,14 +370,7 @@ class FlowerStrategy(Strategy):
         """Ask new nodes for their registration and register them with the coordinator."""
         if not nodes:
             return
-        messages = [
-            Message(
-                content=RecordDict(),
-                message_type=f"{MessageType.QUERY}.{wire.REGISTER_ACTION}",
-                dst_node_id=node,
-            )
-            for node in nodes
-        ]
+        messages = [_stage_message(wire.REGISTER_STAGE, node) for node in nodes]
         for reply in grid.send_and_receive(messages, timeout=self.register_timeout_s):
             node = reply.metadata.src_node_id
             if reply.has_error():
@@ -449,3 +467,19 @@ class FlowerStrategy(Strategy):
         if record.round != current.number:
             raise FedPSError(f"round {current.number} was not recorded")
         return record
+
+
+def _stage_message(
+    stage: str,
+    node: int,
+    values: dict[str, ConfigRecordValues] | None = None,
+    *,
+    group_id: str = "",
+) -> Message:
+    """A fedps message to ``node``: a Flower ``train`` message whose ``"fedps"`` record names
+    ``stage`` (and holds ``values``)."""
+    record = ConfigRecord({**(values or {}), wire.STAGE_KEY: stage})
+    content = RecordDict({wire.RECORD_KEY: record})
+    return Message(
+        content=content, message_type=MessageType.TRAIN, dst_node_id=node, group_id=group_id
+    )

@@ -8,7 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fedps.errors import InvalidArgumentError
-from fedps.flower_messages import FlowerTask, Registration, RoundReport
+from fedps.flower_messages import (
+    STAGE_KEY,
+    STAGES,
+    FlowerTask,
+    Registration,
+    RoundReport,
+    stage_of,
+)
 
 _text = st.text(min_size=1, max_size=40)
 _count = st.integers(min_value=0, max_value=2**40)
@@ -103,3 +110,23 @@ def test_missing_field_is_refused() -> None:
     # Execute / Assert
     with pytest.raises(InvalidArgumentError, match="'num-params' must be int"):
         Registration.from_record(record)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_stage_is_read_back(stage: str) -> None:
+    # Prepare
+    record = {**FlowerTask(1, 0, 10.0, 5.0, "ctx", "client-0", "run").to_record(), STAGE_KEY: stage}
+    # Execute / Assert
+    assert stage_of(record) == stage
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [(None, "'stage' must be str"), ("fedps_register", "'stage' must be one of")],
+)
+def test_an_unknown_stage_is_refused(value: object, message: str) -> None:
+    # Prepare
+    record: dict[str, object] = {STAGE_KEY: value}
+    # Execute / Assert
+    with pytest.raises(InvalidArgumentError, match=message):
+        stage_of(record)
