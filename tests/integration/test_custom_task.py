@@ -137,3 +137,29 @@ def test_wine_regression_reports_its_own_metric(tmp_path: Path) -> None:
     assert len(maes) == config.training.rounds, output
     assert maes[-1] < 0.85 * baseline, (maes, baseline)
     assert max(client_epsilons(client_outputs)) <= (config.privacy.target_epsilon or 0.0)
+
+
+def test_wine_classifier_trains_from_one_script_and_exports_what_it_reported(
+    tmp_path: Path,
+) -> None:
+    # Prepare
+    project = copy_example(tmp_path)
+    path, config = local_config(project, "fedps.toml")
+    # Execute: the example's script, through the Python API
+    done = subprocess.run(
+        [sys.executable, "train.py", str(path)],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+        check=False,
+    )
+    # Assert: the run's last round, and the exported model loaded into the task's own model
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = re.search(r"(\d+) rounds: accuracy ([0-9.]+), epsilon ([0-9.]+)", done.stdout)
+    exported = re.search(r"exported model: accuracy ([0-9.]+)", done.stdout)
+    assert run and exported, done.stdout
+    assert int(run.group(1)) == config.training.rounds
+    assert float(run.group(2)) >= 0.9
+    assert float(exported.group(1)) == float(run.group(2))  # the accuracy the run reported
+    assert float(run.group(3)) <= (config.privacy.target_epsilon or 0.0)
