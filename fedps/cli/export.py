@@ -8,6 +8,11 @@ verified (:func:`crypto.signing.model_verifier`), so a shard cannot hand out a m
 holder did not publish. The flat vector is loaded into the task's model
 (:meth:`fedps.tasks.Task.create_model`), whose ``state_dict`` is what :func:`export_model`
 saves: ``model.load_state_dict(torch.load(path))`` loads it into the same task's model.
+
+A stopped cluster (``fedps up`` ends when training does) is read from its state folder: each
+shard saved the blocks it published, with their signatures (``STATE_DIR/shard-i/model.pb``),
+and every block is verified against the pinned key, or the key holder's ``keys/signing.pub``
+in the same state folder (:func:`read_saved_model`).
 """
 
 from __future__ import annotations
@@ -19,17 +24,26 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from crypto.files import read_checked
 from crypto.signing import context_digest, model_verifier, verify_block
 from fedps.blocks import BlockLayout, flatten_model, load_flat
 from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig
-from fedps.errors import ConfigError, FedPSError, InvalidArgumentError, RoundClosedError
+from fedps.errors import (
+    ConfigError,
+    FedPSError,
+    InvalidArgumentError,
+    PeerUnavailableError,
+    RoundClosedError,
+)
 from fedps.keyholder_client import KeyHolderClient
 from fedps.keyholder_messages import PublicContextInfo
 from fedps.parameter_client import ParameterClient
+from fedps.proto import shard_pb2
+from fedps.shard_messages import Publication
 from fedps.tasks import Task, load_task
 
-__all__ = ["export_model", "pull_model"]
+__all__ = ["export_model", "pull_model", "read_saved_model"]
 
 _log = logging.getLogger("fedps")
 
@@ -64,6 +78,11 @@ def pull_model(config: FedPSConfig, *, task: Task | None = None) -> tuple[torch.
     try:
         key = _verified_key(config, keyholder.get_public_context(timeout_s=_CALL_S))
         state = keyholder.get_model_state(timeout_s=_CALL_S)
+    except PeerUnavailableError:
+        if not _saved_models(config):
+            raise
+        _log.info("the cluster is not running: reading the model its shards saved")
+        return read_saved_model(config, task=task)
     finally:
         keyholder.close()
     if not state.initialized:
@@ -81,6 +100,74 @@ def pull_model(config: FedPSConfig, *, task: Task | None = None) -> tuple[torch.
         shards.close()
     load_flat(model, vector)
     return model, version
+
+
+def _saved_models(config: FedPSConfig) -> list[Path]:
+    """Every shard's saved published model in the state folder (empty unless all exist)."""
+    cluster = config.cluster
+    paths = [cluster.state_dir / sid / "model.pb" for sid in cluster.shard_ids]
+    return paths if all(p.exists() for p in paths) else []
+
+
+def read_saved_model(
+    config: FedPSConfig, *, task: Task | None = None
+) -> tuple[torch.nn.Module, int]:
+    """The published global model as the shards saved it in ``cluster.state_dir``, every block
+    verified against the key holder's key, and its version.
+
+    The key is ``security.keyholder_key`` when that pins one, else the key holder's
+    ``keys/signing.pub`` in the same state folder.
+
+    Raises
+    ------
+    FedPSError
+        A shard saved no model, the files are damaged or at different versions, a block does
+        not verify, the key is missing, or the model does not fit the task's model.
+    """
+    task = task or load_task(config)
+    model = task.create_model(config.training.seed)
+    cluster = config.cluster
+    key = _saved_key(config)
+    verify = model_verifier(key)
+    blocks: dict[int, np.ndarray] = {}
+    versions: set[int] = set()
+    for sid in cluster.shard_ids:
+        path = cluster.state_dir / sid / "model.pb"
+        data = read_checked(path, what="the published model", hint="restore it from a backup")
+        if data is None:
+            raise FedPSError(f"{sid} saved no published model in {path.parent}")
+        saved = Publication.from_proto(shard_pb2.PublishRequest.FromString(data))
+        versions.add(saved.version)
+        for block in saved.blocks:
+            if not verify(block.version, block.block, block.values, block.signature):
+                raise InvalidArgumentError(
+                    f"block {block.block} in {path} does not verify against the key holder's "
+                    "key; refusing the model"
+                )
+            blocks[block.block] = np.frombuffer(block.values, dtype="<f4").astype(np.float64)
+    if len(versions) != 1:
+        raise FedPSError(f"the shards saved different versions {sorted(versions)}")
+    layout = BlockLayout(flatten_model(model).size, ckks_params(config).values_per_block)
+    if len(blocks) != layout.num_blocks:
+        raise ConfigError(
+            f"the saved model has {len(blocks)} blocks but task {task.name!r}'s model needs "
+            f"{layout.num_blocks}: export with the configuration the cluster trained with"
+        )
+    load_flat(model, layout.join(blocks))
+    return model, versions.pop()
+
+
+def _saved_key(config: FedPSConfig) -> bytes:
+    """The pinned key, or the key holder's own ``keys/signing.pub`` in the state folder."""
+    if config.security.keyholder_key:
+        return bytes.fromhex(config.security.keyholder_key)
+    path = config.cluster.state_dir / "keyholder" / "keys" / "signing.pub"
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except (OSError, ValueError):
+        raise FedPSError(
+            f"no key to verify the saved model with: pin security.keyholder_key or keep {path}"
+        ) from None
 
 
 def export_model(config: FedPSConfig, path: Path, *, task: Task | None = None) -> int:

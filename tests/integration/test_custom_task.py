@@ -9,6 +9,7 @@ epsilon it reports, and the reported epsilon must be what every client spent.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -17,10 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fedps.cli.deployment import local_cluster, write_config
 from fedps.config import FedPSConfig, load_config
-from tests.role_processes import HANG_S, start_fedps
+from tests.role_processes import HANG_S, run_fedps, start_fedps
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -115,6 +117,27 @@ def test_wine_classifier_trains_from_per_client_files_with_fedps_up(tmp_path: Pa
     assert budget is not None and max(spent) <= budget
     assert epsilon == pytest.approx(max(spent), abs=0.005)  # the maximum over the clients
     assert accuracy >= 0.9, output  # three cultivars: chance is about 0.4
+    # ... and the model fedps export writes from the stopped cluster's state has that accuracy
+    exported = run_fedps("export", "-c", str(path), "-o", str(project / "wine.pt"))
+    assert exported.returncode == 0, exported.stderr
+    assert exported_accuracy(project, project / "wine.pt") == pytest.approx(accuracy, abs=5e-4)
+
+
+def exported_accuracy(project: Path, state_dict: Path) -> float:
+    """Accuracy on the operator's held-out file of an exported model, loaded into the task's
+    own model with torch.load (no fedps involved)."""
+    spec = importlib.util.spec_from_file_location(
+        "exported_wine_task", project / "wine_task" / "classify.py"
+    )
+    assert spec is not None and spec.loader is not None
+    task = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(task)  # the copy's own module
+    net = task.model()
+    net.load_state_dict(torch.load(state_dict))
+    x, y = task.read_csv(project / "data" / "test.csv")
+    with torch.no_grad():
+        predicted = net(torch.from_numpy(x)).argmax(dim=1).numpy()
+    return float(np.mean(predicted == y))
 
 
 def test_wine_regression_reports_its_own_metric(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ against it.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,8 +16,12 @@ import pytest
 import torch
 
 from clients.edge_client import EdgeClient
+from crypto.files import read_checked, write_checked
 from fedps.cli.deployment import write_config
+from fedps.cli.export import pull_model, read_saved_model
 from fedps.config import FedPSConfig
+from fedps.errors import InvalidArgumentError
+from fedps.proto import shard_pb2
 from fedps.tasks import evaluate_model, load_task
 from tests.conftest import Cluster, run_clients, start_cluster, start_coordinator
 from tests.role_processes import last_line, run_fedps
@@ -135,3 +140,46 @@ def test_export_refuses_a_model_that_does_not_fit_the_task(
     assert line.startswith("fedps: error: the published model has "), result.stderr
     assert "task 'digits'" in line
     assert not out.exists()
+
+
+def _state_copy(trained: Cluster, root: Path) -> FedPSConfig:
+    """The trained cluster's configuration over a copy of what a stopped cluster leaves: each
+    shard's saved model and the key holder's public signing key."""
+    source = trained.config.cluster.state_dir
+    for sid in trained.config.cluster.shard_ids:
+        (root / sid).mkdir(parents=True)
+        shutil.copy(source / sid / "model.pb", root / sid / "model.pb")
+    (root / "keyholder" / "keys").mkdir(parents=True)
+    shutil.copy(source / "keyholder" / "keys" / "signing.pub", root / "keyholder" / "keys")
+    cluster = trained.config.cluster.model_copy(update={"state_dir": root})
+    return trained.config.model_copy(update={"cluster": cluster})
+
+
+def test_a_stopped_cluster_s_saved_model_is_read_and_verified(
+    trained: Cluster, tmp_path: Path
+) -> None:
+    # Prepare
+    config = _state_copy(trained, tmp_path / "state")
+    online, _ = pull_model(trained.config)
+    # Execute
+    saved, version = read_saved_model(config)
+    # Assert: the model the shards serve
+    assert version == 2
+    for name, value in online.state_dict().items():
+        torch.testing.assert_close(saved.state_dict()[name], value)
+
+
+def test_a_saved_block_changed_on_disk_is_refused(trained: Cluster, tmp_path: Path) -> None:
+    # Prepare: one value of shard-0's saved model changed, the file's checksum made to match
+    config = _state_copy(trained, tmp_path / "state")
+    path = config.cluster.state_dir / "shard-0" / "model.pb"
+    saved = shard_pb2.PublishRequest.FromString(
+        read_checked(path, what="the published model", hint="") or b""
+    )
+    values = bytearray(saved.blocks[0].values)
+    values[0] ^= 0x40
+    saved.blocks[0].values = bytes(values)
+    write_checked(path, saved.SerializeToString())
+    # Execute / Assert
+    with pytest.raises(InvalidArgumentError, match="does not verify"):
+        read_saved_model(config)
