@@ -59,7 +59,7 @@ from crypto.enrolment import TOKEN_SUFFIX, read_token
 from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner, context_digest, model_verifier, verify_block
 from crypto.sketch import Challenge
-from fedps.blocks import BlockLayout, flatten_model
+from fedps.blocks import BlockLayout, flatten_model, load_flat
 from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig
 from fedps.coordinator_client import CoordinatorClient
@@ -84,7 +84,7 @@ from fedps.keyholder_client import KeyHolderClient
 from fedps.keyholder_messages import PublicContextInfo, UpdateCommitment
 from fedps.parameter_client import ParameterClient
 from fedps.shard_messages import PushBatch
-from fedps.tasks import ClientData, load_task
+from fedps.tasks import ClientData, evaluate_model, load_task
 from fedps.tasks import Task as UserTask
 from fedps.transport import Backoff, batched, is_transient
 
@@ -257,8 +257,18 @@ class EdgeClient:
         else:
             self.task = task or trainer.task
             self._data = EXTERNAL_DATA
+            own = None
         self.trainer = trainer
         self.num_params = flatten_model(trainer.model).size
+        # task.client_eval: the metrics of each round's starting model on the client's data
+        self._eval_data = own if config.task.client_eval and own is not None else None
+        self._metrics: dict[int, dict[str, float]] = {}  # by round, until reported
+        if self._eval_data is not None:
+            _log.warning(
+                "%s: task.client_eval: the task's metrics on this client's own data go to the "
+                "coordinator every round, outside the DP guarantee",
+                self.name,
+            )
         self.recorded = self._restore_spend()  # the spend the ledger holds
         # Every call has a deadline: one caught in a peer's restart fails and is retried.
         self._coordinator = CoordinatorClient(config.cluster.coordinator)
@@ -648,6 +658,8 @@ class EdgeClient:
         if pulled != version:
             _log.info("%s: shards moved to version %d; skipping round", self.name, pulled)
             return RoundOutcome(round_)
+        if self._eval_data is not None:
+            self._metrics = {round_: self._evaluate(vector)}
         if not self._record_spend(announce=announce):
             return RoundOutcome(round_)
         step = TrainStep(
@@ -661,6 +673,13 @@ class EdgeClient:
         self.rounds_trained += 1
         committed = round_ if prepared is None else prepared.round
         return RoundOutcome(committed, trained=True, prepared=prepared)
+
+    def _evaluate(self, vector: np.ndarray) -> dict[str, float]:
+        """The task's metrics of ``vector`` on the client's own data (``task.client_eval``)."""
+        assert self._eval_data is not None
+        model = self.task.create_model(self.config.training.seed)
+        load_flat(model, vector)
+        return evaluate_model(self.task, model, self._eval_data)
 
     def _train_step(self, step: TrainStep, params: np.ndarray) -> np.ndarray:
         """Local DP training from ``params`` (the innermost step of the mods' chain)."""
@@ -868,6 +887,7 @@ class EdgeClient:
             bytes_pushed=pushed,
             budget_exhausted=budget_exhausted,
             noise_multiplier=self.trainer.noise_multiplier,
+            metrics=self._metrics.pop(round_, {}),
         )
         self._coordinator.report_update(report, retry_s=60.0)
 

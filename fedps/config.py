@@ -349,10 +349,21 @@ class TaskConfig(_Section):
     group) or a module, ``"my_pkg.task"`` or ``"my_pkg.task:attr"``, found on the path with
     ``dir`` (the project directory) appended. Empty: the built-in task of
     ``training.dataset`` with ``training.model``.
+
+    Rounds are evaluated on the task's ``load_eval_data`` (the operator's data). A task
+    without it is evaluated by its clients only with ``client_eval``: each reports the task's
+    metrics of the model it trains from, on its own training data, and the coordinator
+    records their mean over the round's clients. Those numbers come from private data and are
+    not covered by the DP guarantee, so it is off by default and warns.
     """
 
     app: str = ""
     dir: str = Field("", description="the project directory (default: the config file's)")
+    client_eval: bool = Field(
+        False,
+        description="without the operator's evaluation data, clients report the task's "
+        "metrics on their own data (outside the DP guarantee; warns)",
+    )
 
 
 class FedPSConfig(_Section):

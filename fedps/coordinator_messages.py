@@ -113,7 +113,8 @@ class Task(WireRecord[coordinator_pb2.Task]):
 @dataclass(frozen=True, slots=True)
 class UpdateReport(WireRecord[coordinator_pb2.UpdateReport]):
     """A client reports a round: its weight, privacy spend, bytes pushed, whether its budget
-    is spent, and the noise multiplier of its DP training (0: no noise)."""
+    is spent, the noise multiplier of its DP training (0: no noise), and, with
+    ``task.client_eval``, the task's metrics of the model it trained from on its own data."""
 
     wire = coordinator_pb2.UpdateReport
 
@@ -125,6 +126,7 @@ class UpdateReport(WireRecord[coordinator_pb2.UpdateReport]):
     bytes_pushed: int = 0
     budget_exhausted: bool = False
     noise_multiplier: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -232,6 +232,26 @@ Global___Task: _TypeAlias = Task  # noqa: Y015
 class UpdateReport(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class MetricsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     ROUND_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
@@ -240,6 +260,7 @@ class UpdateReport(_message.Message):
     BYTES_PUSHED_FIELD_NUMBER: _builtins.int
     BUDGET_EXHAUSTED_FIELD_NUMBER: _builtins.int
     NOISE_MULTIPLIER_FIELD_NUMBER: _builtins.int
+    METRICS_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     round: _builtins.int
     weight: _builtins.float
@@ -249,6 +270,12 @@ class UpdateReport(_message.Message):
     budget_exhausted: _builtins.bool
     noise_multiplier: _builtins.float
     """The noise multiplier of the client's DP training (DP-SGD or DP-FedAvg; 0: no noise)."""
+    @_builtins.property
+    def metrics(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """With task.client_eval: the task's loss and metrics of the model the client trained from,
+        on its own data (empty otherwise).
+        """
+
     def __init__(
         self,
         *,
@@ -260,10 +287,11 @@ class UpdateReport(_message.Message):
         bytes_pushed: _builtins.int = ...,
         budget_exhausted: _builtins.bool = ...,
         noise_multiplier: _builtins.float = ...,
+        metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_exhausted", b"budget_exhausted", "bytes_pushed", b"bytes_pushed", "client_id", b"client_id", "delta", b"delta", "epsilon", b"epsilon", "noise_multiplier", b"noise_multiplier", "round", b"round", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_exhausted", b"budget_exhausted", "bytes_pushed", b"bytes_pushed", "client_id", b"client_id", "delta", b"delta", "epsilon", b"epsilon", "metrics", b"metrics", "noise_multiplier", b"noise_multiplier", "round", b"round", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -37,9 +37,11 @@ it was in instead of starting over.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +51,7 @@ from fedps.blocks import BlockLayout
 from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig
 from fedps.coordinator_messages import RETRY_AFTER_S, Task
-from fedps.errors import FedPSError, PolicyError, QuarantinedError
+from fedps.errors import FedPSError, InvalidArgumentError, PolicyError, QuarantinedError
 from fedps.keyholder_messages import CommitOpening, CommitSet, RoundApplication
 from fedps.tasks import Task as UserTask
 from fedps.tasks import load_task
@@ -102,6 +104,7 @@ class _OpenRound:
     closing: bool = False  # the shards may have closed it: do not wait for reports again
     pushing: bool = False  # the commitments are frozen and the shards take pushes
     committed: frozenset[str] = frozenset()  # so far (commit phase), then the frozen set
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # task.client_eval
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -167,6 +170,17 @@ class Coordinator:
         self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()
         self.evaluator = Evaluator(task or load_task(config), seed=self._training.seed)
+        self._client_eval = config.task.client_eval and not self.evaluator.has_data
+        if not self.evaluator.has_data:
+            _log.info(
+                "task %r has no evaluation data (load_eval_data): %s",
+                self.evaluator.task.name,
+                "its clients report the metrics of each round's starting model on their own "
+                "data (task.client_eval)"
+                if self._client_eval
+                else "rounds are not evaluated (task.client_eval = true has clients report "
+                "metrics on their own data, outside the DP guarantee)",
+            )
         self._vector: np.ndarray = self.evaluator.initial_vector()
         self.layout = BlockLayout(
             self._vector.size,
@@ -252,15 +266,21 @@ class Coordinator:
         budget_exhausted: bool,
         credential: bytes = b"",
         noise_multiplier: float | None = None,
+        metrics: Mapping[str, float] | None = None,
     ) -> None:
         """A client says it pushed its update for ``round_`` (or ran out of budget); it trains
-        with DP noise multiplier ``noise_multiplier`` (``None``: not said).
+        with DP noise multiplier ``noise_multiplier`` (``None``: not said). ``metrics``: the
+        task's metrics on its own data (``task.client_eval``), kept for the open round's
+        record when the operator holds no evaluation data.
 
         Raises
         ------
         InvalidArgumentError, UnknownClientError, UnauthenticatedError
-            See :meth:`ClientRegistry.record_report`.
+            See :meth:`ClientRegistry.record_report`; or ``metrics`` not finite, more than
+            16 of them, or a name longer than 64 characters.
         """
+        if metrics:
+            _check_metrics(metrics)
         self.registry.record_report(
             client_id,
             credential,
@@ -273,6 +293,8 @@ class Coordinator:
         with self._changed:
             if self._open is not None and self._open.round == round_:
                 self._open.reported.add(client_id)
+                if metrics and self._client_eval:
+                    self._open.metrics[client_id] = dict(metrics)
             self._changed.notify_all()
 
     @property
@@ -477,6 +499,10 @@ class Coordinator:
             record.abandoned = True
         elif not self._apply(opened, frozenset(accepted), record):
             return  # stopping, not refused: a restart continues the round
+        else:
+            record.metrics = _mean_metrics(
+                [opened.metrics[c] for c in accepted if c in opened.metrics]
+            )
         self._finish_round(record, started, bytes_before)
 
     def _record_applied(self, opened: _OpenRound) -> None:
@@ -661,8 +687,9 @@ class Coordinator:
         if not record.abandoned and (
             round_ % self._training.eval_every == 0 or round_ == self._training.rounds
         ):
-            self._vector = self._peers.retry(self.pull_model, "pull model")
-            record.metrics = self.evaluator.evaluate(self._vector)
+            if self.evaluator.has_data:  # else the clients' metrics, if any (client_eval)
+                self._vector = self._peers.retry(self.pull_model, "pull model")
+                record.metrics = self.evaluator.evaluate(self._vector)
             record.accuracy = record.metrics.get("accuracy", -1.0)
             record.loss = record.metrics.get("loss", -1.0)
         record.max_epsilon = self.max_epsilon[0]
@@ -725,3 +752,29 @@ class Coordinator:
             self._resume = _OpenRound.from_json(state["open"])
         self.last_checkpoint = checkpoint.saved_at
         _log.info("resumed from checkpoint: round %d, version %d", self.round, self.version)
+
+
+#: Bounds on what a client may report of its own evaluation (task.client_eval).
+_MAX_METRICS = 16
+_MAX_METRIC_NAME = 64
+
+
+def _check_metrics(metrics: Mapping[str, float]) -> None:
+    """Refuse reported metrics that are not a few finite, named numbers."""
+    if len(metrics) > _MAX_METRICS:
+        raise InvalidArgumentError(f"at most {_MAX_METRICS} metrics, got {len(metrics)}")
+    for name, value in metrics.items():
+        if not name or len(name) > _MAX_METRIC_NAME:
+            raise InvalidArgumentError(f"a metric name has 1 to {_MAX_METRIC_NAME} characters")
+        if not math.isfinite(value):
+            raise InvalidArgumentError(f"metric {name!r} is not finite")
+
+
+def _mean_metrics(reports: list[dict[str, float]]) -> dict[str, float]:
+    """The mean of each metric over the clients that reported it (each client counts once:
+    a client's claim of many examples cannot outweigh the others)."""
+    names = sorted({name for report in reports for name in report})
+    return {
+        name: sum(r[name] for r in reports if name in r) / sum(name in r for r in reports)
+        for name in names
+    }

@@ -79,6 +79,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 budget_exhausted=report.budget_exhausted,
                 credential=_credential(context),
                 noise_multiplier=report.noise_multiplier,
+                metrics=report.metrics,
             )
         return common_pb2.Empty()
 
