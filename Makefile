@@ -33,7 +33,7 @@ protos-check: $(STAMP)
 # Two workers share the two cores, each taking one test at a time (slow tests first:
 # tests/conftest.py), so that no worker is left alone with a queue of long tests.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --maxschedchunk 1
+	$(BIN)/python -m pytest -q -n 2 --maxschedchunk 1 --durations=20
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
