@@ -1,6 +1,6 @@
 """A worker process that draws fresh encryptions of zero under a public context.
 
-It is ``python -m crypto.zero_worker``, a process of its own, never a ``multiprocessing``
+It is a Python process of its own (running :func:`main`), never a ``multiprocessing``
 child: those import the parent's ``__main__`` again, so a user's script without an
 ``if __name__ == "__main__":`` guard would run a second time in every worker.
 
@@ -26,6 +26,8 @@ import numpy as np
 __all__ = ["ZeroWorker"]
 
 _LENGTH = 8
+# Not ``-m crypto.zero_worker``: the package imports this module first, and runpy warns.
+_MAIN = "from crypto.zero_worker import main; main()"
 
 
 def _write(stream: IO[bytes], payload: bytes) -> None:
@@ -58,13 +60,17 @@ class ZeroWorker:
 
     def __init__(self, context: bytes, *, low_priority: bool = False) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "crypto.zero_worker", "10" if low_priority else "0"],
+            [sys.executable, "-c", _MAIN, "10" if low_priority else "0"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
         self._calls = ThreadPoolExecutor(1, thread_name_prefix="zero-worker")  # one at a time
         assert self._proc.stdin is not None
-        _write(self._proc.stdin, context)
+        try:
+            _write(self._proc.stdin, context)
+        except OSError:
+            self.close()
+            raise
 
     def submit(self, count: int) -> Future[np.ndarray]:
         """Draw ``count`` encryptions of zero in the worker (after any earlier draw)."""
@@ -91,6 +97,8 @@ class ZeroWorker:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
 
 
 def _exit_with_parent() -> None:
@@ -117,7 +125,3 @@ def main() -> None:
         out = io.BytesIO()
         np.save(out, public.encrypt_zeros(int.from_bytes(request, "little")), allow_pickle=False)
         _write(stdout, out.getvalue())
-
-
-if __name__ == "__main__":
-    main()

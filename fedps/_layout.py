@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from fedps.errors import FedPSError
+
 __all__ = ["ShadowedPackageError", "check_layout"]
 
 _PACKAGES = ("clients", "crypto", "server")
@@ -21,7 +23,7 @@ _HOME = Path(__file__).resolve().parent.parent
 """The folder holding ``fedps/`` and, beside it, fedps's other top-level packages."""
 
 
-class ShadowedPackageError(ImportError):
+class ShadowedPackageError(FedPSError, ImportError):
     """A module of the user's hides one of fedps's top-level packages."""
 
 
