@@ -218,6 +218,10 @@ class ClientState:
         """What was recorded for data fingerprint ``data`` at privacy ``level``."""
         return self._entries.get((data, level))
 
+    def spent_on_other_data(self, data: str, level: str) -> list[LedgerEntry]:
+        """What was recorded at privacy ``level`` for data other than fingerprint ``data``."""
+        return [e for (d, lv), e in sorted(self._entries.items()) if lv == level and d != data]
+
     def record(self, data: str, spend: PrivacySpend, *, privacy: PrivacyConfig) -> LedgerEntry:
         """Record ``spend`` on data fingerprint ``data`` at ``privacy.level``; durable (in a
         folder) when this returns."""

@@ -296,6 +296,11 @@ class EdgeClient:
         return self._signer.public_key
 
     @property
+    def data_fingerprint(self) -> str:
+        """What the privacy ledger keys this client's spend by: its data's fingerprint."""
+        return self._data
+
+    @property
     def enrolment_token(self) -> str:
         """The token that proves this client's identity (empty if it has none)."""
         return self._enrolment_token
@@ -426,8 +431,25 @@ class EdgeClient:
         return ClientState.open(directory, identity=self.identity)
 
     def _restore_spend(self) -> PrivacySpend:
-        """Resume the trainer's accountant from the ledger; returns the spend restored."""
-        entry = self.state.spent(self._data, self.config.privacy.level)
+        """Resume the trainer's accountant from the ledger; returns the spend restored.
+
+        Data the ledger has not seen (a file that grew or changed, other preprocessing) may
+        overlap the data this client trained on before: the spend recorded on other data is
+        then composed with it, so the budget never starts again from zero.
+        """
+        level = self.config.privacy.level
+        entry = self.state.spent(self._data, level)
+        earlier = self.state.spent_on_other_data(self._data, level)
+        if entry is None and earlier:
+            self.trainer.restore([step for e in earlier for step in e.history])
+            _log.warning(
+                "%s: its data changed since it last trained; the spend recorded on the earlier "
+                "data (%s) counts too, as the data may overlap: epsilon %.3f spent (delta %g)",
+                self.name,
+                self.state.ledger_path,
+                self.trainer.epsilon(),
+                self.config.privacy.delta,
+            )
         if entry is not None:
             self.trainer.restore(entry.history, run_id=entry.run_id)
             _log.info(
