@@ -17,6 +17,8 @@ in the same state folder (:func:`read_saved_model`).
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import time
 from pathlib import Path
@@ -36,6 +38,7 @@ from fedps.errors import (
     PeerUnavailableError,
     RoundClosedError,
 )
+from fedps.hash_ring import HashRing
 from fedps.keyholder_client import KeyHolderClient
 from fedps.keyholder_messages import PublicContextInfo
 from fedps.parameter_client import ParameterClient
@@ -127,8 +130,12 @@ def read_saved_model(
     task = task or load_task(config)
     model = task.create_model(config.training.seed)
     cluster = config.cluster
-    key = _saved_key(config)
-    verify = model_verifier(key)
+    layout = BlockLayout(flatten_model(model).size, ckks_params(config).values_per_block)
+    owners = HashRing(cluster.shard_ids, virtual_nodes=cluster.virtual_nodes).assignment(
+        layout.num_blocks
+    )
+    verify = model_verifier(_saved_key(config))
+    published = _published_version(config)
     blocks: dict[int, np.ndarray] = {}
     versions: set[int] = set()
     for sid in cluster.shard_ids:
@@ -138,23 +145,46 @@ def read_saved_model(
             raise FedPSError(f"{sid} saved no published model in {path.parent}")
         saved = Publication.from_proto(shard_pb2.PublishRequest.FromString(data))
         versions.add(saved.version)
+        if published is not None and saved.version != published:
+            raise FedPSError(
+                f"{path} holds version {saved.version} but the key holder published version "
+                f"{published}; refusing the model"
+            )
+        got = sorted(block.block for block in saved.blocks)
+        if got != owners.get(sid, []):
+            raise FedPSError(
+                f"{path} holds blocks other than {sid}'s ({len(got)} blocks, "
+                f"{len(owners.get(sid, []))} expected): export with the configuration the "
+                "cluster trained with"
+            )
         for block in saved.blocks:
-            if not verify(block.version, block.block, block.values, block.signature):
+            # the signed version, not the file's: a shard cannot mix in an older block
+            if block.version != saved.version or not verify(
+                block.version, block.block, block.values, block.signature
+            ):
                 raise InvalidArgumentError(
-                    f"block {block.block} in {path} does not verify against the key holder's "
-                    "key; refusing the model"
+                    f"block {block.block} in {path} does not verify as version {saved.version} "
+                    "of the key holder's model; refusing the model"
                 )
             blocks[block.block] = np.frombuffer(block.values, dtype="<f4").astype(np.float64)
     if len(versions) != 1:
         raise FedPSError(f"the shards saved different versions {sorted(versions)}")
-    layout = BlockLayout(flatten_model(model).size, ckks_params(config).values_per_block)
-    if len(blocks) != layout.num_blocks:
-        raise ConfigError(
-            f"the saved model has {len(blocks)} blocks but task {task.name!r}'s model needs "
-            f"{layout.num_blocks}: export with the configuration the cluster trained with"
-        )
     load_flat(model, layout.join(blocks))
     return model, versions.pop()
+
+
+def _published_version(config: FedPSConfig) -> int | None:
+    """The version the key holder last applied, from its state file in the same folder (None
+    without one): a shard's saved model must be that version, not an older one."""
+    path = config.cluster.state_dir / "keyholder" / "keyholder-state.npz"
+    data = read_checked(path, what="the key holder's state", hint="restore it from a backup")
+    if data is None:
+        return None
+    try:
+        with np.load(io.BytesIO(data)) as arrays:
+            return int(json.loads(bytes(arrays["meta"]).decode())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise FedPSError(f"{path}: cannot read the key holder's version") from None
 
 
 def _saved_key(config: FedPSConfig) -> bytes:

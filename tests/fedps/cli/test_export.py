@@ -17,10 +17,11 @@ import torch
 
 from clients.edge_client import EdgeClient
 from crypto.files import read_checked, write_checked
+from crypto.signing import model_block_digest
 from fedps.cli.deployment import write_config
 from fedps.cli.export import pull_model, read_saved_model
 from fedps.config import FedPSConfig
-from fedps.errors import InvalidArgumentError
+from fedps.errors import FedPSError, InvalidArgumentError
 from fedps.proto import shard_pb2
 from fedps.tasks import evaluate_model, load_task
 from tests.conftest import Cluster, run_clients, start_cluster, start_coordinator
@@ -182,4 +183,38 @@ def test_a_saved_block_changed_on_disk_is_refused(trained: Cluster, tmp_path: Pa
     write_checked(path, saved.SerializeToString())
     # Execute / Assert
     with pytest.raises(InvalidArgumentError, match="does not verify"):
+        read_saved_model(config)
+
+
+def _resign(trained: Cluster, path: Path, *, version: int, envelope: int) -> None:
+    """Rewrite a saved model with every block validly signed by the key holder for
+    ``version`` (an older model a shard could have kept), in a file that says ``envelope``."""
+    saved = shard_pb2.PublishRequest.FromString(
+        read_checked(path, what="the published model", hint="") or b""
+    )
+    saved.version = envelope
+    for block in saved.blocks:
+        block.version = version
+        block.signature = trained.keyholder.signer.sign(
+            model_block_digest(version, block.block, block.values)
+        )
+    write_checked(path, saved.SerializeToString())
+
+
+@pytest.mark.parametrize("envelope", [1, 2])
+def test_a_shard_cannot_roll_the_saved_model_back(
+    trained: Cluster, tmp_path: Path, envelope: int
+) -> None:
+    # Prepare: shard-0's file holds blocks the key holder really signed, for version 1, in a
+    # file that says version 1 (an old file) or 2 (the blocks mixed into the new model)
+    config = _state_copy(trained, tmp_path / "state")
+    shutil.copy(
+        trained.config.cluster.state_dir / "keyholder" / "keyholder-state.npz",
+        config.cluster.state_dir / "keyholder",
+    )
+    _resign(
+        trained, config.cluster.state_dir / "shard-0" / "model.pb", version=1, envelope=envelope
+    )
+    # Execute / Assert
+    with pytest.raises(FedPSError, match="version"):
         read_saved_model(config)
