@@ -260,8 +260,10 @@ class EdgeClient:
             own = None
         self.trainer = trainer
         self.num_params = flatten_model(trainer.model).size
-        # task.client_eval: the metrics of each round's starting model on the client's data
-        self._eval_data = own if config.task.client_eval and own is not None else None
+        # task.client_eval: the metrics of each round's starting model on the client's data,
+        # only for a task without the operator's evaluation data (else none would be used)
+        client_eval = config.task.client_eval and self.task.load_eval_data is None
+        self._eval_data = own if client_eval and own is not None else None
         self._metrics: dict[int, dict[str, float]] = {}  # by round, until reported
         if self._eval_data is not None:
             _log.warning(

@@ -352,9 +352,9 @@ class TaskConfig(_Section):
 
     Rounds are evaluated on the task's ``load_eval_data`` (the operator's data). A task
     without it is evaluated by its clients only with ``client_eval``: each reports the task's
-    metrics of the model it trains from, on its own training data, and the coordinator
-    records their mean over the round's clients. Those numbers come from private data and are
-    not covered by the DP guarantee, so it is off by default and warns.
+    metrics of the model it trains from (the previous round's), on its own training data, and
+    the coordinator records their median over the round's clients. Those numbers come from
+    private data and are not covered by the DP guarantee, so it is off by default and warns.
     """
 
     app: str = ""

@@ -134,7 +134,9 @@ class RoundSummary(WireRecord[coordinator_pb2.RoundSummary]):
     """One finished round, as the operator sees it (accuracy negative: not evaluated).
 
     ``metrics`` is the task's evaluation of the round's model: ``loss`` and the task's
-    metrics (``accuracy`` for a classification task by default); empty when the round was not
+    metrics (``accuracy`` for a classification task by default); with ``task.client_eval``
+    (no evaluation data at the operator) the clients' median on their own data of the model
+    the round started from, the previous round's; empty when the round was not
     evaluated.
     """
 

@@ -182,6 +182,7 @@ class Coordinator:
                 "metrics on their own data, outside the DP guarantee)",
             )
         self._vector: np.ndarray = self.evaluator.initial_vector()
+        self._vector_version = 0  # the version _vector holds
         self.layout = BlockLayout(
             self._vector.size,
             ckks_params(config).values_per_block,
@@ -500,7 +501,7 @@ class Coordinator:
         elif not self._apply(opened, frozenset(accepted), record):
             return  # stopping, not refused: a restart continues the round
         else:
-            record.metrics = _mean_metrics(
+            record.metrics = _merged_metrics(
                 [opened.metrics[c] for c in accepted if c in opened.metrics]
             )
         self._finish_round(record, started, bytes_before)
@@ -689,6 +690,7 @@ class Coordinator:
         ):
             if self.evaluator.has_data:  # else the clients' metrics, if any (client_eval)
                 self._vector = self._peers.retry(self.pull_model, "pull model")
+                self._vector_version = self.version
                 record.metrics = self.evaluator.evaluate(self._vector)
             record.accuracy = record.metrics.get("accuracy", -1.0)
             record.loss = record.metrics.get("loss", -1.0)
@@ -704,9 +706,10 @@ class Coordinator:
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint(self, open_round: _OpenRound | None = None) -> None:
         """Write the state atomically; ``open_round``: the round in progress, if any."""
-        if open_round is None and self.version and self.history and self.history[-1].accuracy < 0:
+        if open_round is None and self._vector_version != self.version:
             try:
                 self._vector = self.pull_model()
+                self._vector_version = self.version
             except FedPSError as exc:
                 _log.warning("checkpoint without a fresh model: %s", exc)
         state = {
@@ -745,7 +748,7 @@ class Coordinator:
         state = checkpoint.state
         self.run_id = state["run_id"]
         self.round = int(state["round"])
-        self.version = int(state["version"])
+        self.version = self._vector_version = int(state["version"])
         self.history = [RoundRecord(**r) for r in state["history"]]
         self.registry.load_state_dict(state["clients"])
         if state.get("open"):
@@ -770,11 +773,11 @@ def _check_metrics(metrics: Mapping[str, float]) -> None:
             raise InvalidArgumentError(f"metric {name!r} is not finite")
 
 
-def _mean_metrics(reports: list[dict[str, float]]) -> dict[str, float]:
-    """The mean of each metric over the clients that reported it (each client counts once:
-    a client's claim of many examples cannot outweigh the others)."""
+def _merged_metrics(reports: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric over the clients that reported it: the median (each client counts once, and
+    one client's number cannot move it past the others'), an accuracy kept within [0, 1]."""
     names = sorted({name for report in reports for name in report})
-    return {
-        name: sum(r[name] for r in reports if name in r) / sum(name in r for r in reports)
-        for name in names
-    }
+    merged = {name: float(np.median([r[name] for r in reports if name in r])) for name in names}
+    if "accuracy" in merged:
+        merged["accuracy"] = min(1.0, max(0.0, merged["accuracy"]))
+    return merged
