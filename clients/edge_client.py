@@ -245,8 +245,10 @@ class EdgeClient:
         if trainer is None:
             self.task = task or load_task(config)
             own = client_partition(config, index, data=data, task=self.task)
+            model = self.task.create_model(config.training.seed)
+            self.task.check_fit(model, own)
             trainer = create_trainer(
-                self.task.create_model(config.training.seed),
+                model,
                 own,
                 training=config.training,
                 privacy=config.privacy,

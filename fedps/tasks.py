@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 import torch
@@ -42,7 +42,7 @@ from torch.utils.data import TensorDataset
 
 from fedps.config import FedPSConfig, TrainingConfig
 from fedps.datasets import Dataset, load_dataset
-from fedps.errors import ConfigError
+from fedps.errors import ConfigError, FedPSError
 
 __all__ = [
     "ClientData",
@@ -103,20 +103,52 @@ class Task:
         """The task's model with deterministic initial weights (``torch.manual_seed(seed)``
         first, so every party builds the same one)."""
         torch.manual_seed(seed)
-        model = self.model()
+        model = _user_call(self.name, "model()", self.model)
         if not isinstance(model, torch.nn.Module):
             raise ConfigError(f"task {self.name!r}: model() returned {type(model).__name__}")
         return model
 
     def client_data(self, client: ClientData) -> Dataset:
         """The client's own data, checked (:func:`to_dataset`)."""
-        return to_dataset(self.load_data(client), f"{self.name}: load_data")
+        call = f"load_data({client.path or ''})"
+        return to_dataset(
+            _user_call(self.name, call, self.load_data, client), f"{self.name}: {call}"
+        )
 
     def eval_data(self) -> Dataset | None:
         """The operator's held-out data, or None when the task has none."""
         if self.load_eval_data is None:
             return None
-        return to_dataset(self.load_eval_data(), f"{self.name}: load_eval_data")
+        data = _user_call(self.name, "load_eval_data()", self.load_eval_data)
+        return to_dataset(data, f"{self.name}: load_eval_data()")
+
+    def check_fit(self, model: torch.nn.Module, data: Dataset) -> None:
+        """Check that ``model``'s outputs fit ``data``'s targets (one forward pass on a few
+        examples): as many values as a regression target has, or a score for every class.
+
+        Raises
+        ------
+        ConfigError
+            Naming both shapes, and the likely fix.
+        """
+        sample = torch.from_numpy(data.x[:2])
+        with torch.no_grad():
+            outputs = _user_call(self.name, "the model's forward pass", model, sample)
+        per_example = int(outputs[0].numel()) if outputs.ndim else 0
+        if data.is_regression:
+            wanted = int(np.prod(data.y.shape[1:]))
+            if per_example != wanted:
+                raise ConfigError(
+                    f"task {self.name!r}: the model gives {per_example} values per example but "
+                    f"the targets have {wanted} (real numbers: a regression); for classes, "
+                    "return integer labels (y.astype(numpy.int64))"
+                )
+        elif outputs.ndim != 2 or per_example < data.num_classes:
+            raise ConfigError(
+                f"task {self.name!r}: the model gives outputs of shape {tuple(outputs.shape)} "
+                f"for 2 examples, but the labels need a score for each of {data.num_classes} "
+                "classes"
+            )
 
     def loss_fn(self, regression: bool) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """The task's loss, or the default for its targets."""
@@ -131,6 +163,20 @@ class Task:
         if self.optimizer is not None:
             return self.optimizer(params, training)
         return torch.optim.SGD(params, lr=training.lr, momentum=training.momentum)
+
+
+_T = TypeVar("_T")
+
+
+def _user_call(task: str, what: str, function: Callable[..., _T], *args: object) -> _T:
+    """Call the user's ``function``; its failure becomes one ConfigError naming the task and
+    the call (its traceback kept as the cause)."""
+    try:
+        return function(*args)
+    except FedPSError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"task {task!r}: {what} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def _mse(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -270,7 +316,11 @@ def _import(app: str, project_dir: str) -> object:
                 f"task {app!r}: no module {exc.name!r} in {project_dir or 'the path'} (task.app "
                 f"names a module of the project, or one of {', '.join(task_names())})"
             ) from None
-        raise
+        raise ConfigError(f"task {app!r}: importing it failed: {exc}") from exc
+    except Exception as exc:
+        raise ConfigError(
+            f"task {app!r}: importing it failed: {type(exc).__name__}: {exc}"
+        ) from exc
     if not attr:
         return module
     try:

@@ -209,6 +209,8 @@ def export_model(config: FedPSConfig, path: Path, *, task: Task | None = None) -
     FedPSError
         As :func:`pull_model`, or ``path`` cannot be written.
     """
+    if not path.parent.is_dir():  # torch.save would raise a RuntimeError
+        raise FedPSError(f"cannot write {path}: no folder {path.parent}")
     model, version = pull_model(config, task=task)
     try:
         torch.save(model.state_dict(), path)

@@ -24,6 +24,8 @@ class Evaluator:
         self.task = task
         self.model = task.create_model(seed)
         self._data = task.eval_data()
+        if self._data is not None:
+            task.check_fit(self.model, self._data)
 
     @property
     def has_data(self) -> bool:

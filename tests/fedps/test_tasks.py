@@ -140,7 +140,7 @@ def test_a_missing_dependency_of_the_task_is_not_reported_as_a_missing_task(
     _write(project, "user_deps", "import user_dep_absent\n")
 
     # Execute / Assert
-    with pytest.raises(ModuleNotFoundError, match="user_dep_absent"):
+    with pytest.raises(ConfigError, match=r"'user_deps': importing it failed: .*user_dep_absent"):
         load_task(_config(project, "user_deps"))
 
 
@@ -149,7 +149,7 @@ def test_a_missing_module_that_prefixes_the_task_name_is_its_dependency(project:
     _write(project, "user_lib_task", "import user_lib\n")
 
     # Execute / Assert
-    with pytest.raises(ModuleNotFoundError, match="'user_lib'"):
+    with pytest.raises(ConfigError, match="importing it failed: No module named 'user_lib'"):
         load_task(_config(project, "user_lib_task"))
 
 
@@ -309,3 +309,32 @@ def test_evaluate_model_of_a_regression_task_uses_its_metrics() -> None:
 
     # Assert: mean squared error is the default loss of real targets
     assert values == pytest.approx({"loss": 0.5, "mae": 0.5})
+
+
+def test_an_error_in_the_user_s_load_data_is_one_config_error_naming_the_call() -> None:
+    # Prepare: a loader that cannot find its file
+    def load_data(client: ClientData) -> DataLike:
+        raise FileNotFoundError(f"{client.path} not found")
+
+    task = Task(name="mine", model=lambda: torch.nn.Linear(2, 2), load_data=load_data)
+    # Execute / Assert
+    with pytest.raises(ConfigError, match=r"task 'mine': load_data\(nope.csv\) failed: File"):
+        task.client_data(ClientData(Path("nope.csv")))
+
+
+def test_real_labels_for_a_classifier_are_refused_with_the_fix() -> None:
+    # Prepare: three class scores, but the labels were left as floats (np.loadtxt's default)
+    task = Task(name="mine", model=lambda: torch.nn.Linear(4, 3), load_data=_pairs)
+    data = to_dataset((np.zeros((6, 4)), np.array([0.0, 1.0, 2.0, 0.0, 1.0, 2.0])))
+    # Execute / Assert
+    with pytest.raises(ConfigError, match=r"gives 3 values per example.*astype\(numpy.int64\)"):
+        task.check_fit(task.create_model(), data)
+
+
+def test_a_classifier_with_too_few_outputs_is_refused() -> None:
+    # Prepare
+    task = Task(name="mine", model=lambda: torch.nn.Linear(4, 2), load_data=_pairs)
+    data = to_dataset((np.zeros((6, 4)), np.array([0, 1, 2, 0, 1, 2])))
+    # Execute / Assert
+    with pytest.raises(ConfigError, match="a score for each of 3 classes"):
+        task.check_fit(task.create_model(), data)
