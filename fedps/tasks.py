@@ -259,7 +259,9 @@ _TASKS: dict[str, Task | TaskFactory] = {}
 
 def register_task(name: str, task: Task | TaskFactory | ModuleType) -> None:
     """Make ``task`` available as ``[task] app = NAME`` (a :class:`Task`, a module of task
-    functions, or a factory ``(config) -> Task``).
+    functions, or a factory ``(config) -> Task``) in this process: for clients run from a
+    script and tests. Roles started as processes (``fedps up``) find a name through the
+    ``fedps.tasks`` entry-point group, or a module through ``[task] dir``.
 
     Raises
     ------
