@@ -34,7 +34,8 @@ epsilon); the app's reply, arrays and metrics alike, goes no further than the mo
 that are not fedps's pass through to the app untouched.
 
 Buffers (BatchNorm statistics, for instance) are not trainable parameters and are not
-aggregated: every round starts from the task model's own buffers.
+aggregated: each node keeps its own, carried over from its previous round (only the trainable
+parameters are replaced by the global model's).
 """
 
 from __future__ import annotations
