@@ -249,6 +249,16 @@ class Grid(BaseModel):
     )
     axes: _Axes = Field(alias="grid")
 
+    @model_validator(mode="after")
+    def _own_files_fix_the_data(self) -> Grid:
+        fixed = [axis for axis in ("centralised", "partition") if axis in self.axes.given]
+        if self.task.get("data") and fixed:
+            raise ValueError(
+                f"[task] data gives each client its own file, so the {' and '.join(fixed)} "
+                "axes cannot change who holds what; drop them from [grid]"
+            )
+        return self
+
     @property
     def base(self) -> dict[str, dict[str, Any]]:
         """The configuration sections the file sets (overrides of fedps's defaults)."""

@@ -109,6 +109,19 @@ def test_a_data_pattern_must_name_the_client(tmp_path: Path, data: str, message:
         load_grid(grid_path)
 
 
+@pytest.mark.parametrize(
+    "axis", ["centralised = [true, false]", 'partition = ["iid", "dirichlet"]']
+)
+def test_own_files_leave_no_partition_or_centralised_axis(tmp_path: Path, axis: str) -> None:
+    # Prepare: each client has its file, and the grid would also re-deal the data
+    grid_path = _project(tmp_path)
+    grid_path.write_text(grid_path.read_text().replace("[grid]\n", f"[grid]\n{axis}\n"))
+
+    # Execute / Assert
+    with pytest.raises(ConfigError, match="cannot change who holds what"):
+        load_grid(grid_path)
+
+
 @pytest.mark.integration
 @pytest.mark.slow  # about a minute: two points of the whole platform
 def test_sweep_over_epsilon_trains_the_users_task_on_each_clients_file(tmp_path: Path) -> None:
