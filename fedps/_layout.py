@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from fedps.errors import FedPSError
+from fedps.errors import ConfigError
 
 __all__ = ["ShadowedPackageError", "check_layout"]
 
@@ -23,7 +23,7 @@ _HOME = Path(__file__).resolve().parent.parent
 """The folder holding ``fedps/`` and, beside it, fedps's other top-level packages."""
 
 
-class ShadowedPackageError(FedPSError, ImportError):
+class ShadowedPackageError(ConfigError, ImportError):
     """A module of the user's hides one of fedps's top-level packages."""
 
 
@@ -93,4 +93,4 @@ def check_layout() -> None:
         if _running_cli():
             print(f"fedps: error: {message}", file=sys.stderr)
             raise SystemExit(2)
-        raise ShadowedPackageError(message, name=name, path=str(found))
+        raise ShadowedPackageError(message)

@@ -78,10 +78,12 @@ class ClusterConfig(_Section):
 class TrainingConfig(_Section):
     """Federated training: rounds, cohort, quorum, deadline and local SGD."""
 
-    dataset: Literal["digits", "mnist5k", "fashion_mnist"] = "digits"
+    # Plug-ins are named: a built-in or a name given to its register_* function
+    # (fedps.datasets.register_dataset, ...); an unknown name stops the role that uses it.
+    dataset: str = Field("digits", min_length=1, description="digits | mnist5k | fashion_mnist")
     data_dir: str | None = None
     model: str = "mlp"
-    partition: Literal["iid", "dirichlet", "shard"] = "iid"
+    partition: str = Field("iid", min_length=1, description="iid | dirichlet | shard")
     dirichlet_alpha: float = Field(0.5, gt=0)
     shards_per_client: int = Field(2, ge=1)
     rounds: int = Field(30, ge=1)
@@ -93,16 +95,16 @@ class TrainingConfig(_Section):
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.5, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1, description="clients' local SGD momentum")
-    server_optimizer: Literal["fedavg", "fedavgm", "fedadam"] = "fedavg"
+    server_optimizer: str = Field("fedavg", min_length=1, description="fedavg | fedavgm | fedadam")
     server_lr: float = Field(1.0, gt=0)
     server_momentum: float = Field(0.9, ge=0, lt=1)
     eval_every: int = Field(1, ge=1)
     checkpoint_every: int = Field(5, ge=1)
     seed: int = 0
     # Asynchronous training (FedBuff): rounds count buffer flushes.
-    mode: Literal["sync", "async"] = "sync"
+    mode: str = Field("sync", min_length=1, description="sync | async (a round policy)")
     buffer_size: int = Field(3, ge=1, description="updates per flush (K)")
-    staleness: Literal["constant", "polynomial", "hinge"] = "polynomial"
+    staleness: str = Field("polynomial", min_length=1, description="constant | polynomial | hinge")
     staleness_a: float = Field(0.5, ge=0, description="polynomial exponent / hinge slope")
     staleness_b: float = Field(4.0, ge=0, description="hinge: staleness without discount")
     max_staleness: int = Field(8, ge=0, description="older updates are refused")
@@ -145,8 +147,10 @@ class PrivacyConfig(_Section):
     max_grad_norm: float = Field(1.0, gt=0)
     delta: float = Field(1e-5, gt=0, lt=1)
     accountant: Literal["rdp", "prv", "gdp"] = "rdp"
-    level: Literal["example", "client"] = Field(
-        "example", description="protect one example (DP-SGD) or one client's data (DP-FedAvg)"
+    level: str = Field(
+        "example",
+        min_length=1,
+        description="protect one example (DP-SGD) or one client's data (DP-FedAvg): a trainer",
     )
     clip_norm: float = Field(0.5, gt=0, description="client level: L2 clip of each update")
     insecure_reproducible: bool = Field(

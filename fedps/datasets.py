@@ -30,7 +30,13 @@ import numpy.typing as npt
 from fedps._registry import add_entry
 from fedps.errors import ConfigError
 
-__all__ = ["Dataset", "image_shape", "load_dataset", "register_dataset"]
+__all__ = [
+    "Dataset",
+    "dataset_names",
+    "image_shape",
+    "load_dataset",
+    "register_dataset",
+]
 
 _LOG = logging.getLogger("fedps")
 
@@ -317,6 +323,11 @@ def register_dataset(
     add_entry(_LOADERS, name, loader, "dataset")
     if image_shape is not None:
         _IMAGE_SHAPES[name] = image_shape
+
+
+def dataset_names() -> list[str]:
+    """Registered dataset names."""
+    return sorted(_LOADERS)
 
 
 def _unknown(name: str) -> ConfigError:

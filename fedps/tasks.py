@@ -41,7 +41,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from fedps.config import FedPSConfig, TrainingConfig
-from fedps.datasets import Dataset, load_dataset
+from fedps.datasets import Dataset, dataset_names, load_dataset
 from fedps.errors import ConfigError, FedPSError
 
 __all__ = [
@@ -289,6 +289,8 @@ def load_task(config: FedPSConfig) -> Task:
     """
     app = config.task.app or config.training.dataset
     found: object = _TASKS.get(app)
+    if found is None and app in dataset_names():  # a dataset registered after import
+        found = _builtin(app)
     if found is None:
         entry = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP).select(name=app)
         found = next(iter(entry)).load() if entry else _import(app, config.task.dir)

@@ -338,3 +338,40 @@ def test_a_classifier_with_too_few_outputs_is_refused() -> None:
     # Execute / Assert
     with pytest.raises(ConfigError, match="a score for each of 3 classes"):
         task.check_fit(task.create_model(), data)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"training": {"partition": "plug-in"}},
+        {"training": {"staleness": "plug-in"}},
+        {"training": {"server_optimizer": "plug-in"}},
+        {"training": {"mode": "plug-in"}},
+        {"privacy": {"level": "plug-in"}},
+    ],
+)
+def test_a_plug_in_s_name_is_left_for_its_registry(config: dict[str, dict[str, object]]) -> None:
+    # Execute: a name of a register_* function's registry is a valid configuration ...
+    loaded = load_config(None, **config)
+    # Assert: ... kept for the registry to resolve when the role that uses it starts
+    ((section, values),) = config.items()
+    ((field, value),) = values.items()
+    assert getattr(getattr(loaded, section), field) == value
+
+
+def test_a_registered_dataset_is_a_task(project: Path) -> None:
+    # Prepare: a dataset registered after fedps was imported
+    rows = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)
+    labels = (rows[:, 0] > 0).astype(np.int64)
+    split = Dataset(rows, labels, 2, "tiny")
+    fedps.datasets.register_dataset(f"tiny-{project.name}", lambda _dir: (split, split))
+    config = load_config(
+        None, training={"dataset": f"tiny-{project.name}", "model": "logreg", "clients": 2}
+    )
+    # Execute
+    task = load_task(config)
+    # Assert: its model fits, each client holds a partition, the operator the test split
+    own = task.client_data(ClientData(None, index=1, num_clients=2))
+    assert task.create_model()(torch.from_numpy(rows[:2])).shape == (2, 2)
+    assert 0 < len(own) < 40
+    assert task.eval_data() is split
