@@ -158,7 +158,8 @@ def test_wine_regression_reports_its_own_metric(tmp_path: Path) -> None:
     # Assert: the coordinator reports the task's mean absolute error, below the baseline's
     maes = [float(m) for m in re.findall(r"mae ([0-9.]+)", output)]
     assert len(maes) == config.training.rounds, output
-    assert maes[-1] < 0.85 * baseline, (maes, baseline)
+    # (over the last five rounds: one round's DP noise moves it by about 0.05)
+    assert sum(maes[-5:]) / 5 < 0.85 * baseline, (maes, baseline)
     assert max(client_epsilons(client_outputs)) <= (config.privacy.target_epsilon or 0.0)
 
 
