@@ -293,7 +293,10 @@ def load_task(config: FedPSConfig) -> Task:
         found = _builtin(app)
     if found is None:
         entry = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP).select(name=app)
-        found = next(iter(entry)).load() if entry else _import(app, config.task.dir)
+        if entry:
+            found = _user_call(app, "loading its entry point", next(iter(entry)).load)
+        else:
+            found = _import(app, config.task.dir)
     if isinstance(found, Task):
         return found
     if callable(found) and not isinstance(found, ModuleType) and not _looks_like_task(found):
