@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom-task"
 CLIENTS = 3
+ROUNDS = 10
 
 
 def copy_example(root: Path) -> Path:
@@ -48,6 +49,7 @@ def local_config(project: Path, name: str) -> tuple[Path, FedPSConfig]:
         project / name,
         cluster=local_cluster(project / "state"),
         tls={"directory": str(project / "certs")},
+        training={"rounds": ROUNDS},  # the example's 20 rounds are more than the checks need
     )
     path = project / f"test-{name}"
     write_config(config, path)

@@ -156,7 +156,9 @@ class Mutator:
                 msg.MergeFromString(random_wire(rng, desc, depth))
             return
         f = self._pick(list(desc.fields))
-        if f.is_repeated:
+        if f.message_type is not None and f.message_type.GetOptions().map_entry:
+            self._map(msg, f)
+        elif f.is_repeated:
             self._repeated(msg, f, depth)
         elif f.type == FieldDescriptor.TYPE_MESSAGE:
             sub = getattr(msg, f.name)
@@ -194,6 +196,23 @@ class Mutator:
         if t == FieldDescriptor.TYPE_BYTES:
             return mutate_bytes(rng, current, pool)
         return current
+
+    def _map(self, msg: pb_message.Message, f: FieldDescriptor) -> None:
+        """A map field (string keys): clear it, or set a few or very many entries to mutated
+        keys and values (empty, long or repeated names; NaN, infinities, huge numbers)."""
+        rng = self.rng
+        entries = getattr(msg, f.name)
+        entry = cast(Descriptor, f.message_type)
+        key_field, value_field = entry.fields_by_name["key"], entry.fields_by_name["value"]
+        op = rng.choice(["clear", "few", "few", "many"])
+        if op == "clear":
+            entries.clear()
+            return
+        keys = list(entries) or [""]
+        count = rng.choice([1, 2, 3]) if op == "few" else rng.choice([17, 100, 1000])
+        for _ in range(min(count, 2000 - len(entries))):  # bounded however often it is hit
+            with contextlib.suppress(ValueError, TypeError):
+                entries[self.value(key_field, rng.choice(keys))] = self.value(value_field, 0.0)
 
     def _repeated(self, msg: pb_message.Message, f: FieldDescriptor, depth: int) -> None:
         rng = self.rng
