@@ -9,12 +9,13 @@ epsilon it reports, and the reported epsilon must be what every client spent.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -125,15 +126,22 @@ def test_wine_classifier_trains_from_per_client_files_with_fedps_up(tmp_path: Pa
     assert exported_accuracy(project, project / "wine.pt") == pytest.approx(accuracy, abs=5e-4)
 
 
+def _import_copy(project: Path, name: str) -> Any:
+    """Module ``name`` of the example's copy in ``project``, imported afresh (another test's
+    copy may have been imported under the same name)."""
+    for cached in [m for m in sys.modules if m.split(".")[0] == name.split(".")[0]]:
+        del sys.modules[cached]
+    sys.path.insert(0, str(project))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(project))
+
+
 def exported_accuracy(project: Path, state_dict: Path) -> float:
     """Accuracy on the operator's held-out file of an exported model, loaded into the task's
     own model with torch.load (no fedps involved)."""
-    spec = importlib.util.spec_from_file_location(
-        "exported_wine_task", project / "wine_task" / "classify.py"
-    )
-    assert spec is not None and spec.loader is not None
-    task = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(task)  # the copy's own module
+    task = _import_copy(project, "wine_task.classify")
     net = task.model()
     net.load_state_dict(torch.load(state_dict))
     x, y = task.read_csv(project / "data" / "test.csv")

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from fedps.tasks import ClientData
+from wine_task.files import HELD_OUT, own_file, read_table, standardised
 
-DATA = Path(__file__).resolve().parent.parent / "data"
 FEATURES = 13
 CLASSES = 3
 
@@ -29,21 +29,16 @@ def model() -> torch.nn.Module:
 
 
 def read_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Features standardised with this file's own means and deviations, and the label of the
-    last column."""
-    table = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
-    x, y = table[:, :-1], table[:, -1]
-    x = (x - x.mean(axis=0)) / (x.std(axis=0) + 1e-8)
-    return x.astype(np.float32), y.astype(np.int64)
+    """Standardised measurements, and the cultivar of the last column."""
+    table = read_table(path)
+    return standardised(table[:, :-1]), table[:, -1].astype(np.int64)
 
 
 def load_data(client: ClientData) -> tuple[np.ndarray, np.ndarray]:
     """This client's own rows (``fedps client --data clientK.csv``)."""
-    if client.path is None:
-        raise ValueError("give each client its file: fedps client --data data/clientK.csv")
-    return read_csv(client.path)
+    return read_csv(own_file(client))
 
 
 def load_eval_data() -> tuple[np.ndarray, np.ndarray]:
     """The operator's held-out rows."""
-    return read_csv(DATA / "test.csv")
+    return read_csv(HELD_OUT)

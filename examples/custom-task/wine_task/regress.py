@@ -10,9 +10,7 @@ import numpy as np
 import torch
 
 from fedps.tasks import ClientData
-
-DATA = Path(__file__).resolve().parent.parent / "data"
-
+from wine_task.files import HELD_OUT, own_file, read_table, standardised
 
 TYPICAL_ALCOHOL = 13.0  # % vol: the model learns the difference from it
 
@@ -39,22 +37,18 @@ def model() -> torch.nn.Module:
 
 def read_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """The twelve other measurements, standardised, and the alcohol content."""
-    table = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
-    x, alcohol = table[:, 1:-1], table[:, 0]
-    x = (x - x.mean(axis=0)) / (x.std(axis=0) + 1e-8)
-    return x.astype(np.float32), alcohol.astype(np.float32)
+    table = read_table(path)
+    return standardised(table[:, 1:-1]), table[:, 0].astype(np.float32)
 
 
 def load_data(client: ClientData) -> tuple[np.ndarray, np.ndarray]:
     """This client's own rows."""
-    if client.path is None:
-        raise ValueError("give each client its file: fedps client --data data/clientK.csv")
-    return read_csv(client.path)
+    return read_csv(own_file(client))
 
 
 def load_eval_data() -> tuple[np.ndarray, np.ndarray]:
     """The operator's held-out rows."""
-    return read_csv(DATA / "test.csv")
+    return read_csv(HELD_OUT)
 
 
 def metrics(outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
