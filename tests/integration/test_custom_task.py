@@ -1,5 +1,6 @@
 """The custom-task example (examples/custom-task) run as its README says: a project outside
-fedps's packages with its own model, and the wine data as one CSV file per client.
+fedps's packages with its own model, and the wine data as one CSV file per client (the
+regression task's roles in this process, the classifier's as processes).
 
 ``fedps up`` starts the key holder, the shards and the coordinator as processes (mutual TLS,
 certificates made on first start), and each client is a ``fedps client --data clientK.csv``
@@ -21,8 +22,10 @@ import numpy as np
 import pytest
 import torch
 
+from clients.edge_client import ClientSummary, EdgeClient
 from fedps.cli.deployment import local_cluster, write_config
-from fedps.config import FedPSConfig, load_config
+from fedps.config import FedPSConfig, load_config, read_toml
+from tests.conftest import run_clients, start_cluster, start_coordinator
 from tests.role_processes import HANG_S, run_fedps, start_fedps
 from tests.waiting import wait_for
 
@@ -126,11 +129,16 @@ def test_wine_classifier_trains_from_per_client_files_with_fedps_up(tmp_path: Pa
     assert exported_accuracy(project, project / "wine.pt") == pytest.approx(accuracy, abs=5e-4)
 
 
+def _forget_copies(package: str) -> None:
+    """Forget modules of ``package`` imported from another test's copy of the example."""
+    for cached in [m for m in sys.modules if m.split(".")[0] == package]:
+        del sys.modules[cached]
+
+
 def _import_copy(project: Path, name: str) -> Any:
     """Module ``name`` of the example's copy in ``project``, imported afresh (another test's
     copy may have been imported under the same name)."""
-    for cached in [m for m in sys.modules if m.split(".")[0] == name.split(".")[0]]:
-        del sys.modules[cached]
+    _forget_copies(name.split(".")[0])
     sys.path.insert(0, str(project))
     try:
         return importlib.import_module(name)
@@ -151,9 +159,17 @@ def exported_accuracy(project: Path, state_dict: Path) -> float:
 
 
 def test_wine_regression_reports_its_own_metric(tmp_path: Path) -> None:
-    # Prepare
+    # Prepare: the example's regression task and client files, its roles in this process
     project = copy_example(tmp_path)
-    path, config = local_config(project, "regress.toml")
+    example = read_toml(project / "regress.toml", "config")
+    _forget_copies("wine_task")
+    cluster = start_cluster(
+        tmp_path,
+        coordinator=False,
+        task={**example["task"], "dir": str(project)},  # type: ignore[dict-item]
+        training={**example["training"], "rounds": ROUNDS},  # type: ignore[dict-item]
+        privacy=example["privacy"],  # type: ignore[arg-type]
+    )
     test_rows = np.loadtxt(project / "data" / "test.csv", delimiter=",", skiprows=1)
     train_rows = np.concatenate(
         [
@@ -163,14 +179,24 @@ def test_wine_regression_reports_its_own_metric(tmp_path: Path) -> None:
     )
     # predicting the training mean: the error a model that learnt nothing would make
     baseline = float(np.abs(test_rows[:, 0] - train_rows[:, 0].mean()).mean())
-    # Execute
-    output, client_outputs = run_example(project, path)
-    # Assert: the coordinator reports the task's mean absolute error, below the baseline's
-    maes = [float(m) for m in re.findall(r"mae ([0-9.]+)", output)]
-    assert len(maes) == config.training.rounds, output
-    # (over the last five rounds: one round's DP noise moves it by about 0.05)
+    try:
+        clients = [
+            EdgeClient(cluster.config, index=k, data=project / "data" / f"client{k}.csv")
+            for k in range(CLIENTS)
+        ]
+        coordinator = start_coordinator(cluster)
+        # Execute
+        summaries = run_clients(clients)
+        history = coordinator.history
+    finally:
+        cluster.stop()
+    # Assert: every round has the task's mean absolute error (and no accuracy), below the
+    # baseline's over the last five rounds (one round's DP noise moves it by about 0.05)
+    maes = [r.metrics["mae"] for r in history]
+    assert len(maes) == ROUNDS and all(r.accuracy < 0 for r in history), history
     assert sum(maes[-5:]) / 5 < 0.85 * baseline, (maes, baseline)
-    assert max(client_epsilons(client_outputs)) <= (config.privacy.target_epsilon or 0.0)
+    budget = cluster.config.privacy.target_epsilon or 0.0
+    assert all(isinstance(s, ClientSummary) and s.epsilon <= budget for s in summaries)
 
 
 def test_wine_classifier_trains_from_one_script_and_exports_what_it_reported(
