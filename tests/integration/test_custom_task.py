@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom-task"
 CLIENTS = 3
-ROUNDS = 10
+ROUNDS = 6
 
 
 def copy_example(root: Path) -> Path:

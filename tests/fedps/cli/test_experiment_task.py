@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +60,7 @@ deadline_s = 30.0
 enabled = false
 
 [grid]
-epsilon = [4.0, "inf"]
+epsilon = [4.0]
 """
 
 
@@ -139,7 +138,7 @@ def test_sweep_over_epsilon_trains_the_users_task_on_each_clients_file(tmp_path:
     )
 
     # Assert: the task's metrics of the last round, no accuracy for regression
-    assert [r["key"] for r in records] == ["epsilon=4", "epsilon=inf"]
+    assert [r["key"] for r in records] == ["epsilon=4"]
     for record in records:
         assert "error" not in record, record
         assert record["task"] == "wine_task"
@@ -147,8 +146,7 @@ def test_sweep_over_epsilon_trains_the_users_task_on_each_clients_file(tmp_path:
         assert set(record["final_metrics"]) == {"loss", "mae"}
         assert 0 < record["final_metrics"]["mae"] < 5
         assert record["round_metrics"] == [record["final_metrics"]]
-    assert records[0]["max_epsilon"] <= 4.0
-    assert math.isinf(float(records[1]["max_epsilon"]))
+    assert 0 < records[0]["max_epsilon"] <= 4.0
     with results.with_suffix(".csv").open() as table:
         rows = list(csv.DictReader(table))
     assert [float(row["final_mae"]) for row in rows] == pytest.approx(
