@@ -57,7 +57,7 @@ from clients.train_step import TrainMod, TrainStep, chain
 from crypto import PLAINTEXT_CONTEXT_ID, BlockEncryptor, PlainContext, PublicContext
 from crypto.enrolment import TOKEN_SUFFIX, read_token
 from crypto.signed_update import SignedUpdate
-from crypto.signing import BlockSigner, context_digest, model_verifier, verify_block
+from crypto.signing import BlockSigner, model_verifier
 from crypto.sketch import Challenge
 from fedps.blocks import BlockLayout, flatten_model, load_flat
 from fedps.ckks_params import ckks_params
@@ -80,8 +80,8 @@ from fedps.errors import (
     UnknownClientError,
 )
 from fedps.hash_ring import HashRing
-from fedps.keyholder_client import KeyHolderClient
-from fedps.keyholder_messages import PublicContextInfo, UpdateCommitment
+from fedps.keyholder_client import KeyHolderClient, verified_signing_key
+from fedps.keyholder_messages import UpdateCommitment
 from fedps.parameter_client import ParameterClient
 from fedps.shard_messages import PushBatch
 from fedps.tasks import ClientData, evaluate_model, load_task
@@ -521,7 +521,12 @@ class EdgeClient:
         """Fetch, verify and adopt the key holder's current public context."""
         keyholder = _known(self._keyholder, "the key holder")
         ctx = keyholder.get_public_context(retry_s=timeout_s)
-        key = self._check_keyholder(ctx)
+        key = verified_signing_key(
+            ctx,
+            pinned=self.config.security.keyholder_key,
+            refusing="its public context",
+            who=f"{self.name}: key holder key",
+        )
         if self._keyholder_key and key != self._keyholder_key:
             raise InvalidArgumentError("the key holder's signing key changed during the run")
         self._keyholder_key = key
@@ -529,24 +534,6 @@ class EdgeClient:
         if isinstance(self._encryptor, BlockEncryptor):
             self._encryptor.close()
         self._encryptor = self._make_encryptor(ctx.context, ctx.context_id)
-
-    def _check_keyholder(self, ctx: PublicContextInfo) -> bytes:
-        """Verify the key holder's signature on its public context, against the pinned key."""
-        pinned = self.config.security.keyholder_key
-        if pinned and bytes.fromhex(pinned) != ctx.signing_key:
-            raise InvalidArgumentError(
-                "the key holder's signing key does not match security.keyholder_key (pinned)"
-            )
-        if not pinned:
-            _log.warning(
-                "%s: key holder key not pinned (security.keyholder_key); trusting %s on first use",
-                self.name,
-                ctx.signing_key.hex()[:16],
-            )
-        digest = context_digest(ctx.context, ctx.context_id)
-        if not verify_block(ctx.signing_key, digest, ctx.signature):
-            raise InvalidArgumentError("the public context's signature does not verify")
-        return bytes(ctx.signing_key)
 
     def _make_encryptor(self, context: bytes, context_id: str) -> BlockEncryptor | PlainContext:
         """An encryptor for the key holder's public context (plaintext only if we agreed)."""

@@ -7,8 +7,11 @@ mapping and (``retry_s``) the wait for a restarting key holder live here.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
+from crypto.signing import context_digest, verify_block
+from fedps.errors import InvalidArgumentError
 from fedps.keyholder_messages import (
     AppliedRound,
     CommitClosing,
@@ -24,7 +27,9 @@ from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc
 from fedps.service_call import invoke
 from fedps.transport import create_channel
 
-__all__ = ["APPLY_S", "CALL_S", "KeyHolderClient"]
+__all__ = ["APPLY_S", "CALL_S", "KeyHolderClient", "verified_signing_key"]
+
+_log = logging.getLogger("fedps")
 
 #: Default deadline of a call.
 CALL_S = 20.0
@@ -147,3 +152,36 @@ class KeyHolderClient:
         what = f"{'freeze ' if closing.freeze else ''}commitments of round {closing.round}"
         reply = invoke(lambda: self._stub.CloseCommits(request, timeout=timeout_s), what, retry_s)
         return CommitSet.from_proto(reply)
+
+
+def verified_signing_key(
+    ctx: PublicContextInfo, *, pinned: str, refusing: str, who: str = "key holder key"
+) -> bytes:
+    """The key holder's signing key, from its public context ``ctx``: the one ``pinned``
+    (hex, ``security.keyholder_key``) when set, else trusted on first use with a warning
+    naming ``who`` asks; the context's signature verified with it.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Another key than the pinned one, or a context whose signature does not verify; the
+        message ends "refusing ``refusing``".
+    """
+    if pinned and bytes.fromhex(pinned) != ctx.signing_key:
+        raise InvalidArgumentError(
+            "the key holder's signing key does not match security.keyholder_key (pinned); "
+            f"refusing {refusing}"
+        )
+    if not pinned:
+        _log.warning(
+            "%s not pinned (security.keyholder_key); trusting %s on first use",
+            who,
+            ctx.signing_key.hex()[:16],
+        )
+    if not verify_block(
+        ctx.signing_key, context_digest(ctx.context, ctx.context_id), ctx.signature
+    ):
+        raise InvalidArgumentError(
+            f"the key holder's public context does not verify; refusing {refusing}"
+        )
+    return bytes(ctx.signing_key)

@@ -17,8 +17,6 @@ in the same state folder (:func:`read_saved_model`).
 
 from __future__ import annotations
 
-import io
-import json
 import logging
 import time
 from pathlib import Path
@@ -26,8 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from crypto.files import read_checked
-from crypto.signing import context_digest, model_verifier, verify_block
+from crypto.signing import model_verifier
 from fedps.blocks import BlockLayout, flatten_model, load_flat
 from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig
@@ -39,12 +36,11 @@ from fedps.errors import (
     RoundClosedError,
 )
 from fedps.hash_ring import HashRing
-from fedps.keyholder_client import KeyHolderClient
-from fedps.keyholder_messages import PublicContextInfo
+from fedps.keyholder_client import KeyHolderClient, verified_signing_key
 from fedps.parameter_client import ParameterClient
-from fedps.proto import shard_pb2
-from fedps.shard_messages import Publication
 from fedps.tasks import Task, load_task
+from server.keyholder.keyholder import saved_version
+from server.shard.shard_log import load_published_model
 
 __all__ = ["export_model", "pull_model", "read_saved_model"]
 
@@ -79,7 +75,11 @@ def pull_model(config: FedPSConfig, *, task: Task | None = None) -> tuple[torch.
     cluster = config.cluster
     keyholder = KeyHolderClient(cluster.keyholder)
     try:
-        key = _verified_key(config, keyholder.get_public_context(timeout_s=_CALL_S))
+        key = verified_signing_key(
+            keyholder.get_public_context(timeout_s=_CALL_S),
+            pinned=config.security.keyholder_key,
+            refusing="its model",
+        )
         state = keyholder.get_model_state(timeout_s=_CALL_S)
     except PeerUnavailableError:
         if not _saved_models(config):
@@ -135,15 +135,14 @@ def read_saved_model(
         layout.num_blocks
     )
     verify = model_verifier(_saved_key(config))
-    published = _published_version(config)
+    published = saved_version(cluster.state_dir / "keyholder")
     blocks: dict[int, np.ndarray] = {}
     versions: set[int] = set()
     for sid in cluster.shard_ids:
         path = cluster.state_dir / sid / "model.pb"
-        data = read_checked(path, what="the published model", hint="restore it from a backup")
-        if data is None:
+        saved = load_published_model(path.parent)
+        if saved is None:
             raise FedPSError(f"{sid} saved no published model in {path.parent}")
-        saved = Publication.from_proto(shard_pb2.PublishRequest.FromString(data))
         versions.add(saved.version)
         if published is not None and saved.version != published:
             raise FedPSError(
@@ -171,20 +170,6 @@ def read_saved_model(
         raise FedPSError(f"the shards saved different versions {sorted(versions)}")
     load_flat(model, layout.join(blocks))
     return model, versions.pop()
-
-
-def _published_version(config: FedPSConfig) -> int | None:
-    """The version the key holder last applied, from its state file in the same folder (None
-    without one): a shard's saved model must be that version, not an older one."""
-    path = config.cluster.state_dir / "keyholder" / "keyholder-state.npz"
-    data = read_checked(path, what="the key holder's state", hint="restore it from a backup")
-    if data is None:
-        return None
-    try:
-        with np.load(io.BytesIO(data)) as arrays:
-            return int(json.loads(bytes(arrays["meta"]).decode())["version"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise FedPSError(f"{path}: cannot read the key holder's version") from None
 
 
 def _saved_key(config: FedPSConfig) -> bytes:
@@ -217,26 +202,6 @@ def export_model(config: FedPSConfig, path: Path, *, task: Task | None = None) -
     except OSError as exc:
         raise FedPSError(f"cannot write {path}: {exc.strerror or exc}") from None
     return version
-
-
-def _verified_key(config: FedPSConfig, ctx: PublicContextInfo) -> bytes:
-    """The key holder's signing key from its public context: the pinned one if
-    ``security.keyholder_key`` pins it, and the context's signature verified with it."""
-    pinned = config.security.keyholder_key
-    if pinned and bytes.fromhex(pinned) != ctx.signing_key:
-        raise InvalidArgumentError(
-            "the key holder's signing key does not match security.keyholder_key (pinned); "
-            "refusing its model"
-        )
-    if not pinned:
-        _log.warning(
-            "key holder key not pinned (security.keyholder_key); trusting %s on first use",
-            ctx.signing_key.hex()[:16],
-        )
-    digest = context_digest(ctx.context, ctx.context_id)
-    if not verify_block(ctx.signing_key, digest, ctx.signature):
-        raise InvalidArgumentError("the key holder's public context does not verify; refusing")
-    return bytes(ctx.signing_key)
 
 
 def _pull(

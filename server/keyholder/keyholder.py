@@ -62,11 +62,15 @@ from server.keyholder.commit_board import CommitBoard
 from server.keyholder.group_policy import GroupPolicy
 from server.keyholder.server_optimizer import ServerOptimizer
 
-__all__ = ["MAX_PARAMS", "KeyHolder", "RoundResult"]
+__all__ = ["MAX_PARAMS", "KeyHolder", "RoundResult", "saved_version"]
 
 _log = logging.getLogger("fedps")
 
 _STATE_FILE = "keyholder-state.npz"
+_STATE_WHAT = "the key holder state"
+_STATE_HINT = (
+    f"restore {_STATE_FILE} from a backup; without it the run cannot continue (docs/operations.md)"
+)
 MAX_PARAMS = 1 << 31  # about 8 GiB of float32
 _CALL_S = 60.0  # deadline of each call to a shard: a restarting shard fails it, then a retry
 # A state file written before the quorum's one name: its results' old field name
@@ -619,12 +623,7 @@ class KeyHolder:
             The file is damaged (checksum, truncation) or does not hold a key holder's state.
         """
         path = self._dir / _STATE_FILE
-        what = "the key holder state"
-        hint = (
-            f"restore {_STATE_FILE} from a backup; without it the run cannot continue "
-            "(docs/operations.md)"
-        )
-        raw = read_checked(path, what=what, hint=hint, legacy_prefix=b"PK\x03\x04")
+        raw = _read_state(path)
         if raw is None:
             return
         try:
@@ -648,7 +647,9 @@ class KeyHolder:
                 for shard, reasons in meta.get("detections", {}).items()
             }
         except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
-            raise CorruptStateError(f"{path}: {what} cannot be read ({exc}); {hint}") from exc
+            raise CorruptStateError(
+                f"{path}: {_STATE_WHAT} cannot be read ({exc}); {_STATE_HINT}"
+            ) from exc
         self.last_saved = path.stat().st_mtime
         _log.info("key holder resumed at version %d (round %d)", self.version, self.last_round)
 
@@ -690,6 +691,39 @@ def _require_keys(state_dir: Path) -> None:
             raise CorruptStateError(
                 f"{key} is missing but {state} exists: {lost} (docs/operations.md)"
             )
+
+
+def _read_state(path: Path) -> bytes | None:
+    """The key holder's state file, checked (None when there is none).
+
+    Raises
+    ------
+    CorruptStateError
+        The file is damaged.
+    """
+    return read_checked(path, what=_STATE_WHAT, hint=_STATE_HINT, legacy_prefix=b"PK\x03\x04")
+
+
+def saved_version(state_dir: Path) -> int | None:
+    """The model version the key holder whose state folder is ``state_dir`` last applied, from
+    its state file (None when it saved none).
+
+    Raises
+    ------
+    CorruptStateError
+        The file is damaged or holds no version.
+    """
+    path = state_dir / _STATE_FILE
+    raw = _read_state(path)
+    if raw is None:
+        return None
+    try:
+        with np.load(io.BytesIO(raw)) as data:
+            return int(json.loads(bytes(data["meta"]).decode())["version"])
+    except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
+        raise CorruptStateError(
+            f"{path}: {_STATE_WHAT} cannot be read ({exc}); {_STATE_HINT}"
+        ) from exc
 
 
 def _load_or_create_secret(path: Path) -> bytes:

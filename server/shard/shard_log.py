@@ -28,7 +28,7 @@ from fedps.proto import shard_pb2
 from fedps.record_log import RecordLog
 from fedps.shard_messages import Publication, PushBatch, RoundOpening
 
-__all__ = ["ShardLog", "ShardLogRecord"]
+__all__ = ["ShardLog", "ShardLogRecord", "load_published_model"]
 
 _SAFE_ID = re.compile(r"[0-9A-Za-z_-]{1,128}")
 _LOG_HINT = (
@@ -130,12 +130,7 @@ class ShardLog:
         CorruptStateError
             ``model.pb`` is damaged.
         """
-        data = read_checked(
-            self.directory / "model.pb", what="the published model", hint=_MODEL_HINT
-        )
-        if data is None:
-            return None
-        return Publication.from_proto(shard_pb2.PublishRequest.FromString(data))
+        return load_published_model(self.directory)
 
     def save_context(self, context_id: str, data: bytes) -> None:
         """Keep a fetched public context (public data) for a restart."""
@@ -154,3 +149,18 @@ class ShardLog:
             return None
         path = self._contexts / f"{context_id}.ctx"
         return read_checked(path, what=f"public context {context_id}", hint=_CONTEXT_HINT)
+
+
+def load_published_model(directory: Path) -> Publication | None:
+    """The published model a shard saved in its state folder ``directory`` (every block it
+    owns, signed), or None when it saved none.
+
+    Raises
+    ------
+    CorruptStateError
+        ``model.pb`` is damaged.
+    """
+    data = read_checked(directory / "model.pb", what="the published model", hint=_MODEL_HINT)
+    if data is None:
+        return None
+    return Publication.from_proto(shard_pb2.PublishRequest.FromString(data))
