@@ -15,11 +15,12 @@ commits in time (rounds end as soon as all three have committed, so it costs not
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PREFIX = f"fps{os.getpid() % 10000}"
 BRIDGE = f"{PREFIX}br"
-SUBNET = "10.77.0"
 HOSTS = {"keyholder": 2, "shard-0": 3, "shard-1": 4, "coordinator": 5, "clients": 6}
 ROUNDS = 3
 #: The round deadline: every client must make every round (the test asserts 3 contributors),
@@ -47,6 +47,35 @@ CUT_S = 4.0
 def _ip(*args: str, netns: str | None = None) -> None:
     cmd = ["ip", *(["netns", "exec", netns, "ip"] if netns else []), *args]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+def _ip_output(*args: str) -> str:
+    return subprocess.run(["ip", *args], check=True, capture_output=True, text=True).stdout
+
+
+def _remove_stale_hosts() -> None:
+    """Delete namespaces and bridges an earlier run of this test left behind when it was
+    killed (named after a process that no longer runs): their routes would shadow ours."""
+    names = _ip_output("netns", "list").split() + re.findall(
+        r"\d+: (fps\d+br)[:@]", _ip_output("link")
+    )
+    for name in names:
+        match = re.fullmatch(r"fps(\d+)(?:-\d+|br)", name)
+        if match is None or name.startswith(PREFIX):
+            continue
+        if any(int(pid) % 10000 == int(match[1]) for pid in os.listdir("/proc") if pid.isdigit()):
+            continue  # possibly a run beside this one: leave it
+        kind = ["netns", "del"] if not name.endswith("br") else ["link", "del"]
+        subprocess.run(["ip", *kind, name], capture_output=True)
+
+
+def _free_subnet() -> str:
+    """A 10.77.N.0/24 that no route or address on this host uses yet."""
+    used = _ip_output("-4", "route") + _ip_output("-4", "addr")
+    for n in range(256):
+        if f"10.77.{n}." not in used:
+            return f"10.77.{n}"
+    raise RuntimeError("no free 10.77.N.0/24 subnet for the test hosts")
 
 
 def _namespaces_unavailable() -> str | None:
@@ -64,15 +93,22 @@ def _namespaces_unavailable() -> str | None:
 
 
 @pytest.fixture
-def hosts() -> Iterator[dict[str, str]]:
+def subnet() -> str:
+    """The test hosts' /24 (its first three octets)."""
+    return _free_subnet()
+
+
+@pytest.fixture
+def hosts(subnet: str) -> Iterator[dict[str, str]]:
     """One namespace per host on a bridge; yields {host: its namespace}."""
     reason = _namespaces_unavailable()
     if reason:
         pytest.skip(reason)
+    _remove_stale_hosts()
     made: list[str] = []
     try:
         _ip("link", "add", BRIDGE, "type", "bridge")
-        _ip("addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
+        _ip("addr", "add", f"{subnet}.1/24", "dev", BRIDGE)
         _ip("link", "set", BRIDGE, "up")
         for octet in HOSTS.values():
             ns = f"{PREFIX}-{octet}"
@@ -83,7 +119,7 @@ def hosts() -> Iterator[dict[str, str]]:
             _ip("link", "set", inside, "netns", ns)
             _ip("link", "set", outside, "master", BRIDGE)
             _ip("link", "set", outside, "up")
-            _ip("addr", "add", f"{SUBNET}.{octet}/24", "dev", inside, netns=ns)
+            _ip("addr", "add", f"{subnet}.{octet}/24", "dev", inside, netns=ns)
             _ip("link", "set", inside, "up", netns=ns)
             _ip("link", "set", "lo", "up", netns=ns)
         yield {host: f"{PREFIX}-{octet}" for host, octet in HOSTS.items()}
@@ -93,9 +129,9 @@ def hosts() -> Iterator[dict[str, str]]:
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
 
 
-def _config(tmp_path: Path) -> FedPSConfig:
+def _config(tmp_path: Path, subnet: str) -> FedPSConfig:
     def at(host: str, port: int) -> str:
-        return f"{SUBNET}.{HOSTS[host]}:{port}"
+        return f"{subnet}.{HOSTS[host]}:{port}"
 
     return load_config(
         None,
@@ -110,17 +146,27 @@ def _config(tmp_path: Path) -> FedPSConfig:
     )
 
 
-def test_training_survives_a_cut_link_between_hosts(tmp_path: Path, hosts: dict[str, str]) -> None:
+def _tails(logs: Path) -> str:
+    return "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(logs.iterdir())
+    )
+
+
+def test_training_survives_a_cut_link_between_hosts(
+    tmp_path: Path, subnet: str, hosts: dict[str, str]
+) -> None:
     # Prepare: every role on its own host; three clients on a fourth
-    config = _config(tmp_path)
+    config = _config(tmp_path, subnet)
     provision_cluster(config)  # the enrolment key and the clients' tokens
     path = tmp_path / "fedps.toml"
     write_config(config, path)
     logs = tmp_path / "logs"
     logs.mkdir()
     procs: list[subprocess.Popen[bytes]] = []
+    names: list[str] = []
 
     def start(host: str, name: str, *args: str) -> None:
+        names.append(name)
         with open(logs / f"{name}.log", "wb") as log:
             cmd = ["ip", "netns", "exec", hosts[host], sys.executable, "-m", "fedps.cli"]
             procs.append(
@@ -137,11 +183,23 @@ def test_training_survives_a_cut_link_between_hosts(tmp_path: Path, hosts: dict[
         # Execute: once round 2 is under way, cut shard-1's link for a few seconds (the
         # length of the cut, not a deadline: clients and coordinator wait out any length)
         coordinator = config.cluster.coordinator
-        wait_for(lambda: reached(coordinator, 1), "round 1 applied", poll_s=0.2)
-        _ip("link", "set", f"{PREFIX}v{HOSTS['shard-1']}", "down")
-        time.sleep(CUT_S)
-        _ip("link", "set", f"{PREFIX}v{HOSTS['shard-1']}", "up")
-        wait_for(lambda: reached(coordinator, finished=True), "the end of training", poll_s=0.5)
+
+        def alive_and(condition: Callable[[], bool]) -> Callable[[], bool]:
+            def check() -> bool:
+                exited = [n for n, p in zip(names, procs, strict=True) if p.poll() is not None]
+                assert not exited, f"roles exited early: {exited}\n{_tails(logs)}"
+                return condition()
+
+            return check
+
+        try:
+            wait_for(alive_and(lambda: reached(coordinator, 1)), "round 1 applied", poll_s=0.2)
+            _ip("link", "set", f"{PREFIX}v{HOSTS['shard-1']}", "down")
+            time.sleep(CUT_S)
+            _ip("link", "set", f"{PREFIX}v{HOSTS['shard-1']}", "up")
+            wait_for(lambda: reached(coordinator, finished=True), "the end of training", poll_s=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_tails(logs)}") from None
         status = coordinator_status(coordinator)
     finally:
         for proc in procs:
