@@ -9,6 +9,9 @@ of the key holder, the coordinator and every shard. Errors name the bad field::
     coordinator = "127.0.0.1:7000"
     shards = ["127.0.0.1:7201", "127.0.0.1:7202"]
 
+    [cluster.listen]             # optional: where roles bind, when peers dial another
+    keyholder = "0.0.0.0:7100"   # address (NAT, containers); each defaults to the above
+
     [training]
     rounds = 30
     clients = 4
@@ -32,6 +35,7 @@ __all__ = [
     "FedPSConfig",
     "GroupsConfig",
     "HEConfig",
+    "ListenConfig",
     "MetricsConfig",
     "PrivacyConfig",
     "SecurityConfig",
@@ -47,12 +51,43 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _check_address(addr: str) -> None:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"address {addr!r} is not host:port")
+
+
+class ListenConfig(_Section):
+    """Where each role binds (``host:port``) when it is not the address its peers dial.
+
+    Behind NAT, in a container or on a host with several interfaces, a role listens on one
+    address (``0.0.0.0:7100``) and is dialed at another (``keyholder:7100``, a public name):
+    the ``[cluster]`` addresses are the dialed ones (certificates name their hosts), these the
+    bound ones. Empty (the default): the role binds the address it is dialed at.
+    """
+
+    keyholder: str = ""
+    coordinator: str = ""
+    shards: list[str] = Field(
+        default_factory=list, description="one per shard of cluster.shards, in order (or none)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ListenConfig:
+        for addr in [self.keyholder, self.coordinator, *self.shards]:
+            if addr:
+                _check_address(addr)
+        return self
+
+
 class ClusterConfig(_Section):
-    """Where each role listens (``host:port``)."""
+    """Where each role is dialed (``host:port``), and where it listens when that differs
+    (``[cluster.listen]``)."""
 
     keyholder: str = "127.0.0.1:7100"
     coordinator: str = "127.0.0.1:7000"
     shards: list[str] = Field(default_factory=lambda: ["127.0.0.1:7201", "127.0.0.1:7202"])
+    listen: ListenConfig = Field(default_factory=ListenConfig)
     virtual_nodes: int = Field(128, ge=1, le=4096)
     state_dir: Path = Path("fedps-state")
     fsync: bool = Field(True, description="shards fsync each accepted push before acknowledging it")
@@ -62,17 +97,51 @@ class ClusterConfig(_Section):
         if not self.shards:
             raise ValueError("at least one shard address is required")
         for addr in [self.keyholder, self.coordinator, *self.shards]:
-            host, sep, port = addr.rpartition(":")
-            if not sep or not host or not port.isdigit() or int(port) > 65535:
-                raise ValueError(f"address {addr!r} is not host:port")
+            _check_address(addr)
         if len(set(self.shards)) != len(self.shards):
             raise ValueError("shard addresses must be distinct")
+        if self.listen.shards and len(self.listen.shards) != len(self.shards):
+            raise ValueError("listen.shards needs one address per shard (or none)")
         return self
 
     @property
     def shard_ids(self) -> list[str]:
         """Stable shard names, by position in ``shards``."""
         return [f"shard-{i}" for i in range(len(self.shards))]
+
+    def dial_address(self, role: str, index: int = 0) -> str:
+        """The address peers dial ``role`` at (``keyholder``, ``coordinator`` or ``shard``
+        with its ``index``).
+
+        Raises
+        ------
+        ValueError
+            An unknown role or a shard index out of range.
+        """
+        if role == "shard":
+            if not 0 <= index < len(self.shards):
+                raise ValueError(f"shard index {index} out of range [0, {len(self.shards)})")
+            return self.shards[index]
+        if role not in ("keyholder", "coordinator"):
+            raise ValueError(f"unknown role {role!r}: keyholder, coordinator or shard")
+        return self.keyholder if role == "keyholder" else self.coordinator
+
+    def listen_address(self, role: str, index: int = 0) -> str:
+        """The address ``role`` binds: its ``[cluster.listen]`` entry, else its dial address.
+
+        Raises
+        ------
+        ValueError
+            An unknown role or a shard index out of range.
+        """
+        dial = self.dial_address(role, index)
+        listen = self.listen
+        bound = {
+            "keyholder": listen.keyholder,
+            "coordinator": listen.coordinator,
+            "shard": listen.shards[index] if listen.shards else "",
+        }[role]
+        return bound or dial
 
 
 class TrainingConfig(_Section):

@@ -40,7 +40,9 @@ def issue_cluster_certificates(config: FedPSConfig, out_dir: Path) -> list[CertP
     """The CA (reused if ``out_dir`` has one) and one certificate per party of ``config``.
 
     Key holder, coordinator and shards get server and client usage (they also call each
-    other), with the host of their ``[cluster]`` address in the SubjectAltName. Each of the
+    other), with the host of their ``[cluster]`` address, the one peers dial and verify (an
+    IP address or a DNS name such as a compose service's), in the SubjectAltName; the
+    ``[cluster.listen]`` addresses they bind are not named there. Each of the
     ``training.clients`` clients (``client-0``...) and the operator get client usage only
     (:func:`crypto.tls.issue_certificates`).
     """

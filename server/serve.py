@@ -223,19 +223,16 @@ def serve_forever(
     StateLockedError
         Another process holds the role's state directory.
     AddressInUseError
-        Another process listens on the role's address.
+        Another process listens on the role's listen address.
     """
     from fedps.provisioning import setup_tls  # before any channel or port exists
 
     setup_tls(config.tls, f"shard-{index}" if role == "shard" else role)
     cluster = config.cluster
-    address = {
-        "keyholder": cluster.keyholder,
-        "coordinator": cluster.coordinator,
-        "shard": cluster.shards[index] if 0 <= index < len(cluster.shards) else "",
-    }[role]
-    if not address:
-        raise InvalidArgumentError(f"shard index {index} out of range")
+    try:  # [cluster.listen], else the address peers dial
+        address = cluster.listen_address(role, index)
+    except ValueError as exc:
+        raise InvalidArgumentError(str(exc)) from None
     name = cluster.shard_ids[index] if role == "shard" else role
     with StateLock(cluster.state_dir / name):  # held until this process stops serving
         server = create_server()

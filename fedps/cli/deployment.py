@@ -83,10 +83,21 @@ def write_config(config: FedPSConfig, path: Path) -> None:
     """Write ``config`` as TOML (every field, ``None`` fields left out)."""
     lines: list[str] = []
     for section, values in config.model_dump(mode="json").items():
-        lines.append(f"[{section}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None]
-        lines.append("")
+        lines += _toml_table(section, values)
     path.write_text("\n".join(lines))
+
+
+def _toml_table(name: str, values: dict[str, object]) -> list[str]:
+    """Table ``name`` as TOML lines, its sub-tables (``[cluster.listen]``) after it."""
+    tables = {k: v for k, v in values.items() if isinstance(v, dict)}
+    lines = [f"[{name}]"]
+    lines += [
+        f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None and k not in tables
+    ]
+    lines.append("")
+    for key, table in tables.items():
+        lines += _toml_table(f"{name}.{key}", table)
+    return lines
 
 
 @dataclass(frozen=True)

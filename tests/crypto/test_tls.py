@@ -185,6 +185,33 @@ def test_cluster_certificates_cover_every_party(tmp_path: Path) -> None:
     assert (tmp_path / CA_CERT_FILE).read_bytes() == ca_before
 
 
+def test_cluster_certificates_name_the_dial_hosts_not_the_listen_ones(tmp_path: Path) -> None:
+    # Prepare: containers dialed by service name, each listening on every interface
+    config = load_config(
+        None,
+        cluster={
+            "keyholder": "keyholder:7100",
+            "coordinator": "coordinator:7000",
+            "shards": ["shard-0:7201", "shard-1:7202"],
+            "listen": {
+                "keyholder": "0.0.0.0:7100",
+                "coordinator": "[::]:7000",
+                "shards": ["0.0.0.0:7201", "10.9.9.9:7202"],
+            },
+        },
+    )
+
+    # Execute
+    issue_cluster_certificates(config, tmp_path)
+
+    # Assert: each server's DNS name (what peers verify), never a bound address
+    for name in ("keyholder", "coordinator", "shard-0", "shard-1"):
+        san = _san(_cert(tmp_path / f"{name}.crt"))
+        assert name in san.get_values_for_type(x509.DNSName)
+        ips = {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+        assert ips == {"127.0.0.1"}, name
+
+
 def test_tls_config_rejects_enabled_and_insecure() -> None:
     with pytest.raises(ConfigError, match="tls"):
         load_config(None, tls={"enabled": True, "insecure": True})

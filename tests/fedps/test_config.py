@@ -139,6 +139,14 @@ def test_bad_field_is_named(sections: dict[str, dict[str, object]], expected: st
         ({"cluster": {"keyholder": ":7100"}}, ["cluster: ", "':7100'"]),
         ({"cluster": {"shards": []}}, ["cluster: ", "shard"]),
         ({"cluster": {"shards": ["h:1", "h:2", "h:1"]}}, ["cluster: ", "distinct"]),
+        (
+            {"cluster": {"listen": {"keyholder": "0.0.0.0"}}},
+            ["cluster.listen: ", "'0.0.0.0'", "host:port"],
+        ),
+        (
+            {"cluster": {"listen": {"shards": ["0.0.0.0:7201"]}}},
+            ["cluster: ", "listen.shards", "one address per shard"],
+        ),
         ({"training": {"min_quorum": 5, "clients": 4}}, ["training: ", "min_quorum", "clients"]),
         ({"training": {"cohort_size": 1, "min_quorum": 2}}, ["training: ", "cohort_size"]),
         (
@@ -279,6 +287,69 @@ def test_write_config_round_trip(
 
     # Assert
     assert loaded == config
+
+
+def test_listen_addresses_default_to_the_dial_addresses() -> None:
+    # Prepare / Execute
+    cluster = load_config(None).cluster
+
+    # Assert: every role binds where it is dialed
+    assert cluster.listen_address("keyholder") == cluster.keyholder == "127.0.0.1:7100"
+    assert cluster.listen_address("coordinator") == cluster.coordinator
+    assert [cluster.listen_address("shard", i) for i in range(2)] == cluster.shards
+
+
+def test_listen_table_separates_bind_from_dial(tmp_path: Path) -> None:
+    # Prepare: containers dialed by service name, each binding every interface
+    path = _write(
+        tmp_path,
+        """
+[cluster]
+keyholder = "keyholder:7100"
+coordinator = "coordinator:7000"
+shards = ["shard-0:7201", "shard-1:7202"]
+
+[cluster.listen]
+keyholder = "0.0.0.0:7100"
+shards = ["0.0.0.0:7201", "[::]:7202"]
+""",
+    )
+
+    # Execute
+    cluster = load_config(path).cluster
+
+    # Assert: listen where given, the dial address elsewhere; peers still dial the names
+    assert cluster.listen_address("keyholder") == "0.0.0.0:7100"
+    assert cluster.listen_address("coordinator") == "coordinator:7000"
+    assert cluster.listen_address("shard", 1) == "[::]:7202"
+    assert cluster.dial_address("shard", 1) == "shard-1:7202"
+    assert cluster.keyholder == "keyholder:7100"
+
+
+@pytest.mark.parametrize(("role", "index"), [("shard", 2), ("shard", -1), ("worker", 0)])
+def test_listen_address_of_an_unknown_role_or_shard(role: str, index: int) -> None:
+    # Execute / Assert
+    with pytest.raises(ValueError, match=r"out of range|unknown role"):
+        load_config(None).cluster.listen_address(role, index)
+
+
+def test_write_config_round_trip_of_the_listen_table(tmp_path: Path) -> None:
+    # Prepare
+    config = load_config(
+        None,
+        cluster={
+            "keyholder": "kh.example:7100",
+            "listen": {"keyholder": "0.0.0.0:7100", "shards": ["0.0.0.0:1", "0.0.0.0:2"]},
+        },
+    )
+    path = tmp_path / "out.toml"
+
+    # Execute
+    write_config(config, path)
+
+    # Assert
+    assert "[cluster.listen]" in path.read_text()
+    assert load_config(path) == config
 
 
 def test_sync_groups_need_async_mode() -> None:
