@@ -16,7 +16,7 @@ from typing import Any
 import click
 import pytest
 import typer
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML (a dependency of flwr) ships no stubs
 
 from fedps.cli import app
 from fedps.config import FedPSConfig, load_config

@@ -1,13 +1,18 @@
-"""Key holder, shards, coordinator and clients as separate hosts (Linux network namespaces).
+"""docs/deploy.md, run as written: its hosts are Linux network namespaces on a bridge.
 
-Each role runs in its own network namespace with its own address on a bridge the test
-creates (10.77.0.0/24, veth pairs); the test process reaches them through the bridge. During
-a round the test cuts one shard's link for a few seconds, then restores it: clients and the
-coordinator wait it out, and training finishes with every round applied. Needs root and
-``ip netns``; skipped with the reason otherwise.
+The page's blocks marked ``<!-- checked: KIND HOST -->`` are the test's script: the
+configuration (``config``), ``fedps certs`` on host A (``setup``), the ``scp`` lines that say
+which files go to which host (``copy``), every role's command (``start``, in the page's order)
+and ``fedps status`` (``check``). Each host gets its own namespace with its own address on a
+bridge the test creates (a free 10.77.N.0/24, veth pairs) and its own ``/etc/fedps`` and
+``/var/lib/fedps`` (folders under the test's temporary directory); the hosts' names become
+their addresses, roles listen on ``0.0.0.0`` and are dialed at those addresses under mutual
+TLS. During a round the test cuts host B's link (both shards) for a few seconds, then
+restores it: clients and the coordinator wait it out, and training finishes with every round
+applied. Needs root and ``ip netns``; skipped with the reason otherwise.
 
 Nothing here depends on how fast the machine is: the test waits for the events it needs
-(round 1 under way, training finished) with hang guards far above the minute or two a run
+(round 1 applied, training finished) with hang guards far above the minute or two a run
 takes, and the round deadline is long enough that a loaded machine's slow client still
 commits in time (rounds end as soon as all three have committed, so it costs nothing).
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -25,9 +31,10 @@ from pathlib import Path
 
 import pytest
 
+from crypto.tls import OPERATOR_NAME, TlsIdentity, configure_tls
 from fedps.cli.deployment import write_config
-from fedps.config import FedPSConfig, load_config
-from fedps.provisioning import provision_cluster
+from fedps.config import load_config
+from fedps.provisioning import reset_tls
 from tests.conftest import coordinator_status, reached
 from tests.waiting import HANG_S, wait_for
 
@@ -35,12 +42,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PREFIX = f"fps{os.getpid() % 10000}"
 BRIDGE = f"{PREFIX}br"
-HOSTS = {"keyholder": 2, "shard-0": 3, "shard-1": 4, "coordinator": 5, "clients": 6}
+HOSTS = {"host-a": 2, "host-b": 3, "host-c": 4}
+DOC = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
 ROUNDS = 3
 #: The round deadline: every client must make every round (the test asserts 3 contributors),
 #: so it is a hang guard, not a pace; rounds end early once all three have committed.
 DEADLINE_S = HANG_S
-#: How long the shard's link stays cut.
+#: How long host B's link stays cut.
 CUT_S = 4.0
 
 
@@ -129,21 +137,46 @@ def hosts(subnet: str) -> Iterator[dict[str, str]]:
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
 
 
-def _config(tmp_path: Path, subnet: str) -> FedPSConfig:
-    def at(host: str, port: int) -> str:
-        return f"{subnet}.{HOSTS[host]}:{port}"
+def _checked_blocks() -> list[tuple[str, str, str]]:
+    """The page's checked blocks in order: (kind, host, text)."""
+    pattern = r"<!-- checked: (\w+)(?: ([\w-]+))? -->\n```\w*\n(.*?)```"
+    return [(m[1], m[2] or "", m[3]) for m in re.finditer(pattern, DOC.read_text(), re.DOTALL)]
 
-    return load_config(
-        None,
-        cluster={
-            "keyholder": at("keyholder", 7001),
-            "coordinator": at("coordinator", 7002),
-            "shards": [at("shard-0", 7003), at("shard-1", 7004)],
-            "state_dir": str(tmp_path / "state"),
-        },
-        training={"rounds": ROUNDS, "clients": 3, "min_quorum": 2, "deadline_s": DEADLINE_S},
-        tls={"insecure": True, "directory": str(tmp_path / "certs")},
-    )
+
+class Hosts:
+    """Each host's folders and address: the page's names and paths, made this test's."""
+
+    def __init__(self, root: Path, subnet: str) -> None:
+        self.root = root
+        self.subnet = subnet
+
+    def ip(self, host: str) -> str:
+        return f"{self.subnet}.{HOSTS[host]}"
+
+    def local(self, host: str, text: str) -> str:
+        """``text`` as seen on ``host``: host names become addresses, and ``/etc/fedps`` and
+        ``/var/lib/fedps`` that host's folders."""
+        for name in HOSTS:
+            text = text.replace(f"{name}.example.net", self.ip(name))
+        base = self.root / host
+        return text.replace("/etc/fedps", f"{base}/etc").replace("/var/lib/fedps", f"{base}/var")
+
+    def copy(self, line: str, host: str) -> list[str]:
+        """Do one ``scp SOURCE... HOST:DIR`` line run on ``host``; the file names copied."""
+        match = re.fullmatch(r"scp (\S+) ([\w-]+)\.example\.net:(\S+)", line.strip())
+        assert match is not None, f"not an scp line: {line}"
+        source, target, folder = match.groups()
+        braces = re.fullmatch(r"(.*)\{(.*)\}", source)
+        sources = [braces[1] + n for n in braces[2].split(",")] if braces else [source]
+        destination = Path(self.local(target, folder))
+        destination.mkdir(parents=True, exist_ok=True)
+        for path in map(Path, (self.local(host, s) for s in sources)):
+            if path.suffix == ".toml":  # the same file; its paths are the target's here
+                text = path.read_text().replace(str(self.root / host), str(self.root / target))
+                (destination / path.name).write_text(text)
+            else:
+                shutil.copy2(path, destination / path.name)  # keys keep mode 600
+        return [Path(s).name for s in sources]
 
 
 def _tails(logs: Path) -> str:
@@ -152,38 +185,63 @@ def _tails(logs: Path) -> str:
     )
 
 
-def test_training_survives_a_cut_link_between_hosts(
+def _name(args: list[str]) -> str:
+    """A role's name from its command line: keyholder, shard-0, client-2..."""
+    index = args[args.index("--index") + 1] if "--index" in args else ""
+    return f"{args[0]}-{index}" if index else args[0]
+
+
+def test_the_deployment_guide_runs_on_three_hosts(
     tmp_path: Path, subnet: str, hosts: dict[str, str]
 ) -> None:
-    # Prepare: every role on its own host; three clients on a fourth
-    config = _config(tmp_path, subnet)
-    provision_cluster(config)  # the enrolment key and the clients' tokens
-    path = tmp_path / "fedps.toml"
-    write_config(config, path)
+    # Prepare: host A's configuration from the page (3 rounds, a deadline that is a hang
+    # guard), its certificates, and the files the page copies to hosts B and C
+    blocks = _checked_blocks()
+    assert [k for k, _, _ in blocks] == ["config", "setup", "copy", *["start"] * 4, "check"]
+    world = Hosts(tmp_path, subnet)
+    config_path = Path(world.local("host-a", "/etc/fedps/fedps.toml"))
+    config_path.parent.mkdir(parents=True)
+    config_path.write_text(world.local("host-a", blocks[0][2]))
+    training = {"rounds": ROUNDS, "deadline_s": DEADLINE_S}
+    write_config(load_config(config_path, training=training), config_path)
+    fedps = [sys.executable, "-m", "fedps.cli"]
+
+    def command(host: str, line: str) -> list[str]:
+        args = shlex.split(world.local(host, line))
+        assert args[0] == "fedps", line
+        return ["ip", "netns", "exec", hosts[host], *fedps, *args[1:]]
+
+    def run(host: str, line: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(command(host, line), capture_output=True, text=True, check=False)
+
+    for _, host, text in blocks[1:2]:
+        for line in text.splitlines():
+            done = run(host, line)
+            assert done.returncode == 0, done.stdout + done.stderr
+    copied = {name: "" for name in HOSTS}
+    for _, host, text in blocks[2:3]:
+        for line in text.splitlines():
+            target = line.split()[-1].split(".")[0]
+            copied[target] += " ".join(world.copy(line, host)) + " "
+    assert "ca.key" not in copied["host-b"] + copied["host-c"]
+    assert "enrolment.key" not in copied["host-b"] + copied["host-c"]
     logs = tmp_path / "logs"
     logs.mkdir()
     procs: list[subprocess.Popen[bytes]] = []
     names: list[str] = []
-
-    def start(host: str, name: str, *args: str) -> None:
-        names.append(name)
-        with open(logs / f"{name}.log", "wb") as log:
-            cmd = ["ip", "netns", "exec", hosts[host], sys.executable, "-m", "fedps.cli"]
-            procs.append(
-                subprocess.Popen([*cmd, *args, "--config", str(path)], stdout=log, stderr=log)
-            )
+    coordinator = load_config(config_path).cluster.coordinator
 
     try:
-        start("keyholder", "keyholder", "keyholder")
-        start("shard-0", "shard-0", "shard", "--index", "0")
-        start("shard-1", "shard-1", "shard", "--index", "1")
-        start("coordinator", "coordinator", "coordinator")
-        for i in range(3):
-            start("clients", f"client-{i}", "client", "--index", str(i))
-        # Execute: once round 2 is under way, cut shard-1's link for a few seconds (the
-        # length of the cut, not a deadline: clients and coordinator wait out any length)
-        coordinator = config.cluster.coordinator
+        for _, host, text in blocks[3:7]:
+            for line in text.splitlines():
+                names.append(_name(shlex.split(line)[1:]))
+                with open(logs / f"{names[-1]}.log", "wb") as log:
+                    procs.append(subprocess.Popen(command(host, line), stdout=log, stderr=log))
+        # this process watches as the operator
+        configure_tls(TlsIdentity.load(config_path.parent / "certs", OPERATOR_NAME))
 
+        # Execute: once round 1 is applied, cut host B's link for a few seconds (the
+        # length of the cut, not a deadline: clients and coordinator wait out any length)
         def alive_and(condition: Callable[[], bool]) -> Callable[[], bool]:
             def check() -> bool:
                 exited = [n for n, p in zip(names, procs, strict=True) if p.poll() is not None]
@@ -194,14 +252,16 @@ def test_training_survives_a_cut_link_between_hosts(
 
         try:
             wait_for(alive_and(lambda: reached(coordinator, 1)), "round 1 applied", poll_s=0.2)
-            _ip("link", "set", f"{PREFIX}v{HOSTS['shard-1']}", "down")
+            _ip("link", "set", f"{PREFIX}v{HOSTS['host-b']}", "down")
             time.sleep(CUT_S)
-            _ip("link", "set", f"{PREFIX}v{HOSTS['shard-1']}", "up")
+            _ip("link", "set", f"{PREFIX}v{HOSTS['host-b']}", "up")
             wait_for(lambda: reached(coordinator, finished=True), "the end of training", poll_s=0.5)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{_tails(logs)}") from None
         status = coordinator_status(coordinator)
+        checks = [run(host, line) for _, host, text in blocks[7:] for line in text.splitlines()]
     finally:
+        reset_tls()
         for proc in procs:
             proc.terminate()
         for proc in procs:
@@ -209,8 +269,15 @@ def test_training_survives_a_cut_link_between_hosts(
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    # Assert: every round applied by all three clients despite the cut
-    tail = {p.name: p.read_text(errors="replace")[-800:] for p in logs.iterdir()}
+    # Assert: every round applied by all three clients despite the cut; roles bound
+    # 0.0.0.0 and `fedps status` on host A finds every role up at its dialed address
+    tail = _tails(logs)
     assert status is not None and status.finished and status.round == ROUNDS, tail
     assert [r.abandoned for r in status.history] == [False] * ROUNDS
     assert all(r.contributors == 3 for r in status.history), tail
+    assert "listening on 0.0.0.0:7100" in (logs / "keyholder.log").read_text(), tail
+    assert "listening on 0.0.0.0:7202" in (logs / "shard-1.log").read_text(), tail
+    for check in checks:
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert check.stdout.count(": up") == 4, check.stdout  # coordinator, key holder, shards
+        assert f"shard-1 {world.ip('host-b')}:7202: up" in check.stdout, check.stdout
