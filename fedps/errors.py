@@ -12,6 +12,8 @@ caller's side does.
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "ConfigError",
     "CorruptStateError",
@@ -27,6 +29,7 @@ __all__ = [
     "StaleUpdateError",
     "UnauthenticatedError",
     "UnknownClientError",
+    "error_reason",
 ]
 
 
@@ -88,3 +91,10 @@ class PeerUnavailableError(FedPSError):
 class NotReadyError(PeerUnavailableError):
     """The peer is up but not ready yet (no model, no keys): like an unreachable peer, worth
     asking again later."""
+
+
+def error_reason(exc: BaseException) -> str:
+    """The kind of ``exc`` as a short snake_case reason: ``StaleUpdateError`` ->
+    ``stale_update`` (what refusal counts are keyed by)."""
+    name = type(exc).__name__.removesuffix("Error")
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
