@@ -13,6 +13,7 @@ caller's side does.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 __all__ = [
     "ConfigError",
@@ -42,7 +43,15 @@ class InvalidArgumentError(FedPSError, ValueError):
 
 
 class ConfigError(InvalidArgumentError):
-    """A configuration file or field is invalid."""
+    """A configuration file or field is invalid.
+
+    ``fields``: the message for each bad field by its dotted name (``training.rounds``; a
+    section's name for an error between its fields), where the error came from validation.
+    """
+
+    def __init__(self, message: str, *, fields: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.fields: dict[str, str] = dict(fields or {})
 
 
 class CorruptStateError(FedPSError):
