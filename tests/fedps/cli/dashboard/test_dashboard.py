@@ -144,9 +144,7 @@ def test_starting_a_run_without_the_token_is_forbidden(
     assert not launcher.running
 
 
-def test_bad_settings_are_refused_field_by_field(
-    client: TestClient, launcher: RunLauncher
-) -> None:
+def test_bad_settings_are_refused_field_by_field(client: TestClient, launcher: RunLauncher) -> None:
     # Prepare
     form = {
         "training.rounds": "0",
@@ -176,9 +174,7 @@ def test_a_field_the_form_does_not_offer_is_refused(client: TestClient) -> None:
     assert "cluster.state_dir" in response.json()["errors"]
 
 
-def test_no_run_starts_while_one_is_in_progress(
-    client: TestClient, launcher: RunLauncher
-) -> None:
+def test_no_run_starts_while_one_is_in_progress(client: TestClient, launcher: RunLauncher) -> None:
     # Prepare: the followed coordinator trains a run
     launcher.busy = lambda: "run abc is in progress"
 
