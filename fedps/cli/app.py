@@ -429,9 +429,16 @@ def ui(
     """Serve the web dashboard: live rounds, privacy, participation and the roles' health of
     the configured cluster; the operator (who holds the printed token) starts the next run."""
     from crypto.tls import OPERATOR_NAME
-    from fedps.cli.dashboard import RunLauncher, new_token, serve_dashboard, write_token
+    from fedps.cli.dashboard import (
+        RunLauncher,
+        new_token,
+        parse_bind,
+        serve_dashboard,
+        write_token,
+    )
 
     _setup_logging(False)
+    parse_bind(bind)  # a bad address fails before anything is written
     cfg = _load(config, insecure=insecure)
     _provision(cfg)
     _setup_tls(cfg, OPERATOR_NAME)  # to read the roles' status
