@@ -542,9 +542,11 @@ def load_config(path: Path | None = None, **overrides: Mapping[str, object]) -> 
         return FedPSConfig.model_validate(data)
     except ValidationError as exc:
         lines = []
+        fields: dict[str, str] = {}
         for err in exc.errors():
             loc = ".".join(str(p) for p in err["loc"]) or "config"
             lines.append(f"{loc}: {err['msg']}")
-        raise ConfigError("invalid configuration: " + "; ".join(lines)) from None
+            fields.setdefault(loc, err["msg"])
+        raise ConfigError("invalid configuration: " + "; ".join(lines), fields=fields) from None
     except ConfigError as exc:
-        raise ConfigError(f"invalid configuration: {exc}") from None
+        raise ConfigError(f"invalid configuration: {exc}", fields=exc.fields) from None

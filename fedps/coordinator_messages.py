@@ -180,3 +180,5 @@ class ClusterStatus(WireRecord[coordinator_pb2.ClusterStatus]):
     client_epsilons: dict[str, float] = field(default_factory=dict)
     noise: str = ""
     client_noise_multipliers: dict[str, float] = field(default_factory=dict)
+    #: rounds each registered client reported an update for (its participation)
+    client_rounds: dict[str, int] = field(default_factory=dict)

@@ -12,6 +12,9 @@ caller's side does.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
 __all__ = [
     "ConfigError",
     "CorruptStateError",
@@ -27,6 +30,7 @@ __all__ = [
     "StaleUpdateError",
     "UnauthenticatedError",
     "UnknownClientError",
+    "error_reason",
 ]
 
 
@@ -39,7 +43,15 @@ class InvalidArgumentError(FedPSError, ValueError):
 
 
 class ConfigError(InvalidArgumentError):
-    """A configuration file or field is invalid."""
+    """A configuration file or field is invalid.
+
+    ``fields``: the message for each bad field by its dotted name (``training.rounds``; a
+    section's name for an error between its fields), where the error came from validation.
+    """
+
+    def __init__(self, message: str, *, fields: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.fields: dict[str, str] = dict(fields or {})
 
 
 class CorruptStateError(FedPSError):
@@ -88,3 +100,10 @@ class PeerUnavailableError(FedPSError):
 class NotReadyError(PeerUnavailableError):
     """The peer is up but not ready yet (no model, no keys): like an unreachable peer, worth
     asking again later."""
+
+
+def error_reason(exc: BaseException) -> str:
+    """The kind of ``exc`` as a short snake_case reason: ``StaleUpdateError`` ->
+    ``stale_update`` (what refusal counts are keyed by)."""
+    name = type(exc).__name__.removesuffix("Error")
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()

@@ -124,6 +124,8 @@ class ModelState(WireRecord[keyholder_pb2.ModelState]):
     last_round: int
     detections: dict[str, int] = field(default_factory=dict)
     quarantined: tuple[str, ...] = ()
+    #: the detections by reason, summed over the shards
+    detection_reasons: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -183,3 +183,5 @@ class ShardStatus(WireRecord[shard_pb2.ShardStatus]):
     pushes_accepted: int
     pushes_refused: int
     bytes_received: int
+    #: refused push messages by reason (the error's kind in snake_case)
+    refusals: dict[str, int] = field(default_factory=dict)

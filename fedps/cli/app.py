@@ -10,6 +10,7 @@ import logging
 import signal
 import sys
 import tempfile
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -36,6 +37,14 @@ InsecureOpt = Annotated[
     typer.Option(
         "--insecure",
         help="Turn mutual TLS off: plaintext gRPC, clients admitted by enrolment token (warns).",
+    ),
+]
+UiOpt = Annotated[
+    Optional[str],  # noqa: UP045 - typer needs Optional here
+    typer.Option(
+        "--ui",
+        metavar="HOST:PORT",
+        help="Serve the read-only web dashboard on HOST:PORT beside the run (port 0: any).",
     ),
 ]
 _log = logging.getLogger("fedps")
@@ -221,6 +230,7 @@ def certs(
 def up(
     config: Annotated[Path, typer.Argument(help="Cluster configuration (TOML).")],
     insecure: InsecureOpt = False,
+    ui: UiOpt = None,
 ) -> None:
     """Start key holder, shards and coordinator as processes and keep them up until training
     ends: a role that dies is restarted, one line per round is printed, and Ctrl-C or SIGTERM
@@ -237,13 +247,25 @@ def up(
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as Ctrl-C does
     deployment = Deployment(config, cfg)
     try:
-        deployment.start_servers()
-        typer.echo(f"fedps cluster up; coordinator at {cfg.cluster.coordinator}. Ctrl-C to stop.")
-        deployment.supervise(echo=typer.echo)
+        with _dashboard(cfg, ui):
+            deployment.start_servers()
+            typer.echo(
+                f"fedps cluster up; coordinator at {cfg.cluster.coordinator}. Ctrl-C to stop."
+            )
+            deployment.supervise(echo=typer.echo)
     except KeyboardInterrupt:
         typer.echo("stopping...")
     finally:
         deployment.stop()
+
+
+def _dashboard(cfg: FedPSConfig, ui: str | None) -> AbstractContextManager[object]:
+    """``--ui HOST:PORT``: the read-only dashboard of ``cfg``'s cluster inside the block."""
+    if ui is None:
+        return nullcontext()
+    from fedps.cli.dashboard import serve_dashboard
+
+    return serve_dashboard(cfg, ui, echo=typer.echo)
 
 
 @app.command()
@@ -260,6 +282,7 @@ def demo(
         typer.Option(help="Override training.mode: sync (rounds) or async (FedBuff buffers)."),
     ] = None,
     insecure: InsecureOpt = False,
+    ui: UiOpt = None,
 ) -> None:
     """Train on digits with a key holder, 2 shards, a coordinator and 4 clients, locally,
     under mutual TLS with certificates made for the run."""
@@ -279,7 +302,7 @@ def demo(
     if training:
         overrides["training"] = training
     with tempfile.TemporaryDirectory(prefix="fedps-demo-") as tmp:
-        summary = run_demo(config, Path(tmp), overrides)
+        summary = run_demo(config, Path(tmp), overrides, ui=ui)
     _write_json(json_out, summary.to_json(), "summary")
 
 
@@ -378,6 +401,70 @@ def experiment(
             "run the same command again to retry them"
         )
     typer.echo(f"report: fedps experiment report {results}")
+
+
+@app.command()
+def ui(
+    config: ConfigOpt = None,
+    bind: Annotated[
+        str, typer.Option(metavar="HOST:PORT", help="Where the dashboard listens (port 0: any).")
+    ] = "127.0.0.1:8765",
+    token_file: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            help="Read the operator token from this file (default: a new random token, "
+            "written to STATE_DIR/ui.token, mode 600)."
+        ),
+    ] = None,
+    remote_clients: Annotated[
+        bool,
+        typer.Option(
+            "--remote-clients",
+            help="A run started from the page starts only the servers; the deployment's "
+            "clients join it (default: its clients run as processes here).",
+        ),
+    ] = False,
+    insecure: InsecureOpt = False,
+) -> None:
+    """Serve the web dashboard: live rounds, privacy, participation and the roles' health of
+    the configured cluster; the operator (who holds the printed token) starts the next run."""
+    from crypto.tls import OPERATOR_NAME
+    from fedps.cli.dashboard import (
+        RunLauncher,
+        new_token,
+        parse_bind,
+        serve_dashboard,
+        write_token,
+    )
+
+    _setup_logging(False)
+    parse_bind(bind)  # a bad address fails before anything is written
+    cfg = _load(config, insecure=insecure)
+    _provision(cfg)
+    _setup_tls(cfg, OPERATOR_NAME)  # to read the roles' status
+    state_root = cfg.cluster.state_dir
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as exc:
+            raise FedPSError(f"cannot read the token file {token_file}: {exc.strerror}") from None
+        if len(token) < 16:
+            raise FedPSError(f"the token in {token_file} is shorter than 16 characters")
+    else:
+        token = new_token()
+        write_token(state_root / "ui.token", token)
+    base = {"tls": {"insecure": True, "enabled": False}} if insecure else {}
+    launcher = RunLauncher(
+        config, base_overrides=base, state_root=state_root, local_clients=not remote_clients
+    )
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as Ctrl-C does
+    try:
+        with serve_dashboard(cfg, bind, echo=typer.echo, token=token, launcher=launcher):
+            signal.pause()
+    except KeyboardInterrupt:
+        typer.echo("stopping...")
+    finally:
+        launcher.stop()
 
 
 @app.command()

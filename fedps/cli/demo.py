@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 
 from rich.console import Console
@@ -53,11 +54,13 @@ def run_demo(
     timeout_s: float = 1800.0,
     quiet: bool = False,
     client_data: Sequence[Path] = (),
+    ui: str | None = None,
 ) -> DemoSummary:
     """Run the demo; returns its summary (rounds, final accuracy, max epsilon, ...).
 
     ``client_data``: each client's own data (``fedps client --data``), one path per client in
     order; empty: none (a built-in task's clients are partitions of one dataset).
+    ``ui``: serve the read-only web dashboard of the run on this ``HOST:PORT``.
     """
     console = console or Console(stderr=False, quiet=quiet)
     shards = len(load_config(config_path, **overrides).cluster.shards)
@@ -82,7 +85,12 @@ def run_demo(
     started = time.time()
     deployment = Deployment(path, config)
     coordinator = CoordinatorClient(config.cluster.coordinator)
+    dashboard = ExitStack()
     try:
+        if ui is not None:
+            from fedps.cli.dashboard import serve_dashboard
+
+            dashboard.enter_context(serve_dashboard(config, ui, echo=console.print))
         deployment.start_servers()
         # The cores go to the clients: one alone (a centralised baseline) trains on all.
         threads = str(max(1, (os.cpu_count() or 1) // t.clients))
@@ -97,6 +105,7 @@ def run_demo(
     finally:
         coordinator.close()
         deployment.stop()
+        dashboard.close()
     seconds = time.time() - started
     evaluated = [r for r in status.history if r.accuracy >= 0]
     noise = status.client_noise_multipliers

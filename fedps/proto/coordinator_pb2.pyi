@@ -419,6 +419,26 @@ class ClusterStatus(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class ClientRoundsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     RUN_ID_FIELD_NUMBER: _builtins.int
     ROUND_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
@@ -432,6 +452,7 @@ class ClusterStatus(_message.Message):
     CLIENT_EPSILONS_FIELD_NUMBER: _builtins.int
     NOISE_FIELD_NUMBER: _builtins.int
     CLIENT_NOISE_MULTIPLIERS_FIELD_NUMBER: _builtins.int
+    CLIENT_ROUNDS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     round: _builtins.int
     version: _builtins.int
@@ -453,6 +474,10 @@ class ClusterStatus(_message.Message):
     def client_noise_multipliers(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """The noise multiplier each client last reported, by client id (clients that reported)."""
 
+    @_builtins.property
+    def client_rounds(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """How many rounds each registered client reported an update for, by client id."""
+
     def __init__(
         self,
         *,
@@ -469,10 +494,11 @@ class ClusterStatus(_message.Message):
         client_epsilons: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         noise: _builtins.str = ...,
         client_noise_multipliers: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        client_rounds: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "client_epsilons", b"client_epsilons", "client_noise_multipliers", b"client_noise_multipliers", "delta", b"delta", "finished", b"finished", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "noise", b"noise", "registered", b"registered", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "client_epsilons", b"client_epsilons", "client_noise_multipliers", b"client_noise_multipliers", "client_rounds", b"client_rounds", "delta", b"delta", "finished", b"finished", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "noise", b"noise", "registered", b"registered", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

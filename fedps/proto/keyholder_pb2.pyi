@@ -295,12 +295,33 @@ class ModelState(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class DetectionReasonsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     VERSION_FIELD_NUMBER: _builtins.int
     NUM_PARAMS_FIELD_NUMBER: _builtins.int
     INITIALIZED_FIELD_NUMBER: _builtins.int
     LAST_ROUND_FIELD_NUMBER: _builtins.int
     DETECTIONS_FIELD_NUMBER: _builtins.int
     QUARANTINED_FIELD_NUMBER: _builtins.int
+    DETECTION_REASONS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     num_params: _builtins.int
     initialized: _builtins.bool
@@ -313,6 +334,10 @@ class ModelState(_message.Message):
     def quarantined(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """shards whose aggregates are no longer decrypted"""
 
+    @_builtins.property
+    def detection_reasons(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """The same detections by reason (tampered_aggregate, ...), summed over the shards."""
+
     def __init__(
         self,
         *,
@@ -322,10 +347,11 @@ class ModelState(_message.Message):
         last_round: _builtins.int = ...,
         detections: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         quarantined: _abc.Iterable[_builtins.str] | None = ...,
+        detection_reasons: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detections", b"detections", "initialized", b"initialized", "last_round", b"last_round", "num_params", b"num_params", "quarantined", b"quarantined", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detection_reasons", b"detection_reasons", "detections", b"detections", "initialized", b"initialized", "last_round", b"last_round", "num_params", b"num_params", "quarantined", b"quarantined", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

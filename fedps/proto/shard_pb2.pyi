@@ -350,6 +350,26 @@ Global___PublishReply: _TypeAlias = PublishReply  # noqa: Y015
 class ShardStatus(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class RefusalsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     SHARD_ID_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     BLOCKS_FIELD_NUMBER: _builtins.int
@@ -358,6 +378,7 @@ class ShardStatus(_message.Message):
     PUSHES_ACCEPTED_FIELD_NUMBER: _builtins.int
     PUSHES_REFUSED_FIELD_NUMBER: _builtins.int
     BYTES_RECEIVED_FIELD_NUMBER: _builtins.int
+    REFUSALS_FIELD_NUMBER: _builtins.int
     shard_id: _builtins.str
     version: _builtins.int
     blocks: _builtins.int
@@ -366,6 +387,10 @@ class ShardStatus(_message.Message):
     pushes_accepted: _builtins.int
     pushes_refused: _builtins.int
     bytes_received: _builtins.int
+    @_builtins.property
+    def refusals(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Refused push messages by reason (the error's kind, snake_case: round_closed, ...)."""
+
     def __init__(
         self,
         *,
@@ -377,10 +402,11 @@ class ShardStatus(_message.Message):
         pushes_accepted: _builtins.int = ...,
         pushes_refused: _builtins.int = ...,
         bytes_received: _builtins.int = ...,
+        refusals: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "bytes_received", b"bytes_received", "open_round", b"open_round", "pushes_accepted", b"pushes_accepted", "pushes_refused", b"pushes_refused", "round_open", b"round_open", "shard_id", b"shard_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "bytes_received", b"bytes_received", "open_round", b"open_round", "pushes_accepted", b"pushes_accepted", "pushes_refused", b"pushes_refused", "refusals", b"refusals", "round_open", b"round_open", "shard_id", b"shard_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

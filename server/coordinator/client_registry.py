@@ -56,6 +56,7 @@ class RegisteredClient:
     bytes_pushed: int = 0
     exhausted: bool = False
     noise_multiplier: float | None = None  # as the client last reported it
+    rounds: int = 0  # rounds it reported an update for
 
     def spent(self, epsilon: float, delta: float) -> None:
         """The client says it has spent ``epsilon`` (at ``delta``): keep the largest."""
@@ -245,6 +246,7 @@ class ClientRegistry:
             if noise_multiplier is not None:
                 client.noise_multiplier = noise_multiplier
             client.bytes_pushed += bytes_pushed
+            client.rounds += 1
             client.exhausted = client.exhausted or budget_exhausted
 
     def _identify(self, identity: str | None, enrolment_token: str) -> tuple[str, str]:
@@ -343,6 +345,12 @@ class ClientRegistry:
                 for cid, c in self._clients.items()
                 if c.noise_multiplier is not None
             }
+
+    @property
+    def client_rounds(self) -> dict[str, int]:
+        """How many rounds each registered client reported an update for, by client id."""
+        with self._lock:
+            return {cid: c.rounds for cid, c in self._clients.items()}
 
     @property
     def bytes_pushed(self) -> int:

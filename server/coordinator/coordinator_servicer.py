@@ -102,6 +102,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             last_checkpoint_unix=c.last_checkpoint,
             client_epsilons=c.client_epsilons,
             client_noise_multipliers=c.client_noise_multipliers,
+            client_rounds=c.registry.client_rounds,
         ).to_proto()
 
 

@@ -27,6 +27,7 @@ import os
 import threading
 import time
 import zipfile
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -280,6 +281,11 @@ class KeyHolder:
         with self._lock:
             return {shard: sum(r.values()) for shard, r in self.detections.items()}
 
+    def detection_reasons(self) -> dict[str, int]:
+        """Detections so far, by reason, summed over the shards."""
+        with self._lock:
+            return dict(sum((Counter(r) for r in self.detections.values()), Counter()))
+
     def model_state(self) -> ModelState:
         """The model's version, size and last round, and the tampering detected so far."""
         return ModelState(
@@ -289,6 +295,7 @@ class KeyHolder:
             last_round=self.last_round,
             detections=self.detection_counts(),
             quarantined=tuple(self.quarantined),
+            detection_reasons=self.detection_reasons(),
         )
 
     def clear_detections(self) -> None:

@@ -35,6 +35,7 @@ from fedps.errors import (
     RoundClosedError,
     StaleUpdateError,
     UnknownClientError,
+    error_reason,
 )
 from fedps.hash_ring import HashRing
 from fedps.messages import Aggregate, Contribution, ParameterBlock
@@ -156,6 +157,8 @@ class Shard:
         self._log = log
         self._replaying = False
         self.stats = {"accepted": 0, "duplicates": 0, "refused": 0, "bytes": 0}
+        #: refused push messages by reason (:func:`fedps.errors.error_reason`)
+        self.refusals: dict[str, int] = {}
 
     # ------------------------------------------------------------------ durability
     def recover(self) -> int:
@@ -398,9 +401,11 @@ class Shard:
             UnknownClientError,
             RateLimitedError,
             StaleUpdateError,
-        ):
+        ) as exc:
             with self._lock:
                 self.stats["refused"] += 1
+                reason = error_reason(exc)
+                self.refusals[reason] = self.refusals.get(reason, 0) + 1
             raise
 
     def _push(self, batch: PushBatch) -> tuple[int, int]:
@@ -614,6 +619,7 @@ class Shard:
             pushes_accepted=self.stats["accepted"],
             pushes_refused=self.stats["refused"],
             bytes_received=self.stats["bytes"],
+            refusals=dict(self.refusals),
         )
 
     @property

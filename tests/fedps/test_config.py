@@ -396,3 +396,19 @@ def test_public_metrics_are_an_explicit_opt_in() -> None:
     config = load_config(None, metrics={"coordinator": "0.0.0.0:9100", "public": True})
 
     assert config.metrics.public and config.metrics.coordinator == "0.0.0.0:9100"
+
+
+def test_errors_are_given_per_field() -> None:
+    # Prepare
+    sections: dict[str, dict[str, object]] = {
+        "training": {"rounds": 0, "lr": "fast"},
+        "privacy": {"delta": 2},
+    }
+
+    # Execute
+    with pytest.raises(ConfigError) as info:
+        load_config(None, **sections)
+
+    # Assert: one message per bad field, by its dotted name
+    assert set(info.value.fields) == {"training.rounds", "training.lr", "privacy.delta"}
+    assert "greater than or equal to 1" in info.value.fields["training.rounds"]

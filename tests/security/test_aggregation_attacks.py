@@ -413,6 +413,7 @@ def test_a_refused_round_is_never_decrypted_and_suspects_are_counted(
     assert len(arena.decryptions) == before
     state = arena.driver.keyholder.GetModelState(common_pb2.Empty())
     assert dict(state.detections) == {arena.driver.ring.owner(0): 1}
+    assert dict(state.detection_reasons) == {"aggregate": 1}  # by reason, for the operator
 
 
 def test_quarantine_after_max_detections(

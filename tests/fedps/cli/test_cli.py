@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import httpx
 
 from crypto.enrolment import issue_tokens
 from fedps.cli.deployment import free_port
@@ -155,7 +158,7 @@ def test_help_lists_every_command(tmp_path: Path) -> None:
     # Assert
     assert result.returncode == 0, result.stderr
     listed = {line.strip("│ ").split(" ")[0] for line in result.stdout.splitlines()}
-    for name in ["keyholder", "shard", "coordinator", "client", "up", "demo", "status"]:
+    for name in ["keyholder", "shard", "coordinator", "client", "up", "demo", "status", "ui"]:
         assert name in listed, result.stdout
     assert "experiment" in listed, result.stdout
 
@@ -178,3 +181,42 @@ def test_client_with_a_corrupt_privacy_ledger_stops_naming_it(tmp_path: Path) ->
     assert last.startswith("fedps: error: privacy ledger")
     assert str(state / "ledger.json") in last and "corrupt" in last
     assert (state / "ledger.json").read_text() == '{"entries": ['
+
+
+def test_ui_with_a_bad_address(tmp_path: Path) -> None:
+    # Execute
+    result = _run("ui", "--insecure", "--bind", "nowhere", cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "HOST:PORT" in line
+
+
+def test_ui_prints_the_operator_link_once_and_keeps_the_token_private(tmp_path: Path) -> None:
+    # Prepare
+    command = [sys.executable, "-m", "fedps.cli", "ui", "--insecure", "--bind", "127.0.0.1:0"]
+
+    # Execute
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env=_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = ""
+        while "dashboard:" not in line:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, proc.stderr and proc.stderr.read()
+        url = line.split("(operator: ")[1].rstrip(")\n")
+        page = httpx.get(url, follow_redirects=True)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=_TIMEOUT_S)
+
+    # Assert
+    token_file = tmp_path / "fedps-state" / "ui.token"
+    token = token_file.read_text().strip()
+    assert url.endswith(f"/?token={token}")
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert page.status_code == 200
+    assert "fedps dashboard" in page.text
+    assert token not in out + err  # printed once, in the line read above

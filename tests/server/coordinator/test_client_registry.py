@@ -136,6 +136,7 @@ def test_spend_and_traffic_are_kept_and_survive_a_state_round_trip(
         assert r.max_epsilon == (3.0, DELTA)
         assert r.client_epsilons == {"client-0": 3.0, "client-1": 0.5}
         assert r.bytes_pushed == 120
+        assert r.client_rounds == {"client-0": 1, "client-1": 1}
         assert r.usable() == 1
         assert r.live() == ["client-1"]  # an exhausted client is never live
     with pytest.raises(InvalidArgumentError, match="bytes_pushed"):

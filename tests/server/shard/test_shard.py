@@ -317,6 +317,7 @@ def test_push_before_open_round_is_refused(
     with pytest.raises(NotReadyError, match=r"not open .* yet"):
         _push_all(shard, "a", updates, owned)
     assert shard.stats["refused"] == 1
+    assert shard.status().refusals == {"not_ready": 1}  # by reason, for the operator
     assert not shard.round_is_open
 
 

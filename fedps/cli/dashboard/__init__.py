@@ -1,0 +1,30 @@
+"""The web dashboard of ``fedps ui`` (and of ``fedps demo --ui`` / ``fedps up --ui``).
+
+A Starlette app (:func:`create_app`) served by uvicorn in a thread (:class:`DashboardServer`):
+rounds, privacy, participation, the roles' health and the configuration, live by
+server-sent events from one polling thread (:class:`StatusCollector`); the operator, who
+holds the token, starts the next run (:class:`RunLauncher`). See docs/dashboard.md.
+"""
+
+from fedps.cli.dashboard.dashboard import (
+    DashboardServer,
+    create_app,
+    new_token,
+    parse_bind,
+    serve_dashboard,
+    write_token,
+)
+from fedps.cli.dashboard.run_launcher import RunInProgressError, RunLauncher
+from fedps.cli.dashboard.status_collector import StatusCollector
+
+__all__ = [
+    "DashboardServer",
+    "RunInProgressError",
+    "RunLauncher",
+    "StatusCollector",
+    "create_app",
+    "new_token",
+    "parse_bind",
+    "serve_dashboard",
+    "write_token",
+]

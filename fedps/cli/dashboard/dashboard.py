@@ -1,0 +1,336 @@
+"""The dashboard's web app (Starlette) and its server (uvicorn in a thread).
+
+Routes
+------
+``GET /``
+    The page (``static/index.html``; plain JavaScript and inline SVG, nothing fetched from
+    elsewhere). ``/?token=T`` with the operator's token sets the operator cookie (HttpOnly,
+    SameSite=Strict) and redirects to ``/``, so the token leaves the address bar.
+``GET /api/snapshot``
+    The latest snapshot (:class:`~fedps.cli.dashboard.status_collector.StatusCollector`).
+``GET /api/events``
+    Server-sent events: one snapshot (``data: JSON``) at once, then whenever it changes and
+    at least every second.
+``GET /api/session``
+    Whether the viewer is the operator, whether runs can be started here, and the form's
+    defaults.
+``POST /api/runs``
+    Operator only (the cookie or ``Authorization: Bearer T``; 403 otherwise): start the next
+    run with the JSON body's settings (``{"training.rounds": "5", ...}``). 422 with
+    ``{"errors": {field: message}}`` for invalid settings, 409 while a run is in progress,
+    202 with the run's state folder once started.
+
+Everyone who reaches the port reads the cluster's status and configuration (which holds
+addresses and paths, never a key); only the operator changes anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import secrets
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from fedps.cli.dashboard.run_launcher import RunInProgressError, RunLauncher
+from fedps.cli.dashboard.status_collector import StatusCollector
+from fedps.config import FedPSConfig, is_loopback
+from fedps.errors import ConfigError, FedPSError
+
+__all__ = [
+    "COOKIE",
+    "DashboardServer",
+    "create_app",
+    "new_token",
+    "parse_bind",
+    "serve_dashboard",
+    "write_token",
+]
+
+#: The operator cookie's name.
+COOKIE = "fedps_operator"
+#: Longest interval between two events of the stream (seconds).
+HEARTBEAT_S = 1.0
+
+_log = logging.getLogger("fedps")
+
+_STATIC = resources.files("fedps.cli.dashboard") / "static"
+
+
+def new_token() -> str:
+    """A fresh random operator token (256 bits, URL-safe)."""
+    return secrets.token_urlsafe(32)
+
+
+def write_token(path: Path, token: str) -> None:
+    """Write ``token`` to ``path``, readable by its owner only (mode 600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(token + "\n")
+
+
+def parse_bind(bind: str) -> tuple[str, int]:
+    """``HOST:PORT`` (IPv6 in brackets) as ``(host, port)``.
+
+    Raises
+    ------
+    ConfigError
+        Not ``HOST:PORT``.
+    """
+    host, sep, port = bind.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"dashboard address {bind!r} is not HOST:PORT")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def create_app(
+    collector: StatusCollector,
+    *,
+    token: str | None = None,
+    launcher: RunLauncher | None = None,
+) -> Starlette:
+    """The dashboard of ``collector``'s cluster.
+
+    ``token``: the operator's token (``None``: nobody is the operator, the page is read-only).
+    ``launcher``: starts runs for the operator (``None``: this dashboard starts nothing, as
+    beside ``fedps demo`` or ``fedps up``).
+    """
+
+    def is_operator(request: Request) -> bool:
+        if token is None:
+            return False
+        presented = request.cookies.get(COOKIE, "")
+        auth = request.headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            presented = auth[7:].strip()
+        return hmac.compare_digest(presented.encode(), token.encode())
+
+    async def index(request: Request) -> Response:
+        offered = request.query_params.get("token")
+        if offered is not None:
+            if token is None or not hmac.compare_digest(offered.encode(), token.encode()):
+                return PlainTextResponse(
+                    "403: this is not the operator token of this dashboard (it changes at every "
+                    "start of fedps ui unless --token-file is given)",
+                    status_code=403,
+                )
+            response: Response = RedirectResponse("/", status_code=303)
+            response.set_cookie(
+                COOKIE, token, httponly=True, samesite="strict", secure=request.url.is_secure
+            )
+            return response
+        html = (_STATIC / "index.html").read_text()
+        return HTMLResponse(html, headers={"Cache-Control": "no-store"})
+
+    async def snapshot(request: Request) -> Response:
+        return JSONResponse(collector.snapshot()[1])
+
+    async def session(request: Request) -> Response:
+        operator = is_operator(request)
+        if launcher is None:
+            reason = "this dashboard watches a run started elsewhere; start runs from fedps ui"
+        elif not operator:
+            reason = (
+                "read-only: only the operator starts runs (open the URL with the token that "
+                "fedps ui printed)"
+            )
+        else:
+            reason = ""
+        body: dict[str, Any] = {
+            "operator": operator,
+            "can_start": operator and launcher is not None,
+            "reason": reason,
+            "defaults": {} if launcher is None else await asyncio.to_thread(launcher.defaults),
+            "local_clients": launcher is not None and launcher.local_clients,
+        }
+        return JSONResponse(body)
+
+    async def events(request: Request) -> Response:
+        async def stream() -> AsyncIterator[str]:
+            serial, data = collector.snapshot()
+            yield f"data: {json.dumps(data)}\n\n"
+            while not collector.stopped:
+                serial, data = await asyncio.to_thread(collector.wait_change, serial, HEARTBEAT_S)
+                if await request.is_disconnected():
+                    return
+                yield f"data: {json.dumps(data)}\n\n"
+
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+    async def start_run(request: Request) -> Response:
+        if not is_operator(request):
+            return JSONResponse(
+                {"error": "only the operator starts runs: present the operator token"},
+                status_code=403,
+            )
+        if launcher is None:
+            return JSONResponse(
+                {"error": "this dashboard starts no runs (it watches fedps demo or up)"},
+                status_code=403,
+            )
+        try:
+            form = await request.json()
+        except ValueError:
+            return JSONResponse({"error": "the body must be a JSON object"}, status_code=400)
+        if not isinstance(form, dict):
+            return JSONResponse({"error": "the body must be a JSON object"}, status_code=400)
+        try:
+            config = await asyncio.to_thread(launcher.start, form)
+        except ConfigError as exc:
+            errors = exc.fields or {"form": str(exc)}
+            return JSONResponse({"errors": errors}, status_code=422)
+        except RunInProgressError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=409)
+        except (FedPSError, OSError) as exc:
+            return JSONResponse({"error": str(exc)}, status_code=500)
+        collector.poke()
+        return JSONResponse({"state_dir": str(config.cluster.state_dir)}, status_code=202)
+
+    routes = [
+        Route("/", index),
+        Route("/api/snapshot", snapshot),
+        Route("/api/session", session),
+        Route("/api/events", events),
+        Route("/api/runs", start_run, methods=["POST"]),
+        Mount("/static", app=StaticFiles(directory=str(_STATIC)), name="static"),
+    ]
+    return Starlette(routes=routes)
+
+
+class DashboardServer:
+    """Serves ``app`` with uvicorn in a daemon thread (port 0: any free port).
+
+    Call :meth:`start`, read :attr:`port`, and :meth:`stop` at the end. Uvicorn's access log
+    is off: a request line can carry the operator token.
+    """
+
+    def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=1,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, name="fedps-dashboard-http", daemon=True
+        )
+        self.port = port
+
+    @property
+    def public(self) -> bool:
+        """Whether the address is reachable from other machines (not loopback)."""
+        return not is_loopback(self.host)
+
+    def url(self, token: str | None = None) -> str:
+        """The page's address (with ``token``: the operator's link)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        query = f"/?token={token}" if token else "/"
+        return f"http://{host}:{self.port}{query}"
+
+    def start(self) -> DashboardServer:
+        """Start serving; returns once the port is bound.
+
+        Raises
+        ------
+        FedPSError
+            The address cannot be bound (in use, not an address of this machine).
+        """
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise FedPSError(f"the dashboard cannot listen on {self.host}:{self.port}")
+            self._thread.join(0.02)
+        sockets = [s for server in self._server.servers for s in server.sockets]
+        self.port = int(sockets[0].getsockname()[1])
+        return self
+
+    def stop(self) -> None:
+        """Stop serving (open event streams are closed)."""
+        self._server.should_exit = True
+        self._thread.join(10)
+
+
+def _training_elsewhere(collector: StatusCollector) -> str:
+    """Why no run may start: the followed coordinator trains a run not finished yet."""
+    snapshot = collector.snapshot()[1]
+    run, coordinator = snapshot.get("run"), snapshot.get("coordinator")
+    if run and coordinator and coordinator["up"] and not run["finished"]:
+        return (
+            f"the coordinator at {coordinator['address']} is training run {run['run_id']}; "
+            "start the next one once it has finished"
+        )
+    return ""
+
+
+@contextmanager
+def serve_dashboard(
+    config: FedPSConfig | None,
+    bind: str,
+    *,
+    echo: Callable[[str], None],
+    token: str | None = None,
+    launcher: RunLauncher | None = None,
+) -> Iterator[StatusCollector]:
+    """Serve the dashboard of ``config``'s cluster on ``bind`` (``HOST:PORT``) inside the
+    block: poll the cluster, serve the page, ``echo`` its address once (the operator's link
+    with ``token``), and stop both at the end. Yields the collector (``follow`` switches
+    cluster). A launcher's runs are followed as they start.
+
+    Raises
+    ------
+    ConfigError
+        ``bind`` is not ``HOST:PORT``.
+    FedPSError
+        The address cannot be bound.
+    """
+    host, port = parse_bind(bind)
+    extra = launcher.state if launcher is not None else None
+    collector = StatusCollector(config, extra=extra)
+    if launcher is not None:
+        launcher.on_change = collector.follow
+        launcher.busy = lambda: _training_elsewhere(collector)
+    server = DashboardServer(create_app(collector, token=token, launcher=launcher), host, port)
+    collector.start()
+    try:
+        server.start()
+        if server.public:
+            _log.warning(
+                "the dashboard listens on %s, which is not loopback: anyone who reaches it "
+                "reads the cluster's status and configuration",
+                host,
+            )
+        if token is not None:
+            echo(f"dashboard: {server.url()} (operator: {server.url(token)})")
+        else:
+            echo(f"dashboard (read-only): {server.url()}")
+        yield collector
+    finally:
+        server.stop()
+        collector.stop()

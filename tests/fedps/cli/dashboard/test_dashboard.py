@@ -1,0 +1,198 @@
+"""The dashboard's web app, with Starlette's test client and no cluster behind it.
+
+Roles that are not running show as down; the run launcher is real, but no test here lets a
+run start (a run in progress is simulated by a busy launcher).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from fedps.cli.dashboard import RunLauncher, StatusCollector, create_app
+from fedps.cli.dashboard.dashboard import COOKIE
+from fedps.cli.deployment import local_cluster
+from fedps.config import FedPSConfig, load_config
+
+TOKEN = "operator-token-for-tests-0123456789"
+INSECURE = {"tls": {"insecure": True, "enabled": False}}
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> FedPSConfig:
+    """A cluster on free loopback ports where nothing listens."""
+    return load_config(None, cluster=local_cluster(tmp_path / "state"), **INSECURE)
+
+
+@pytest.fixture
+def collector(config: FedPSConfig) -> Iterator[StatusCollector]:
+    collector = StatusCollector(config, call_s=0.2)
+    collector.poll_once()
+    yield collector
+    collector.stop()
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> RunLauncher:
+    return RunLauncher(None, base_overrides=INSECURE, state_root=tmp_path / "ui")
+
+
+@pytest.fixture
+def client(collector: StatusCollector, launcher: RunLauncher) -> TestClient:
+    return TestClient(create_app(collector, token=TOKEN, launcher=launcher))
+
+
+def _operator(client: TestClient) -> TestClient:
+    client.headers["Authorization"] = f"Bearer {TOKEN}"
+    return client
+
+
+def test_snapshot_shows_down_roles_and_the_configuration(
+    client: TestClient, config: FedPSConfig
+) -> None:
+    # Execute
+    response = client.get("/api/snapshot")
+
+    # Assert
+    assert response.status_code == 200
+    snapshot = response.json()
+    assert snapshot["coordinator"]["up"] is False
+    assert snapshot["keyholder"]["up"] is False
+    assert [s["id"] for s in snapshot["shards"]] == ["shard-0", "shard-1"]
+    assert not any(s["up"] for s in snapshot["shards"])
+    assert snapshot["run"] is None
+    assert snapshot["config"]["training"]["rounds"] == config.training.rounds
+    assert snapshot["config"]["cluster"]["coordinator"] == config.cluster.coordinator
+
+
+def test_event_stream_starts_with_a_snapshot(
+    client: TestClient, collector: StatusCollector
+) -> None:
+    # Prepare: a stopped collector ends each stream after its first event (the test client
+    # returns a response once it is complete)
+    collector.stop()
+
+    # Execute
+    with client.stream("GET", "/api/events") as response:
+        content_type = response.headers["content-type"]
+        first = next(line for line in response.iter_lines() if line)
+
+    # Assert
+    assert content_type.startswith("text/event-stream")
+    assert first.startswith("data: ")
+    assert json.loads(first.removeprefix("data: "))["coordinator"]["up"] is False
+
+
+def test_page_is_self_contained(client: TestClient) -> None:
+    # Execute
+    page = client.get("/").text
+    script = client.get("/static/dashboard.js").text
+
+    # Assert: nothing is fetched from another host
+    assert "EventSource" in script
+    for text in (page, script):
+        assert "http://" not in text.replace("http://www.w3.org/2000/svg", "")
+        assert "https://" not in text
+
+
+def test_token_link_sets_an_http_only_strict_cookie(client: TestClient) -> None:
+    # Execute
+    response = client.get(f"/?token={TOKEN}", follow_redirects=False)
+    wrong = client.get("/?token=guess", follow_redirects=False)
+
+    # Assert
+    assert response.status_code == 303
+    assert response.headers["location"] == "/"
+    cookie = response.headers["set-cookie"]
+    assert f"{COOKIE}={TOKEN}" in cookie
+    assert "HttpOnly" in cookie
+    assert "SameSite=strict" in cookie or "SameSite=Strict" in cookie
+    assert wrong.status_code == 403
+
+
+def test_session_says_who_is_the_operator(client: TestClient) -> None:
+    # Execute
+    viewer = client.get("/api/session").json()
+    client.cookies.set(COOKIE, TOKEN)
+    operator = client.get("/api/session").json()
+
+    # Assert
+    assert viewer["operator"] is False
+    assert viewer["can_start"] is False
+    assert "read-only" in viewer["reason"]
+    assert operator["operator"] is True
+    assert operator["can_start"] is True
+    assert operator["defaults"]["training.rounds"] == 30
+
+
+def test_starting_a_run_without_the_token_is_forbidden(
+    client: TestClient, launcher: RunLauncher
+) -> None:
+    # Prepare
+    client.headers["Authorization"] = "Bearer not-the-token"
+
+    # Execute
+    response = client.post("/api/runs", json={"training.rounds": "3"})
+
+    # Assert
+    assert response.status_code == 403
+    assert "operator" in response.json()["error"]
+    assert not launcher.running
+
+
+def test_bad_settings_are_refused_field_by_field(client: TestClient, launcher: RunLauncher) -> None:
+    # Prepare
+    form = {
+        "training.rounds": "0",
+        "training.lr": "fast",
+        "training.mode": "sync",
+        "privacy.delta": "2",
+        "training.clients": "4",
+    }
+
+    # Execute
+    response = _operator(client).post("/api/runs", json=form)
+
+    # Assert
+    assert response.status_code == 422
+    errors = response.json()["errors"]
+    assert set(errors) == {"training.rounds", "training.lr", "privacy.delta"}
+    assert "greater than or equal to 1" in errors["training.rounds"]
+    assert not launcher.running
+
+
+def test_a_field_the_form_does_not_offer_is_refused(client: TestClient) -> None:
+    # Execute
+    response = _operator(client).post("/api/runs", json={"cluster.state_dir": "/"})
+
+    # Assert
+    assert response.status_code == 422
+    assert "cluster.state_dir" in response.json()["errors"]
+
+
+def test_no_run_starts_while_one_is_in_progress(client: TestClient, launcher: RunLauncher) -> None:
+    # Prepare: the followed coordinator trains a run
+    launcher.busy = lambda: "run abc is in progress"
+
+    # Execute
+    response = _operator(client).post("/api/runs", json={"training.rounds": "3"})
+
+    # Assert
+    assert response.status_code == 409
+    assert "in progress" in response.json()["error"]
+    assert not launcher.running
+
+
+def test_a_dashboard_without_launcher_starts_nothing(collector: StatusCollector) -> None:
+    # Prepare
+    client = TestClient(create_app(collector, token=TOKEN))
+
+    # Execute
+    response = _operator(client).post("/api/runs", json={"training.rounds": "3"})
+
+    # Assert
+    assert response.status_code == 403
