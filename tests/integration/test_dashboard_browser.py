@@ -56,7 +56,7 @@ def ui(tmp_path: Path) -> Iterator[Ui]:
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     # Prepare: what `fedps ui --insecure` serves, for a 3-client digits run on free ports
     base: dict[str, dict[str, object]] = {
-        "tls": {"insecure": True, "enabled": False},
+        "tls": {"insecure": True, "enabled": False, "directory": str(tmp_path / "certs")},
         "cluster": local_cluster(tmp_path / "unused", shards=2),
         "training": {"clients": 3, "min_quorum": 2, "checkpoint_every": 100},
     }
