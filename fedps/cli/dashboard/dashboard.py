@@ -120,6 +120,9 @@ def create_app(
     def is_operator(request: Request) -> bool:
         if token is None:
             return False
+        origin = request.headers.get("origin")
+        if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+            return False  # a page of another site, even one that has the cookie sent
         presented = request.cookies.get(COOKIE, "")
         auth = request.headers.get("authorization", "")
         if auth.lower().startswith("bearer "):

@@ -196,3 +196,19 @@ def test_a_dashboard_without_launcher_starts_nothing(collector: StatusCollector)
 
     # Assert
     assert response.status_code == 403
+
+
+def test_a_page_of_another_site_cannot_start_a_run(
+    client: TestClient, launcher: RunLauncher
+) -> None:
+    # Prepare: the operator's cookie is set, but the request comes from another origin
+    client.cookies.set(COOKIE, TOKEN)
+
+    # Execute
+    foreign = client.post(
+        "/api/runs", json={"training.rounds": "3"}, headers={"Origin": "http://evil.example"}
+    )
+
+    # Assert
+    assert foreign.status_code == 403
+    assert not launcher.running
