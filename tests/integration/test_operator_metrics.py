@@ -36,9 +36,10 @@ def test_each_role_exports_its_own_metrics_after_a_run(tmp_path: Path) -> None:
         clients = [EdgeClient(cluster.config, index=i) for i in range(2)]
         # Execute
         run_clients(clients)
-        coordinator = _scrape(metrics["coordinator"])
-        keyholder = _scrape(metrics["keyholder"])
-        shard = _scrape(metrics["shards"][0])
+        addresses = cluster.config.metrics
+        coordinator = _scrape(addresses.coordinator)
+        keyholder = _scrape(addresses.keyholder)
+        shard = _scrape(addresses.shards[0])
         status = coordinator_status(cluster.config.cluster.coordinator)
     finally:
         cluster.stop()
