@@ -3,6 +3,7 @@ operator (accuracy, privacy spend, round durations), and each role exports only 
 
 from __future__ import annotations
 
+import logging
 import urllib.request
 from pathlib import Path
 
@@ -23,7 +24,9 @@ def _scrape(address: str) -> str:
         return str(reply.read().decode())
 
 
-def test_each_role_exports_its_own_metrics_after_a_run(tmp_path: Path) -> None:
+def test_each_role_exports_its_own_metrics_after_a_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     # Prepare: a cluster whose three kinds of role serve metrics on loopback
     metrics = {
         "keyholder": f"127.0.0.1:{free_port()}",
@@ -35,7 +38,8 @@ def test_each_role_exports_its_own_metrics_after_a_run(tmp_path: Path) -> None:
     try:
         clients = [EdgeClient(cluster.config, index=i) for i in range(2)]
         # Execute
-        run_clients(clients)
+        with caplog.at_level(logging.INFO, logger="fedps"):
+            run_clients(clients)
         addresses = cluster.config.metrics
         coordinator = _scrape(addresses.coordinator)
         keyholder = _scrape(addresses.keyholder)
@@ -68,3 +72,7 @@ def test_each_role_exports_its_own_metrics_after_a_run(tmp_path: Path) -> None:
     assert samples(shard)[("fedps_pushes_total", (("outcome", "accepted"), ("reason", "")))] > 0
     assert not {n for n in names(shard) if n.startswith(("fedps_accuracy", "fedps_epsilon"))}
     assert "fedps_tampering_detected_total" not in names(shard)
+    # ... and the coordinator logged each round as one readable line, not a record's repr
+    logged = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith(f"round {ROUNDS}/{ROUNDS}: 2 clients, accuracy ") for m in logged)
+    assert not [m for m in logged if "RoundRecord(" in m]
