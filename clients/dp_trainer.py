@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import math
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -250,6 +251,9 @@ class Trainer(abc.ABC):
         self._epochs = training.local_epochs
         self.task = task or Task(name="default", model=lambda: model, load_data=lambda _: data)
         self._loss = self.task.loss_fn(data.is_regression)
+        #: the mean loss of the last round's local batches (NaN: none yet); shown on the
+        #: client's own console, never sent
+        self.last_loss = math.nan
         self._prepare(data, training, seed)
 
     @abc.abstractmethod
@@ -433,13 +437,17 @@ class DPTrainer(Trainer):
         loss_fn = self._loss
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Full backward hook")
+            losses: list[float] = []
             for _ in range(self._epochs):
                 for x, y in self.loader:
                     self.optimizer.zero_grad()
                     loss = loss_fn(self.module(x), y) if len(y) else self.module(x).sum() * 0.0
                     loss.backward()
                     self.optimizer.step()
+                    if len(y):
+                        losses.append(float(loss.detach()))
         self.optimizer.zero_grad()
+        self.last_loss = float(np.mean(losses)) if losses else math.nan
 
 
 class ClientLevelTrainer(Trainer):
@@ -555,13 +563,16 @@ class ClientLevelTrainer(Trainer):
     def _train_locally(self) -> None:
         self.model.train()
         loss_fn = self._loss
+        losses: list[float] = []
         for _ in range(self._epochs):
             for x, y in self._loader:
                 self._optimizer.zero_grad()
                 loss: torch.Tensor = loss_fn(self.model(x), y)
                 loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch
                 self._optimizer.step()
+                losses.append(float(loss.detach()))
         self._optimizer.zero_grad()
+        self.last_loss = float(np.mean(losses)) if losses else math.nan
 
     def _release(self, update: np.ndarray) -> np.ndarray:
         """Clip and noise the update, and account for the round."""

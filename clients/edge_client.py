@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -94,6 +95,7 @@ __all__ = [
     "EdgeClient",
     "PreparedPush",
     "RoundOutcome",
+    "RoundProgress",
     "client_partition",
 ]
 
@@ -141,6 +143,48 @@ class RoundOutcome:
     trained: bool = False
     prepared: PreparedPush | None = None
     budget_exhausted: bool = False
+
+
+@dataclass(frozen=True)
+class RoundProgress:
+    """What a client did in one round it took part in (:class:`EdgeClient`'s ``on_round``).
+
+    Attributes
+    ----------
+    client_id, round, rounds
+        Who, which round, of how many (``training.rounds``).
+    samples
+        The client's training examples.
+    loss
+        The mean loss of its local batches (NaN: not known, such as a wrapped trainer's).
+    epsilon, delta
+        Its privacy spend so far.
+    bytes_pushed, push_seconds
+        What its push took (0 bytes: the round ended before the push).
+    """
+
+    client_id: str
+    round: int
+    rounds: int
+    samples: int
+    loss: float
+    epsilon: float
+    delta: float
+    bytes_pushed: int
+    push_seconds: float
+
+    def line(self) -> str:
+        """One readable line, such as ``client-0 round 3/20: 412 samples, loss 0.41,
+        epsilon 1.84 (delta 1e-05), pushed 1.2 MB in 0.8 s``."""
+        parts = [f"{self.samples} samples"]
+        if not math.isnan(self.loss):
+            parts.append(f"loss {self.loss:.3g}")
+        parts.append(f"epsilon {self.epsilon:.2f} (delta {self.delta:g})")
+        if self.bytes_pushed:
+            parts.append(f"pushed {self.bytes_pushed / 1e6:.1f} MB in {self.push_seconds:.1f} s")
+        else:
+            parts.append("nothing pushed (the round ended first)")
+        return f"{self.client_id} round {self.round}/{self.rounds}: " + ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -195,6 +239,9 @@ class EdgeClient:
         The client's own data, passed to the task's ``load_data`` (``fedps client --data``).
     task
         The task to train (default: the configured one, :func:`fedps.tasks.load_task`).
+    on_round
+        Called with a :class:`RoundProgress` after each round the client took part in (the
+        CLI prints its line).
     trainer
         A trainer the caller built, for a training fedps does not run itself (a Flower node
         that wraps the user's own ``train``:
@@ -227,6 +274,7 @@ class EdgeClient:
         data: Path | None = None,
         task: UserTask | None = None,
         trainer: Trainer | None = None,
+        on_round: Callable[[RoundProgress], None] | None = None,
     ) -> None:
         if state_dir is not None and signer is not None:
             raise InvalidArgumentError("a client keeps its key in state_dir or is given one")
@@ -236,6 +284,7 @@ class EdgeClient:
         self.name = name or f"edge-{index}"
         self.identity = config.tls.name or f"client-{index}"
         self.mods = tuple(mods)
+        self.on_round = on_round
         self._enrolment_token = self._load_token(required=token_required or config.tls.insecure)
         self.state = (
             self._open_state(state_dir)
@@ -280,6 +329,7 @@ class EdgeClient:
         self.run_id = ""
         self.bytes_pushed = 0
         self.rounds_trained = 0
+        self._push_seconds = 0.0  # what the last push took
         self.weight = 1.0  # num_examples / the round's weight_scale
         self._signer = self.state.signer
         # the last committed update (pushed or not), pushed when the coordinator asks for it
@@ -748,8 +798,25 @@ class EdgeClient:
         return PreparedPush(round_, version, messages)
 
     def _deliver(self, prepared: PreparedPush) -> None:
-        """Push a committed update once its round's push phase opens, and report it."""
-        self._report(prepared.round, self._push_when_open(prepared), budget_exhausted=False)
+        """Push a committed update once its round's push phase opens, report it, and tell
+        ``on_round``."""
+        self._push_seconds = 0.0
+        pushed = self._push_when_open(prepared)
+        self._report(prepared.round, pushed, budget_exhausted=False)
+        if self.on_round is not None:
+            self.on_round(
+                RoundProgress(
+                    client_id=self.client_id or self.identity,
+                    round=prepared.round,
+                    rounds=self.config.training.rounds,
+                    samples=self.trainer.num_examples,
+                    loss=self.trainer.last_loss,
+                    epsilon=self.recorded.epsilon,
+                    delta=self.config.privacy.delta,
+                    bytes_pushed=pushed,
+                    push_seconds=self._push_seconds,
+                )
+            )
 
     def _push_when_open(self, prepared: PreparedPush) -> int:
         """:meth:`send` once the coordinator says the round's commitments are frozen and the
@@ -764,7 +831,9 @@ class EdgeClient:
         """Push committed messages to their shards now (the round's commitments must be
         frozen and the shards have opened it); returns bytes pushed. A shard that refuses
         (the round closed) or keeps failing counts no bytes."""
+        started = time.monotonic()
         total = self._push_all(prepared)
+        self._push_seconds = time.monotonic() - started
         self._committed = prepared
         self.bytes_pushed += total
         return total

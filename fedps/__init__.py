@@ -11,6 +11,13 @@ API's names are imported on first use, so ``import fedps`` stays light.
 
 from __future__ import annotations
 
+import os
+
+# gRPC core reads its log level once, when grpc is first imported: only its errors, unless the
+# user set GRPC_VERBOSITY (its INFO lines, such as "Got goaway", are noise to an operator).
+# Every role imports fedps before grpc (server/__init__.py imports fedps first).
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 from fedps._layout import check_layout
 
 check_layout()  # first: a user's server.py must not hide fedps's server/ package

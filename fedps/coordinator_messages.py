@@ -159,6 +159,23 @@ class RoundSummary(WireRecord[coordinator_pb2.RoundSummary]):
         """The summary of ``record``: its attributes of the same names."""
         return cls(**{f.name: getattr(record, f.name) for f in fields(cls)})
 
+    def line(self, rounds: int) -> str:
+        """One readable line for the round, of ``rounds``, such as ``round 3/10: 5 clients,
+        accuracy 0.912, epsilon 1.84 (max), 4.2 s``: the accuracy, if the task reports one,
+        then the task's other metrics (its loss only when there is no accuracy), such as
+        ``loss 0.27, mae 0.41``. Every role and the CLI say a round this way."""
+        head = f"round {self.round}/{rounds}: "
+        if self.abandoned:
+            return f"{head}abandoned (no quorum, {self.contributors} pushed), {self.seconds:.1f} s"
+        n = self.contributors
+        parts = [f"{n} client{'' if n == 1 else 's'}"]
+        if self.accuracy >= 0:
+            parts.append(f"accuracy {self.accuracy:.3f}")
+        shown = {"accuracy", "loss"} if self.accuracy >= 0 else {"accuracy"}
+        parts += [f"{k} {v:.4g}" for k, v in sorted(self.metrics.items()) if k not in shown]
+        parts += [f"epsilon {self.max_epsilon:.2f} (max)", f"{self.seconds:.1f} s"]
+        return head + ", ".join(parts)
+
 
 @dataclass(frozen=True)
 class ClusterStatus(WireRecord[coordinator_pb2.ClusterStatus]):

@@ -1,49 +1,94 @@
-"""Prometheus metrics of one server role (prometheus-client), on its own HTTP port.
+"""Prometheus metrics of the server roles (prometheus-client), one class per role, each on its
+own HTTP port with its own registry, so a role exports only its own metrics and several roles
+can share a process (as in the tests).
 
-Shards count push messages by outcome and refusal reason
-(``fedps_pushes_total{outcome="refused",reason="stale_update"}``), blocks added or
-acknowledged as duplicates and bytes received, and time each push; the coordinator counts
-rounds by outcome, times them and shows the open round's or buffer's fill; the key holder
-times decryption and application; the key holder and the coordinator show the model version
-and the age of their last checkpoint. Each role has its own registry, so several roles can share a
-process (as in the tests). Labels never carry client ids, keys or update values.
+- :class:`ShardMetrics`: push messages by outcome and refusal reason
+  (``fedps_pushes_total{outcome="refused",reason="stale_update"}``), blocks added or
+  acknowledged as duplicates, bytes received, push latency.
+- :class:`KeyHolderMetrics`: tampered aggregates refused (by shard and reason), rounds
+  refused by the decryption policy and commitments refused (by reason), apply latency.
+- :class:`CoordinatorMetrics`: rounds by outcome, round durations, the open round's or
+  buffer's fill, and what the operator asks about a run: the last evaluated accuracy, loss and
+  task metrics, the largest epsilon with its delta, and each client's epsilon. They are read
+  from the coordinator when Prometheus scrapes, so nothing is pushed.
+
+Every role shows its model version; the key holder and the coordinator the age of their last
+checkpoint. Labels never carry keys or update values, and only one carries a client id:
+``fedps_client_epsilon{client="client-0"}`` on the coordinator. A client id is the
+pseudonymous name the operator enrolled the client under (``client-N`` or its certificate's
+name), which the operator already knows, and the endpoint listens on loopback, for the
+operator on that host, unless ``metrics.public`` is set (and the role then warns).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-__all__ = ["RoleMetrics"]
+__all__ = ["CoordinatorMetrics", "KeyHolderMetrics", "ShardMetrics"]
+
+#: Upper bounds (seconds) of the round-duration histogram's buckets.
+ROUND_BUCKETS = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 
 
 def _snake(name: str) -> str:
-    """``StaleUpdateError`` -> ``stale_update``."""
+    """``StaleUpdateError`` -> ``stale_update``; a plain ``ValueError`` (``INVALID_ARGUMENT``
+    on the wire) -> ``invalid_argument``."""
+    if name == "ValueError":
+        return "invalid_argument"
     name = name.removesuffix("Error")
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-class RoleMetrics:
-    """The metrics of one role.
-
-    Parameters
-    ----------
-    role
-        ``keyholder``, ``coordinator`` or ``shard-N`` (the ``role`` label).
-    """
+class _RoleMetrics:
+    """What every role's metrics have: a registry, the model version, an HTTP endpoint."""
 
     def __init__(self, role: str) -> None:
         self.role = role
         self.registry = CollectorRegistry()
+        self.version = Gauge("fedps_model_version", "Current model version", registry=self.registry)
+        self.port = 0
+
+    def track_checkpoint(self, last_checkpoint: Callable[[], float]) -> None:
+        """Report the age of the checkpoint whose unix time ``last_checkpoint`` returns."""
+        age = Gauge(
+            "fedps_last_checkpoint_age_seconds",
+            "Seconds since the last checkpoint",
+            registry=self.registry,
+        )
+        age.set_function(
+            lambda: time.time() - last_checkpoint() if last_checkpoint() else float("nan")
+        )
+
+    def serve(self, address: str) -> int:
+        """Serve ``/metrics`` on ``host:port`` (port 0: any free port); returns the port."""
+        host, _, port = address.rpartition(":")
+        server, _thread = start_http_server(int(port), addr=host, registry=self.registry)
+        self.port = int(server.server_port)
+        return self.port
+
+
+class ShardMetrics(_RoleMetrics):
+    """A shard's metrics: pushes, blocks, bytes received and push latency.
+
+    Parameters
+    ----------
+    role
+        The shard's id, such as ``shard-0``.
+    """
+
+    def __init__(self, role: str) -> None:
+        super().__init__(role)
         r = self.registry
         self.latency = Histogram(
-            "fedps_seconds",
-            "Time of the role's main operations (push, apply, round)",
-            ["operation"],
-            registry=r,
+            "fedps_seconds", "Time of the shard's pushes", ["operation"], registry=r
         )
         self.pushes = Counter(
             "fedps_pushes",
@@ -60,51 +105,180 @@ class RoleMetrics:
         self.bytes_received = Counter(
             "fedps_received_bytes", "Bytes of encrypted blocks received", registry=r
         )
-        self.rounds = Gauge(
-            "fedps_rounds",
-            "Rounds or buffers so far, by outcome (applied, abandoned)",
-            ["outcome"],
-            registry=r,
+
+    def push_refused(self, exc: Exception) -> None:
+        """Count one refused push message, by the error's kind."""
+        self.pushes.labels("refused", _snake(type(exc).__name__)).inc()
+
+    def push_accepted(self, added: int, duplicates: int, nbytes: int, seconds: float) -> None:
+        """Count one accepted push message that took ``seconds``."""
+        self.pushes.labels("accepted", "").inc()
+        self.blocks.labels("added").inc(added)
+        self.blocks.labels("duplicate").inc(duplicates)
+        self.bytes_received.inc(nbytes)
+        self.latency.labels("push").observe(seconds)
+
+
+class KeyHolderMetrics(_RoleMetrics):
+    """The key holder's metrics: refusals (tampered aggregates, rounds, commitments) and apply
+    latency."""
+
+    def __init__(self) -> None:
+        super().__init__("keyholder")
+        r = self.registry
+        self.latency = Histogram(
+            "fedps_seconds", "Time of the key holder's applications", ["operation"], registry=r
         )
-        self.version = Gauge("fedps_model_version", "Current model version", registry=r)
         self.tampering = Counter(
             "fedps_tampering_detected",
             "Aggregates the key holder refused as tampered, by shard and reason",
             ["shard", "reason"],
             registry=r,
         )
-        self.buffer_fill = Gauge(
-            "fedps_buffer_fill", "Updates reported in the open round or buffer", registry=r
+        self.refused_rounds = Counter(
+            "fedps_refused_rounds",
+            "Rounds the decryption policy refused (never decrypted), by reason",
+            ["reason"],
+            registry=r,
         )
-        self.checkpoint_age = Gauge(
-            "fedps_last_checkpoint_age_seconds", "Seconds since the last checkpoint", registry=r
+        self.commitments = Counter(
+            "fedps_commitments",
+            "Client commitments by outcome (accepted, refused) and refusal reason",
+            ["outcome", "reason"],
+            registry=r,
         )
-        self.port = 0
 
     def tampering_detected(self, shard: str, reason: str) -> None:
         """Count one tampered aggregate the key holder refused."""
         self.tampering.labels(shard, reason).inc()
 
-    def push_refused(self, exc: Exception) -> None:
-        """Count one refused push message, by the error's kind."""
-        self.pushes.labels("refused", _snake(type(exc).__name__)).inc()
+    def round_refused(self, exc: Exception) -> None:
+        """Count one round the decryption policy refused, by the error's kind."""
+        self.refused_rounds.labels(_snake(type(exc).__name__)).inc()
 
-    def push_accepted(self, added: int, duplicates: int, nbytes: int) -> None:
-        """Count one accepted push message."""
-        self.pushes.labels("accepted", "").inc()
-        self.blocks.labels("added").inc(added)
-        self.blocks.labels("duplicate").inc(duplicates)
-        self.bytes_received.inc(nbytes)
+    def commitment_refused(self, exc: Exception) -> None:
+        """Count one refused commitment, by the error's kind."""
+        self.commitments.labels("refused", _snake(type(exc).__name__)).inc()
 
-    def track_checkpoint(self, last_checkpoint: Callable[[], float]) -> None:
-        """Report the age of the checkpoint whose unix time ``last_checkpoint`` returns."""
-        self.checkpoint_age.set_function(
-            lambda: time.time() - last_checkpoint() if last_checkpoint() else float("nan")
+    def commitment_accepted(self) -> None:
+        """Count one accepted commitment."""
+        self.commitments.labels("accepted", "").inc()
+
+
+class _Round(Protocol):
+    """What the coordinator's metrics read of a round's record."""
+
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def abandoned(self) -> bool: ...
+    @property
+    def round(self) -> int: ...
+    @property
+    def metrics(self) -> Mapping[str, float]: ...
+
+
+class _Run(Protocol):
+    """What the coordinator's metrics read of the coordinator."""
+
+    @property
+    def history(self) -> Sequence[_Round]: ...
+    @property
+    def max_epsilon(self) -> tuple[float, float]: ...
+    @property
+    def client_epsilons(self) -> dict[str, float]: ...
+
+
+class CoordinatorMetrics(_RoleMetrics):
+    """The coordinator's metrics: rounds by outcome and duration, the open round's fill, and
+    the run's accuracy, loss, task metrics and privacy spend (:meth:`watch`)."""
+
+    def __init__(self) -> None:
+        super().__init__("coordinator")
+        self.buffer_fill = Gauge(
+            "fedps_buffer_fill",
+            "Updates reported in the open round or buffer",
+            registry=self.registry,
         )
 
-    def serve(self, address: str) -> int:
-        """Serve ``/metrics`` on ``host:port`` (port 0: any free port); returns the port."""
-        host, _, port = address.rpartition(":")
-        server, _thread = start_http_server(int(port), addr=host, registry=self.registry)
-        self.port = int(server.server_port)
-        return self.port
+    def watch(self, run: _Run) -> None:
+        """Read the rounds and the privacy spend of ``run`` (the coordinator) at each scrape."""
+        self.registry.register(_RunCollector(run))
+
+
+class _RunCollector(Collector):
+    """The metrics of a coordinator's history and privacy spend, read at each scrape."""
+
+    def __init__(self, run: _Run) -> None:
+        self._run = run
+
+    def collect(self) -> Iterator[Metric]:
+        history = list(self._run.history)  # a copy: rounds are appended meanwhile
+        rounds = GaugeMetricFamily(
+            "fedps_rounds",
+            "Rounds or buffers so far, by outcome (applied, abandoned)",
+            labels=["outcome"],
+        )
+        abandoned = sum(1 for r in history if r.abandoned)
+        rounds.add_metric(["applied"], len(history) - abandoned)
+        rounds.add_metric(["abandoned"], abandoned)
+        yield rounds
+        yield _histogram(
+            "fedps_round_seconds",
+            "Duration of the closed rounds (applied or abandoned)",
+            [r.seconds for r in history],
+        )
+        yield from _evaluation(history)
+        epsilon, delta = self._run.max_epsilon
+        yield GaugeMetricFamily(
+            "fedps_epsilon_max", "The largest epsilon any client reported", value=epsilon
+        )
+        yield GaugeMetricFamily("fedps_delta", "The delta of the largest epsilon", value=delta)
+        clients = GaugeMetricFamily(
+            "fedps_client_epsilon",
+            "The largest epsilon each client reported, by its pseudonymous client id",
+            labels=["client"],
+        )
+        for client, value in sorted(self._run.client_epsilons.items()):
+            clients.add_metric([client], value)
+        yield clients
+
+
+def _evaluation(history: Sequence[_Round]) -> Iterator[Metric]:
+    """The metrics of the last evaluated round: ``fedps_accuracy`` (if the task has one),
+    ``fedps_loss`` and ``fedps_task_metric{name}`` for each other metric of the task."""
+    evaluated = next((r for r in reversed(history) if r.metrics), None)
+    if evaluated is None:
+        return
+    yield GaugeMetricFamily(
+        "fedps_evaluated_round",
+        "The round whose model was last evaluated",
+        value=evaluated.round,
+    )
+    for name in ("accuracy", "loss"):
+        if name in evaluated.metrics:
+            yield GaugeMetricFamily(
+                f"fedps_{name}",
+                f"The {name} of the last evaluated model",
+                value=evaluated.metrics[name],
+            )
+    task = GaugeMetricFamily(
+        "fedps_task_metric",
+        "The task's other metrics of the last evaluated model, by name",
+        labels=["name"],
+    )
+    for name, value in sorted(evaluated.metrics.items()):
+        if name not in ("accuracy", "loss"):
+            task.add_metric([name], value)
+    yield task
+
+
+def _histogram(name: str, documentation: str, values: Sequence[float]) -> Metric:
+    """A histogram of ``values`` with the :data:`ROUND_BUCKETS` (cumulative, as Prometheus
+    counts them)."""
+    buckets: list[tuple[str, float]] = [
+        (str(bound), float(sum(1 for v in values if v <= bound))) for bound in ROUND_BUCKETS
+    ]
+    buckets.append(("+Inf", float(len(values))))
+    total = math.fsum(values)
+    return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=total)

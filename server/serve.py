@@ -12,7 +12,7 @@ import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 
@@ -32,7 +32,7 @@ from server.keyholder.group_policy import GroupPolicy
 from server.keyholder.keyholder import KeyHolder
 from server.keyholder.keyholder_servicer import KeyHolderServicer
 from server.keyholder.server_optimizer import create_server_optimizer
-from server.metrics import RoleMetrics
+from server.metrics import CoordinatorMetrics, KeyHolderMetrics, ShardMetrics
 from server.shard.shard import Shard
 from server.shard.shard_log import ShardLog
 from server.shard.shard_servicer import ShardServicer
@@ -75,8 +75,12 @@ def _group_policy(config: FedPSConfig) -> GroupPolicy | None:
     return GroupPolicy(group_mask(model, config.groups.sync), config.groups.buffers_per_round(t))
 
 
-def _metrics(address: str, role: str) -> RoleMetrics | None:
-    """The role's metrics, served on ``address`` (None when no address is configured)."""
+_M = TypeVar("_M", KeyHolderMetrics, ShardMetrics, CoordinatorMetrics)
+
+
+def _metrics(address: str, role: str, make: Callable[[], _M]) -> _M | None:
+    """The role's metrics (``make()``), served on ``address`` (None when no address is
+    configured)."""
     if not address:
         return None
     if not is_loopback(address.rpartition(":")[0]):  # only with metrics.public = true
@@ -86,7 +90,7 @@ def _metrics(address: str, role: str) -> RoleMetrics | None:
             role,
             address,
         )
-    metrics = RoleMetrics(role)
+    metrics = make()
     port = metrics.serve(address)
     _log.info("%s metrics on port %d", role, port)
     return metrics
@@ -118,7 +122,7 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
             client_level_noise(t, config.privacy) if config.privacy.level == "client" else None
         ),
     )
-    metrics = _metrics(config.metrics.keyholder, "keyholder")
+    metrics = _metrics(config.metrics.keyholder, "keyholder", KeyHolderMetrics)
     if metrics is not None:
         metrics.version.set_function(lambda: keyholder.version)
         keyholder.on_tampering = metrics.tampering_detected
@@ -180,7 +184,7 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
     )
     shard.recover()
     address = config.metrics.shards[index] if config.metrics.shards else ""
-    metrics = _metrics(address, ids[index])
+    metrics = _metrics(address, ids[index], lambda: ShardMetrics(ids[index]))
     if metrics is not None:
         metrics.version.set_function(lambda: shard.version)
     shard_pb2_grpc.add_ShardServicer_to_server(ShardServicer(shard, metrics), server)
@@ -193,17 +197,12 @@ def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -
     from server.coordinator.coordinator_servicer import CoordinatorServicer
 
     coordinator = Coordinator(config, state_dir=state_dir)
-    metrics = _metrics(config.metrics.coordinator, "coordinator")
+    metrics = _metrics(config.metrics.coordinator, "coordinator", CoordinatorMetrics)
     if metrics is not None:
         metrics.version.set_function(lambda: coordinator.version)
         metrics.buffer_fill.set_function(coordinator.reported_in_open_round)
         metrics.track_checkpoint(lambda: coordinator.last_checkpoint)
-
-        def rounds(abandoned: bool) -> Callable[[], float]:
-            return lambda: sum(1 for r in coordinator.history if r.abandoned == abandoned)
-
-        metrics.rounds.labels("applied").set_function(rounds(False))
-        metrics.rounds.labels("abandoned").set_function(rounds(True))
+        metrics.watch(coordinator)
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coordinator), server)
     threading.Thread(target=coordinator.run, name="rounds", daemon=True).start()
     return coordinator

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# isort: off
+import fedps  # noqa: F401  # first: its import quiets gRPC core's logging before grpc loads
+
+# isort: on
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence

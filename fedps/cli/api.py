@@ -54,6 +54,7 @@ ConfigLike: TypeAlias = FedPSConfig | str | os.PathLike[str]
 """A configuration, or the path of its TOML file."""
 
 _LOGGER = "fedps"
+_log = logging.getLogger(_LOGGER)
 
 
 def as_config(config: ConfigLike) -> FedPSConfig:
@@ -168,6 +169,7 @@ def run_client(
         mods=[SimulatedDevice(cfg.training, index=index)],
         data=Path(data) if data is not None else None,
         task=task,
+        on_round=lambda progress: _log.info("%s", progress.line()),
     )
     try:
         return client.run(timeout_s=timeout_s)

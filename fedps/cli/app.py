@@ -181,7 +181,15 @@ def client(
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # The configured slow devices and dropouts (training.slow_fraction, dropout), if any.
     device = SimulatedDevice(cfg.training, index=index)
-    client = EdgeClient(cfg, index=index, name=name, state_dir=state_dir, mods=[device], data=data)
+    client = EdgeClient(
+        cfg,
+        index=index,
+        name=name,
+        state_dir=state_dir,
+        mods=[device],
+        data=data,
+        on_round=lambda progress: typer.echo(progress.line()),  # one line per round
+    )
     summary = client.run()
     _log.info(
         "client %s done: %d rounds, epsilon %.3f (delta %g), %d bytes pushed",

@@ -124,20 +124,9 @@ class RestartPolicy:
 
 
 def round_line(record: RoundSummary, rounds: int) -> str:
-    """One progress line for a finished round, such as ``round 3/10: 5 clients, accuracy
-    0.912, epsilon 1.84 (max), 4.2 s``: the accuracy, if the task reports one, then the task's
-    other metrics (its loss only when there is no accuracy), such as ``loss 0.27, mae 0.41``."""
-    head = f"round {record.round}/{rounds}: "
-    if record.abandoned:
-        return f"{head}abandoned (no quorum, {record.contributors} pushed), {record.seconds:.1f} s"
-    n = record.contributors
-    parts = [f"{n} client{'' if n == 1 else 's'}"]
-    if record.accuracy >= 0:
-        parts.append(f"accuracy {record.accuracy:.3f}")
-    shown = {"accuracy", "loss"} if record.accuracy >= 0 else {"accuracy"}
-    parts += [f"{k} {v:.4g}" for k, v in sorted(record.metrics.items()) if k not in shown]
-    parts += [f"epsilon {record.max_epsilon:.2f} (max)", f"{record.seconds:.1f} s"]
-    return head + ", ".join(parts)
+    """One progress line for a finished round (:meth:`RoundSummary.line`), such as ``round
+    3/10: 5 clients, accuracy 0.912, epsilon 1.84 (max), 4.2 s``."""
+    return record.line(rounds)
 
 
 class Deployment:

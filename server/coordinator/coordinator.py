@@ -50,7 +50,7 @@ import numpy as np
 from fedps.blocks import BlockLayout
 from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig
-from fedps.coordinator_messages import RETRY_AFTER_S, Task
+from fedps.coordinator_messages import RETRY_AFTER_S, RoundSummary, Task
 from fedps.errors import FedPSError, InvalidArgumentError, PolicyError, QuarantinedError
 from fedps.keyholder_messages import CommitOpening, CommitSet, RoundApplication
 from fedps.tasks import Task as UserTask
@@ -699,7 +699,7 @@ class Coordinator:
         record.seconds = time.time() - started
         with self._lock:
             self.history.append(record)
-        _log.info("round %d: %s", round_, record)
+        _log.info("%s", RoundSummary.of(record).line(self._training.rounds))
         if round_ % self._training.checkpoint_every == 0 or record.abandoned:
             self._checkpoint()
 

@@ -11,11 +11,11 @@ import numpy as np
 from crypto.signing import context_digest
 from fedps import keyholder_messages as records
 from fedps.blocks import BlockLayout
-from fedps.errors import InvalidArgumentError
+from fedps.errors import FedPSError, InvalidArgumentError, PolicyError
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc
 from fedps.transport import require_peer, rpc_errors
 from server.keyholder.keyholder import MAX_PARAMS, KeyHolder
-from server.metrics import RoleMetrics
+from server.metrics import KeyHolderMetrics
 
 __all__ = ["KeyHolderServicer"]
 
@@ -23,7 +23,7 @@ __all__ = ["KeyHolderServicer"]
 class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
     """Thin servicer over a :class:`KeyHolder`."""
 
-    def __init__(self, keyholder: KeyHolder, metrics: RoleMetrics | None = None) -> None:
+    def __init__(self, keyholder: KeyHolder, metrics: KeyHolderMetrics | None = None) -> None:
         self.keyholder = keyholder
         self._metrics = metrics
         self._context_reply: keyholder_pb2.PublicContextReply | None = None
@@ -73,7 +73,12 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
         started = time.perf_counter()
         with rpc_errors(context):
             r = records.RoundApplication.from_proto(request)
-            result = self.keyholder.apply_round(r.round, r.version, r.run_id, r.members)
+            try:
+                result = self.keyholder.apply_round(r.round, r.version, r.run_id, r.members)
+            except PolicyError as exc:
+                if self._metrics is not None:
+                    self._metrics.round_refused(exc)
+                raise
         if self._metrics is not None:
             self._metrics.latency.labels("apply").observe(time.perf_counter() - started)
         return records.AppliedRound.taken_from(result).to_proto()
@@ -98,9 +103,16 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
         self, request: keyholder_pb2.CommitRequest, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
         with rpc_errors(context):
-            c = records.UpdateCommitment.from_proto(request)
-            require_peer(context, c.update.client_id)
-            self.keyholder.commits.commit(c.round, c.update, c.sketches)
+            try:
+                c = records.UpdateCommitment.from_proto(request)
+                require_peer(context, c.update.client_id)
+                self.keyholder.commits.commit(c.round, c.update, c.sketches)
+            except (FedPSError, ValueError) as exc:
+                if self._metrics is not None:
+                    self._metrics.commitment_refused(exc)
+                raise
+        if self._metrics is not None:
+            self._metrics.commitment_accepted()
         return common_pb2.Empty()
 
     def CloseCommits(  # noqa: N802

@@ -16,7 +16,7 @@ from fedps.errors import FedPSError, InvalidArgumentError
 from fedps.messages import ParameterBlock
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
 from fedps.transport import batched, require_peer, rpc_errors
-from server.metrics import RoleMetrics
+from server.metrics import ShardMetrics
 from server.shard.shard import Shard
 
 __all__ = ["ShardServicer"]
@@ -25,7 +25,7 @@ __all__ = ["ShardServicer"]
 class ShardServicer(shard_pb2_grpc.ShardServicer):
     """Thin servicer over a :class:`Shard`."""
 
-    def __init__(self, shard: Shard, metrics: RoleMetrics | None = None) -> None:
+    def __init__(self, shard: Shard, metrics: ShardMetrics | None = None) -> None:
         self.shard = shard
         self._metrics = metrics
 
@@ -56,8 +56,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                     raise
                 if metrics is not None:
                     nbytes = sum(len(b.ciphertext) for b in message.blocks)
-                    metrics.push_accepted(a, d, nbytes)
-                    metrics.latency.labels("push").observe(time.perf_counter() - started)
+                    metrics.push_accepted(a, d, nbytes, time.perf_counter() - started)
                 accepted += a
                 duplicates += d
         return records.PushReceipt(accepted, duplicates).to_proto()
