@@ -104,6 +104,9 @@ class NotReadyError(PeerUnavailableError):
 
 def error_reason(exc: BaseException) -> str:
     """The kind of ``exc`` as a short snake_case reason: ``StaleUpdateError`` ->
-    ``stale_update`` (what refusal counts are keyed by)."""
+    ``stale_update`` (what refusal counts and metrics are keyed by); a plain ``ValueError``
+    (``INVALID_ARGUMENT`` on the wire) -> ``invalid_argument``."""
+    if type(exc) is ValueError:
+        return "invalid_argument"
     name = type(exc).__name__.removesuffix("Error")
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()

@@ -23,7 +23,6 @@ operator on that host, unless ``metrics.public`` is set (and the role then warns
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
@@ -32,19 +31,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from fedps.errors import error_reason
+
 __all__ = ["CoordinatorMetrics", "KeyHolderMetrics", "ShardMetrics"]
 
 #: Upper bounds (seconds) of the round-duration histogram's buckets.
 ROUND_BUCKETS = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
-
-
-def _snake(name: str) -> str:
-    """``StaleUpdateError`` -> ``stale_update``; a plain ``ValueError`` (``INVALID_ARGUMENT``
-    on the wire) -> ``invalid_argument``."""
-    if name == "ValueError":
-        return "invalid_argument"
-    name = name.removesuffix("Error")
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
 class _RoleMetrics:
@@ -108,7 +100,7 @@ class ShardMetrics(_RoleMetrics):
 
     def push_refused(self, exc: Exception) -> None:
         """Count one refused push message, by the error's kind."""
-        self.pushes.labels("refused", _snake(type(exc).__name__)).inc()
+        self.pushes.labels("refused", error_reason(exc)).inc()
 
     def push_accepted(self, added: int, duplicates: int, nbytes: int, seconds: float) -> None:
         """Count one accepted push message that took ``seconds``."""
@@ -154,11 +146,11 @@ class KeyHolderMetrics(_RoleMetrics):
 
     def round_refused(self, exc: Exception) -> None:
         """Count one round the decryption policy refused, by the error's kind."""
-        self.refused_rounds.labels(_snake(type(exc).__name__)).inc()
+        self.refused_rounds.labels(error_reason(exc)).inc()
 
     def commitment_refused(self, exc: Exception) -> None:
         """Count one refused commitment, by the error's kind."""
-        self.commitments.labels("refused", _snake(type(exc).__name__)).inc()
+        self.commitments.labels("refused", error_reason(exc)).inc()
 
     def commitment_accepted(self) -> None:
         """Count one accepted commitment."""
