@@ -71,6 +71,8 @@ __all__ = [
 COOKIE = "fedps_operator"
 #: Longest interval between two events of the stream (seconds).
 HEARTBEAT_S = 1.0
+#: How often an event stream looks for a new snapshot (seconds).
+POLL_S = 0.2
 
 _log = logging.getLogger("fedps")
 
@@ -118,7 +120,7 @@ def create_app(
     """
 
     def is_operator(request: Request) -> bool:
-        if token is None:
+        if not token:  # no token (or an empty one): nobody is the operator
             return False
         origin = request.headers.get("origin")
         if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
@@ -151,6 +153,20 @@ def create_app(
 
     async def session(request: Request) -> Response:
         operator = is_operator(request)
+        defaults: dict[str, Any] = {}
+        if launcher is not None:
+            try:
+                defaults = await asyncio.to_thread(launcher.defaults)
+            except ConfigError as exc:  # the file was edited badly: the page still shows
+                return JSONResponse(
+                    {
+                        "operator": operator,
+                        "can_start": False,
+                        "reason": f"the configuration does not load: {exc}",
+                        "defaults": {},
+                        "local_clients": launcher.local_clients,
+                    }
+                )
         if launcher is None:
             reason = "this dashboard watches a run started elsewhere; start runs from fedps ui"
         elif not operator:
@@ -164,20 +180,28 @@ def create_app(
             "operator": operator,
             "can_start": operator and launcher is not None,
             "reason": reason,
-            "defaults": {} if launcher is None else await asyncio.to_thread(launcher.defaults),
+            "defaults": defaults,
             "local_clients": launcher is not None and launcher.local_clients,
         }
         return JSONResponse(body)
 
     async def events(request: Request) -> Response:
         async def stream() -> AsyncIterator[str]:
+            # The loop awaits on the event loop only: a stream holds no worker thread, so
+            # open streams (anyone's) cannot starve the operator's requests.
             serial, data = collector.snapshot()
             yield f"data: {json.dumps(data)}\n\n"
+            sent = loop.time()
             while not collector.stopped:
-                serial, data = await asyncio.to_thread(collector.wait_change, serial, HEARTBEAT_S)
+                await asyncio.sleep(POLL_S)
                 if await request.is_disconnected():
                     return
-                yield f"data: {json.dumps(data)}\n\n"
+                latest, data = collector.snapshot()
+                if latest != serial or loop.time() - sent >= HEARTBEAT_S:
+                    serial, sent = latest, loop.time()
+                    yield f"data: {json.dumps(data)}\n\n"
+
+        loop = asyncio.get_running_loop()
 
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)

@@ -14,6 +14,7 @@ train in the new run.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -200,7 +201,7 @@ class RunLauncher:
                 self._set(message="training")
             else:
                 self._set(message="waiting for the deployment's clients to register")
-            history = cluster.wait_finished()
+            history = cluster.wait_finished(math.inf)  # a run takes what it takes; stop() ends it
             self._set(message=f"finished after {len(history.rounds)} rounds")
             self._stopping.wait(LINGER_S)
         except FedPSError as exc:

@@ -212,3 +212,34 @@ def test_a_page_of_another_site_cannot_start_a_run(
     # Assert
     assert foreign.status_code == 403
     assert not launcher.running
+
+
+def test_an_empty_token_makes_nobody_the_operator(collector: StatusCollector) -> None:
+    # Prepare
+    client = TestClient(create_app(collector, token=""))
+
+    # Execute
+    session = client.get("/api/session").json()
+    response = client.post("/api/runs", json={"training.rounds": "3"})
+
+    # Assert
+    assert session["operator"] is False
+    assert response.status_code == 403
+
+
+def test_a_configuration_file_that_no_longer_loads_leaves_the_page_working(
+    collector: StatusCollector, tmp_path: Path
+) -> None:
+    # Prepare: the operator's file is edited into something invalid
+    path = tmp_path / "fedps.toml"
+    path.write_text("[training]\nrounds = 0\n")
+    launcher = RunLauncher(path, state_root=tmp_path / "ui")
+    client = _operator(TestClient(create_app(collector, token=TOKEN, launcher=launcher)))
+
+    # Execute
+    response = client.get("/api/session")
+
+    # Assert: an answer the page can show, with the reason and no Start
+    assert response.status_code == 200
+    assert response.json()["can_start"] is False
+    assert "training.rounds" in response.json()["reason"]
