@@ -37,7 +37,6 @@ import torch
 from opacus import PrivacyEngine
 from opacus.data_loader import wrap_collate_with_empty
 from opacus.optimizers.optimizer import DPOptimizer, _check_processed_flag, _mark_as_processed
-from opacus.validators import ModuleValidator
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
@@ -48,7 +47,7 @@ from fedps.blocks import flatten_model, load_flat
 from fedps.config import PrivacyConfig, TrainingConfig
 from fedps.datasets import Dataset
 from fedps.errors import ConfigError, PrivacyBudgetExceededError
-from fedps.tasks import Task
+from fedps.tasks import Task, check_dp_trainable
 
 __all__ = [
     "ClientLevelTrainer",
@@ -57,7 +56,6 @@ __all__ = [
     "PoissonBatches",
     "PrivacySpend",
     "Trainer",
-    "check_model",
     "create_trainer",
     "register_trainer",
 ]
@@ -361,7 +359,7 @@ class DPTrainer(Trainer):
 
     def _prepare(self, data: Dataset, training: TrainingConfig, seed: int) -> None:
         model, privacy = self.model, self.privacy
-        check_model(model, self.task.name)
+        check_dp_trainable(model, self.task.name)
         self.source = _source(privacy, seed)
         loader = _loader(data, training.batch_size, self.source.seed(), shuffle=False)
         # Poisson sampling takes each example at rate 1 / len(loader) but draws
@@ -579,36 +577,6 @@ class ClientLevelTrainer(Trainer):
         released = self.add_noise(self.clip(update))
         self._rounds_spent = self._next_rounds_spent()
         return released
-
-
-def check_model(model: torch.nn.Module, task: str) -> None:
-    """Refuse a model that Opacus cannot train with per-sample gradients.
-
-    Raises
-    ------
-    ConfigError
-        Naming every offending layer (BatchNorm and the like) and the fix.
-    """
-    errors = ModuleValidator.validate(model, strict=False)
-    if errors:
-        # name the layers (Opacus's errors name only their kind), each with its first sentence
-        layers = [
-            f"layer {name!r} ({type(module).__name__}): {_first_sentence(layer_errors[0])}"
-            for name, module in model.named_modules()
-            if next(module.children(), None) is None
-            and (layer_errors := ModuleValidator.validate(module, strict=False))
-        ]
-        found = "; ".join(layers or [str(e) for e in errors])
-        raise ConfigError(
-            f"task {task!r}: the model cannot be trained with DP-SGD: {found}. Fix it in the "
-            "task's model(): return opacus.validators.ModuleValidator.fix(model) (BatchNorm "
-            "becomes GroupNorm), or replace the layers yourself"
-        )
-
-
-def _first_sentence(error: Exception) -> str:
-    text = str(error)
-    return text[: text.index(". ")] if ". " in text else text.rstrip(".")
 
 
 def _source(privacy: PrivacyConfig, seed: int) -> RandomSource:

@@ -28,6 +28,9 @@ __all__ = ["ZeroWorker"]
 _LENGTH = 8
 # Not ``-m crypto.zero_worker``: the package imports this module first, and runpy warns.
 _MAIN = "from crypto.zero_worker import main; main()"
+# -P: the working directory is not put first on the worker's path, so a user's ``crypto.py``
+# there cannot stand in for fedps's package (the parent, run as ``fedps``, never saw it).
+_PYTHON = (sys.executable, "-P")
 
 
 def _write(stream: IO[bytes], payload: bytes) -> None:
@@ -60,7 +63,7 @@ class ZeroWorker:
 
     def __init__(self, context: bytes, *, low_priority: bool = False) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", _MAIN, "10" if low_priority else "0"],
+            [*_PYTHON, "-c", _MAIN, "10" if low_priority else "0"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )

@@ -32,8 +32,6 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from opacus.accountants import create_accountant
-
 from fedps.config import PrivacyConfig, TrainingConfig
 from fedps.errors import ConfigError
 
@@ -78,6 +76,9 @@ def _compute(history: tuple[tuple[float, float, int], ...], delta: float, name: 
     _check_name(name)
     if name == "gdp":
         _warn_gdp()
+    # imported here: Opacus pulls in torch, which a shard or the key holder never needs
+    from opacus.accountants import create_accountant
+
     with warnings.catch_warnings():
         # gdp's "experimental" warning (logged once instead), prv's alpha-range and overflow
         # warnings from its domain search.

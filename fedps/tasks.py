@@ -48,6 +48,7 @@ __all__ = [
     "ClientData",
     "DataLike",
     "Task",
+    "check_dp_trainable",
     "evaluate_model",
     "load_task",
     "register_task",
@@ -411,3 +412,38 @@ def _builtin(dataset: str) -> TaskFactory:
 
 for _dataset in ("digits", "fashion_mnist", "mnist5k"):
     _TASKS[_dataset] = _builtin(_dataset)
+
+
+def check_dp_trainable(model: torch.nn.Module, task: str) -> None:
+    """Refuse a model that Opacus cannot train with per-sample gradients (example-level DP:
+    checked by each client, and by the coordinator when it starts, so that ``fedps up`` stops
+    on it rather than waiting for clients that all refuse).
+
+    Raises
+    ------
+    ConfigError
+        Naming every offending layer (BatchNorm and the like) and the fix.
+    """
+    # imported here: Opacus configures the root logger when first imported
+    from opacus.validators import ModuleValidator
+
+    errors = ModuleValidator.validate(model, strict=False)
+    if errors:
+        # name the layers (Opacus's errors name only their kind), each with its first sentence
+        layers = [
+            f"layer {name!r} ({type(module).__name__}): {_first_sentence(layer_errors[0])}"
+            for name, module in model.named_modules()
+            if next(module.children(), None) is None
+            and (layer_errors := ModuleValidator.validate(module, strict=False))
+        ]
+        found = "; ".join(layers or [str(e) for e in errors])
+        raise ConfigError(
+            f"task {task!r}: the model cannot be trained with DP-SGD: {found}. Fix it in the "
+            "task's model(): return opacus.validators.ModuleValidator.fix(model) (BatchNorm "
+            "becomes GroupNorm), or replace the layers yourself"
+        )
+
+
+def _first_sentence(error: Exception) -> str:
+    text = str(error)
+    return text[: text.index(". ")] if ". " in text else text.rstrip(".")

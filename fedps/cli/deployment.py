@@ -123,6 +123,15 @@ class RestartPolicy:
         return float(min(self.max_delay_s, self.first_delay_s * 2**recent))
 
 
+def finished_already(config: FedPSConfig, status: ClusterStatus) -> str:
+    """What to tell a user whose cluster started on the state folder of a finished run: its
+    rounds are shown again, and nothing is trained."""
+    return (
+        f"the run in {config.cluster.state_dir} finished already ({status.round} rounds): "
+        "nothing is trained; give another cluster.state_dir, or delete this one, to train again"
+    )
+
+
 def round_line(record: RoundSummary, rounds: int) -> str:
     """One progress line for a finished round (:meth:`RoundSummary.line`), such as ``round
     3/10: 5 clients, accuracy 0.912, epsilon 1.84 (max), 4.2 s``."""
@@ -154,7 +163,9 @@ class Deployment:
         """Start ``fedps ARGS --config CONFIG`` as process ``name`` (with ``--insecure`` when
         the configuration turned TLS off, whatever the file says)."""
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        cmd = [sys.executable, "-m", "fedps.cli", *args, "--config", str(self.config_path)]
+        # -P: nothing of the working directory (a user's ``server.py``) shadows fedps's
+        # packages in a role; the task's folder is put on the path by the task loader.
+        cmd = [sys.executable, "-P", "-m", "fedps.cli", *args, "--config", str(self.config_path)]
         if self.config.tls.insecure:
             cmd.append("--insecure")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -257,7 +268,7 @@ class Deployment:
         policy = policy or RestartPolicy()
         restarts: dict[str, list[float]] = {name: [] for name in self.servers}
         due: dict[str, float] = {}  # role -> when to restart it
-        shown = 0
+        shown = -1  # rounds echoed; -1 until the first status
         finished_at: float | None = None
         rounds = self.config.training.rounds
         coordinator = CoordinatorClient(self.config.cluster.coordinator)
@@ -277,7 +288,9 @@ class Deployment:
                 except FedPSError:  # down or restarting: ask again next time
                     status = None
                 if status is not None:
-                    for record in status.history[shown:]:
+                    if shown < 0 and status.finished:
+                        echo(finished_already(self.config, status))
+                    for record in status.history[max(shown, 0) :]:
                         echo(round_line(record, rounds))
                     shown = len(status.history)
                     if status.finished and finished_at is None:

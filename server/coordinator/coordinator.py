@@ -54,7 +54,7 @@ from fedps.coordinator_messages import RETRY_AFTER_S, RoundSummary, Task
 from fedps.errors import FedPSError, InvalidArgumentError, PolicyError, QuarantinedError
 from fedps.keyholder_messages import CommitOpening, CommitSet, RoundApplication
 from fedps.tasks import Task as UserTask
-from fedps.tasks import load_task
+from fedps.tasks import check_dp_trainable, load_task
 from server.coordinator.checkpoint_store import CheckpointStore
 from server.coordinator.client_registry import ClientRegistry, RegisteredClient
 from server.coordinator.cluster_peers import ClusterPeers
@@ -170,6 +170,8 @@ class Coordinator:
         self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()
         self.evaluator = Evaluator(task or load_task(config), seed=self._training.seed)
+        if config.privacy.level == "example":  # stop here, not with every client at start
+            check_dp_trainable(self.evaluator.model, self.evaluator.task.name)
         self._client_eval = config.task.client_eval and not self.evaluator.has_data
         if not self.evaluator.has_data:
             _log.info(
@@ -743,7 +745,12 @@ class Coordinator:
         if checkpoint is None:
             return
         if checkpoint.model.shape != self._vector.shape:
-            raise FedPSError(f"checkpoint {self._store.path} is for another model")
+            raise FedPSError(
+                f"checkpoint {self._store.path} is for another model "
+                f"({checkpoint.model.size} parameters, the task's model has "
+                f"{self._vector.size}): give another cluster.state_dir, or delete this one, "
+                "to start a new run"
+            )
         self._vector = checkpoint.model
         state = checkpoint.state
         self.run_id = state["run_id"]

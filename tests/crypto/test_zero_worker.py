@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from crypto import BlockEncryptor, CkksParams, SecretContext, unpack_block
 from tests.role_processes import HANG_S
@@ -70,3 +71,25 @@ def test_a_script_without_a_main_guard_runs_once(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert runs.read_text() == "ran\n"
     assert "Traceback" not in done.stderr
+
+
+def test_a_users_crypto_module_in_the_working_directory_does_not_reach_a_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: the user's own crypto.py where the client runs (the ``fedps`` command never
+    # puts the working directory on its path, so only the workers could pick it up)
+    (tmp_path / "crypto.py").write_text('raise SystemExit("the user\'s crypto.py ran")\n')
+    monkeypatch.chdir(tmp_path)
+    keys = SecretContext.generate(CkksParams())
+    encryptor = BlockEncryptor(keys.public, workers=2)
+    try:
+        # Execute: draw zeros in worker processes started from that directory
+        encryptor.precompute(4)
+        encryptor.precompute_in_background(6)  # as a client does between rounds
+        block = encryptor.encrypt(np.full(4, 0.25))[0]
+    finally:
+        encryptor.close()
+    # Assert: the worker ran fedps's package (before: "the zero worker exited (1)")
+    np.testing.assert_allclose(
+        keys.decrypt(unpack_block(keys.public, block))[:4], [0.25] * 4, atol=1e-4
+    )

@@ -3,6 +3,7 @@ trained model; and the ``fedps`` logger's default output in a script."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ from tests.waiting import HANG_S
 @pytest.mark.integration
 @pytest.mark.slow
 def test_local_cluster_trains_with_threaded_clients_and_gives_history_and_model(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Prepare: a 2-round digits run of 2 clients, without TLS (clients in this process)
     path, config = write_local_config(
@@ -47,10 +48,14 @@ def test_local_cluster_trains_with_threaded_clients_and_gives_history_and_model(
         model = cluster.load_model()
         fedps.export_model(path, exported)
     after = fedps.read_history(path)  # the coordinator is down: from its checkpoint
+    # ... and the same state folder again: the finished run is said to be so, not retrained
+    with caplog.at_level(logging.WARNING, logger="fedps"), fedps.LocalCluster(path) as cluster:
+        replayed = cluster.wait_finished(timeout_s=HANG_S)
 
     # Assert: every role was a `python -m fedps.cli` process, never this script again
     assert len(commands) == 4  # key holder, 2 shards, coordinator
-    assert all(list(c[1:3]) == ["-m", "fedps.cli"] for c in commands), commands  # type: ignore[index]
+    # (-P: the script's folder is not on a role's path, so no module of the user's is either)
+    assert all(list(c[1:4]) == ["-P", "-m", "fedps.cli"] for c in commands), commands  # type: ignore[index]
     assert sorted(s.client_id for s in summaries) == ["client-0", "client-1"]
     assert all(s.rounds_trained == 2 and s.epsilon > 0 for s in summaries)
     # The history: both rounds, each evaluated with the task's metrics and its privacy spend
@@ -61,6 +66,8 @@ def test_local_cluster_trains_with_threaded_clients_and_gives_history_and_model(
     assert history.max_epsilon == pytest.approx(max(s.epsilon for s in summaries))
     assert history.rounds[-1].max_epsilon == pytest.approx(history.max_epsilon)
     assert after.rounds == history.rounds and after.finished
+    assert replayed.rounds == history.rounds
+    assert "finished already (2 rounds): nothing is trained" in caplog.text
     # The model: the task's, scoring what the coordinator reported for the last round
     eval_data = task.eval_data()
     assert eval_data is not None

@@ -3,10 +3,20 @@ and the progress line of a round."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from fedps.cli.deployment import RestartPolicy, round_line
+from fedps.cli.deployment import (
+    Deployment,
+    RestartPolicy,
+    local_cluster,
+    round_line,
+    write_config,
+)
+from fedps.config import load_config
 from fedps.coordinator_messages import RoundSummary
+from tests.role_processes import wait_listening
 
 
 def _round(**fields: object) -> RoundSummary:
@@ -82,3 +92,28 @@ def test_round_line_of_an_abandoned_round_says_so() -> None:
     line = round_line(_round(abandoned=True, contributors=1), rounds=10)
     # Assert
     assert line == "round 3/10: abandoned (no quorum, 1 pushed), 4.2 s"
+
+
+@pytest.mark.integration
+def test_roles_started_from_a_folder_with_the_users_server_py_run_fedps_s_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: a user's project folder whose own modules carry fedps's package names
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("server", "crypto", "clients"):
+        (project / f"{name}.py").write_text(f'raise SystemExit("the user\'s {name}.py ran")\n')
+    monkeypatch.chdir(project)
+    config = load_config(None, cluster=local_cluster(tmp_path / "state"), tls={"insecure": True})
+    path = tmp_path / "fedps.toml"
+    write_config(config, path)
+    deployment = Deployment(path, config)
+    # Execute: start the key holder from there, as ``fedps up`` does
+    try:
+        deployment.start("keyholder", "keyholder")
+        wait_listening(config.cluster.keyholder, deployment.processes["keyholder"])
+    finally:
+        deployment.stop()
+    # Assert: it served (before: it stopped with "your file ./crypto.py hides ...")
+    log = (deployment.log_dir / "keyholder.log").read_text()
+    assert "hides" not in log and "ran" not in log, log

@@ -6,11 +6,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from crypto.signing import BlockSigner
 from fedps.config import load_config
-from fedps.errors import InvalidArgumentError
+from fedps.errors import ConfigError, InvalidArgumentError
+from fedps.tasks import ClientData
+from fedps.tasks import Task as UserTask
 from server.coordinator.coordinator import Coordinator
 
 DELTA = 1e-5
@@ -131,3 +135,37 @@ def test_a_noise_multiplier_out_of_range_is_refused(
     with pytest.raises(InvalidArgumentError, match="noise_multiplier"):
         _report(coordinator, credential, noise_multiplier=noise_multiplier)
     assert coordinator.client_noise_multipliers == {}
+
+
+def _normed_task() -> UserTask:
+    """A task whose model has a BatchNorm layer (Opacus cannot train it per sample)."""
+
+    def model() -> torch.nn.Module:
+        return torch.nn.Sequential(
+            torch.nn.Linear(64, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 10)
+        )
+
+    def load_data(client: ClientData) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros((4, 64), np.float32), np.zeros(4, np.int64)
+
+    return UserTask(name="normed", model=model, load_data=load_data)
+
+
+def test_a_model_dp_sgd_cannot_train_stops_the_coordinator_at_start(tmp_path: Path) -> None:
+    # Prepare: example-level DP (the default), a BatchNorm model
+    config = load_config(None, cluster={"state_dir": str(tmp_path)})
+
+    # Execute / Assert: refused with the layer and the fix, before any client is waited for
+    with pytest.raises(ConfigError, match=r"layer '1' \(BatchNorm1d\).*ModuleValidator\.fix"):
+        Coordinator(config, state_dir=tmp_path / "coordinator", task=_normed_task())
+
+
+def test_client_level_dp_takes_a_batchnorm_model(tmp_path: Path) -> None:
+    # Prepare: client-level DP clips whole updates, so per-sample gradients are not needed
+    config = load_config(None, cluster={"state_dir": str(tmp_path)}, privacy={"level": "client"})
+
+    # Execute
+    coordinator = Coordinator(config, state_dir=tmp_path / "coordinator", task=_normed_task())
+
+    # Assert
+    assert coordinator.layout.num_params > 0
