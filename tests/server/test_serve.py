@@ -5,6 +5,8 @@ stops with one line)."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,3 +126,14 @@ def test_a_second_shard_on_the_same_state_dir_names_the_lock_and_its_pid(
         f"another fedps process (pid {holder}); stop it, or give this one another "
         "cluster.state_dir"
     )
+
+
+def test_a_server_role_starts_without_torch() -> None:
+    # Prepare / Execute: what `fedps shard` and `fedps keyholder` import to serve
+    code = "import sys, server.serve; print('torch' in sys.modules, 'opacus' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True
+    )
+    # Assert: neither (about 2 s of every role's start-up): Opacus loads where epsilon is
+    # computed, torch where a model is built (the coordinator, a client)
+    assert done.stdout.split() == ["False", "False"], done.stdout
