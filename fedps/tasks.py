@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from fedps._registry import add_entry
 from fedps.config import FedPSConfig, TrainingConfig
 from fedps.datasets import Dataset, dataset_names, load_dataset
 from fedps.errors import ConfigError, FedPSError
@@ -267,11 +268,9 @@ def register_task(name: str, task: Task | TaskFactory | ModuleType) -> None:
     Raises
     ------
     ValueError
-        If ``name`` is already registered.
+        If ``name`` is empty or already registered.
     """
-    if name in _TASKS:
-        raise ValueError(f"task {name!r} is already registered")
-    _TASKS[name] = _as_task(task, name) if isinstance(task, ModuleType) else task
+    add_entry(_TASKS, name, _as_task(task, name) if isinstance(task, ModuleType) else task, "task")
 
 
 def task_names() -> list[str]:

@@ -21,6 +21,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Set
 
+from fedps._registry import add_entry
 from fedps.config import TrainingConfig
 from fedps.errors import ConfigError
 
@@ -109,12 +110,10 @@ def register_round_policy(name: str, policy: type[RoundPolicy]) -> None:
 
     Raises
     ------
-    ConfigError
-        If ``name`` is taken.
+    ValueError
+        If ``name`` is empty or already registered.
     """
-    if name in _REGISTRY:
-        raise ConfigError(f"round policy {name!r} is already registered")
-    _REGISTRY[name] = policy
+    add_entry(_REGISTRY, name, policy, "round policy")
 
 
 def create_round_policy(name: str, training: TrainingConfig) -> RoundPolicy:
