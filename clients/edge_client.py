@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -96,6 +96,7 @@ __all__ = [
     "PreparedPush",
     "RoundOutcome",
     "RoundProgress",
+    "Uplink",
     "client_partition",
 ]
 
@@ -109,6 +110,28 @@ _PEER_WAIT_S = 90.0  # how long a push or a commitment waits for a restarting pe
 # The pauses of the task loop after a failed step: 0.5 s growing to 10 s, full jitter.
 _LOOP_BACKOFF = {"first_s": 0.5, "cap_s": 10.0}
 _UNKNOWN = "{}: not known before EdgeClient.connect and join"
+
+
+class Uplink(Protocol):
+    """What an :class:`EdgeClient` asks of whoever runs the rounds: its registration, its
+    next task, and its report of a round. The default is the coordinator over gRPC
+    (:class:`fedps.coordinator_client.CoordinatorClient`). ``retry_s``: how long a transient
+    failure is retried (``None``: fail at once).
+
+    Only :meth:`EdgeClient.run` and :meth:`EdgeClient.run_task` use it: a caller that drives
+    the rounds itself (a Flower node, whose strategy's messages carry each step) calls
+    :meth:`EdgeClient.train_round` and :meth:`EdgeClient.send` instead.
+    """
+
+    def register(
+        self, registration: ClientRegistration, *, retry_s: float | None = None
+    ) -> RegistrationReply: ...
+
+    def get_task(self, query: TaskQuery, *, retry_s: float | None = None) -> Task: ...
+
+    def report_update(self, report: UpdateReport, *, retry_s: float | None = None) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -242,6 +265,9 @@ class EdgeClient:
     on_round
         Called with a :class:`RoundProgress` after each round the client took part in (the
         CLI prints its line).
+    uplink
+        Where it registers, asks for tasks and reports (default: the coordinator of
+        ``config.cluster`` over gRPC); closed by :meth:`close`.
     trainer
         A trainer the caller built, for a training fedps does not run itself (a Flower node
         that wraps the user's own ``train``:
@@ -275,6 +301,7 @@ class EdgeClient:
         task: UserTask | None = None,
         trainer: Trainer | None = None,
         on_round: Callable[[RoundProgress], None] | None = None,
+        uplink: Uplink | None = None,
     ) -> None:
         if state_dir is not None and signer is not None:
             raise InvalidArgumentError("a client keeps its key in state_dir or is given one")
@@ -324,7 +351,9 @@ class EdgeClient:
             )
         self.recorded = self._restore_spend()  # the spend the ledger holds
         # Every call has a deadline: one caught in a peer's restart fails and is retried.
-        self._coordinator = CoordinatorClient(config.cluster.coordinator)
+        self.uplink: Uplink = (
+            uplink if uplink is not None else CoordinatorClient(config.cluster.coordinator)
+        )
         self.client_id = ""
         self.run_id = ""
         self.bytes_pushed = 0
@@ -475,8 +504,10 @@ class EdgeClient:
             self._encryptor.close()
 
     def close(self) -> None:
-        """Release the state folder (another process may then use it)."""
+        """Release the state folder (another process may then use it) and close the
+        uplink."""
         self.state.close()
+        self.uplink.close()
 
     # ------------------------------------------------------------------ privacy state
     def _open_state(self, state_dir: Path | None) -> ClientState:
@@ -623,7 +654,7 @@ class EdgeClient:
             epsilon=self.recorded.epsilon,
             delta=self.config.privacy.delta,
         )
-        reply = self._coordinator.register(registration, retry_s=timeout_s)
+        reply = self.uplink.register(registration, retry_s=timeout_s)
         self.client_id = reply.client_id
         self.trainer.set_run(reply.run_id)
         if self.run_id and reply.run_id != self.run_id:  # a coordinator that lost its state
@@ -872,7 +903,7 @@ class EdgeClient:
         """One ``GetTask`` call (retried while the coordinator is unavailable, up to
         ``retry_s``), carrying the spend recorded in the ledger."""
         query = TaskQuery(self.client_id, self.recorded.epsilon, self.config.privacy.delta)
-        return self._coordinator.get_task(query, retry_s=retry_s)
+        return self.uplink.get_task(query, retry_s=retry_s)
 
     def _wait_for_push_phase(self, round_: int, timeout_s: float) -> bool:
         """After committing to ``round_``: wait until the coordinator says the round's
@@ -971,7 +1002,7 @@ class EdgeClient:
             noise_multiplier=self.trainer.noise_multiplier,
             metrics=self._metrics.pop(round_, {}),
         )
-        self._coordinator.report_update(report, retry_s=60.0)
+        self.uplink.report_update(report, retry_s=60.0)
 
 
 def _passes(exc: FedPSError) -> bool:

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
@@ -69,6 +69,13 @@ from clients.train_step import TrainMod
 from crypto.randomness import SeededRandom
 from crypto.signing import BlockSigner
 from fedps.config import FedPSConfig, load_config
+from fedps.coordinator_messages import (
+    ClientRegistration,
+    RegistrationReply,
+    Task,
+    TaskQuery,
+    UpdateReport,
+)
 from fedps.errors import ConfigError, InvalidArgumentError
 from fedps.flower_messages import (
     CONFIG_KEY,
@@ -84,11 +91,45 @@ from fedps.flower_messages import (
 from fedps.provisioning import setup_tls
 from fedps.shard_messages import PushBatch
 
-__all__ = ["ClientFactory", "FlowerClient", "FlowerNode", "create_client_app", "fedps_record"]
+__all__ = [
+    "ClientFactory",
+    "FlowerClient",
+    "FlowerNode",
+    "StrategyMessages",
+    "create_client_app",
+    "fedps_record",
+]
 
 _log = logging.getLogger("fedps")
 
 _PARTITION_KEY = "partition-id"
+
+
+class StrategyMessages:
+    """A Flower node's uplink (:class:`~clients.edge_client.Uplink`): the strategy's messages
+    carry its registration and tasks and the replies its reports, so nothing is asked of a
+    coordinator. :meth:`EdgeClient.run` and :meth:`EdgeClient.run_task`, which would ask,
+    refuse with that; :class:`FlowerClient` runs the rounds through the public steps."""
+
+    def _refuse(self) -> NoReturn:
+        raise InvalidArgumentError(
+            "a Flower node takes its tasks from the strategy's messages (FlowerClient), not "
+            "from a coordinator: EdgeClient.run and run_task do not apply"
+        )
+
+    def register(
+        self, registration: ClientRegistration, *, retry_s: float | None = None
+    ) -> RegistrationReply:
+        self._refuse()
+
+    def get_task(self, query: TaskQuery, *, retry_s: float | None = None) -> Task:
+        self._refuse()
+
+    def report_update(self, report: UpdateReport, *, retry_s: float | None = None) -> None:
+        self._refuse()
+
+    def close(self) -> None:
+        """Nothing to close: no channel of its own."""
 
 
 class FlowerClient:
@@ -154,6 +195,7 @@ class FlowerClient:
             token_required=True,
             mods=[*mods, device],
             trainer=trainer,
+            uplink=StrategyMessages(),
         )
         self.pending: PreparedPush | None = None  # committed, not pushed yet
         self._attached = ("", "")

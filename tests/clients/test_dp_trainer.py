@@ -29,7 +29,13 @@ from crypto.randomness import SeededRandom
 from fedps.accounting import calibrate_noise
 from fedps.blocks import BlockLayout, flatten_model
 from fedps.config import FedPSConfig, load_config
-from fedps.coordinator_messages import ClientRegistration, RegistrationReply, Task
+from fedps.coordinator_messages import (
+    ClientRegistration,
+    RegistrationReply,
+    Task,
+    TaskQuery,
+    UpdateReport,
+)
 from fedps.datasets import Dataset, load_dataset
 from fedps.errors import ConfigError, PeerUnavailableError, PrivacyBudgetExceededError
 from fedps.models import create_model
@@ -331,26 +337,47 @@ class _FixedParams:
         return self.vector.copy(), min_version
 
 
+class _RecordingUplink:
+    """Stands in for the coordinator: keeps what the client tells it (an Uplink)."""
+
+    def __init__(self) -> None:
+        self.registrations: list[ClientRegistration] = []
+        self.announced: list[float] = []  # epsilons sent in GetTask
+        self.reports: list[tuple[int, bool]] = []  # (round, budget_exhausted)
+        self.down = False  # every GetTask fails as an unreachable coordinator's
+
+    def register(
+        self, registration: ClientRegistration, *, retry_s: float | None = None
+    ) -> RegistrationReply:
+        self.registrations.append(registration)
+        return RegistrationReply("client-1", "run", "", {}, 0, 0, 0)
+
+    def get_task(self, query: TaskQuery, *, retry_s: float | None = None) -> Task:
+        if self.down:
+            raise PeerUnavailableError("get task: coordinator down")
+        self.announced.append(query.epsilon)
+        return Task("wait", 0, 0)
+
+    def report_update(self, report: UpdateReport, *, retry_s: float | None = None) -> None:
+        self.reports.append((report.round, report.budget_exhausted))
+
+    def close(self) -> None:
+        pass
+
+
 class _OfflineClient(EdgeClient):
     """An edge client with no servers: pulls a fixed model, pushes nothing, and keeps what it
-    would have told the coordinator."""
+    would have told the coordinator (:attr:`sent`)."""
 
     def __init__(self, config: FedPSConfig, *, index: int, state_dir: Path) -> None:
-        super().__init__(config, index=index, state_dir=state_dir)
+        self.sent = _RecordingUplink()
+        super().__init__(config, index=index, state_dir=state_dir, uplink=self.sent)
         self._params = _FixedParams(flatten_model(self.trainer.model))  # type: ignore[assignment]
         self._layout, self._encryptor = BlockLayout(self.num_params, self.num_params), None
         self._keyholder_key, self._context_id = b"", ""
-        self.announced: list[float] = []  # epsilons sent in GetTask before training
-        self.reports: list[tuple[int, bool]] = []  # (round, budget_exhausted)
-
-    def _announce_spend(self) -> None:
-        self.announced.append(self.recorded.epsilon)
 
     def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
         return None
-
-    def _report(self, round_: int, pushed: int, *, budget_exhausted: bool) -> None:
-        self.reports.append((round_, budget_exhausted))
 
     def train(self, round_: int, weight_scale: float = 1.0) -> bool:
         """Run the client's round ``round_`` as if the coordinator asked for it."""
@@ -517,7 +544,7 @@ def test_edge_client_records_the_round_before_it_trains(
     # Assert: the round's whole spend was durable, and announced, before a step was taken
     after = client.trainer.spend()
     assert on_disk == [[list(e) for e in after.history]]
-    assert client.announced == [after.epsilon]
+    assert client.sent.announced == [after.epsilon]
     assert client.recorded == after
     client.close()
 
@@ -527,11 +554,7 @@ def test_a_round_the_coordinator_cannot_hear_of_is_recorded_once_and_not_trained
 ) -> None:
     # Prepare: the coordinator is unreachable when the client announces its spend
     client = _OfflineClient(_config(target_epsilon=TARGET_EPSILON), index=0, state_dir=tmp_path)
-
-    def unreachable() -> None:
-        raise PeerUnavailableError("get task: coordinator down")
-
-    client._announce_spend = unreachable  # type: ignore[method-assign]
+    client.sent.down = True
 
     # Execute: asked twice for the round
     attempts = [client.train(1), client.train(1)]
@@ -564,22 +587,9 @@ def test_restarted_edge_client_resumes_its_budget(tmp_path: Path) -> None:
     assert second._signer.public_key == key
     assert resumed == (spent, spent)
     assert trained and refused
-    assert second.reports[-1] == (4, True)
+    assert second.sent.reports[-1] == (4, True)
     assert spent < second.recorded.epsilon <= TARGET_EPSILON
     second.close()
-
-
-class _Coordinator:
-    """Stands in for the coordinator's client: keeps the registration request."""
-
-    def __init__(self) -> None:
-        self.requests: list[ClientRegistration] = []
-
-    def register(
-        self, registration: ClientRegistration, *, retry_s: float | None = None
-    ) -> RegistrationReply:
-        self.requests.append(registration)
-        return RegistrationReply("client-1", "run", "", {}, 0, 0, 0)
 
 
 def test_restarted_edge_client_registers_with_its_recorded_epsilon(tmp_path: Path) -> None:
@@ -590,14 +600,12 @@ def test_restarted_edge_client_registers_with_its_recorded_epsilon(tmp_path: Pat
     spent = first.recorded.epsilon
     first.close()
     second = _OfflineClient(config, index=1, state_dir=tmp_path)
-    coordinator = _Coordinator()
-    second._coordinator = coordinator  # type: ignore[assignment]
 
     # Execute
     second._register(timeout_s=1.0)
 
     # Assert: the coordinator hears at once what the data has spent
-    (request,) = coordinator.requests
+    (request,) = second.sent.registrations
     assert request.epsilon == spent > 0
     assert request.delta == config.privacy.delta
     assert request.signing_key == first._signer.public_key
