@@ -6,8 +6,9 @@ trained arrays. :class:`clients.flower.fedps_mod.FedPSMod` in its ``mods`` turns
 into a fedps round: client-level DP on the update, CKKS encryption, commitments at the real
 key holder and pushes to two real shards on loopback, and
 :class:`server.flower.flower_strategy.FlowerStrategy` has the key holder decrypt and apply the
-aggregate. Flower's own ``Strategy.start`` loop drives the rounds over an
-:class:`server.flower.in_process_grid.InProcessGrid` (the nodes run on threads).
+aggregate. Flower's own ``Strategy.start`` loop drives the rounds, over an
+:class:`server.flower.in_process_grid.InProcessGrid` (the nodes run on threads) and in
+Flower's simulation runtime (a ``ServerApp``, the nodes in Ray actors).
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Result
 from sklearn.datasets import load_digits
 
 from clients.flower.fedps_mod import FedPSMod
+from fedps.cli.flower_bench import simulate
 from fedps.config import FedPSConfig
 from fedps.tasks import ClientData, Task, register_task, task_names
 from server.flower.flower_strategy import FlowerStrategy
@@ -65,10 +69,11 @@ def accuracy(model: torch.nn.Module) -> float:
         return float((model(x).argmax(dim=1) == y).float().mean())
 
 
-def user_client_app(config: FedPSConfig, calls: list[int]) -> ClientApp:
-    """The user's ClientApp, with fedps's mod added (``calls`` records each node's train)."""
+def user_client_app(config: FedPSConfig, calls: list[int] | None = None) -> ClientApp:
+    """The user's ClientApp, with fedps's mod added (``calls``, where the nodes run in this
+    process, records each node's train; Flower's simulation pickles the app to its actors)."""
     app = ClientApp(mods=[FedPSMod(config)])
-    lock = threading.Lock()
+    lock = threading.Lock() if calls is not None else None
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -88,8 +93,9 @@ def user_client_app(config: FedPSConfig, calls: list[int]) -> ClientApp:
                 loss = torch.nn.functional.cross_entropy(model(x[batch]), y[batch])
                 loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch
                 optimizer.step()
-        with lock:
-            calls.append(partition)
+        if calls is not None and lock is not None:
+            with lock:
+                calls.append(partition)
         content = RecordDict(
             {
                 "arrays": ArrayRecord(model.state_dict()),
@@ -168,6 +174,14 @@ def test_a_wrapped_user_train_learns_through_the_encrypted_rounds(
     # Assert: every node ran its own train each round, and the key holder applied exactly
     # the rounds, each with every node's update.
     assert sorted(calls) == sorted(list(range(NODES)) * ROUNDS)
+    _assert_learned(cluster, strategy, result, initial)
+
+
+def _assert_learned(
+    cluster: Cluster, strategy: FlowerStrategy, result: Result, initial: torch.nn.Module
+) -> None:
+    """The key holder applied every round with every node's update, Flower's result is the
+    model it published, and that model learned."""
     assert cluster.keyholder.version == ROUNDS
     history = strategy.coordinator.history
     assert [(r.round, r.contributors, r.abandoned) for r in history] == [
@@ -185,3 +199,35 @@ def test_a_wrapped_user_train_learns_through_the_encrypted_rounds(
     metrics = result.train_metrics_clientapp[ROUNDS]
     assert cast(float, metrics["accuracy"]) > 0.6
     assert 0 < cast(float, metrics["max-epsilon"]) < float("inf")
+
+
+@pytest.mark.slow
+def test_the_wrapped_app_trains_in_flowers_simulation_runtime(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: the same ClientApp, and the strategy in a ServerApp, as a Flower user runs them
+    monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")  # offline: no telemetry events
+    monkeypatch.setenv("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # no GPUs; no Ray warning
+    strategy = FlowerStrategy(cluster.config, state_dir=tmp_path / "flower")
+    initial = user_model()
+    initial.load_state_dict(strategy.initial_arrays().to_torch_state_dict())
+    results: list[Result] = []
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        results.append(
+            strategy.start(
+                grid=grid,
+                initial_arrays=strategy.initial_arrays(),
+                num_rounds=ROUNDS,
+                train_config=ConfigRecord({"lr": 0.1}),
+            )
+        )
+
+    # Execute: Flower's simulation runtime (the nodes in Ray actors)
+    simulate(server_app, user_client_app(cluster.config), nodes=NODES, workers=2)
+
+    # Assert
+    (result,) = results
+    _assert_learned(cluster, strategy, result, initial)
