@@ -16,13 +16,17 @@ from prepare_data import write_client_files
 from wine_task.classify import model, read_csv
 
 import fedps
+from fedps.config import load_config
 
 HERE = Path(__file__).resolve().parent
 CONFIG = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "fedps.toml"
 CLIENTS = 3
 
+# A state folder of its own: the one of `fedps up` (state/) holds that run, finished, and a
+# cluster started on it would resume it rather than train again.
+config = load_config(CONFIG, cluster={"state_dir": str(HERE / "state-script")})
 files = write_client_files(HERE / "data", CLIENTS)
-with fedps.LocalCluster(CONFIG) as cluster:
+with fedps.LocalCluster(config) as cluster:
     for index, path in enumerate(files):
         cluster.start_client(index, data=path)
     history = cluster.wait_finished()
