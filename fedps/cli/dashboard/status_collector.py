@@ -12,7 +12,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from fedps.config import FedPSConfig
 from fedps.coordinator_client import CoordinatorClient
@@ -195,33 +195,26 @@ class StatusCollector:
     def _collect(self, config: FedPSConfig) -> Snapshot:
         cluster = config.cluster
         coordinator: dict[str, Any] = {"address": cluster.coordinator, "up": False, "error": ""}
-        run: dict[str, Any] | None = None
-        client = CoordinatorClient(cluster.coordinator)
-        try:
-            run = _run_view(client.get_status(timeout_s=self.call_s))
-            run["rounds"] = config.training.rounds
-            coordinator["up"] = True
-        except FedPSError as exc:
-            coordinator["error"] = str(exc)
-        finally:
-            client.close()
+        status = _ask(
+            CoordinatorClient(cluster.coordinator),
+            lambda c: c.get_status(timeout_s=self.call_s),
+            coordinator,
+        )
+        run = None if status is None else {**_run_view(status), "rounds": config.training.rounds}
         keyholder: dict[str, Any] = {"address": cluster.keyholder, "up": False, "error": ""}
-        state: ModelState | None = None
-        holder = KeyHolderClient(cluster.keyholder)
-        try:
-            state = holder.get_model_state(timeout_s=self.call_s)
+        state = _ask(
+            KeyHolderClient(cluster.keyholder),
+            lambda h: h.get_model_state(timeout_s=self.call_s),
+            keyholder,
+        )
+        if state is not None:
             keyholder.update(
-                up=True,
                 version=state.version,
                 last_round=state.last_round,
                 detections=dict(state.detections),
                 quarantined=list(state.quarantined),
                 detection_reasons=dict(state.detection_reasons),
             )
-        except FedPSError as exc:
-            keyholder["error"] = str(exc)
-        finally:
-            holder.close()
         shards = [self._shard(sid, address, state) for sid, address in _shards(config)]
         refusals: Counter[str] = Counter()
         for shard in shards:
@@ -245,22 +238,40 @@ class StatusCollector:
             "detections": 0 if state is None else state.detections.get(sid, 0),
             "quarantined": state is not None and sid in state.quarantined,
         }
-        client = ShardClient(sid, address)
-        try:
-            s = client.get_status(timeout_s=self.call_s)
+        status = _ask(
+            ShardClient(sid, address), lambda c: c.get_status(timeout_s=self.call_s), view
+        )
+        if status is not None:
             view.update(
-                up=True,
-                version=s.version,
-                blocks=s.blocks,
-                pushes_accepted=s.pushes_accepted,
-                pushes_refused=s.pushes_refused,
-                refusals=dict(s.refusals),
+                version=status.version,
+                blocks=status.blocks,
+                pushes_accepted=status.pushes_accepted,
+                pushes_refused=status.pushes_refused,
+                refusals=dict(status.refusals),
             )
-        except FedPSError as exc:
-            view["error"] = str(exc)
-        finally:
-            client.close()
         return view
+
+
+class _Client(Protocol):
+    def close(self) -> None: ...
+
+
+_C = TypeVar("_C", bound=_Client)
+_R = TypeVar("_R")
+
+
+def _ask(client: _C, call: Callable[[_C], _R], view: dict[str, Any]) -> _R | None:
+    """``call(client)``, then close ``client``; the role's ``view`` says whether it answered
+    (``up``) or why not (``error``). None when it did not."""
+    try:
+        answer = call(client)
+    except FedPSError as exc:
+        view["error"] = str(exc)
+        return None
+    finally:
+        client.close()
+    view["up"] = True
+    return answer
 
 
 def _shards(config: FedPSConfig) -> list[tuple[str, str]]:
