@@ -257,6 +257,8 @@ def up(
     try:
         with _dashboard(cfg, ui):
             deployment.start_servers()
+            if finished := deployment.finished_before():
+                typer.echo(finished)
             typer.echo(
                 f"fedps cluster up; coordinator at {cfg.cluster.coordinator}. Ctrl-C to stop."
             )

@@ -123,15 +123,6 @@ class RestartPolicy:
         return float(min(self.max_delay_s, self.first_delay_s * 2**recent))
 
 
-def finished_already(config: FedPSConfig, status: ClusterStatus) -> str:
-    """What to tell a user whose cluster started on the state folder of a finished run: its
-    rounds are shown again, and nothing is trained."""
-    return (
-        f"the run in {config.cluster.state_dir} finished already ({status.round} rounds): "
-        "nothing is trained; give another cluster.state_dir, or delete this one, to train again"
-    )
-
-
 def round_line(record: RoundSummary, rounds: int) -> str:
     """One progress line for a finished round (:meth:`RoundSummary.line`), such as ``round
     3/10: 5 clients, accuracy 0.912, epsilon 1.84 (max), 4.2 s``."""
@@ -184,6 +175,24 @@ class Deployment:
         self.wait_ready([cluster.keyholder, *cluster.shards])
         self._start_server("coordinator", "coordinator")
         self.wait_ready([cluster.coordinator])
+
+    def finished_before(self) -> str:
+        """Once the servers are up and before any client joins: why nothing will be trained
+        (the state folder holds a run that finished, which the cluster resumes), or ``""``."""
+        coordinator = CoordinatorClient(self.config.cluster.coordinator)
+        try:
+            status = coordinator.get_status(timeout_s=10.0)
+        except FedPSError:  # no answer yet: the supervision's round lines will tell
+            return ""
+        finally:
+            coordinator.close()
+        if not status.finished:
+            return ""
+        return (
+            f"the run in {self.config.cluster.state_dir} finished already ({status.round} "
+            "rounds): nothing is trained; give another cluster.state_dir, or delete this one, "
+            "to train again"
+        )
 
     def _start_server(self, name: str, *args: str) -> None:
         self.start(name, *args)
@@ -268,7 +277,7 @@ class Deployment:
         policy = policy or RestartPolicy()
         restarts: dict[str, list[float]] = {name: [] for name in self.servers}
         due: dict[str, float] = {}  # role -> when to restart it
-        shown = -1  # rounds echoed; -1 until the first status
+        shown = 0
         finished_at: float | None = None
         rounds = self.config.training.rounds
         coordinator = CoordinatorClient(self.config.cluster.coordinator)
@@ -288,9 +297,7 @@ class Deployment:
                 except FedPSError:  # down or restarting: ask again next time
                     status = None
                 if status is not None:
-                    if shown < 0 and status.finished:
-                        echo(finished_already(self.config, status))
-                    for record in status.history[max(shown, 0) :]:
+                    for record in status.history[shown:]:
                         echo(round_line(record, rounds))
                     shown = len(status.history)
                     if status.finished and finished_at is None:

@@ -20,7 +20,7 @@ import torch
 
 from crypto.tls import OPERATOR_NAME
 from fedps.cli.api import ConfigLike, as_config, enable_default_logging, use_identity
-from fedps.cli.deployment import Deployment, finished_already, round_line, write_config
+from fedps.cli.deployment import Deployment, round_line, write_config
 from fedps.cli.export import export_model, pull_model
 from fedps.cli.history import History, read_history
 from fedps.config import FedPSConfig
@@ -117,6 +117,8 @@ class LocalCluster:
             self.config.cluster.coordinator,
             self.log_dir,
         )
+        if finished := self._deployment.finished_before():
+            _log.warning("%s", finished)
         return self
 
     def start_client(
@@ -142,7 +144,7 @@ class LocalCluster:
         deployment = self.deployment
         rounds = self.config.training.rounds
         until = time.monotonic() + timeout_s
-        shown = -1  # rounds logged; -1 until the first status
+        shown = 0
         coordinator = CoordinatorClient(self.config.cluster.coordinator)
         try:
             while True:
@@ -152,9 +154,7 @@ class LocalCluster:
                 except FedPSError:  # busy or restarting: ask again
                     status = None
                 if status is not None:
-                    if shown < 0 and status.finished:
-                        _log.warning("%s", finished_already(self.config, status))
-                    for record in status.history[max(shown, 0) :]:
+                    for record in status.history[shown:]:
                         _log.info("%s", round_line(record, rounds))
                     shown = len(status.history)
                     if status.finished:

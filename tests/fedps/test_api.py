@@ -37,6 +37,7 @@ def test_local_cluster_trains_with_threaded_clients_and_gives_history_and_model(
     exported = tmp_path / "model.pt"
 
     # Execute
+    caplog.set_level(logging.INFO, logger="fedps")
     with fedps.LocalCluster(path) as cluster:
         commands = [p.args for p in cluster.deployment.processes.values()]
         with ThreadPoolExecutor(2) as pool:
@@ -48,8 +49,9 @@ def test_local_cluster_trains_with_threaded_clients_and_gives_history_and_model(
         model = cluster.load_model()
         fedps.export_model(path, exported)
     after = fedps.read_history(path)  # the coordinator is down: from its checkpoint
+    warned_first = "finished already" in caplog.text
     # ... and the same state folder again: the finished run is said to be so, not retrained
-    with caplog.at_level(logging.WARNING, logger="fedps"), fedps.LocalCluster(path) as cluster:
+    with fedps.LocalCluster(path) as cluster:
         replayed = cluster.wait_finished(timeout_s=HANG_S)
 
     # Assert: every role was a `python -m fedps.cli` process, never this script again
@@ -67,6 +69,7 @@ def test_local_cluster_trains_with_threaded_clients_and_gives_history_and_model(
     assert history.rounds[-1].max_epsilon == pytest.approx(history.max_epsilon)
     assert after.rounds == history.rounds and after.finished
     assert replayed.rounds == history.rounds
+    assert not warned_first  # the clients finished before wait_finished: no warning then
     assert "finished already (2 rounds): nothing is trained" in caplog.text
     # The model: the task's, scoring what the coordinator reported for the last round
     eval_data = task.eval_data()
