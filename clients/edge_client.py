@@ -118,9 +118,11 @@ class Uplink(Protocol):
     (:class:`fedps.coordinator_client.CoordinatorClient`). ``retry_s``: how long a transient
     failure is retried (``None``: fail at once).
 
-    Only :meth:`EdgeClient.run` and :meth:`EdgeClient.run_task` use it: a caller that drives
-    the rounds itself (a Flower node, whose strategy's messages carry each step) calls
-    :meth:`EdgeClient.train_round` and :meth:`EdgeClient.send` instead.
+    :meth:`EdgeClient.run` and :meth:`EdgeClient.run_task` use it, and
+    :meth:`EdgeClient.train_round` to announce the round's spend (``announce=True``). A caller
+    that drives the rounds itself (a Flower node, whose strategy's messages carry each step)
+    calls ``train_round(..., announce=False)`` and :meth:`EdgeClient.send`, and carries the
+    spend and the report in its own replies.
     """
 
     def register(

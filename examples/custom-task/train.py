@@ -1,6 +1,6 @@
 """Train the wine classifier from one Python script, through fedps's API (docs/api.md).
 
-    python train.py [CONFIG]            # default: fedps.toml beside this file
+    python train.py [CONFIG]    # default: fedps.toml beside this file, its run in state-script/
 
 The key holder, the shards and the coordinator are processes (as with ``fedps up``), and so is
 each client (``cluster.start_client``, with its own file): a script speaks as one TLS identity,
@@ -19,12 +19,14 @@ import fedps
 from fedps.config import load_config
 
 HERE = Path(__file__).resolve().parent
-CONFIG = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "fedps.toml"
 CLIENTS = 3
 
-# A state folder of its own: the one of `fedps up` (state/) holds that run, finished, and a
-# cluster started on it would resume it rather than train again.
-config = load_config(CONFIG, cluster={"state_dir": str(HERE / "state-script")})
+if len(sys.argv) > 1:
+    config = load_config(Path(sys.argv[1]))
+else:
+    # fedps.toml with a state folder of its own: the one of `fedps up` (state/) holds that
+    # run, finished, and a cluster started on it would resume it rather than train again.
+    config = load_config(HERE / "fedps.toml", cluster={"state_dir": str(HERE / "state-script")})
 files = write_client_files(HERE / "data", CLIENTS)
 with fedps.LocalCluster(config) as cluster:
     for index, path in enumerate(files):

@@ -25,6 +25,7 @@ from pathlib import Path
 import grpc
 
 from crypto.tls import OPERATOR_NAME, TlsIdentity
+from fedps._layout import child_environment
 from fedps.config import FedPSConfig
 from fedps.coordinator_client import CoordinatorClient
 from fedps.coordinator_messages import ClusterStatus, RoundSummary
@@ -155,11 +156,12 @@ class Deployment:
         the configuration turned TLS off, whatever the file says)."""
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
         # -P: nothing of the working directory (a user's ``server.py``) shadows fedps's
-        # packages in a role; the task's folder is put on the path by the task loader.
+        # packages in a role (child_environment: this fedps is found); the task's folder is
+        # put on the path by the task loader.
         cmd = [sys.executable, "-P", "-m", "fedps.cli", *args, "--config", str(self.config_path)]
         if self.config.tls.insecure:
             cmd.append("--insecure")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = child_environment({**os.environ, "PYTHONUNBUFFERED": "1"})
         self.processes[name] = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
