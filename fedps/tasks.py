@@ -5,7 +5,9 @@ optionally the loss, the local optimizer, the metrics and an evaluation set the 
 Write it as a module (Flower's ``task.py``) with these functions::
 
     def model() -> torch.nn.Module: ...                 # required, Opacus-compatible
-    def load_data(client: ClientData) -> DataLike: ...   # required: this client's own data
+    def load_data(client: ClientData) -> DataLike: ...   # this client's own data (a fedps
+                                                         # client needs it; a Flower node
+                                                         # whose own train loads data not)
     def load_eval_data() -> DataLike: ...                # optional: the operator's held-out data
     def loss(outputs, targets) -> torch.Tensor: ...     # optional (default below)
     def metrics(outputs, targets) -> dict[str, float]: ...  # optional (default below)
@@ -93,7 +95,7 @@ class Task:
 
     name: str
     model: Callable[[], torch.nn.Module]
-    load_data: Callable[[ClientData], DataLike]
+    load_data: Callable[[ClientData], DataLike] | None = None
     load_eval_data: Callable[[], DataLike] | None = None
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     metrics: Callable[[torch.Tensor, torch.Tensor], Mapping[str, float]] | None = None
@@ -112,6 +114,11 @@ class Task:
 
     def client_data(self, client: ClientData) -> Dataset:
         """The client's own data, checked (:func:`to_dataset`)."""
+        if self.load_data is None:
+            raise ConfigError(
+                f"task {self.name!r} has no load_data(client): a fedps client loads its own "
+                "data with it (only a Flower node whose own train loads its data needs none)"
+            )
         call = f"load_data({client.path or ''})"
         return to_dataset(
             _user_call(self.name, call, self.load_data, client), f"{self.name}: {call}"
@@ -344,19 +351,18 @@ def _as_task(obj: object, name: str) -> Task:
     """A :class:`Task` from an object (a module) with task functions as attributes."""
     if isinstance(obj, Task):
         return obj
-    missing = [f for f in ("model", "load_data") if not callable(getattr(obj, f, None))]
-    if missing:
+    if not callable(getattr(obj, "model", None)):
         raise ConfigError(
-            f"task {name!r} has no {' or '.join(f + '()' for f in missing)}: a task provides "
-            "model() and load_data(client), and optionally load_eval_data(), loss(outputs, "
-            "targets), metrics(outputs, targets) and optimizer(params, training)"
+            f"task {name!r} has no model(): a task provides model() and load_data(client), "
+            "and optionally load_eval_data(), loss(outputs, targets), metrics(outputs, "
+            "targets) and optimizer(params, training)"
         )
     optional = {
         f: getattr(obj, f)
-        for f in ("load_eval_data", "loss", "metrics", "optimizer")
+        for f in ("load_data", "load_eval_data", "loss", "metrics", "optimizer")
         if callable(getattr(obj, f, None))
     }
-    return Task(name=name, model=obj.model, load_data=obj.load_data, **optional)  # type: ignore[attr-defined]
+    return Task(name=name, model=obj.model, **optional)  # type: ignore[attr-defined]
 
 
 def _builtin(dataset: str) -> TaskFactory:

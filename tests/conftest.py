@@ -6,6 +6,8 @@ from __future__ import annotations
 import fedps  # noqa: F401  # first: its import quiets gRPC core's logging before grpc loads
 
 # isort: on
+import fcntl
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -45,6 +47,15 @@ def _plaintext_after_each_test() -> Iterator[None]:
     without one (in-process clusters cannot give each role its own certificate)."""
     yield
     reset_tls()
+
+
+@pytest.fixture
+def one_ray_node() -> Iterator[None]:
+    """The machine's only Ray node while the test runs: two started at once (by two test
+    workers) time out waiting for each other's GCS start, so Ray tests take turns."""
+    with open(Path(tempfile.gettempdir()) / "fedps-tests-ray.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture

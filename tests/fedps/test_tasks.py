@@ -116,15 +116,26 @@ def test_module_attr_that_is_missing_is_a_config_error(project: Path) -> None:
         load_task(_config(project, "user_wine_attr:nothing"))
 
 
-def test_module_without_load_data_is_a_config_error_naming_it(project: Path) -> None:
-    # Prepare
+def test_module_without_load_data_serves_its_model_and_refuses_a_client(project: Path) -> None:
+    # Prepare: a task for Flower nodes whose own train loads the data (the model only)
     _write(
         project, "user_no_data", "import torch\n\ndef model():\n    return torch.nn.Linear(2, 2)\n"
     )
+    task = load_task(_config(project, "user_no_data"))
+
+    # Execute / Assert: the model is there; a fedps client is told what is missing
+    assert isinstance(task.create_model(), torch.nn.Linear)
+    with pytest.raises(ConfigError, match=r"task 'user_no_data' has no load_data\(client\)"):
+        task.client_data(ClientData(None))
+
+
+def test_module_without_model_is_a_config_error_naming_it(project: Path) -> None:
+    # Prepare
+    _write(project, "user_no_model", "def load_data(client):\n    return [], []\n")
 
     # Execute / Assert
-    with pytest.raises(ConfigError, match=r"task 'user_no_data' has no load_data\(\)"):
-        load_task(_config(project, "user_no_data"))
+    with pytest.raises(ConfigError, match=r"task 'user_no_model' has no model\(\)"):
+        load_task(_config(project, "user_no_model"))
 
 
 def test_unknown_module_is_a_config_error_listing_the_registered_tasks(project: Path) -> None:

@@ -61,6 +61,7 @@ def recording_client(
     return FlowerClient(config, index=index, signer=signer, mods=[Recorder(record_dir)])
 
 
+@pytest.mark.usefixtures("one_ray_node")
 def test_flower_app_applies_the_plaintext_fedavg_of_the_encrypted_updates(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -30,7 +30,7 @@ from sklearn.datasets import load_digits
 from clients.flower.fedps_mod import FedPSMod
 from fedps.cli.flower_bench import simulate
 from fedps.config import FedPSConfig
-from fedps.tasks import ClientData, Task, register_task, task_names
+from fedps.tasks import Task, register_task, task_names
 from server.flower.flower_strategy import FlowerStrategy
 from server.flower.in_process_grid import InProcessGrid
 from tests.conftest import Cluster, start_cluster
@@ -108,20 +108,11 @@ def user_client_app(config: FedPSConfig, calls: list[int] | None = None) -> Clie
 
 
 # ---------------------------------------------------------------- fedps's side
-def _task_data(client: ClientData) -> tuple[torch.Tensor, torch.Tensor]:
-    return user_data(client.index, client.num_clients)
-
-
 if TASK not in task_names():
-    # The model the key holder and the strategy hold, and the strategy's held-out data.
+    # The model the key holder and the strategy hold, and the strategy's held-out data (no
+    # load_data: the app's own train loads each node's data).
     register_task(
-        TASK,
-        Task(
-            name=TASK,
-            model=user_model,
-            load_data=_task_data,
-            load_eval_data=lambda: _digits(train=False),
-        ),
+        TASK, Task(name=TASK, model=user_model, load_eval_data=lambda: _digits(train=False))
     )
 
 
@@ -202,6 +193,7 @@ def _assert_learned(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_ray_node")
 def test_the_wrapped_app_trains_in_flowers_simulation_runtime(
     cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
