@@ -5,21 +5,22 @@ optionally the loss, the local optimizer, the metrics and an evaluation set the 
 Write it as a module (Flower's ``task.py``) with these functions::
 
     def model() -> torch.nn.Module: ...                 # required, Opacus-compatible
-    def load_data(client: ClientData) -> DataLike: ...   # this client's own data (a fedps
-                                                         # client needs it; a Flower node
-                                                         # whose own train loads data not)
+    def load_data(client: ClientData) -> DataLike: ...   # this client's own data (*)
     def load_eval_data() -> DataLike: ...                # optional: the operator's held-out data
     def loss(outputs, targets) -> torch.Tensor: ...     # optional (default below)
     def metrics(outputs, targets) -> dict[str, float]: ...  # optional (default below)
     def optimizer(params, training) -> torch.optim.Optimizer: ...  # optional: SGD(lr, momentum)
 
-or as a :class:`Task` object. ``[task] app = "my_pkg.task"`` (or ``"my_pkg.task:obj"``) names
-it; the project directory (``[task] dir``, default the configuration file's folder) is put on
-the path to import it, as Flower does with an app. A registered name (:func:`register_task`,
-or an entry point in the ``fedps.tasks`` group) is looked up first; the built-in datasets are
-registered tasks: ``digits``, ``mnist5k`` and ``fashion_mnist`` (their model is
-``training.model``, each client's data is partition ``--index`` of the training split, and the
-operator evaluates on the test split).
+(*) Every fedps client loads its data with it; a task for Flower nodes whose own ``train``
+loads their data (:class:`clients.flower.fedps_mod.FedPSMod`) may leave it out.
+
+Write it as such a module or as a :class:`Task` object. ``[task] app = "my_pkg.task"`` (or
+``"my_pkg.task:obj"``) names it; the project directory (``[task] dir``, default the
+configuration file's folder) is put on the path to import it, as Flower does with an app. A
+registered name (:func:`register_task`, or an entry point in the ``fedps.tasks`` group) is
+looked up first; the built-in datasets are registered tasks: ``digits``, ``mnist5k`` and
+``fashion_mnist`` (their model is ``training.model``, each client's data is partition
+``--index`` of the training split, and the operator evaluates on the test split).
 
 Data (:data:`DataLike`) is a :class:`~fedps.datasets.Dataset`, an ``(x, y)`` pair of numpy
 arrays or tensors, or a two-tensor ``TensorDataset``. Integer targets make a classification
