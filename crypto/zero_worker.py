@@ -23,17 +23,13 @@ from typing import IO
 
 import numpy as np
 
-from fedps._layout import child_environment
+from crypto.python_child import child_environment, python_command
 
 __all__ = ["ZeroWorker"]
 
 _LENGTH = 8
 # Not ``-m crypto.zero_worker``: the package imports this module first, and runpy warns.
 _MAIN = "from crypto.zero_worker import main; main()"
-# -P: the working directory is not put first on the worker's path, so a user's ``crypto.py``
-# there cannot stand in for fedps's package (the parent, run as ``fedps``, never saw it);
-# child_environment puts the parent's fedps there instead.
-_PYTHON = (sys.executable, "-P")
 
 
 def _write(stream: IO[bytes], payload: bytes) -> None:
@@ -66,7 +62,9 @@ class ZeroWorker:
 
     def __init__(self, context: bytes, *, low_priority: bool = False) -> None:
         self._proc = subprocess.Popen(
-            [*_PYTHON, "-c", _MAIN, "10" if low_priority else "0"],
+            # -P and the parent's fedps: a user's crypto.py where the client runs (which the
+            # ``fedps`` command never put on its own path) cannot stand in for fedps's package
+            python_command("-c", _MAIN, "10" if low_priority else "0"),
             env=child_environment(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

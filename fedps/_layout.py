@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import site
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 
 from fedps.errors import ConfigError
 
-__all__ = ["ShadowedPackageError", "check_layout", "child_environment"]
+__all__ = ["ShadowedPackageError", "check_layout"]
 
 _PACKAGES = ("clients", "crypto", "server")
 _HOME = Path(__file__).resolve().parent.parent
@@ -96,19 +94,3 @@ def check_layout() -> None:
             print(f"fedps: error: {message}", file=sys.stderr)
             raise SystemExit(2)
         raise ShadowedPackageError(message)
-
-
-def child_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``env`` (default: this process's) for a Python process fedps starts with ``-P`` (a
-    role, an encryption worker): the folder holding fedps's packages first on its
-    ``PYTHONPATH``, so that the child imports the fedps this process runs (a checkout run from
-    its own folder included) and nothing of the working directory. An installation in
-    site-packages is found there anyway and is not added."""
-    child = dict(os.environ if env is None else env)
-    home = str(_HOME)
-    if home in {*site.getsitepackages(), site.getusersitepackages()}:
-        return child
-    paths = [p for p in child.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if home not in paths:
-        child["PYTHONPATH"] = os.pathsep.join([home, *paths])
-    return child

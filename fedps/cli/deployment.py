@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -24,8 +23,8 @@ from pathlib import Path
 
 import grpc
 
+from crypto.python_child import child_environment, python_command
 from crypto.tls import OPERATOR_NAME, TlsIdentity
-from fedps._layout import child_environment
 from fedps.config import FedPSConfig
 from fedps.coordinator_client import CoordinatorClient
 from fedps.coordinator_messages import ClusterStatus, RoundSummary
@@ -155,10 +154,10 @@ class Deployment:
         """Start ``fedps ARGS --config CONFIG`` as process ``name`` (with ``--insecure`` when
         the configuration turned TLS off, whatever the file says)."""
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        # -P: nothing of the working directory (a user's ``server.py``) shadows fedps's
-        # packages in a role (child_environment: this fedps is found); the task's folder is
-        # put on the path by the task loader.
-        cmd = [sys.executable, "-P", "-m", "fedps.cli", *args, "--config", str(self.config_path)]
+        # python -P, this fedps first on the path: nothing of the working directory (a user's
+        # ``server.py``) shadows fedps's packages in a role; the task loader puts the task's
+        # folder on the path.
+        cmd = python_command("-m", "fedps.cli", *args, "--config", str(self.config_path))
         if self.config.tls.insecure:
             cmd.append("--insecure")
         env = child_environment({**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -11,9 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import fedps
-from fedps._layout import child_environment
-
 _ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -85,27 +82,3 @@ def test_unrelated_files_and_plain_folders_do_not_stop_fedps(tmp_path: Path) -> 
     # Assert
     assert result.returncode == 0, result.stderr
     assert Path(result.stdout.strip()) == _ROOT / "server" / "__init__.py"
-
-
-def test_a_child_started_with_p_imports_this_fedps_and_nothing_of_the_working_directory(
-    tmp_path: Path,
-) -> None:
-    # Prepare: a working directory with the user's own fedps.py; a child that finds packages
-    # only through PYTHONPATH (-S: no site-packages, so no installed fedps either)
-    (tmp_path / "fedps.py").write_text('raise SystemExit("the user\'s fedps.py ran")\n')
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    code = "import fedps; print(fedps.__file__)"
-
-    # Execute: as fedps starts a role or an encryption worker
-    child = subprocess.run(
-        [sys.executable, "-S", "-P", "-c", code],
-        cwd=tmp_path,
-        env=child_environment(env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-    # Assert: the fedps of this process (a checkout that is not installed included)
-    assert child.returncode == 0, child.stderr
-    assert Path(child.stdout.strip()) == Path(fedps.__file__).resolve()
