@@ -1,8 +1,8 @@
 """Client side: encrypt a flat update vector into packed ciphertext blocks.
 
-A vector of P values is cut into ``ceil(P / N)`` blocks of N values (the last one padded with
-zeros). Block ``b`` packs values ``b*N .. b*N + N/2`` into the real parts of the N/2 complex
-slots and the next N/2 into the imaginary parts. Encryption is SEAL's public-key encryption
+A vector of P values is cut into ``ceil(P / V)`` blocks of ``V = N - CANARIES`` values (the
+last one padded with zeros). Block ``b`` places its values one per plaintext coefficient,
+leaving the zero canaries (:mod:`crypto.ckks_encoder`). Encryption is SEAL's public-key encryption
 split in two, as SEAL itself computes it: ``Enc(m) = Enc(0) + (m, 0)``.
 
 - Offline: fresh encryptions of zero are drawn in bulk (:meth:`precompute`,
@@ -53,8 +53,7 @@ class BlockEncryptor:
     def __init__(self, public: PublicContext, *, workers: int = 1) -> None:
         self.public = public
         self.workers = max(1, workers)
-        n = public.params.poly_modulus_degree
-        self._encoder = CkksEncoder(n, public.params.scale, public.modulus)
+        self._encoder = CkksEncoder(public.params, public.modulus)
         self._q = np.uint64(public.modulus)
         self._pool: list[np.ndarray] = []
         self._pooled = 0
@@ -136,7 +135,7 @@ class BlockEncryptor:
         return taken
 
     def encrypt_block(self, values: np.ndarray) -> bytes:
-        """Encrypt exactly N real values into one packed block."""
+        """Encrypt exactly ``values_per_block`` values into one packed block."""
         n = self.public.params.values_per_block
         if values.shape != (n,):
             raise InvalidArgumentError(f"a block holds exactly {n} values, got {values.shape}")
@@ -178,7 +177,7 @@ class BlockEncryptor:
         for start in range(0, len(chosen), _ONLINE_CHUNK):
             rows = chosen[start : start + _ONLINE_CHUNK]
             plain = self._encoder.encode(values[rows])
-            c0 = cipher[start : start + len(rows), :n]
+            c0 = cipher[start : start + len(rows), : self._encoder.n]
             np.add(c0, plain, out=c0)
             np.subtract(c0, self._q, out=c0, where=c0 >= self._q)
             chunk = cipher[start : start + len(rows)]

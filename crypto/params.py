@@ -6,9 +6,11 @@ enough. The ring dimension ``N`` and ``log2 q`` are bounded by the HomomorphicEn
 standard for 128-bit security (ternary secret): ``log2 q <= 54`` at N=2048, 109 at N=4096,
 218 at N=8192, 438 at N=16384. SEAL limits a single prime to 60 bits.
 
-Each complex slot carries two reals (real and imaginary part), so one ciphertext holds
-``N`` real values and costs ``2 * N * ceil(log2 q)`` bits on the wire: ``log2(q) / 4`` bytes
-per value. See docs/crypto.md for the derivation of the defaults.
+Values are packed one per plaintext coefficient (``round(x * scale)``), except :data:`CANARIES`
+coefficients of every block that are always zero: the key holder checks them before it
+releases anything (:mod:`crypto.canary`). One ciphertext holds ``N - CANARIES`` values and
+costs ``2 * N * ceil(log2 q)`` bits on the wire. See docs/crypto.md for the derivation of the
+defaults and docs/security.md for the canaries.
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ from dataclasses import dataclass
 
 from fedps.errors import ConfigError
 
-__all__ = ["ASYNC_WEIGHT_BITS", "MAX_COEFF_BITS_128", "NOISE_AT_N2048", "CkksParams"]
+__all__ = [
+    "ASYNC_WEIGHT_BITS",
+    "CANARIES",
+    "MAX_COEFF_BITS_128",
+    "NOISE_AT_N2048",
+    "CkksParams",
+]
 
 #: Largest total coefficient-modulus size (bits) for 128-bit security, by ring dimension.
 MAX_COEFF_BITS_128: dict[int, int] = {2048: 54, 4096: 109, 8192: 218, 16384: 438}
@@ -27,6 +35,9 @@ _SEAL_MAX_PRIME_BITS = 60
 
 #: Bits of the integer staleness multipliers applied to ciphertexts in async mode.
 ASYNC_WEIGHT_BITS = 6
+
+#: Plaintext coefficients of every block reserved as zero canaries (evenly spaced, public).
+CANARIES = 32
 
 #: Largest decoding error of one fresh public-key encryption at N=2048, in units of the
 #: scale (measured: 3.6e-5 * 2**30 ~ 38,650; docs/crypto.md), doubled as a safety margin.
@@ -106,8 +117,20 @@ class CkksParams:
 
     @property
     def values_per_block(self) -> int:
-        """Real values per ciphertext (two per complex slot)."""
-        return self.poly_modulus_degree
+        """Values per ciphertext: one per coefficient, less the canaries."""
+        return self.poly_modulus_degree - CANARIES
+
+    @property
+    def canary_positions(self) -> tuple[int, ...]:
+        """The coefficients every client encodes as zero: ``k * N / CANARIES``."""
+        step = self.poly_modulus_degree // CANARIES
+        return tuple(range(0, self.poly_modulus_degree, step))
+
+    @property
+    def value_positions(self) -> tuple[int, ...]:
+        """The coefficients that carry values, in order."""
+        canaries = set(self.canary_positions)
+        return tuple(j for j in range(self.poly_modulus_degree) if j not in canaries)
 
     @property
     def scale(self) -> float:

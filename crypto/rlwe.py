@@ -13,7 +13,7 @@ ciphertext; this module draws many at once:
 - Randomness: a ChaCha20 keystream under a fresh 256-bit key from ``os.urandom`` for every
   draw (a CSPRNG, as the kernel's own); nothing is reused between draws.
 - ``pk_i * u``: negacyclic products by a half-length complex FFT (evaluation at the roots of
-  ``X^(N/2) = -i``, the same fold :class:`crypto.ckks_encoder.CkksEncoder` uses). ``pk_i`` is
+  ``X^(N/2) = -i``: a real product of length N folded into one complex FFT). ``pk_i`` is
   split into a low 23-bit limb and a high limb, so every limb product coefficient is an
   integer below ``N * 2^23`` and ``N * q / 2^23`` in magnitude, exact in float64 (rounding
   error ~1e-6 at N = 2048). The two are recombined in int64 without reduction, which is exact
@@ -22,7 +22,8 @@ ciphertext; this module draws many at once:
   the guarantee).
 
 Results are in coefficient (non-NTT) form, the form fedps sends. Tests check the products
-against exact integer arithmetic and decrypt the ciphertexts with SEAL.
+against exact integer arithmetic and decrypt the ciphertexts with SEAL. The same products by
+the ternary secret key (:class:`TernaryProduct`) are how the key holder decrypts.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from fedps.errors import InvalidArgumentError
 
-__all__ = ["ZeroEncryptor", "cbd21", "supported", "ternary"]
+__all__ = ["TernaryProduct", "ZeroEncryptor", "cbd21", "supported", "ternary"]
 
 _LIMB_BITS = 23
 _CBD_MASK = np.uint32((1 << 21) - 1)
@@ -74,6 +75,99 @@ def supported(n: int, modulus: int) -> bool:
     return n * modulus < 1 << 62
 
 
+class _Negacyclic:
+    """Exact negacyclic products in Z[X] / (X^N + 1) of a limb-split polynomial (each
+    coefficient below 2^23) and a ternary one, by a half-length complex FFT."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        half = n // 2
+        self._twist = np.exp(-1j * np.pi * np.arange(half) / n)
+        self._untwist = np.conj(self._twist)
+
+    def spectrum(self, poly: np.ndarray) -> np.ndarray:
+        """Real ``(..., N)`` -> the FFT of ``(a_j - i a_(j+N/2)) zeta^j``, ``(..., N/2)``."""
+        half = self.n // 2
+        folded = (poly[..., :half] - 1j * poly[..., half:]) * self._twist
+        out: np.ndarray = np.fft.fft(folded, axis=-1)
+        return out
+
+    def combine(self, product_spectrum: np.ndarray) -> np.ndarray:
+        """The limb products back from their spectrum, shape ``(2, ..., N)`` (limb first),
+        recombined exactly in int64 (``low + high << 23``), not reduced.
+
+        Raises
+        ------
+        ArithmeticError
+            If a product coefficient is not within 0.25 of an integer (never expected: the
+            limbs keep every value below 2^34).
+        """
+        half = self.n // 2
+        folded = np.fft.ifft(product_spectrum)
+        folded *= self._untwist
+        exact = np.empty((*folded.shape[:-1], self.n), dtype=np.float64)
+        np.rint(folded.real, out=exact[..., :half])
+        np.rint(folded.imag, out=exact[..., half:])
+        np.negative(exact[..., half:], out=exact[..., half:])
+        worst = max(
+            float(np.abs(folded.real - exact[..., :half]).max()),
+            float(np.abs(folded.imag + exact[..., half:]).max()),
+        )
+        if worst > _MAX_ROUNDING:
+            raise ArithmeticError(f"negacyclic product lost precision ({worst:.3f})")
+        ints = exact.astype(np.int64)
+        out: np.ndarray = ints[0] + (ints[1] << _LIMB_BITS)
+        return out
+
+
+def _limbs(poly: np.ndarray) -> np.ndarray:
+    """Coefficients below 2^46 as two float64 limbs of 23 bits, limb first."""
+    ints = poly.astype(np.int64)
+    return np.stack([ints & ((1 << _LIMB_BITS) - 1), ints >> _LIMB_BITS]).astype(np.float64)
+
+
+def _check_ring(n: int, modulus: int) -> None:
+    if n < 4 or n & (n - 1):
+        raise InvalidArgumentError(f"ring dimension must be a power of two >= 4, got {n}")
+    if not supported(n, modulus):
+        raise InvalidArgumentError(
+            f"N * q must be below 2^62 (N = {n}, q of {modulus.bit_length()} bits)"
+        )
+
+
+class TernaryProduct:
+    """Products ``a * s`` mod ``X^N + 1`` of many polynomials ``a`` (coefficients below q)
+    by one fixed ternary ``s``: how the key holder computes ``c0 + c1 * s``.
+
+    Parameters
+    ----------
+    ternary
+        The fixed polynomial, shape ``(N,)``, coefficients in {-1, 0, 1}.
+    modulus
+        The prime q, with ``N * q < 2^62`` (:func:`supported`).
+    """
+
+    def __init__(self, ternary: np.ndarray, modulus: int) -> None:
+        n = ternary.shape[-1]
+        _check_ring(n, modulus)
+        if ternary.shape != (n,) or not np.all(np.isin(ternary, (-1, 0, 1))):
+            raise InvalidArgumentError("expected one ternary polynomial of shape (N,)")
+        self.modulus = modulus
+        self._ring = _Negacyclic(n)
+        self._spectrum = self._ring.spectrum(ternary.astype(np.float64))
+
+    def times(self, polys: np.ndarray) -> np.ndarray:
+        """``a * s`` for ``polys`` of shape ``(B, N)`` in ``[0, q)``: exact int64, not
+        reduced (each coefficient at most ``N * (q - 1) < 2^62`` in magnitude)."""
+        out = np.empty(polys.shape, dtype=np.int64)
+        for start in range(0, polys.shape[0], _CHUNK):
+            chunk = _limbs(polys[start : start + _CHUNK])
+            out[start : start + _CHUNK] = self._ring.combine(
+                self._ring.spectrum(chunk) * self._spectrum
+            )
+        return out
+
+
 class ZeroEncryptor:
     """Draws public-key encryptions of zero for one public key.
 
@@ -88,28 +182,15 @@ class ZeroEncryptor:
 
     def __init__(self, public_key: np.ndarray, modulus: int) -> None:
         n = public_key.shape[-1]
-        if public_key.shape != (2, n) or n < 4 or n & (n - 1):
+        if public_key.shape != (2, n):
             raise InvalidArgumentError(f"public key must have shape (2, N), got {public_key.shape}")
-        if not supported(n, modulus):
-            raise InvalidArgumentError(
-                f"N * q must be below 2^62 (N = {n}, q of {modulus.bit_length()} bits)"
-            )
+        _check_ring(n, modulus)
         if int(public_key.max()) >= modulus:
             raise InvalidArgumentError("public key coefficients must lie below the modulus")
         self.n = n
         self.modulus = modulus
-        half = n // 2
-        self._twist = np.exp(-1j * np.pi * np.arange(half) / n)
-        self._untwist = np.conj(self._twist)
-        key = public_key.astype(np.int64)
-        limbs = np.stack([key & ((1 << _LIMB_BITS) - 1), key >> _LIMB_BITS])  # (limb, poly, N)
-        self._key_spectrum = np.fft.fft(self._fold(limbs.astype(np.float64)), axis=-1)
-
-    def _fold(self, poly: np.ndarray) -> np.ndarray:
-        """Real ``(..., N)`` -> complex ``(..., N/2)``: ``(a_j - i a_(j+N/2)) zeta^j``."""
-        half = self.n // 2
-        folded: np.ndarray = (poly[..., :half] - 1j * poly[..., half:]) * self._twist
-        return folded
+        self._ring = _Negacyclic(n)
+        self._key_spectrum = self._ring.spectrum(_limbs(public_key))  # (limb, poly, N/2)
 
     def products(self, u: np.ndarray) -> np.ndarray:
         """``pk_i * u`` mod ``X^N + 1`` for ternary ``u`` of shape ``(count, N)``, not reduced.
@@ -117,31 +198,10 @@ class ZeroEncryptor:
         Returns int64 of shape ``(count, 2, N)``: the exact integer products, each of magnitude
         at most ``N * (q - 1) < 2^62`` (so a small error term can be added before one
         reduction).
-
-        Raises
-        ------
-        ArithmeticError
-            If a product coefficient is not within 0.25 of an integer (never expected: the
-            limbs keep every value below 2^34).
         """
-        count, half = u.shape[0], self.n // 2
-        spectrum = np.fft.fft(self._fold(u), axis=-1)  # (count, N/2)
+        spectrum = self._ring.spectrum(u)  # (count, N/2)
         # (limb, count, poly, N/2): every limb of both key polynomials times u
-        folded = np.fft.ifft(self._key_spectrum[:, None, :, :] * spectrum[None, :, None, :])
-        folded *= self._untwist
-        exact = np.empty((2, count, 2, self.n), dtype=np.float64)
-        np.rint(folded.real, out=exact[..., :half])
-        np.rint(folded.imag, out=exact[..., half:])
-        np.negative(exact[..., half:], out=exact[..., half:])
-        worst = max(
-            float(np.abs(folded.real - exact[..., :half]).max()),
-            float(np.abs(folded.imag + exact[..., half:]).max()),
-        )
-        if worst > _MAX_ROUNDING:
-            raise ArithmeticError(f"negacyclic product lost precision ({worst:.3f})")
-        ints = exact.astype(np.int64)
-        out: np.ndarray = ints[0] + (ints[1] << _LIMB_BITS)
-        return out
+        return self._ring.combine(self._key_spectrum[:, None, :, :] * spectrum[None, :, None, :])
 
     def draw(self, count: int) -> np.ndarray:
         """``count`` fresh encryptions of zero, shape ``(count, 2N)``, uint64 in ``[0, q)``.

@@ -3,8 +3,14 @@
 ``SecretContext.generate`` makes a fresh key pair; ``save`` writes the secret key to a file
 created with mode 0600 (never briefly readable by others) and the public context beside it;
 ``load`` refuses a secret-key file that group or others can read. Decryption takes the raw
-coefficients of an *aggregate* ciphertext; the decryption policy that decides which
-aggregates may be decrypted lives in the key holder (``server.keyholder.keyholder``).
+coefficients of ciphertexts: :meth:`SecretContext.open` checks the zero canaries of every
+block (:mod:`crypto.canary`) before it decrypts anything, and :meth:`SecretContext.canaries`
+computes only the canaries (nothing of the values), which is how a failed block is traced
+to the ciphertext that caused it. The decryption policy that decides which aggregates may be
+decrypted lives in the key holder (``server.keyholder.keyholder``).
+
+Decryption is ``c0 + c1 * s mod q`` in numpy with ``s`` in coefficient form
+(:class:`crypto.rlwe.TernaryProduct`; SEAL's own decryptor where that is not exact).
 """
 
 from __future__ import annotations
@@ -17,13 +23,15 @@ from typing import Any
 import numpy as np
 import tenseal.sealapi as seal
 
-from crypto import _seal_io
+from crypto import _seal_io, rlwe
+from crypto.canary import CanaryError, canary_bound, failing_rows
+from crypto.ckks_encoder import CkksEncoder
 from crypto.files import write_private
 from crypto.params import CkksParams
 from crypto.public_context import PublicContext, make_seal_context
 from fedps.errors import FedPSError, InvalidArgumentError
 
-__all__ = ["SecretContext"]
+__all__ = ["CanaryError", "SecretContext"]
 
 _log = logging.getLogger("fedps")
 
@@ -41,8 +49,18 @@ class SecretContext:
         self.public = public
         self._secret_key = secret_key
         self._decryptor = seal.Decryptor(public.seal_context, secret_key)
-        self._encoder = seal.CKKSEncoder(public.seal_context)
         self._evaluator = seal.Evaluator(public.seal_context)
+        self._encoder = CkksEncoder(public.params, public.modulus)
+        n, q = public.params.poly_modulus_degree, public.modulus
+        secret = self._from_ntt(self._plain_coefficients(secret_key.data()))
+        ternary = np.where(secret > q // 2, secret.astype(np.int64) - q, secret.astype(np.int64))
+        self._product = rlwe.TernaryProduct(ternary, q) if rlwe.supported(n, q) else None
+        # row k: coefficient canary_k of c1 * s is <c1, row k> (negacyclic: -s on wrapping)
+        canaries = np.array(public.params.canary_positions)
+        shift = (canaries[:, None] - np.arange(n)[None, :]) % n
+        sign = np.where(np.arange(n)[None, :] <= canaries[:, None], 1, -1)
+        self._canary_rows = (ternary[shift] * sign).astype(np.float64).T  # (N, K)
+        self._canary_positions = canaries
 
     def __repr__(self) -> str:
         return f"SecretContext(context_id={self.public.context_id[:12]}..., secret=<hidden>)"
@@ -104,19 +122,100 @@ class SecretContext:
         _log.info("generated a new CKKS key pair in %s", directory)
         return keys
 
-    def decrypt(self, coeffs: np.ndarray) -> np.ndarray:
-        """Decrypt one aggregate ciphertext given by its raw (coefficient-form) coefficients.
+    def open(self, rows: np.ndarray, *, noise_weight: float) -> np.ndarray:
+        """Decrypt ciphertexts ``rows`` (``(B, 2N)`` raw coefficients) that sum others with
+        integer weights ``m_i`` (``noise_weight = sum m_i^2``), after checking every canary of
+        every one of them; returns ``(B, values_per_block)`` values.
 
-        Returns the N real values (real parts of the slots, then imaginary parts), float64.
+        Raises
+        ------
+        CanaryError
+            If any canary exceeds :func:`crypto.canary.canary_bound`: nothing is decrypted.
         """
-        cipher = self.public.ciphertext_from(coeffs)
+        rows = self._rows(rows)
+        bound = canary_bound(self.public.params, noise_weight)
+        failed = failing_rows(self.canaries(rows), bound)
+        if failed:
+            raise CanaryError(
+                failed,
+                f"{len(failed)} of {len(rows)} ciphertexts carry a change in c1 (a zero canary "
+                f"exceeds the noise bound); nothing of them is decrypted",
+            )
+        return self._encoder.decode(self._decrypt_centred(rows))
+
+    def decrypt(self, coeffs: np.ndarray) -> np.ndarray:
+        """Decrypt one ciphertext given by its raw (coefficient-form) coefficients, without
+        the canary check (tests and benchmarks; the key holder uses :meth:`open`).
+
+        Returns its ``values_per_block`` values, float64.
+        """
+        values = self._encoder.decode(self._decrypt_centred(self._rows(coeffs[None])))
+        one: np.ndarray = values[0]
+        return one
+
+    def canaries(self, rows: np.ndarray) -> np.ndarray:
+        """The canary coefficients of the decryptions of ``rows``, centred, ``(B, K)`` int64;
+        no other coefficient is computed."""
+        rows = self._rows(rows)
+        n, q = self.public.params.poly_modulus_degree, self.public.modulus
+        limbs = [rows[:, n:] & np.uint64(0x7FFFFF), rows[:, n:] >> np.uint64(23)]
+        # every limb is below 2^37 and s is ternary: the float64 products are exact integers
+        low, high = (np.rint(limb.astype(np.float64) @ self._canary_rows) for limb in limbs)
+        c0 = rows[:, self._canary_positions]
+        total = (
+            np.array(low, dtype=object)
+            + np.array(high, dtype=object) * (1 << 23)
+            + np.array(c0, dtype=object)
+        ) % q
+        centred = np.where(total > q // 2, total - q, total)
+        return np.asarray(centred, dtype=np.int64)
+
+    def _rows(self, rows: np.ndarray) -> np.ndarray:
+        width = self.public.coeffs_per_block
+        if rows.dtype != np.uint64 or rows.ndim != 2 or rows.shape[1] != width:
+            raise InvalidArgumentError(f"expected (B, {width}) uint64 coefficients")
+        if rows.size and int(rows.max()) >= self.public.modulus:
+            raise InvalidArgumentError("a coefficient is not below the modulus")
+        return rows
+
+    def _decrypt_centred(self, rows: np.ndarray) -> np.ndarray:
+        """``c0 + c1 * s mod q``, centred in (-q/2, q/2], shape (B, N) int64."""
+        n, q = self.public.params.poly_modulus_degree, self.public.modulus
+        if self._product is None:
+            plain = np.stack([self._seal_decrypt(row) for row in rows]) if len(rows) else rows
+        else:
+            plain = (self._product.times(rows[:, n:]) + rows[:, :n].astype(np.int64)) % q
+        plain = plain.astype(np.int64)
+        out: np.ndarray = np.where(plain > q // 2, plain - q, plain)
+        return out
+
+    def _seal_decrypt(self, row: np.ndarray) -> np.ndarray:
+        """SEAL's decryption of one ciphertext, its plaintext in coefficient form in [0, q)."""
+        cipher = self.public.ciphertext_from(row)
         plain = seal.Plaintext()
         try:
             self._evaluator.transform_to_ntt_inplace(cipher)
             self._decryptor.decrypt(cipher, plain)
         except (RuntimeError, ValueError) as exc:  # e.g. a "transparent" ciphertext
             raise InvalidArgumentError(f"SEAL cannot decrypt this ciphertext: {exc}") from exc
-        slots = np.asarray(self._encoder.decode_complex(plain), dtype=np.complex128)
-        if slots.shape != (self.public.params.poly_modulus_degree // 2,):
-            raise InvalidArgumentError("decoded slot count does not match the parameters")
-        return np.concatenate([slots.real, slots.imag])
+        return self._from_ntt(self._plain_coefficients(plain))
+
+    def _plain_coefficients(self, plain: Any) -> np.ndarray:
+        """The N coefficients a SEAL plaintext holds (in whatever form it is in)."""
+        body = _seal_io.uncompressed_body(_seal_io.save_bytes(plain))
+        n = self.public.params.poly_modulus_degree
+        return np.frombuffer(body, dtype="<u8", offset=len(body) - 8 * n).astype(np.uint64)
+
+    def _from_ntt(self, poly: np.ndarray) -> np.ndarray:
+        """An NTT-form polynomial in coefficient form: SEAL's inverse NTT, which it offers
+        for ciphertexts only, applied to the ciphertext ``(poly, poly)``."""
+        prefix = bytearray(self.public.ciphertext_prefix)
+        prefix[32] = 1  # is_ntt_form (the prefix layout: crypto.public_context)
+        data = bytes(prefix) + np.concatenate([poly, poly]).astype("<u8").tobytes()
+        cipher = seal.Ciphertext()
+        _seal_io.load_into(cipher, self.public.seal_context, _seal_io.with_header(data))
+        self._evaluator.transform_from_ntt_inplace(cipher)
+        body = _seal_io.uncompressed_body(_seal_io.save_bytes(cipher))
+        n = self.public.params.poly_modulus_degree
+        start = len(self.public.ciphertext_prefix)
+        return np.frombuffer(body, dtype="<u8", offset=start, count=n).astype(np.uint64)

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, SecretContext, unpack_blocks
+from crypto.canary import CanaryError
 from crypto.files import read_checked, write_atomic, write_checked, write_private
 from crypto.randomness import SecureRandom
 from crypto.release import decryption_error_bound, flood_and_round, released_std
@@ -522,18 +523,39 @@ class KeyHolder:
                 raise PolicyError("client-level DP sums unweighted updates; a weight is not 1")
             top_up = noise.top_up_std(len(effective))
             total = float(noise.cohort)
+        opened = self._open(round_, blocks, rows, list(multipliers.values()))
         averaged: dict[int, np.ndarray] = {}
-        for block, row in zip(blocks, rows, strict=True):
-            try:
-                opened = self.keys.decrypt(row) if self.encrypted else row
-            except InvalidArgumentError as exc:
-                raise PolicyError(f"block {block} cannot be decrypted: {exc}") from exc
-            summed = self._release(opened, list(multipliers.values()), block)
+        for block, values in zip(blocks, opened, strict=True):
+            summed = self._release(values, list(multipliers.values()), block)
             if top_up > 0:  # after the bound check, which covers the clients' values only
                 summed = summed + self._noise.normal(top_up, summed.shape)
             averaged[block] = summed / total
         manifests = {b: dict(effective) for b in averaged}
         return layout.join(averaged), manifests, top_up
+
+    def _open(
+        self, round_: int, blocks: list[int], rows: np.ndarray, multipliers: list[int]
+    ) -> np.ndarray:
+        """Every block's decrypted sum, once every zero canary of every block is within the
+        noise bound (:mod:`crypto.canary`): a change to ``c1`` anywhere, by a client on its
+        own ciphertext or by a shard, and nothing of the round is decrypted."""
+        if not self.encrypted:
+            return rows
+        try:
+            return self.keys.open(rows, noise_weight=sum(m * m for m in multipliers))
+        except CanaryError as exc:
+            failed = [blocks[r] for r in exc.rows]
+            _log.warning(
+                "round %d: blocks %s carry a change in c1 (a zero canary exceeds the noise "
+                "bound); the round is never decrypted",
+                round_,
+                failed[:8],
+            )
+            raise CanaryError(
+                exc.rows, f"round {round_}: {len(failed)} block(s) carry key material ({exc})"
+            ) from exc
+        except InvalidArgumentError as exc:
+            raise PolicyError(f"round {round_} cannot be decrypted: {exc}") from exc
 
     def _present_multiplier(self, manifests: dict[int, dict[str, float]], top_up: float) -> float:
         """The noise multiplier a client-level round's released sum carries (0: example

@@ -35,10 +35,12 @@ from crypto import (
     num_blocks,
     unpack_block,
 )
+from crypto.params import CANARIES
 from fedps.errors import ConfigError, FedPSError, InvalidArgumentError
 from tests.crypto.context_parts import context_parts
 
 N = 2048
+V = N - CANARIES  # values per block
 ERROR_PER_CIPHERTEXT = 1e-4
 _MAGIC = b"FEDPSCTX1"
 
@@ -64,7 +66,7 @@ def encryptor(keys: SecretContext) -> BlockEncryptor:
 def test_default_parameters_and_block_size(keys: SecretContext, encryptor: BlockEncryptor) -> None:
     # Prepare
     public = keys.public
-    values = np.linspace(-1.0, 1.0, N)
+    values = np.linspace(-1.0, 1.0, V)
 
     # Execute
     block = encryptor.encrypt_block(values)
@@ -113,7 +115,7 @@ def test_sum_of_encrypted_blocks_decrypts_to_plaintext_sum(
 ) -> None:
     # Prepare
     rng = np.random.default_rng(seed)
-    updates = [rng.uniform(-magnitude, magnitude, N) for _ in range(num_clients)]
+    updates = [rng.uniform(-magnitude, magnitude, V) for _ in range(num_clients)]
     total = CiphertextSum(keys.public)
 
     # Execute: clients encrypt, the shard validates and adds, the key holder decrypts.
@@ -123,7 +125,7 @@ def test_sum_of_encrypted_blocks_decrypts_to_plaintext_sum(
 
     # Assert
     expected = np.sum(updates, axis=0)
-    assert decrypted.shape == (N,)
+    assert decrypted.shape == (V,)
     assert np.max(np.abs(decrypted - expected)) <= num_clients * ERROR_PER_CIPHERTEXT
 
 
@@ -131,7 +133,7 @@ def test_fresh_ciphertext_error_is_well_within_tolerance(
     keys: SecretContext, encryptor: BlockEncryptor
 ) -> None:
     # Prepare
-    values = np.random.default_rng(3).uniform(-16.0, 16.0, N)
+    values = np.random.default_rng(3).uniform(-16.0, 16.0, V)
 
     # Execute
     decrypted = keys.decrypt(unpack_block(keys.public, encryptor.encrypt_block(values)))
@@ -143,23 +145,23 @@ def test_fresh_ciphertext_error_is_well_within_tolerance(
 
 def test_encrypt_vector_pads_last_block(keys: SecretContext, encryptor: BlockEncryptor) -> None:
     # Prepare
-    vector = np.arange(N + 10, dtype=np.float32) / N
+    vector = np.arange(V + 10, dtype=np.float32) / V
 
     # Execute
     blocks = encryptor.encrypt(vector)
     only_last = encryptor.encrypt(vector, blocks=[1])
 
     # Assert
-    assert sorted(blocks) == [0, 1] and num_blocks(vector.size, N) == 2
+    assert sorted(blocks) == [0, 1] and num_blocks(vector.size, V) == 2
     assert list(only_last) == [1]
     last = keys.decrypt(unpack_block(keys.public, blocks[1]))
-    np.testing.assert_allclose(last[:10], vector[N:], atol=ERROR_PER_CIPHERTEXT)
+    np.testing.assert_allclose(last[:10], vector[V:], atol=ERROR_PER_CIPHERTEXT)
     np.testing.assert_allclose(last[10:], 0.0, atol=ERROR_PER_CIPHERTEXT)
 
 
 def test_encrypt_many_blocks_across_chunks(keys: SecretContext, encryptor: BlockEncryptor) -> None:
     # Prepare: 130 blocks, more than two of the chunks encryption works in, some chosen
-    vector = np.random.default_rng(5).uniform(-1, 1, 130 * N)
+    vector = np.random.default_rng(5).uniform(-1, 1, 130 * V)
     chosen = [0, 63, 64, 65, 127, 128, 129]
 
     # Execute
@@ -172,12 +174,12 @@ def test_encrypt_many_blocks_across_chunks(keys: SecretContext, encryptor: Block
         coeffs = unpack_block(keys.public, blocks[b])
         np.testing.assert_array_equal(coeffs, coefficients[row])
         np.testing.assert_allclose(
-            keys.decrypt(coeffs), vector[b * N : (b + 1) * N], atol=ERROR_PER_CIPHERTEXT
+            keys.decrypt(coeffs), vector[b * V : (b + 1) * V], atol=ERROR_PER_CIPHERTEXT
         )
 
 
 @pytest.mark.parametrize(
-    "values", [np.zeros(N - 1), np.zeros(N + 1), np.full(N, np.nan), np.full(N, np.inf)]
+    "values", [np.zeros(V - 1), np.zeros(V + 1), np.full(V, np.nan), np.full(V, np.inf)]
 )
 def test_encrypt_block_rejects_bad_values(encryptor: BlockEncryptor, values: np.ndarray) -> None:
     # Prepare / Execute / Assert
@@ -195,7 +197,7 @@ def test_add_with_multiplier_equals_repeated_add(
     keys: SecretContext, encryptor: BlockEncryptor
 ) -> None:
     # Prepare
-    coeffs = unpack_block(keys.public, encryptor.encrypt_block(np.full(N, 0.25)))
+    coeffs = unpack_block(keys.public, encryptor.encrypt_block(np.full(V, 0.25)))
     once, thrice = CiphertextSum(keys.public), CiphertextSum(keys.public)
 
     # Execute
@@ -287,7 +289,7 @@ def test_public_context_round_trip(keys: SecretContext, encryptor: BlockEncrypto
 
     # Execute
     loaded = PublicContext.from_bytes(data)
-    block = BlockEncryptor(loaded).encrypt_block(np.full(N, 2.0))
+    block = BlockEncryptor(loaded).encrypt_block(np.full(V, 2.0))
 
     # Assert: same key generation, and its ciphertexts decrypt under the original secret key.
     assert loaded.context_id == keys.public.context_id
@@ -426,7 +428,7 @@ def test_save_writes_private_files_and_load_restores_keys(
 ) -> None:
     # Prepare
     directory = tmp_path / "keys"
-    block = encryptor.encrypt_block(np.full(N, -3.5))
+    block = encryptor.encrypt_block(np.full(V, -3.5))
 
     # Execute
     keys.save(directory)
@@ -484,7 +486,7 @@ def test_load_or_generate_returns_the_same_keys_twice(tmp_path: Path) -> None:
     # Assert
     assert first.public.context_id == second.public.context_id
     assert (directory / "secret.key").read_bytes() == key_bytes
-    block = BlockEncryptor(first.public).encrypt_block(np.full(N, 1.25))
+    block = BlockEncryptor(first.public).encrypt_block(np.full(V, 1.25))
     np.testing.assert_allclose(
         second.decrypt(unpack_block(second.public, block)), 1.25, atol=ERROR_PER_CIPHERTEXT
     )
@@ -493,7 +495,7 @@ def test_load_or_generate_returns_the_same_keys_twice(tmp_path: Path) -> None:
 def test_other_key_pair_decrypts_to_garbage(keys: SecretContext, other_keys: SecretContext) -> None:
     # Prepare: the same parameters, so the ciphertext is well-formed for both key pairs;
     # only the context id tells them apart.
-    values = np.full(N, 1.0)
+    values = np.full(V, 1.0)
     block = BlockEncryptor(other_keys.public).encrypt_block(values)
 
     # Execute

@@ -1,25 +1,39 @@
-"""The numpy CKKS encoder must agree with SEAL's slot order and scale exactly."""
+"""The coefficient encoder: one value per coefficient, zero canaries, and SEAL agrees."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import tenseal.sealapi as seal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crypto import BlockEncryptor, CkksParams, SecretContext, bitpack
 from crypto.ckks_encoder import CkksEncoder
+from crypto.params import CANARIES
 from fedps.errors import InvalidArgumentError
 
 N = 2048
+PARAMS = CkksParams(poly_modulus_degree=N, coeff_modulus_bits=45, scale_bits=30)
+V = PARAMS.values_per_block
+Q = (1 << 45) - 55
 
 
 @pytest.fixture(scope="module")
 def keys() -> SecretContext:
-    return SecretContext.generate(
-        CkksParams(poly_modulus_degree=N, coeff_modulus_bits=45, scale_bits=30)
-    )
+    return SecretContext.generate(PARAMS)
+
+
+def _centred(coeffs: np.ndarray, q: int) -> np.ndarray:
+    ints = coeffs.astype(np.int64)
+    out: np.ndarray = np.where(ints > q // 2, ints - q, ints)
+    return out
+
+
+def test_canaries_are_evenly_spaced_and_values_fill_the_rest() -> None:
+    canaries, values = PARAMS.canary_positions, PARAMS.value_positions
+    assert len(canaries) == CANARIES and V == N - CANARIES
+    assert canaries == tuple(range(0, N, N // CANARIES))
+    assert sorted(canaries + values) == list(range(N))
 
 
 @settings(max_examples=30, deadline=None)
@@ -28,56 +42,55 @@ def keys() -> SecretContext:
     magnitude=st.sampled_from([1e-4, 1.0, 8.0]),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_encode_decode_round_trip(blocks: int, magnitude: float, seed: int) -> None:
+def test_encode_decode_round_trip_keeps_canaries_zero(
+    blocks: int, magnitude: float, seed: int
+) -> None:
     # Prepare
-    encoder = CkksEncoder(N, 2.0**30, (1 << 45) - 55)
-    values = np.random.default_rng(seed).uniform(-magnitude, magnitude, (blocks, N))
+    encoder = CkksEncoder(PARAMS, Q)
+    values = np.random.default_rng(seed).uniform(-magnitude, magnitude, (blocks, V))
     # Execute
-    decoded = encoder.decode(encoder.encode(values))
-    # Assert: only the rounding to integers is lost (|error| <= N / 2 / scale, far less)
-    assert np.abs(decoded - values).max() < 1e-7
+    coeffs = encoder.encode(values)
+    decoded = encoder.decode(_centred(coeffs, Q))
+    # Assert: only the rounding to integers is lost; the canaries are exactly zero
+    assert np.abs(decoded - values).max() <= 0.5 / PARAMS.scale
+    assert not coeffs[:, list(PARAMS.canary_positions)].any()
 
 
 def test_seal_decrypts_our_encoding(keys: SecretContext) -> None:
-    """Our encoding added to a SEAL encryption of zero decrypts, with SEAL's decoder, to the
-    values in the same order: the slot order (generator 3) and the scale match SEAL."""
+    """Our encoding added to an encryption of zero decrypts, by SEAL's own decryptor, to the
+    values in order: the numpy decryption agrees with SEAL's bit for bit."""
     # Prepare
-    values = np.random.default_rng(0).normal(0, 1, N)
+    values = np.random.default_rng(0).normal(0, 1, V)
     encryptor = BlockEncryptor(keys.public)
+    row = bitpack.unpack(encryptor.encrypt_block(values), 2 * N, 45)
     # Execute
-    decrypted = keys.decrypt(bitpack.unpack(encryptor.encrypt_block(values), 2 * N, 45))
+    ours = keys._decrypt_centred(row[None])[0]
+    seal = keys._seal_decrypt(row).astype(np.int64)
     # Assert
-    np.testing.assert_allclose(decrypted, values, atol=1e-4)
+    np.testing.assert_array_equal(_centred(seal.astype(np.uint64), keys.public.modulus), ours)
+    np.testing.assert_allclose(keys.decrypt(row), values, atol=1e-5)
 
 
-def test_seal_encoder_gives_the_same_polynomial(keys: SecretContext) -> None:
-    # Prepare: SEAL's own encoding of the same slots, brought out of NTT form by decrypting
-    # an encryption of it is noisy, so compare decodings of both plaintexts instead.
-    values = np.random.default_rng(1).uniform(-1, 1, N)
-    context = keys.public.seal_context
-    plain = seal.Plaintext()
-    seal.CKKSEncoder(context).encode(
-        (values[: N // 2] + 1j * values[N // 2 :]).tolist(), 2.0**30, plain
-    )
-    ours = CkksEncoder(N, 2.0**30, keys.public.modulus)
+def test_canaries_alone_equal_those_of_the_whole_decryption(keys: SecretContext) -> None:
+    # Prepare
+    encryptor = BlockEncryptor(keys.public)
+    _, rows = encryptor.encrypt_with_coefficients(np.random.default_rng(2).normal(0, 1, 3 * V))
     # Execute
-    seal_slots = np.asarray(seal.CKKSEncoder(context).decode_complex(plain))
-    seal_values = np.concatenate([seal_slots.real, seal_slots.imag])
-    own = ours.decode(ours.encode(values[None, :]))[0]
-    # Assert
-    np.testing.assert_allclose(own, seal_values, atol=1e-6)
+    canaries = keys.canaries(rows)
+    whole = keys._decrypt_centred(rows)
+    # Assert: the same coefficients, and only noise there
+    np.testing.assert_array_equal(canaries, whole[:, list(PARAMS.canary_positions)])
+    assert 0 < np.abs(canaries).max() < 2000
 
 
 def test_encode_rejects_bad_input() -> None:
-    encoder = CkksEncoder(N, 2.0**30, (1 << 45) - 55)
+    encoder = CkksEncoder(PARAMS, Q)
     with pytest.raises(InvalidArgumentError):
-        encoder.encode(np.zeros((1, N - 1)))
+        encoder.encode(np.zeros((1, V - 1)))
     with pytest.raises(InvalidArgumentError):
-        encoder.encode(np.full((1, N), np.nan))
+        encoder.encode(np.full((1, V), np.nan))
     with pytest.raises(InvalidArgumentError, match="magnitude"):
-        encoder.encode(np.full((1, N), 1e9))
-    with pytest.raises(InvalidArgumentError):
-        CkksEncoder(3000, 2.0**30, 97)
+        encoder.encode(np.full((1, V), 1e9))
 
 
 def test_zeros_are_used_once(keys: SecretContext) -> None:
@@ -87,8 +100,8 @@ def test_zeros_are_used_once(keys: SecretContext) -> None:
     encryptor = BlockEncryptor(keys.public)
     encryptor.precompute(3)
     # Execute
-    first = encryptor.encrypt_block(np.zeros(N))
-    second = encryptor.encrypt_block(np.zeros(N))
+    first = encryptor.encrypt_block(np.zeros(V))
+    second = encryptor.encrypt_block(np.zeros(V))
     # Assert
     assert first != second
     assert encryptor.pooled == 1

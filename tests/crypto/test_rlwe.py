@@ -65,13 +65,13 @@ def test_encryptions_of_zero_decrypt_with_seal_and_are_fresh(keys: SecretContext
     public = keys.public
     n = public.params.poly_modulus_degree
     first, second = public.encrypt_zeros(4), public.encrypt_zeros(4)
-    values = np.random.default_rng(3).uniform(-1, 1, (4, n))
-    plain = CkksEncoder(n, public.params.scale, public.modulus).encode(values)
+    values = np.random.default_rng(3).uniform(-1, 1, (4, public.params.values_per_block))
+    plain = CkksEncoder(public.params, public.modulus).encode(values)
     cipher = first.copy()
     cipher[:, :n] = (cipher[:, :n] + plain) % np.uint64(public.modulus)
     # Execute
     decrypted = [keys.decrypt(cipher[i]) for i in range(4)]
-    # Assert: SEAL's decryptor recovers the values; no two zeros share randomness
+    # Assert: the decryption recovers the values; no two zeros share randomness
     for i in range(4):
         assert np.abs(decrypted[i] - values[i]).max() < 1e-4
     assert first.max() < public.modulus
@@ -91,8 +91,8 @@ def test_parameters_beyond_the_exact_range_use_seal_per_ciphertext() -> None:
         ZeroEncryptor(public.public_key_coefficients, public.modulus)
     # Execute: encryption still works, through SEAL
     zeros = public.encrypt_zeros(2)
-    values = np.linspace(-1, 1, n)
-    plain = CkksEncoder(n, public.params.scale, public.modulus).encode(values[None, :])
+    values = np.linspace(-1, 1, public.params.values_per_block)
+    plain = CkksEncoder(public.params, public.modulus).encode(values[None, :])
     zeros[0, :n] = (zeros[0, :n] + plain[0]) % np.uint64(public.modulus)
     # Assert
     assert np.abs(keys.decrypt(zeros[0]) - values).max() < 1e-4

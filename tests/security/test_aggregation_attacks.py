@@ -5,15 +5,14 @@ through their gRPC faces by :class:`tests.round_driver.RoundDriver` as the coord
 clients drive them. The compromised shard is the real one with what it hands the key holder
 replaced (its ``aggregates``), as a shard under an attacker's control would. For each attack the
 test checks that the key holder refuses the round and that nothing was decrypted (the secret
-key's ``decrypt`` is never called), in synchronous rounds and in asynchronous buffers (updates
+key's ``open`` never returns), in synchronous rounds and in asynchronous buffers (updates
 of three different model versions, weighted by staleness).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -35,102 +34,12 @@ from fedps.proto import common_pb2
 from fedps.staleness import create_staleness, multiplier
 from server.keyholder.aggregate_verifier import AggregateVerifier, TamperingError
 from server.keyholder.commit_board import Commitment, CommitPhase
-from server.keyholder.keyholder import KeyHolder
-from server.shard.shard import Shard
-from tests.conftest import Cluster, start_cluster
+from tests.conftest import start_cluster
 from tests.round_driver import HandClient, RoundDriver
+from tests.security.arena import RUN, TAMPER, VERSION, Arena
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.attack, pytest.mark.integration]
-
-RUN = "attack-run"
-PARAMS = 5000  # three blocks of 2048 values
-VERSION = 2
-#: sync: every update trained the round's version; async: versions 2, 1 and 0 (staleness).
-TRAINED = {"sync": [2, 2, 2], "async": [2, 1, 0]}
-TAMPER = Callable[[Aggregate], Aggregate]
-
-
-@dataclass
-class Arena:
-    """A cluster, a driver and a count of decryptions."""
-
-    cluster: Cluster
-    driver: RoundDriver
-    mode: str
-    decryptions: list[int]
-    rng: np.random.Generator
-
-    @property
-    def keyholder(self) -> KeyHolder:
-        return self.cluster.keyholder
-
-    @property
-    def public(self) -> PublicContext:
-        return self.cluster.keyholder.keys.public
-
-    def clients(self, names: list[str] | None = None) -> list[HandClient]:
-        names = names or ["client-0", "client-1", "client-2"]
-        return [
-            HandClient(name, self.rng.uniform(-0.3, 0.3, PARAMS), version=version)
-            for name, version in zip(names, TRAINED[self.mode], strict=False)
-        ]
-
-    def owner(self, block: int) -> Shard:
-        sid = self.driver.ring.owner(block)
-        return next(s for s in self.cluster.shards if s.shard_id == sid)
-
-    def tamper(self, block: int, change: TAMPER) -> None:
-        """The shard that owns ``block`` hands over ``change`` of its aggregate."""
-        shard = self.owner(block)
-        honest = type(shard).aggregates.__get__(shard)
-
-        def tampered(round_: int) -> tuple[list[Aggregate], list[SignedUpdate]]:
-            aggregates, updates = honest(round_)
-            return [change(a) if a.block == block else a for a in aggregates], updates
-
-        shard.aggregates = tampered  # type: ignore[method-assign]
-
-    def heal(self) -> None:
-        for shard in self.cluster.shards:
-            shard.__dict__.pop("aggregates", None)
-
-    def assert_refused(self, round_: int, clients: list[HandClient]) -> None:
-        """The key holder refuses the round and decrypts nothing."""
-        before, version = len(self.decryptions), self.keyholder.version
-        with pytest.raises(PolicyError):
-            self.driver.apply(round_, VERSION, clients)
-        assert len(self.decryptions) == before, "the key holder decrypted a tampered round"
-        assert self.keyholder.version == version
-        self.heal()
-
-
-@pytest.fixture(params=["sync", "async"])
-def arena(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Arena]:
-    mode: str = request.param
-    training: dict[str, object] = {"clients": 3, "min_quorum": 2, "mode": mode}
-    if mode == "async":
-        training.update({"buffer_size": 2, "max_staleness": 2})
-    cluster = start_cluster(
-        tmp_path,
-        num_shards=2,
-        coordinator=False,
-        training=training,
-        security={"max_detections": 100_000},  # the attacker may retry as often as it likes
-    )
-    kh = cluster.keyholder
-    kh.initialize(np.zeros(PARAMS), version=VERSION)
-    decryptions: list[int] = []
-    decrypt = kh.keys.decrypt
-
-    def counting(row: np.ndarray) -> np.ndarray:
-        decryptions.append(1)
-        return decrypt(row)
-
-    kh.keys.decrypt = counting  # type: ignore[method-assign,assignment]
-    driver = RoundDriver(cluster.config, kh.keys.public, run_id=RUN)
-    yield Arena(cluster, driver, mode, decryptions, np.random.default_rng(7))
-    cluster.stop()
 
 
 def _add_to_coefficient(public: PublicContext, coefficient: int, value: int) -> TAMPER:

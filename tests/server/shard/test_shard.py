@@ -34,7 +34,7 @@ from fedps.shard_messages import PushBatch
 from server.shard.shard import Shard
 from server.shard.shard_log import ShardLog
 
-N = 2048
+N = CkksParams().values_per_block  # values per block (the default ring, less its canaries)
 NUM_BLOCKS = 4
 SHARD = "shard-0"
 TOLERANCE = 1e-3  # a few ciphertexts summed: well above the ~4e-5 error of each
