@@ -74,10 +74,11 @@ def render_table(results: dict[str, Any]) -> str:
             "",
             "| | time | vs secure round | bytes per client | vs its update |",
             "|---|---:|---:|---:|---:|",
-            f"| client sketch + key holder check | {v['client_sketch_s'] * 1e3:.0f} + "
-            f"{v['keyholder_check_s'] * 1e3:.0f} ms | {v['time_fraction']:.2%} of "
-            f"{v['round_s']:.2f} s | {int(v['commit_bytes']):,} | {v['bytes_fraction']:.2%} of "
-            f"{int(v['push_bytes']):,} |",
+            f"| client sketch + key holder check + canaries | {v['client_sketch_s'] * 1e3:.0f}"
+            f" + {v['keyholder_check_s'] * 1e3:.0f} + {v.get('canary_check_s', 0) * 1e3:.0f} ms"
+            f" | {v['time_fraction']:.2%} of {v['round_s']:.2f} s | "
+            f"{int(v['commit_bytes'] + v.get('canary_bytes', 0)):,} | "
+            f"{v['bytes_fraction']:.2%} of {int(v['push_bytes']):,} |",
         ]
         if "push_phase_s" in v:
             lines.append(
