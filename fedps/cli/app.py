@@ -44,7 +44,17 @@ UiOpt = Annotated[
     typer.Option(
         "--ui",
         metavar="HOST:PORT",
-        help="Serve the read-only web dashboard on HOST:PORT beside the run (port 0: any).",
+        help="Serve the read-only web dashboard on HOST:PORT beside the run (port 0: any); "
+        "it prints the link that opens it, with a viewer token.",
+    ),
+]
+UiAllowedHostOpt = Annotated[
+    Optional[list[str]],  # noqa: UP045 - typer needs Optional here
+    typer.Option(
+        "--ui-allowed-host",
+        metavar="NAME",
+        help="Serve the --ui dashboard under this name too (a proxy's; repeatable): requests "
+        "for any other name than its address are refused.",
     ),
 ]
 _log = logging.getLogger("fedps")
@@ -239,6 +249,7 @@ def up(
     config: Annotated[Path, typer.Argument(help="Cluster configuration (TOML).")],
     insecure: InsecureOpt = False,
     ui: UiOpt = None,
+    ui_allowed_host: UiAllowedHostOpt = None,
 ) -> None:
     """Start key holder, shards and coordinator as processes and keep them up until training
     ends: a role that dies is restarted, one line per round is printed, and Ctrl-C or SIGTERM
@@ -255,7 +266,7 @@ def up(
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as Ctrl-C does
     deployment = Deployment(config, cfg)
     try:
-        with _dashboard(cfg, ui):
+        with _dashboard(cfg, ui, ui_allowed_host or []):
             deployment.start_servers()
             if finished := deployment.finished_before():
                 typer.echo(finished)
@@ -269,13 +280,15 @@ def up(
         deployment.stop()
 
 
-def _dashboard(cfg: FedPSConfig, ui: str | None) -> AbstractContextManager[object]:
+def _dashboard(
+    cfg: FedPSConfig, ui: str | None, allowed_hosts: list[str]
+) -> AbstractContextManager[object]:
     """``--ui HOST:PORT``: the read-only dashboard of ``cfg``'s cluster inside the block."""
     if ui is None:
         return nullcontext()
     from fedps.cli.dashboard import serve_dashboard
 
-    return serve_dashboard(cfg, ui, echo=typer.echo)
+    return serve_dashboard(cfg, ui, echo=typer.echo, allowed_hosts=allowed_hosts)
 
 
 @app.command()
@@ -293,6 +306,7 @@ def demo(
     ] = None,
     insecure: InsecureOpt = False,
     ui: UiOpt = None,
+    ui_allowed_host: UiAllowedHostOpt = None,
 ) -> None:
     """Train on digits with a key holder, 2 shards, a coordinator and 4 clients, locally,
     under mutual TLS with certificates made for the run."""
@@ -312,7 +326,9 @@ def demo(
     if training:
         overrides["training"] = training
     with tempfile.TemporaryDirectory(prefix="fedps-demo-") as tmp:
-        summary = run_demo(config, Path(tmp), overrides, ui=ui)
+        summary = run_demo(
+            config, Path(tmp), overrides, ui=ui, ui_allowed_hosts=ui_allowed_host or ()
+        )
     _write_json(json_out, summary.to_json(), "summary")
 
 
@@ -434,10 +450,29 @@ def ui(
             "clients join it (default: its clients run as processes here).",
         ),
     ] = False,
+    public: Annotated[
+        bool,
+        typer.Option(
+            "--public",
+            help="Anyone who can reach the port reads the run without a token: its "
+            "configuration, client ids with their epsilon, detections (warns). Default: the "
+            "printed viewer or operator link is needed.",
+        ),
+    ] = False,
+    allowed_host: Annotated[
+        Optional[list[str]],  # noqa: UP045 - typer needs Optional here
+        typer.Option(
+            "--allowed-host",
+            metavar="NAME",
+            help="Serve the dashboard under this name too, as NAME or NAME:PORT (a proxy's; "
+            "repeatable): requests for any other name than its address are refused (421).",
+        ),
+    ] = None,
     insecure: InsecureOpt = False,
 ) -> None:
     """Serve the web dashboard: live rounds, privacy, participation and the roles' health of
-    the configured cluster; the operator (who holds the printed token) starts the next run."""
+    the configured cluster to the holders of the printed links; the operator (who holds the
+    operator's link) starts the next run."""
     from crypto.tls import OPERATOR_NAME
     from fedps.cli.dashboard import (
         RunLauncher,
@@ -469,7 +504,15 @@ def ui(
     )
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as Ctrl-C does
     try:
-        with serve_dashboard(cfg, bind, echo=typer.echo, token=token, launcher=launcher):
+        with serve_dashboard(
+            cfg,
+            bind,
+            echo=typer.echo,
+            token=token,
+            launcher=launcher,
+            public=public,
+            allowed_hosts=allowed_host or (),
+        ):
             signal.pause()
     except KeyboardInterrupt:
         typer.echo("stopping...")

@@ -55,12 +55,15 @@ def run_demo(
     quiet: bool = False,
     client_data: Sequence[Path] = (),
     ui: str | None = None,
+    ui_allowed_hosts: Sequence[str] = (),
 ) -> DemoSummary:
     """Run the demo; returns its summary (rounds, final accuracy, max epsilon, ...).
 
     ``client_data``: each client's own data (``fedps client --data``), one path per client in
     order; empty: none (a built-in task's clients are partitions of one dataset).
-    ``ui``: serve the read-only web dashboard of the run on this ``HOST:PORT``.
+    ``ui``: serve the read-only web dashboard of the run on this ``HOST:PORT`` (its link, with
+    a viewer token, is printed); ``ui_allowed_hosts``: names it is served under besides its
+    address.
     """
     console = console or Console(stderr=False, quiet=quiet)
     shards = len(load_config(config_path, **overrides).cluster.shards)
@@ -90,7 +93,12 @@ def run_demo(
         if ui is not None:
             from fedps.cli.dashboard import serve_dashboard
 
-            dashboard.enter_context(serve_dashboard(config, ui, echo=console.print))
+            def echo(line: str) -> None:  # the link whole: never wrapped, nor read as markup
+                console.print(line, soft_wrap=True, markup=False, highlight=False)
+
+            dashboard.enter_context(
+                serve_dashboard(config, ui, echo=echo, allowed_hosts=ui_allowed_hosts)
+            )
         deployment.start_servers()
         # The cores go to the clients: one alone (a centralised baseline) trains on all.
         threads = str(max(1, (os.cpu_count() or 1) // t.clients))

@@ -1,7 +1,7 @@
 """The dashboard in headless Chromium during a real run (real gRPC servers on loopback,
 real encryption): the operator starts a run from the form, the page follows its rounds and
-curves, a bad field shows its error next to it, and a viewer without the token cannot start
-anything.
+curves, a bad field shows its error next to it, a viewer with the printed read-only link
+follows the run but cannot start anything, and a page opened without a link reads nothing.
 
 Set ``FEDPS_SCREENSHOT=PATH`` to save a screenshot of the page during the run (how
 docs/images/dashboard.png is made).
@@ -42,9 +42,11 @@ ROUNDS = 5
 
 @dataclass
 class Ui:
-    """The dashboard of ``fedps ui`` and the browser that looks at it."""
+    """The dashboard of ``fedps ui``, its printed links, and the browser that looks at it."""
 
     url: str
+    viewer_link: str
+    operator_link: str
     launcher: RunLauncher
     browser: Any
 
@@ -65,11 +67,13 @@ def ui(tmp_path: Path) -> Iterator[Ui]:
     with serve_dashboard(
         None, "127.0.0.1:0", echo=lines.append, token=TOKEN, launcher=launcher
     ) as _:
-        url = re.findall(r"http://\S+?/(?=[ )])", lines[0])[0]
+        # "dashboard: VIEWER_LINK (operator: OPERATOR_LINK)", each http://HOST:PORT/?token=...
+        viewer_link, operator_link = re.findall(r"http://[^\s)]+", lines[0])
+        url = viewer_link.split("?")[0]
         with sync_api.sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
             try:
-                yield Ui(url, launcher, browser)
+                yield Ui(url, viewer_link, operator_link, launcher, browser)
             finally:
                 browser.close()
                 launcher.stop()
@@ -87,7 +91,8 @@ def _round(page: Any) -> int:
 def test_dashboard_follows_a_run_the_operator_starts(ui: Ui) -> None:
     # Prepare: the operator opens the token link (the cookie is set, the token leaves the URL)
     operator = ui.browser.new_page()
-    operator.goto(f"{ui.url}?token={TOKEN}")
+    assert ui.operator_link == f"{ui.url}?token={TOKEN}"
+    operator.goto(ui.operator_link)
     operator.wait_for_selector("#f-training-rounds")
     assert operator.url == ui.url
     assert operator.text_content("#viewer") == "operator"
@@ -121,18 +126,31 @@ def test_dashboard_follows_a_run_the_operator_starts(ui: Ui) -> None:
     assert second[2] > first[2]
     assert operator.locator("#roles .up").count() == 4  # coordinator, key holder, 2 shards
 
-    # Execute: a viewer without the token, in a browser context of its own
+    # Execute: a viewer with the read-only link, in a browser context of its own
     viewer = ui.browser.new_context().new_page()
-    viewer.goto(ui.url)
+    viewer.goto(ui.viewer_link)
     viewer.wait_for_selector("#f-training-rounds")
+    wait_for(lambda: _round(viewer) >= 1, "the run on the viewer's page", poll_s=0.2)
     refused = httpx.post(f"{ui.url}api/runs", json={"training.rounds": "3"})
 
-    # Assert: no button, the fields disabled, the reason said, and the API refuses
+    # Assert: the token left the address bar; the run shows, but no button, the fields
+    # disabled, the reason said, and the API refuses
+    assert viewer.url == ui.url
     assert viewer.text_content("#viewer") == "read-only"
     assert viewer.locator("#start").count() == 0
     assert viewer.is_disabled("#f-training-rounds")
     assert "only the operator" in (viewer.text_content("#form-note") or "")
     assert refused.status_code == 403
+
+    # Execute: a page opened without a link, in a browser context of its own
+    stranger = ui.browser.new_context().new_page()
+    stranger.goto(ui.url)
+    stranger.wait_for_selector("#viewer:not(:empty)")
+
+    # Assert: it reads nothing of the run and says which link to open
+    assert stranger.text_content("#viewer") == "no access"
+    assert _round(stranger) == 0
+    assert "link" in (stranger.text_content("#form-note") or "")
 
     # Execute: the run ends
     wait_for(lambda: not ui.launcher.running, "the run finished")

@@ -2,8 +2,10 @@
 
 A Starlette app (:func:`create_app`) served by uvicorn in a thread (:class:`DashboardServer`):
 rounds, privacy, participation, the roles' health and the configuration, live by
-server-sent events from one polling thread (:class:`StatusCollector`); the operator, who
-holds the token, starts the next run (:class:`RunLauncher`). See docs/dashboard.md.
+server-sent events from one polling thread (:class:`StatusCollector`), to the holders of the
+operator's or a viewer's token; the operator starts the next run (:class:`RunLauncher`). A
+request whose Host is not the dashboard's address is refused first (``host_guard``). See
+docs/dashboard.md.
 """
 
 from fedps.cli.dashboard.dashboard import (

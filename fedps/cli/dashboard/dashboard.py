@@ -2,37 +2,46 @@
 
 Routes
 ------
+Every request first passes the Host check (:class:`~fedps.cli.dashboard.host_guard.HostGuard`,
+421 otherwise): its ``Host`` must be the dashboard's address or an allowed name.
+
 ``GET /``
     The page (``static/index.html``; plain JavaScript and inline SVG, nothing fetched from
-    elsewhere). ``/?token=T`` with the operator's token sets the operator cookie (HttpOnly,
-    SameSite=Strict) and redirects to ``/``, so the token leaves the address bar.
+    elsewhere). ``/?token=T`` with the operator's or the viewer's token sets its cookie
+    (HttpOnly, SameSite=Strict) and redirects to ``/``, so the token leaves the address bar.
 ``GET /api/snapshot``
-    The latest snapshot (:class:`~fedps.cli.dashboard.status_collector.StatusCollector`).
+    Readers (below): the latest snapshot
+    (:class:`~fedps.cli.dashboard.status_collector.StatusCollector`).
 ``GET /api/events``
-    Server-sent events: one snapshot (``data: JSON``) at once, then whenever it changes and
-    at least every second.
+    Readers: server-sent events, one snapshot (``data: JSON``) at once, then whenever it
+    changes and at least every second.
 ``GET /api/session``
-    Whether the viewer is the operator, whether runs can be started here, and the form's
-    defaults.
+    Readers: whether the viewer is the operator, whether runs can be started here, and the
+    form's defaults.
 ``POST /api/runs``
     Operator only (the cookie or ``Authorization: Bearer T``; 403 otherwise): start the next
     run with the JSON body's settings (``{"training.rounds": "5", ...}``). 422 with
     ``{"errors": {field: message}}`` for invalid settings, 409 while a run is in progress,
     202 with the run's state folder once started.
 
-Everyone who reaches the port reads the cluster's status and configuration (which holds
-addresses and paths, never a key); only the operator changes anything.
+The run (the configuration, which holds addresses and paths but never a key; the client ids
+with their epsilon; the detections) is read by the holders of the operator's or the viewer's
+token only (its cookie or ``Authorization: Bearer T``; 401 otherwise, 403 from a page of
+another origin), unless the dashboard is public; only the operator changes anything.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import secrets
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
@@ -51,7 +60,9 @@ from starlette.responses import (
 )
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp
 
+from fedps.cli.dashboard.host_guard import HostGuard
 from fedps.cli.dashboard.run_launcher import RunInProgressError, RunLauncher
 from fedps.cli.dashboard.status_collector import StatusCollector
 from fedps.config import FedPSConfig, is_loopback
@@ -59,6 +70,7 @@ from fedps.errors import ConfigError, FedPSError
 
 __all__ = [
     "COOKIE",
+    "VIEWER_COOKIE",
     "DashboardServer",
     "create_app",
     "new_token",
@@ -69,6 +81,8 @@ __all__ = [
 
 #: The operator cookie's name.
 COOKIE = "fedps_operator"
+#: The viewer cookie's name (read-only).
+VIEWER_COOKIE = "fedps_viewer"
 #: Longest interval between two events of the stream (seconds).
 HEARTBEAT_S = 1.0
 #: How often an event stream looks for a new snapshot (seconds).
@@ -82,6 +96,18 @@ _STATIC = resources.files("fedps.cli.dashboard") / "static"
 def new_token() -> str:
     """A fresh random operator token (256 bits, URL-safe)."""
     return secrets.token_urlsafe(32)
+
+
+def _viewer_token(token: str) -> str:
+    """The viewer token that goes with the operator's ``token``: as stable as it (with
+    ``--token-file``), and no way back to it (an HMAC)."""
+    digest = hmac.new(token.encode(), b"fedps dashboard viewer", hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def _same(presented: str, expected: str | None) -> bool:
+    """Whether ``presented`` is ``expected`` (constant time; no or an empty token: never)."""
+    return bool(expected) and hmac.compare_digest(presented.encode(), (expected or "").encode())
 
 
 def write_token(path: Path, token: str) -> None:
@@ -110,47 +136,98 @@ def create_app(
     collector: StatusCollector,
     *,
     token: str | None = None,
+    viewer_token: str | None = None,
     launcher: RunLauncher | None = None,
-) -> Starlette:
-    """The dashboard of ``collector``'s cluster.
+    public: bool = False,
+    allowed_hosts: Sequence[str] = (),
+) -> ASGIApp:
+    """The dashboard of ``collector``'s cluster, behind its Host check.
 
     ``token``: the operator's token (``None``: nobody is the operator, the page is read-only).
+    ``viewer_token``: a token that reads the run and changes nothing (``None``: none).
     ``launcher``: starts runs for the operator (``None``: this dashboard starts nothing, as
     beside ``fedps demo`` or ``fedps up``).
+    ``public``: everyone who reaches the port reads the run, without a token.
+    ``allowed_hosts``: names (``NAME`` or ``NAME:PORT``) served besides the address reached,
+    such as a proxy's (:class:`~fedps.cli.dashboard.host_guard.HostGuard`).
+
+    Raises
+    ------
+    ConfigError
+        An allowed host is not ``NAME[:PORT]``.
     """
 
-    def is_operator(request: Request) -> bool:
-        if not token:  # no token (or an empty one): nobody is the operator
-            return False
+    def foreign(request: Request) -> bool:
+        """Whether the request comes from a page of another origin (even one that has the
+        cookies sent)."""
         origin = request.headers.get("origin")
-        if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
-            return False  # a page of another site, even one that has the cookie sent
-        presented = request.cookies.get(COOKIE, "")
+        return origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}"
+
+    def presented(request: Request) -> list[str]:
+        """The tokens the request presents (none from a page of another origin)."""
+        if foreign(request):
+            return []
         auth = request.headers.get("authorization", "")
         if auth.lower().startswith("bearer "):
-            presented = auth[7:].strip()
-        return hmac.compare_digest(presented.encode(), token.encode())
+            return [auth[7:].strip()]
+        return [request.cookies.get(COOKIE, ""), request.cookies.get(VIEWER_COOKIE, "")]
+
+    def is_operator(request: Request) -> bool:
+        return any(_same(offered, token) for offered in presented(request))
+
+    def read_refusal(request: Request) -> Response | None:
+        """``None`` if the request may read the run, else the answer that refuses it."""
+        offered = presented(request)
+        if public or any(_same(t, token) or _same(t, viewer_token) for t in offered):
+            return None
+        if foreign(request):
+            return JSONResponse(
+                {"error": "a page of another origin does not read this dashboard"},
+                status_code=403,
+            )
+        return JSONResponse(
+            {
+                "error": "present this dashboard's token: open the link (/?token=...) that "
+                "fedps printed when it started, or send Authorization: Bearer TOKEN"
+            },
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    def readers_only(
+        handler: Callable[[Request], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def guarded(request: Request) -> Response:
+            return read_refusal(request) or await handler(request)
+
+        return guarded
 
     async def index(request: Request) -> Response:
         offered = request.query_params.get("token")
         if offered is not None:
-            if token is None or not hmac.compare_digest(offered.encode(), token.encode()):
+            if _same(offered, token):
+                cookie = COOKIE
+            elif _same(offered, viewer_token):
+                cookie = VIEWER_COOKIE
+            else:
                 return PlainTextResponse(
-                    "403: this is not the operator token of this dashboard (it changes at every "
-                    "start of fedps ui unless --token-file is given)",
+                    "403: this is not a token of this dashboard (they change at every start "
+                    "unless fedps ui is given --token-file)",
                     status_code=403,
                 )
             response: Response = RedirectResponse("/", status_code=303)
             response.set_cookie(
-                COOKIE, token, httponly=True, samesite="strict", secure=request.url.is_secure
+                cookie, offered, httponly=True, samesite="strict", secure=request.url.is_secure
             )
             return response
         html = (_STATIC / "index.html").read_text()
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
+    @readers_only
     async def snapshot(request: Request) -> Response:
         return JSONResponse(collector.snapshot()[1])
 
+    @readers_only
     async def session(request: Request) -> Response:
         operator = is_operator(request)
         defaults: dict[str, Any] = {}
@@ -171,7 +248,7 @@ def create_app(
             reason = "this dashboard watches a run started elsewhere; start runs from fedps ui"
         elif not operator:
             reason = (
-                "read-only: only the operator starts runs (open the URL with the token that "
+                "read-only: only the operator starts runs (open the operator's link that "
                 "fedps ui printed)"
             )
         else:
@@ -185,6 +262,7 @@ def create_app(
         }
         return JSONResponse(body)
 
+    @readers_only
     async def events(request: Request) -> Response:
         async def stream() -> AsyncIterator[str]:
             # The loop awaits on the event loop only: a stream holds no worker thread, so
@@ -243,7 +321,7 @@ def create_app(
         Route("/api/runs", start_run, methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=str(_STATIC)), name="static"),
     ]
-    return Starlette(routes=routes)
+    return HostGuard(Starlette(routes=routes), allowed_hosts)
 
 
 class DashboardServer:
@@ -253,7 +331,7 @@ class DashboardServer:
     is off: a request line can carry the operator token.
     """
 
-    def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0) -> None:
         self.host = host
         config = uvicorn.Config(
             app,
@@ -271,12 +349,12 @@ class DashboardServer:
         self.port = port
 
     @property
-    def public(self) -> bool:
+    def remote(self) -> bool:
         """Whether the address is reachable from other machines (not loopback)."""
         return not is_loopback(self.host)
 
     def url(self, token: str | None = None) -> str:
-        """The page's address (with ``token``: the operator's link)."""
+        """The page's address (with ``token``: the link that opens it with ``token``)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         query = f"/?token={token}" if token else "/"
         return f"http://{host}:{self.port}{query}"
@@ -304,6 +382,15 @@ class DashboardServer:
         self._thread.join(10)
 
 
+def _is_name(host: str) -> bool:
+    """Whether ``host`` is a name (not an IP address, nor empty: every address)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return bool(host)
+    return False
+
+
 def _training_elsewhere(collector: StatusCollector) -> str:
     """Why no run may start: the followed coordinator trains a run not finished yet."""
     snapshot = collector.snapshot()[1]
@@ -324,39 +411,64 @@ def serve_dashboard(
     echo: Callable[[str], None],
     token: str | None = None,
     launcher: RunLauncher | None = None,
+    public: bool = False,
+    allowed_hosts: Sequence[str] = (),
 ) -> Iterator[StatusCollector]:
     """Serve the dashboard of ``config``'s cluster on ``bind`` (``HOST:PORT``) inside the
-    block: poll the cluster, serve the page, ``echo`` its address once (the operator's link
-    with ``token``), and stop both at the end. Yields the collector (``follow`` switches
-    cluster). A launcher's runs are followed as they start.
+    block: poll the cluster, serve the page, ``echo`` its links once, and stop both at the
+    end. Yields the collector (``follow`` switches cluster). A launcher's runs are followed as
+    they start.
+
+    The run is read with a viewer token (derived from ``token``, else new at each start),
+    whose link is echoed, beside the operator's link with ``token``; ``public``: by everyone
+    who reaches the port, without a token (warns). ``allowed_hosts``: names served besides
+    the address (:func:`create_app`).
 
     Raises
     ------
     ConfigError
-        ``bind`` is not ``HOST:PORT``.
+        ``bind`` is not ``HOST:PORT``, or an allowed host is not ``NAME[:PORT]``.
     FedPSError
         The address cannot be bound.
     """
     host, port = parse_bind(bind)
+    viewer = None if public else _viewer_token(token) if token else new_token()
+    names = [*allowed_hosts, *([host] if _is_name(host) else [])]
     extra = launcher.state if launcher is not None else None
     collector = StatusCollector(config, extra=extra)
     if launcher is not None:
         launcher.on_change = collector.follow
         launcher.busy = lambda: _training_elsewhere(collector)
-    server = DashboardServer(create_app(collector, token=token, launcher=launcher), host, port)
+    app = create_app(
+        collector,
+        token=token,
+        viewer_token=viewer,
+        launcher=launcher,
+        public=public,
+        allowed_hosts=names,
+    )
+    server = DashboardServer(app, host, port)
     collector.start()
     try:
         server.start()
-        if server.public:
+        if public:
             _log.warning(
-                "the dashboard listens on %s, which is not loopback: anyone who reaches it "
-                "reads the cluster's status and configuration",
+                "the dashboard is public (--public): anyone who can reach %s:%d reads the run "
+                "without a token (its configuration, the client ids with their epsilon, the "
+                "detections)",
+                host,
+                server.port,
+            )
+        if server.remote:
+            _log.warning(
+                "the dashboard listens on %s, which is not loopback: its page is plain HTTP, "
+                "so its tokens cross the network in the clear unless a TLS proxy fronts it",
                 host,
             )
         if token is not None:
-            echo(f"dashboard: {server.url()} (operator: {server.url(token)})")
+            echo(f"dashboard: {server.url(viewer)} (operator: {server.url(token)})")
         else:
-            echo(f"dashboard (read-only): {server.url()}")
+            echo(f"dashboard (read-only): {server.url(viewer)}")
         yield collector
     finally:
         server.stop()

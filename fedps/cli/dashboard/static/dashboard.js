@@ -179,7 +179,15 @@ async function submitForm(event) {
 }
 
 async function init() {
-  const session = await (await fetch("/api/session", { credentials: "same-origin" })).json();
+  const response = await fetch("/api/session", { credentials: "same-origin" });
+  const session = await response.json();
+  if (!response.ok) {  // no token: the page says how to open it, and reads nothing
+    $("viewer").textContent = "no access";
+    $("connection").textContent = "no token";
+    $("start").remove();
+    $("form-note").textContent = session.error || `refused (${response.status})`;
+    return;
+  }
   $("viewer").textContent = session.operator ? "operator" : "read-only";
   buildForm(session);
   $("run-form").addEventListener("submit", submitForm);

@@ -1,49 +1,29 @@
 """The dashboard's web app, with Starlette's test client and no cluster behind it.
 
 Roles that are not running show as down; the run launcher is real, but no test here lets a
-run start (a run in progress is simulated by a busy launcher).
+run start (a run in progress is simulated by a busy launcher). Who may read the run, and the
+Host check, are attacked on a real server in test_dashboard_access.py.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
 
 from fedps.cli.dashboard import RunLauncher, StatusCollector, create_app
-from fedps.cli.dashboard.dashboard import COOKIE
-from fedps.cli.deployment import local_cluster
-from fedps.config import FedPSConfig, load_config
+from fedps.cli.dashboard.dashboard import COOKIE, VIEWER_COOKIE
+from fedps.config import FedPSConfig
 
 TOKEN = "operator-token-for-tests-0123456789"
-INSECURE = {"tls": {"insecure": True, "enabled": False}}
-
-
-@pytest.fixture
-def config(tmp_path: Path) -> FedPSConfig:
-    """A cluster on free loopback ports where nothing listens."""
-    return load_config(None, cluster=local_cluster(tmp_path / "state"), **INSECURE)
-
-
-@pytest.fixture
-def collector(config: FedPSConfig) -> Iterator[StatusCollector]:
-    collector = StatusCollector(config, call_s=0.2)
-    collector.poll_once()
-    yield collector
-    collector.stop()
-
-
-@pytest.fixture
-def launcher(tmp_path: Path) -> RunLauncher:
-    return RunLauncher(None, base_overrides=INSECURE, state_root=tmp_path / "ui")
+VIEWER = "viewer-token-for-tests-0123456789"
 
 
 @pytest.fixture
 def client(collector: StatusCollector, launcher: RunLauncher) -> TestClient:
-    return TestClient(create_app(collector, token=TOKEN, launcher=launcher))
+    return TestClient(create_app(collector, token=TOKEN, viewer_token=VIEWER, launcher=launcher))
 
 
 def _operator(client: TestClient) -> TestClient:
@@ -55,7 +35,7 @@ def test_snapshot_shows_down_roles_and_the_configuration(
     client: TestClient, config: FedPSConfig
 ) -> None:
     # Execute
-    response = client.get("/api/snapshot")
+    response = _operator(client).get("/api/snapshot")
 
     # Assert
     assert response.status_code == 200
@@ -77,7 +57,7 @@ def test_event_stream_starts_with_a_snapshot(
     collector.stop()
 
     # Execute
-    with client.stream("GET", "/api/events") as response:
+    with _operator(client).stream("GET", "/api/events") as response:
         content_type = response.headers["content-type"]
         first = next(line for line in response.iter_lines() if line)
 
@@ -99,16 +79,19 @@ def test_page_is_self_contained(client: TestClient) -> None:
         assert "https://" not in text
 
 
-def test_token_link_sets_an_http_only_strict_cookie(client: TestClient) -> None:
+@pytest.mark.parametrize(("token", "name"), [(TOKEN, COOKIE), (VIEWER, VIEWER_COOKIE)])
+def test_token_link_sets_an_http_only_strict_cookie(
+    client: TestClient, token: str, name: str
+) -> None:
     # Execute
-    response = client.get(f"/?token={TOKEN}", follow_redirects=False)
+    response = client.get(f"/?token={token}", follow_redirects=False)
     wrong = client.get("/?token=guess", follow_redirects=False)
 
     # Assert
     assert response.status_code == 303
     assert response.headers["location"] == "/"
     cookie = response.headers["set-cookie"]
-    assert f"{COOKIE}={TOKEN}" in cookie
+    assert f"{name}={token}" in cookie
     assert "HttpOnly" in cookie
     assert "SameSite=strict" in cookie or "SameSite=Strict" in cookie
     assert wrong.status_code == 403
@@ -116,6 +99,7 @@ def test_token_link_sets_an_http_only_strict_cookie(client: TestClient) -> None:
 
 def test_session_says_who_is_the_operator(client: TestClient) -> None:
     # Execute
+    client.cookies.set(VIEWER_COOKIE, VIEWER)
     viewer = client.get("/api/session").json()
     client.cookies.set(COOKIE, TOKEN)
     operator = client.get("/api/session").json()
@@ -216,15 +200,32 @@ def test_a_page_of_another_site_cannot_start_a_run(
 
 def test_an_empty_token_makes_nobody_the_operator(collector: StatusCollector) -> None:
     # Prepare
-    client = TestClient(create_app(collector, token=""))
+    client = TestClient(create_app(collector, token="", viewer_token=VIEWER))
+    client.cookies.set(VIEWER_COOKIE, VIEWER)
 
     # Execute
     session = client.get("/api/session").json()
-    response = client.post("/api/runs", json={"training.rounds": "3"})
+    response = client.post(
+        "/api/runs", json={"training.rounds": "3"}, headers={"Authorization": "Bearer "}
+    )
 
     # Assert
     assert session["operator"] is False
     assert response.status_code == 403
+
+
+def test_an_empty_viewer_token_opens_no_reads(collector: StatusCollector) -> None:
+    # Prepare
+    client = TestClient(create_app(collector, viewer_token=""))
+
+    # Execute
+    bearer = client.get("/api/snapshot", headers={"Authorization": "Bearer "})
+    client.cookies.set(VIEWER_COOKIE, "")
+    cookie = client.get("/api/snapshot")
+
+    # Assert
+    assert bearer.status_code == 401
+    assert cookie.status_code == 401
 
 
 def test_a_configuration_file_that_no_longer_loads_leaves_the_page_working(
