@@ -48,7 +48,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from clients.dp_trainer import History, PrivacySpend
-from crypto.files import write_atomic
+from crypto.files import private_directory, private_opener, write_atomic
 from crypto.signing import BlockSigner
 from fedps.config import FedPSConfig, PrivacyConfig
 from fedps.datasets import Dataset
@@ -178,7 +178,7 @@ class ClientState:
         """
         if not identity:
             raise ConfigError("a client state folder needs the client's identity")
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_directory(directory)
         lock = _acquire(directory / LOCK_FILE)
         try:
             ledger = directory / LEDGER_FILE
@@ -254,7 +254,7 @@ class ClientState:
 def _acquire(path: Path) -> IO[bytes]:
     """Open and exclusively lock ``path`` (released when the file is closed or the process
     dies, SIGKILL included)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = private_opener(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
     fh = os.fdopen(fd, "r+b")
     try:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -279,7 +279,7 @@ def _write_ledger(path: Path, identity: str, entries: dict[tuple[str, str], Ledg
     }
     body["entries"] = json.loads(json.dumps(body["entries"]))  # tuples as lists, as read back
     document = {**body, "sha256": hashlib.sha256(_canonical(body)).hexdigest()}
-    write_atomic(path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode(), mode=0o600)
+    write_atomic(path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode())
 
 
 def _read_ledger(path: Path, identity: str) -> dict[tuple[str, str], LedgerEntry]:

@@ -21,7 +21,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from crypto.files import write_private
+from crypto.files import private_directory, write_private
 from fedps.errors import ConfigError, UnauthenticatedError
 
 __all__ = [
@@ -62,7 +62,7 @@ def create_enrolment_key(directory: Path) -> Path:
 
     Keeping an existing key keeps every token issued with it valid.
     """
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_directory(directory)
     path = directory / ENROLMENT_KEY_FILE
     if not path.exists():
         write_private(path, secrets.token_bytes(_KEY_BYTES))

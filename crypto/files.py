@@ -1,10 +1,17 @@
-"""Atomic, verified file writes: the one way fedps writes a file that must survive a crash.
+"""Atomic, verified, private file writes: the one way fedps writes a file that must survive a
+crash.
 
 Every role writes through these helpers: keys and tokens (:func:`write_private`), certificates,
 the state files (:func:`write_checked`), a shard's and the key holder's logs
 (:func:`write_all`). They live in ``crypto/`` because the secret key is their most demanding
 user and ``crypto/`` may import nothing of ours but :mod:`fedps.errors`; every other package
 may import ``crypto/``.
+
+Everything fedps keeps is its owner's alone, whatever the process's umask: every folder of
+state is created by :func:`private_directory` (mode 0700), every file written here is 0600,
+and a file appended to or locked in place (a log, a lock file) is opened through
+:func:`private_opener` (0600). The key holder's commit logs, for one, hold every client's
+sketches: linear equations in the round's secret challenge.
 
 :func:`atomic_writer` hands out a temporary file beside the target; when its block ends it
 fsyncs the file, renames it over the target and fsyncs the folder. If the process dies at any
@@ -39,6 +46,7 @@ import hashlib
 import logging
 import os
 import secrets
+import stat
 import struct
 import threading
 from collections.abc import Iterator
@@ -52,6 +60,8 @@ __all__ = [
     "FAULTS_VARIABLE",
     "atomic_writer",
     "fsync_directory",
+    "private_directory",
+    "private_opener",
     "read_checked",
     "reset_faults",
     "write_all",
@@ -64,6 +74,9 @@ _log = logging.getLogger("fedps")
 
 #: The environment variable that arms fault injection (a test hook, see the module docstring).
 FAULTS_VARIABLE = "FEDPS_INJECT_FAULTS"
+
+_FILE_MODE = 0o600  # every file fedps writes: its owner's alone
+_DIRECTORY_MODE = 0o700  # every folder of state it creates
 
 _MAGIC = b"FEDPS1\n"
 _CHECKED = struct.Struct(f"<{len(_MAGIC)}sQ32s")  # magic, payload length, SHA-256 of payload
@@ -147,22 +160,18 @@ def _write(fh: _Sink, view: memoryview) -> None:
 
 
 @contextmanager
-def atomic_writer(
-    path: Path, *, mode: int | None = None, exclusive: bool = False
-) -> Iterator[BinaryIO]:
+def atomic_writer(path: Path, *, exclusive: bool = False) -> Iterator[BinaryIO]:
     """A binary file that replaces ``path`` when the block ends without an exception.
 
-    The file is a temporary file in ``path``'s folder; at the end of the block it is flushed,
-    fsynced, renamed over ``path`` and the folder fsynced. An exception inside the block (or
-    while replacing) removes the temporary file and leaves ``path`` as it was.
+    The file is a temporary file in ``path``'s folder, mode 0600 from its creation (never
+    readable by others, not even briefly, whatever the umask); at the end of the block it is
+    flushed, fsynced, renamed over ``path`` and the folder fsynced. An exception inside the
+    block (or while replacing) removes the temporary file and leaves ``path`` as it was.
 
     Parameters
     ----------
     path
         The file to replace (its folder must exist).
-    mode
-        Exactly this mode (e.g. ``0o600`` for a key: never readable by others, not even
-        briefly, whatever the umask); ``None``: the umask's default.
     exclusive
         Create ``path`` only if it does not exist (a hard link of the temporary file, which
         fails atomically when it does): of two processes creating one file, exactly one wins.
@@ -173,11 +182,9 @@ def atomic_writer(
         With ``exclusive``, when ``path`` already exists (it is left as it was).
     """
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
+    fd = private_opener(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC)
     try:
         with os.fdopen(fd, "wb") as fh:
-            if mode is not None:
-                os.fchmod(fh.fileno(), mode)
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
@@ -192,32 +199,33 @@ def atomic_writer(
     fsync_directory(path.parent)
 
 
-def write_atomic(
-    path: Path, data: bytes, *, mode: int | None = None, exclusive: bool = False
-) -> None:
-    """Replace ``path`` with ``data``: write a temporary file, fsync, rename, fsync the folder.
+def write_atomic(path: Path, data: bytes, *, exclusive: bool = False) -> None:
+    """Replace ``path`` with ``data`` (mode 0600): write a temporary file, fsync, rename,
+    fsync the folder.
 
     Parameters and errors as :func:`atomic_writer`.
     """
-    with atomic_writer(path, mode=mode, exclusive=exclusive) as fh:
+    with atomic_writer(path, exclusive=exclusive) as fh:
         write_all(fh, path, data)
 
 
 def write_private(path: Path, data: bytes, *, exclusive: bool = False) -> None:
     """Write a secret (a key, a token) to ``path`` with mode 0600, atomically: never readable
-    by others, not even briefly, whatever the umask.
+    by others, not even briefly, whatever the umask (as every file :func:`write_atomic`
+    writes; the name says what the caller relies on).
 
     ``exclusive``: only if ``path`` does not exist (:class:`FileExistsError` otherwise).
     """
-    write_atomic(path, data, mode=0o600, exclusive=exclusive)
+    write_atomic(path, data, exclusive=exclusive)
 
 
-def write_checked(path: Path, data: bytes | memoryview, *, mode: int | None = None) -> None:
+def write_checked(path: Path, data: bytes | memoryview) -> None:
     """Replace the state file ``path`` with ``data`` in the checked format (header with the
-    payload's length and SHA-256, then the payload), atomically as :func:`write_atomic`."""
+    payload's length and SHA-256, then the payload), atomically and with mode 0600 as
+    :func:`write_atomic`."""
     view = memoryview(data)
     header = _CHECKED.pack(_MAGIC, view.nbytes, hashlib.sha256(view).digest())
-    with atomic_writer(path, mode=mode) as fh:
+    with atomic_writer(path) as fh:
         write_all(fh, path, header, view)
 
 
@@ -285,3 +293,65 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def private_opener(path: str | os.PathLike[str], flags: int) -> int:
+    """``os.open(path, flags)`` for a file only its owner may read or write: a new file is
+    created 0600 and an existing one (written before this rule, or by hand) is set to 0600,
+    whatever the umask.
+
+    The ``opener`` of :func:`open` for a file fedps keeps open (a log it appends to)::
+
+        open(path, "ab", buffering=0, opener=private_opener)
+
+    or called directly for a descriptor (a lock file). Returns the descriptor.
+    """
+    fd = os.open(path, flags, _FILE_MODE)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != _FILE_MODE:
+            os.fchmod(fd, _FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def private_directory(path: Path) -> Path:
+    """Make ``path`` a folder only its owner may enter: create it and every missing folder
+    above it with mode 0700, whatever the umask, and set an existing ``path`` to 0700 (folders
+    above it that exist already are left as they are). Returns ``path``.
+
+    Every folder of state is made this way: a role's state folder and those in it (keys,
+    commit and shard logs, contexts, the process logs), a client's, the certificates'. An
+    existing ``path`` that cannot be changed (another user's, a read-only mount) stays as it
+    is, with a WARNING.
+
+    Raises
+    ------
+    OSError
+        ``path`` cannot be created (``FileExistsError``: a file is in its place).
+    """
+    missing: list[Path] = []
+    for folder in (path, *path.parents):
+        if folder.is_dir():
+            break
+        missing.append(folder)
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(_DIRECTORY_MODE)
+        except FileExistsError:  # another process made it first
+            if not folder.is_dir():
+                raise
+        os.chmod(folder, _DIRECTORY_MODE)  # exactly: mkdir's mode is cut by the umask
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode != _DIRECTORY_MODE:
+        try:
+            os.chmod(path, _DIRECTORY_MODE)
+        except OSError as exc:
+            _log.warning(
+                "state folder %s has mode %04o and cannot be made 0700 (%s); chmod 700 it",
+                path,
+                mode,
+                exc.strerror or exc,
+            )
+    return path

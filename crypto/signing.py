@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
-from crypto.files import write_private
+from crypto.files import private_directory, write_private
 from fedps.errors import ConfigError, InvalidArgumentError
 
 __all__ = [
@@ -121,7 +121,7 @@ class BlockSigner:
         """
         if not path.exists():
             signer = cls()
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            private_directory(path.parent)
             raw = signer._key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
             try:
                 write_private(path, raw, exclusive=True)  # never replaces a key

@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from crypto.files import write_atomic, write_private
+from crypto.files import private_directory, write_atomic, write_private
 from fedps.errors import ConfigError
 
 __all__ = [
@@ -147,7 +147,7 @@ def make_ca(directory: Path, *, common_name: str = "fedps deployment CA") -> Cer
         ``directory`` already holds a CA key: replacing it would invalidate every certificate
         it issued. Remove the directory to start over.
     """
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_directory(directory)
     paths = CertPaths(directory / CA_CERT_FILE, directory / CA_KEY_FILE)
     if paths.key.exists():
         raise FileExistsError(f"{paths.key} exists; remove {directory} to create a new CA")
@@ -252,7 +252,7 @@ def issue_certificate(
         )
         .sign(ca_key, hashes.SHA256())
     )
-    out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_directory(out_dir)
     paths = CertPaths(out_dir / f"{name}.crt", out_dir / f"{name}.key")
     write_private(paths.key, _key_pem(key))
     write_atomic(paths.cert, cert.public_bytes(serialization.Encoding.PEM))

@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
-from crypto.files import write_all, write_atomic
+from crypto.files import private_directory, private_opener, write_all, write_atomic
 from fedps.errors import CorruptStateError, PeerUnavailableError
 
 __all__ = ["RecordLog"]
@@ -68,7 +68,7 @@ class RecordLog:
         self, directory: Path, *, fsync: bool = True, what: str = "log", hint: str = _HINT
     ) -> None:
         self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
+        private_directory(directory)
         self._fsync = fsync
         self._what = what
         self._hint = hint
@@ -93,7 +93,9 @@ class RecordLog:
         path = self._path(round_)
         fh = self._files.get(round_)
         if fh is None:
-            fh = self._files[round_] = open(path, "ab", buffering=0)  # noqa: SIM115
+            fh = self._files[round_] = open(  # noqa: SIM115
+                path, "ab", buffering=0, opener=private_opener
+            )
             self._ends[round_] = fh.seek(0, os.SEEK_END)
         end = self._ends[round_]
         try:

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
+from crypto.files import private_directory, private_opener
 from fedps.errors import ConfigError
 
 __all__ = ["LOCK_FILE", "StateLock", "StateLockedError"]
@@ -30,7 +31,7 @@ class StateLockedError(ConfigError):
 
 
 class StateLock:
-    """The exclusive lock of ``directory`` (created if missing).
+    """The exclusive lock of ``directory`` (made private, 0700, and created if missing).
 
     :meth:`acquire` takes it or raises :class:`StateLockedError` naming the directory and the
     pid that holds it; :meth:`release` (or leaving the ``with`` block) gives it back.
@@ -62,8 +63,8 @@ class StateLock:
         """
         if self._fd is not None:
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        private_directory(self.directory)
+        fd = private_opener(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 import grpc
 
 from crypto import PLAINTEXT_CONTEXT_ID, PlainContext, PublicContext
+from crypto.files import private_directory
 from crypto.signing import model_verifier
 from fedps.accounting import client_level_noise
 from fedps.blocks import group_mask
@@ -97,10 +98,10 @@ def _metrics(address: str, role: str, make: Callable[[], _M]) -> _M | None:
 
 
 def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> KeyHolder:
-    """Build the key holder and register its servicer."""
+    """Build the key holder (its state folder private, 0700) and register its servicer."""
     t = config.training
     keyholder = KeyHolder(
-        state_dir=state_dir,
+        state_dir=private_directory(state_dir),
         params=ckks_params(config),
         shards=dict(zip(config.cluster.shard_ids, config.cluster.shards, strict=True)),
         ring=_ring(config),

@@ -7,6 +7,7 @@ import fedps  # noqa: F401  # first: its import quiets gRPC core's logging befor
 
 # isort: on
 import fcntl
+import os
 import tempfile
 import threading
 import time
@@ -47,6 +48,17 @@ def _plaintext_after_each_test() -> Iterator[None]:
     without one (in-process clusters cannot give each role its own certificate)."""
     yield
     reset_tls()
+
+
+@pytest.fixture
+def loose_umask() -> Iterator[None]:
+    """No umask while the test runs (new files 0666, folders 0777 unless fedps says
+    otherwise): whatever fedps keeps must be its owner's alone (0600, 0700) regardless."""
+    previous = os.umask(0o000)
+    try:
+        yield
+    finally:
+        os.umask(previous)
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import grpc
 
+from crypto.files import private_directory, private_opener, write_atomic
 from crypto.python_child import child_environment, python_command
 from crypto.tls import OPERATOR_NAME, TlsIdentity
 from fedps.config import FedPSConfig
@@ -80,11 +81,11 @@ def _toml_value(value: object) -> str:
 
 
 def write_config(config: FedPSConfig, path: Path) -> None:
-    """Write ``config`` as TOML (every field, ``None`` fields left out)."""
+    """Write ``config`` as TOML (every field, ``None`` fields left out), mode 0600."""
     lines: list[str] = []
     for section, values in config.model_dump(mode="json").items():
         lines += _toml_table(section, values)
-    path.write_text("\n".join(lines))
+    write_atomic(path, "\n".join(lines).encode())
 
 
 def _toml_table(name: str, values: dict[str, object]) -> list[str]:
@@ -143,8 +144,7 @@ class Deployment:
     def __init__(self, config_path: Path, config: FedPSConfig) -> None:
         self.config_path = config_path
         self.config = config
-        self.log_dir = config.cluster.state_dir / "logs"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = private_directory(config.cluster.state_dir / "logs")
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         #: the server roles (key holder, shards, coordinator), in start order
         self.servers: list[str] = []
@@ -153,7 +153,8 @@ class Deployment:
     def start(self, name: str, *args: str) -> None:
         """Start ``fedps ARGS --config CONFIG`` as process ``name`` (with ``--insecure`` when
         the configuration turned TLS off, whatever the file says)."""
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        # the child owns it (hence no with); 0600, as everything in the state folder
+        log = open(self.log_dir / f"{name}.log", "ab", opener=private_opener)  # noqa: SIM115
         # python -P, this fedps first on the path: nothing of the working directory (a user's
         # ``server.py``) shadows fedps's packages in a role; the task loader puts the task's
         # folder on the path.

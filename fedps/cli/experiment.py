@@ -59,6 +59,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from crypto.files import private_directory
 from fedps.cli.demo import run_demo
 from fedps.config import FedPSConfig, load_config, read_toml
 from fedps.errors import ConfigError, FedPSError
@@ -625,8 +626,7 @@ def _round_metrics(state_dir: Path) -> list[dict[str, float]]:
 def _root(workdir: Path | None) -> Iterator[Path]:
     """``workdir`` (kept, for the logs), or a temporary directory removed afterwards."""
     if workdir is not None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        yield workdir
+        yield private_directory(workdir)
         return
     with tempfile.TemporaryDirectory(prefix="fedps-experiment-") as tmp:
         yield Path(tmp)

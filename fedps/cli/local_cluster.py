@@ -18,6 +18,7 @@ from types import TracebackType
 
 import torch
 
+from crypto.files import private_directory
 from crypto.tls import OPERATOR_NAME
 from fedps.cli.api import ConfigLike, as_config, enable_default_logging, use_identity
 from fedps.cli.deployment import Deployment, round_line, write_config
@@ -74,7 +75,7 @@ class LocalCluster:
             task = config.task.model_copy(update={"dir": os.getcwd()})
             self.config = config = config.model_copy(update={"task": task})
         path = config.cluster.state_dir / CONFIG_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_directory(path.parent)
         write_config(config, path)
         return path
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from crypto.files import read_checked, write_checked
+from crypto.files import private_directory, read_checked, write_checked
 from fedps.errors import CorruptStateError
 
 __all__ = ["CHECKPOINT_FILE", "Checkpoint", "CheckpointStore"]
@@ -53,7 +53,7 @@ class CheckpointStore:
     """
 
     def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+        private_directory(directory)
         self.path = directory / CHECKPOINT_FILE
 
     def save(self, model: np.ndarray, state: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from crypto.files import read_checked, write_checked
+from crypto.files import private_directory, read_checked, write_checked
 from fedps.proto import shard_pb2
 from fedps.record_log import RecordLog
 from fedps.shard_messages import Publication, PushBatch, RoundOpening
@@ -90,10 +90,9 @@ class ShardLog:
     """
 
     def __init__(self, directory: Path, *, fsync: bool = True) -> None:
-        self.directory = directory
+        self.directory = private_directory(directory)
         self._log = RecordLog(directory / "log", fsync=fsync, what="shard log", hint=_LOG_HINT)
-        self._contexts = directory / "contexts"
-        self._contexts.mkdir(exist_ok=True)
+        self._contexts = private_directory(directory / "contexts")
 
     def append(self, round_: int, record: ShardLogRecord) -> None:
         """Append one record to ``round_``'s log; durable when this returns."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import stat
 import tempfile
 from pathlib import Path
@@ -15,6 +16,8 @@ from hypothesis import strategies as st
 from crypto.files import (
     FAULTS_VARIABLE,
     atomic_writer,
+    private_directory,
+    private_opener,
     read_checked,
     write_all,
     write_atomic,
@@ -89,6 +92,101 @@ def test_write_private_is_owner_only_whatever_the_umask(tmp_path: Path) -> None:
     assert path.read_bytes() == b"key"
 
 
+def test_every_atomic_write_is_owner_only_whatever_the_umask(
+    tmp_path: Path, loose_umask: None
+) -> None:
+    # Prepare: one file written before the rule, readable by everyone
+    old = tmp_path / "checkpoint.npz"
+    old.write_bytes(b"old")
+    old.chmod(0o644)
+
+    # Execute
+    write_atomic(tmp_path / "ledger.json", b"{}")
+    write_checked(old, _PAYLOAD)
+    with atomic_writer(tmp_path / "model.pb") as fh:
+        fh.write(b"model")
+        written_while_open = _mode(next(tmp_path.glob(".model.pb.*.tmp")))
+
+    # Assert: 0600 from the start, and a replaced file is too
+    assert written_while_open == 0o600
+    assert {p.name: _mode(p) for p in tmp_path.iterdir()} == {
+        "checkpoint.npz": 0o600,
+        "ledger.json": 0o600,
+        "model.pb": 0o600,
+    }
+
+
+def test_private_directory_creates_every_missing_folder_owner_only(
+    tmp_path: Path, loose_umask: None
+) -> None:
+    # Prepare
+    path = tmp_path / "state" / "keyholder" / "commits"
+
+    # Execute
+    made = private_directory(path)
+
+    # Assert: every folder it made is 0700; the one that existed is left as it was
+    assert made == path
+    assert [_mode(p) for p in (path, path.parent, path.parent.parent)] == [0o700] * 3
+    assert _mode(tmp_path) == 0o700  # pytest's own
+    assert private_directory(path) == path  # and again: nothing to do
+
+
+def test_private_directory_makes_an_existing_folder_private_but_not_the_ones_above(
+    tmp_path: Path,
+) -> None:
+    # Prepare: folders made before the rule, readable by everyone
+    above = tmp_path / "srv"
+    path = above / "fedps-state"
+    path.mkdir(parents=True)
+    for folder in (above, path):
+        folder.chmod(0o755)
+
+    # Execute
+    private_directory(path)
+
+    # Assert
+    assert _mode(path) == 0o700
+    assert _mode(above) == 0o755
+
+
+def test_private_directory_refuses_a_file_in_its_place(tmp_path: Path) -> None:
+    # Prepare
+    path = tmp_path / "state"
+    path.write_bytes(b"not a folder")
+
+    # Execute / Assert
+    with pytest.raises(FileExistsError):
+        private_directory(path / "keyholder")
+    with pytest.raises(FileExistsError):
+        private_directory(path)
+    assert _mode(path) != 0o700
+
+
+def test_private_opener_creates_owner_only_files_and_makes_old_ones_so(
+    tmp_path: Path, loose_umask: None
+) -> None:
+    # Prepare: a log written before the rule, readable by everyone
+    new, old = tmp_path / "keyholder.log", tmp_path / "shard-0.log"
+    old.write_bytes(b"first\n")
+    old.chmod(0o644)
+
+    # Execute: appended to as a role's log is, and opened for a descriptor as a lock is
+    for path in (new, old):
+        with open(path, "ab", buffering=0, opener=private_opener) as fh:
+            fh.write(b"next\n")
+    fd = private_opener(tmp_path / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+    os.close(fd)
+
+    # Assert: 0600 every one, and the old log kept what it held
+    assert {p.name: _mode(p) for p in tmp_path.iterdir()} == {
+        "keyholder.log": 0o600,
+        "shard-0.log": 0o600,
+        ".lock": 0o600,
+    }
+    assert old.read_bytes() == b"first\nnext\n"
+
+
 def test_exclusive_write_never_replaces_an_existing_file(tmp_path: Path) -> None:
     # Prepare
     path = tmp_path / "challenge.key"
@@ -107,7 +205,7 @@ def test_a_checked_file_round_trips_and_a_missing_one_is_none(tmp_path: Path) ->
 
     # Execute
     missing = _read(path)
-    write_checked(path, _PAYLOAD, mode=0o600)
+    write_checked(path, _PAYLOAD)
 
     # Assert
     assert missing is None

@@ -101,6 +101,16 @@ def test_a_write_that_cannot_be_undone_stops_every_later_append(tmp_path: Path) 
     assert not (tmp_path / "round-000000000008.wal").exists()
 
 
+def test_a_log_is_its_owners_alone_whatever_the_umask(tmp_path: Path, loose_umask: None) -> None:
+    """The key holder's commit log holds every client's sketches: 0600 in 0700 folders."""
+    # Execute
+    path = _written(tmp_path / "keyholder" / "commits")
+
+    # Assert
+    modes = [p.stat().st_mode & 0o777 for p in (path, path.parent, path.parent.parent)]
+    assert modes == [0o600, 0o700, 0o700]
+
+
 @pytest.mark.parametrize("cut", [1, 5, 8, 9, len(_RECORDS[-1]) + 7])
 def test_a_torn_tail_is_cut_and_every_earlier_record_kept(
     tmp_path: Path, cut: int, caplog: pytest.LogCaptureFixture

@@ -51,3 +51,16 @@ def test_acquire_twice_and_release_twice_are_harmless(tmp_path: Path) -> None:
     # Assert
     with StateLock(tmp_path) as other:
         assert other.held
+
+
+def test_the_lock_file_and_a_new_folder_are_owner_only(tmp_path: Path, loose_umask: None) -> None:
+    # Prepare
+    directory = tmp_path / "state" / "coordinator"
+
+    # Execute
+    with StateLock(directory):
+        pass
+
+    # Assert
+    modes = [p.stat().st_mode & 0o777 for p in (directory / LOCK_FILE, directory, directory.parent)]
+    assert modes == [0o600, 0o700, 0o700]
