@@ -162,10 +162,11 @@ class SecretContext:
         # every limb is below 2^37 and s is ternary: the float64 products are exact integers
         low, high = (np.rint(limb.astype(np.float64) @ self._canary_rows) for limb in limbs)
         c0 = rows[:, self._canary_positions]
+        # recombined in Python integers: low + high * 2^23 may exceed both int64 and float64
         total = (
-            np.array(low, dtype=object)
-            + np.array(high, dtype=object) * (1 << 23)
-            + np.array(c0, dtype=object)
+            low.astype(np.int64).astype(object)
+            + high.astype(np.int64).astype(object) * (1 << 23)
+            + c0.astype(object)
         ) % q
         centred = np.where(total > q // 2, total - q, total)
         return np.asarray(centred, dtype=np.int64)

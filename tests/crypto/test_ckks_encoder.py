@@ -105,3 +105,19 @@ def test_zeros_are_used_once(keys: SecretContext) -> None:
     # Assert
     assert first != second
     assert encryptor.pooled == 1
+
+
+def test_canaries_are_exact_for_the_largest_coefficients() -> None:
+    """Every c1 coefficient at q - 1 under a 51-bit q: the limb products exceed float64's
+    exact range once recombined, so the canaries must be recombined in integers."""
+    # Prepare
+    params = CkksParams(poly_modulus_degree=N, coeff_modulus_bits=51, scale_bits=30)
+    keys = SecretContext.generate(params)
+    q = keys.public.modulus
+    rows = np.full((2, 2 * N), q - 1, dtype=np.uint64)
+    rows[1, N:] = np.random.default_rng(4).integers(q // 2, q, N, dtype=np.uint64)
+    # Execute
+    canaries = keys.canaries(rows)
+    # Assert
+    whole = keys._decrypt_centred(rows)
+    np.testing.assert_array_equal(canaries, whole[:, list(params.canary_positions)])
