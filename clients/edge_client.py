@@ -27,11 +27,24 @@ steps 2 to 5 are :meth:`EdgeClient.train_round`, the part a Flower node runs too
 (:mod:`clients.train_step`) wrap the training from outside, as the simulated slow devices
 and dropouts of :class:`clients.simulation.SimulatedDevice` do.
 
-The client outlasts its servers: a transient failure at any step (a server unreachable,
-restarting, stopping, overloaded or failing inside: :func:`fedps.transport.is_transient`)
-and a round that closed under it (:class:`~fedps.errors.RoundClosedError`) send it back,
-after a backoff, to asking the coordinator for its next task; a committed update is kept
-and pushed when the coordinator asks for it, even after such a failure.
+The client outlasts its peers: no answer of a shard, the coordinator or the key holder ends
+it, whatever status or error class the answer names (a peer can name any class of
+:mod:`fedps.errors`, :class:`~fedps.errors.ConfigError` or
+:class:`~fedps.errors.QuarantinedError` included). A call a peer refused or failed (after
+transient failures were retried for ``peer_wait_s``) is counted in
+:attr:`EdgeClient.peer_failures`, shown in the round's :class:`RoundProgress` and logged as
+a warning naming the peer and the reason; the client then goes on: a shard that refuses a
+push costs that shard's blocks of the round (the others still get theirs, and the client
+reports), a refused commitment costs the round, and any other refusal sends it back, after a
+backoff, to asking the coordinator for its next task. A committed update is kept and pushed
+when the coordinator asks for it, even after such a failure. A coordinator that refuses the
+client's identity is asked again too (with a warning that names the enrolment token and the
+certificate to check): a peer's word, or an impostor's, never stops the client. Only its own
+faults do: its configuration, its identity and data as it loads them, its state folder, and
+its configuration refusing the key holder it was pointed at (a signing key other than the
+one ``security.keyholder_key`` pins, no encryption while ``he.enabled`` is set): each a
+:class:`~fedps.errors.ConfigError` or :class:`~fedps.errors.CorruptStateError` the client
+raises itself (never one a peer names), or an error that is not fedps's, such as a full disk.
 
 The client's state folder (``<cluster.state_dir>/clients/<identity>``, or ``state_dir``)
 keeps its signing key and privacy ledger across restarts: a restarted client registers with
@@ -45,11 +58,13 @@ import hashlib
 import logging
 import math
 import time
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+import grpc
 import numpy as np
 
 from clients.client_state import ClientState, data_fingerprint, default_state_dir
@@ -74,11 +89,16 @@ from fedps.coordinator_messages import (
 from fedps.datasets import Dataset
 from fedps.errors import (
     ConfigError,
+    CorruptStateError,
     FedPSError,
     InvalidArgumentError,
+    PeerUnavailableError,
+    PolicyError,
     PrivacyBudgetExceededError,
     RoundClosedError,
+    UnauthenticatedError,
     UnknownClientError,
+    error_reason,
 )
 from fedps.hash_ring import HashRing
 from fedps.keyholder_client import KeyHolderClient, verified_signing_key
@@ -87,7 +107,7 @@ from fedps.parameter_client import ParameterClient
 from fedps.shard_messages import PushBatch
 from fedps.tasks import ClientData, evaluate_model, load_task
 from fedps.tasks import Task as UserTask
-from fedps.transport import Backoff, batched, is_transient
+from fedps.transport import Backoff, batched
 
 __all__ = [
     "EXTERNAL_DATA",
@@ -106,9 +126,13 @@ EXTERNAL_DATA = hashlib.sha256(b"fedps-data-v1/external").hexdigest()
 
 _log = logging.getLogger("fedps")
 _T = TypeVar("_T")
-_PEER_WAIT_S = 90.0  # how long a push or a commitment waits for a restarting peer
+_PEER_WAIT_S = 90.0  # how long a call waits out a restarting peer (EdgeClient's peer_wait_s)
 # The pauses of the task loop after a failed step: 0.5 s growing to 10 s, full jitter.
 _LOOP_BACKOFF = {"first_s": 0.5, "cap_s": 10.0}
+_PAUSE_S = 0.2  # after a step that failed before training, before the task is asked again
+_REFUSALS_SHOWN = 32  # the most refusals one RoundProgress names
+# The peers as counted and logged (a shard by its id).
+_COORDINATOR, _KEY_HOLDER, _SHARDS = "coordinator", "key holder", "shards"
 _UNKNOWN = "{}: not known before EdgeClient.connect and join"
 
 
@@ -185,7 +209,14 @@ class RoundProgress:
     epsilon, delta
         Its privacy spend so far.
     bytes_pushed, push_seconds
-        What its push took (0 bytes: the round ended before the push).
+        What its push took (0 bytes: the round ended before the push, or the shards refused
+        it).
+    refused
+        The calls peers refused or failed since the previous line (the last 32), as
+        ``peer (reason)`` (``shard-1 (invalid_argument)``): this round's push, commitment or
+        report, and the task requests before them.
+    failures
+        The client's calls that peers refused or failed so far (:attr:`EdgeClient.failures`).
     """
 
     client_id: str
@@ -197,19 +228,29 @@ class RoundProgress:
     delta: float
     bytes_pushed: int
     push_seconds: float
+    refused: tuple[str, ...] = ()
+    failures: int = 0
 
     def line(self) -> str:
         """One readable line, such as ``client-0 round 3/20: 412 samples, loss 0.41,
-        epsilon 1.84 (delta 1e-05), pushed 1.2 MB in 0.8 s``."""
+        epsilon 1.84 (delta 1e-05), pushed 1.2 MB in 0.8 s``, ending ``; refused by
+        shard-1 (invalid_argument), 1 peer failure so far`` when a peer refused a call."""
         parts = [f"{self.samples} samples"]
         if not math.isnan(self.loss):
             parts.append(f"loss {self.loss:.3g}")
         parts.append(f"epsilon {self.epsilon:.2f} (delta {self.delta:g})")
         if self.bytes_pushed:
             parts.append(f"pushed {self.bytes_pushed / 1e6:.1f} MB in {self.push_seconds:.1f} s")
+        elif self.refused:
+            parts.append("nothing pushed")
         else:
             parts.append("nothing pushed (the round ended first)")
-        return f"{self.client_id} round {self.round}/{self.rounds}: " + ", ".join(parts)
+        line = f"{self.client_id} round {self.round}/{self.rounds}: " + ", ".join(parts)
+        if self.refused:
+            line += f"; refused by {', '.join(self.refused)}"
+        if self.failures:
+            line += f"{';' if not self.refused else ','} {_failures(self.failures)} so far"
+        return line
 
 
 @dataclass(frozen=True)
@@ -221,6 +262,7 @@ class ClientSummary:
     epsilon: float
     delta: float
     bytes_pushed: int
+    failures: int = 0  # calls its peers refused or failed (EdgeClient.failures)
 
 
 def client_partition(
@@ -276,6 +318,9 @@ class EdgeClient:
         :class:`clients.flower.wrapped_trainer.WrappedTrainer`); no data is loaded then, and
         the ledger keeps its spend under :data:`EXTERNAL_DATA`.
         Default: the task's trainer for ``privacy.level`` on the client's own data.
+    peer_wait_s
+        How long a call to a peer retries its transient failures (a peer restarting,
+        unreachable or overloaded) before the call counts as failed.
 
     Its identity is ``tls.name`` or ``client-INDEX``: the certificate it presents under mutual
     TLS, or, without TLS, the enrolment token ``tls.directory/NAME.token`` it registers with.
@@ -287,6 +332,13 @@ class EdgeClient:
         folder in use by another process, of another identity, or with a corrupt ledger.
     InvalidArgumentError
         Both ``state_dir`` and ``signer`` given, or both ``data`` and ``trainer``.
+
+    Attributes
+    ----------
+    peer_failures
+        The calls peers refused or failed, counted by ``"peer: reason"`` (``"shard-1:
+        invalid_argument"``, ``"coordinator: unauthenticated"``); :attr:`failures` is their
+        total.
     """
 
     def __init__(
@@ -304,6 +356,7 @@ class EdgeClient:
         trainer: Trainer | None = None,
         on_round: Callable[[RoundProgress], None] | None = None,
         uplink: Uplink | None = None,
+        peer_wait_s: float = _PEER_WAIT_S,
     ) -> None:
         if state_dir is not None and signer is not None:
             raise InvalidArgumentError("a client keeps its key in state_dir or is given one")
@@ -314,6 +367,7 @@ class EdgeClient:
         self.identity = config.tls.name or f"client-{index}"
         self.mods = tuple(mods)
         self.on_round = on_round
+        self.peer_wait_s = peer_wait_s
         self._enrolment_token = self._load_token(required=token_required or config.tls.insecure)
         self.state = (
             self._open_state(state_dir)
@@ -360,6 +414,9 @@ class EdgeClient:
         self.run_id = ""
         self.bytes_pushed = 0
         self.rounds_trained = 0
+        self.peer_failures: Counter[str] = Counter()
+        # "peer (reason)" since the last RoundProgress (the latest, where none is made)
+        self._refused: deque[str] = deque(maxlen=_REFUSALS_SHOWN)
         self._push_seconds = 0.0  # what the last push took
         self.weight = 1.0  # num_examples / the round's weight_scale
         self._signer = self.state.signer
@@ -390,22 +447,30 @@ class EdgeClient:
         """The token that proves this client's identity (empty if it has none)."""
         return self._enrolment_token
 
+    @property
+    def failures(self) -> int:
+        """How many of the client's calls peers refused or failed (:attr:`peer_failures`)."""
+        return self.peer_failures.total()
+
     def run(self, *, timeout_s: float = 3600.0) -> ClientSummary:
         """Take part in training until the coordinator says done (or the budget is spent).
 
-        Servers that fail do not end the client: after a transient failure at any step or a
-        round that closed under it, it pauses (exponential backoff, full jitter) and asks the
-        coordinator for its next task again; a coordinator that forgot it is registered with
-        again. Only the client's own faults (a request or credential refused) raise;
-        ``timeout_s`` bounds the whole run.
+        No peer ends the client (see the module's docstring): a call a peer refused or
+        failed is counted and logged, and the client goes on; after a failure that leaves
+        it without a task it pauses (exponential backoff, full jitter) and asks the
+        coordinator again, registering again with a coordinator that forgot it, or that
+        refused its registration or credential. Only the client's own faults raise (see
+        the module's docstring): a :class:`~fedps.errors.ConfigError` or
+        :class:`~fedps.errors.CorruptStateError` it found itself (its configuration, its
+        state folder, its configuration refusing the key holder), never a peer's answer
+        naming them, and errors that are not fedps's, such as a full disk. ``timeout_s``
+        bounds the whole run.
         """
         deadline = time.time() + timeout_s
-        reply = self._register(timeout_s)
-        self.connect(reply.keyholder, reply.shards, virtual_nodes=reply.virtual_nodes)
         try:
-            self.join(run_id=reply.run_id, client_id=self.client_id, timeout_s=timeout_s)
-            _log.info("%s registered as %s", self.name, self.client_id)
-            self._run_tasks(deadline)
+            if self._start(deadline):
+                _log.info("%s registered as %s", self.name, self.client_id)
+                self._run_tasks(deadline)
         finally:
             self.shutdown()
         return ClientSummary(
@@ -414,11 +479,40 @@ class EdgeClient:
             self.recorded.epsilon,
             self.config.privacy.delta,
             self.bytes_pushed,
+            self.failures,
         )
+
+    def _start(self, deadline: float) -> bool:
+        """Register, connect to the key holder and the shards the coordinator names, and
+        join its run; whatever a peer answers is counted and asked again after a backoff,
+        until ``deadline`` (``time.time()``). False: the deadline passed first. Raises
+        what the client's own configuration refuses (:meth:`_fetch_context`)."""
+        backoff = Backoff(**_LOOP_BACKOFF)
+        while (left := deadline - time.time()) > 0:
+            try:
+                reply = self._register(left)
+                self.connect(reply.keyholder, reply.shards, virtual_nodes=reply.virtual_nodes)
+            except FedPSError as exc:
+                self._failed(_COORDINATOR, exc)
+            else:
+                try:
+                    self.join(run_id=reply.run_id, client_id=self.client_id, timeout_s=left)
+                    return True
+                except FedPSError as exc:  # its public context: unreachable, or refused
+                    if _own_fault(exc):  # our configuration refuses that key holder
+                        raise
+                    self._failed(_KEY_HOLDER, exc)
+            backoff.pause()
+        _log.warning("%s: joined no run before its timeout", self.name)
+        return False
 
     def _run_tasks(self, deadline: float) -> None:
         """Ask for tasks and carry them out until the run is over for us or ``deadline``
-        (``time.time()``), surviving every failure that is not ours."""
+        (``time.time()``), surviving every answer of a peer.
+
+        The steps that talk to the shards and the key holder count their peers' refusals
+        themselves; what reaches this loop is the coordinator's (its tasks, a registration
+        again) or the client's own."""
         backoff = Backoff(**_LOOP_BACKOFF)
         registered = True
         while (left := deadline - time.time()) > 0:
@@ -429,17 +523,21 @@ class EdgeClient:
                 if not self.run_task(self._get_task(left)):
                     return
                 backoff.reset()
-            except UnknownClientError:  # the coordinator restarted without us
-                registered = False
-            except PrivacyBudgetExceededError as exc:
-                _log.info("%s: %s; done", self.name, exc)
-                return
+                continue
             except FedPSError as exc:
-                if not _passes(exc):
+                if not _from_peer(exc) and isinstance(exc, PrivacyBudgetExceededError):
+                    _log.info("%s: %s; done", self.name, exc)  # our own accountant says so
+                    return
+                if _own_fault(exc):
                     raise
-                level = logging.INFO if isinstance(exc, RoundClosedError) else logging.WARNING
-                _log.log(level, "%s: %s; asking for the next task", self.name, exc)
-                backoff.pause()
+                if isinstance(exc, UnknownClientError):  # the coordinator restarted without us
+                    _log.info("%s: %s; registering again", self.name, exc)
+                    registered = False
+                else:
+                    self._failed(_COORDINATOR, exc)
+                    # a credential refused: a registration again brings a fresh one
+                    registered = registered and not isinstance(exc, UnauthenticatedError)
+            backoff.pause()
 
     def run_task(self, task: Task) -> bool:
         """Carry out one task of the coordinator.
@@ -562,12 +660,11 @@ class EdgeClient:
         try:
             self._announce_spend()
         except UnknownClientError:
-            self._register(_PEER_WAIT_S)
+            self._register(self.peer_wait_s)
             return False
-        except FedPSError as exc:
-            if not is_transient(exc):
-                raise
-            _log.warning("%s: cannot tell the coordinator its spend: %s", self.name, exc)
+        except FedPSError as exc:  # not told: the round is not trained
+            self._failed(_COORDINATOR, exc)
+            time.sleep(_PAUSE_S)
             return False
         return True
 
@@ -592,18 +689,46 @@ class EdgeClient:
 
     def _announce_spend(self) -> None:
         """Tell the coordinator the recorded spend (every ``GetTask`` call carries it)."""
-        self._get_task(_PEER_WAIT_S)
+        self._get_task(self.peer_wait_s)
 
-    def _adopt_context(self, context_id: str) -> None:
+    def _adopt_context(self, context_id: str) -> bool:
         """Fetch the key holder's public context ``context_id`` if it is not ours (the key
-        holder rotated its keys); an empty id changes nothing."""
-        if context_id and context_id != self._context_id:
+        holder rotated its keys); an empty id changes nothing. False (counted and logged):
+        the key holder's context could not be fetched, or was refused; ours is kept. Raises
+        what the client's own configuration refuses (:meth:`_fetch_context`)."""
+        if not context_id or context_id == self._context_id:
+            return True
+        try:
             self._fetch_context()
+        except FedPSError as exc:
+            if _own_fault(exc):
+                raise
+            self._failed(_KEY_HOLDER, exc)
+            return False
+        return True
 
     def _fetch_context(self, timeout_s: float = 60.0) -> None:
-        """Fetch, verify and adopt the key holder's current public context."""
+        """Fetch, verify and adopt the key holder's current public context (nothing is
+        adopted unless all of it verifies).
+
+        Raises
+        ------
+        ConfigError
+            The client's own configuration refuses the context: another key than the one
+            ``security.keyholder_key`` pins, or no encryption while ``he.enabled`` is set.
+        InvalidArgumentError
+            A context that does not verify, or a signing key that changed during the run.
+        FedPSError
+            The key holder's answer (unreachable, refusing).
+        """
         keyholder = _known(self._keyholder, "the key holder")
         ctx = keyholder.get_public_context(retry_s=timeout_s)
+        pinned = self.config.security.keyholder_key
+        if pinned and bytes.fromhex(pinned) != ctx.signing_key:  # our configuration refuses it
+            raise ConfigError(
+                "the key holder's signing key does not match security.keyholder_key (pinned); "
+                "refusing its public context"
+            )
         key = verified_signing_key(
             ctx,
             pinned=self.config.security.keyholder_key,
@@ -612,18 +737,19 @@ class EdgeClient:
         )
         if self._keyholder_key and key != self._keyholder_key:
             raise InvalidArgumentError("the key holder's signing key changed during the run")
-        self._keyholder_key = key
-        self._context_id = ctx.context_id
+        encryptor = self._make_encryptor(ctx.context, ctx.context_id)
         if isinstance(self._encryptor, BlockEncryptor):
             self._encryptor.close()
-        self._encryptor = self._make_encryptor(ctx.context, ctx.context_id)
+        self._keyholder_key, self._context_id, self._encryptor = key, ctx.context_id, encryptor
 
     def _make_encryptor(self, context: bytes, context_id: str) -> BlockEncryptor | PlainContext:
         """An encryptor for the key holder's public context (plaintext only if we agreed)."""
         params = self.config.he
         if context_id == PLAINTEXT_CONTEXT_ID:
             if params.enabled:
-                raise InvalidArgumentError("the key holder offers no encryption; refusing")
+                raise ConfigError(
+                    "the key holder offers no encryption but he.enabled is set; refusing"
+                )
             _log.warning("%s: encryption is OFF (insecure baseline)", self.name)
             self._values_per_block = ckks_params(self.config).values_per_block
             return PlainContext(self._values_per_block)
@@ -668,7 +794,9 @@ class EdgeClient:
 
     def _train(self, task: Task) -> bool:
         """Train, push and report one round; returns False when the privacy budget is spent."""
-        self._adopt_context(task.context_id)
+        if not self._adopt_context(task.context_id):
+            time.sleep(_PAUSE_S)
+            return True
         committed = self._committed
         if committed is not None and (committed.round, committed.version) == (
             task.round,
@@ -688,8 +816,8 @@ class EdgeClient:
             return False
         if not outcome.trained:
             return True
-        if outcome.prepared is None:  # the round's commitments had closed
-            self._report(outcome.round, 0, budget_exhausted=False)
+        if outcome.prepared is None:  # the round's commitments closed, or were refused
+            self._conclude(outcome.round, 0)
         else:
             self._committed = outcome.prepared  # kept through a failure of what follows
             self._deliver(outcome.prepared)
@@ -736,7 +864,8 @@ class EdgeClient:
             Whether it trained, the committed update (None when the round's commitments had
             closed) and the round it committed to, or whether the budget is spent.
         """
-        self._adopt_context(context_id)
+        if not self._adopt_context(context_id):
+            return RoundOutcome(round_)
         self.trainer.set_round(round_)
         if not self.trainer.can_train_round():
             _log.info("%s: privacy budget spent (epsilon %.3f)", self.name, self.recorded.epsilon)
@@ -748,8 +877,8 @@ class EdgeClient:
                 verify=model_verifier(self._keyholder_key),
             )
         except FedPSError as exc:
-            _log.info("%s: cannot pull version %d: %s", self.name, version, exc)
-            time.sleep(0.2)
+            self._failed(_SHARDS, exc)
+            time.sleep(_PAUSE_S)
             return RoundOutcome(round_)
         if pulled != version:
             _log.info("%s: shards moved to version %d; skipping round", self.name, pulled)
@@ -835,26 +964,36 @@ class EdgeClient:
         ``on_round``."""
         self._push_seconds = 0.0
         pushed = self._push_when_open(prepared)
-        self._report(prepared.round, pushed, budget_exhausted=False)
-        if self.on_round is not None:
-            self.on_round(
-                RoundProgress(
-                    client_id=self.client_id or self.identity,
-                    round=prepared.round,
-                    rounds=self.config.training.rounds,
-                    samples=self.trainer.num_examples,
-                    loss=self.trainer.last_loss,
-                    epsilon=self.recorded.epsilon,
-                    delta=self.config.privacy.delta,
-                    bytes_pushed=pushed,
-                    push_seconds=self._push_seconds,
+        self._conclude(prepared.round, pushed)
+
+    def _conclude(self, round_: int, pushed: int) -> None:
+        """Report a round the client trained for (``pushed`` bytes) and tell ``on_round``."""
+        try:
+            self._report(round_, pushed, budget_exhausted=False)
+        finally:
+            refused = tuple(self._refused)
+            self._refused.clear()
+            if self.on_round is not None:
+                self.on_round(
+                    RoundProgress(
+                        client_id=self.client_id or self.identity,
+                        round=round_,
+                        rounds=self.config.training.rounds,
+                        samples=self.trainer.num_examples,
+                        loss=self.trainer.last_loss,
+                        epsilon=self.recorded.epsilon,
+                        delta=self.config.privacy.delta,
+                        bytes_pushed=pushed,
+                        push_seconds=self._push_seconds if pushed else 0.0,
+                        refused=refused,
+                        failures=self.failures,
+                    )
                 )
-            )
 
     def _push_when_open(self, prepared: PreparedPush) -> int:
         """:meth:`send` once the coordinator says the round's commitments are frozen and the
         shards opened it; returns bytes pushed (0: the round ended first)."""
-        wait_s = self.config.training.deadline_s + _PEER_WAIT_S
+        wait_s = self.config.training.deadline_s + self.peer_wait_s
         if not self._wait_for_push_phase(prepared.round, wait_s):
             _log.info("%s: round %d ended before its push phase", self.name, prepared.round)
             return 0
@@ -863,7 +1002,7 @@ class EdgeClient:
     def send(self, prepared: PreparedPush) -> int:
         """Push committed messages to their shards now (the round's commitments must be
         frozen and the shards have opened it); returns bytes pushed. A shard that refuses
-        (the round closed) or keeps failing counts no bytes."""
+        or keeps failing counts no bytes (and a failure, :attr:`peer_failures`)."""
         started = time.monotonic()
         total = self._push_all(prepared)
         self._push_seconds = time.monotonic() - started
@@ -873,16 +1012,14 @@ class EdgeClient:
 
     def _push_all(self, prepared: PreparedPush) -> int:
         """Push to every shard that owns a block; returns the bytes the shards took. A shard
-        that refuses (the round closed) or keeps failing is logged and skipped: the others
-        still get theirs, and the round's close decides."""
+        that refuses, whatever it answers, or keeps failing is counted, logged and skipped:
+        the others still get theirs, and the round's close decides."""
         total = 0
         for sid, messages in prepared.messages.items():
             try:
                 total += self._push_to(sid, messages)
             except FedPSError as exc:
-                if not _passes(exc):
-                    raise
-                _log.info("%s: push to %s refused: %s", self.name, sid, exc)
+                self._failed(sid, exc)
         return total
 
     def _resend(self, task: Task) -> None:
@@ -941,17 +1078,20 @@ class EdgeClient:
                 weight=weight,
                 version=version,
             )
-            commitment = UpdateCommitment(round_, update, self._sketches(round_, coefficients))
             try:
-                keyholder.commit(commitment, retry_s=_PEER_WAIT_S)
+                sketches = self._sketches(round_, coefficients)
+                keyholder.commit(
+                    UpdateCommitment(round_, update, sketches), retry_s=self.peer_wait_s
+                )
                 return round_, update
             except RoundClosedError as exc:
-                _log.info("%s: commitment refused: %s", self.name, exc)
                 if attempt == attempts - 1:
+                    self._failed(_KEY_HOLDER, exc, expected=True)
                     return None
-            except (InvalidArgumentError, UnknownClientError) as exc:
+                _log.info("%s: commitment refused: %s", self.name, exc)
+            except FedPSError as exc:
                 # e.g. we restarted mid-round with a new key: sit this round out
-                _log.warning("%s: commitment refused: %s", self.name, exc)
+                self._failed(_KEY_HOLDER, exc)
                 return None
             # Async: the buffer froze before we committed; the update joins the next one.
             following = self._next_round(round_)
@@ -966,7 +1106,7 @@ class EdgeClient:
         if not isinstance(encryptor, BlockEncryptor):
             return b""
         keyholder = _known(self._keyholder, "the key holder")
-        seed = keyholder.get_challenge(round_, self.client_id, retry_s=_PEER_WAIT_S)
+        seed = keyholder.get_challenge(round_, self.client_id, retry_s=self.peer_wait_s)
         public = encryptor.public
         challenge = Challenge(
             seed, modulus=public.modulus, coeffs_per_block=public.coeffs_per_block
@@ -990,7 +1130,7 @@ class EdgeClient:
         acknowledged, so a retry after a lost acknowledgement is counted once); returns the
         bytes sent."""
         shard = _known(self._params, "the shards").shards[sid]
-        return shard.push_blocks(messages, retry_s=_PEER_WAIT_S).sent_bytes
+        return shard.push_blocks(messages, retry_s=self.peer_wait_s).sent_bytes
 
     def _report(self, round_: int, pushed: int, *, budget_exhausted: bool) -> None:
         report = UpdateReport(
@@ -1004,13 +1144,64 @@ class EdgeClient:
             noise_multiplier=self.trainer.noise_multiplier,
             metrics=self._metrics.pop(round_, {}),
         )
-        self.uplink.report_update(report, retry_s=60.0)
+        try:
+            self.uplink.report_update(report, retry_s=self.peer_wait_s)
+        except UnknownClientError:
+            raise  # the coordinator restarted without us: the task loop registers again
+        except FedPSError as exc:
+            self._failed(_COORDINATOR, exc)
+
+    def _failed(self, peer: str, exc: FedPSError, *, expected: bool = False) -> None:
+        """A call ``peer`` refused or failed, whatever it answered: count it
+        (:attr:`peer_failures`, the next :class:`RoundProgress`) and log it, a warning
+        unless ``expected`` (a commitment after its round closed: a slow client)."""
+        reason = _reason(exc)
+        self.peer_failures[f"{peer}: {reason}"] += 1
+        self._refused.append(f"{peer} ({reason})")
+        hint = ""
+        if peer == _COORDINATOR and isinstance(exc, UnauthenticatedError | PolicyError):
+            hint = (
+                f"; if this lasts, check {self.identity}'s enrolment token "
+                f"({self.config.tls.directory}) or certificate"
+            )
+        _log.log(
+            logging.INFO if expected else logging.WARNING,
+            "%s: %s refused or failed a call (%s): %s; going on, %s so far%s",
+            self.name,
+            peer,
+            reason,
+            exc,
+            _failures(self.failures),
+            hint,
+        )
 
 
-def _passes(exc: FedPSError) -> bool:
-    """Whether a failed step leaves the client going (to its next task): a transient failure
-    of a server, or a round that closed (applied, abandoned, a stale update) under it."""
-    return isinstance(exc, RoundClosedError) or is_transient(exc)
+def _from_peer(exc: FedPSError) -> bool:
+    """Whether ``exc`` is a peer's answer: a status received over gRPC
+    (:func:`fedps.transport.call` raises its error from the :class:`grpc.RpcError`, whatever
+    class the peer named) or a peer out of reach."""
+    return isinstance(exc.__cause__, grpc.RpcError) or isinstance(exc, PeerUnavailableError)
+
+
+def _own_fault(exc: FedPSError) -> bool:
+    """Whether ``exc`` ends the client: its own configuration (refusing the key holder it
+    was pointed at too) or state folder, found by the client itself (a peer that names these
+    classes says nothing about this client's own files)."""
+    return isinstance(exc, ConfigError | CorruptStateError) and not _from_peer(exc)
+
+
+def _reason(exc: FedPSError) -> str:
+    """``exc``'s kind, short (:func:`fedps.errors.error_reason`); for the root class, the
+    status it came with (``unimplemented``)."""
+    if type(exc) is not FedPSError:
+        return error_reason(exc)
+    cause = exc.__cause__
+    return cause.code().name.lower() if isinstance(cause, grpc.Call) else "error"
+
+
+def _failures(count: int) -> str:
+    """``1 peer failure``, ``3 peer failures``."""
+    return f"{count} peer failure{'' if count == 1 else 's'}"
 
 
 def _known(value: _T | None, what: str) -> _T:

@@ -191,16 +191,22 @@ def client(
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # The configured slow devices and dropouts (training.slow_fraction, dropout), if any.
     device = SimulatedDevice(cfg.training, index=index)
-    client = EdgeClient(
-        cfg,
-        index=index,
-        name=name,
-        state_dir=state_dir,
-        mods=[device],
-        data=data,
-        on_round=lambda progress: typer.echo(progress.line()),  # one line per round
-    )
-    summary = client.run()
+    # No peer's answer ends a client (EdgeClient.run counts and survives them); only its own
+    # faults do, each as one line and exit 2 (main): a FedPSError about its configuration,
+    # identity, data or state folder, or an OSError of its own files (a full disk).
+    try:
+        client = EdgeClient(
+            cfg,
+            index=index,
+            name=name,
+            state_dir=state_dir,
+            mods=[device],
+            data=data,
+            on_round=lambda progress: typer.echo(progress.line()),  # one line per round
+        )
+        summary = client.run()
+    except OSError as exc:
+        raise FedPSError(f"client-{index}: {exc}") from None
     _log.info(
         "client %s done: %d rounds, epsilon %.3f (delta %g), %d bytes pushed",
         summary.client_id,
