@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.edge_client import RoundProgress
+from clients.edge_client import ClientSummary, RoundProgress
 from fedps.cli.deployment import write_config
 from tests.conftest import start_cluster
 from tests.waiting import HANG_S
@@ -77,3 +77,42 @@ def test_fedps_client_prints_one_line_per_round(tmp_path: Path) -> None:
     )
     matches = [re.fullmatch(pattern, line) for line in result.stdout.splitlines()]
     assert [int(m.group(1)) for m in matches if m] == [1, 2], result.stdout
+
+
+# A round line names the peers that refused the client's calls and counts them (the client
+# that survives them: tests/integration/test_client_survives.py).
+
+
+def test_a_refused_push_is_named_and_counted() -> None:
+    # Execute
+    line = _progress(refused=("shard-1 (invalid_argument)",), failures=1).line()
+
+    # Assert
+    assert line == (
+        "client-0 round 3/20: 412 samples, loss 0.412, epsilon 1.84 (delta 1e-05), "
+        "pushed 1.2 MB in 0.8 s; refused by shard-1 (invalid_argument), 1 peer failure so far"
+    )
+
+
+def test_a_round_every_peer_refused_says_nothing_was_pushed() -> None:
+    # Execute
+    refused = ("shard-0 (quarantined)", "shard-1 (config)", "coordinator (config)")
+    line = _progress(bytes_pushed=0, refused=refused, failures=7).line()
+
+    # Assert: not "the round ended first": the peers refused
+    assert line.endswith(
+        "nothing pushed; refused by shard-0 (quarantined), shard-1 (config), "
+        "coordinator (config), 7 peer failures so far"
+    )
+
+
+def test_earlier_failures_are_counted_in_a_clean_round() -> None:
+    # Execute
+    line = _progress(failures=2).line()
+
+    # Assert
+    assert line.endswith("pushed 1.2 MB in 0.8 s; 2 peer failures so far")
+
+
+def test_a_summary_without_failures_counts_none() -> None:
+    assert ClientSummary("client-0", 3, 1.0, 1e-5, 100).failures == 0

@@ -93,18 +93,6 @@ def _recovered(arena: Arena, before: np.ndarray, clients: list[HandClient], delt
     return float(np.mean(estimate == truth))
 
 
-def _round(arena: Arena, round_: int, clients: list[HandClient]) -> None:
-    driver = arena.driver
-    driver.open_commits(round_, VERSION, clients)
-    for client in clients:
-        driver.commit(round_, client)
-    commits = driver.freeze(round_)
-    driver.open_shards(round_, VERSION, clients, commits)
-    for client in clients:
-        driver.push(round_, client)
-    driver.close(round_)
-
-
 @pytest.mark.parametrize(
     ("kind", "exponents"),
     [
@@ -127,7 +115,7 @@ def test_a_client_alone_cannot_release_key_material(
         _malicious(arena, clients[-1], _change(arena, kind, delta))
         before = arena.keyholder.params
         # Execute / Assert: refused before anything is decrypted, nothing published
-        _round(arena, round_, clients)
+        arena.driver.committed_round(round_, VERSION, clients)
         arena.assert_refused(round_, clients)
         assert arena.keyholder.params is before
 
@@ -177,7 +165,7 @@ def test_control_without_the_canary_check_the_published_model_gives_the_key_away
     before = arena.keyholder.params
     assert before is not None
     # Execute
-    _round(arena, 1, clients)
+    arena.driver.committed_round(1, VERSION, clients)
     arena.driver.apply(1, VERSION, clients)
     # Assert: nearly every coefficient of s comes back
     assert _recovered(arena, before, clients, delta) > 0.99
@@ -195,7 +183,7 @@ def test_a_change_below_the_noise_passes_and_recovers_nothing(arena: Arena) -> N
     before = arena.keyholder.params
     assert before is not None
     # Execute
-    _round(arena, 1, clients)
+    arena.driver.committed_round(1, VERSION, clients)
     arena.driver.apply(1, VERSION, clients)
     # Assert: the round applied, and what it published says nothing about s
     assert arena.keyholder.params is not before
