@@ -30,18 +30,36 @@ The bound: ``e = e_pk * u + e0 + e1 * s`` for one fresh encryption (SEAL's ``u``
 independent bounded terms, sub-Gaussian with variance proxy ``||e_pk||^2 <= 14 N`` (its mean
 is 10.5 N), ``21`` and ``21 * wt(s) <= 21 N``, so ``35 N + 21`` in all; a sum weighted by
 integers ``m_i`` has ``sum m_i^2`` times that. Hoeffding: ``P(|e_j| > 13 sigma) <= 2 e^-84.5``.
+
+
+The canaries of one client's ciphertext can be checked without anything of its values: its
+:class:`CanaryOpening` (all of ``c1``, ``c0`` at the canary positions and a digest of the
+rest of ``c0``) hashes to the root the client signed (:func:`crypto.signing.chunk_root`),
+and ``c0`` at the value positions, the only place the values are, stays hidden. That is how
+the key holder finds which client's ciphertext carries a change
+(``server.keyholder.blame``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from crypto.params import CkksParams
-from fedps.errors import PolicyError
+from crypto.params import CANARIES, CkksParams
+from fedps.errors import InvalidArgumentError, PolicyError
 
-__all__ = ["CANARY_SIGMAS", "CanaryError", "canary_bound", "failing_rows"]
+__all__ = [
+    "CANARY_SIGMAS",
+    "CanaryError",
+    "CanaryOpening",
+    "canary_bound",
+    "failing_rows",
+]
+
+_ROOT_DOMAIN = b"fedps-root-v2"
 
 #: The bound in sub-Gaussian standard deviations of an honest error.
 CANARY_SIGMAS = 13.0
@@ -74,3 +92,62 @@ def failing_rows(canaries: np.ndarray, bound: float) -> list[int]:
     if canaries.size == 0:
         return []
     return [int(r) for r in np.flatnonzero(np.abs(canaries).max(axis=1) > bound)]
+
+
+@dataclass(frozen=True)
+class CanaryOpening:
+    """What shows one ciphertext's canaries and nothing of its values.
+
+    A ciphertext's committed root (:meth:`root`) is the SHA-256 of three parts: ``c1``,
+    ``c0`` at the canary positions, and ``c0`` elsewhere; the opening carries the first two
+    and only the digest of the third, so the key holder can check that the parts are the
+    committed ones and compute the canaries, while ``c0`` at the value positions (where the
+    values are: ``c0 = m + e - c1*s``) stays hidden.
+
+    Attributes
+    ----------
+    c1
+        The ``N`` coefficients of ``c1`` (uint64).
+    c0_canaries
+        ``c0`` at the :data:`~crypto.params.CANARIES` canary positions (uint64).
+    rest_digest
+        SHA-256 of ``c0`` at every other position, in order (little-endian uint64).
+    """
+
+    c1: np.ndarray
+    c0_canaries: np.ndarray
+    rest_digest: bytes
+
+    @classmethod
+    def of(cls, row: np.ndarray) -> CanaryOpening:
+        """The opening of a ciphertext given by its ``2N`` raw coefficients (uint64)."""
+        n = _degree(row)
+        step = n // CANARIES
+        c0 = np.ascontiguousarray(row[:n], dtype="<u8")
+        rest = hashlib.sha256()
+        view = c0.data.cast("B")
+        for start in range(0, n, step):  # the coefficients between two canaries
+            rest.update(view[8 * (start + 1) : 8 * (start + step)])
+        return cls(
+            np.ascontiguousarray(row[n:], dtype=np.uint64),
+            np.ascontiguousarray(row[:n:step], dtype=np.uint64),
+            rest.digest(),
+        )
+
+    def root(self) -> bytes:
+        """The commitment the client signed for this ciphertext."""
+        if len(self.c1) % CANARIES or len(self.c0_canaries) != CANARIES:
+            raise InvalidArgumentError("an opening has N coefficients of c1 and K canaries")
+        if len(self.rest_digest) != 32:
+            raise InvalidArgumentError("an opening's digest is 32 bytes")
+        out = hashlib.sha256(_ROOT_DOMAIN)
+        out.update(hashlib.sha256(self.c1.astype("<u8").tobytes()).digest())
+        out.update(hashlib.sha256(self.c0_canaries.astype("<u8").tobytes()).digest())
+        out.update(self.rest_digest)
+        return out.digest()
+
+
+def _degree(row: np.ndarray) -> int:
+    if row.dtype != np.uint64 or row.ndim != 1 or len(row) % (2 * CANARIES):
+        raise InvalidArgumentError("a ciphertext is 2N uint64 coefficients, N a multiple of K")
+    return len(row) // 2

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import numpy as np
 import tenseal.sealapi as seal
 
 from crypto import _seal_io, rlwe
-from crypto.canary import CanaryError, canary_bound, failing_rows
+from crypto.canary import CanaryError, CanaryOpening, canary_bound, failing_rows
 from crypto.ckks_encoder import CkksEncoder
 from crypto.files import write_private
 from crypto.params import CkksParams
@@ -157,11 +158,33 @@ class SecretContext:
         """The canary coefficients of the decryptions of ``rows``, centred, ``(B, K)`` int64;
         no other coefficient is computed."""
         rows = self._rows(rows)
+        n = self.public.params.poly_modulus_degree
+        return self._canaries(rows[:, n:], rows[:, self._canary_positions])
+
+    def opened_canaries(self, openings: Sequence[CanaryOpening]) -> np.ndarray:
+        """The canaries of the ciphertexts whose :class:`~crypto.canary.CanaryOpening` are
+        ``openings`` (checked against their roots by the caller), ``(B, K)`` int64: the
+        key holder's view of one client's ciphertext, which holds nothing of its values."""
         n, q = self.public.params.poly_modulus_degree, self.public.modulus
-        limbs = [rows[:, n:] & np.uint64(0x7FFFFF), rows[:, n:] >> np.uint64(23)]
+        for o in openings:
+            if o.c1.shape != (n,) or o.c0_canaries.shape != (len(self._canary_positions),):
+                raise InvalidArgumentError(f"an opening of N = {n} has N + K coefficients")
+            if o.c1.dtype != np.uint64 or o.c0_canaries.dtype != np.uint64:
+                raise InvalidArgumentError("an opening's coefficients are uint64")
+            if int(o.c1.max()) >= q or int(o.c0_canaries.max()) >= q:
+                raise InvalidArgumentError("a coefficient is not below the modulus")
+        if not openings:
+            return np.zeros((0, len(self._canary_positions)), dtype=np.int64)
+        return self._canaries(
+            np.stack([o.c1 for o in openings]), np.stack([o.c0_canaries for o in openings])
+        )
+
+    def _canaries(self, c1: np.ndarray, c0: np.ndarray) -> np.ndarray:
+        """Canaries from ``c1`` (B, N) and ``c0`` at the canary positions (B, K), centred."""
+        q = self.public.modulus
+        limbs = [c1 & np.uint64(0x7FFFFF), c1 >> np.uint64(23)]
         # every limb is below 2^37 and s is ternary: the float64 products are exact integers
         low, high = (np.rint(limb.astype(np.float64) @ self._canary_rows) for limb in limbs)
-        c0 = rows[:, self._canary_positions]
         # recombined in Python integers: low + high * 2^23 may exceed both int64 and float64
         total = (
             low.astype(np.int64).astype(object)

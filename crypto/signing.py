@@ -1,7 +1,8 @@
 """Ed25519 signatures that bind each encrypted block to where it belongs.
 
-For every round, a client commits to each of its encrypted blocks with the Merkle root of the
-block's coefficient chunks (:func:`chunk_root`, :data:`CHUNKS` chunks per block) and signs one
+For every round, a client commits to each of its encrypted blocks with a root over the
+block's coefficients (:func:`chunk_root`: three digests, so that its canaries can be opened
+alone, :class:`crypto.canary.CanaryOpening`) and signs one
 digest binding ``(run, round, client, context id, weight, nonce, all roots)``
 (:func:`update_digest`; :class:`crypto.signed_update.SignedUpdate` signs and checks it). The key
 holder keeps each contributor's signed update as its commitment
@@ -29,6 +30,7 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
+from crypto.canary import CanaryOpening
 from crypto.files import private_directory, write_private
 from fedps.errors import ConfigError, InvalidArgumentError
 
@@ -67,7 +69,12 @@ def chunk_commitment(hashes: list[bytes]) -> bytes:
 
 
 def chunk_root(coeffs: np.ndarray) -> bytes:
-    """Commitment to a ciphertext: SHA-256 over its :data:`CHUNKS` chunk hashes."""
+    """Commitment to one block: for a ciphertext (``2N`` uint64 coefficients) the root of
+    its :class:`~crypto.canary.CanaryOpening`, which lets the key holder check its canaries
+    without seeing its values; for plaintext values (float64, encryption off) SHA-256 over
+    its :data:`CHUNKS` chunk hashes."""
+    if coeffs.dtype == np.uint64:
+        return CanaryOpening.of(coeffs).root()
     return chunk_commitment(chunk_hashes(coeffs))
 
 

@@ -63,6 +63,7 @@ class Challenge:
             raise InvalidArgumentError("a challenge seed is 32 bytes")
         if not 2 <= modulus < 1 << 62 or not 0 < coeffs_per_block <= 1 << 15:
             raise InvalidArgumentError("unsupported modulus or block size for sketches")
+        self.seed = seed
         self.modulus = modulus
         self.count = sketch_count(modulus)
         self.coeffs_per_block = coeffs_per_block

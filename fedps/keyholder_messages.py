@@ -74,8 +74,8 @@ class CommitClosing(WireRecord[keyholder_pb2.CloseCommitsRequest]):
 
 @dataclass(frozen=True)
 class CommitSet(WireRecord[keyholder_pb2.CommitSet]):
-    """The clients committed so far, whether the phase is frozen, and (frozen) each
-    committed signed update by client id."""
+    """The clients committed so far, whether the phase is frozen, (frozen) each committed
+    signed update by client id, and the clients excluded for good (blamed on evidence)."""
 
     wire = keyholder_pb2.CommitSet
     nested: ClassVar[Mapping[str, Converter]] = {"updates": SIGNED_UPDATES}
@@ -83,6 +83,8 @@ class CommitSet(WireRecord[keyholder_pb2.CommitSet]):
     client_ids: tuple[str, ...]
     frozen: bool
     updates: tuple[SignedUpdate, ...] = ()
+    #: clients blamed on evidence: excluded from every later round
+    excluded: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ configured, mutual TLS), each call's deadline and the status -> exception mappin
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 from fedps.messages import ParameterBlock
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
@@ -15,11 +15,15 @@ from fedps.service_call import invoke, stream_replies
 from fedps.shard_messages import (
     AggregatePart,
     ClosedRound,
+    HeldCiphertext,
+    OpenedBlock,
     Publication,
     PushBatch,
     PushReceipt,
     RoundOpening,
     ShardStatus,
+    TraceEvidence,
+    TraceQuery,
 )
 from fedps.transport import create_channel
 
@@ -118,14 +122,31 @@ class ShardClient:
             f"discard round on {self.shard_id}",
         )
 
-    def fetch_aggregate(self, round_: int, *, timeout_s: float = PUSH_S) -> Iterator[AggregatePart]:
-        """The closed round's encrypted sums, manifests and signed updates, message by
-        message as they stream in (the key holder checks each before it reads the next)."""
-        request = shard_pb2.FetchAggregateRequest(round=round_)
+    def fetch_aggregate(
+        self, round_: int, contributors: Collection[str], *, timeout_s: float = PUSH_S
+    ) -> Iterator[AggregatePart]:
+        """The closed round's encrypted sums of exactly ``contributors``, with manifests and
+        signed updates, message by message as they stream in (the key holder checks each
+        before it reads the next)."""
+        request = shard_pb2.FetchAggregateRequest(round=round_, contributors=sorted(contributors))
         what = f"fetch from {self.shard_id}"
         replies = invoke(lambda: self._stub.FetchAggregate(request, timeout=timeout_s), what)
         for reply in stream_replies(replies, what, timeout_s=timeout_s):
             yield AggregatePart.from_proto(reply)
+
+    def trace_blocks(self, query: TraceQuery, *, timeout_s: float = PUSH_S) -> TraceEvidence:
+        """The shard's evidence on some blocks of a closed round (after a failed check), all
+        of it: every message of the stream joined."""
+        what = f"trace on {self.shard_id}"
+        request = query.to_proto()
+        replies = invoke(lambda: self._stub.TraceBlocks(request, timeout=timeout_s), what)
+        openings: list[OpenedBlock] = []
+        mismatches: list[HeldCiphertext] = []
+        for reply in stream_replies(replies, what, timeout_s=timeout_s):
+            part = TraceEvidence.from_proto(reply)
+            openings += part.openings
+            mismatches += part.mismatches
+        return TraceEvidence(tuple(openings), tuple(mismatches))
 
     def publish(self, messages: Sequence[Publication], *, timeout_s: float = PUSH_S) -> int:
         """Publish a new version of the shard's blocks (one or more messages, one header);

@@ -10,6 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
+
+from crypto.canary import CanaryOpening
 from crypto.signed_update import SignedUpdate
 from fedps.messages import (
     COMMITMENTS,
@@ -17,6 +20,7 @@ from fedps.messages import (
     SIGNED_UPDATES,
     Aggregate,
     Converter,
+    MalformedReplyError,
     ParameterBlock,
     WireRecord,
     from_message,
@@ -28,11 +32,15 @@ from fedps.proto import shard_pb2
 __all__ = [
     "AggregatePart",
     "ClosedRound",
+    "HeldCiphertext",
+    "OpenedBlock",
     "Publication",
     "PushBatch",
     "PushReceipt",
     "RoundOpening",
     "ShardStatus",
+    "TraceEvidence",
+    "TraceQuery",
 ]
 
 
@@ -153,6 +161,88 @@ class AggregatePart(WireRecord[shard_pb2.FetchAggregateReply]):
 
     blocks: tuple[Aggregate, ...] = ()
     updates: tuple[SignedUpdate, ...] = ()
+
+
+@dataclass(frozen=True)
+class TraceQuery(WireRecord[shard_pb2.TraceRequest]):
+    """The key holder asks for evidence on ``blocks`` of a closed round, after a failed
+    check: each contributor's canary openings (no ``challenge_seed``), or, with the round's
+    challenge seed and each contributor's committed ``sketches`` of those blocks (in the
+    order of ``contributors``; (count x blocks) little-endian uint64), the ciphertexts whose
+    sketch is not the committed one."""
+
+    wire = shard_pb2.TraceRequest
+
+    round: int
+    blocks: tuple[int, ...]
+    contributors: tuple[str, ...]
+    challenge_seed: bytes = b""
+    sketches: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
+class OpenedBlock(WireRecord[shard_pb2.CanaryOpening]):
+    """One contributor's canary opening of one block, as bytes
+    (:class:`crypto.canary.CanaryOpening`)."""
+
+    wire = shard_pb2.CanaryOpening
+
+    client_id: str
+    block: int
+    c1: bytes
+    c0_canaries: bytes
+    rest_digest: bytes
+
+    @classmethod
+    def of(cls, client_id: str, block: int, opening: CanaryOpening) -> OpenedBlock:
+        return cls(
+            client_id,
+            block,
+            opening.c1.astype("<u8").tobytes(),
+            opening.c0_canaries.astype("<u8").tobytes(),
+            opening.rest_digest,
+        )
+
+    def opening(self) -> CanaryOpening:
+        """The opening itself.
+
+        Raises
+        ------
+        MalformedReplyError
+            Coefficients that are not whole uint64 values.
+        """
+        if len(self.c1) % 8 or len(self.c0_canaries) % 8:
+            raise MalformedReplyError("an opening's coefficients are 8 bytes each")
+        return CanaryOpening(
+            np.frombuffer(self.c1, dtype="<u8").astype(np.uint64),
+            np.frombuffer(self.c0_canaries, dtype="<u8").astype(np.uint64),
+            self.rest_digest,
+        )
+
+
+@dataclass(frozen=True)
+class HeldCiphertext(WireRecord[shard_pb2.HeldCiphertext]):
+    """One contributor's whole packed ciphertext of one block."""
+
+    wire = shard_pb2.HeldCiphertext
+
+    client_id: str
+    block: int
+    ciphertext: bytes
+
+
+@dataclass(frozen=True)
+class TraceEvidence(WireRecord[shard_pb2.TraceReply]):
+    """One message of a shard's answer to a :class:`TraceQuery`."""
+
+    wire = shard_pb2.TraceReply
+    nested: ClassVar[Mapping[str, Converter]] = {
+        "openings": records_of(OpenedBlock),
+        "mismatches": records_of(HeldCiphertext),
+    }
+
+    openings: tuple[OpenedBlock, ...] = ()
+    mismatches: tuple[HeldCiphertext, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,7 @@ _RETRY_POLICY = {
             "name": [
                 {"service": "fedps.proto.Shard", "method": "PullBlocks"},
                 {"service": "fedps.proto.Shard", "method": "FetchAggregate"},
+                {"service": "fedps.proto.Shard", "method": "TraceBlocks"},
             ],
         },
     ]
@@ -310,6 +311,7 @@ CALLER_ROLES: dict[str, frozenset[str]] = {
     "/fedps.proto.Shard/CloseRound": frozenset({"coordinator"}),
     "/fedps.proto.Shard/DiscardRound": frozenset({"coordinator"}),
     "/fedps.proto.Shard/FetchAggregate": frozenset({"keyholder"}),
+    "/fedps.proto.Shard/TraceBlocks": frozenset({"keyholder"}),
     "/fedps.proto.Shard/Publish": frozenset({"keyholder"}),
     "/fedps.proto.Shard/PushBlocks": frozenset({"client"}),
     "/fedps.proto.KeyHolder/InitializeModel": frozenset({"coordinator"}),

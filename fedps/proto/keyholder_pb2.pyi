@@ -157,6 +157,7 @@ class CommitSet(_message.Message):
     CLIENT_IDS_FIELD_NUMBER: _builtins.int
     FROZEN_FIELD_NUMBER: _builtins.int
     UPDATES_FIELD_NUMBER: _builtins.int
+    EXCLUDED_FIELD_NUMBER: _builtins.int
     frozen: _builtins.bool
     @_builtins.property
     def client_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -164,16 +165,21 @@ class CommitSet(_message.Message):
     def updates(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.SignedUpdate]:
         """each committed client's signed update, by client id"""
 
+    @_builtins.property
+    def excluded(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """clients blamed on evidence: in no later round"""
+
     def __init__(
         self,
         *,
         client_ids: _abc.Iterable[_builtins.str] | None = ...,
         frozen: _builtins.bool = ...,
         updates: _abc.Iterable[_common_pb2.SignedUpdate] | None = ...,
+        excluded: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_ids", b"client_ids", "frozen", b"frozen", "updates", b"updates"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_ids", b"client_ids", "excluded", b"excluded", "frozen", b"frozen", "updates", b"updates"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

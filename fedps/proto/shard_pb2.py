@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from fedps.proto import common_pb2 as fedps_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65\x64ps/proto/shard.proto\x12\x0b\x66\x65\x64ps.proto\x1a\x18\x66\x65\x64ps/proto/common.proto\"\xb2\x01\n\x10OpenRoundRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12*\n\x07members\x18\x03 \x03(\x0b\x32\x19.fedps.proto.CohortMember\x12\x12\n\ncontext_id\x18\x04 \x01(\t\x12\x0e\n\x06run_id\x18\x05 \x01(\t\x12.\n\x0b\x63ommitments\x18\x06 \x03(\x0b\x32\x19.fedps.proto.SignedUpdate\"\x10\n\x0eOpenRoundReply\"3\n\x0e\x45ncryptedBlock\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x12\n\nciphertext\x18\x02 \x01(\x0c\"\xc2\x01\n\x0bPushRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x0e\n\x06weight\x18\x04 \x01(\x01\x12\x12\n\ncontext_id\x18\x05 \x01(\t\x12+\n\x06\x62locks\x18\x06 \x03(\x0b\x32\x1b.fedps.proto.EncryptedBlock\x12\r\n\x05nonce\x18\x07 \x01(\x0c\x12\x11\n\tsignature\x18\x08 \x01(\x0c\x12\r\n\x05roots\x18\t \x03(\x0c\"1\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\"\"\n\x0bPullRequest\x12\x13\n\x0bmin_version\x18\x01 \x01(\x04\"8\n\tPullReply\x12+\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1b.fedps.proto.ParameterBlock\"\"\n\x11\x43loseRoundRequest\x12\r\n\x05round\x18\x01 \x01(\x04\";\n\x0f\x43loseRoundReply\x12\x18\n\x10\x63omplete_clients\x18\x01 \x03(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\r\"&\n\x15\x46\x65tchAggregateRequest\x12\r\n\x05round\x18\x01 \x01(\x04\"n\n\x13\x46\x65tchAggregateReply\x12+\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1b.fedps.proto.AggregateBlock\x12*\n\x07updates\x18\x02 \x03(\x0b\x32\x19.fedps.proto.SignedUpdate\"|\n\x0ePublishRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x12\n\nnum_blocks\x18\x02 \x01(\r\x12\x18\n\x10values_per_block\x18\x03 \x01(\r\x12+\n\x06\x62locks\x18\x04 \x03(\x0b\x32\x1b.fedps.proto.ParameterBlock\"\x1e\n\x0cPublishReply\x12\x0e\n\x06\x62locks\x18\x01 \x01(\r\"\x9c\x02\n\x0bShardStatus\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\x12\x12\n\nopen_round\x18\x04 \x01(\x04\x12\x12\n\nround_open\x18\x05 \x01(\x08\x12\x17\n\x0fpushes_accepted\x18\x06 \x01(\x04\x12\x16\n\x0epushes_refused\x18\x07 \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x08 \x01(\x04\x12\x38\n\x08refusals\x18\t \x03(\x0b\x32&.fedps.proto.ShardStatus.RefusalsEntry\x1a/\n\rRefusalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xd4\x01\n\x0eShardLogRecord\x12-\n\x04open\x18\x01 \x01(\x0b\x32\x1d.fedps.proto.OpenRoundRequestH\x00\x12\'\n\x04push\x18\x02 \x01(\x0b\x32\x17.fedps.proto.LoggedPushH\x00\x12/\n\x05\x63lose\x18\x03 \x01(\x0b\x32\x1e.fedps.proto.CloseRoundRequestH\x00\x12\x31\n\x07\x64iscard\x18\x04 \x01(\x0b\x32\x1e.fedps.proto.CloseRoundRequestH\x00\x42\x06\n\x04kind\"H\n\nLoggedPush\x12&\n\x04push\x18\x01 \x01(\x0b\x32\x18.fedps.proto.PushRequest\x12\x12\n\nmultiplier\x18\x02 \x01(\r2\xbe\x04\n\x05Shard\x12G\n\tOpenRound\x12\x1d.fedps.proto.OpenRoundRequest\x1a\x1b.fedps.proto.OpenRoundReply\x12@\n\nPushBlocks\x12\x18.fedps.proto.PushRequest\x1a\x16.fedps.proto.PushReply(\x01\x12@\n\nPullBlocks\x12\x18.fedps.proto.PullRequest\x1a\x16.fedps.proto.PullReply0\x01\x12J\n\nCloseRound\x12\x1e.fedps.proto.CloseRoundRequest\x1a\x1c.fedps.proto.CloseRoundReply\x12\x42\n\x0c\x44iscardRound\x12\x1e.fedps.proto.CloseRoundRequest\x1a\x12.fedps.proto.Empty\x12X\n\x0e\x46\x65tchAggregate\x12\".fedps.proto.FetchAggregateRequest\x1a .fedps.proto.FetchAggregateReply0\x01\x12\x43\n\x07Publish\x12\x1b.fedps.proto.PublishRequest\x1a\x19.fedps.proto.PublishReply(\x01\x12\x39\n\tGetStatus\x12\x12.fedps.proto.Empty\x1a\x18.fedps.proto.ShardStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65\x64ps/proto/shard.proto\x12\x0b\x66\x65\x64ps.proto\x1a\x18\x66\x65\x64ps/proto/common.proto\"\xb2\x01\n\x10OpenRoundRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12*\n\x07members\x18\x03 \x03(\x0b\x32\x19.fedps.proto.CohortMember\x12\x12\n\ncontext_id\x18\x04 \x01(\t\x12\x0e\n\x06run_id\x18\x05 \x01(\t\x12.\n\x0b\x63ommitments\x18\x06 \x03(\x0b\x32\x19.fedps.proto.SignedUpdate\"\x10\n\x0eOpenRoundReply\"3\n\x0e\x45ncryptedBlock\x12\r\n\x05\x62lock\x18\x01 \x01(\r\x12\x12\n\nciphertext\x18\x02 \x01(\x0c\"\xc2\x01\n\x0bPushRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x0e\n\x06weight\x18\x04 \x01(\x01\x12\x12\n\ncontext_id\x18\x05 \x01(\t\x12+\n\x06\x62locks\x18\x06 \x03(\x0b\x32\x1b.fedps.proto.EncryptedBlock\x12\r\n\x05nonce\x18\x07 \x01(\x0c\x12\x11\n\tsignature\x18\x08 \x01(\x0c\x12\r\n\x05roots\x18\t \x03(\x0c\"1\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\"\"\n\x0bPullRequest\x12\x13\n\x0bmin_version\x18\x01 \x01(\x04\"8\n\tPullReply\x12+\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1b.fedps.proto.ParameterBlock\"\"\n\x11\x43loseRoundRequest\x12\r\n\x05round\x18\x01 \x01(\x04\";\n\x0f\x43loseRoundReply\x12\x18\n\x10\x63omplete_clients\x18\x01 \x03(\t\x12\x0e\n\x06\x62locks\x18\x02 \x01(\r\"<\n\x15\x46\x65tchAggregateRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x14\n\x0c\x63ontributors\x18\x02 \x03(\t\"m\n\x0cTraceRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x02 \x03(\r\x12\x14\n\x0c\x63ontributors\x18\x03 \x03(\t\x12\x16\n\x0e\x63hallenge_seed\x18\x04 \x01(\x0c\x12\x10\n\x08sketches\x18\x05 \x03(\x0c\"g\n\rCanaryOpening\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05\x62lock\x18\x02 \x01(\r\x12\n\n\x02\x63\x31\x18\x03 \x01(\x0c\x12\x13\n\x0b\x63\x30_canaries\x18\x04 \x01(\x0c\x12\x13\n\x0brest_digest\x18\x05 \x01(\x0c\"F\n\x0eHeldCiphertext\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05\x62lock\x18\x02 \x01(\r\x12\x12\n\nciphertext\x18\x03 \x01(\x0c\"k\n\nTraceReply\x12,\n\x08openings\x18\x01 \x03(\x0b\x32\x1a.fedps.proto.CanaryOpening\x12/\n\nmismatches\x18\x02 \x03(\x0b\x32\x1b.fedps.proto.HeldCiphertext\"n\n\x13\x46\x65tchAggregateReply\x12+\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1b.fedps.proto.AggregateBlock\x12*\n\x07updates\x18\x02 \x03(\x0b\x32\x19.fedps.proto.SignedUpdate\"|\n\x0ePublishRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x12\n\nnum_blocks\x18\x02 \x01(\r\x12\x18\n\x10values_per_block\x18\x03 \x01(\r\x12+\n\x06\x62locks\x18\x04 \x03(\x0b\x32\x1b.fedps.proto.ParameterBlock\"\x1e\n\x0cPublishReply\x12\x0e\n\x06\x62locks\x18\x01 \x01(\r\"\x9c\x02\n\x0bShardStatus\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x03 \x01(\r\x12\x12\n\nopen_round\x18\x04 \x01(\x04\x12\x12\n\nround_open\x18\x05 \x01(\x08\x12\x17\n\x0fpushes_accepted\x18\x06 \x01(\x04\x12\x16\n\x0epushes_refused\x18\x07 \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x08 \x01(\x04\x12\x38\n\x08refusals\x18\t \x03(\x0b\x32&.fedps.proto.ShardStatus.RefusalsEntry\x1a/\n\rRefusalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xd4\x01\n\x0eShardLogRecord\x12-\n\x04open\x18\x01 \x01(\x0b\x32\x1d.fedps.proto.OpenRoundRequestH\x00\x12\'\n\x04push\x18\x02 \x01(\x0b\x32\x17.fedps.proto.LoggedPushH\x00\x12/\n\x05\x63lose\x18\x03 \x01(\x0b\x32\x1e.fedps.proto.CloseRoundRequestH\x00\x12\x31\n\x07\x64iscard\x18\x04 \x01(\x0b\x32\x1e.fedps.proto.CloseRoundRequestH\x00\x42\x06\n\x04kind\"H\n\nLoggedPush\x12&\n\x04push\x18\x01 \x01(\x0b\x32\x18.fedps.proto.PushRequest\x12\x12\n\nmultiplier\x18\x02 \x01(\r2\x83\x05\n\x05Shard\x12G\n\tOpenRound\x12\x1d.fedps.proto.OpenRoundRequest\x1a\x1b.fedps.proto.OpenRoundReply\x12@\n\nPushBlocks\x12\x18.fedps.proto.PushRequest\x1a\x16.fedps.proto.PushReply(\x01\x12@\n\nPullBlocks\x12\x18.fedps.proto.PullRequest\x1a\x16.fedps.proto.PullReply0\x01\x12J\n\nCloseRound\x12\x1e.fedps.proto.CloseRoundRequest\x1a\x1c.fedps.proto.CloseRoundReply\x12\x42\n\x0c\x44iscardRound\x12\x1e.fedps.proto.CloseRoundRequest\x1a\x12.fedps.proto.Empty\x12X\n\x0e\x46\x65tchAggregate\x12\".fedps.proto.FetchAggregateRequest\x1a .fedps.proto.FetchAggregateReply0\x01\x12\x43\n\x0bTraceBlocks\x12\x19.fedps.proto.TraceRequest\x1a\x17.fedps.proto.TraceReply0\x01\x12\x43\n\x07Publish\x12\x1b.fedps.proto.PublishRequest\x1a\x19.fedps.proto.PublishReply(\x01\x12\x39\n\tGetStatus\x12\x12.fedps.proto.Empty\x1a\x18.fedps.proto.ShardStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -53,21 +53,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLOSEROUNDREPLY']._serialized_start=696
   _globals['_CLOSEROUNDREPLY']._serialized_end=755
   _globals['_FETCHAGGREGATEREQUEST']._serialized_start=757
-  _globals['_FETCHAGGREGATEREQUEST']._serialized_end=795
-  _globals['_FETCHAGGREGATEREPLY']._serialized_start=797
-  _globals['_FETCHAGGREGATEREPLY']._serialized_end=907
-  _globals['_PUBLISHREQUEST']._serialized_start=909
-  _globals['_PUBLISHREQUEST']._serialized_end=1033
-  _globals['_PUBLISHREPLY']._serialized_start=1035
-  _globals['_PUBLISHREPLY']._serialized_end=1065
-  _globals['_SHARDSTATUS']._serialized_start=1068
-  _globals['_SHARDSTATUS']._serialized_end=1352
-  _globals['_SHARDSTATUS_REFUSALSENTRY']._serialized_start=1305
-  _globals['_SHARDSTATUS_REFUSALSENTRY']._serialized_end=1352
-  _globals['_SHARDLOGRECORD']._serialized_start=1355
-  _globals['_SHARDLOGRECORD']._serialized_end=1567
-  _globals['_LOGGEDPUSH']._serialized_start=1569
-  _globals['_LOGGEDPUSH']._serialized_end=1641
-  _globals['_SHARD']._serialized_start=1644
-  _globals['_SHARD']._serialized_end=2218
+  _globals['_FETCHAGGREGATEREQUEST']._serialized_end=817
+  _globals['_TRACEREQUEST']._serialized_start=819
+  _globals['_TRACEREQUEST']._serialized_end=928
+  _globals['_CANARYOPENING']._serialized_start=930
+  _globals['_CANARYOPENING']._serialized_end=1033
+  _globals['_HELDCIPHERTEXT']._serialized_start=1035
+  _globals['_HELDCIPHERTEXT']._serialized_end=1105
+  _globals['_TRACEREPLY']._serialized_start=1107
+  _globals['_TRACEREPLY']._serialized_end=1214
+  _globals['_FETCHAGGREGATEREPLY']._serialized_start=1216
+  _globals['_FETCHAGGREGATEREPLY']._serialized_end=1326
+  _globals['_PUBLISHREQUEST']._serialized_start=1328
+  _globals['_PUBLISHREQUEST']._serialized_end=1452
+  _globals['_PUBLISHREPLY']._serialized_start=1454
+  _globals['_PUBLISHREPLY']._serialized_end=1484
+  _globals['_SHARDSTATUS']._serialized_start=1487
+  _globals['_SHARDSTATUS']._serialized_end=1771
+  _globals['_SHARDSTATUS_REFUSALSENTRY']._serialized_start=1724
+  _globals['_SHARDSTATUS_REFUSALSENTRY']._serialized_end=1771
+  _globals['_SHARDLOGRECORD']._serialized_start=1774
+  _globals['_SHARDLOGRECORD']._serialized_end=1986
+  _globals['_LOGGEDPUSH']._serialized_start=1988
+  _globals['_LOGGEDPUSH']._serialized_end=2060
+  _globals['_SHARD']._serialized_start=2063
+  _globals['_SHARD']._serialized_end=2706
 # @@protoc_insertion_point(module_scope)

@@ -257,19 +257,156 @@ class FetchAggregateRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ROUND_FIELD_NUMBER: _builtins.int
+    CONTRIBUTORS_FIELD_NUMBER: _builtins.int
     round: _builtins.int
+    @_builtins.property
+    def contributors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The clients the round closed with: each sum is over exactly these."""
+
     def __init__(
         self,
         *,
         round: _builtins.int = ...,
+        contributors: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["round", b"round"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["contributors", b"contributors", "round", b"round"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FetchAggregateRequest: _TypeAlias = FetchAggregateRequest  # noqa: Y015
+
+@_typing.final
+class TraceRequest(_message.Message):
+    """Evidence on `blocks` of the closed round `round`, per contributor. Without a challenge: the
+    canary opening of every contributor's ciphertext of every block. With the round's challenge
+    seed (revealed once the round is refused for good) and each contributor's committed
+    sketches of those blocks: the ciphertexts whose sketch is not the committed one.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROUND_FIELD_NUMBER: _builtins.int
+    BLOCKS_FIELD_NUMBER: _builtins.int
+    CONTRIBUTORS_FIELD_NUMBER: _builtins.int
+    CHALLENGE_SEED_FIELD_NUMBER: _builtins.int
+    SKETCHES_FIELD_NUMBER: _builtins.int
+    round: _builtins.int
+    challenge_seed: _builtins.bytes
+    @_builtins.property
+    def blocks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def contributors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def sketches(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """Per contributor, in the order of `contributors`: its committed sketches of `blocks`,
+        (sketch count x blocks) little-endian uint64, row by row.
+        """
+
+    def __init__(
+        self,
+        *,
+        round: _builtins.int = ...,
+        blocks: _abc.Iterable[_builtins.int] | None = ...,
+        contributors: _abc.Iterable[_builtins.str] | None = ...,
+        challenge_seed: _builtins.bytes = ...,
+        sketches: _abc.Iterable[_builtins.bytes] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "challenge_seed", b"challenge_seed", "contributors", b"contributors", "round", b"round", "sketches", b"sketches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TraceRequest: _TypeAlias = TraceRequest  # noqa: Y015
+
+@_typing.final
+class CanaryOpening(_message.Message):
+    """What shows one ciphertext's canaries and nothing of its values (crypto/canary.py)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    BLOCK_FIELD_NUMBER: _builtins.int
+    C1_FIELD_NUMBER: _builtins.int
+    C0_CANARIES_FIELD_NUMBER: _builtins.int
+    REST_DIGEST_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    block: _builtins.int
+    c1: _builtins.bytes
+    """N coefficients, little-endian uint64"""
+    c0_canaries: _builtins.bytes
+    """c0 at the canary positions, little-endian uint64"""
+    rest_digest: _builtins.bytes
+    """SHA-256 of c0 at every other position"""
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        block: _builtins.int = ...,
+        c1: _builtins.bytes = ...,
+        c0_canaries: _builtins.bytes = ...,
+        rest_digest: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "c0_canaries", b"c0_canaries", "c1", b"c1", "client_id", b"client_id", "rest_digest", b"rest_digest"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CanaryOpening: _TypeAlias = CanaryOpening  # noqa: Y015
+
+@_typing.final
+class HeldCiphertext(_message.Message):
+    """One contributor's whole packed ciphertext of one block."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    BLOCK_FIELD_NUMBER: _builtins.int
+    CIPHERTEXT_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    block: _builtins.int
+    ciphertext: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        block: _builtins.int = ...,
+        ciphertext: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "ciphertext", b"ciphertext", "client_id", b"client_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeldCiphertext: _TypeAlias = HeldCiphertext  # noqa: Y015
+
+@_typing.final
+class TraceReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPENINGS_FIELD_NUMBER: _builtins.int
+    MISMATCHES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def openings(self) -> _containers.RepeatedCompositeFieldContainer[Global___CanaryOpening]: ...
+    @_builtins.property
+    def mismatches(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldCiphertext]: ...
+    def __init__(
+        self,
+        *,
+        openings: _abc.Iterable[Global___CanaryOpening] | None = ...,
+        mismatches: _abc.Iterable[Global___HeldCiphertext] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mismatches", b"mismatches", "openings", b"openings"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TraceReply: _TypeAlias = TraceReply  # noqa: Y015
 
 @_typing.final
 class FetchAggregateReply(_message.Message):

@@ -67,6 +67,11 @@ class ShardStub(object):
                 request_serializer=fedps_dot_proto_dot_shard__pb2.FetchAggregateRequest.SerializeToString,
                 response_deserializer=fedps_dot_proto_dot_shard__pb2.FetchAggregateReply.FromString,
                 _registered_method=True)
+        self.TraceBlocks = channel.unary_stream(
+                '/fedps.proto.Shard/TraceBlocks',
+                request_serializer=fedps_dot_proto_dot_shard__pb2.TraceRequest.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_shard__pb2.TraceReply.FromString,
+                _registered_method=True)
         self.Publish = channel.stream_unary(
                 '/fedps.proto.Shard/Publish',
                 request_serializer=fedps_dot_proto_dot_shard__pb2.PublishRequest.SerializeToString,
@@ -120,7 +125,16 @@ class ShardServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def FetchAggregate(self, request, context):
-        """Key holder: stream the closed round's encrypted sums and manifests.
+        """Key holder: stream the closed round's encrypted sums of exactly the named contributors,
+        with their manifests.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TraceBlocks(self, request, context):
+        """Key holder, after a failed check: the evidence on some blocks of a closed round (each
+        contributor's canary opening, or the ciphertexts that do not match their sketches).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -171,6 +185,11 @@ def add_ShardServicer_to_server(servicer, server):
                     servicer.FetchAggregate,
                     request_deserializer=fedps_dot_proto_dot_shard__pb2.FetchAggregateRequest.FromString,
                     response_serializer=fedps_dot_proto_dot_shard__pb2.FetchAggregateReply.SerializeToString,
+            ),
+            'TraceBlocks': grpc.unary_stream_rpc_method_handler(
+                    servicer.TraceBlocks,
+                    request_deserializer=fedps_dot_proto_dot_shard__pb2.TraceRequest.FromString,
+                    response_serializer=fedps_dot_proto_dot_shard__pb2.TraceReply.SerializeToString,
             ),
             'Publish': grpc.stream_unary_rpc_method_handler(
                     servicer.Publish,
@@ -347,6 +366,33 @@ class Shard(object):
             '/fedps.proto.Shard/FetchAggregate',
             fedps_dot_proto_dot_shard__pb2.FetchAggregateRequest.SerializeToString,
             fedps_dot_proto_dot_shard__pb2.FetchAggregateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TraceBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/fedps.proto.Shard/TraceBlocks',
+            fedps_dot_proto_dot_shard__pb2.TraceRequest.SerializeToString,
+            fedps_dot_proto_dot_shard__pb2.TraceReply.FromString,
             options,
             channel_credentials,
             insecure,

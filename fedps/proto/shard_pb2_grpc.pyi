@@ -47,7 +47,13 @@ class ShardStub:
     DiscardRound: _grpc.UnaryUnaryMultiCallable[_shard_pb2.CloseRoundRequest, _common_pb2.Empty]
     """Coordinator: drop an abandoned round's sums without ever decrypting them."""
     FetchAggregate: _grpc.UnaryStreamMultiCallable[_shard_pb2.FetchAggregateRequest, _shard_pb2.FetchAggregateReply]
-    """Key holder: stream the closed round's encrypted sums and manifests."""
+    """Key holder: stream the closed round's encrypted sums of exactly the named contributors,
+    with their manifests.
+    """
+    TraceBlocks: _grpc.UnaryStreamMultiCallable[_shard_pb2.TraceRequest, _shard_pb2.TraceReply]
+    """Key holder, after a failed check: the evidence on some blocks of a closed round (each
+    contributor's canary opening, or the ciphertexts that do not match their sketches).
+    """
     Publish: _grpc.StreamUnaryMultiCallable[_shard_pb2.PublishRequest, _shard_pb2.PublishReply]
     """Key holder: publish a new version of this shard's blocks."""
     GetStatus: _grpc.UnaryUnaryMultiCallable[_common_pb2.Empty, _shard_pb2.ShardStatus]
@@ -70,7 +76,13 @@ class ShardAsyncStub(ShardStub):
     DiscardRound: _aio.UnaryUnaryMultiCallable[_shard_pb2.CloseRoundRequest, _common_pb2.Empty]  # type: ignore[assignment]
     """Coordinator: drop an abandoned round's sums without ever decrypting them."""
     FetchAggregate: _aio.UnaryStreamMultiCallable[_shard_pb2.FetchAggregateRequest, _shard_pb2.FetchAggregateReply]  # type: ignore[assignment]
-    """Key holder: stream the closed round's encrypted sums and manifests."""
+    """Key holder: stream the closed round's encrypted sums of exactly the named contributors,
+    with their manifests.
+    """
+    TraceBlocks: _aio.UnaryStreamMultiCallable[_shard_pb2.TraceRequest, _shard_pb2.TraceReply]  # type: ignore[assignment]
+    """Key holder, after a failed check: the evidence on some blocks of a closed round (each
+    contributor's canary opening, or the ciphertexts that do not match their sketches).
+    """
     Publish: _aio.StreamUnaryMultiCallable[_shard_pb2.PublishRequest, _shard_pb2.PublishReply]  # type: ignore[assignment]
     """Key holder: publish a new version of this shard's blocks."""
     GetStatus: _aio.UnaryUnaryMultiCallable[_common_pb2.Empty, _shard_pb2.ShardStatus]  # type: ignore[assignment]
@@ -126,7 +138,19 @@ class ShardServicer(metaclass=_abc_1.ABCMeta):
         request: _shard_pb2.FetchAggregateRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_shard_pb2.FetchAggregateReply], _abc.AsyncIterator[_shard_pb2.FetchAggregateReply]]:
-        """Key holder: stream the closed round's encrypted sums and manifests."""
+        """Key holder: stream the closed round's encrypted sums of exactly the named contributors,
+        with their manifests.
+        """
+
+    @_abc_1.abstractmethod
+    def TraceBlocks(
+        self,
+        request: _shard_pb2.TraceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_shard_pb2.TraceReply], _abc.AsyncIterator[_shard_pb2.TraceReply]]:
+        """Key holder, after a failed check: the evidence on some blocks of a closed round (each
+        contributor's canary opening, or the ciphertexts that do not match their sketches).
+        """
 
     @_abc_1.abstractmethod
     def Publish(

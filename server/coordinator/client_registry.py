@@ -57,6 +57,7 @@ class RegisteredClient:
     exhausted: bool = False
     noise_multiplier: float | None = None  # as the client last reported it
     rounds: int = 0  # rounds it reported an update for
+    excluded: bool = False  # blamed on evidence by the key holder: in no cohort again
 
     def spent(self, epsilon: float, delta: float) -> None:
         """The client says it has spent ``epsilon`` (at ``delta``): keep the largest."""
@@ -284,6 +285,7 @@ class ClientRegistry:
                 cid
                 for cid, c in self._clients.items()
                 if not c.exhausted
+                and not c.excluded
                 and now - c.last_seen < self._liveness_s
                 and cid not in self._missed
             ]
@@ -305,10 +307,25 @@ class ClientRegistry:
                 ", ".join(missed),
             )
 
+    def exclude(self, client_ids: Iterable[str]) -> None:
+        """Leave ``client_ids`` (blamed on evidence by the key holder) out of every later
+        cohort."""
+        with self._lock:
+            fresh = sorted(
+                c for c in client_ids if c in self._clients and not self._clients[c].excluded
+            )
+            for c in fresh:
+                self._clients[c].excluded = True
+        if fresh:
+            _log.warning(
+                "excluded from every later cohort: %s (blamed on evidence by the key holder)",
+                ", ".join(fresh),
+            )
+
     def usable(self) -> int:
         """How many registered clients still have privacy budget."""
         with self._lock:
-            return sum(1 for c in self._clients.values() if not c.exhausted)
+            return sum(1 for c in self._clients.values() if not (c.exhausted or c.excluded))
 
     def most_examples(self, cohort: Iterable[str]) -> int:
         """The largest example count among the registered members of ``cohort``."""

@@ -476,6 +476,7 @@ class Coordinator:
         if self._stop.is_set():
             return
         commitments = self._peers.commitments(round_, freeze=True)  # none accepted after this
+        self.registry.exclude(commitments.excluded)  # blamed on evidence by the key holder
         committed = frozenset(commitments.client_ids) & cohort
         record = RoundRecord(
             round=round_, version=opened.version, contributors=0, cohort=len(cohort)

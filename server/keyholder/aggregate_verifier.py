@@ -41,10 +41,12 @@ __all__ = ["AggregateVerifier", "TamperingError"]
 class TamperingError(PolicyError):
     """A shard handed the key holder something other than what the contributors committed."""
 
-    def __init__(self, shard: str, reason: str, message: str) -> None:
+    def __init__(self, shard: str, reason: str, message: str, blocks: tuple[int, ...] = ()) -> None:
         super().__init__(f"{shard}: {message} (tampering detected); refusing to decrypt")
         self.shard = shard
         self.reason = reason
+        #: the failing blocks, where the check knows them (a failed sketch)
+        self.blocks = blocks
 
 
 class AggregateVerifier:
@@ -244,10 +246,12 @@ class AggregateVerifier:
         wanted = expected[:, blocks]
         bad = np.nonzero(np.any(actual != wanted, axis=0))[0]
         if bad.size:
-            i = int(bad[0])
+            shard = owners[int(bad[0])]
+            failing = tuple(blocks[int(i)] for i in bad if owners[int(i)] == shard)
             raise TamperingError(
-                owners[i],
+                shard,
                 "aggregate",
-                f"block {blocks[i]}'s aggregate is not the sum of its contributors' committed "
+                f"block {failing[0]}'s aggregate is not the sum of its contributors' committed "
                 "ciphertexts",
+                failing,
             )

@@ -34,7 +34,12 @@ import numpy as np
 
 from crypto.signed_update import SignedUpdate
 from crypto.signing import is_weak_key
-from fedps.errors import InvalidArgumentError, RoundClosedError, UnknownClientError
+from fedps.errors import (
+    InvalidArgumentError,
+    PolicyError,
+    RoundClosedError,
+    UnknownClientError,
+)
 from fedps.keyholder_messages import CommitClosing, CommitOpening, UpdateCommitment
 from server.keyholder.commit_log import CommitLog, CommitRecord
 
@@ -107,6 +112,7 @@ class CommitBoard:
         self.max_staleness = max_staleness
         self.weight_bounds = weight_bounds
         self._lock = threading.Lock()
+        self._excluded: dict[str, str] = {}  # client -> why it was blamed
         self._phases: dict[int, CommitPhase] = {}
         self._log = CommitLog(directory, fsync=fsync)
         self._replaying = True
@@ -291,7 +297,22 @@ class CommitBoard:
         phase = self._require(round_)
         if client_id not in phase.members:
             raise UnknownClientError(f"{client_id!r} is not in the cohort of round {round_}")
+        why = self._excluded.get(client_id)
+        if why is not None:
+            raise PolicyError(f"{client_id!r} is excluded: it was blamed on evidence ({why})")
         return phase
+
+    def exclude(self, client_id: str, why: str) -> None:
+        """Take no challenge request or commitment from ``client_id`` any more (blamed on
+        evidence for ``why``)."""
+        with self._lock:
+            self._excluded[client_id] = why
+
+    @property
+    def excluded(self) -> list[str]:
+        """The clients excluded for good, sorted."""
+        with self._lock:
+            return sorted(self._excluded)
 
     def _require(self, round_: int) -> CommitPhase:
         phase = self._phases.get(round_)

@@ -60,7 +60,8 @@ from fedps.shard_client import ShardClient
 from fedps.shard_messages import Publication
 from fedps.transport import batched
 from server.keyholder.aggregate_verifier import AggregateVerifier, TamperingError
-from server.keyholder.commit_board import CommitBoard
+from server.keyholder.blame import Tracer, Verdict
+from server.keyholder.commit_board import CommitBoard, CommitPhase
 from server.keyholder.group_policy import GroupPolicy
 from server.keyholder.server_optimizer import ServerOptimizer
 
@@ -96,6 +97,15 @@ class RoundResult:
     noise_multiplier: float = 0.0
     #: client level: the std per value of the noise the key holder added to the sum
     top_up_std: float = 0.0
+
+
+class _CanaryFailureError(CanaryError):
+    """A canary check failed: the failing blocks with their aggregate rows, to trace."""
+
+    def __init__(self, rows: list[int], message: str, aggregates: dict[int, np.ndarray]) -> None:
+        super().__init__(rows, message)
+        self.aggregates = aggregates
+        self.blocks = sorted(aggregates)
 
 
 @dataclass(frozen=True)
@@ -198,6 +208,10 @@ class KeyHolder:
         self.detections: dict[str, dict[str, int]] = {}
         #: called with (shard, reason) for each detection (metrics)
         self.on_tampering: Callable[[str, str], None] | None = None
+        #: clients proven guilty (:mod:`.blame`), with what they did; excluded for good
+        self.blamed: dict[str, str] = {}
+        #: called with the client for each blame (metrics)
+        self.on_blame: Callable[[str], None] | None = None
         self.last_saved = 0.0  # unix time of the last state checkpoint
         self._load_state()
         modulus = self.keys.public.modulus
@@ -210,6 +224,8 @@ class KeyHolder:
             max_staleness=max_staleness if staleness is not None else 0,
             weight_bounds=weight_bounds,
         )
+        for client, why in self.blamed.items():
+            self.commits.exclude(client, why)
 
     @property
     def layout(self) -> BlockLayout:
@@ -370,21 +386,28 @@ class KeyHolder:
                 raise PolicyError(
                     f"round {round_} was committed to for another run, version or key generation"
                 )
-            verifier = AggregateVerifier(
-                phase=phase,
-                contributors=set(members or {}),
-                min_quorum=self.min_quorum,
-                max_clients=self.max_clients,
-                challenge=self.challenge(round_),
-                staleness=self._staleness,
-                max_staleness=self._max_staleness,
-            )
             layout = self.layout
-            try:
-                delta, manifests, top_up = self._decrypt_average(round_, layout, verifier)
-            except PolicyError as exc:
-                self._refuse(round_, exc)
-                raise
+            contributors = set(members or {})
+            while True:  # a request the policy refuses raises here, refusing nothing
+                verifier = AggregateVerifier(
+                    phase=phase,
+                    contributors=contributors,
+                    min_quorum=self.min_quorum,
+                    max_clients=self.max_clients,
+                    challenge=self.challenge(round_),
+                    staleness=self._staleness,
+                    max_staleness=self._max_staleness,
+                )
+                try:
+                    delta, manifests, top_up = self._decrypt_average(round_, layout, verifier)
+                    break
+                except PolicyError as exc:
+                    refusal, guilty = self._trace(round_, phase, verifier, exc)
+                    if refusal is None:  # only contributors, and nothing revealed: again
+                        contributors -= guilty
+                        continue
+                    self._refuse(round_, refusal)
+                    raise refusal from exc
             before = self._snapshot()
             round_closed = True
             if self._groups is None:
@@ -474,6 +497,69 @@ class KeyHolder:
         self.keys = keys
         _log.info("rotated the CKKS keys; new context %s", keys.public.context_id[:12])
 
+    def _trace(
+        self, round_: int, phase: CommitPhase, verifier: AggregateVerifier, exc: PolicyError
+    ) -> tuple[PolicyError | None, set[str]]:
+        """After check ``exc`` failed: trace it to whoever caused it (:mod:`.blame`), blame
+        the guilty clients, and say whether to refuse the round (with which error: a
+        :class:`TamperingError` counts against its shard) or to try again without the guilty
+        clients (None: only clients were guilty, of a canary that nothing revealed, and the
+        rest still make a quorum)."""
+        tracer = Tracer(round_, phase, verifier.multipliers, self.keys, self._unpack)
+        verdict = Verdict()
+        if isinstance(exc, _CanaryFailureError):
+            for sid in sorted({self._ring.owner(b) for b in exc.blocks}):
+                found = tracer.canaries(
+                    self._shards[sid],
+                    [b for b in exc.blocks if self._ring.owner(b) == sid],
+                    exc.aggregates,
+                )
+                verdict.clients.update(found.clients)
+                verdict.shard = verdict.shard or found.shard
+        elif isinstance(exc, TamperingError) and exc.reason == "aggregate" and exc.blocks:
+            challenge = self.challenge(round_)
+            assert challenge is not None  # a sketch failed
+            verdict = tracer.sketches(self._shards[exc.shard], exc.blocks, challenge)
+            if not verdict:
+                exc = PolicyError(
+                    f"round {round_}: {exc.shard}'s aggregate failed its check and the shard "
+                    "showed no evidence (it did not answer); nobody is blamed, the round is "
+                    "refused"
+                )
+        for client, why in sorted(verdict.clients.items()):
+            self._blame(round_, client, why)
+        guilty = set(verdict.clients)
+        if verdict.shard is not None:
+            return verdict.shard, guilty
+        if guilty and isinstance(exc, _CanaryFailureError):
+            left = len(verifier.contributors - guilty)
+            if left >= self.min_quorum:
+                _log.warning(
+                    "round %d: summing the %d other contributors instead (nothing of the "
+                    "round was decrypted)",
+                    round_,
+                    left,
+                )
+                return None, guilty
+        if guilty:
+            first = min(guilty)
+            message = f"round {round_}: {first} blamed ({verdict.clients[first]})"
+            return PolicyError(f"{message}; the round is refused"), guilty
+        return exc, guilty
+
+    def _blame(self, round_: int, client: str, why: str) -> None:
+        """Exclude ``client`` from every later round: the evidence proved ``why``."""
+        self.blamed[client] = f"round {round_}: {why}"
+        self.commits.exclude(client, self.blamed[client])
+        _log.warning(
+            "round %d: %s blamed on evidence (%s); it is excluded from later rounds",
+            round_,
+            client,
+            why,
+        )
+        if self.on_blame is not None:
+            self.on_blame(client)
+
     def _refuse(self, round_: int, exc: PolicyError) -> None:
         """Never decrypt ``round_``; count a detected tampering against its shard."""
         self._refused.add(round_)
@@ -505,7 +591,7 @@ class KeyHolder:
         level the average divides the topped-up sum by the fixed cohort size."""
         blocks, rows = verifier.verify(
             {
-                sid: shard.fetch_aggregate(round_, timeout_s=_CALL_S)
+                sid: shard.fetch_aggregate(round_, verifier.contributors, timeout_s=_CALL_S)
                 for sid, shard in self._shards.items()
             },
             owner=self._ring.owner,
@@ -547,12 +633,14 @@ class KeyHolder:
             failed = [blocks[r] for r in exc.rows]
             _log.warning(
                 "round %d: blocks %s carry a change in c1 (a zero canary exceeds the noise "
-                "bound); the round is never decrypted",
+                "bound); nothing of this sum is decrypted",
                 round_,
                 failed[:8],
             )
-            raise CanaryError(
-                exc.rows, f"round {round_}: {len(failed)} block(s) carry key material ({exc})"
+            raise _CanaryFailureError(
+                exc.rows,
+                f"round {round_}: {len(failed)} block(s) carry key material ({exc})",
+                {blocks[r]: rows[r] for r in exc.rows},
             ) from exc
         except InvalidArgumentError as exc:
             raise PolicyError(f"round {round_} cannot be decrypted: {exc}") from exc
@@ -630,6 +718,7 @@ class KeyHolder:
             "released": {str(k): asdict(v) for k, v in self._released.items()},
             "refused": sorted(self._refused),
             "detections": self.detections,
+            "blamed": self.blamed,
         }
         arrays: dict[str, np.ndarray] = {
             "params": self.params,
@@ -675,6 +764,7 @@ class KeyHolder:
                 str(shard): {str(k): int(v) for k, v in reasons.items()}
                 for shard, reasons in meta.get("detections", {}).items()
             }
+            self.blamed = {str(c): str(why) for c, why in meta.get("blamed", {}).items()}
         except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
             raise CorruptStateError(
                 f"{path}: {_STATE_WHAT} cannot be read ({exc}); {_STATE_HINT}"

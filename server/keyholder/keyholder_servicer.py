@@ -122,7 +122,8 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
             c = records.CommitClosing.from_proto(request)
             ids, frozen = self.keyholder.commits.close(c.round, freeze=c.freeze)
             updates = self.keyholder.commits.updates(c.round) if frozen else []
-        return records.CommitSet(tuple(ids), frozen, tuple(updates)).to_proto()
+        excluded = tuple(self.keyholder.commits.excluded)
+        return records.CommitSet(tuple(ids), frozen, tuple(updates), excluded).to_proto()
 
     def GetModelState(  # noqa: N802
         self, request: common_pb2.Empty, context: grpc.ServicerContext

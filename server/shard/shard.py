@@ -19,14 +19,16 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from crypto import CiphertextSum, PlainContext, PlainSum, PublicContext, new_sum, unpack_blocks
+from crypto.canary import CanaryOpening
 from crypto.signed_update import SignedUpdate
 from crypto.signing import chunk_root, is_weak_key
+from crypto.sketch import Challenge
 from fedps.errors import (
     InvalidArgumentError,
     NotReadyError,
@@ -39,7 +41,15 @@ from fedps.errors import (
 )
 from fedps.hash_ring import HashRing
 from fedps.messages import Aggregate, Contribution, ParameterBlock
-from fedps.shard_messages import Publication, PushBatch, RoundOpening, ShardStatus
+from fedps.shard_messages import (
+    HeldCiphertext,
+    OpenedBlock,
+    Publication,
+    PushBatch,
+    RoundOpening,
+    ShardStatus,
+    TraceQuery,
+)
 from fedps.staleness import multiplier
 from server.shard.shard_log import ShardLog, ShardLogRecord
 
@@ -62,6 +72,9 @@ class _Entry:
 
     Stored compactly, since a shard holds one per client and round: the roots joined into one
     ``bytes``, the blocks as a bitmask. The manifest of a block is derived from the entries.
+    Each added block's packed ciphertext is kept until the round is gone: the key holder may
+    ask for the sum of another set of clients (the set the round closed with) and, after a
+    failed check, for the evidence of who changed what (:meth:`Shard.trace`).
     """
 
     weight: float
@@ -71,6 +84,7 @@ class _Entry:
     roots: bytes  # every block's chunk root, joined
     multiplier: int
     blocks: int = 0  # bit b set: block b was added into the sum
+    data: dict[int, bytes] = field(default_factory=dict)  # each added block, packed
 
     @classmethod
     def of(cls, update: SignedUpdate, multiplier: int) -> _Entry:
@@ -213,8 +227,7 @@ class Shard:
         public = self._public_context(state.context_id)
         coefficients = unpack_blocks(public, [data for _, data in push.blocks])
         with self._lock:
-            blocks = [b for b, _ in push.blocks]
-            self._add(state, public, push.update, multiplier, blocks, coefficients)
+            self._add(state, public, push.update, multiplier, push.blocks, coefficients)
 
     # ------------------------------------------------------------------ model blocks
     def publish(
@@ -467,7 +480,7 @@ class Shard:
                 logged = replace(batch, blocks=[batch.blocks[i] for i in fresh])
                 record = ShardLogRecord("push", batch.round, push=logged, multiplier=multiplier)
                 self._append(batch.round, record)
-            blocks = [batch.blocks[i][0] for i in fresh]
+            blocks = [batch.blocks[i] for i in fresh]
             self._add(state, public, update, multiplier, blocks, coefficients[fresh])
             duplicates = len(batch.blocks) - len(fresh)
             self.stats["duplicates"] += duplicates
@@ -480,18 +493,20 @@ class Shard:
         public: PublicContext | PlainContext,
         update: SignedUpdate,
         multiplier: int,
-        blocks: list[int],
+        blocks: list[tuple[int, bytes]],
         coefficients: np.ndarray,
     ) -> None:
-        """Add one client's blocks into the sums (the caller holds the lock)."""
+        """Add one client's blocks (number, packed data) into the sums (the caller holds
+        the lock)."""
         if not blocks:
             return
         entry = state.entries.get(update.client_id)
         if entry is None:
             entry = state.entries[update.client_id] = _Entry.of(update, multiplier)
-        for block, coeffs in zip(blocks, coefficients, strict=True):
+        for (block, data), coeffs in zip(blocks, coefficients, strict=True):
             state.sums.setdefault(block, new_sum(public)).add(coeffs, multiplier)
             entry.blocks |= 1 << block
+            entry.data[block] = data
         self.stats["accepted"] += len(blocks)
 
     def _multiplier(self, state: _Round, batch: PushBatch) -> int:
@@ -570,27 +585,172 @@ class Shard:
             state.sums.clear()
             state.entries.clear()
 
-    def aggregates(self, round_: int) -> tuple[list[Aggregate], list[SignedUpdate]]:
-        """The closed round's sums, manifests and signed updates, for the key holder."""
+    def aggregates(
+        self, round_: int, contributors: Collection[str]
+    ) -> tuple[list[Aggregate], list[SignedUpdate]]:
+        """The closed round's sum of exactly ``contributors`` (the clients the round closed
+        with) for every owned block, with manifests and signed updates, for the key holder.
+
+        A client that pushed here but is not a contributor (another shard found its pushes
+        incomplete) is left out of the sums: every shard sums the same set, so a shard that
+        reports fewer complete clients than it has cannot get another one blamed.
+
+        Raises
+        ------
+        RoundClosedError
+            The round is unknown or still open.
+        InvalidArgumentError
+            A contributor did not push every block this shard owns (or none are named).
+        """
+        wanted = frozenset(contributors)
+        if not wanted:
+            raise InvalidArgumentError("name the contributors to sum")
         with self._lock:
             state = self._require(round_)
             if not state.closed:
                 raise RoundClosedError(f"round {round_} is still open")
-            entries = state.entries
-            aggregates = [
-                Aggregate(
-                    b,
-                    state.sums[b].packed(),
-                    {
-                        c: Contribution(e.weight, e.root(b), e.version, e.multiplier)
-                        for c, e in entries.items()
-                        if e.has(b)
-                    },
+            entries = {c: state.entries.get(c) for c in sorted(wanted)}
+            incomplete = [c for c, e in entries.items() if e is None or not e.blocks]
+            if incomplete and self._owned:
+                raise InvalidArgumentError(
+                    f"{self.shard_id} holds no pushes of {incomplete[:5]} in round {round_}"
                 )
-                for b in self._owned
-                if b in state.sums
-            ]
-            return aggregates, [e.signed(c) for c, e in entries.items()]
+            aggregates = [self._aggregate(state, b, wanted) for b in self._owned]
+            return aggregates, [e.signed(c) for c, e in entries.items() if e is not None]
+
+    def _aggregate(self, state: _Round, block: int, wanted: frozenset[str]) -> Aggregate:
+        """Block ``block``'s sum over ``wanted`` (the caller holds the lock)."""
+        holders = {c: e for c, e in state.entries.items() if e.has(block)}
+        missing = sorted(wanted - set(holders))
+        if missing:
+            raise InvalidArgumentError(
+                f"{self.shard_id} holds no push of block {block} from {missing[:5]}"
+            )
+        if set(holders) == wanted:
+            packed = state.sums[block].packed()
+        else:  # rarely: someone else's pushes were incomplete; sum exactly the set
+            public = self._public_context(state.context_id)
+            total = new_sum(public)
+            rows = unpack_blocks(public, [holders[c].data[block] for c in sorted(wanted)])
+            for c, row in zip(sorted(wanted), rows, strict=True):
+                total.add(row, holders[c].multiplier)
+            packed = total.packed()
+        manifest = {
+            c: Contribution(e.weight, e.root(block), e.version, e.multiplier)
+            for c, e in holders.items()
+            if c in wanted
+        }
+        return Aggregate(block, packed, manifest)
+
+    def trace(self, query: TraceQuery) -> tuple[list[OpenedBlock], list[HeldCiphertext]]:
+        """Answer the key holder's :class:`~fedps.shard_messages.TraceQuery`: canary
+        openings (:meth:`openings`), or with a challenge seed the ciphertexts that do not
+        match their committed sketches (:meth:`mismatches`).
+
+        Raises
+        ------
+        InvalidArgumentError
+            A malformed query (sketches of the wrong size, a plaintext round), or blocks or
+            clients this shard holds no pushes of.
+        """
+        if not query.contributors or not query.blocks:
+            raise InvalidArgumentError("name the blocks and contributors to trace")
+        state = self._require(query.round)
+        public = self._public_context(state.context_id)
+        if not isinstance(public, PublicContext):
+            raise InvalidArgumentError("a plaintext round has no canaries or sketches to trace")
+        if not query.challenge_seed:
+            opened = self.openings(query.round, query.blocks, query.contributors)
+            return [OpenedBlock.of(c, b, o) for c, b, o in opened], []
+        challenge = Challenge(
+            query.challenge_seed, modulus=public.modulus, coeffs_per_block=public.coeffs_per_block
+        )
+        if len(query.sketches) != len(query.contributors):
+            raise InvalidArgumentError("one entry of sketches per contributor")
+        size = 8 * challenge.count * len(query.blocks)
+        sketches = {}
+        for client, data in zip(query.contributors, query.sketches, strict=True):
+            if len(data) != size:
+                raise InvalidArgumentError(f"each contributor's sketches are {size} bytes")
+            values = np.frombuffer(data, dtype="<u8").astype(np.uint64)
+            sketches[client] = values.reshape(challenge.count, len(query.blocks))
+        found = self.mismatches(query.round, list(query.blocks), sketches, challenge)
+        return [], [HeldCiphertext(c, b, data) for c, b, data in found]
+
+    def openings(
+        self, round_: int, blocks: Collection[int], clients: Collection[str]
+    ) -> list[tuple[str, int, CanaryOpening]]:
+        """The canary openings of ``clients``' ciphertexts of ``blocks`` in the closed round
+        ``round_``: after a canary check failed, the key holder finds the client whose own
+        ciphertext carries the change, from these and nothing of anyone's values
+        (:class:`crypto.canary.CanaryOpening`, :mod:`server.keyholder.blame`)."""
+        with self._lock:
+            held = self._held(round_, blocks, clients)
+            public = self._public_context(self._require(round_).context_id)
+        rows = unpack_blocks(public, [data for _, _, data in held])
+        return [
+            (client, block, CanaryOpening.of(row))
+            for (client, block, _), row in zip(held, rows, strict=True)
+        ]
+
+    def mismatches(
+        self,
+        round_: int,
+        blocks: Sequence[int],
+        sketches: Mapping[str, np.ndarray],
+        challenge: Challenge,
+    ) -> list[tuple[str, int, bytes]]:
+        """The ciphertexts ``(client, block, packed)`` of the closed round ``round_`` whose
+        sketch under ``challenge`` is not the one their client committed (``sketches``:
+        each client's committed sketches of ``blocks``, shape (count, len(blocks))).
+
+        After a sketch check failed the key holder reveals the round's challenge (the round
+        is refused for good) and asks the shard that sent the block: an honest shard's sum
+        is the sum of what it was pushed, so a failed check means some contributor's
+        ciphertext does not match its own committed sketch, and the shard shows it (its
+        signed root proves it is the client's). A shard that shows none is the one that
+        changed the sum."""
+        with self._lock:
+            held = self._held(round_, blocks, sketches)
+            public = self._public_context(self._require(round_).context_id)
+        if not held:
+            return []
+        rows = unpack_blocks(public, [data for _, _, data in held])
+        actual = challenge.sketch(rows)
+        column = {b: i for i, b in enumerate(blocks)}
+        return [
+            (client, block, data)
+            for i, (client, block, data) in enumerate(held)
+            if np.any(actual[:, i] != sketches[client][:, column[block]])
+        ]
+
+    def _held(
+        self, round_: int, blocks: Collection[int], clients: Collection[str]
+    ) -> list[tuple[str, int, bytes]]:
+        """``(client, block, packed)`` of every client's push of every block of the closed
+        round ``round_`` (the caller holds the lock).
+
+        Raises
+        ------
+        InvalidArgumentError
+            A block this shard does not own, or a client without a push of it here.
+        """
+        state = self._require(round_)
+        if not state.closed:
+            raise RoundClosedError(f"round {round_} is still open")
+        owned = set(self._owned)
+        out = []
+        for block in sorted(set(blocks)):
+            if block not in owned:
+                raise InvalidArgumentError(f"block {block} is not owned by {self.shard_id}")
+            for client in sorted(set(clients)):
+                entry = state.entries.get(client)
+                if entry is None or not entry.has(block):
+                    raise InvalidArgumentError(
+                        f"{self.shard_id} holds no push of block {block} from {client!r}"
+                    )
+                out.append((client, block, entry.data[block]))
+        return out
 
     def _require(self, round_: int) -> _Round:
         state = self._rounds.get(round_)

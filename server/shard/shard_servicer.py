@@ -93,13 +93,23 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         self, request: shard_pb2.FetchAggregateRequest, context: grpc.ServicerContext
     ) -> Iterator[shard_pb2.FetchAggregateReply]:
         with rpc_errors(context):
-            aggregates, updates = self.shard.aggregates(request.round)
+            aggregates, updates = self.shard.aggregates(request.round, request.contributors)
         for chunk in batched(updates, lambda u: 32 * len(u.roots) + 256):
             yield records.AggregatePart(updates=tuple(chunk)).to_proto()
         # A block's manifest lists every contributor: count it in the message size, so a
         # round of many clients streams in bounded messages (and bounded memory).
         for batch in batched(aggregates, lambda a: len(a.ciphertext) + 96 * len(a.contributions)):
             yield records.AggregatePart(blocks=tuple(batch)).to_proto()
+
+    def TraceBlocks(  # noqa: N802
+        self, request: shard_pb2.TraceRequest, context: grpc.ServicerContext
+    ) -> Iterator[shard_pb2.TraceReply]:
+        with rpc_errors(context):
+            openings, mismatches = self.shard.trace(records.TraceQuery.from_proto(request))
+        for batch in batched(openings, lambda o: len(o.c1) + 512):
+            yield records.TraceEvidence(openings=tuple(batch)).to_proto()
+        for held in batched(mismatches, lambda m: len(m.ciphertext) + 64):
+            yield records.TraceEvidence(mismatches=tuple(held)).to_proto()
 
     def Publish(  # noqa: N802
         self, request_iterator: Iterator[shard_pb2.PublishRequest], context: grpc.ServicerContext

@@ -175,7 +175,7 @@ def test_service_clients_against_a_running_cluster(cluster: Cluster) -> None:
             assert sorted(b.block for b in blocks) == shard.owned_blocks
             assert status.shard_id == shard.shard_id and status.blocks == len(shard.owned_blocks)
             with pytest.raises(RoundClosedError):
-                list(client.fetch_aggregate(99))
+                list(client.fetch_aggregate(99, ["client-0"]))
         with pytest.raises(FedPSError):
             shards[0].open_round(sh.RoundOpening(99, 0, {}, info.context_id))
     finally:

@@ -8,7 +8,7 @@ the round closed with, each commitment checked as it arrives.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -129,8 +129,10 @@ def test_key_holder_keeps_serving_after_a_refusal(ready: tuple[Cluster, RoundDri
     driver.committed_round(1, 0, clients)
     shard = cluster.shards[0]
 
-    def tampered(round_: int) -> tuple[list[Aggregate], list[SignedUpdate]]:
-        aggregates, updates = type(shard).aggregates(shard, round_)
+    def tampered(
+        round_: int, contributors: Collection[str]
+    ) -> tuple[list[Aggregate], list[SignedUpdate]]:
+        aggregates, updates = type(shard).aggregates(shard, round_, contributors)
         return [replace(a, ciphertext=clients[0].packed[a.block]) for a in aggregates], updates
 
     shard.aggregates = tampered  # type: ignore[method-assign]

@@ -3,7 +3,7 @@ of decryptions (sync rounds and async buffers of three model versions)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,11 +47,13 @@ class Arena:
     def public(self) -> PublicContext:
         return self.cluster.keyholder.keys.public
 
-    def clients(self, names: list[str] | None = None) -> list[HandClient]:
+    def clients(self, names: list[str] | None = None, *, at: int = VERSION) -> list[HandClient]:
+        """Clients with fresh updates, trained on model version ``at`` (async: ``at`` and
+        the two before it)."""
         names = names or ["client-0", "client-1", "client-2"]
         return [
-            HandClient(name, self.rng.uniform(-0.3, 0.3, PARAMS), version=version)
-            for name, version in zip(names, TRAINED[self.mode], strict=False)
+            HandClient(name, self.rng.uniform(-0.3, 0.3, PARAMS), version=at - VERSION + trained)
+            for name, trained in zip(names, TRAINED[self.mode], strict=False)
         ]
 
     def owner(self, block: int) -> Shard:
@@ -63,8 +65,10 @@ class Arena:
         shard = self.owner(block)
         honest = type(shard).aggregates.__get__(shard)
 
-        def tampered(round_: int) -> tuple[list[Aggregate], list[SignedUpdate]]:
-            aggregates, updates = honest(round_)
+        def tampered(
+            round_: int, contributors: Collection[str]
+        ) -> tuple[list[Aggregate], list[SignedUpdate]]:
+            aggregates, updates = honest(round_, contributors)
             return [change(a) if a.block == block else a for a in aggregates], updates
 
         shard.aggregates = tampered  # type: ignore[method-assign]

@@ -12,6 +12,7 @@ of three different model versions, weighted by staleness).
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 
@@ -238,13 +239,22 @@ def test_b_isolating_one_client_is_refused_on_any_block(arena: Arena) -> None:
         arena.assert_refused(round_, clients)
 
 
-def test_b_a_shard_cannot_shrink_the_round_to_a_sub_cohort(arena: Arena) -> None:
-    # Prepare: every block holds all three clients, but the round is asked to be applied with
-    # the committed clients minus one (as if one shard had claimed the victim incomplete)
+def test_b_a_round_closed_with_fewer_clients_sums_exactly_those(arena: Arena) -> None:
+    # Prepare: every shard holds all three clients' pushes, but the round closes with fewer
+    # (as when one shard reports the others incomplete, truly or not)
     clients = arena.clients()
     arena.driver.committed_round(1, VERSION, clients)
-    # Execute / Assert: the blocks do not hold exactly the round's contributors
-    arena.assert_refused(1, clients[:2])
+    # Execute / Assert: a set below the quorum is refused, decrypting nothing
+    arena.assert_refused(1, clients[:1])
+    # Execute: two, a quorum
+    clients = arena.clients()
+    arena.driver.committed_round(2, VERSION, clients)
+    arena.driver.apply(2, VERSION, clients[:2])
+    # Assert: every shard summed exactly the two, nobody is blamed, one decryption
+    result = arena.keyholder._released[2]
+    assert set(result.contributors) == {c.client_id for c in clients[:2]}
+    assert arena.keyholder.detections == {} and arena.keyholder.blamed == {}
+    assert len(arena.decryptions) == 1
 
 
 # ---------------------------------------------------------------------- (c) cancellation
@@ -386,8 +396,10 @@ def test_a_shard_streaming_duplicate_or_foreign_blocks_is_cut_off(arena: Arena) 
     shard = arena.owner(0)
     honest = type(shard).aggregates.__get__(shard)
 
-    def flooding(round_: int) -> tuple[list[Aggregate], list[SignedUpdate]]:
-        aggregates, updates = honest(round_)
+    def flooding(
+        round_: int, contributors: Collection[str]
+    ) -> tuple[list[Aggregate], list[SignedUpdate]]:
+        aggregates, updates = honest(round_, contributors)
         return [aggregates[0]] * 3000, updates
 
     shard.aggregates = flooding  # type: ignore[method-assign]

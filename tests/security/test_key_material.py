@@ -17,7 +17,9 @@ import pytest
 
 from crypto import bitpack, unpack_block
 from crypto.params import CANARIES
+from fedps.errors import PolicyError
 from fedps.messages import Aggregate
+from fedps.staleness import multiplier
 from tests.round_driver import HandClient
 from tests.security.arena import VERSION, Arena
 
@@ -71,26 +73,36 @@ def _malicious(arena: Arena, client: HandClient, t: np.ndarray) -> None:
     client.signed_round = -1
 
 
-def _recovered(arena: Arena, before: np.ndarray, clients: list[HandClient], delta: float) -> float:
+def _recovered(
+    arena: Arena, before: np.ndarray, clients: list[HandClient], delta: float, multiplier: float
+) -> float:
     """The key-recovery routine on a published model: the share of the coefficients of ``s``
-    that ``t = delta * X^SHIFT`` gives back (about 1/3 by chance, 1.0 for a leak)."""
+    that ``t = delta * X^SHIFT``, pushed with staleness ``multiplier``, gives back (about 1/3
+    by chance, 1.0 for a leak)."""
     kh = arena.keyholder
     assert kh.params is not None
     result = kh._released[kh.last_round]
     weights = result.contributors
     total = sum(weights.values())
-    honest = sum(weights[c.client_id] * c.update for c in clients) / total
+    honest = sum(weights[c.client_id] * c.update for c in clients if c.client_id in weights)
     layout = kh.layout
-    residual = layout.block_of(kh.params - before - honest, BLOCK)
+    residual = layout.block_of(kh.params - before - honest / total, BLOCK)
     params = arena.public.params
     n = params.poly_modulus_degree
-    multiplier = weights[clients[-1].client_id] / clients[-1].weight
     estimate = np.rint(residual * total * params.scale / (multiplier * delta)).clip(-1, 1)
     secret = _secret(arena)
     positions = np.array(params.value_positions)
     sign = np.where(positions >= SHIFT, 1, -1)
     truth = sign * secret[(positions - SHIFT) % n]
     return float(np.mean(estimate == truth))
+
+
+def _multiplier(arena: Arena, client: HandClient) -> float:
+    """The staleness multiplier of ``client``'s update (1 in sync rounds)."""
+    staleness = arena.keyholder._staleness
+    if staleness is None:
+        return 1.0
+    return float(multiplier(staleness, arena.keyholder.version - client.version))
 
 
 @pytest.mark.parametrize(
@@ -108,16 +120,29 @@ def test_a_client_alone_cannot_release_key_material(
     exponents: list[int],
 ) -> None:
     for i, exponent in enumerate(exponents):
-        # Prepare: client-2 changes c1 of its own ciphertext and commits to it honestly
-        round_ = i + 1
-        clients = arena.clients()
+        # Prepare: a new attacker changes c1 of its own ciphertext and commits to it honestly
+        round_, version = i + 1, arena.keyholder.version
+        clients = arena.clients(["client-0", "client-1", f"mallory-{i}"], at=version)
+        mallory = clients[-1]
         delta = 2.0**exponent * arena.public.params.scale
-        _malicious(arena, clients[-1], _change(arena, kind, delta))
+        _malicious(arena, mallory, _change(arena, kind, delta))
         before = arena.keyholder.params
-        # Execute / Assert: refused before anything is decrypted, nothing published
-        arena.driver.committed_round(round_, VERSION, clients)
-        arena.assert_refused(round_, clients)
-        assert arena.keyholder.params is before
+        assert before is not None
+        # Execute
+        arena.driver.committed_round(round_, version, clients)
+        arena.driver.apply(round_, version, clients)
+        # Assert: the attacker is blamed on its own canaries and excluded; the others' sum is
+        # applied (one decryption a round), and the published model gives nothing away
+        assert "carries key material" in arena.keyholder.blamed[mallory.client_id]
+        result = arena.keyholder._released[round_]
+        assert set(result.contributors) == {"client-0", "client-1"}
+        assert len(arena.decryptions) == round_
+        assert arena.keyholder.detections == {}
+        assert _recovered(arena, before, clients, delta, _multiplier(arena, mallory)) < 0.5
+    # ... and a blamed client takes part in nothing any more
+    with pytest.raises(PolicyError, match="excluded"):
+        arena.driver.open_commits(99, arena.keyholder.version, clients)
+        arena.driver.commit(99, clients[-1])
 
 
 def test_a_shard_with_a_colluding_client_cannot_release_key_material(arena: Arena) -> None:
@@ -146,8 +171,15 @@ def test_a_shard_with_a_colluding_client_cannot_release_key_material(arena: Aren
     for client in clients:
         driver.push(1, client)
     driver.close(1)
-    # Execute / Assert
+    # Execute / Assert: refused, nothing decrypted, and a guilty party blamed, never an honest
+    # one: the shard, when the openings of the block show that its aggregate is not the
+    # contributors' sum (sync), or the colluder, when its sketch (weighted by its staleness)
+    # fails and the shard shows its ciphertext does not match it (async)
     arena.assert_refused(1, clients)
+    shard = arena.owner(BLOCK).shard_id
+    blamed = set(arena.keyholder.blamed) | set(arena.keyholder.detections)
+    assert blamed in ({shard}, {colluder.client_id}), blamed
+    assert arena.keyholder.detections in ({}, {shard: {"aggregate": 1}})
 
 
 def test_control_without_the_canary_check_the_published_model_gives_the_key_away(
@@ -168,7 +200,7 @@ def test_control_without_the_canary_check_the_published_model_gives_the_key_away
     arena.driver.committed_round(1, VERSION, clients)
     arena.driver.apply(1, VERSION, clients)
     # Assert: nearly every coefficient of s comes back
-    assert _recovered(arena, before, clients, delta) > 0.99
+    assert _recovered(arena, before, clients, delta, _multiplier(arena, clients[-1])) > 0.99
 
 
 def test_a_change_below_the_noise_passes_and_recovers_nothing(arena: Arena) -> None:
@@ -187,4 +219,4 @@ def test_a_change_below_the_noise_passes_and_recovers_nothing(arena: Arena) -> N
     arena.driver.apply(1, VERSION, clients)
     # Assert: the round applied, and what it published says nothing about s
     assert arena.keyholder.params is not before
-    assert _recovered(arena, before, clients, delta) < 0.5
+    assert _recovered(arena, before, clients, delta, _multiplier(arena, clients[-1])) < 0.5

@@ -37,6 +37,7 @@ ORDER = [
     "Shard.GetStatus",
     "Shard.PullBlocks",
     "Shard.FetchAggregate",
+    "Shard.TraceBlocks",
     "KeyHolder.GetPublicContext",
     "KeyHolder.GetModelState",
     "KeyHolder.GetChallenge",

@@ -235,7 +235,19 @@ class ShardRpcs(ServiceRpcs):
             ),
             RpcSpec(
                 methods["FetchAggregate"],
-                lambda rng: shard_pb2.FetchAggregateRequest(round=c.round),
+                lambda rng: shard_pb2.FetchAggregateRequest(
+                    round=c.round, contributors=sorted(c.cohort)
+                ),
+                pools=c.cohort_pools,
+            ),
+            RpcSpec(
+                methods["TraceBlocks"],
+                lambda rng: shard_pb2.TraceRequest(
+                    round=c.round,
+                    blocks=c.shard.owned_blocks[:2],
+                    contributors=sorted(c.cohort),
+                    challenge_seed=rng.randbytes(32) if rng.random() < 0.5 else b"",
+                ),
                 pools=c.cohort_pools,
             ),
             RpcSpec(

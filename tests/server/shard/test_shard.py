@@ -356,7 +356,7 @@ def test_valid_pushes_sum_every_block(
     # Execute
     results = [shard.push(batch) for batch in batches.values()]
     complete = shard.close_round(1)
-    aggregates, signed = shard.aggregates(1)
+    aggregates, signed = shard.aggregates(1, shard.close_round(1))
 
     # Assert: every block summed, each contribution with its weight and signed root, and
     # each client's signed update handed on for the key holder to check.
@@ -441,7 +441,7 @@ def test_invalid_push_is_refused_and_adds_nothing(
     with pytest.raises(InvalidArgumentError, match=_BAD_PUSHES[case]):
         shard.push(bad)
     shard.close_round(1)
-    aggregates, signed = shard.aggregates(1)
+    aggregates, signed = shard.aggregates(1, shard.close_round(1))
 
     # Assert: only "a" is in the sums, the manifests and the signed updates.
     assert shard.stats["refused"] == 1
@@ -473,7 +473,7 @@ def test_refused_push_does_not_block_a_later_valid_one(
 
     # Assert
     assert accepted == (len(owned), 0)
-    aggregates, signed = shard.aggregates(1)
+    aggregates, signed = shard.aggregates(1, shard.close_round(1))
     assert [(u.client_id, u.weight) for u in signed] == [("b", 3.0)]
     assert all(
         agg.contributions == _contributions(updates, agg.block, {"b": 3.0}) for agg in aggregates
@@ -492,7 +492,7 @@ def test_duplicate_push_is_counted_once(
     # Execute: the retry carries the same signed update.
     second = shard.push(push_batch(owned))
     shard.close_round(1)
-    aggregates, signed = shard.aggregates(1)
+    aggregates, signed = shard.aggregates(1, shard.close_round(1))
 
     # Assert
     assert first == (len(owned), 0)
@@ -520,7 +520,7 @@ def test_partly_duplicate_push_adds_only_new_blocks(
 
     # Assert
     assert result == (len(owned) - 1, 1)
-    sums = _decrypted_sums(shard.aggregates(1)[0], keys)
+    sums = _decrypted_sums(shard.aggregates(1, shard.close_round(1))[0], keys)
     assert sorted(sums) == owned
     assert all(abs(s - 1.0) < TOLERANCE for s in sums.values())
 
@@ -542,9 +542,9 @@ def test_close_round_returns_only_complete_clients(
     # Assert
     assert complete == ["a", "b"]
     assert not shard.round_is_open
-    manifests = {agg.block: set(agg.contributions) for agg in shard.aggregates(1)[0]}
-    assert manifests[owned[-1]] == {"a", "b"}
-    assert manifests[owned[0]] == {"a", "b", "c"}
+    # ... and every block sums exactly the complete clients: "c"'s partial push is left out
+    aggregates, _ = shard.aggregates(1, complete)
+    assert [set(agg.contributions) for agg in aggregates] == [{"a", "b"}] * len(owned)
 
 
 def test_push_after_close_is_refused(shard: Shard, owned: list[int], updates: Updates) -> None:
@@ -555,7 +555,7 @@ def test_push_after_close_is_refused(shard: Shard, owned: list[int], updates: Up
     # Execute / Assert
     with pytest.raises(RoundClosedError):
         _push_all(shard, "b", updates, owned)
-    aggregates, _ = shard.aggregates(1)
+    aggregates, _ = shard.aggregates(1, shard.close_round(1))
     assert all(set(agg.contributions) == {"a"} for agg in aggregates)
 
 
@@ -580,8 +580,8 @@ def test_discard_round_drops_sums(shard: Shard, owned: list[int], updates: Updat
     shard.discard_round(1)
 
     # Assert
-    aggregates, _ = shard.aggregates(1)
-    assert aggregates == []
+    with pytest.raises(InvalidArgumentError, match="holds no pushes"):
+        shard.aggregates(1, ["a", "b"])
     with pytest.raises(RoundClosedError):
         _push_all(shard, "c", updates, owned)
 
@@ -594,9 +594,9 @@ def test_aggregates_of_open_or_unknown_round_are_refused(
 
     # Execute / Assert
     with pytest.raises(RoundClosedError, match="still open"):
-        shard.aggregates(1)
+        shard.aggregates(1, ["a"])
     with pytest.raises(RoundClosedError, match="unknown"):
-        shard.aggregates(7)
+        shard.aggregates(7, ["a"])
     with pytest.raises(RoundClosedError, match="unknown"):
         shard.close_round(7)
     with pytest.raises(RoundClosedError, match="unknown"):
@@ -617,7 +617,7 @@ def test_one_sum_per_block_whatever_the_number_of_clients(
         _push_all(shard, client, updates, owned)
         sizes.append(len(shard._rounds[1].sums))
     shard.close_round(1)
-    aggregates, signed = shard.aggregates(1)
+    aggregates, signed = shard.aggregates(1, shard.close_round(1))
 
     # Assert: one running sum (one block's worth of memory) per owned block.
     assert sizes == [len(owned)] * len(clients)
@@ -640,7 +640,7 @@ def test_reopening_same_round_is_idempotent(
     shard.close_round(1)
 
     # Assert: the sums survived the repeated open.
-    aggregates, signed = shard.aggregates(1)
+    aggregates, signed = shard.aggregates(1, shard.close_round(1))
     assert len(aggregates) == len(owned)
     _assert_counted_alone("a", aggregates, signed, updates)
 
@@ -662,7 +662,7 @@ def test_reopening_with_new_cohort_starts_afresh(
     shard.close_round(1)
 
     # Assert
-    aggregates, signed = shard.aggregates(1)
+    aggregates, signed = shard.aggregates(1, shard.close_round(1))
     assert len(aggregates) == len(owned)
     _assert_counted_alone("b", aggregates, signed, updates)
 
@@ -680,7 +680,9 @@ def test_opening_next_round_closes_the_previous_one(
     with pytest.raises(RoundClosedError):
         _push_all(shard, "b", updates, owned)
     assert shard.open_round_number == 2
-    assert [set(a.contributions) for a in shard.aggregates(1)[0]] == [{"a"}] * len(owned)
+    assert [set(a.contributions) for a in shard.aggregates(1, shard.close_round(1))[0]] == [
+        {"a"}
+    ] * len(owned)
 
 
 # --------------------------------------------------------------------------- signatures
@@ -692,7 +694,7 @@ def _assert_only_a_counted(
     """Push "a"'s valid update, close the round and check that nothing else was counted."""
     assert _push_all(shard, "a", updates, owned) == (len(owned), 0)
     assert shard.close_round(1) == ["a"]
-    aggregates, signed = shard.aggregates(1)
+    aggregates, signed = shard.aggregates(1, shard.close_round(1))
     assert shard.stats["accepted"] == len(owned)
     _assert_counted_alone("a", aggregates, signed, updates)
     sums = _decrypted_sums(aggregates, keys)
@@ -823,7 +825,7 @@ def test_second_different_update_in_a_round_is_refused(
     # Assert: the first update can still complete, and is all that counts.
     assert shard.push(first([owned[-1]])) == (1, 0)
     assert shard.close_round(1) == ["a", "c"]
-    aggregates, signed = shard.aggregates(1)
+    aggregates, signed = shard.aggregates(1, shard.close_round(1))
     for agg in aggregates:
         assert agg.contributions == _contributions(updates, agg.block, {"a": 1.0, "c": 2.0})
     assert sorted((u.client_id, u.weight) for u in signed) == [("a", 1.0), ("c", 2.0)]
@@ -856,8 +858,8 @@ def test_too_many_messages_in_a_round_are_refused(
     # Assert: other clients have their own budget ...
     assert _push_all(shard, "b", updates, owned) == (len(owned), 0)
     assert shard.close_round(1) == ["b"]
-    manifests = {agg.block: set(agg.contributions) for agg in shard.aggregates(1)[0]}
-    assert manifests == {owned[0]: {"a", "b"}} | {b: {"b"} for b in owned[1:]}
+    manifests = {agg.block: set(agg.contributions) for agg in shard.aggregates(1, ["b"])[0]}
+    assert manifests == {b: {"b"} for b in owned}
 
     # ... and "a" has a fresh one in the next round.
     shard.open_round(2, 1, updates.members(COHORT), keys.public.context_id)
@@ -920,7 +922,7 @@ def test_restarted_shard_continues_the_open_round_and_counts_nothing_twice(
     assert second.pull(1)[0] == 1 and second.round_is_open
     assert retried == (0, len(owned))
     assert second.close_round(1) == ["a", "b"]
-    aggregates, signed = second.aggregates(1)
+    aggregates, signed = second.aggregates(1, second.close_round(1))
     assert sorted(u.client_id for u in signed) == ["a", "b"]
     sums = _decrypted_sums(aggregates, keys)
     assert sorted(sums) == owned
@@ -940,9 +942,10 @@ def test_closed_and_discarded_rounds_stay_so_after_restart(durable: Durable) -> 
     # Execute
     second = durable.start()
     # Assert: round 1's aggregate is still there to fetch; round 2 holds nothing
-    sums = _decrypted_sums(second.aggregates(1)[0], keys)
+    sums = _decrypted_sums(second.aggregates(1, second.close_round(1))[0], keys)
     assert sorted(sums) == owned and all(abs(v - 1.0) < TOLERANCE for v in sums.values())
-    assert second.aggregates(2)[0] == []
+    with pytest.raises(InvalidArgumentError, match="holds no pushes"):
+        second.aggregates(2, ["b"])
 
 
 def test_torn_last_record_is_cut_off(durable: Durable) -> None:
@@ -987,7 +990,7 @@ def test_a_push_the_disk_cannot_hold_is_refused_and_counted_once_retried(
     assert retried == (len(owned), 0)
     assert second.push(push_a) == (0, len(owned))
     assert second.close_round(1) == ["a"]
-    sums = _decrypted_sums(second.aggregates(1)[0], keys)
+    sums = _decrypted_sums(second.aggregates(1, second.close_round(1))[0], keys)
     assert all(abs(v - 1.0) < TOLERANCE for v in sums.values())
 
 

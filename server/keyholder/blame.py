@@ -1,0 +1,228 @@
+"""Blame from evidence: after a failed check, who did it, proven, and nobody otherwise.
+
+Two checks can fail on an aggregate that arrived well formed, and neither says by itself who
+caused it:
+
+- **The sketch check** (:class:`~.aggregate_verifier.AggregateVerifier`): the aggregate is not
+  the sum of what its contributors committed, as their committed sketches tell. Either the
+  shard changed the sum, or a contributor committed sketches that are not those of its own
+  ciphertext (which would frame an honest shard). :meth:`Tracer.sketches` reveals the
+  round's challenge (the round is refused for good) to the shard that sent the failing
+  blocks and asks it for every contributor ciphertext that does not match its committed
+  sketch. An honest shard's sum is the sum of what it was pushed, so it can always show one;
+  the key holder checks each shown ciphertext against its client's signed root and its
+  committed sketch: a real mismatch proves the client guilty; a shard that shows none, or
+  shows a ciphertext that is not the committed one or that does match, is guilty.
+- **The canary check** (:mod:`crypto.canary`): a decryption would carry key material, from a
+  change to ``c1`` somewhere. :meth:`Tracer.canaries` asks the shard for each contributor's
+  canary opening of the failing blocks (all of ``c1``, ``c0`` at the canaries, a digest of
+  the rest: nothing of the values), checks each against its client's signed root, and
+  computes each contributor's own canaries against the bound of one ciphertext: a
+  contributor over it is guilty. If none is, a shard whose aggregate is not the sum of the
+  openings is guilty; if it is, nobody is blamed (several contributors each under their own
+  bound: the round is refused, nothing is decrypted).
+
+A shard that does not answer is not blamed (that is a miss, not evidence); one that answers
+with something a correct shard never sends is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from crypto import SecretContext
+from crypto.canary import CanaryOpening, canary_bound, failing_rows
+from crypto.signing import chunk_root
+from crypto.sketch import Challenge
+from fedps.errors import FedPSError, InvalidArgumentError, PeerUnavailableError
+from fedps.shard_client import ShardClient
+from fedps.shard_messages import TraceEvidence, TraceQuery
+from server.keyholder.aggregate_verifier import TamperingError
+from server.keyholder.commit_board import CommitPhase
+
+__all__ = ["Tracer", "Verdict"]
+
+_CALL_S = 60.0
+
+
+@dataclass
+class Verdict:
+    """Who a trace proved guilty: contributors with what they did, and a shard (with its
+    reason) or None. Empty: nobody could be blamed on the evidence."""
+
+    clients: dict[str, str] = field(default_factory=dict)
+    shard: TamperingError | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.clients) or self.shard is not None
+
+
+class Tracer:
+    """Traces one round's failed check to whoever caused it.
+
+    Parameters
+    ----------
+    round_
+        The round.
+    phase
+        Its frozen commit phase (every contributor's signed roots and sketches).
+    contributors
+        The clients the aggregate was asked for, with their integer staleness multipliers.
+    keys
+        The key holder's secret context (canaries only: nothing is decrypted).
+    unpack
+        Validates packed ciphertext blocks into coefficient rows.
+    """
+
+    def __init__(
+        self,
+        round_: int,
+        phase: CommitPhase,
+        contributors: Mapping[str, int],
+        keys: SecretContext,
+        unpack: Callable[[list[bytes]], np.ndarray],
+    ) -> None:
+        self.round = round_
+        self.phase = phase
+        self.multipliers = dict(contributors)
+        self.keys = keys
+        self._unpack = unpack
+
+    def _root(self, client: str, block: int) -> bytes:
+        return self.phase.commitments[client].update.roots[block]
+
+    def _ask(self, shard: ShardClient, query: TraceQuery) -> TraceEvidence | TamperingError | None:
+        """The shard's evidence; a TamperingError if it refused what it must hold; None if it
+        did not answer (not evidence)."""
+        try:
+            return shard.trace_blocks(query, timeout_s=_CALL_S)
+        except PeerUnavailableError:
+            return None
+        except FedPSError as exc:
+            return TamperingError(
+                shard.shard_id, "evidence", f"refused to show the pushes it summed ({exc})"
+            )
+
+    # ------------------------------------------------------------------ canaries
+    def canaries(
+        self, shard: ShardClient, blocks: Sequence[int], aggregates: Mapping[int, np.ndarray]
+    ) -> Verdict:
+        """Trace failed canaries of ``blocks`` (all sent by ``shard``; ``aggregates``: each
+        block's validated aggregate row, as checked)."""
+        clients = sorted(self.multipliers)
+        query = TraceQuery(self.round, tuple(sorted(blocks)), tuple(clients))
+        evidence = self._ask(shard, query)
+        if evidence is None:
+            return Verdict()
+        if isinstance(evidence, TamperingError):
+            return Verdict(shard=evidence)
+        sid = shard.shard_id
+        wanted = {(c, b) for c in clients for b in query.blocks}
+        got = {(o.client_id, o.block): o for o in evidence.openings}
+        if len(got) != len(evidence.openings) or set(got) != wanted:
+            return Verdict(shard=TamperingError(sid, "evidence", "sent other openings than asked"))
+        keys = [(c, b) for c in clients for b in query.blocks]
+        try:
+            openings = [got[k].opening() for k in keys]
+            for (c, b), opening in zip(keys, openings, strict=True):
+                if opening.root() != self._root(c, b):
+                    raise InvalidArgumentError(f"{c!r}'s opening of block {b} is not committed")
+            canaries = self.keys.opened_canaries(openings)
+        except InvalidArgumentError as exc:
+            return Verdict(shard=TamperingError(sid, "evidence", f"a false opening ({exc})"))
+        params = self.keys.public.params
+        verdict = Verdict()
+        for i, (client, block) in enumerate(keys):
+            bound = canary_bound(params, self.multipliers[client] ** 2)
+            if failing_rows(canaries[i : i + 1], bound):
+                verdict.clients.setdefault(
+                    client, f"its ciphertext of block {block} carries key material (canaries)"
+                )
+        if verdict:
+            return verdict
+        for block in query.blocks:  # nobody alone: is the aggregate the sum of the openings?
+            if not self._sums_match(block, keys, openings, aggregates[block]):
+                return Verdict(
+                    shard=TamperingError(
+                        sid, "aggregate", f"block {block}'s aggregate is not its contributors' sum"
+                    )
+                )
+        return verdict
+
+    def _sums_match(
+        self,
+        block: int,
+        keys: list[tuple[str, int]],
+        openings: list[CanaryOpening],
+        aggregate: np.ndarray,
+    ) -> bool:
+        """Whether ``aggregate`` agrees with the weighted sum of the block's openings on
+        everything they show (``c1`` and the canaries of ``c0``)."""
+        q = self.keys.public.modulus
+        n = self.keys.public.params.poly_modulus_degree
+        step = len(aggregate) // 2 // len(self.keys.public.params.canary_positions)
+        c1 = np.zeros(n, dtype=object)
+        c0 = np.zeros(n // step, dtype=object)
+        for (client, b), opening in zip(keys, openings, strict=True):
+            if b != block:
+                continue
+            m = self.multipliers[client]
+            c1 += opening.c1.astype(object) * m
+            c0 += opening.c0_canaries.astype(object) * m
+        shown = np.concatenate([c1 % q, c0 % q]).astype(np.uint64)
+        actual = np.concatenate([aggregate[n:], aggregate[:n:step]])
+        return bool(np.array_equal(shown, actual))
+
+    # ------------------------------------------------------------------ sketches
+    def sketches(self, shard: ShardClient, blocks: Sequence[int], challenge: Challenge) -> Verdict:
+        """Trace a failed sketch check of ``blocks`` (all sent by ``shard``), revealing the
+        round's ``challenge`` to it (the round is never decrypted after this)."""
+        clients = sorted(self.multipliers)
+        ordered = tuple(sorted(blocks))
+        sketches = tuple(
+            np.ascontiguousarray(self.phase.commitments[c].sketches[:, list(ordered)])
+            .astype("<u8")
+            .tobytes()
+            for c in clients
+        )
+        query = TraceQuery(self.round, ordered, tuple(clients), challenge.seed, sketches)
+        evidence = self._ask(shard, query)
+        if evidence is None:
+            return Verdict()
+        if isinstance(evidence, TamperingError):
+            return Verdict(shard=evidence)
+        sid = shard.shard_id
+        verdict = Verdict()
+        for held in evidence.mismatches:
+            if held.client_id not in self.multipliers or held.block not in ordered:
+                return Verdict(shard=TamperingError(sid, "evidence", "showed a foreign push"))
+            try:
+                row = self._unpack([held.ciphertext])
+            except InvalidArgumentError as exc:
+                return Verdict(shard=TamperingError(sid, "evidence", f"showed garbage ({exc})"))
+            if chunk_root(row[0]) != self._root(held.client_id, held.block):
+                return Verdict(
+                    shard=TamperingError(sid, "evidence", "showed a push its client never sent")
+                )
+            committed = self.phase.commitments[held.client_id].sketches[:, held.block]
+            if np.array_equal(challenge.sketch(row)[:, 0], committed):
+                return Verdict(
+                    shard=TamperingError(sid, "evidence", "blamed a client whose sketch matches")
+                )
+            verdict.clients.setdefault(
+                held.client_id,
+                f"its committed sketch of block {held.block} is not its ciphertext's",
+            )
+        if not verdict:
+            return Verdict(
+                shard=TamperingError(
+                    sid,
+                    "aggregate",
+                    f"blocks {list(ordered)[:5]}: the aggregate is not the sum of its "
+                    "contributors' committed ciphertexts",
+                )
+            )
+        return verdict
