@@ -7,9 +7,12 @@ encrypted sums and manifests, checks every block of them against the commitments
 the clients the round closed with (:class:`~.aggregate_verifier.AggregateVerifier`: the
 contributor sets, and a sketch of every coefficient), and only then decrypts, floods, divides
 each block by its total weight, applies the server optimizer and publishes the next version of
-every block to its shard. It never receives a single client's ciphertext on its own. A round
-whose check failed is never decrypted; the shard that sent the bad block is counted as a
-suspect, and after ``max_detections`` detections no round is decrypted any more.
+every block to its shard. It never decrypts a single client's ciphertext. A round whose check
+failed is never decrypted; the failure is traced to whoever caused it (:mod:`.blame`): a
+shard proven to have changed a sum is counted, and after ``max_detections`` detections no
+round is decrypted any more; a client proven to have sent key material, garbage or a lying
+sketch is excluded from every later round, and a round whose canaries caught only such
+clients is summed again without them.
 
 At client level (DP-FedAvg) the key holder is the one party that sees a round's sum: when
 fewer than the cohort's n clients contributed, it adds the missing shares of the noise to the
