@@ -161,6 +161,25 @@ class RecordLog:
                     if self._fsync:
                         os.fsync(fh.fileno())
 
+    def round_records(self, round_: int) -> Iterator[bytes]:
+        """The records of ``round_`` written so far, in write order, read back without
+        changing the file (nothing if it has none).
+
+        Raises
+        ------
+        CorruptStateError
+            A complete record is damaged.
+        """
+        path = self._path(round_)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return
+        offset = 0
+        while (end := self._record_end(path, data, offset)) is not None:
+            yield data[offset + _HEADER.size : end]
+            offset = end
+
     def _record_end(self, path: Path, data: bytes, offset: int) -> int | None:
         """Where the record at ``offset`` ends; None at the end of the file or a torn tail."""
         start = offset + _HEADER.size

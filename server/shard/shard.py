@@ -5,7 +5,10 @@ published values, and for the open round it validates every pushed ciphertext bl
 size, every coefficient below q, the key generation's context id, ownership, cohort
 membership, round and version) before adding it into a running sum modulo q. The sum is one
 block per owned block, whatever the number of clients; the manifest records who is in it and
-with what weight, so a client's block is never counted twice. A shard never holds a secret
+with what weight, so a client's block is never counted twice. Each client's pushed
+ciphertexts stay in the shard's log (in memory without one) for as long as the round: the
+key holder asks for the sum of exactly the clients the round closed with, and after a
+failed check for the evidence (:meth:`Shard.trace`). A shard never holds a secret
 key: it can add ciphertexts, never read them.
 
 With a :class:`~server.shard.shard_log.ShardLog`, every accepted change is logged (and by default
@@ -30,6 +33,7 @@ from crypto.signed_update import SignedUpdate
 from crypto.signing import chunk_root, is_weak_key
 from crypto.sketch import Challenge
 from fedps.errors import (
+    CorruptStateError,
     InvalidArgumentError,
     NotReadyError,
     PeerUnavailableError,
@@ -72,9 +76,11 @@ class _Entry:
 
     Stored compactly, since a shard holds one per client and round: the roots joined into one
     ``bytes``, the blocks as a bitmask. The manifest of a block is derived from the entries.
-    Each added block's packed ciphertext is kept until the round is gone: the key holder may
-    ask for the sum of another set of clients (the set the round closed with) and, after a
-    failed check, for the evidence of who changed what (:meth:`Shard.trace`).
+    A shard without a log keeps each added block's packed ciphertext here (``data``); with
+    one, the log holds them and memory stays flat in the number of clients. Either way they
+    last as long as the round: the key holder may ask for the sum of a smaller set of clients
+    (the set the round closed with) and, after a failed check, for the evidence of who
+    changed what (:meth:`Shard.trace`).
     """
 
     weight: float
@@ -84,7 +90,7 @@ class _Entry:
     roots: bytes  # every block's chunk root, joined
     multiplier: int
     blocks: int = 0  # bit b set: block b was added into the sum
-    data: dict[int, bytes] = field(default_factory=dict)  # each added block, packed
+    data: dict[int, bytes] = field(default_factory=dict)  # each added block (no log only)
 
     @classmethod
     def of(cls, update: SignedUpdate, multiplier: int) -> _Entry:
@@ -506,7 +512,8 @@ class Shard:
         for (block, data), coeffs in zip(blocks, coefficients, strict=True):
             state.sums.setdefault(block, new_sum(public)).add(coeffs, multiplier)
             entry.blocks |= 1 << block
-            entry.data[block] = data
+            if self._log is None:  # else the log holds it (Shard.trace reads it back)
+                entry.data[block] = data
         self.stats["accepted"] += len(blocks)
 
     def _multiplier(self, state: _Round, batch: PushBatch) -> int:
@@ -631,8 +638,10 @@ class Shard:
         else:  # rarely: someone else's pushes were incomplete; sum exactly the set
             public = self._public_context(state.context_id)
             total = new_sum(public)
-            rows = unpack_blocks(public, [holders[c].data[block] for c in sorted(wanted)])
-            for c, row in zip(sorted(wanted), rows, strict=True):
+            clients = sorted(wanted)
+            data = self._pushed(state, [(c, block) for c in clients])
+            rows = unpack_blocks(public, [data[c, block] for c in clients])
+            for c, row in zip(clients, rows, strict=True):
                 total.add(row, holders[c].multiplier)
             packed = total.packed()
         manifest = {
@@ -739,7 +748,7 @@ class Shard:
         if not state.closed:
             raise RoundClosedError(f"round {round_} is still open")
         owned = set(self._owned)
-        out = []
+        pairs = []
         for block in sorted(set(blocks)):
             if block not in owned:
                 raise InvalidArgumentError(f"block {block} is not owned by {self.shard_id}")
@@ -749,8 +758,23 @@ class Shard:
                     raise InvalidArgumentError(
                         f"{self.shard_id} holds no push of block {block} from {client!r}"
                     )
-                out.append((client, block, entry.data[block]))
-        return out
+                pairs.append((client, block))
+        data = self._pushed(state, pairs)
+        return [(client, block, data[client, block]) for client, block in pairs]
+
+    def _pushed(self, state: _Round, pairs: list[tuple[str, int]]) -> dict[tuple[str, int], bytes]:
+        """The packed ciphertexts of ``(client, block)`` pairs the shard added in ``state``
+        (from memory, or read back from the round's log)."""
+        if self._log is None:
+            return {(c, b): state.entries[c].data[b] for c, b in pairs}
+        found = self._log.pushed(state.round, set(pairs))
+        missing = sorted(set(pairs) - set(found))
+        if missing:  # the log is what was acknowledged: it holds every added block
+            raise CorruptStateError(
+                f"{self.shard_id}: the log of round {state.round} lacks the added push of "
+                f"{missing[0]}; restore the log from a backup (docs/operations.md)"
+            )
+        return found
 
     def _require(self, round_: int) -> _Round:
         state = self._rounds.get(round_)

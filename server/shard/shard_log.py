@@ -109,6 +109,28 @@ class ShardLog:
         for round_, payload in self._log.records():
             yield round_, ShardLogRecord.from_proto(shard_pb2.ShardLogRecord.FromString(payload))
 
+    def pushed(self, round_: int, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], bytes]:
+        """The packed ciphertexts of the ``(client, block)`` pairs ``wanted`` that round
+        ``round_``'s log holds, read back from disk (a shard keeps only running sums in
+        memory; this is the evidence the key holder may ask for after a failed check).
+
+        Raises
+        ------
+        CorruptStateError
+            A logged record is damaged.
+        """
+        found: dict[tuple[str, int], bytes] = {}
+        for payload in self._log.round_records(round_):
+            record = shard_pb2.ShardLogRecord.FromString(payload)
+            if record.WhichOneof("kind") != "push":
+                continue
+            push = record.push.push
+            for block in push.blocks:
+                key = (push.client_id, block.block)
+                if key in wanted:
+                    found[key] = block.ciphertext
+        return found
+
     def forget_before(self, round_: int) -> None:
         """Delete the logs of every round before ``round_``."""
         self._log.forget_before(round_)

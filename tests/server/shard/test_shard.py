@@ -1025,3 +1025,24 @@ def test_a_flipped_bit_in_the_saved_model_stops_recovery(durable: Durable) -> No
         f"{path}: the published model is corrupt (checksum mismatch); delete it; the key "
         "holder republishes the model to this shard when the coordinator starts"
     )
+
+
+def test_a_smaller_set_is_summed_from_the_log_after_a_restart(durable: Durable) -> None:
+    # Prepare: a and b pushed every block and the round closed; the shard restarts (its
+    # memory holds running sums only, the pushes are in its log)
+    owned, keys, updates = durable.owned, durable.keys, durable.updates
+    first = durable.start()
+    _publish_and_open(first, owned, keys, updates)
+    _push_all(first, "a", updates, owned)
+    _push_all(first, "b", updates, owned)
+    first.close_round(1)
+    second = durable.start()
+    # Execute: the sum of a alone, as if another shard had found b incomplete
+    aggregates, signed = second.aggregates(1, ["a"])
+    # Assert: exactly a's blocks, read back from the log; a and b still sum to 1 + 2
+    sums = _decrypted_sums(aggregates, keys)
+    assert sorted(sums) == owned and all(abs(v - 1.0) < TOLERANCE for v in sums.values())
+    assert [u.client_id for u in signed] == ["a"]
+    assert all(set(a.contributions) == {"a"} for a in aggregates)
+    both = _decrypted_sums(second.aggregates(1, ["a", "b"])[0], keys)
+    assert all(abs(v - 3.0) < TOLERANCE for v in both.values())
