@@ -66,7 +66,16 @@ _LAZY = {
 
 def __getattr__(name: str) -> object:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        try:
+            module = importlib.import_module(_LAZY[name])
+        except ModuleNotFoundError as exc:  # e.g. torch, without the [client] extra
+            from fedps.extras import missing_extra
+
+            missing = missing_extra(exc)
+            if missing is None:
+                raise
+            raise missing from exc
+        return getattr(module, name)
     raise AttributeError(f"module 'fedps' has no attribute {name!r}")
 
 

@@ -18,6 +18,7 @@ import typer
 
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import FedPSError
+from fedps.extras import missing_extra
 
 __all__ = ["app", "main"]
 
@@ -564,4 +565,10 @@ def main() -> None:
         app()
     except FedPSError as exc:
         print(f"fedps: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except ModuleNotFoundError as exc:  # an optional dependency (pip extra) not installed
+        missing = missing_extra(exc)
+        if missing is None:
+            raise
+        print(f"fedps: error: {missing}", file=sys.stderr)
         sys.exit(2)
