@@ -162,7 +162,8 @@ def test_dockerfile_runs_fedps_as_a_user_with_the_pinned_torch() -> None:
     # Prepare
     text = DOCKERFILE.read_text()
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    torch_pin = next(d for d in pyproject["project"]["dependencies"] if d.startswith("torch=="))
+    client = pyproject["project"]["optional-dependencies"]["client"]
+    torch_pin = next(d for d in client if d.startswith("torch=="))
     config = load_config(DEPLOY / "fedps.toml")
 
     # Execute
@@ -172,7 +173,8 @@ def test_dockerfile_runs_fedps_as_a_user_with_the_pinned_torch() -> None:
     values: dict[str, list[str]] = {}
     for keyword, value in instructions:
         values.setdefault(keyword, []).append(value)
-    assert values["ENTRYPOINT"] == ['["fedps"]']
+    assert values["ENTRYPOINT"] == ['["fedps"]'] * 2  # the server image and the full one
+    assert [v.split()[-1] for v in values["FROM"]] == ["base", "server", "full"]
     assert torch_pin == "torch==2.13.0" and f" {torch_pin}" in text
     assert "ARG BASE_IMAGE=python:3.11-slim-bookworm" in text
     assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text
