@@ -306,6 +306,20 @@ class SecurityConfig(_Section):
         description="detected tamperings by one shard after which the key holder decrypts "
         "nothing more",
     )
+    max_shard_misses: int = Field(
+        3,
+        ge=1,
+        description="missed call deadlines in a row of one shard (the key holder's fetch of "
+        "its aggregates, the coordinator's opening or closing of a round) after which the "
+        "run stops, naming the shard",
+    )
+    shard_deadline_s: float = Field(
+        60.0,
+        gt=0,
+        description="how long the key holder waits for a shard's aggregates, and the "
+        "coordinator for a shard to open or close a round; a shard that has not answered "
+        "by then missed its deadline",
+    )
     rotate_every_rounds: int = Field(
         0, ge=0, description="generate a new CKKS key pair every N applied rounds (0: never)"
     )

@@ -199,3 +199,7 @@ class ClusterStatus(WireRecord[coordinator_pb2.ClusterStatus]):
     client_noise_multipliers: dict[str, float] = field(default_factory=dict)
     #: rounds each registered client reported an update for (its participation)
     client_rounds: dict[str, int] = field(default_factory=dict)
+    #: the coordinator's calls to each shard that missed their deadline (open, close)
+    shard_misses: dict[str, int] = field(default_factory=dict)
+    #: the shards that missed ``security.max_shard_misses`` in a row, not answered since
+    stalled: tuple[str, ...] = ()

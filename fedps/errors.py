@@ -27,6 +27,7 @@ __all__ = [
     "QuarantinedError",
     "RateLimitedError",
     "RoundClosedError",
+    "ShardStalledError",
     "StaleUpdateError",
     "UnauthenticatedError",
     "UnknownClientError",
@@ -87,6 +88,13 @@ class PolicyError(FedPSError):
 
 class QuarantinedError(PolicyError):
     """The key holder decrypts nothing more: a shard was caught tampering too often."""
+
+
+class ShardStalledError(PolicyError):
+    """A shard missed its call deadline ``security.max_shard_misses`` times in a row (it held
+    the call open, or could not be reached, for that long): every round needs it, so none is
+    applied until it answers again. A failure to answer, never evidence of tampering: nothing
+    is quarantined, and a round refused for it is applied once the shard answers."""
 
 
 class PrivacyBudgetExceededError(RoundClosedError):

@@ -115,8 +115,9 @@ class ModelUpload(WireRecord[keyholder_pb2.InitializeRequest]):
 
 @dataclass(frozen=True)
 class ModelState(WireRecord[keyholder_pb2.ModelState]):
-    """The key holder's model: version, size, last applied round, and the tampering it
-    detected by shard (with the shards it no longer decrypts for)."""
+    """The key holder's model: version, size, last applied round, the tampering it
+    detected by shard (with the shards it no longer decrypts for), and the fetches of each
+    shard that missed their deadline (with the shards that missed too many in a row)."""
 
     wire = keyholder_pb2.ModelState
 
@@ -128,6 +129,10 @@ class ModelState(WireRecord[keyholder_pb2.ModelState]):
     quarantined: tuple[str, ...] = ()
     #: the detections by reason, summed over the shards
     detection_reasons: dict[str, int] = field(default_factory=dict)
+    #: the fetches of each shard that missed their deadline, since the key holder started
+    shard_misses: dict[str, int] = field(default_factory=dict)
+    #: the shards that missed ``security.max_shard_misses`` in a row, not answered since
+    stalled: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,10 @@ can share a process (as in the tests).
   from the coordinator when Prometheus scrapes, so nothing is pushed.
 
 Every role shows its model version; the key holder and the coordinator the age of their last
-checkpoint. Labels never carry keys or update values, and only one carries a client id:
+checkpoint and the calls to each shard that missed their deadline
+(``fedps_shard_misses_total{shard="shard-1",call="FetchAggregate"}``: the key holder's
+fetches, the coordinator's ``OpenRound`` and ``CloseRound``). Labels never carry keys or
+update values, and only one carries a client id:
 ``fedps_client_epsilon{client="client-0"}`` on the coordinator. A client id is the
 pseudonymous name the operator enrolled the client under (``client-N`` or its certificate's
 name), which the operator already knows, and the endpoint listens on loopback, for the
@@ -58,6 +61,17 @@ class _RoleMetrics:
         age.set_function(
             lambda: time.time() - last_checkpoint() if last_checkpoint() else float("nan")
         )
+
+    def track_shard_misses(self) -> Callable[[str, str], None]:
+        """Count the calls to shards that missed their deadline, by shard and call; returns
+        what counts one (a :class:`server.shard_misses.ShardMisses`'s ``on_miss``)."""
+        misses = Counter(
+            "fedps_shard_misses",
+            "Calls to a shard that missed their deadline, by shard and call",
+            ["shard", "call"],
+            registry=self.registry,
+        )
+        return lambda shard, call: misses.labels(shard, call).inc()
 
     def serve(self, address: str) -> int:
         """Serve ``/metrics`` on ``host:port`` (port 0: any free port); returns the port."""

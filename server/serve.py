@@ -119,6 +119,8 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
         groups=_group_policy(config),
         weight_bounds=weight_bounds(config),
         max_detections=config.security.max_detections,
+        max_shard_misses=config.security.max_shard_misses,
+        shard_deadline_s=config.security.shard_deadline_s,
         client_noise=(
             client_level_noise(t, config.privacy) if config.privacy.level == "client" else None
         ),
@@ -127,6 +129,7 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
     if metrics is not None:
         metrics.version.set_function(lambda: keyholder.version)
         keyholder.on_tampering = metrics.tampering_detected
+        keyholder.shard_misses.on_miss = metrics.track_shard_misses()
         metrics.track_checkpoint(lambda: keyholder.last_saved)
     servicer = KeyHolderServicer(keyholder, metrics)
     keyholder_pb2_grpc.add_KeyHolderServicer_to_server(servicer, server)
@@ -203,6 +206,7 @@ def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -
         metrics.version.set_function(lambda: coordinator.version)
         metrics.buffer_fill.set_function(coordinator.reported_in_open_round)
         metrics.track_checkpoint(lambda: coordinator.last_checkpoint)
+        coordinator.shard_misses.on_miss = metrics.track_shard_misses()
         metrics.watch(coordinator)
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coordinator), server)
     threading.Thread(target=coordinator.run, name="rounds", daemon=True).start()

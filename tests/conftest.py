@@ -34,7 +34,7 @@ from server.coordinator.coordinator import Coordinator
 from server.keyholder.keyholder import KeyHolder
 from server.serve import add_coordinator, add_keyholder, add_shard
 from server.shard.shard import Shard
-from tests.waiting import HANG_S
+from tests.waiting import HANG_S, wait_for
 
 # Hypothesis checks a fixed number of examples, never a pace: its per-example deadline
 # (200 ms) and its "too slow" health check would fail a property on a loaded machine.
@@ -182,6 +182,28 @@ def start_coordinator(cluster: Cluster) -> Coordinator:
     cluster.coordinator = add_coordinator(server, cluster.config, cluster.state_dir / "coordinator")
     server.start()
     return cluster.coordinator
+
+
+def end_commits_once_committed(coordinator: Coordinator, committed: set[str]) -> None:
+    """Wait until ``committed`` (client ids) have all committed to the open round, then end
+    its commit phase as its deadline does: the deadline becomes now.
+
+    For a test whose cohort holds a member that will never commit (killed, silent): the
+    round then closes as it would at ``training.deadline_s``, but the test need not sit
+    through a deadline chosen long enough for a loaded machine's clients (it can be a hang
+    guard), and a slow machine cannot close the round before the others committed.
+    """
+
+    def ready() -> bool:
+        opened = coordinator._open
+        return opened is not None and not opened.pushing and committed <= opened.committed
+
+    wait_for(ready, f"{sorted(committed)} committed")
+    with coordinator._changed:
+        opened = coordinator._open
+        assert opened is not None and not opened.pushing, "the commit phase ended already"
+        opened.deadline = time.time()
+        coordinator._changed.notify_all()
 
 
 @pytest.fixture

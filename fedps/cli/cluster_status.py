@@ -1,8 +1,12 @@
-"""``fedps status``: which roles are up, the current round and version, the last checkpoint."""
+"""``fedps status``: which roles are up, the current round and version, the last checkpoint,
+and each shard's standing: tampering the key holder detected in what it sent, and the calls
+to it that missed their deadline (the key holder's fetches, the coordinator's openings and
+closings of rounds)."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import typer
 
@@ -39,29 +43,35 @@ def print_status(config: FedPSConfig) -> None:
     keyholder = KeyHolderClient(cluster.keyholder)
     detections: dict[str, int] = {}
     quarantined: set[str] = set()
+    misses = Counter(status.shard_misses)
+    stalled = set(status.stalled)
     try:
         state = keyholder.get_model_state(timeout_s=5)
         typer.echo(f"key holder {cluster.keyholder}: up, version {state.version}")
         detections, quarantined = dict(state.detections), set(state.quarantined)
+        misses.update(state.shard_misses)
+        stalled.update(state.stalled)
     except FedPSError as exc:
         typer.echo(f"key holder {cluster.keyholder}: DOWN ({exc})")
     finally:
         keyholder.close()
     for sid, address in zip(cluster.shard_ids, cluster.shards, strict=True):
         shard = ShardClient(sid, address)
-        suspect = ""
+        standing = ""
         if sid in detections:
-            suspect = (
+            standing = (
                 f"; {'QUARANTINED' if sid in quarantined else 'SUSPECT'}: "
                 f"{detections[sid]} tampered aggregate(s) detected by the key holder"
             )
+        if misses[sid]:
+            standing += f"; {'STALLED: ' if sid in stalled else ''}{misses[sid]} missed deadline(s)"
         try:
             s = shard.get_status(timeout_s=5)
             typer.echo(
                 f"{sid} {address}: up, version {s.version}, {s.blocks} blocks, "
-                f"{s.pushes_accepted} pushes accepted, {s.pushes_refused} refused{suspect}"
+                f"{s.pushes_accepted} pushes accepted, {s.pushes_refused} refused{standing}"
             )
         except FedPSError as exc:
-            typer.echo(f"{sid} {address}: DOWN ({exc}){suspect}")
+            typer.echo(f"{sid} {address}: DOWN ({exc}){standing}")
         finally:
             shard.close()

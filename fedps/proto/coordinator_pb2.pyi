@@ -439,6 +439,26 @@ class ClusterStatus(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class ShardMissesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     RUN_ID_FIELD_NUMBER: _builtins.int
     ROUND_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
@@ -453,6 +473,8 @@ class ClusterStatus(_message.Message):
     NOISE_FIELD_NUMBER: _builtins.int
     CLIENT_NOISE_MULTIPLIERS_FIELD_NUMBER: _builtins.int
     CLIENT_ROUNDS_FIELD_NUMBER: _builtins.int
+    SHARD_MISSES_FIELD_NUMBER: _builtins.int
+    STALLED_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     round: _builtins.int
     version: _builtins.int
@@ -478,6 +500,18 @@ class ClusterStatus(_message.Message):
     def client_rounds(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """How many rounds each registered client reported an update for, by client id."""
 
+    @_builtins.property
+    def shard_misses(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """The coordinator's calls to each shard (OpenRound, CloseRound) that missed their deadline,
+        by shard id, since it started.
+        """
+
+    @_builtins.property
+    def stalled(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Shards that missed security.max_shard_misses of those deadlines in a row and have not
+        answered since (the run stopped on them).
+        """
+
     def __init__(
         self,
         *,
@@ -495,10 +529,12 @@ class ClusterStatus(_message.Message):
         noise: _builtins.str = ...,
         client_noise_multipliers: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         client_rounds: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        shard_misses: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        stalled: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "client_epsilons", b"client_epsilons", "client_noise_multipliers", b"client_noise_multipliers", "client_rounds", b"client_rounds", "delta", b"delta", "finished", b"finished", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "noise", b"noise", "registered", b"registered", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "client_epsilons", b"client_epsilons", "client_noise_multipliers", b"client_noise_multipliers", "client_rounds", b"client_rounds", "delta", b"delta", "finished", b"finished", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "noise", b"noise", "registered", b"registered", "round", b"round", "run_id", b"run_id", "shard_misses", b"shard_misses", "stalled", b"stalled", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

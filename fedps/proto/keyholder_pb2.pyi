@@ -321,6 +321,26 @@ class ModelState(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class ShardMissesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     VERSION_FIELD_NUMBER: _builtins.int
     NUM_PARAMS_FIELD_NUMBER: _builtins.int
     INITIALIZED_FIELD_NUMBER: _builtins.int
@@ -328,6 +348,8 @@ class ModelState(_message.Message):
     DETECTIONS_FIELD_NUMBER: _builtins.int
     QUARANTINED_FIELD_NUMBER: _builtins.int
     DETECTION_REASONS_FIELD_NUMBER: _builtins.int
+    SHARD_MISSES_FIELD_NUMBER: _builtins.int
+    STALLED_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     num_params: _builtins.int
     initialized: _builtins.bool
@@ -344,6 +366,18 @@ class ModelState(_message.Message):
     def detection_reasons(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """The same detections by reason (tampered_aggregate, ...), summed over the shards."""
 
+    @_builtins.property
+    def shard_misses(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Fetches of each shard's aggregates that missed their deadline, by shard id, since the
+        key holder started (a failure to answer, never a detection).
+        """
+
+    @_builtins.property
+    def stalled(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Shards that missed security.max_shard_misses deadlines in a row and have not answered
+        since: no round is applied until they do.
+        """
+
     def __init__(
         self,
         *,
@@ -354,10 +388,12 @@ class ModelState(_message.Message):
         detections: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         quarantined: _abc.Iterable[_builtins.str] | None = ...,
         detection_reasons: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        shard_misses: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        stalled: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detection_reasons", b"detection_reasons", "detections", b"detections", "initialized", b"initialized", "last_round", b"last_round", "num_params", b"num_params", "quarantined", b"quarantined", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detection_reasons", b"detection_reasons", "detections", b"detections", "initialized", b"initialized", "last_round", b"last_round", "num_params", b"num_params", "quarantined", b"quarantined", "shard_misses", b"shard_misses", "stalled", b"stalled", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

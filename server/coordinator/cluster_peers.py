@@ -6,7 +6,10 @@ with the plain records of :mod:`fedps.keyholder_messages` and :mod:`fedps.shard_
 Every call has a deadline (a call caught in a peer's restart fails and is retried, never
 hangs) and is retried while the peer is unavailable until it succeeds or the coordinator
 stops; a shard that refuses to open or close a round (it answers, with an error) is asked
-:data:`REFUSALS` times, then the round is abandoned with that error.
+:data:`REFUSALS` times, then the round is abandoned with that error. A shard that does not
+answer opening or closing a round within ``security.shard_deadline_s`` misses its deadline
+(:class:`~server.shard_misses.ShardMisses`); after ``security.max_shard_misses`` misses in
+a row it is not asked again: :class:`~fedps.errors.ShardStalledError` names it.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ from crypto.signing import model_verifier
 from fedps import keyholder_messages as records
 from fedps.blocks import BlockLayout
 from fedps.config import ClusterConfig
-from fedps.errors import FedPSError, PeerUnavailableError, PolicyError
+from fedps.errors import FedPSError, PeerUnavailableError, PolicyError, ShardStalledError
 from fedps.keyholder_client import KeyHolderClient
 from fedps.messages import ParameterBlock
 from fedps.parameter_client import ParameterClient
 from fedps.shard_messages import RoundOpening
 from fedps.transport import call_until
+from server.shard_misses import ShardMisses
 
 __all__ = ["REFUSALS", "ClusterPeers"]
 
@@ -48,10 +52,16 @@ class ClusterPeers:
         The addresses of the key holder and the shards.
     stop
         Set when the coordinator stops: ends every retry loop.
+    misses
+        Counts the shards' missed deadlines of opening and closing rounds (each call is made
+        with its ``deadline_s``).
     """
 
-    def __init__(self, cluster: ClusterConfig, *, stop: threading.Event) -> None:
+    def __init__(
+        self, cluster: ClusterConfig, *, stop: threading.Event, misses: ShardMisses
+    ) -> None:
         self._stop = stop
+        self._misses = misses
         self._params = ParameterClient(dict(zip(cluster.shard_ids, cluster.shards, strict=True)))
         self._keyholder = KeyHolderClient(cluster.keyholder)
 
@@ -65,14 +75,21 @@ class ClusterPeers:
         (a class, or a predicate)."""
         return call_until(fn, what, retry_on=retry_on, stop=self._stop)
 
-    def _bounded(self, fn: Callable[[], _T], what: str) -> _T:
-        """Call until it succeeds: an unavailable peer is waited for (until the coordinator
-        stops), any other error is retried :data:`REFUSALS` times, then raised."""
+    def _bounded(self, shard: str, call: str, fn: Callable[[float], _T], what: str) -> _T:
+        """Call ``fn(deadline_s)``, the RPC ``call`` to ``shard``, until it succeeds: an
+        unavailable shard is asked again (until the coordinator stops, or its misses reach
+        the limit: :class:`ShardStalledError`), any other error is retried :data:`REFUSALS`
+        times, then raised."""
+        deadline_s = self._misses.deadline_s
         for attempt in range(1, REFUSALS + 1):
             try:
-                return self.retry(fn, what, retry_on=PeerUnavailableError)
-            except PeerUnavailableError:
-                raise  # stopping
+                return self.retry(
+                    lambda: self._misses.call(shard, call, lambda: fn(deadline_s)),
+                    what,
+                    retry_on=PeerUnavailableError,
+                )
+            except (PeerUnavailableError, ShardStalledError):
+                raise  # stopping, or the shard stalls the run
             except FedPSError as exc:
                 if attempt == REFUSALS or self._stop.wait(0.5 * attempt):
                     raise FedPSError(f"{what}: refused {attempt} times, last: {exc}") from exc
@@ -147,7 +164,16 @@ class ClusterPeers:
 
     # ------------------------------------------------------------------ the shards
     def open_round(self, opening: records.CommitOpening, commitments: records.CommitSet) -> None:
-        """Open a round on every shard for ``opening.members`` and their commitments."""
+        """Open a round on every shard for ``opening.members`` and their commitments.
+
+        Raises
+        ------
+        ShardStalledError
+            A shard missed the deadline of opening it ``security.max_shard_misses`` times
+            in a row.
+        FedPSError
+            A shard refused it :data:`REFUSALS` times, or the coordinator stopped.
+        """
         members = opening.members
         round_opening = RoundOpening(
             opening.round,
@@ -158,14 +184,33 @@ class ClusterPeers:
             {u.client_id: u for u in commitments.updates if u.client_id in members},
         )
         for sid, shard in self._params.shards.items():
-            self._bounded(lambda: shard.open_round(round_opening), f"open round on {sid}")  # noqa: B023
+            self._bounded(
+                sid,
+                "OpenRound",
+                lambda deadline_s: shard.open_round(round_opening, timeout_s=deadline_s),  # noqa: B023
+                f"open round on {sid}",
+            )
 
     def close_round(self, round_: int, cohort: frozenset[str]) -> set[str]:
         """Close ``round_`` on every shard; returns the clients of ``cohort`` whose pushes
-        every shard holding blocks found complete."""
+        every shard holding blocks found complete.
+
+        Raises
+        ------
+        ShardStalledError
+            A shard missed the deadline of closing it ``security.max_shard_misses`` times
+            in a row.
+        FedPSError
+            A shard refused it :data:`REFUSALS` times, or the coordinator stopped.
+        """
         accepted = set(cohort)
         for sid, shard in self._params.shards.items():
-            closed = self._bounded(lambda: shard.close_round(round_), f"close round on {sid}")  # noqa: B023
+            closed = self._bounded(
+                sid,
+                "CloseRound",
+                lambda deadline_s: shard.close_round(round_, timeout_s=deadline_s),  # noqa: B023
+                f"close round on {sid}",
+            )
             if closed.blocks:
                 accepted &= set(closed.complete_clients)
         return accepted

@@ -51,7 +51,13 @@ from fedps.blocks import BlockLayout
 from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig
 from fedps.coordinator_messages import RETRY_AFTER_S, RoundSummary, Task
-from fedps.errors import FedPSError, InvalidArgumentError, PolicyError, QuarantinedError
+from fedps.errors import (
+    FedPSError,
+    InvalidArgumentError,
+    PolicyError,
+    QuarantinedError,
+    ShardStalledError,
+)
 from fedps.keyholder_messages import CommitOpening, CommitSet, RoundApplication
 from fedps.tasks import Task as UserTask
 from fedps.tasks import check_dp_trainable, load_task
@@ -61,6 +67,7 @@ from server.coordinator.cluster_peers import ClusterPeers
 from server.coordinator.cohort_sampler import CohortSampler
 from server.coordinator.evaluator import Evaluator
 from server.coordinator.round_policy import create_round_policy
+from server.shard_misses import ShardMisses
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -199,7 +206,11 @@ class Coordinator:
         self._store = CheckpointStore(state_dir)
         self._policy = create_round_policy(self._training.mode, self._training)
         self._sampler = CohortSampler(self._training, config.privacy)
-        self._peers = ClusterPeers(config.cluster, stop=self._stop)
+        #: the shards' missed deadlines of opening and closing rounds
+        self.shard_misses = ShardMisses(
+            limit=config.security.max_shard_misses, deadline_s=config.security.shard_deadline_s
+        )
+        self._peers = ClusterPeers(config.cluster, stop=self._stop, misses=self.shard_misses)
         self.run_id = secrets.token_hex(8)
         self.round = 0
         self.version = 0
@@ -595,6 +606,9 @@ class Coordinator:
             opened.closing = True
             self._checkpoint(opened)
             accepted = self._peers.close_round(opened.round, committed)
+        except ShardStalledError as exc:  # the round waits in the checkpoint for a restart
+            self._halt(exc)
+            return None
         except FedPSError as exc:
             if self._stop.is_set():
                 return None
@@ -646,12 +660,17 @@ class Coordinator:
         abandons the round. Any other failure (the key holder could not write its state, a
         shard did not take the new version, an unexpected error) is asked again until it
         succeeds: the key holder may have applied the round, and an applied round is never
-        discarded (asking again returns its result and publishes it again)."""
+        discarded (asking again returns its result and publishes it again). A shard that
+        stalls the round (:class:`ShardStalledError`) stops the run and leaves the round as
+        it is, for a restart to apply once the shard answers."""
         application = RoundApplication(
             opened.round, opened.version, self.run_id, self.registry.signing_keys(accepted)
         )
         try:
             applied = self._peers.apply_round(application)  # asks again until applied
+        except ShardStalledError as exc:  # nothing failed a check: a restart applies it
+            self._halt(exc)
+            return False
         except PolicyError as exc:  # refused: the round is never decrypted
             if self._stop.is_set():
                 return False
@@ -668,13 +687,13 @@ class Coordinator:
     def _refused(self, opened: _OpenRound, record: RoundRecord, exc: PolicyError) -> None:
         """The key holder refused ``opened``: discard it, and follow the key holder's version
         if the refusal was a version mismatch (later rounds train the key holder's model)."""
-        _log.warning("round %d refused by the key holder: %s", opened.round, exc)
-        self._peers.discard_round(opened.round)
         record.abandoned = True
         if isinstance(exc, QuarantinedError):
-            _log.error("the run stops: %s", exc)
-            self._stop.set()  # no round can be applied any more
+            self._halt(exc)  # no round can be applied any more
+            self._peers.discard_round(opened.round)
             return
+        _log.warning("round %d refused by the key holder: %s", opened.round, exc)
+        self._peers.discard_round(opened.round)
         state = self._peers.model_state()
         if state.version != self.version:
             _log.error(
@@ -684,6 +703,12 @@ class Coordinator:
                 self.version,
             )
             self.version = state.version
+
+    def _halt(self, exc: QuarantinedError | ShardStalledError) -> None:
+        """Stop the run on ``exc``, which no round can get past, with one line that says what
+        holds it and what to do."""
+        _log.error("the run stops: %s", exc)
+        self.stop()
 
     def _finish_round(self, record: RoundRecord, started: float, bytes_before: int) -> None:
         round_ = record.round

@@ -103,6 +103,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             client_epsilons=c.client_epsilons,
             client_noise_multipliers=c.client_noise_multipliers,
             client_rounds=c.registry.client_rounds,
+            shard_misses=c.shard_misses.totals(),
+            stalled=tuple(c.shard_misses.stalled),
         ).to_proto()
 
 

@@ -12,7 +12,10 @@ failed is never decrypted; the failure is traced to whoever caused it (:mod:`.bl
 shard proven to have changed a sum is counted, and after ``max_detections`` detections no
 round is decrypted any more; a client proven to have sent key material, garbage or a lying
 sketch is excluded from every later round, and a round whose canaries caught only such
-clients is summed again without them.
+clients is summed again without them. A shard that does not hand over its aggregates within
+its deadline is counted apart (:class:`server.shard_misses.ShardMisses`, never a suspect):
+after ``max_shard_misses`` misses in a row the round is refused, naming it, until the shard
+answers again.
 
 At client level (DP-FedAvg) the key holder is the one party that sees a round's sum: when
 fewer than the cohort's n clients contributed, it adds the missing shares of the noise to the
@@ -55,6 +58,7 @@ from fedps.errors import (
     PeerUnavailableError,
     PolicyError,
     QuarantinedError,
+    ShardStalledError,
 )
 from fedps.hash_ring import HashRing
 from fedps.keyholder_messages import ModelState
@@ -67,6 +71,7 @@ from server.keyholder.blame import Tracer, Verdict
 from server.keyholder.commit_board import CommitBoard, CommitPhase
 from server.keyholder.group_policy import GroupPolicy
 from server.keyholder.server_optimizer import ServerOptimizer
+from server.shard_misses import ShardMisses
 
 __all__ = ["MAX_PARAMS", "KeyHolder", "RoundResult", "saved_version"]
 
@@ -144,6 +149,11 @@ class KeyHolder:
         uniform weights).
     max_detections
         Detected tamperings by one shard after which no round is decrypted any more.
+    max_shard_misses
+        Fetches of one shard's aggregates in a row that miss ``shard_deadline_s`` after which
+        a round is refused (:class:`~fedps.errors.ShardStalledError`) until the shard answers.
+    shard_deadline_s
+        The deadline of each fetch of a shard's aggregates.
     client_noise
         Client-level DP (:func:`fedps.accounting.client_level_noise`, the clients' own
         calibration): top each round's sum up to the full noise and divide by the fixed cohort
@@ -169,6 +179,8 @@ class KeyHolder:
         groups: GroupPolicy | None = None,
         weight_bounds: tuple[float, float] = (1.0, 1.0),
         max_detections: int = 3,
+        max_shard_misses: int = 3,
+        shard_deadline_s: float = _CALL_S,
         client_noise: ClientLevelNoise | None = None,
     ) -> None:
         if min_quorum < 1:
@@ -215,6 +227,8 @@ class KeyHolder:
         self.blamed: dict[str, str] = {}
         #: called with the client for each blame (metrics)
         self.on_blame: Callable[[str], None] | None = None
+        #: the fetches of each shard that missed their deadline (not persisted)
+        self.shard_misses = ShardMisses(limit=max_shard_misses, deadline_s=shard_deadline_s)
         self.last_saved = 0.0  # unix time of the last state checkpoint
         self._load_state()
         modulus = self.keys.public.modulus
@@ -307,7 +321,8 @@ class KeyHolder:
             return dict(sum((Counter(r) for r in self.detections.values()), Counter()))
 
     def model_state(self) -> ModelState:
-        """The model's version, size and last round, and the tampering detected so far."""
+        """The model's version, size and last round, the tampering detected so far and the
+        shards' missed deadlines."""
         return ModelState(
             version=self.version,
             num_params=0 if self.params is None else self.params.size,
@@ -316,6 +331,8 @@ class KeyHolder:
             detections=self.detection_counts(),
             quarantined=tuple(self.quarantined),
             detection_reasons=self.detection_reasons(),
+            shard_misses=self.shard_misses.totals(),
+            stalled=tuple(self.shard_misses.stalled),
         )
 
     def clear_detections(self) -> None:
@@ -351,10 +368,14 @@ class KeyHolder:
             a tampered aggregate, a missing block, an out-of-bounds result, or a round that does
             not follow the current version. A round already applied returns its released
             result again, never a fresh decryption.
+        ShardStalledError
+            A shard missed the deadline of its fetch ``max_shard_misses`` times in a row:
+            nothing is decrypted, and the round is applied once the shard answers.
         PeerUnavailableError
-            If the state cannot be written (nothing is applied; asking again applies the round)
-            or a shard does not take the new version (the round is applied and durable;
-            asking again publishes it). Never a refusal: the caller retries.
+            If the state cannot be written (nothing is applied; asking again applies the round),
+            a shard does not take the new version (the round is applied and durable; asking
+            again publishes it), or a shard's aggregates did not arrive (a miss below the
+            limit). Never a refusal: the caller retries.
         """
         with self._lock:
             cached = self._released.get(round_)
@@ -404,6 +425,8 @@ class KeyHolder:
                 try:
                     delta, manifests, top_up = self._decrypt_average(round_, layout, verifier)
                     break
+                except ShardStalledError:
+                    raise  # no check failed: the round is applied once the shard answers
                 except PolicyError as exc:
                     refusal, guilty = self._trace(round_, phase, verifier, exc)
                     if refusal is None:  # only contributors, and nothing revealed: again
@@ -594,7 +617,13 @@ class KeyHolder:
         level the average divides the topped-up sum by the fixed cohort size."""
         blocks, rows = verifier.verify(
             {
-                sid: shard.fetch_aggregate(round_, verifier.contributors, timeout_s=_CALL_S)
+                sid: self.shard_misses.stream(
+                    sid,
+                    "FetchAggregate",
+                    shard.fetch_aggregate(
+                        round_, verifier.contributors, timeout_s=self.shard_misses.deadline_s
+                    ),
+                )
                 for sid, shard in self._shards.items()
             },
             owner=self._ring.owner,

@@ -115,6 +115,8 @@ def test_overrides_merge_over_the_file(tmp_path: Path) -> None:
         ({"training": {"dataset": ""}}, "training.dataset: "),
         ({"security": {"weighting": "declared"}}, "security.weighting: "),
         ({"security": {"min_weight": 0}}, "security.min_weight: "),
+        ({"security": {"max_shard_misses": 0}}, "security.max_shard_misses: "),
+        ({"security": {"shard_deadline_s": 0}}, "security.shard_deadline_s: "),
         (
             {"training": {"mode": "async", "clients": 4, "cohort_size": 2, "buffer_size": 3}},
             "could never flush",

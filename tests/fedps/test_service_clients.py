@@ -56,6 +56,7 @@ RECORDS = [
     kh.PublicContextInfo(b"context", "ctx", KEY, b"g" * 64),
     kh.ModelUpload(40, (BLOCK,), True, 7),
     kh.ModelState(7, 40, True, 6, {"shard-1": 2}, ("shard-1",)),
+    kh.ModelState(7, 40, True, 6, shard_misses={"shard-0": 1, "shard-1": 3}, stalled=("shard-1",)),
     kh.RoundApplication(4, 3, "run", {"client-0": KEY}),
     kh.AppliedRound(4, 3, 2.0, 0.25, 1.1, 0.01),
     co.ClientRegistration("edge-0", 60, 40, KEY, "client-0.ab", 1.5, 1e-5),
@@ -78,6 +79,9 @@ RECORDS = [
         {"client-0": 1.5},
         "secure",
         {"client-0": 1.1},
+        {"client-0": 3},
+        {"shard-1": 2},
+        ("shard-1",),
     ),
 ]
 

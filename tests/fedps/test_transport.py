@@ -21,6 +21,7 @@ from fedps.errors import (
     QuarantinedError,
     RateLimitedError,
     RoundClosedError,
+    ShardStalledError,
     UnknownClientError,
 )
 from fedps.transport import Backoff, bind, call_until, create_server, is_transient, rpc_errors
@@ -181,6 +182,7 @@ _FAILURE_MODES: dict[str, tuple[Callable[[grpc.ServicerContext], None], bool]] =
     "unauthenticated": (_abort_with(grpc.StatusCode.UNAUTHENTICATED), False),
     "rate limited": (_raise_our(RateLimitedError("too many calls")), False),
     "quarantined": (_raise_our(QuarantinedError("tampering")), False),
+    "shard stalled": (_raise_our(ShardStalledError("shard-1 missed its deadline")), False),
     "privacy budget spent": (_raise_our(PrivacyBudgetExceededError("spent")), False),
     "round closed": (_raise_our(RoundClosedError("round 3 is already applied")), False),
     "unknown client": (_raise_our(UnknownClientError("who?")), False),

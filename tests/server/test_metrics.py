@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fedps.errors import PolicyError, StaleUpdateError
+from fedps.errors import PolicyError, ShardStalledError, StaleUpdateError
 from server.keyholder.aggregate_verifier import TamperingError
 from server.metrics import CoordinatorMetrics, KeyHolderMetrics, ShardMetrics
 
@@ -72,12 +72,19 @@ def test_the_key_holder_counts_refusals_and_exports_no_shard_counters() -> None:
     metrics.commitment_refused(ValueError("bad"))
     metrics.commitment_accepted()
     metrics.track_checkpoint(lambda: 0.0)
+    missed = metrics.track_shard_misses()
+    missed("shard-1", "FetchAggregate")
+    missed("shard-1", "FetchAggregate")
+    metrics.round_refused(ShardStalledError("shard-1 missed its deadline 2 times in a row"))
     page = generate_latest(metrics.registry).decode()
 
     got = samples(page)
     assert got[("fedps_tampering_detected_total", (("reason", "sum"), ("shard", "shard-1")))] == 1
     assert got[("fedps_refused_rounds_total", (("reason", "tampering"),))] == 1
     assert got[("fedps_refused_rounds_total", (("reason", "policy"),))] == 1
+    assert got[("fedps_refused_rounds_total", (("reason", "shard_stalled"),))] == 1
+    fetches = (("call", "FetchAggregate"), ("shard", "shard-1"))
+    assert got[("fedps_shard_misses_total", fetches)] == 2
     refused = ("fedps_commitments_total", (("outcome", "refused"), ("reason", "invalid_argument")))
     assert got[refused] == 1
     assert got[("fedps_commitments_total", (("outcome", "accepted"), ("reason", "")))] == 1

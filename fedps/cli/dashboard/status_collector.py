@@ -214,8 +214,10 @@ class StatusCollector:
                 detections=dict(state.detections),
                 quarantined=list(state.quarantined),
                 detection_reasons=dict(state.detection_reasons),
+                shard_misses=dict(state.shard_misses),
+                stalled=list(state.stalled),
             )
-        shards = [self._shard(sid, address, state) for sid, address in _shards(config)]
+        shards = [self._shard(sid, address, state, status) for sid, address in _shards(config)]
         refusals: Counter[str] = Counter()
         for shard in shards:
             refusals.update(shard.get("refusals", {}))
@@ -229,7 +231,11 @@ class StatusCollector:
             "tampering": {} if state is None else dict(state.detection_reasons),
         }
 
-    def _shard(self, sid: str, address: str, state: ModelState | None) -> dict[str, Any]:
+    def _shard(
+        self, sid: str, address: str, state: ModelState | None, run: ClusterStatus | None
+    ) -> dict[str, Any]:
+        # missed deadlines: the key holder's fetches and the coordinator's open/close calls
+        counted = [r for r in (state, run) if r is not None]
         view: dict[str, Any] = {
             "id": sid,
             "address": address,
@@ -237,6 +243,8 @@ class StatusCollector:
             "error": "",
             "detections": 0 if state is None else state.detections.get(sid, 0),
             "quarantined": state is not None and sid in state.quarantined,
+            "misses": sum(r.shard_misses.get(sid, 0) for r in counted),
+            "stalled": any(sid in r.stalled for r in counted),
         }
         status = _ask(
             ShardClient(sid, address), lambda c: c.get_status(timeout_s=self.call_s), view

@@ -82,19 +82,23 @@ function render(s) {
   const roles = [];
   const health = (r) => el("span", { class: r.up ? "up" : "down", title: r.error || "" }, r.up ? "up" : "down");
   if (s.coordinator) roles.push(el("tr", {}, el("td", {}, "coordinator"), el("td", {}, s.coordinator.address),
-    el("td", {}, health(s.coordinator)), el("td", {}, run ? run.version : "-"), el("td", {}, ""), el("td", {}, "")));
+    el("td", {}, health(s.coordinator)), el("td", {}, run ? run.version : "-"), el("td", {}, ""), el("td", {}, ""),
+    el("td", {}, "")));
   if (s.keyholder) {
     const k = s.keyholder;
     const q = k.quarantined && k.quarantined.length ? `quarantined: ${k.quarantined.join(", ")}` : "";
     roles.push(el("tr", {}, el("td", {}, "key holder"), el("td", {}, k.address), el("td", {}, health(k)),
-      el("td", {}, k.up ? k.version : "-"), el("td", {}, ""), el("td", { class: q ? "warn" : "" }, q)));
+      el("td", {}, k.up ? k.version : "-"), el("td", {}, ""), el("td", { class: q ? "warn" : "" }, q),
+      el("td", {}, "")));
   }
   for (const sh of s.shards) {
     const t = sh.quarantined ? `QUARANTINED (${sh.detections})` : sh.detections ? `suspect: ${sh.detections}` : "none";
+    const m = sh.stalled ? `STALLED (${sh.misses})` : sh.misses ? `${sh.misses}` : "none";
     roles.push(el("tr", {}, el("td", {}, sh.id), el("td", {}, sh.address), el("td", {}, health(sh)),
       el("td", {}, sh.up ? sh.version : "-"),
       el("td", {}, sh.up ? `${sh.pushes_accepted} / ${sh.pushes_refused}` : "-"),
-      el("td", { class: sh.detections ? "warn" : "" }, t)));
+      el("td", { class: sh.detections ? "warn" : "" }, t),
+      el("td", { class: sh.misses ? "warn" : "", title: "calls the shard did not answer within security.shard_deadline_s" }, m)));
   }
   $("roles").tBodies[0].replaceChildren(...roles);
   const reasons = (id, counts) => {
