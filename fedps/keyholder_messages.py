@@ -133,6 +133,8 @@ class ModelState(WireRecord[keyholder_pb2.ModelState]):
     shard_misses: dict[str, int] = field(default_factory=dict)
     #: the shards that missed ``security.max_shard_misses`` in a row, not answered since
     stalled: tuple[str, ...] = ()
+    #: clients blamed on evidence (what they did), excluded from every later round
+    blamed: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,11 @@ class KeyHolderMetrics(_RoleMetrics):
             ["shard", "reason"],
             registry=r,
         )
+        self.blamed = Counter(
+            "fedps_clients_blamed",
+            "Clients the key holder blamed on evidence after a failed check (then excluded)",
+            registry=r,
+        )
         self.refused_rounds = Counter(
             "fedps_refused_rounds",
             "Rounds the decryption policy refused (never decrypted), by reason",
@@ -153,6 +158,12 @@ class KeyHolderMetrics(_RoleMetrics):
             ["outcome", "reason"],
             registry=r,
         )
+
+    def client_blamed(self, client: str) -> None:
+        """Count one client blamed on evidence (no label: client ids stay out of metrics
+        here; the key holder's state and `fedps status` name it)."""
+        del client
+        self.blamed.inc()
 
     def tampering_detected(self, shard: str, reason: str) -> None:
         """Count one tampered aggregate the key holder refused."""

@@ -129,6 +129,7 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
     if metrics is not None:
         metrics.version.set_function(lambda: keyholder.version)
         keyholder.on_tampering = metrics.tampering_detected
+        keyholder.on_blame = metrics.client_blamed
         keyholder.shard_misses.on_miss = metrics.track_shard_misses()
         metrics.track_checkpoint(lambda: keyholder.last_saved)
     servicer = KeyHolderServicer(keyholder, metrics)

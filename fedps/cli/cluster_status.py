@@ -51,6 +51,8 @@ def print_status(config: FedPSConfig) -> None:
         detections, quarantined = dict(state.detections), set(state.quarantined)
         misses.update(state.shard_misses)
         stalled.update(state.stalled)
+        for client_id, why in sorted(state.blamed.items()):
+            typer.echo(f"  {client_id}: EXCLUDED, blamed on evidence ({why})")
     except FedPSError as exc:
         typer.echo(f"key holder {cluster.keyholder}: DOWN ({exc})")
     finally:

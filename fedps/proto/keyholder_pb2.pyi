@@ -341,6 +341,26 @@ class ModelState(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class BlamedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     VERSION_FIELD_NUMBER: _builtins.int
     NUM_PARAMS_FIELD_NUMBER: _builtins.int
     INITIALIZED_FIELD_NUMBER: _builtins.int
@@ -350,6 +370,7 @@ class ModelState(_message.Message):
     DETECTION_REASONS_FIELD_NUMBER: _builtins.int
     SHARD_MISSES_FIELD_NUMBER: _builtins.int
     STALLED_FIELD_NUMBER: _builtins.int
+    BLAMED_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     num_params: _builtins.int
     initialized: _builtins.bool
@@ -378,6 +399,10 @@ class ModelState(_message.Message):
         since: no round is applied until they do.
         """
 
+    @_builtins.property
+    def blamed(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Clients blamed on evidence after a failed check, with what they did: in no later round."""
+
     def __init__(
         self,
         *,
@@ -390,10 +415,11 @@ class ModelState(_message.Message):
         detection_reasons: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         shard_misses: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         stalled: _abc.Iterable[_builtins.str] | None = ...,
+        blamed: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detection_reasons", b"detection_reasons", "detections", b"detections", "initialized", b"initialized", "last_round", b"last_round", "num_params", b"num_params", "quarantined", b"quarantined", "shard_misses", b"shard_misses", "stalled", b"stalled", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blamed", b"blamed", "detection_reasons", b"detection_reasons", "detections", b"detections", "initialized", b"initialized", "last_round", b"last_round", "num_params", b"num_params", "quarantined", b"quarantined", "shard_misses", b"shard_misses", "stalled", b"stalled", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -333,6 +333,7 @@ class KeyHolder:
             detection_reasons=self.detection_reasons(),
             shard_misses=self.shard_misses.totals(),
             stalled=tuple(self.shard_misses.stalled),
+            blamed=dict(self.blamed),
         )
 
     def clear_detections(self) -> None:

@@ -103,6 +103,8 @@ def test_a_client_pushing_random_ciphertexts_is_blamed_and_the_round_goes_on(
     assert "carries key material" in arena.keyholder.blamed["client-2"]
     assert set(arena.keyholder._released[1].contributors) == {"client-0", "client-1"}
     assert len(arena.decryptions) == 1 and arena.keyholder.detections == {}
+    # ... and the operator sees it (ModelState, what `fedps status` prints)
+    assert set(arena.keyholder.model_state().blamed) == {"client-2"}
 
 
 def test_a_shard_that_forges_an_opening_is_blamed_not_the_client(arena: Arena) -> None:
