@@ -729,14 +729,14 @@ class EdgeClient:
                 "the key holder's signing key does not match security.keyholder_key (pinned); "
                 "refusing its public context"
             )
-        key = verified_signing_key(
+        if self._keyholder_key and ctx.signing_key != self._keyholder_key:
+            raise InvalidArgumentError("the key holder's signing key changed during the run")
+        key = verified_signing_key(  # trusted on first use only: a rotation keeps the key
             ctx,
-            pinned=self.config.security.keyholder_key,
+            pinned=pinned or self._keyholder_key.hex(),
             refusing="its public context",
             who=f"{self.name}: key holder key",
         )
-        if self._keyholder_key and key != self._keyholder_key:
-            raise InvalidArgumentError("the key holder's signing key changed during the run")
         encryptor = self._make_encryptor(ctx.context, ctx.context_id)
         if isinstance(self._encryptor, BlockEncryptor):
             self._encryptor.close()
@@ -938,14 +938,10 @@ class EdgeClient:
         clipped = np.clip(weighted, -he.max_abs_value, he.max_abs_value)
         if not np.array_equal(clipped, weighted):
             _log.warning("%s: update clipped to +-%g for encryption", self.name, he.max_abs_value)
-        encryptor = self._encryptor
-        if encryptor is None:
-            raise RuntimeError(_UNKNOWN.format("the public context"))
-        encrypted, coefficients = encryptor.encrypt_with_coefficients(clipped)
-        committed = self._commit(round_, version, weight, coefficients)
+        committed = self._commit(round_, version, weight, clipped)
         if committed is None:
             return None
-        round_, update = committed
+        round_, update, encrypted = committed
         ring = _known(self._ring, "the shards")
         by_shard: dict[str, list[tuple[int, bytes]]] = {}
         for block, data in encrypted.items():
@@ -1059,14 +1055,17 @@ class EdgeClient:
         return False
 
     def _commit(
-        self, round_: int, version: int, weight: float, coefficients: np.ndarray
-    ) -> tuple[int, SignedUpdate] | None:
-        """Commit to the encrypted update at the key holder: its signed block roots and the
-        sketches of its blocks under the round's challenge. Returns the round it committed
-        to and the signed update, or None when the round's commitments had closed (async:
-        after trying the next buffers too, as a stale update)."""
+        self, round_: int, version: int, weight: float, values: np.ndarray
+    ) -> tuple[int, SignedUpdate, dict[int, bytes]] | None:
+        """Encrypt the update's ``values`` and commit to them at the key holder: the signed
+        block roots and the sketches of the blocks under the round's challenge. Returns the
+        round it committed to, the signed update and the encrypted blocks, or None when the
+        round's commitments had closed (async: after trying the next buffers too, as a stale
+        update; a buffer under a new key, the key holder having rotated its keys since, gets
+        the values encrypted again under it)."""
         keyholder = _known(self._keyholder, "the key holder")
         attempts = 3 if self.config.training.mode == "async" else 1
+        encrypted, coefficients = self._encrypt(values)
         for attempt in range(attempts):
             update = SignedUpdate.sign(
                 self._signer,
@@ -1083,7 +1082,7 @@ class EdgeClient:
                 keyholder.commit(
                     UpdateCommitment(round_, update, sketches), retry_s=self.peer_wait_s
                 )
-                return round_, update
+                return round_, update, encrypted
             except RoundClosedError as exc:
                 if attempt == attempts - 1:
                     self._failed(_KEY_HOLDER, exc, expected=True)
@@ -1097,8 +1096,25 @@ class EdgeClient:
             following = self._next_round(round_)
             if following is None:
                 return None
-            round_ = following
+            if following.context_id not in ("", self._context_id):  # the keys rotated
+                if not self._adopt_context(following.context_id):
+                    return None
+                _log.info(
+                    "%s: the key holder rotated its keys; encrypting the update again for round %d",
+                    self.name,
+                    following.round,
+                )
+                encrypted, coefficients = self._encrypt(values)
+            round_ = following.round
         return None
+
+    def _encrypt(self, values: np.ndarray) -> tuple[dict[int, bytes], np.ndarray]:
+        """``values`` encrypted under the current public context: the packed blocks and
+        their coefficients."""
+        encryptor = self._encryptor
+        if encryptor is None:
+            raise RuntimeError(_UNKNOWN.format("the public context"))
+        return encryptor.encrypt_with_coefficients(values)
 
     def _sketches(self, round_: int, coefficients: np.ndarray) -> bytes:
         """The round's sketches of every encrypted block (none without encryption)."""
@@ -1113,15 +1129,16 @@ class EdgeClient:
         )
         return challenge.sketch(coefficients).astype("<u8").tobytes()
 
-    def _next_round(self, round_: int, timeout_s: float = 60.0) -> int | None:
-        """The next round (buffer) after ``round_`` that asks us to train, if one comes."""
+    def _next_round(self, round_: int, timeout_s: float = 60.0) -> Task | None:
+        """The task of the next round (buffer) after ``round_`` that asks us to train, if
+        one comes."""
         until = time.time() + timeout_s
         while time.time() < until:
             task = self._get_task(timeout_s)
             if task.kind == "done":
                 return None
             if task.kind == "train" and task.round > round_:
-                return task.round
+                return task
             time.sleep(max(0.05, task.retry_after))
         return None
 

@@ -1,9 +1,11 @@
 """The key holder's keys: the only place a CKKS secret key exists.
 
 ``SecretContext.generate`` makes a fresh key pair; ``save`` writes the secret key to a file
-created with mode 0600 (never briefly readable by others) and the public context beside it;
-``load`` refuses a secret-key file that group or others can read. Decryption takes the raw
-coefficients of ciphertexts: :meth:`SecretContext.open` checks the zero canaries of every
+created with mode 0600 (never briefly readable by others) and the public context beside it,
+replacing a pair already there as one step (a key holder that rotates its keys and dies
+half-way finds the old pair or the new one, never a secret key beside another's public
+context); ``load`` refuses a secret-key file that group or others can read. Decryption takes
+the raw coefficients of ciphertexts: :meth:`SecretContext.open` checks the zero canaries of every
 block (:mod:`crypto.canary`) before it decrypts anything, and :meth:`SecretContext.canaries`
 computes only the canaries (nothing of the values), which is how a failed block is traced
 to the ciphertext that caused it. The decryption policy that decides which aggregates may be
@@ -16,6 +18,7 @@ Decryption is ``c0 + c1 * s mod q`` in numpy with ``s`` in coefficient form
 from __future__ import annotations
 
 import logging
+import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +30,7 @@ import tenseal.sealapi as seal
 from crypto import _seal_io, rlwe
 from crypto.canary import CanaryError, CanaryOpening, canary_bound, failing_rows
 from crypto.ckks_encoder import CkksEncoder
-from crypto.files import write_private
+from crypto.files import fsync_directory, write_private
 from crypto.params import CkksParams
 from crypto.public_context import PublicContext, make_seal_context
 from fedps.errors import FedPSError, InvalidArgumentError
@@ -38,6 +41,7 @@ _log = logging.getLogger("fedps")
 
 SECRET_KEY_FILE = "secret.key"
 PUBLIC_CONTEXT_FILE = "public.ctx"
+_STAGED = ".new"  # suffix of a pair written by save() and not yet in place
 
 
 class SecretContext:
@@ -77,10 +81,30 @@ class SecretContext:
         return cls(public, keygen.secret_key())
 
     def save(self, directory: Path) -> None:
-        """Write ``secret.key`` (mode 0600) and ``public.ctx`` into ``directory``."""
+        """Write ``secret.key`` (mode 0600) and ``public.ctx`` into ``directory``, replacing
+        the pair there (whose secret key is then gone from the folder).
+
+        Both files are staged beside their targets (``secret.key.new``, then
+        ``public.ctx.new``), then renamed into place, the secret key first: that rename is
+        the commit. :meth:`load` finishes or undoes a save that a crash interrupted, so
+        the folder always holds one whole pair.
+
+        Raises
+        ------
+        OSError
+            A write failed (disk full): the pair in place is unchanged.
+        """
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_private(directory / SECRET_KEY_FILE, _seal_io.save_bytes(self._secret_key))
-        write_private(directory / PUBLIC_CONTEXT_FILE, self.public.serialize())
+        secret, public = directory / SECRET_KEY_FILE, directory / PUBLIC_CONTEXT_FILE
+        try:
+            write_private(_staged(secret), _seal_io.save_bytes(self._secret_key))
+            write_private(_staged(public), self.public.serialize())
+        except OSError:
+            _undo_staged(directory)
+            raise
+        os.replace(_staged(secret), secret)  # the commit: the new pair is the pair now
+        fsync_directory(directory)
+        _finish_staged(directory)
 
     @classmethod
     def load(cls, directory: Path) -> SecretContext:
@@ -91,6 +115,7 @@ class SecretContext:
         FedPSError
             If the files are missing, readable by others, or do not belong together.
         """
+        _recover(directory)
         key_path = directory / SECRET_KEY_FILE
         ctx_path = directory / PUBLIC_CONTEXT_FILE
         if not key_path.exists() or not ctx_path.exists():
@@ -108,6 +133,7 @@ class SecretContext:
     @classmethod
     def load_or_generate(cls, directory: Path, params: CkksParams) -> SecretContext:
         """Load the key pair in ``directory``, or generate and save one on first start."""
+        _recover(directory)
         if (directory / SECRET_KEY_FILE).exists():
             keys = cls.load(directory)
             if keys.public.params != params:
@@ -243,3 +269,37 @@ class SecretContext:
         n = self.public.params.poly_modulus_degree
         start = len(self.public.ciphertext_prefix)
         return np.frombuffer(body, dtype="<u8", offset=start, count=n).astype(np.uint64)
+
+
+def _staged(path: Path) -> Path:
+    """Where :meth:`SecretContext.save` stages ``path``."""
+    return path.with_name(path.name + _STAGED)
+
+
+def _recover(directory: Path) -> None:
+    """Finish or undo a :meth:`SecretContext.save` that a crash interrupted: a staged secret
+    key means the save never committed (the staged pair goes, the old pair stays); a staged
+    public context alone means it committed (the new public context goes into place)."""
+    if _staged(directory / SECRET_KEY_FILE).exists():
+        _log.warning(
+            "%s: a key pair was being saved when the process stopped; keeping the pair in place",
+            directory,
+        )
+        _undo_staged(directory)
+    elif _staged(directory / PUBLIC_CONTEXT_FILE).exists():
+        _log.warning("%s: completing a key pair saved when the process stopped", directory)
+        _finish_staged(directory)
+
+
+def _undo_staged(directory: Path) -> None:
+    """Remove a staged pair that was never committed."""
+    for name in (SECRET_KEY_FILE, PUBLIC_CONTEXT_FILE):
+        _staged(directory / name).unlink(missing_ok=True)
+    fsync_directory(directory)
+
+
+def _finish_staged(directory: Path) -> None:
+    """Rename a committed pair's staged public context into place."""
+    public = directory / PUBLIC_CONTEXT_FILE
+    os.replace(_staged(public), public)
+    fsync_directory(directory)

@@ -321,7 +321,11 @@ class SecurityConfig(_Section):
         "by then missed its deadline",
     )
     rotate_every_rounds: int = Field(
-        0, ge=0, description="generate a new CKKS key pair every N applied rounds (0: never)"
+        10,
+        ge=0,
+        description="a new CKKS key pair once N rounds have passed since the last one (0: "
+        "never; the key holder warns when one key may release more blocks than the leakage "
+        "bound allows, docs/security.md)",
     )
     keyholder_key: str = Field(
         "",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -44,6 +45,10 @@ if TYPE_CHECKING:  # the coordinator (and torch) load only in the coordinator's 
 __all__ = ["add_coordinator", "add_keyholder", "add_shard", "serve_forever"]
 
 _log = logging.getLogger("fedps")
+
+#: Public contexts a shard keeps parsed (about 0.6 MiB each); an older key generation, which
+#: only a round still open across a key rotation needs, is read again from the shard's log.
+_CONTEXTS_KEPT = 4
 
 
 def _ring(config: FedPSConfig) -> HashRing:
@@ -143,7 +148,7 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
     if not 0 <= index < len(ids):
         raise InvalidArgumentError(f"shard index {index} out of range [0, {len(ids)})")
     stub = keyholder_pb2_grpc.KeyHolderStub(create_channel(config.cluster.keyholder))
-    contexts: dict[str, PublicContext] = {}
+    contexts: OrderedDict[str, PublicContext] = OrderedDict()  # the latest used last
     lock = threading.Lock()
     log = ShardLog(config.cluster.state_dir / ids[index], fsync=config.cluster.fsync)
 
@@ -166,6 +171,9 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
                 log.save_context(public.context_id, bytes(reply.context))
             if context_id not in contexts:
                 raise InvalidArgumentError("unknown key generation (context id)")
+            contexts.move_to_end(context_id)
+            while len(contexts) > _CONTEXTS_KEPT:  # the key holder rotates its keys
+                contexts.popitem(last=False)
             return contexts[context_id]
 
     keyholder_key: list[bytes] = []

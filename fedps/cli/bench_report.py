@@ -86,6 +86,8 @@ def render_table(results: dict[str, Any]) -> str:
                 f" {v['push_phase_fraction']:.1%} of the secure round: at most what the commit "
                 "barrier costs a round (pushes no longer overlap other clients' training)."
             )
+    if "rotation" in results:
+        lines += _rotation_lines(results["rotation"])
     if "async_vs_sync" in results:
         r = results["async_vs_sync"]
         lines += [
@@ -106,3 +108,24 @@ def render_table(results: dict[str, Any]) -> str:
         if r["speedup"]:
             lines.append(f"\nasync reaches the target {r['speedup']:.2f}x sooner")
     return "\n".join(lines)
+
+
+def _rotation_lines(r: dict[str, Any]) -> list[str]:
+    """The cost of one key rotation (``measure_rotation``)."""
+    every = int(r["every"])
+    return [
+        "",
+        f"Key rotation, {int(r['num_params']):,} parameters ({int(r['blocks'])} blocks):",
+        "",
+        "| | measured | share |",
+        "|---|---:|---:|",
+        f"| key holder: new key pair, written | {r['keyholder_rotate_s'] * 1e3:.0f} ms"
+        f" + {r['keyholder_publish_s'] * 1e3:.1f} ms to sign the context | |",
+        f"| signed public context each client fetches again | {int(r['context_bytes']):,} bytes"
+        f" | {r['bytes_fraction']:.2%} of its {int(r['push_bytes']):,}-byte update |",
+        f"| client: verify, load, encryptions of zero for every block | "
+        f"{r['client_adopt_s']:.2f} s | |",
+        f"| secure round after a rotation (every {every} rounds) vs the others | "
+        f"{r['round_after_rotation_s']:.2f} s vs {r['round_other_s']:.2f} s"
+        f" | {r['round_after_rotation_extra']:+.1%} |",
+    ]

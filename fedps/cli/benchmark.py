@@ -9,6 +9,10 @@
 - The key holder's whole-aggregate verification on the 1M-parameter model: what each client
   and the key holder compute (sketches of every block under the round's challenge) and send
   (the commitment), against that model's secure round time and push bytes in the same run.
+- Key rotation on the 1M-parameter model: the key holder's new key pair, the signed public
+  context every client fetches again and adopts (with the encryptions of zero it draws anew),
+  and the secure rounds right after a rotation against the others of a run that rotates every
+  other round.
 
 Speeds are reported as ratios against a baseline measured in the same run; the machines are
 shared and noisy, so absolute figures are indicative only.
@@ -21,6 +25,7 @@ import os
 import platform
 import statistics
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +43,14 @@ from crypto.benchmark import (
 )
 from crypto.params import CANARIES
 from crypto.signed_update import SignedUpdate
-from crypto.signing import BlockSigner
+from crypto.signing import BlockSigner, context_digest, verify_block
 from crypto.sketch import Challenge
 from fedps.ckks_params import ckks_params
 from fedps.cli.demo import run_demo
+from fedps.cli.demo_summary import DemoSummary
 from fedps.cli.deployment import Deployment, local_cluster, write_config
 from fedps.config import load_config
+from fedps.keyholder_messages import PublicContextInfo
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc, shard_pb2, shard_pb2_grpc
 from fedps.provisioning import setup_tls
 from fedps.transport import batched, call, create_channel
@@ -122,6 +129,15 @@ def run_bench(
         push_s = secure["median_push_phase_s"]
         results["verification"]["push_phase_s"] = push_s
         results["verification"]["push_phase_fraction"] = push_s / secure["median_round_s"]
+        console.print(f"key rotation every {_ROTATION_BENCH_EVERY} rounds, 1M-parameter model ...")
+        results["rotation"] = measure_rotation(
+            _num_params("mlp1m"),
+            keys=keys,
+            round_seconds=_demo_rounds(
+                "mlp1m", rounds, security={"rotate_every_rounds": _ROTATION_BENCH_EVERY}
+            ).round_seconds,
+            every=_ROTATION_BENCH_EVERY,
+        )
     return results
 
 
@@ -214,17 +230,95 @@ def measure_verification(
     }
 
 
+#: The rotation period of the run that measures the rounds after a rotation.
+_ROTATION_BENCH_EVERY = 2
+
+
+def measure_rotation(
+    num_params: int, *, keys: SecretContext, round_seconds: Sequence[float], every: int
+) -> dict[str, float]:
+    """What one key rotation costs (docs/security.md, key rotation).
+
+    The key holder generates a key pair and writes it (the old pair replaced in one step),
+    then serialises and signs the public context once; each client fetches those bytes,
+    verifies the signature, loads the context and draws the encryptions of zero of every
+    block of the model under the new key, which it would otherwise have drawn in the
+    background while it waited for the round. ``round_seconds`` are the secure rounds of a
+    run that rotates every ``every`` rounds: the rounds right after a rotation against the
+    others, the first two left out (imports and warm-up).
+    """
+    params = keys.public.params
+    blocks = -(-num_params // params.values_per_block)
+    signer = BlockSigner()
+    with tempfile.TemporaryDirectory(prefix="fedps-rotation-") as tmp:
+
+        def rotate() -> SecretContext:
+            fresh = SecretContext.generate(params)
+            fresh.save(Path(tmp))
+            return fresh
+
+        rotations = [timed(rotate) for _ in range(5)]
+    fresh = rotations[-1][0]
+
+    def publish() -> bytes:
+        context = fresh.public.serialize()
+        context_id = fresh.public.context_id
+        signature = signer.sign(context_digest(context, context_id))
+        info = PublicContextInfo(context, context_id, signer.public_key, signature)
+        return info.to_proto().SerializeToString()
+
+    reply, publish_s = timed(publish)
+
+    def adopt() -> BlockEncryptor:
+        info = PublicContextInfo.from_proto(keyholder_pb2.PublicContextReply.FromString(reply))
+        digest = context_digest(info.context, info.context_id)
+        if not verify_block(info.signing_key, digest, info.signature):
+            raise AssertionError("the signed public context does not verify")
+        encryptor = BlockEncryptor(PublicContext.from_bytes(info.context))
+        encryptor.precompute(blocks)
+        return encryptor
+
+    adoptions = [timed(adopt) for _ in range(3)]
+    for encryptor, _ in adoptions:
+        encryptor.close()
+    push_bytes = blocks * fresh.public.block_bytes
+    steady = list(enumerate(round_seconds, start=1))[2:]
+    after = [s for r, s in steady if (r - 1) % every == 0]
+    others = [s for r, s in steady if (r - 1) % every != 0]
+    after_s = statistics.median(after) if after else float("nan")
+    others_s = statistics.median(others) if others else float("nan")
+    return {
+        "num_params": float(num_params),
+        "blocks": float(blocks),
+        "keyholder_rotate_s": statistics.median(s for _, s in rotations),
+        "keyholder_publish_s": publish_s,
+        "context_bytes": float(len(reply)),
+        "push_bytes": float(push_bytes),
+        "bytes_fraction": len(reply) / push_bytes,
+        "client_adopt_s": statistics.median(s for _, s in adoptions),
+        "every": float(every),
+        "round_after_rotation_s": after_s,
+        "round_other_s": others_s,
+        "round_after_rotation_extra": after_s / others_s - 1,
+    }
+
+
+def _demo_rounds(model: str, rounds: int, **sections: Mapping[str, object]) -> DemoSummary:
+    """A demo run of ``model`` for ``rounds`` rounds, with ``sections`` overridden."""
+    with tempfile.TemporaryDirectory(prefix="fedps-bench-") as tmp:
+        return run_demo(
+            None,
+            Path(tmp),
+            {"training": {"model": model, "rounds": rounds}, **sections},
+            quiet=True,
+        )
+
+
 def _round_times(model: str, rounds: int) -> dict[str, Any]:
     """Median round time with encryption on and off (same clients, same DP, same seed)."""
     out: dict[str, Any] = {}
     for label, enabled in (("secure", True), ("plaintext", False)):
-        with tempfile.TemporaryDirectory(prefix="fedps-bench-") as tmp:
-            summary = run_demo(
-                None,
-                Path(tmp),
-                {"training": {"model": model, "rounds": rounds}, "he": {"enabled": enabled}},
-                quiet=True,
-            )
+        summary = _demo_rounds(model, rounds, he={"enabled": enabled})
         times, pushes = list(summary.round_seconds), list(summary.push_seconds)
         # The first rounds pay for imports, warm-up and the first draw of encryptions of zero.
         steady = times[2:] or times

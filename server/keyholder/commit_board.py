@@ -257,7 +257,11 @@ class CommitBoard:
         if not update.verify(
             key, run_id=phase.run_id, round_=phase.round, context_id=phase.context_id
         ):
-            raise InvalidArgumentError(f"the commitment of {update.client_id!r} is not signed")
+            raise InvalidArgumentError(
+                f"the commitment of {update.client_id!r} is not signed for round "
+                f"{phase.round} of this run under key generation {phase.context_id[:12]} "
+                "(an update encrypted before the key holder rotated its keys is not)"
+            )
         expected = 8 * self.sketch_count * self.num_blocks
         if len(sketches) != expected:
             raise InvalidArgumentError(f"sketches must be {expected} bytes, got {len(sketches)}")

@@ -17,6 +17,13 @@ its deadline is counted apart (:class:`server.shard_misses.ShardMisses`, never a
 after ``max_shard_misses`` misses in a row the round is refused, naming it, until the shard
 answers again.
 
+Every ``rotate_every_rounds`` rounds (10 by default) it replaces its CKKS key pair once a round
+is applied: later rounds encrypt under the new public context (clients and shards fetch it,
+signed, when a round names its id), and the old secret key is gone from memory and from disk.
+One key then releases a bounded number of blocks, which bounds what changes that pass the
+zero canaries can learn of it (:func:`crypto.release.releases_per_key`, docs/security.md),
+and a key leaked by other means opens the ciphertexts of one period only.
+
 At client level (DP-FedAvg) the key holder is the one party that sees a round's sum: when
 fewer than the cohort's n clients contributed, it adds the missing shares of the noise to the
 decrypted sum before anything is released, and it divides by the fixed n instead of the count
@@ -34,9 +41,10 @@ import threading
 import time
 import zipfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +52,12 @@ from crypto import PLAINTEXT_CONTEXT_ID, CkksParams, PlainContext, SecretContext
 from crypto.canary import CanaryError
 from crypto.files import read_checked, write_atomic, write_checked, write_private
 from crypto.randomness import SecureRandom
-from crypto.release import decryption_error_bound, flood_and_round, released_std
+from crypto.release import (
+    decryption_error_bound,
+    flood_and_round,
+    released_std,
+    releases_per_key,
+)
 from crypto.secret_context import SECRET_KEY_FILE
 from crypto.signing import BlockSigner, model_block_digest
 from crypto.sketch import Challenge, sketch_count
@@ -173,7 +186,7 @@ class KeyHolder:
         max_clients: int = 1 << 30,
         max_abs_value: float = 1.0,
         flood_bits: int = 4,
-        rotate_every_rounds: int = 0,
+        rotate_every_rounds: int = 10,
         staleness: Callable[[int], float] | None = None,
         max_staleness: int = 0,
         groups: GroupPolicy | None = None,
@@ -203,7 +216,6 @@ class KeyHolder:
         self._staleness = staleness
         self._max_staleness = max_staleness
         self._groups = groups
-        self._params_config = params
         self._client_noise = client_noise
         self._noise = SecureRandom()  # the top-up: nobody else may be able to regenerate it
         challenge_key = _load_or_create_secret(state_dir / "keys" / "challenge.key")
@@ -230,7 +242,9 @@ class KeyHolder:
         #: the fetches of each shard that missed their deadline (not persisted)
         self.shard_misses = ShardMisses(limit=max_shard_misses, deadline_s=shard_deadline_s)
         self.last_saved = 0.0  # unix time of the last state checkpoint
+        self._key_since = 0  # the last round applied before the current key pair was made
         self._load_state()
+        self._check_rotation()
         modulus = self.keys.public.modulus
         self.commits = CommitBoard(
             state_dir / "commits",
@@ -285,6 +299,7 @@ class KeyHolder:
                         f"the key holder cannot write its state ({exc.strerror or exc})"
                     ) from exc
                 raise
+            self._check_rotation()
 
     # ------------------------------------------------------------------ commitments
     def open_commits(
@@ -470,7 +485,7 @@ class KeyHolder:
                 )
                 _log.error("%s", message)
                 raise PeerUnavailableError(message) from exc
-            if self.rotate_every_rounds and round_ % self.rotate_every_rounds == 0:
+            if self._rotation_due():
                 self._rotate_keys()
             self._publish_applied(round_)
             _log.info(
@@ -517,12 +532,58 @@ class KeyHolder:
             _log.warning("%s", message)
             raise PeerUnavailableError(message) from exc
 
+    def _rotation_due(self) -> bool:
+        """Whether ``rotate_every_rounds`` rounds have passed since the key pair was made
+        (round numbers: a round abandoned in between counts too, which errs on the safe
+        side)."""
+        period = self.rotate_every_rounds
+        return self.encrypted and period > 0 and self.last_round - self._key_since >= period
+
     def _rotate_keys(self) -> None:
-        """Replace the key pair: later rounds encrypt under a new context, old keys are gone."""
-        keys = SecretContext.generate(self._params_config)
-        keys.save(self._dir / "keys")
-        self.keys = keys
-        _log.info("rotated the CKKS keys; new context %s", keys.public.context_id[:12])
+        """Replace the key pair once a round is applied and saved: later rounds encrypt under
+        a new context; the old secret key is gone from memory and from ``keys/`` (replaced
+        in one step, :meth:`crypto.SecretContext.save`). A pair that cannot be written
+        leaves the current one in use, and the next applied round tries again."""
+        keys = SecretContext.generate(self.keys.public.params)  # same parameters and layout
+        try:
+            keys.save(self._dir / "keys")
+        except OSError as exc:
+            _log.error(
+                "cannot write a new key pair (%s); the current keys stay in use, the next "
+                "applied round tries again",
+                exc.strerror or exc,
+            )
+            return
+        self.keys, self._key_since = keys, self.last_round
+        _log.info(
+            "rotated the CKKS keys after round %d; new context %s",
+            self.last_round,
+            keys.public.context_id[:12],
+        )
+
+    def _check_rotation(self) -> None:
+        """Warn when one key pair may release more blocks of the model than the leakage
+        bound allows (:func:`crypto.release.releases_per_key`, docs/security.md)."""
+        if not self.encrypted or self.params is None:
+            return
+        period, blocks = self.rotate_every_rounds, self.layout.num_blocks
+        budget = releases_per_key(self.keys.public.params, self.flood_bits)
+        if period and period * blocks <= budget:
+            return
+        advice = (
+            f"set it to {budget // blocks} or fewer"
+            if budget >= blocks
+            else "even a new key every round exceeds it: raise security.flood_bits"
+        )
+        _log.warning(
+            "security.rotate_every_rounds = %d (0: never) lets one key pair release %s blocks "
+            "of this %d-block model; the leakage bound allows %d per key (docs/security.md): %s",
+            period,
+            f"{period * blocks}" if period else "every round's",
+            blocks,
+            budget,
+            advice,
+        )
 
     def _trace(
         self, round_: int, phase: CommitPhase, verifier: AggregateVerifier, exc: PolicyError
@@ -752,6 +813,8 @@ class KeyHolder:
             "refused": sorted(self._refused),
             "detections": self.detections,
             "blamed": self.blamed,
+            "key_context": self.context_id,
+            "key_since": self._key_since,
         }
         arrays: dict[str, np.ndarray] = {
             "params": self.params,
@@ -798,12 +861,24 @@ class KeyHolder:
                 for shard, reasons in meta.get("detections", {}).items()
             }
             self.blamed = {str(c): str(why) for c, why in meta.get("blamed", {}).items()}
+            self._key_since = self._saved_key_since(meta)
         except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
             raise CorruptStateError(
                 f"{path}: {_STATE_WHAT} cannot be read ({exc}); {_STATE_HINT}"
             ) from exc
         self.last_saved = path.stat().st_mtime
         _log.info("key holder resumed at version %d (round %d)", self.version, self.last_round)
+
+    def _saved_key_since(self, meta: Mapping[str, Any]) -> int:
+        """The last round applied before the loaded key pair was made. The state is saved
+        before the keys rotate: keys of another context than the state names were made
+        after its last round; a state that names none predates rotation (count from 0)."""
+        context = meta.get("key_context")
+        if context is None:
+            return 0
+        if context != self.context_id:
+            return self.last_round
+        return int(meta["key_since"])
 
 
 #: What the loss of each key of a key holder that already has state means.

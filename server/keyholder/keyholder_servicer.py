@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 
+from crypto import PLAINTEXT_CONTEXT_ID
 from crypto.signing import context_digest
 from fedps import keyholder_messages as records
 from fedps.blocks import BlockLayout
@@ -31,11 +32,13 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
     def GetPublicContext(  # noqa: N802 (gRPC method name)
         self, request: common_pb2.Empty, context: grpc.ServicerContext
     ) -> keyholder_pb2.PublicContextReply:
-        context_id = self.keyholder.context_id
+        public = self.keyholder.keys.public  # once: a rotation may replace the keys meanwhile
+        encrypted = self.keyholder.encrypted
+        context_id = public.context_id if encrypted else PLAINTEXT_CONTEXT_ID
         cached = self._context_reply
         if cached is not None and cached.context_id == context_id:
             return cached  # serialised and signed once per key generation
-        context_bytes = self.keyholder.keys.public.serialize() if self.keyholder.encrypted else b""
+        context_bytes = public.serialize() if encrypted else b""
         signer = self.keyholder.signer
         reply = records.PublicContextInfo(
             context=context_bytes,

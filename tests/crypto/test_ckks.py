@@ -35,6 +35,7 @@ from crypto import (
     num_blocks,
     unpack_block,
 )
+from crypto.files import FAULTS_VARIABLE
 from crypto.params import CANARIES
 from fedps.errors import ConfigError, FedPSError, InvalidArgumentError
 from tests.crypto.context_parts import context_parts
@@ -490,6 +491,88 @@ def test_load_or_generate_returns_the_same_keys_twice(tmp_path: Path) -> None:
     np.testing.assert_allclose(
         second.decrypt(unpack_block(second.public, block)), 1.25, atol=ERROR_PER_CIPHERTEXT
     )
+
+
+def _opens_its_own_ciphertexts(keys: SecretContext) -> bool:
+    """Whether ``keys`` decrypts what its own public context encrypts (a whole pair)."""
+    block = BlockEncryptor(keys.public).encrypt_block(np.full(V, 0.75))
+    values = keys.decrypt(unpack_block(keys.public, block))
+    return bool(np.allclose(values, 0.75, atol=ERROR_PER_CIPHERTEXT))
+
+
+def test_save_replaces_a_pair_in_one_step_and_the_old_secret_key_is_gone(
+    keys: SecretContext, other_keys: SecretContext, tmp_path: Path
+) -> None:
+    # Prepare: the pair of a key holder before it rotates
+    keys.save(tmp_path)
+    old_secret = (tmp_path / "secret.key").read_bytes()
+
+    # Execute: it rotates
+    other_keys.save(tmp_path)
+
+    # Assert: the new pair, whole, 0600; nothing staged, nothing of the old secret key left
+    loaded = SecretContext.load(tmp_path)
+    assert loaded.public.context_id == other_keys.public.context_id
+    assert _opens_its_own_ciphertexts(loaded)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["public.ctx", "secret.key"]
+    for name in ("public.ctx", "secret.key"):
+        assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == 0o600
+    assert (tmp_path / "secret.key").read_bytes() != old_secret
+
+
+@pytest.mark.parametrize(
+    ("staged", "committed", "survivor"),
+    [
+        (["secret.key"], False, "old"),  # died while staging the secret key's twin
+        (["secret.key", "public.ctx"], False, "old"),  # both staged, not committed
+        (["public.ctx"], True, "new"),  # committed: the new secret key is in place
+    ],
+)
+def test_a_save_cut_short_leaves_one_whole_pair(
+    keys: SecretContext,
+    other_keys: SecretContext,
+    tmp_path: Path,
+    staged: list[str],
+    committed: bool,
+    survivor: str,
+) -> None:
+    # Prepare: the old pair in place, the new one's files where a crash left them
+    folder, new = tmp_path / "keys", tmp_path / "new"
+    keys.save(folder)
+    other_keys.save(new)
+    for name in staged:
+        (folder / f"{name}.new").write_bytes((new / name).read_bytes())
+    if committed:
+        (folder / "secret.key").write_bytes((new / "secret.key").read_bytes())
+
+    # Execute: the key holder starts again
+    loaded = SecretContext.load_or_generate(folder, CkksParams())
+
+    # Assert: one pair, whole, and the staging gone
+    expected = keys if survivor == "old" else other_keys
+    assert loaded.public.context_id == expected.public.context_id
+    assert _opens_its_own_ciphertexts(loaded)
+    assert sorted(p.name for p in folder.iterdir()) == ["public.ctx", "secret.key"]
+
+
+@pytest.mark.parametrize("failing", ["secret.key.new", "public.ctx.new"])
+def test_a_save_that_fails_keeps_the_pair_in_place(
+    keys: SecretContext,
+    other_keys: SecretContext,
+    tmp_path: Path,
+    faults: pytest.MonkeyPatch,
+    failing: str,
+) -> None:
+    # Prepare
+    keys.save(tmp_path)
+    faults.setenv(FAULTS_VARIABLE, failing)
+
+    # Execute / Assert: a full disk half-way through the new pair
+    with pytest.raises(OSError, match="No space left"):
+        other_keys.save(tmp_path)
+    loaded = SecretContext.load(tmp_path)
+    assert loaded.public.context_id == keys.public.context_id
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["public.ctx", "secret.key"]
 
 
 def test_other_key_pair_decrypts_to_garbage(keys: SecretContext, other_keys: SecretContext) -> None:

@@ -347,17 +347,6 @@ def _check_certificate_acts_for_its_own_id(cluster: TlsCluster) -> None:
     assert reply.kind in (coordinator_pb2.Task.WAIT, coordinator_pb2.Task.TRAIN)
 
 
-@pytest.mark.parametrize("tls_cluster", MODES, indirect=True)
-def test_one_certificate_is_one_client_id(tls_cluster: TlsCluster) -> None:
-    # Prepare: the cluster in the default configuration (mutual TLS), in sync or async mode
-    # Execute / Assert: each check registers, calls and asserts against the live cluster
-    _check_same_certificate_same_id(tls_cluster)
-    _check_token_is_no_certificate(tls_cluster)
-    _check_no_registration_without_client_certificate(tls_cluster)
-    _check_certificate_acts_for_its_own_id(tls_cluster)
-    assert tls_cluster.registered() == 1  # client-0, however often it registered
-
-
 def _every_rpc() -> list[tuple[ServiceDescriptor, MethodDescriptor]]:
     services = [
         shard_pb2.DESCRIPTOR.services_by_name["Shard"],
@@ -390,11 +379,10 @@ def _call_rpc(
     return _code(lambda: unary_unary(request, timeout=_TIMEOUT_S))
 
 
-def test_default_configuration_serves_no_caller_without_a_certificate(
-    tls_cluster: TlsCluster,
-) -> None:
-    # Prepare: every RPC of the three services, at the role that serves it, and callers
-    # without a certificate of the cluster
+def _check_no_rpc_without_a_certificate(tls_cluster: TlsCluster) -> None:
+    """(e): every RPC of the three services, at the role that serves it, called by callers
+    without a certificate of the cluster: not one completes, nobody is registered, and the
+    servers still answer the operator."""
     cluster = tls_cluster.config.cluster
     address = {"Shard": cluster.shards[0], "KeyHolder": cluster.keyholder}
     callers = {
@@ -403,8 +391,6 @@ def test_default_configuration_serves_no_caller_without_a_certificate(
         "other CA": tls_cluster.stranger,
     }
     rpcs = _every_rpc()
-
-    # Execute
     codes = {}
     for caller, identity in callers.items():
         for service, method in rpcs:
@@ -412,19 +398,16 @@ def test_default_configuration_serves_no_caller_without_a_certificate(
             with tls_cluster.channel(target, identity) as channel:
                 code = _call_rpc(channel, service, method)
             codes[f"{caller}: {service.name}.{method.name}"] = code
-
-    # Assert: not one call completed; the servers still answer the operator
     assert len(codes) == len(callers) * len(rpcs) >= 3 * 18  # 18 RPCs when this was written
     assert {name: code for name, code in codes.items() if code not in _NO_ENTRY} == {}
     assert tls_cluster.registered() == 0
 
 
-def test_status_answers_only_the_operator(tls_cluster: TlsCluster) -> None:
-    # Prepare: valid certificates of the cluster, of every role but the operator's
+def _check_status_answers_only_the_operator(tls_cluster: TlsCluster) -> None:
+    """The coordinator's and a shard's status: for the operator's certificate, refused to
+    the valid certificates of every other role."""
     cluster = tls_cluster.config.cluster
     roles = ["client-0", "coordinator", "keyholder", "shard-1", OPERATOR_NAME]
-
-    # Execute
     codes: dict[str, tuple[grpc.StatusCode, grpc.StatusCode]] = {}
     for role in roles:
         identity = tls_cluster.identity(role)
@@ -434,7 +417,23 @@ def test_status_answers_only_the_operator(tls_cluster: TlsCluster) -> None:
             _code(lambda: coordinator.GetStatus(common_pb2.Empty(), timeout=_TIMEOUT_S)),  # noqa: B023
             _code(lambda: shard.GetStatus(common_pb2.Empty(), timeout=_TIMEOUT_S)),  # noqa: B023
         )
-
-    # Assert
     assert codes.pop(OPERATOR_NAME) == (grpc.StatusCode.OK, grpc.StatusCode.OK)
     assert set(codes.values()) == {(grpc.StatusCode.PERMISSION_DENIED,) * 2}
+
+
+@pytest.mark.parametrize("tls_cluster", MODES, indirect=True)
+def test_default_configuration_admits_only_the_clusters_certificates(
+    tls_cluster: TlsCluster,
+) -> None:
+    # Prepare: the cluster in the default configuration (mutual TLS), in sync or async mode,
+    # one for every check (each start is four role processes)
+    # Execute / Assert: each check calls and asserts against the live cluster; (e) first,
+    # while nobody is registered
+    _check_no_rpc_without_a_certificate(tls_cluster)
+    _check_status_answers_only_the_operator(tls_cluster)
+    # (d): one certificate is one client id
+    _check_same_certificate_same_id(tls_cluster)
+    _check_token_is_no_certificate(tls_cluster)
+    _check_no_registration_without_client_certificate(tls_cluster)
+    _check_certificate_acts_for_its_own_id(tls_cluster)
+    assert tls_cluster.registered() == 1  # client-0, however often it registered

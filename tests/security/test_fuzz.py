@@ -3,7 +3,7 @@
 The fuzz itself is the package ``tests/security/fuzz/`` (its ``__main__`` describes the inputs;
 one module per service holds that service's oracles). Acceptance: malformed messages to each
 RPC of the ``Shard``, ``KeyHolder`` and ``Coordinator`` services and inputs to each
-deserialisation path (4,000 each in the suite, whose time is bounded; 10,000 each with
+deserialisation path (2,000 each in the suite, whose time is bounded; 10,000 each with
 ``FEDPS_FUZZ_N=10000``, as when the fuzz was accepted), with zero crashes, zero unexpected
 statuses (INTERNAL, UNKNOWN, DEADLINE_EXCEEDED, ...), zero malformed requests accepted, zero
 genuine requests (a repeated commitment, the open round's challenge) refused, zero malformed
@@ -11,10 +11,20 @@ blocks added to a shard's sums, and no change to the published model or the key 
 commitments. The full runs are ``slow``; the smoke runs (200 per RPC or path) are part of
 the default quick run.
 
+Why 2,000: the inputs come from a fixed seed, so the suite sends the same ones every run; what
+they can find is the code they reach. Measured with coverage.py (branches of ``fedps``,
+``server``, ``crypto`` and ``clients``), 2,000 inputs per RPC reach every branch that 4,000
+reach for the ``KeyHolder`` and ``Coordinator`` services and every deserialisation path. For
+``Shard``, 4,000 reached one path more, once (input 3,560 of ``Publish``: a publish of the
+right layout whose blocks the key holder did not sign), because the oracle skipped every
+publish of the right layout; it now judges the signatures too, so such publishes are sent
+(and must be refused) dozens of times in 2,000. More inputs, and other seeds, are for runs
+by hand (``FEDPS_FUZZ_N``, ``FEDPS_FUZZ_SEED``).
+
 The work is bounded by counts, not clocks: every run sends exactly its N inputs however long
 a loaded machine takes. On 2 cores the full runs of 10,000 take about 5 minutes (RPCs, one
 test per service so that test workers share them) and 1.5 minutes (deserialisation) when
-nothing is wrong; the suite's 4,000 less than half that. The only clocks are hang guards: a
+nothing is wrong; the suite's 2,000 a fifth of that. The only clocks are hang guards: a
 call's deadline (60 s; an RPC whose calls hang stops early and fails the test) and
 :data:`HANG_S` for the whole subprocess.
 
@@ -37,8 +47,9 @@ from typing import Any
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-#: Inputs per RPC of a full run: 4,000 in the suite (its time budget), more by hand.
-FULL_N = int(os.environ.get("FEDPS_FUZZ_N", "4000"))
+#: Inputs per RPC of a full run: 2,000 in the suite (the branches 4,000 reach: see above),
+#: more by hand.
+FULL_N = int(os.environ.get("FEDPS_FUZZ_N", "2000"))
 SEED = os.environ.get("FEDPS_FUZZ_SEED", "0")
 SMOKE_N = 200
 #: Hang guard of one fuzz subprocess (its start-up included): more than ten times the few

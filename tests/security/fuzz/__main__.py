@@ -60,17 +60,18 @@ the iteration that was running. Everything is derived from ``random.Random`` see
     exception is a failure.
 
 Counts, not clocks
-    Every RPC and path gets exactly N calls (10,000 in the full test), however long a loaded
-    machine takes. Each call has a deadline (``--call-timeout``, 60 s) that is a hang guard
-    only, far above a normal call (milliseconds; calls over ``--slow``, 2 s, are reported):
-    a call that reaches it is a hang, counted as an unexpected DEADLINE_EXCEEDED, and an RPC
-    stops early (and counts as incomplete) after 3 of them or 12 slow failures. Measured on
-    2 cores, 10,000 calls take 8-50 s per RPC (PushBlocks and OpenRound are the slowest:
-    23 KB ciphertexts; a public-context refetch per unknown context id), about 5 minutes for
-    all 20 RPCs, and 1-40 s per deserialisation path (``SecretContext.load`` is the
-    slowest), about 1.5 minutes in all. The data segment is capped
-    (``FEDPS_FUZZ_MEMORY_MB``, default 4096) so that an unbounded allocation in a handler
-    fails with MemoryError instead of taking the machine down.
+    Every RPC and path gets exactly N calls (2,000 in the suite's full tests, 10,000 when the
+    fuzz was accepted), however long a loaded machine takes. Each call has a deadline
+    (``--call-timeout``, 60 s) that is a hang guard only, far above a normal call
+    (milliseconds; calls over ``--slow``, 2 s, are reported): a call that reaches it is a
+    hang, counted as an unexpected DEADLINE_EXCEEDED, and an RPC stops early (and counts as
+    incomplete) after 3 of them or 12 slow failures. Measured on 2 cores, 10,000 calls take
+    8-50 s per RPC (PushBlocks and OpenRound are the slowest: 23 KB ciphertexts; a
+    public-context refetch per unknown context id), about 5 minutes for all 20 RPCs, and
+    1-40 s per deserialisation path (``SecretContext.load`` is the slowest), about 1.5
+    minutes in all. The data segment is capped (``FEDPS_FUZZ_MEMORY_MB``, default 4096) so
+    that an unbounded allocation in a handler fails with MemoryError instead of taking the
+    machine down.
 
 Layout
     ``values`` (random values and byte/string mutations), ``mutator`` (protobuf wire data
@@ -92,10 +93,10 @@ import resource
 import shutil
 import sys
 import traceback
+from collections.abc import Callable
+from typing import Any
 
-from tests.security.fuzz.deser import run_deser_mode
 from tests.security.fuzz.harness import Breadcrumb
-from tests.security.fuzz.rpc_mode import run_rpc_mode
 
 
 def _limit_memory() -> None:
@@ -108,6 +109,18 @@ def _limit_memory() -> None:
     limit = mb * 1024 * 1024
     if hard == resource.RLIM_INFINITY or limit < hard:
         resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+
+
+def _runner(mode: str) -> Callable[[argparse.Namespace, Breadcrumb], dict[str, Any]]:
+    """The mode's entry point, imported for that mode only: ``deser`` starts no cluster, so
+    it need not import what the cluster's roles do (torch, for the coordinator's model)."""
+    if mode == "rpc":
+        from tests.security.fuzz.rpc_mode import run_rpc_mode
+
+        return run_rpc_mode
+    from tests.security.fuzz.deser import run_deser_mode
+
+    return run_deser_mode
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -132,12 +145,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    run = _runner(args.mode)  # imported before the memory cap, as a module-level import was
     faulthandler.enable(file=sys.stderr, all_threads=True)
     _limit_memory()
     logging.getLogger("fedps").setLevel(logging.ERROR)
     crumb = Breadcrumb(args.breadcrumb)
     try:
-        report = run_rpc_mode(args, crumb) if args.mode == "rpc" else run_deser_mode(args, crumb)
+        report = run(args, crumb)
     except Exception:
         traceback.print_exc()
         report = {"mode": args.mode, "ok": False, "error": traceback.format_exc()[-2000:]}

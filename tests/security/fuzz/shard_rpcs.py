@@ -1,21 +1,23 @@
 """The ``Shard`` service's RPCs: requests to start from, protocol-aware mutations and oracles.
 
 Pushes of genuine signed updates with one ciphertext corrupted, round 1's ``OpenRound`` with
-a commitment replaced, added or renamed, and publishes that break the model's layout. Every
-push that is not a cohort member's genuine signed update must be refused, and no malformed
-block may ever reach the running sums (the cluster's snapshot checks that).
+a commitment replaced, added or renamed, and publishes that break the model's layout or carry
+blocks the key holder did not sign. Every push that is not a cohort member's genuine signed
+update must be refused, and no malformed block may ever reach the running sums (the cluster's
+snapshot checks that).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import random
 from typing import Any
 
 import numpy as np
 
 from crypto import bitpack
-from crypto.signing import is_weak_key
+from crypto.signing import is_weak_key, model_verifier
 from fedps.messages import signed_update_from_proto
 from fedps.proto import shard_pb2
 from tests.security.fuzz.harness import GENUINE, LEGIT, SKIP, Metadata, RpcSpec, bad, empty
@@ -131,26 +133,26 @@ class ShardRpcs(ServiceRpcs):
             return bad("empty cohort")
         if any(is_weak_key(k) for k in members.values()):
             return bad("a signing key is not a valid 32-byte Ed25519 key")
-        commitments = {u.client_id: signed_update_from_proto(u) for u in m.commitments}
-        if any(c not in members for c in commitments):
+        if any(u.client_id not in members for u in m.commitments):
             return bad("a commitment of no cohort member")
         if m.context_id != self.cluster.context_id:
             return bad("unknown context id")
-        genuine = {
-            c: signed_update_from_proto(
-                self.cluster.commit_requests[(self.cluster.round, c)].update
-            )
-            for c in self.cluster.cohort
-        }
-        if (m.round, m.version, m.run_id, members, commitments) == (
-            self.cluster.round,
-            self.cluster.version,
-            self.cluster.run_id,
-            self.cluster.cohort_keys,
-            genuine,
-        ):
-            return GENUINE  # round 1 as it is open: a repeat changes nothing
+        c = self.cluster
+        if (m.round, m.version, m.run_id, members) == (c.round, c.version, c.run_id, c.cohort_keys):
+            # (the commitments are compared last: converting them is most of the oracle's work)
+            commitments = {u.client_id: signed_update_from_proto(u) for u in m.commitments}
+            if commitments == self.genuine_commitments:
+                return GENUINE  # round 1 as it is open: a repeat changes nothing
         return SKIP
+
+    @functools.cached_property
+    def genuine_commitments(self) -> dict[str, Any]:
+        """Round 1's commitments as the cohort made them (the open round's, on the shard)."""
+        c = self.cluster
+        return {
+            cid: signed_update_from_proto(c.commit_requests[(c.round, cid)].update)
+            for cid in c.cohort
+        }
 
     def judge_known_round(self, msgs: list[shard_pb2.CloseRoundRequest], metadata: Metadata) -> str:
         return SKIP if msgs[0].round in self.cluster.shard._rounds else bad("unknown round")
@@ -163,11 +165,13 @@ class ShardRpcs(ServiceRpcs):
             return bad("messages disagree on the header")
         version, num_blocks, per_block = headers.pop()
         blocks: dict[int, bytes] = {}
+        signatures: dict[int, bytes] = {}
         for m in msgs:
             for b in m.blocks:
                 if len(b.values) % 4:
                     return bad("values are not float32")
                 blocks[b.block] = b.values
+                signatures[b.block] = b.signature
         # A model has at least one block of at least one value (the rest mirrors the shard).
         if num_blocks < 1 or per_block < 1:
             return bad(f"num_blocks={num_blocks}, values_per_block={per_block}: an empty model")
@@ -180,6 +184,12 @@ class ShardRpcs(ServiceRpcs):
                 return bad("a block has the wrong size or non-finite values")
         if version < self.cluster.shard.version:
             return bad("older version")
+        # The layout holds: only the key holder's signatures make it a publish. Checked with
+        # the key holder's own key (not the shard's check), so that a publish of other values,
+        # or of this version's values as another version, is sent, and must be refused.
+        signed = model_verifier(self.cluster.kh.signer.public_key)
+        if not all(signed(version, b, values, signatures[b]) for b, values in blocks.items()):
+            return bad("a block the key holder did not sign (for this version)")
         return SKIP
 
     def specs(self) -> list[RpcSpec[Any]]:
