@@ -112,7 +112,14 @@ def test_wine_classifier_trains_from_per_client_files_with_fedps_up(tmp_path: Pa
     rounds, budget = config.training.rounds, config.privacy.target_epsilon
     # Execute
     output, client_outputs = run_example(project, path)
-    # Assert: every round applied with every client; the last round's accuracy and epsilon
+    # Assert: one line per round, each applied with every client, and the end said; the last
+    # round's accuracy and epsilon
+    lines = [line for line in output.splitlines() if line.startswith("round ")]
+    assert [line.split(":")[0] for line in lines] == [
+        f"round {r}/{rounds}" for r in range(1, rounds + 1)
+    ], output
+    assert all(f": {CLIENTS} clients, " in line and "epsilon" in line for line in lines), lines
+    assert f"training finished after {rounds} rounds" in output
     last = re.search(
         rf"round {rounds}/{rounds}: {CLIENTS} clients, accuracy ([0-9.]+), epsilon ([0-9.]+)",
         output,
