@@ -1,7 +1,9 @@
 """Tests for fedps.cli.experiment (grid files, resumable sweeps) and fedps.cli.experiment_report.
 
 Most sweep tests replace :func:`fedps.cli.demo.run_demo` with a fake that returns a summary at
-once; ``test_real_sweep_resumes`` runs the real platform on a grid of two tiny points.
+once; ``test_real_sweep_resumes`` runs the real platform for the encrypted point of a grid of
+two tiny points (the real run of a point without encryption is
+``tests/fedps/cli/test_experiment_task.py``'s).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 from rich.console import Console
 
 from fedps.cli import experiment
+from fedps.cli.demo import run_demo
 from fedps.cli.experiment import load_grid, read_results, run_experiment
 from fedps.cli.experiment_report import render_report
 from fedps.errors import ConfigError, FedPSError
@@ -297,24 +300,35 @@ def test_resume_refuses_results_of_another_base_configuration(sweep: Sweep) -> N
 @pytest.mark.integration
 @pytest.mark.slow
 def test_real_sweep_resumes(sweep: Sweep) -> None:
-    # Execute: the real platform, twice; then a file with only the first point done.
-    records = sweep.run(point_timeout_s=HANG_S)  # a hang guard, not a pace
+    # Prepare: the real platform for the encrypted point, the fake for the other
+    plaintext = FakeDemo()
+
+    def platform(config: Path | None, workdir: Path, overrides: Any, **kwargs: Any) -> Any:
+        if overrides.get("he", {}).get("enabled"):
+            return run_demo(config, workdir, overrides, **kwargs)
+        return plaintext(config, workdir, overrides, **kwargs)
+
+    # Execute: the sweep; again; then a file with only the first point done.
+    records = sweep.run(platform, point_timeout_s=HANG_S)  # a hang guard, not a pace
     lines = sweep.results.read_text().splitlines()
     again = sweep.run(FakeDemo(fail=("encryption=true",)))
     sweep.results.write_text(lines[0] + "\n")
     fake = FakeDemo()
     resumed = sweep.run(fake)
 
-    # Assert
+    # Assert: the real point's record
     assert all("error" not in r for r in records), records
-    for record in records:
-        assert 0.3 < record["final_accuracy"] <= 1.0
-        assert 0 < record["max_epsilon"] <= 7.5 and record["delta"] == 1e-5
-        assert record["bytes_pushed"] > 0 and record["rounds"] == 2
-        assert len(record["client_noise_multipliers"]) == 2
-        # every client's own epsilon, as it reported it to the coordinator
-        assert len(record["client_epsilons"]) == 2
-        assert max(record["client_epsilons"]) == pytest.approx(record["max_epsilon"], abs=1e-3)
+    real = records[0]
+    assert real["key"] == "encryption=true" and real["encryption"] is True
+    assert 0.3 < real["final_accuracy"] <= 1.0
+    assert 0 < real["max_epsilon"] <= 7.5 and real["delta"] == 1e-5
+    assert real["bytes_pushed"] > 0 and real["rounds"] == 2
+    assert len(real["client_noise_multipliers"]) == 2
+    # every client's own epsilon, as it reported it to the coordinator
+    assert len(real["client_epsilons"]) == 2
+    assert max(real["client_epsilons"]) == pytest.approx(real["max_epsilon"], abs=1e-3)
+    # ... and the resumes
+    assert len(plaintext.calls) == 1
     assert again == records  # nothing was rerun: the fake would have failed a point
     assert len(fake.calls) == 1 and fake.calls[0]["he"] == {"enabled": False}
     assert resumed[0] == records[0]
