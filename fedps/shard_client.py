@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Sequence
 
-from fedps.messages import ParameterBlock
+from fedps.messages import MalformedReplyError, ParameterBlock
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
 from fedps.service_call import invoke, stream_replies
 from fedps.shard_messages import (
@@ -134,9 +134,18 @@ class ShardClient:
         for reply in stream_replies(replies, what, timeout_s=timeout_s):
             yield AggregatePart.from_proto(reply)
 
-    def trace_blocks(self, query: TraceQuery, *, timeout_s: float = PUSH_S) -> TraceEvidence:
+    def trace_blocks(
+        self, query: TraceQuery, *, max_items: int, timeout_s: float = PUSH_S
+    ) -> TraceEvidence:
         """The shard's evidence on some blocks of a closed round (after a failed check), all
-        of it: every message of the stream joined."""
+        of it: every message of the stream joined.
+
+        Raises
+        ------
+        MalformedReplyError
+            The shard streamed more than ``max_items`` openings and ciphertexts (what was
+            asked for bounds what a correct shard sends; the stream is cut there).
+        """
         what = f"trace on {self.shard_id}"
         request = query.to_proto()
         replies = invoke(lambda: self._stub.TraceBlocks(request, timeout=timeout_s), what)
@@ -146,6 +155,8 @@ class ShardClient:
             part = TraceEvidence.from_proto(reply)
             openings += part.openings
             mismatches += part.mismatches
+            if len(openings) + len(mismatches) > max_items:
+                raise MalformedReplyError(f"{self.shard_id} sent more evidence than asked for")
         return TraceEvidence(tuple(openings), tuple(mismatches))
 
     def publish(self, messages: Sequence[Publication], *, timeout_s: float = PUSH_S) -> int:

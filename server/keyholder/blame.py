@@ -97,8 +97,9 @@ class Tracer:
     def _ask(self, shard: ShardClient, query: TraceQuery) -> TraceEvidence | TamperingError | None:
         """The shard's evidence; a TamperingError if it refused what it must hold; None if it
         did not answer (not evidence)."""
-        try:
-            return shard.trace_blocks(query, timeout_s=_CALL_S)
+        try:  # a correct shard sends one item per contributor and block, at most
+            limit = len(query.contributors) * len(query.blocks)
+            return shard.trace_blocks(query, max_items=limit, timeout_s=_CALL_S)
         except PeerUnavailableError:
             return None
         except FedPSError as exc:

@@ -179,3 +179,23 @@ def test_a_tampering_shard_is_still_blamed(arena: Arena) -> None:
     arena.assert_refused(1, clients)
     assert arena.keyholder.detections == {arena.owner(0).shard_id: {"aggregate": 1}}
     assert arena.keyholder.blamed == {}
+
+
+def test_a_shard_flooding_the_trace_is_cut_off_and_blamed(arena: Arena) -> None:
+    # Prepare: client-2's block 0 fails its canaries; its shard answers the trace with every
+    # opening 50 times over
+    clients = arena.clients()
+    _random_ciphertext(arena, clients[-1])
+    shard = arena.owner(0)
+    honest_trace = type(shard).trace.__get__(shard)
+
+    def flooding(query: TraceQuery) -> tuple[list[OpenedBlock], list[HeldCiphertext]]:
+        openings, held = honest_trace(query)
+        return openings * 50, held
+
+    shard.trace = flooding  # type: ignore[method-assign]
+    arena.driver.committed_round(1, VERSION, clients)
+    # Execute / Assert: the stream is cut at what was asked for; the shard is blamed
+    arena.assert_refused(1, clients)
+    assert arena.keyholder.detections == {shard.shard_id: {"evidence": 1}}
+    assert arena.keyholder.blamed == {}
