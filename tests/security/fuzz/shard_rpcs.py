@@ -1,10 +1,10 @@
 """The ``Shard`` service's RPCs: requests to start from, protocol-aware mutations and oracles.
 
 Pushes of genuine signed updates with one ciphertext corrupted, round 1's ``OpenRound`` with
-a commitment replaced, added or renamed, and publishes that break the model's layout or carry
-blocks the key holder did not sign. Every push that is not a cohort member's genuine signed
-update must be refused, and no malformed block may ever reach the running sums (the cluster's
-snapshot checks that).
+a commitment replaced, added or renamed, and publishes that break the model's layout, carry
+blocks the key holder did not sign or exceed the message limit. Every push that is not a
+cohort member's genuine signed update must be refused, and no malformed block may ever reach
+the running sums (the cluster's snapshot checks that).
 """
 
 from __future__ import annotations
@@ -107,6 +107,28 @@ class ShardRpcs(ServiceRpcs):
             )
         return msg
 
+    def mutate_publish(self, rng: random.Random) -> shard_pb2.PublishRequest:
+        """The genuine publish mutated as any request is, or (1 in 50) with a block of more
+        values than the servers' message limit takes: gRPC refuses the stream while the
+        shard reads it."""
+        msg = self.publish_request()
+        if rng.random() < 0.02:
+            block = msg.blocks[rng.randrange(len(msg.blocks))]
+            block.values = bytes(4 * (self.cluster.max_message_bytes // 4))
+            return msg
+        Mutator(rng, self.cluster.value_pools).mutate(msg, rng.choice([1, 1, 1, 2, 2, 3, 5]))
+        return msg
+
+    def publish_request(self) -> shard_pb2.PublishRequest:
+        """The publish of the model the shard holds, as the key holder sent it."""
+        c = self.cluster
+        return shard_pb2.PublishRequest(
+            version=c.shard.version,
+            num_blocks=c.num_blocks,
+            values_per_block=c.n,
+            blocks=c.layout_blocks,
+        )
+
     def push_valid(self, m: shard_pb2.PushRequest) -> bool:
         g = self.cluster.genuine.get(m.client_id)
         if g is None:
@@ -199,14 +221,6 @@ class ShardRpcs(ServiceRpcs):
         def push_base(rng: random.Random) -> shard_pb2.PushRequest:
             return copy.deepcopy(rng.choice(genuine_pushes))
 
-        def publish_base(rng: random.Random) -> shard_pb2.PublishRequest:
-            return shard_pb2.PublishRequest(
-                version=c.shard.version,
-                num_blocks=c.num_blocks,
-                values_per_block=c.n,
-                blocks=c.layout_blocks,
-            )
-
         def reject_accepted(reply: shard_pb2.PushReply) -> str | None:
             return f"accepted={reply.accepted}" if reply.accepted else None
 
@@ -262,9 +276,10 @@ class ShardRpcs(ServiceRpcs):
             ),
             RpcSpec(
                 methods["Publish"],
-                publish_base,
+                lambda rng: self.publish_request(),
                 self.judge_publish,
                 pools=c.value_pools,
+                custom=self.mutate_publish,
                 concurrency=4,
             ),
             RpcSpec(methods["GetStatus"], empty, pools=c.cohort_pools),
