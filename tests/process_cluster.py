@@ -33,6 +33,7 @@ from tests.waiting import HANG_S, wait_for
 __all__ = [
     "HANG_S",
     "Recorded",
+    "address_of",
     "assert_replayed",
     "cluster_config",
     "keyholder_state",
