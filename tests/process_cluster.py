@@ -27,13 +27,12 @@ from fedps.coordinator_messages import ClusterStatus
 from fedps.tasks import load_task
 from server.coordinator.evaluator import Evaluator
 from tests.conftest import RecordingClient, reached
-from tests.role_processes import write_local_config
+from tests.role_processes import wait_serving, write_local_config
 from tests.waiting import HANG_S, wait_for
 
 __all__ = [
     "HANG_S",
     "Recorded",
-    "address_of",
     "assert_replayed",
     "cluster_config",
     "keyholder_state",
@@ -41,8 +40,10 @@ __all__ = [
     "role_args",
     "role_env",
     "start_role",
+    "start_servers",
     "status",
     "wait_for_round",
+    "wait_ready",
 ]
 
 
@@ -117,7 +118,29 @@ def start_role(deployment: Deployment, name: str, env: Mapping[str, str] | None 
     """Start role ``name`` (with ``env`` added to its environment) and wait until it serves."""
     with role_env(env or {}):
         deployment.start(name, *role_args(name))
-    deployment.wait_ready([address_of(deployment.config, name)])
+    wait_ready(deployment, [name])
+
+
+def start_servers(
+    deployment: Deployment, envs: Mapping[str, Mapping[str, str]] | None = None
+) -> None:
+    """The key holder and the shards together, then the coordinator, as ``fedps up`` starts
+    them (:meth:`Deployment.start_servers`), each with ``envs[ROLE]`` added to its
+    environment; returns once all of them serve."""
+    envs = envs or {}
+    peers = ["keyholder", *(f"shard-{i}" for i in range(len(deployment.config.cluster.shards)))]
+    for name in peers:
+        with role_env(envs.get(name, {})):
+            deployment.start(name, *role_args(name))
+    wait_ready(deployment, peers)
+    start_role(deployment, "coordinator", envs.get("coordinator"))
+
+
+def wait_ready(deployment: Deployment, names: Sequence[str]) -> None:
+    """:meth:`Deployment.wait_ready` for roles ``names``, seeing each serve within 0.1 s of
+    it (:func:`tests.role_processes.wait_serving`); raises if a role's process died."""
+    for name in names:
+        wait_serving(address_of(deployment.config, name), deployment.check_alive)
 
 
 def status(config: FedPSConfig) -> ClusterStatus:

@@ -27,6 +27,7 @@ from tests.process_cluster import (
     cluster_config,
     recorded,
     start_role,
+    start_servers,
     wait_for_round,
 )
 
@@ -64,7 +65,7 @@ def test_sigkill_a_server_mid_round_loses_nothing(tmp_path: Path, trial: int) ->
     deployment = Deployment(path, config)
     log: list[str] = []
     try:
-        deployment.start_servers()
+        start_servers(deployment)
         clients = [RecordingClient(config, index=i) for i in range(CLIENTS)]
         killer = threading.Thread(
             target=_kill_and_restart, args=(deployment, victim, round_, delay_s, log)

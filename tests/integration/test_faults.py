@@ -30,13 +30,12 @@ from fedps.coordinator_messages import ClusterStatus
 from tests.conftest import RecordingClient, run_clients
 from tests.process_cluster import (
     HANG_S,
-    address_of,
     assert_replayed,
     cluster_config,
     recorded,
     role_args,
-    role_env,
     start_role,
+    start_servers,
     wait_for_round,
 )
 from tests.recording_client import load_recorded
@@ -61,18 +60,8 @@ ENOSPC = {
 
 
 def _start_servers(deployment: Deployment, faults: dict[str, str]) -> None:
-    """Key holder and shards together, then the coordinator, as ``fedps up`` starts them
-    (:meth:`Deployment.start_servers`), each with its faults armed."""
-
-    def env(name: str) -> dict[str, str]:
-        return {INJECT: faults[name]} if name in faults else {}
-
-    *peers, coordinator = SERVERS
-    for name in peers:
-        with role_env(env(name)):
-            deployment.start(name, *role_args(name))
-    deployment.wait_ready([address_of(deployment.config, name) for name in peers])
-    start_role(deployment, coordinator, env(coordinator))
+    """Every server role, each with its faults armed (``{role: pattern}``)."""
+    start_servers(deployment, {name: {INJECT: pattern} for name, pattern in faults.items()})
 
 
 def _train(
