@@ -83,8 +83,21 @@ def faults(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run the ``slow`` tests first (in collection order, then the rest): with the test
     command's one-test-at-a-time scheduling (``-n 2 --maxschedchunk 1``) the long ones then
-    share the workers instead of one of them ending the run alone."""
+    share the workers instead of one of them ending the run alone.
+
+    The slow tests that take turns on the machine's one Ray node (:func:`one_ray_node`) are
+    spread over the slow ones, the first at their start and the last at their end: side by
+    side, both workers would start one, and one worker would sit out the other's (half a
+    minute and more)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    turns = [item for item in slow if "one_ray_node" in getattr(item, "fixturenames", ())]
+    if len(turns) > 1:
+        order = [item for item in slow if item not in turns]
+        gap = len(order) / (len(turns) - 1)
+        for k in reversed(range(len(turns))):
+            order.insert(round(k * gap), turns[k])
+        items[: len(slow)] = order
 
 
 class RecordingClient(EdgeClient):
