@@ -40,7 +40,7 @@ from fedps.proto import (
 )
 from fedps.transport import MAX_MESSAGE_BYTES, create_channel
 from server.coordinator.coordinator_servicer import CREDENTIAL_HEADER
-from tests.conftest import start_cluster
+from tests.in_process_cluster import start_cluster
 from tests.security.fuzz.values import U64, rand_bytes
 from tests.waiting import wait_for
 
