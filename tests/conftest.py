@@ -23,7 +23,6 @@ from crypto.files import FAULTS_VARIABLE, reset_faults
 from fedps.errors import FedPSError
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fedps.provisioning import reset_tls
-from fedps.shard_messages import PushBatch
 from fedps.transport import call, create_channel
 from tests.in_process_cluster import Cluster as Cluster
 from tests.in_process_cluster import end_commits_once_committed as end_commits_once_committed
@@ -103,21 +102,21 @@ class RecordingClient(EdgeClient):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.sent: dict[int, tuple[float, np.ndarray]] = {}
         self.pushed: dict[int, set[str]] = {}
+        self.pusher.on_acknowledged = self.acknowledged_by
 
     def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
         self.sent[round_] = (self.weight, delta.copy())
         return super().prepare(round_, version, delta)
 
-    def _push_to(self, sid: str, messages: list[PushBatch]) -> int:
-        sent = super()._push_to(sid, messages)
-        self.pushed.setdefault(messages[0].round, set()).add(sid)
-        return sent
+    def acknowledged_by(self, round_: int, sid: str) -> None:
+        """Shard ``sid`` acknowledged this client's push of round ``round_``."""
+        self.pushed.setdefault(round_, set()).add(sid)
 
     @property
     def acknowledged(self) -> set[int]:
         """Rounds whose push every shard that owns a block acknowledged."""
-        assert self._ring is not None and self._layout is not None, "the client never joined"
-        owners = {self._ring.owner(b) for b in range(self._layout.num_blocks)}
+        ring, layout = self.session.ring, self.session.layout  # known once the client joined
+        owners = {ring.owner(b) for b in range(layout.num_blocks)}
         return {r for r, sids in self.pushed.items() if sids >= owners}
 
 

@@ -20,7 +20,6 @@ import numpy as np
 from clients.edge_client import PreparedPush
 from crypto.files import write_atomic
 from fedps.config import load_config
-from fedps.shard_messages import PushBatch
 from tests.conftest import RecordingClient
 from tests.process_cluster import Recorded
 
@@ -39,14 +38,13 @@ class _FileRecordingClient(RecordingClient):
         write_atomic(self.out / f"sent-{round_}.npz", buffer.getvalue())
         return prepared
 
-    def _push_to(self, sid: str, messages: list[PushBatch]) -> int:
-        sent = super()._push_to(sid, messages)
+    def acknowledged_by(self, round_: int, sid: str) -> None:
+        super().acknowledged_by(round_, sid)
         path = self.out / "acknowledged.json"
         before = set(json.loads(path.read_text())["acknowledged"]) if path.exists() else set()
         acknowledged = sorted(before | self.acknowledged)  # with the killed process's
         recorded = {"client_id": self.client_id, "acknowledged": acknowledged}
         write_atomic(self.out / "acknowledged.json", json.dumps(recorded).encode())
-        return sent
 
 
 def load_recorded(out: Path) -> Recorded:

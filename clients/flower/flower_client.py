@@ -106,7 +106,7 @@ _PARTITION_KEY = "partition-id"
 
 
 class StrategyMessages:
-    """A Flower node's uplink (:class:`~clients.edge_client.Uplink`): the strategy's messages
+    """A Flower node's uplink (:class:`~clients.client_session.Uplink`): the strategy's messages
     carry its registration and tasks and the replies its reports, so nothing is asked of a
     coordinator. :meth:`EdgeClient.run` and :meth:`EdgeClient.run_task`, which would ask,
     refuse with that; :class:`FlowerClient` runs the rounds through the public steps."""
@@ -137,7 +137,9 @@ class FlowerClient:
 
     Pulls, DP training, encryption, signatures, commitments and pushes are those of the
     :class:`~clients.edge_client.EdgeClient` it holds (:attr:`edge`), through its public
-    steps; only the task arrives in a Flower message and the report leaves in the reply.
+    steps and its session (:class:`~clients.client_session.ClientSession`: the channels and
+    the public context); only the task arrives in a Flower message and the report leaves in
+    the reply.
 
     Parameters
     ----------
@@ -232,22 +234,23 @@ class FlowerClient:
         After :meth:`detach` this only reopens the channels: the public context, the
         encryptor and its encryptions of zero are kept for the same run and client id.
         """
-        if self.edge.connected and self._attached == (client_id, run_id):
+        session = self.edge.session
+        if session.connected and self._attached == (client_id, run_id):
             return
         cluster = self.config.cluster
         shards = dict(zip(cluster.shard_ids, cluster.shards, strict=True))
-        self.edge.connect(cluster.keyholder, shards, virtual_nodes=cluster.virtual_nodes)
+        session.connect(cluster.keyholder, shards, virtual_nodes=cluster.virtual_nodes)
         if self._attached != (client_id, run_id):
-            self.edge.join(run_id=run_id, client_id=client_id, timeout_s=timeout_s)
+            session.join(run_id=run_id, client_id=client_id, timeout_s=timeout_s)
             self._attached = (client_id, run_id)
 
     def detach(self) -> None:
         """Close the channels to the key holder and shards (:meth:`attach` reopens them)."""
-        self.edge.disconnect()
+        self.edge.session.disconnect()
 
     def shutdown(self) -> None:
         """Close the channels and stop any encryption worker."""
-        self.edge.shutdown()
+        self.edge.session.shutdown()
 
     # ------------------------------------------------------------------ privacy state
     def accountant_history(self) -> list[tuple[float, float, int]]:
@@ -303,7 +306,7 @@ class FlowerClient:
         if outcome.trained:
             # Refill the pool of encryptions of zero in this process: a node has no idle time
             # between Flower messages for a background worker.
-            self.edge.precompute(background=False)
+            self.edge.session.precompute(background=False)
         if outcome.budget_exhausted:
             return self._summary(task.round, pushed=0, budget_exhausted=True, trained=False)
         if outcome.prepared is None:

@@ -372,9 +372,9 @@ class _OfflineClient(EdgeClient):
     def __init__(self, config: FedPSConfig, *, index: int, state_dir: Path) -> None:
         self.sent = _RecordingUplink()
         super().__init__(config, index=index, state_dir=state_dir, uplink=self.sent)
-        self._params = _FixedParams(flatten_model(self.trainer.model))  # type: ignore[assignment]
-        self._layout, self._encryptor = BlockLayout(self.num_params, self.num_params), None
-        self._keyholder_key, self._context_id = b"", ""
+        session = self.session  # as if joined: no encryption, no key holder key
+        session._params = _FixedParams(flatten_model(self.trainer.model))  # type: ignore[assignment]
+        session._layout = BlockLayout(self.num_params, self.num_params)
 
     def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
         return None
@@ -563,7 +563,7 @@ def test_a_round_the_coordinator_cannot_hear_of_is_recorded_once_and_not_trained
     # most, never growing while nothing trains)
     assert attempts == [True, True]
     assert client.trainer.history() == ()
-    assert client.state.spent(client._data, "example") is not None
+    assert client.state.spent(client.data_fingerprint, "example") is not None
     assert client.recorded == client.trainer.spend_after_next_round()
     client.close()
 
@@ -574,7 +574,7 @@ def test_restarted_edge_client_resumes_its_budget(tmp_path: Path) -> None:
     first = _OfflineClient(config, index=1, state_dir=tmp_path)
     assert first.train(1) and first.train(2)
     spent = first.trainer.epsilon()
-    key = first._signer.public_key
+    key = first.signing_key
     first.close()
 
     # Execute: a new client on the same folder
@@ -584,7 +584,7 @@ def test_restarted_edge_client_resumes_its_budget(tmp_path: Path) -> None:
     refused = not second.train(4)
 
     # Assert: same key and spend; one more round, then it refuses and says its budget is spent
-    assert second._signer.public_key == key
+    assert second.signing_key == key
     assert resumed == (spent, spent)
     assert trained and refused
     assert second.sent.reports[-1] == (4, True)
@@ -602,13 +602,13 @@ def test_restarted_edge_client_registers_with_its_recorded_epsilon(tmp_path: Pat
     second = _OfflineClient(config, index=1, state_dir=tmp_path)
 
     # Execute
-    second._register(timeout_s=1.0)
+    second.session.register(timeout_s=1.0)
 
     # Assert: the coordinator hears at once what the data has spent
     (request,) = second.sent.registrations
     assert request.epsilon == spent > 0
     assert request.delta == config.privacy.delta
-    assert request.signing_key == first._signer.public_key
+    assert request.signing_key == first.signing_key
     second.close()
 
 

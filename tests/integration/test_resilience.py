@@ -127,7 +127,7 @@ def test_no_secret_key_outside_the_key_holder(cluster: Cluster) -> None:
         data = path.read_bytes()
         assert not any(p in data for p in probes), f"{path} contains secret-key material"
     for client in clients:
-        assert not hasattr(client._encryptor.public, "_secret_key")  # type: ignore[union-attr]
+        assert not hasattr(client.session.encryptor.public, "_secret_key")  # type: ignore[union-attr]
     for shard in cluster.shards:
         public = shard._public_context(cluster.keyholder.keys.public.context_id)
         assert not hasattr(public, "_secret_key")

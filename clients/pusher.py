@@ -1,0 +1,141 @@
+"""A committed update on its way to the shards: wait for the push phase, push, resend.
+
+An update goes to the shards only once the round's commitments are frozen and the shards have
+opened the round (:meth:`Pusher.push_when_open` asks the coordinator until it says so).
+Each shard gets the signed messages of the blocks it owns (:meth:`Pusher.send`); a shard that
+refuses, whatever it answers, or keeps failing is counted and skipped, and the others still
+get theirs: the round's close decides. The last committed update is kept, so that a
+coordinator that asks for it again (after a failure cut the wait short, or after it restarted
+before it saw the report) gets the same signed messages (:meth:`Pusher.resend`), which the
+shards acknowledge as duplicates and count once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from clients.client_session import ClientSession
+from clients.peer_failures import PeerFailures
+from clients.update_pipeline import PreparedPush
+from fedps.coordinator_messages import Task
+from fedps.errors import FedPSError
+from fedps.shard_messages import PushBatch
+
+__all__ = ["Pusher"]
+
+_log = logging.getLogger("fedps")
+
+
+class Pusher:
+    """Pushes a client's committed updates to the shards that own their blocks.
+
+    Parameters
+    ----------
+    session
+        The client's session: the shards' channels and the coordinator to ask.
+    failures
+        Where the shards' refusals are counted.
+
+    Attributes
+    ----------
+    bytes_pushed
+        What the shards took over the run.
+    push_seconds
+        What the last push took.
+    on_acknowledged
+        Called with ``(round, shard id)`` each time a shard acknowledged its messages of a
+        round (None: nothing is called).
+    """
+
+    def __init__(self, session: ClientSession, failures: PeerFailures) -> None:
+        self.session = session
+        self.failures = failures
+        self._committed: tuple[str, PreparedPush] | None = None  # with the run it is of
+        self.bytes_pushed = 0
+        self.push_seconds = 0.0
+        self.on_acknowledged: Callable[[int, str], None] | None = None
+
+    @property
+    def committed(self) -> PreparedPush | None:
+        """The last update committed in the session's run (pushed or not), pushed when the
+        coordinator asks for it (None: none, or the coordinator runs another run now)."""
+        if self._committed is None or self._committed[0] != self.session.run_id:
+            return None
+        return self._committed[1]
+
+    def keep(self, prepared: PreparedPush) -> None:
+        """Keep ``prepared`` as the committed update, through a failure of what follows."""
+        self._committed = (self.session.run_id, prepared)
+
+    def push_when_open(self, prepared: PreparedPush) -> int:
+        """:meth:`send` once the coordinator says the round's commitments are frozen and the
+        shards opened it; returns bytes pushed (0: the round ended first)."""
+        self.push_seconds = 0.0
+        session = self.session
+        wait_s = session.config.training.deadline_s + session.peer_wait_s
+        if not self.wait_for_push_phase(prepared.round, wait_s):
+            _log.info("%s: round %d ended before its push phase", session.name, prepared.round)
+            return 0
+        return self.send(prepared)
+
+    def wait_for_push_phase(self, round_: int, timeout_s: float) -> bool:
+        """After committing to ``round_``: wait until the coordinator says the round's
+        commitments are frozen and the shards take pushes (False: the round ended without
+        a push phase, e.g. too few clients committed)."""
+        until = time.time() + timeout_s
+        while time.time() < until:
+            task = self.session.poll_task(retry_s=timeout_s)
+            if task.kind == "push" and task.round == round_:
+                return True
+            if task.kind == "done" or task.round > round_:
+                return False
+            time.sleep(max(0.05, min(task.retry_after, 0.2)))
+        return False
+
+    def send(self, prepared: PreparedPush) -> int:
+        """Push committed messages to their shards now (the round's commitments must be
+        frozen and the shards have opened it); returns bytes pushed. A shard that refuses
+        or keeps failing counts no bytes (and a failure)."""
+        started = time.monotonic()
+        total = self.push_all(prepared)
+        self.push_seconds = time.monotonic() - started
+        self.keep(prepared)
+        self.bytes_pushed += total
+        return total
+
+    def resend(self, task: Task) -> bool:
+        """Asked to push for a round we committed to: after a failure cut our wait for the
+        push phase short, or again (the coordinator restarted before it saw our report).
+        Push the same signed messages (shards acknowledge a repeat as a duplicate and count
+        it once); returns True then, for the caller to report. False: nothing of ours in
+        that round (after waiting ``task.retry_after``)."""
+        committed = self.committed
+        if committed is None or committed.round != task.round:
+            time.sleep(max(0.05, task.retry_after))
+            return False
+        self.push_all(committed)
+        return True
+
+    def push_all(self, prepared: PreparedPush) -> int:
+        """Push to every shard that owns a block; returns the bytes the shards took. A shard
+        that refuses, whatever it answers, or keeps failing is counted, logged and skipped:
+        the others still get theirs, and the round's close decides."""
+        total = 0
+        for sid, messages in prepared.messages.items():
+            try:
+                total += self.push_to(sid, messages)
+            except FedPSError as exc:
+                self.failures.failed(sid, exc)
+        return total
+
+    def push_to(self, sid: str, messages: list[PushBatch]) -> int:
+        """Push messages to one shard, waiting out a restart (the shard's log keeps what it
+        acknowledged, so a retry after a lost acknowledgement is counted once); returns the
+        bytes sent."""
+        shard = self.session.shards.shards[sid]
+        sent = shard.push_blocks(messages, retry_s=self.session.peer_wait_s).sent_bytes
+        if self.on_acknowledged is not None and messages:
+            self.on_acknowledged(messages[0].round, sid)
+        return sent

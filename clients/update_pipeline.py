@@ -1,0 +1,191 @@
+"""An update on its way from the trainer to the shards: weighted, clipped, encrypted,
+committed and cut into signed push messages.
+
+:class:`UpdatePipeline` takes a trained update (the model's delta) and
+
+1. weights it (:func:`aggregation_weight`: 1 with ``security.weighting = "uniform"``, the
+   default; otherwise ``num_examples / weight_scale``, the cohort's largest ``num_examples``,
+   at least ``security.min_weight``);
+2. clips it to ``he.max_abs_value`` (the range the CKKS parameters were sized for);
+3. encrypts it block by block under the key holder's public context;
+4. commits to it at the key holder: the signed root of every encrypted block
+   (:class:`crypto.signed_update.SignedUpdate`) and the sketch of every block under the
+   round's secret challenge (:class:`crypto.sketch.Challenge`), before any ciphertext of the
+   round reaches a shard;
+5. returns the signed push messages per owning shard (:class:`PreparedPush`), which
+   :class:`clients.pusher.Pusher` sends once the round's commitments are frozen.
+
+Asynchronous rounds are buffers: an update whose buffer froze before it committed joins the
+next one, as a stale update, and is encrypted again first if the key holder rotated its keys
+in between (the next buffer names another public context).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from clients.client_session import ClientSession
+from clients.peer_failures import KEY_HOLDER, PeerFailures
+from crypto import BlockEncryptor
+from crypto.signed_update import SignedUpdate
+from crypto.sketch import Challenge
+from fedps.config import FedPSConfig
+from fedps.errors import FedPSError, RoundClosedError
+from fedps.keyholder_messages import UpdateCommitment
+from fedps.shard_messages import PushBatch
+from fedps.transport import batched
+
+__all__ = ["PreparedPush", "UpdatePipeline", "aggregation_weight"]
+
+_log = logging.getLogger("fedps")
+_ASYNC_ATTEMPTS = 3  # the buffers an async update tries to commit to before it is dropped
+
+
+@dataclass(frozen=True)
+class PreparedPush:
+    """A committed update's signed push messages, per shard (resent unchanged if asked)."""
+
+    round: int
+    version: int
+    messages: dict[str, list[PushBatch]]
+
+
+def aggregation_weight(config: FedPSConfig, num_examples: int, weight_scale: float) -> float:
+    """The aggregation weight of an update trained on ``num_examples`` in a round of
+    ``weight_scale`` (the cohort's largest ``num_examples``)."""
+    security = config.security
+    if config.privacy.level == "client" or security.weighting == "uniform":
+        return 1.0  # every client weighs the same (the key holder insists)
+    share = num_examples / max(weight_scale, 1.0)
+    return min(1.0, max(security.min_weight, share))
+
+
+class UpdatePipeline:
+    """Weight, clip, encrypt and commit a client's updates.
+
+    Parameters
+    ----------
+    session
+        The client's session: its signing key, its client and run ids, the key holder's
+        channel and public context, and the ring that says which shard owns a block.
+    failures
+        Where the key holder's refusals of a commitment are counted.
+    """
+
+    def __init__(self, session: ClientSession, failures: PeerFailures) -> None:
+        self.session = session
+        self.failures = failures
+
+    def prepare(
+        self, round_: int, version: int, delta: np.ndarray, *, weight: float
+    ) -> PreparedPush | None:
+        """Weight, clip, encrypt and commit an update; returns the signed push messages per
+        shard (None when the round's commitments had closed, or the key holder refused)."""
+        he = self.session.config.he
+        weighted = delta * weight
+        clipped = np.clip(weighted, -he.max_abs_value, he.max_abs_value)
+        if not np.array_equal(clipped, weighted):
+            _log.warning(
+                "%s: update clipped to +-%g for encryption", self.session.name, he.max_abs_value
+            )
+        committed = self._commit(round_, version, weight, clipped)
+        if committed is None:
+            return None
+        round_, update, encrypted = committed
+        return self._messages(round_, version, update, encrypted)
+
+    def _messages(
+        self, round_: int, version: int, update: SignedUpdate, encrypted: dict[int, bytes]
+    ) -> PreparedPush:
+        """The committed blocks as push messages to the shards that own them."""
+        ring = self.session.ring
+        by_shard: dict[str, list[tuple[int, bytes]]] = {}
+        for block, data in encrypted.items():
+            by_shard.setdefault(ring.owner(block), []).append((block, data))
+        context_id = self.session.context_id
+        messages = {
+            sid: [
+                PushBatch.carrying(update, round_=round_, context_id=context_id, blocks=batch)
+                for batch in batched(blocks, lambda b: len(b[1]))
+            ]
+            for sid, blocks in by_shard.items()
+        }
+        return PreparedPush(round_, version, messages)
+
+    def _commit(
+        self, round_: int, version: int, weight: float, values: np.ndarray
+    ) -> tuple[int, SignedUpdate, dict[int, bytes]] | None:
+        """Encrypt the update's ``values`` and commit to them at the key holder: the signed
+        block roots and the sketches of the blocks under the round's challenge. Returns the
+        round it committed to, the signed update and the encrypted blocks, or None when the
+        round's commitments had closed (async: after trying the next buffers too, as a stale
+        update; a buffer under a new key, the key holder having rotated its keys since, gets
+        the values encrypted again under it)."""
+        session = self.session
+        keyholder = session.keyholder
+        attempts = _ASYNC_ATTEMPTS if session.config.training.mode == "async" else 1
+        encrypted, coefficients = self._encrypt(values)
+        for attempt in range(attempts):
+            update = SignedUpdate.sign(
+                session.signer,
+                coefficients,
+                run_id=session.run_id,
+                round_=round_,
+                client_id=session.client_id,
+                context_id=session.context_id,
+                weight=weight,
+                version=version,
+            )
+            try:
+                sketches = self._sketches(round_, coefficients)
+                keyholder.commit(
+                    UpdateCommitment(round_, update, sketches), retry_s=session.peer_wait_s
+                )
+                return round_, update, encrypted
+            except RoundClosedError as exc:
+                if attempt == attempts - 1:
+                    self.failures.failed(KEY_HOLDER, exc, expected=True)
+                    return None
+                _log.info("%s: commitment refused: %s", session.name, exc)
+            except FedPSError as exc:
+                # e.g. we restarted mid-round with a new key: sit this round out
+                self.failures.failed(KEY_HOLDER, exc)
+                return None
+            # Async: the buffer froze before we committed; the update joins the next one.
+            following = session.next_train_task(round_)
+            if following is None:
+                return None
+            if following.context_id not in ("", session.context_id):  # the keys rotated
+                if not session.adopt_context(following.context_id):
+                    return None
+                _log.info(
+                    "%s: the key holder rotated its keys; encrypting the update again for round %d",
+                    session.name,
+                    following.round,
+                )
+                encrypted, coefficients = self._encrypt(values)
+            round_ = following.round
+        return None
+
+    def _encrypt(self, values: np.ndarray) -> tuple[dict[int, bytes], np.ndarray]:
+        """``values`` encrypted under the current public context: the packed blocks and
+        their coefficients."""
+        return self.session.encryptor.encrypt_with_coefficients(values)
+
+    def _sketches(self, round_: int, coefficients: np.ndarray) -> bytes:
+        """The round's sketches of every encrypted block (none without encryption)."""
+        session = self.session
+        encryptor = session.encryptor
+        if not isinstance(encryptor, BlockEncryptor):
+            return b""
+        seed = session.keyholder.get_challenge(
+            round_, session.client_id, retry_s=session.peer_wait_s
+        )
+        public = encryptor.public
+        challenge = Challenge(
+            seed, modulus=public.modulus, coeffs_per_block=public.coeffs_per_block
+        )
+        return challenge.sketch(coefficients).astype("<u8").tobytes()
