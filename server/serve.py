@@ -40,13 +40,17 @@ from server.shard.shard_log import ShardLog
 from server.shard.shard_servicer import ShardServicer
 
 if TYPE_CHECKING:  # the coordinator (and torch) load only in the coordinator's process
+    from fedps.tasks import Task
     from server.coordinator.coordinator import Coordinator
+    from server.coordinator.coordinator_settings import CoordinatorSettings
 
 __all__ = [
     "add_coordinator",
     "add_keyholder",
     "add_shard",
+    "coordinator_settings",
     "keyholder_settings",
+    "open_coordinator",
     "open_keyholder",
     "serve_forever",
 ]
@@ -224,12 +228,41 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
     return shard
 
 
-def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> Coordinator:
-    """Build the coordinator, register its servicer and start its round loop thread."""
+def coordinator_settings(config: FedPSConfig) -> CoordinatorSettings:
+    """The coordinator's schedule and limits from the configuration."""
+    from server.coordinator.coordinator_settings import CoordinatorSettings
+
+    return CoordinatorSettings(
+        training=config.training,
+        privacy=config.privacy,
+        cluster=config.cluster,
+        tls=config.tls,
+        values_per_block=ckks_params(config).values_per_block,
+        max_clients=config.he.max_clients,
+        max_shard_misses=config.security.max_shard_misses,
+        shard_deadline_s=config.security.shard_deadline_s,
+        client_eval=config.task.client_eval,
+    )
+
+
+def open_coordinator(
+    config: FedPSConfig, state_dir: Path, *, task: Task | None = None
+) -> Coordinator:
+    """The coordinator of ``config`` on its state folder ``state_dir``
+    (:meth:`Coordinator.open`), running ``task`` (default: the configured one)."""
+    from fedps.tasks import load_task
     from server.coordinator.coordinator import Coordinator
+
+    settings = coordinator_settings(config)
+    return Coordinator.open(state_dir, settings, task=task or load_task(config))
+
+
+def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> Coordinator:
+    """Open the coordinator (:func:`open_coordinator`), register its servicer and start its
+    round loop thread."""
     from server.coordinator.coordinator_servicer import CoordinatorServicer
 
-    coordinator = Coordinator(config, state_dir=state_dir)
+    coordinator = open_coordinator(config, state_dir)
     metrics = _metrics(config.metrics.coordinator, "coordinator", CoordinatorMetrics)
     if metrics is not None:
         metrics.version.set_function(lambda: coordinator.version)
