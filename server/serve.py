@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, TypeVar
 import grpc
 
 from crypto import PLAINTEXT_CONTEXT_ID, PlainContext, PublicContext
-from crypto.files import private_directory
 from crypto.signing import model_verifier
 from fedps.accounting import client_level_noise
 from fedps.blocks import group_mask
@@ -33,6 +32,7 @@ from fedps.transport import bind, call, create_channel, create_server
 from server.keyholder.group_policy import GroupPolicy
 from server.keyholder.keyholder import KeyHolder
 from server.keyholder.keyholder_servicer import KeyHolderServicer
+from server.keyholder.keyholder_settings import KeyHolderSettings
 from server.keyholder.server_optimizer import create_server_optimizer
 from server.metrics import CoordinatorMetrics, KeyHolderMetrics, ShardMetrics
 from server.shard.shard import Shard
@@ -40,9 +40,20 @@ from server.shard.shard_log import ShardLog
 from server.shard.shard_servicer import ShardServicer
 
 if TYPE_CHECKING:  # the coordinator (and torch) load only in the coordinator's process
+    from fedps.tasks import Task
     from server.coordinator.coordinator import Coordinator
+    from server.coordinator.coordinator_settings import CoordinatorSettings
 
-__all__ = ["add_coordinator", "add_keyholder", "add_shard", "serve_forever"]
+__all__ = [
+    "add_coordinator",
+    "add_keyholder",
+    "add_shard",
+    "coordinator_settings",
+    "keyholder_settings",
+    "open_coordinator",
+    "open_keyholder",
+    "serve_forever",
+]
 
 _log = logging.getLogger("fedps")
 
@@ -102,17 +113,11 @@ def _metrics(address: str, role: str, make: Callable[[], _M]) -> _M | None:
     return metrics
 
 
-def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> KeyHolder:
-    """Build the key holder (its state folder private, 0700) and register its servicer."""
+def keyholder_settings(config: FedPSConfig) -> KeyHolderSettings:
+    """The key holder's policy from the configuration."""
     t = config.training
-    keyholder = KeyHolder(
-        state_dir=private_directory(state_dir),
+    return KeyHolderSettings(
         params=ckks_params(config),
-        shards=dict(zip(config.cluster.shard_ids, config.cluster.shards, strict=True)),
-        ring=_ring(config),
-        optimizer=create_server_optimizer(
-            t.server_optimizer, lr=t.server_lr, momentum=t.server_momentum
-        ),
         min_quorum=t.min_quorum,
         encrypted=config.he.enabled,
         max_clients=config.he.max_clients,
@@ -121,7 +126,6 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
         rotate_every_rounds=config.security.rotate_every_rounds,
         staleness=_staleness(config),
         max_staleness=t.max_staleness,
-        groups=_group_policy(config),
         weight_bounds=weight_bounds(config),
         max_detections=config.security.max_detections,
         max_shard_misses=config.security.max_shard_misses,
@@ -130,11 +134,31 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
             client_level_noise(t, config.privacy) if config.privacy.level == "client" else None
         ),
     )
+
+
+def open_keyholder(config: FedPSConfig, state_dir: Path) -> KeyHolder:
+    """The key holder of ``config`` on its state folder ``state_dir`` (:meth:`KeyHolder.open`)."""
+    t = config.training
+    return KeyHolder.open(
+        state_dir,
+        keyholder_settings(config),
+        shards=dict(zip(config.cluster.shard_ids, config.cluster.shards, strict=True)),
+        ring=_ring(config),
+        optimizer=create_server_optimizer(
+            t.server_optimizer, lr=t.server_lr, momentum=t.server_momentum
+        ),
+        groups=_group_policy(config),
+    )
+
+
+def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> KeyHolder:
+    """Open the key holder (:func:`open_keyholder`) and register its servicer."""
+    keyholder = open_keyholder(config, state_dir)
     metrics = _metrics(config.metrics.keyholder, "keyholder", KeyHolderMetrics)
     if metrics is not None:
         metrics.version.set_function(lambda: keyholder.version)
-        keyholder.on_tampering = metrics.tampering_detected
-        keyholder.on_blame = metrics.client_blamed
+        keyholder.suspects.on_tampering = metrics.tampering_detected
+        keyholder.suspects.on_blame = metrics.client_blamed
         keyholder.shard_misses.on_miss = metrics.track_shard_misses()
         metrics.track_checkpoint(lambda: keyholder.last_saved)
     servicer = KeyHolderServicer(keyholder, metrics)
@@ -204,12 +228,41 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
     return shard
 
 
-def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> Coordinator:
-    """Build the coordinator, register its servicer and start its round loop thread."""
+def coordinator_settings(config: FedPSConfig) -> CoordinatorSettings:
+    """The coordinator's schedule and limits from the configuration."""
+    from server.coordinator.coordinator_settings import CoordinatorSettings
+
+    return CoordinatorSettings(
+        training=config.training,
+        privacy=config.privacy,
+        cluster=config.cluster,
+        tls=config.tls,
+        values_per_block=ckks_params(config).values_per_block,
+        max_clients=config.he.max_clients,
+        max_shard_misses=config.security.max_shard_misses,
+        shard_deadline_s=config.security.shard_deadline_s,
+        client_eval=config.task.client_eval,
+    )
+
+
+def open_coordinator(
+    config: FedPSConfig, state_dir: Path, *, task: Task | None = None
+) -> Coordinator:
+    """The coordinator of ``config`` on its state folder ``state_dir``
+    (:meth:`Coordinator.open`), running ``task`` (default: the configured one)."""
+    from fedps.tasks import load_task
     from server.coordinator.coordinator import Coordinator
+
+    settings = coordinator_settings(config)
+    return Coordinator.open(state_dir, settings, task=task or load_task(config))
+
+
+def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> Coordinator:
+    """Open the coordinator (:func:`open_coordinator`), register its servicer and start its
+    round loop thread."""
     from server.coordinator.coordinator_servicer import CoordinatorServicer
 
-    coordinator = Coordinator(config, state_dir=state_dir)
+    coordinator = open_coordinator(config, state_dir)
     metrics = _metrics(config.metrics.coordinator, "coordinator", CoordinatorMetrics)
     if metrics is not None:
         metrics.version.set_function(lambda: coordinator.version)

@@ -39,7 +39,7 @@ from fedps.hash_ring import HashRing
 from fedps.keyholder_client import KeyHolderClient, verified_signing_key
 from fedps.parameter_client import ParameterClient
 from fedps.tasks import Task, load_task
-from server.keyholder.keyholder import saved_version
+from server.keyholder.state_store import saved_version
 from server.shard.shard_log import load_published_model
 
 __all__ = ["export_model", "pull_model", "read_saved_model"]

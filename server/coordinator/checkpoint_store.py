@@ -6,13 +6,16 @@ replaced atomically, so a crash at any moment leaves the previous checkpoint or 
 never a mix, and verified against its SHA-256 at load, so a damaged checkpoint stops the
 coordinator (:class:`~fedps.errors.CorruptStateError`) instead of resuming from it. A
 checkpoint written before the checked format is loaded once unchecked and rewritten at the
-next save.
+next save. A write that fails (a full disk) is retried until it succeeds
+(:meth:`CheckpointStore.save_until_written`): the round waits for its checkpoint.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import logging
+import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +24,11 @@ from typing import Any
 import numpy as np
 
 from crypto.files import private_directory, read_checked, write_checked
-from fedps.errors import CorruptStateError
+from fedps.errors import CorruptStateError, FedPSError
 
 __all__ = ["CHECKPOINT_FILE", "Checkpoint", "CheckpointStore"]
+
+_log = logging.getLogger("fedps")
 
 #: The checkpoint's file name in the coordinator's state folder.
 CHECKPOINT_FILE = "coordinator-checkpoint.npz"
@@ -63,8 +68,30 @@ class CheckpointStore:
         np.savez(buffer, model=model, meta=meta)
         write_checked(self.path, buffer.getbuffer())
 
-    def load(self) -> Checkpoint | None:
-        """The saved checkpoint, or None when there is none.
+    def save_until_written(
+        self, model: np.ndarray, state: dict[str, Any], *, stop: threading.Event
+    ) -> bool:
+        """:meth:`save`, retried with a growing delay (up to 30 s) while the write fails (e.g.
+        a full disk); False when ``stop`` was set first."""
+        delay = 0.5
+        while True:
+            try:
+                self.save(model, state)
+                return True
+            except OSError as exc:
+                _log.error(
+                    "cannot write the checkpoint %s (%s); retrying in %.1f s",
+                    self.path,
+                    exc.strerror or exc,
+                    delay,
+                )
+                if stop.wait(delay):
+                    return False
+                delay = min(2 * delay, 30.0)
+
+    def load(self, *, num_params: int | None = None) -> Checkpoint | None:
+        """The saved checkpoint, or None when there is none; ``num_params``: the size of the
+        model it must hold.
 
         Raises
         ------
@@ -72,6 +99,8 @@ class CheckpointStore:
             If the file exists but cannot be read (truncated, checksum mismatch, not a
             checkpoint, bad JSON): a coordinator that silently started over would repeat
             rounds.
+        FedPSError
+            If it holds a model of another size than ``num_params``.
         """
         what = "the coordinator checkpoint"
         raw = read_checked(self.path, what=what, hint=_HINT, legacy_prefix=b"PK\x03\x04")
@@ -85,4 +114,10 @@ class CheckpointStore:
             raise CorruptStateError(f"{self.path}: {what} cannot be read ({exc}); {_HINT}") from exc
         if not isinstance(state, dict):
             raise CorruptStateError(f"{self.path}: {what} holds no coordinator state; {_HINT}")
+        if num_params is not None and model.shape != (num_params,):
+            raise FedPSError(
+                f"checkpoint {self.path} is for another model ({model.size} parameters, the "
+                f"task's model has {num_params}): give another cluster.state_dir, or delete "
+                "this one, to start a new run"
+            )
         return Checkpoint(model=model, state=state, saved_at=self.path.stat().st_mtime)

@@ -115,7 +115,8 @@ class ClientRegistry:
             self._enrolment_key = load_enrolment_key(tls.directory)  # a clear error if absent
         self._num_params = num_params
         self._liveness_s = liveness_s
-        self._on_change = on_change
+        #: called after each registration (the coordinator wakes its cohort wait)
+        self.on_change = on_change
         self._lock = threading.Lock()
         self._clients: dict[str, RegisteredClient] = {}
         self._missed: set[str] = set()  # missed a deadline, not heard from since
@@ -186,8 +187,8 @@ class ClientRegistry:
                     credential_hash=hashlib.sha256(issued).hexdigest(),
                 )
             self._clients[client_id].spent(epsilon, delta)
-        if self._on_change is not None:
-            self._on_change()
+        if self.on_change is not None:
+            self.on_change()
         _log.info(
             "%s %s by %s (%s, %d examples)",
             "re-registered" if known is not None else "registered",

@@ -16,6 +16,10 @@ Example level: the accountant is each client's own DP-SGD and the cohort rate pl
 it; the sampler takes ``training.cohort_size`` live clients uniformly (all when 0), the same
 size every round.
 
+A round runs only with a cohort of at least ``training.min_quorum`` and at most
+``he.max_clients`` clients (:meth:`CohortSampler.fits`); with another it is skipped before
+anything opens, and still counts as a global round.
+
 Both draw from :func:`crypto.randomness.random_source`: a CSPRNG, so the cohorts cannot be
 predicted or regenerated from the configuration (a seed gives them away), and a seeded
 generator only behind ``privacy.insecure_reproducible``.
@@ -23,13 +27,16 @@ generator only behind ``privacy.insecure_reproducible``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Collection, Iterable
 
 from crypto.randomness import random_source
 from fedps.accounting import client_cohort
 from fedps.config import PrivacyConfig, TrainingConfig
 
 __all__ = ["CohortSampler"]
+
+_log = logging.getLogger("fedps")
 
 
 class CohortSampler:
@@ -40,9 +47,15 @@ class CohortSampler:
     training, privacy
         The run's configuration: ``privacy.level`` picks Poisson sampling (client level) or a
         fixed-size sample (example level).
+    max_clients
+        Most clients a round may have (``he.max_clients``).
     """
 
-    def __init__(self, training: TrainingConfig, privacy: PrivacyConfig) -> None:
+    def __init__(
+        self, training: TrainingConfig, privacy: PrivacyConfig, *, max_clients: int = 1 << 30
+    ) -> None:
+        self.min_quorum = training.min_quorum
+        self.max_clients = max_clients
         self.poisson = privacy.level == "client"
         #: client level: the Poisson rate q, the one the clients' accountant uses
         self.rate = client_cohort(training)[1] if self.poisson else 1.0
@@ -58,3 +71,21 @@ class CohortSampler:
             chosen = self._source.bernoulli(len(members), self.rate)
             return frozenset(m for m, keep in zip(members, chosen, strict=True) if keep)
         return frozenset(self._source.sample(members, self.size or len(members)))
+
+    def fits(self, round_: int, cohort: Collection[str]) -> bool:
+        """Whether round ``round_`` can run with the drawn ``cohort``: at least ``min_quorum``
+        and at most ``he.max_clients`` clients (a Poisson draw can miss either; the round is
+        then skipped before anything opens, and still counts as a global round)."""
+        low, high = self.min_quorum, self.max_clients
+        if low <= len(cohort) <= high:
+            return True
+        _log.warning(
+            "round %d skipped: %d clients drawn (Poisson, rate %.4g), the round needs %d to %d; "
+            "nothing is opened or released, and the clients' accountants count the round",
+            round_,
+            len(cohort),
+            self.rate,
+            low,
+            high,
+        )
+        return False

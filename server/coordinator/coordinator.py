@@ -37,40 +37,32 @@ it was in instead of starting over.
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedps.blocks import BlockLayout
-from fedps.ckks_params import ckks_params
-from fedps.config import FedPSConfig
 from fedps.coordinator_messages import RETRY_AFTER_S, RoundSummary, Task
-from fedps.errors import (
-    FedPSError,
-    InvalidArgumentError,
-    PolicyError,
-    QuarantinedError,
-    ShardStalledError,
-)
+from fedps.errors import FedPSError, PolicyError, QuarantinedError, ShardStalledError
 from fedps.keyholder_messages import CommitOpening, CommitSet, RoundApplication
 from fedps.tasks import Task as UserTask
-from fedps.tasks import check_dp_trainable, load_task
-from server.coordinator.checkpoint_store import CheckpointStore
+from fedps.tasks import check_dp_trainable
+from server.coordinator.checkpoint_store import Checkpoint, CheckpointStore
 from server.coordinator.client_registry import ClientRegistry, RegisteredClient
 from server.coordinator.cluster_peers import ClusterPeers
 from server.coordinator.cohort_sampler import CohortSampler
+from server.coordinator.coordinator_settings import CoordinatorSettings
 from server.coordinator.evaluator import Evaluator
 from server.coordinator.round_policy import create_round_policy
+from server.coordinator.round_record import OpenRound, RoundRecord, check_metrics, merged_metrics
 from server.shard_misses import ShardMisses
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
     from pathlib import Path
 
 __all__ = ["Coordinator", "RoundRecord", "Task"]
@@ -78,61 +70,6 @@ __all__ = ["Coordinator", "RoundRecord", "Task"]
 _log = logging.getLogger("fedps")
 
 _WAIT_S = RETRY_AFTER_S
-
-
-@dataclass
-class RoundRecord:
-    """The outcome of one round."""
-
-    round: int
-    version: int
-    contributors: int
-    accuracy: float = -1.0
-    loss: float = -1.0
-    max_epsilon: float = 0.0
-    #: the task's evaluation of the round's model: ``loss`` and its metrics (empty: none)
-    metrics: dict[str, float] = field(default_factory=dict)
-    bytes_pushed: int = 0
-    seconds: float = 0.0
-    abandoned: bool = False
-    push_seconds: float = 0.0  # from the freeze of the commitments to the close
-    #: client level: the noise multiplier the released model carries (0: example level)
-    noise_multiplier: float = 0.0
-    cohort: int = 0  # clients drawn for the round
-
-
-@dataclass
-class _OpenRound:
-    round: int
-    version: int
-    deadline: float  # math.inf: none (the round policy says)
-    cohort: frozenset[str]
-    reported: set[str] = field(default_factory=set)
-    closing: bool = False  # the shards may have closed it: do not wait for reports again
-    pushing: bool = False  # the commitments are frozen and the shards take pushes
-    committed: frozenset[str] = frozenset()  # so far (commit phase), then the frozen set
-    metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # task.client_eval
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "round": self.round,
-            "version": self.version,
-            "deadline": self.deadline,
-            "cohort": sorted(self.cohort),
-            "closing": self.closing,
-            "pushing": self.pushing,
-        }
-
-    @classmethod
-    def from_json(cls, o: Mapping[str, Any]) -> _OpenRound:
-        return cls(
-            int(o["round"]),
-            int(o["version"]),
-            float(o["deadline"]),
-            frozenset(o["cohort"]),
-            closing=bool(o["closing"]),
-            pushing=bool(o.get("pushing", False)),
-        )
 
 
 class Coordinator:
@@ -149,79 +86,102 @@ class Coordinator:
     each round :meth:`run_round` (in a thread), :meth:`get_task`, :meth:`wait_until_pushing`
     and :meth:`report` for the cohort, and :meth:`pull_model` for the published model.
 
+    Build one with :meth:`open`, which does the I/O; the constructor takes what it made.
+
     Parameters
     ----------
-    config
-        The cluster configuration.
-    state_dir
+    settings
+        The rounds' schedule and limits, and the addresses of the other roles.
+    evaluator
+        The task's model (its initial parameters start the run) and its evaluation data, if
+        any (evaluates every published model).
+    registry
+        The clients (:meth:`ClientRegistry.register` is a client's first call).
+    store
         Where checkpoints are written.
-    task
-        The task (default: the configured one): its model's initial parameters start the
-        run, and its evaluation data, if any, evaluates every published model.
-
-    Raises
-    ------
-    ConfigError
-        Without TLS (``tls.insecure``) and without an enrolment key in ``tls.directory``:
-        no client could prove an identity.
-    FedPSError
-        If the checkpoint in ``state_dir`` cannot be read or is for another model.
+    checkpoint
+        The checkpoint to resume from (None: a new run), of the task's model.
     """
 
     def __init__(
-        self, config: FedPSConfig, *, state_dir: Path, task: UserTask | None = None
+        self,
+        settings: CoordinatorSettings,
+        *,
+        evaluator: Evaluator,
+        registry: ClientRegistry,
+        store: CheckpointStore,
+        checkpoint: Checkpoint | None = None,
     ) -> None:
-        self.config = config
-        self._training = config.training
+        self.settings = settings
+        self._training = settings.training
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()
-        self.evaluator = Evaluator(task or load_task(config), seed=self._training.seed)
-        if config.privacy.level == "example":  # stop here, not with every client at start
-            check_dp_trainable(self.evaluator.model, self.evaluator.task.name)
-        self._client_eval = config.task.client_eval and not self.evaluator.has_data
-        if not self.evaluator.has_data:
-            _log.info(
-                "task %r has no evaluation data (load_eval_data): %s",
-                self.evaluator.task.name,
-                "its clients report the metrics of each round's starting model on their own "
-                "data (task.client_eval)"
-                if self._client_eval
-                else "rounds are not evaluated (task.client_eval = true has clients report "
-                "metrics on their own data, outside the DP guarantee)",
-            )
-        self._vector: np.ndarray = self.evaluator.initial_vector()
+        self.evaluator = evaluator
+        self._vector: np.ndarray = evaluator.initial_vector()
         self._vector_version = 0  # the version _vector holds
-        self.layout = BlockLayout(
-            self._vector.size,
-            ckks_params(config).values_per_block,
-        )
+        self.layout = BlockLayout(self._vector.size, settings.values_per_block)
         #: registration and authentication (``registry.register`` is the client's first call)
-        self.registry = ClientRegistry(
-            config.tls,
-            num_params=self.layout.num_params,
-            liveness_s=max(30.0, 3 * self._training.deadline_s),
-            on_change=self._notify,
-        )
-        self._store = CheckpointStore(state_dir)
+        self.registry = registry
+        registry.on_change = self._notify
+        self._store = store
         self._policy = create_round_policy(self._training.mode, self._training)
-        self._sampler = CohortSampler(self._training, config.privacy)
+        self._sampler = CohortSampler(
+            self._training, settings.privacy, max_clients=settings.max_clients
+        )
         #: the shards' missed deadlines of opening and closing rounds
         self.shard_misses = ShardMisses(
-            limit=config.security.max_shard_misses, deadline_s=config.security.shard_deadline_s
+            limit=settings.max_shard_misses, deadline_s=settings.shard_deadline_s
         )
-        self._peers = ClusterPeers(config.cluster, stop=self._stop, misses=self.shard_misses)
+        self._peers = ClusterPeers(settings.cluster, stop=self._stop, misses=self.shard_misses)
         self.run_id = secrets.token_hex(8)
         self.round = 0
         self.version = 0
         self.history: list[RoundRecord] = []
         self.finished = False
         self.last_checkpoint = 0.0
-        self._open: _OpenRound | None = None
-        self._resume: _OpenRound | None = None  # the round a restarted coordinator continues
+        self._open: OpenRound | None = None
+        self._resume: OpenRound | None = None  # the round a restarted coordinator continues
         self._keyholder_key: bytes | None = None  # verifies published blocks
         self._context_id = ""  # the key holder's current CKKS context
-        self._restore()
+        if checkpoint is not None:
+            self._restore(checkpoint)
+
+    @classmethod
+    def open(cls, state_dir: Path, settings: CoordinatorSettings, *, task: UserTask) -> Coordinator:
+        """The coordinator whose state folder is ``state_dir``: ``task``'s model built and its
+        evaluation data loaded, the enrolment key read, the checkpoint loaded if there is one.
+
+        Parameters
+        ----------
+        state_dir
+            Where checkpoints are written (created if absent, private).
+        settings
+            The rounds' schedule and limits, and the addresses of the other roles.
+        task
+            The task: its model's initial parameters start the run, and its evaluation data,
+            if any, evaluates every published model.
+
+        Raises
+        ------
+        ConfigError
+            Without TLS (``tls.insecure``) and without an enrolment key in ``tls.directory``:
+            no client could prove an identity; or, at example level, a model that DP-SGD
+            cannot train (stopped here, not with every client at start).
+        FedPSError
+            If the checkpoint in ``state_dir`` cannot be read or is for another model.
+        """
+        evaluator = Evaluator(task, seed=settings.training.seed, client_eval=settings.client_eval)
+        if settings.privacy.level == "example":
+            check_dp_trainable(evaluator.model, task.name)
+        num_params = evaluator.initial_vector().size
+        liveness_s = max(30.0, 3 * settings.training.deadline_s)
+        registry = ClientRegistry(settings.tls, num_params=num_params, liveness_s=liveness_s)
+        store = CheckpointStore(state_dir)
+        checkpoint = store.load(num_params=num_params)
+        return cls(
+            settings, evaluator=evaluator, registry=registry, store=store, checkpoint=checkpoint
+        )
 
     # ------------------------------------------------------------------ client-facing
     def _notify(self) -> None:
@@ -294,7 +254,7 @@ class Coordinator:
             16 of them, or a name longer than 64 characters.
         """
         if metrics:
-            _check_metrics(metrics)
+            check_metrics(metrics)
         self.registry.record_report(
             client_id,
             credential,
@@ -307,7 +267,7 @@ class Coordinator:
         with self._changed:
             if self._open is not None and self._open.round == round_:
                 self._open.reported.add(client_id)
-                if metrics and self._client_eval:
+                if metrics and self.evaluator.client_eval:
                     self._open.metrics[client_id] = dict(metrics)
             self._changed.notify_all()
 
@@ -401,19 +361,16 @@ class Coordinator:
             If the key holder's model has another size than the configured one.
         """
         state = self._peers.model_state()
-        if state.initialized and state.version >= self.version:
+        kept = state.initialized and state.version >= self.version
+        if kept:
             self.version = state.version
             self.round = max(self.round, state.last_round)
             if state.num_params != self.layout.num_params:
                 raise FedPSError("the key holder's model does not match the configured model")
-            # Republish: shards may have restarted empty.
-            self.version = self._peers.initialize(
-                self.layout, self._vector, self.version, force=False
-            )
-        else:
-            self.version = self._peers.initialize(
-                self.layout, self._vector, self.version, force=True
-            )
+        # A kept model is republished: shards may have restarted empty.
+        self.version = self._peers.initialize(
+            self.layout, self._vector, self.version, force=not kept
+        )
         context = self._peers.public_context()
         self._context_id = context.context_id
         self._keyholder_key = context.signing_key
@@ -458,30 +415,22 @@ class Coordinator:
         self._run_round(round_, cohort)
 
     def _run_round(
-        self, round_: int, cohort: frozenset[str], *, resume: _OpenRound | None = None
+        self, round_: int, cohort: frozenset[str], *, resume: OpenRound | None = None
     ) -> None:
         started = time.time()
-        if resume is None and not self._cohort_fits(round_, cohort):
-            record = RoundRecord(
-                round=round_,
-                version=self.version,
-                contributors=0,
-                abandoned=True,
-                cohort=len(cohort),
-            )
+        if resume is None and not self._sampler.fits(round_, cohort):
+            record = RoundRecord(round_, self.version, 0, abandoned=True, cohort=len(cohort))
             self._finish_round(record, started, self.bytes_pushed)
             return
         # The context changes when the key holder rotates keys.
         self._context_id = self._peers.public_context().context_id
         bytes_before = self.bytes_pushed
-        opened = _OpenRound(round_, self.version, self._policy.commit_deadline(started), cohort)
+        opened = OpenRound(round_, self.version, self._policy.commit_deadline(started), cohort)
         if resume is not None:
             opened.deadline, opened.pushing = resume.deadline, resume.pushing
         if not opened.pushing and not self._commit_phase(opened):
             if not self._stop.is_set():
-                record = RoundRecord(
-                    round=round_, version=opened.version, contributors=0, abandoned=True
-                )
+                record = RoundRecord(round_, opened.version, 0, abandoned=True)
                 self._finish_round(record, started, bytes_before)
             return
         if self._stop.is_set():
@@ -489,9 +438,7 @@ class Coordinator:
         commitments = self._peers.commitments(round_, freeze=True)  # none accepted after this
         self.registry.exclude(commitments.excluded)  # blamed on evidence by the key holder
         committed = frozenset(commitments.client_ids) & cohort
-        record = RoundRecord(
-            round=round_, version=opened.version, contributors=0, cohort=len(cohort)
-        )
+        record = RoundRecord(round_, opened.version, 0, cohort=len(cohort))
         min_quorum = self._policy.min_quorum
         accepted: set[str] = set()
         if len(committed) >= min_quorum:
@@ -515,39 +462,19 @@ class Coordinator:
         elif not self._apply(opened, frozenset(accepted), record):
             return  # stopping, not refused: a restart continues the round
         else:
-            record.metrics = _merged_metrics(
+            record.metrics = merged_metrics(
                 [opened.metrics[c] for c in accepted if c in opened.metrics]
             )
         self._finish_round(record, started, bytes_before)
 
-    def _record_applied(self, opened: _OpenRound) -> None:
+    def _record_applied(self, opened: OpenRound) -> None:
         """Record ``opened``, which the key holder applied while we were down (asking again
         returns its result)."""
-        record = RoundRecord(
-            round=opened.round, version=opened.version, contributors=0, cohort=len(opened.cohort)
-        )
+        record = RoundRecord(opened.round, opened.version, 0, cohort=len(opened.cohort))
         if self._apply(opened, opened.committed, record):
             self._finish_round(record, time.time(), self.bytes_pushed)
 
-    def _cohort_fits(self, round_: int, cohort: frozenset[str]) -> bool:
-        """Whether a round can run with the drawn ``cohort``: at least ``min_quorum`` and at
-        most ``he.max_clients`` clients (a Poisson draw can miss either; the round is then
-        skipped before anything opens, and still counts as a global round)."""
-        low, high = self._training.min_quorum, self.config.he.max_clients
-        if low <= len(cohort) <= high:
-            return True
-        _log.warning(
-            "round %d skipped: %d clients drawn (Poisson, rate %.4g), the round needs %d to %d; "
-            "nothing is opened or released, and the clients' accountants count the round",
-            round_,
-            len(cohort),
-            self._sampler.rate,
-            low,
-            high,
-        )
-        return False
-
-    def _commit_phase(self, opened: _OpenRound) -> bool:
+    def _commit_phase(self, opened: OpenRound) -> bool:
         """Open the commit phase at the key holder and collect commitments; False when the
         key holder refused to open it (or the coordinator stopped meanwhile)."""
         self._checkpoint(opened)  # the cohort and deadline survive a restart
@@ -562,7 +489,7 @@ class Coordinator:
         self._collect_commitments(opened)
         return True
 
-    def _collect_commitments(self, opened: _OpenRound) -> None:
+    def _collect_commitments(self, opened: OpenRound) -> None:
         """Hand out TRAIN tasks and wait until the round policy says the commit phase is
         complete, or its deadline."""
         with self._changed:
@@ -585,10 +512,10 @@ class Coordinator:
 
     def _push_phase(
         self,
-        opened: _OpenRound,
+        opened: OpenRound,
         committed: frozenset[str],
         commitments: CommitSet,
-        resume: _OpenRound | None,
+        resume: OpenRound | None,
         record: RoundRecord,
     ) -> set[str] | None:
         """Open the round on the shards for the ``committed`` clients, wait for their pushes
@@ -617,7 +544,7 @@ class Coordinator:
         record.push_seconds = time.time() - frozen_at
         return accepted
 
-    def _opening(self, opened: _OpenRound, members: frozenset[str]) -> CommitOpening:
+    def _opening(self, opened: OpenRound, members: frozenset[str]) -> CommitOpening:
         """``opened`` as the key holder or the shards open it, for ``members``."""
         return CommitOpening(
             opened.round,
@@ -627,7 +554,7 @@ class Coordinator:
             self.registry.signing_keys(members),
         )
 
-    def _wait_for_pushes(self, opened: _OpenRound, resume: _OpenRound | None) -> None:
+    def _wait_for_pushes(self, opened: OpenRound, resume: OpenRound | None) -> None:
         """Wait until every committed client reported its push, or the push deadline."""
         with self._changed:
             self._open = opened
@@ -642,17 +569,17 @@ class Coordinator:
             self._open = None
         self._mark_missed(opened, opened.committed)
 
-    def _mark_missed(self, opened: _OpenRound, expected: frozenset[str]) -> None:
+    def _mark_missed(self, opened: OpenRound, expected: frozenset[str]) -> None:
         """Once ``opened``'s deadline passed, leave the members of ``expected`` that did not
         report out of cohorts until they ask for a task again (a dead client)."""
         if not self._stop.is_set() and time.time() >= opened.deadline:
             self.registry.mark_missed(expected - opened.reported, deadline=opened.deadline)
 
-    def _wait(self, opened: _OpenRound) -> None:
+    def _wait(self, opened: OpenRound) -> None:
         """Wait for a change (holding the lock), at most until ``opened``'s deadline."""
         self._changed.wait(timeout=min(_WAIT_S, max(0.0, opened.deadline - time.time())))
 
-    def _apply(self, opened: _OpenRound, accepted: frozenset[str], record: RoundRecord) -> bool:
+    def _apply(self, opened: OpenRound, accepted: frozenset[str], record: RoundRecord) -> bool:
         """Have the key holder check, decrypt and apply exactly ``accepted``'s sum; record
         the new version, or abandon the round if the key holder refused it. False: stopping.
 
@@ -684,7 +611,7 @@ class Coordinator:
         record.noise_multiplier = applied.noise_multiplier
         return True
 
-    def _refused(self, opened: _OpenRound, record: RoundRecord, exc: PolicyError) -> None:
+    def _refused(self, opened: OpenRound, record: RoundRecord, exc: PolicyError) -> None:
         """The key holder refused ``opened``: discard it, and follow the key holder's version
         if the refusal was a version mismatch (later rounds train the key holder's model)."""
         record.abandoned = True
@@ -732,7 +659,7 @@ class Coordinator:
             self._checkpoint()
 
     # ------------------------------------------------------------------ checkpoints
-    def _checkpoint(self, open_round: _OpenRound | None = None) -> None:
+    def _checkpoint(self, open_round: OpenRound | None = None) -> None:
         """Write the state atomically; ``open_round``: the round in progress, if any."""
         if open_round is None and self._vector_version != self.version:
             try:
@@ -748,35 +675,13 @@ class Coordinator:
             "clients": self.registry.state_dict(),
             "open": open_round.to_json() if open_round is not None else None,
         }
-        delay = 0.5
-        while True:
-            try:
-                self._store.save(self._vector, state)
-                break
-            except OSError as exc:  # e.g. disk full: the round waits until it is written
-                _log.error(
-                    "cannot write the checkpoint %s (%s); retrying in %.1f s",
-                    self._store.path,
-                    exc.strerror or exc,
-                    delay,
-                )
-                if self._stop.wait(delay):
-                    return
-                delay = min(2 * delay, 30.0)
+        if not self._store.save_until_written(self._vector, state, stop=self._stop):
+            return  # stopping (e.g. disk full: the round waits until it is written)
         self.last_checkpoint = time.time()
         _log.info("checkpoint at round %d (version %d)", self.round, self.version)
 
-    def _restore(self) -> None:
-        checkpoint = self._store.load()
-        if checkpoint is None:
-            return
-        if checkpoint.model.shape != self._vector.shape:
-            raise FedPSError(
-                f"checkpoint {self._store.path} is for another model "
-                f"({checkpoint.model.size} parameters, the task's model has "
-                f"{self._vector.size}): give another cluster.state_dir, or delete this one, "
-                "to start a new run"
-            )
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        """Continue from ``checkpoint`` (at construction)."""
         self._vector = checkpoint.model
         state = checkpoint.state
         self.run_id = state["run_id"]
@@ -785,32 +690,6 @@ class Coordinator:
         self.history = [RoundRecord(**r) for r in state["history"]]
         self.registry.load_state_dict(state["clients"])
         if state.get("open"):
-            self._resume = _OpenRound.from_json(state["open"])
+            self._resume = OpenRound.from_json(state["open"])
         self.last_checkpoint = checkpoint.saved_at
         _log.info("resumed from checkpoint: round %d, version %d", self.round, self.version)
-
-
-#: Bounds on what a client may report of its own evaluation (task.client_eval).
-_MAX_METRICS = 16
-_MAX_METRIC_NAME = 64
-
-
-def _check_metrics(metrics: Mapping[str, float]) -> None:
-    """Refuse reported metrics that are not a few finite, named numbers."""
-    if len(metrics) > _MAX_METRICS:
-        raise InvalidArgumentError(f"at most {_MAX_METRICS} metrics, got {len(metrics)}")
-    for name, value in metrics.items():
-        if not name or len(name) > _MAX_METRIC_NAME:
-            raise InvalidArgumentError(f"a metric name has 1 to {_MAX_METRIC_NAME} characters")
-        if not math.isfinite(value):
-            raise InvalidArgumentError(f"metric {name!r} is not finite")
-
-
-def _merged_metrics(reports: list[dict[str, float]]) -> dict[str, float]:
-    """Each metric over the clients that reported it: the median (each client counts once, and
-    one client's number cannot move it past the others'), an accuracy kept within [0, 1]."""
-    names = sorted({name for report in reports for name in report})
-    merged = {name: float(np.median([r[name] for r in reports if name in r])) for name in names}
-    if "accuracy" in merged:
-        merged["accuracy"] = min(1.0, max(0.0, merged["accuracy"]))
-    return merged

@@ -41,7 +41,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 epsilon=r.epsilon,
                 delta=r.delta,
             )
-        cluster = c.config.cluster
+        cluster = c.settings.cluster
         return records.RegistrationReply(
             client_id=client_id,
             run_id=c.run_id,
@@ -49,7 +49,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             shards=dict(zip(cluster.shard_ids, cluster.shards, strict=True)),
             virtual_nodes=cluster.virtual_nodes,
             num_params=c.layout.num_params,
-            rounds=c.config.training.rounds,
+            rounds=c.settings.training.rounds,
             credential=credential,
         ).to_proto()
 
@@ -89,7 +89,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         c = self.coordinator
         epsilon, delta = c.max_epsilon
         return records.ClusterStatus(
-            noise=c.config.privacy.noise_mode,
+            noise=c.settings.privacy.noise_mode,
             run_id=c.run_id,
             round=c.round,
             version=c.version,

@@ -1,6 +1,12 @@
-"""Evaluates a published model on the operator's held-out data (the task's evaluation set)."""
+"""Evaluates a published model on the operator's held-out data (the task's evaluation set).
+
+Without such data nothing is evaluated here: with ``task.client_eval`` the clients report the
+metrics of each round's starting model on their own data instead (outside the DP guarantee).
+"""
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 
@@ -8,6 +14,8 @@ from fedps.blocks import flatten_model, load_flat
 from fedps.tasks import Task, evaluate_model
 
 __all__ = ["Evaluator"]
+
+_log = logging.getLogger("fedps")
 
 
 class Evaluator:
@@ -18,14 +26,29 @@ class Evaluator:
     task
         The task: its model (built with ``seed``) gives the initial parameters, its
         ``load_eval_data`` the held-out data (none: :meth:`evaluate` returns nothing).
+    client_eval
+        Whether the clients evaluate instead when there is no held-out data
+        (``task.client_eval``).
     """
 
-    def __init__(self, task: Task, *, seed: int) -> None:
+    def __init__(self, task: Task, *, seed: int, client_eval: bool = False) -> None:
         self.task = task
         self.model = task.create_model(seed)
         self._data = task.eval_data()
+        #: whether clients report metrics on their own data (asked for, and no data here)
+        self.client_eval = client_eval and self._data is None
         if self._data is not None:
             task.check_fit(self.model, self._data)
+        else:
+            _log.info(
+                "task %r has no evaluation data (load_eval_data): %s",
+                task.name,
+                "its clients report the metrics of each round's starting model on their own "
+                "data (task.client_eval)"
+                if self.client_eval
+                else "rounds are not evaluated (task.client_eval = true has clients report "
+                "metrics on their own data, outside the DP guarantee)",
+            )
 
     @property
     def has_data(self) -> bool:

@@ -66,7 +66,8 @@ from fedps.blocks import load_flat
 from fedps.config import FedPSConfig
 from fedps.errors import ConfigError, FedPSError, InvalidArgumentError
 from fedps.tasks import Task as UserTask
-from server.coordinator.coordinator import Coordinator, RoundRecord
+from server.coordinator.coordinator import RoundRecord
+from server.serve import open_coordinator
 
 __all__ = ["FlowerStrategy"]
 
@@ -157,8 +158,8 @@ class FlowerStrategy(Strategy):
                 f"({self.min_quorum}): the key holder would refuse every round"
             )
         self.register_timeout_s = register_timeout_s
-        self.coordinator = Coordinator(
-            config, state_dir=state_dir or config.cluster.state_dir / "flower", task=task
+        self.coordinator = open_coordinator(
+            config, state_dir or config.cluster.state_dir / "flower", task=task
         )
         self._model = copy.deepcopy(self.coordinator.evaluator.model)
         self._members: dict[int, _Member] = {}

@@ -28,6 +28,7 @@ with something a correct shard never sends is.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -37,13 +38,16 @@ from crypto import SecretContext
 from crypto.canary import CanaryOpening, canary_bound, failing_rows
 from crypto.signing import chunk_root
 from crypto.sketch import Challenge
-from fedps.errors import FedPSError, InvalidArgumentError, PeerUnavailableError
+from fedps.errors import FedPSError, InvalidArgumentError, PeerUnavailableError, PolicyError
 from fedps.shard_client import ShardClient
 from fedps.shard_messages import TraceEvidence, TraceQuery
 from server.keyholder.aggregate_verifier import TamperingError
 from server.keyholder.commit_board import CommitPhase
+from server.keyholder.decryptor import CanaryFailureError
 
 __all__ = ["Tracer", "Verdict"]
+
+_log = logging.getLogger("fedps")
 
 _CALL_S = 60.0
 
@@ -106,6 +110,61 @@ class Tracer:
             return TamperingError(
                 shard.shard_id, "evidence", f"refused to show the pushes it summed ({exc})"
             )
+
+    def trace(
+        self,
+        failure: PolicyError,
+        shards: Mapping[str, ShardClient],
+        owner: Callable[[int], str],
+        challenge: Challenge | None,
+    ) -> Verdict:
+        """Trace the failed check ``failure`` to whoever caused it: failed canaries through
+        the shards that own their blocks (:meth:`canaries`), a failed sketch through the shard
+        that sent it (:meth:`sketches`, revealing ``challenge``); any other failure names
+        nobody. ``owner``: the shard id of each block."""
+        verdict = Verdict()
+        if isinstance(failure, CanaryFailureError):
+            for sid in sorted({owner(b) for b in failure.blocks}):
+                found = self.canaries(
+                    shards[sid], [b for b in failure.blocks if owner(b) == sid], failure.aggregates
+                )
+                verdict.clients.update(found.clients)
+                verdict.shard = verdict.shard or found.shard
+        elif _failed_sketch(failure):
+            assert isinstance(failure, TamperingError) and challenge is not None
+            verdict = self.sketches(shards[failure.shard], failure.blocks, challenge)
+        return verdict
+
+    def refusal(
+        self, failure: PolicyError, verdict: Verdict, *, left: int, min_quorum: int
+    ) -> PolicyError | None:
+        """What to refuse the round with once ``verdict`` traced ``failure`` (a
+        :class:`TamperingError` counts against its shard), or None: try again without the
+        guilty clients (only clients were guilty, of a canary that nothing revealed, and the
+        ``left`` others still make ``min_quorum``)."""
+        if verdict.shard is not None:
+            return verdict.shard
+        guilty = verdict.clients
+        if guilty and isinstance(failure, CanaryFailureError) and left >= min_quorum:
+            _log.warning(
+                "round %d: summing the %d other contributors instead (nothing of the "
+                "round was decrypted)",
+                self.round,
+                left,
+            )
+            return None
+        if guilty:
+            first = min(guilty)
+            message = f"round {self.round}: {first} blamed ({guilty[first]})"
+            return PolicyError(f"{message}; the round is refused")
+        if _failed_sketch(failure):
+            assert isinstance(failure, TamperingError)
+            return PolicyError(
+                f"round {self.round}: {failure.shard}'s aggregate failed its check and the shard "
+                "showed no evidence (it did not answer); nobody is blamed, the round is "
+                "refused"
+            )
+        return failure
 
     # ------------------------------------------------------------------ canaries
     def canaries(
@@ -227,3 +286,12 @@ class Tracer:
                 )
             )
         return verdict
+
+
+def _failed_sketch(failure: PolicyError) -> bool:
+    """Whether ``failure`` is a failed sketch check that names its blocks (traceable)."""
+    return (
+        isinstance(failure, TamperingError)
+        and failure.reason == "aggregate"
+        and bool(failure.blocks)
+    )

@@ -33,7 +33,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
         self, request: common_pb2.Empty, context: grpc.ServicerContext
     ) -> keyholder_pb2.PublicContextReply:
         public = self.keyholder.keys.public  # once: a rotation may replace the keys meanwhile
-        encrypted = self.keyholder.encrypted
+        encrypted = self.keyholder.settings.encrypted
         context_id = public.context_id if encrypted else PLAINTEXT_CONTEXT_ID
         cached = self._context_reply
         if cached is not None and cached.context_id == context_id:

@@ -19,8 +19,7 @@ from fedps.cli.cluster_status import print_status
 from fedps.cli.deployment import write_config
 from fedps.errors import FedPSError
 from fedps.transport import bind, create_server
-from server.coordinator.coordinator import Coordinator
-from server.serve import add_keyholder, add_shard
+from server.serve import add_keyholder, add_shard, open_coordinator
 from tests.conftest import Cluster, end_commits_once_committed, run_clients, start_cluster
 from tests.waiting import HANG_S, wait_for
 
@@ -99,7 +98,7 @@ def test_coordinator_restart_resumes_from_checkpoint(tmp_path: Path) -> None:
     config = cluster.config.model_copy(
         update={"training": cluster.config.training.model_copy(update={"rounds": 4})}
     )
-    restarted = Coordinator(config, state_dir=tmp_path / "state" / "coordinator")
+    restarted = open_coordinator(config, tmp_path / "state" / "coordinator")
 
     # Assert: round, version and model come back from the checkpoint
     assert (restarted.round, restarted.version) == (2, 2)

@@ -16,6 +16,7 @@ from fedps.errors import ConfigError, InvalidArgumentError
 from fedps.tasks import ClientData
 from fedps.tasks import Task as UserTask
 from server.coordinator.coordinator import Coordinator
+from server.serve import open_coordinator
 
 DELTA = 1e-5
 
@@ -24,7 +25,7 @@ DELTA = 1e-5
 def coordinator(tmp_path: Path) -> Coordinator:
     """A coordinator whose peers are never called (the client-facing handlers only)."""
     config = load_config(None, cluster={"state_dir": str(tmp_path)})
-    return Coordinator(config, state_dir=tmp_path / "coordinator")
+    return open_coordinator(config, tmp_path / "coordinator")
 
 
 def _register(coordinator: Coordinator, epsilon: float = 0.0, delta: float = DELTA) -> bytes:
@@ -157,7 +158,7 @@ def test_a_model_dp_sgd_cannot_train_stops_the_coordinator_at_start(tmp_path: Pa
 
     # Execute / Assert: refused with the layer and the fix, before any client is waited for
     with pytest.raises(ConfigError, match=r"layer '1' \(BatchNorm1d\).*ModuleValidator\.fix"):
-        Coordinator(config, state_dir=tmp_path / "coordinator", task=_normed_task())
+        open_coordinator(config, tmp_path / "coordinator", task=_normed_task())
 
 
 def test_client_level_dp_takes_a_batchnorm_model(tmp_path: Path) -> None:
@@ -165,7 +166,7 @@ def test_client_level_dp_takes_a_batchnorm_model(tmp_path: Path) -> None:
     config = load_config(None, cluster={"state_dir": str(tmp_path)}, privacy={"level": "client"})
 
     # Execute
-    coordinator = Coordinator(config, state_dir=tmp_path / "coordinator", task=_normed_task())
+    coordinator = open_coordinator(config, tmp_path / "coordinator", task=_normed_task())
 
     # Assert
     assert coordinator.layout.num_params > 0

@@ -1,0 +1,276 @@
+"""The one use of the secret key: a verified round's sum in, its released average out.
+
+:meth:`Decryptor.average` has :class:`~.aggregate_verifier.AggregateVerifier` check every
+block of a round's aggregates against the commitments as they stream in from the shards, and
+only then
+
+1. checks every zero canary of every block against the noise bound before anything is
+   decrypted (:meth:`crypto.SecretContext.open`, :mod:`crypto.canary`): a change to ``c1``
+   anywhere, by a client on its own ciphertext or by a shard, and nothing of the round is
+   decrypted (:class:`CanaryFailureError` carries the failing rows to trace);
+2. floods and rounds each decrypted sum (:func:`crypto.release.flood_and_round`, the IND-CPA^D
+   mitigation for CKKS) and refuses it if it exceeds what its contributors' clipping allows;
+3. at client level (DP-FedAvg), adds the missing shares of the noise when fewer than the
+   cohort's n clients contributed, from a CSPRNG nobody else can regenerate, and divides by
+   the fixed n instead of the count (McMahan et al. 2018's fixed-denominator estimator), so the
+   released model is post-processing of a sum that carries the noise the accountant assumes;
+   otherwise divides by the total weight.
+
+It also owns the key pair's lifetime: every ``rotate_every_rounds`` rounds (10 by default) the
+key holder replaces the pair once a round is applied (:meth:`Decryptor.rotate`): later rounds
+encrypt under the new public context, and the old secret key is gone from memory and from
+disk. One key then releases a bounded number of blocks, which bounds what changes that pass
+the zero canaries can learn of it (:func:`crypto.release.releases_per_key`, docs/security.md),
+and a key leaked by other means opens the ciphertexts of one period only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from crypto import PLAINTEXT_CONTEXT_ID, PlainContext, SecretContext, unpack_blocks
+from crypto.canary import CanaryError
+from crypto.randomness import SecureRandom
+from crypto.release import (
+    decryption_error_bound,
+    flood_and_round,
+    released_std,
+    releases_per_key,
+)
+from crypto.sketch import Challenge
+from fedps.blocks import BlockLayout
+from fedps.errors import InvalidArgumentError, PolicyError
+from fedps.shard_messages import AggregatePart
+from server.keyholder.aggregate_verifier import AggregateVerifier
+from server.keyholder.keyholder_settings import KeyHolderSettings
+
+__all__ = ["CanaryFailureError", "Decryptor"]
+
+_log = logging.getLogger("fedps")
+
+
+class CanaryFailureError(CanaryError):
+    """A canary check failed: the failing blocks with their aggregate rows, to trace."""
+
+    def __init__(self, rows: list[int], message: str, aggregates: dict[int, np.ndarray]) -> None:
+        super().__init__(rows, message)
+        self.aggregates = aggregates
+        self.blocks = sorted(aggregates)
+
+
+class Decryptor:
+    """Holds the key pair and releases the averages of verified sums.
+
+    Parameters
+    ----------
+    keys
+        The current key pair.
+    settings
+        The key holder's policy (encryption, flooding, clipping bound, client-level noise,
+        rotation period).
+    key_since
+        The last round applied before ``keys`` were made (rotation counts from it).
+    """
+
+    def __init__(
+        self, keys: SecretContext, settings: KeyHolderSettings, *, key_since: int = 0
+    ) -> None:
+        #: the current key pair (replaced by :meth:`rotate`)
+        self.keys = keys
+        #: the last round applied before :attr:`keys` were made
+        self.key_since = key_since
+        self._settings = settings
+        self._noise = SecureRandom()  # the top-up: nobody else may be able to regenerate it
+
+    @property
+    def context_id(self) -> str:
+        """The id clients must encrypt under (or the plaintext id, encryption off)."""
+        return self.keys.public.context_id if self._settings.encrypted else PLAINTEXT_CONTEXT_ID
+
+    def challenge(self, seed: bytes) -> Challenge:
+        """The sketch challenge of ``seed`` under the current keys."""
+        public = self.keys.public
+        return Challenge(seed, modulus=public.modulus, coeffs_per_block=public.coeffs_per_block)
+
+    def block_bytes(self) -> int:
+        """Bytes of one packed aggregate block."""
+        if not self._settings.encrypted:
+            return PlainContext(self.keys.public.params.values_per_block).block_bytes
+        return self.keys.public.block_bytes
+
+    def unpack(self, data: list[bytes]) -> np.ndarray:
+        """Validated coefficients of aggregate blocks (values, encryption off)."""
+        if not self._settings.encrypted:
+            return PlainContext(self.keys.public.params.values_per_block).unpack_blocks(data)
+        return unpack_blocks(self.keys.public, data)
+
+    # ------------------------------------------------------------------ release
+    def average(
+        self,
+        verifier: AggregateVerifier,
+        fetched: Mapping[str, Iterable[AggregatePart]],
+        *,
+        owner: Callable[[int], str],
+        layout: BlockLayout,
+    ) -> tuple[np.ndarray, dict[int, dict[str, float]], float]:
+        """The round's weighted average update, each block's contributors with their
+        effective weights (weight x staleness multiplier; a block's total is their sum), and
+        the std of the client-level top-up noise added to each value of the sum (0 without).
+
+        Nothing is decrypted before every block of every shard (``fetched``: each shard's
+        reply; ``owner``: the shard of each block) passed every check of ``verifier``. At
+        client level the average divides the topped-up sum by the fixed cohort size.
+
+        Raises
+        ------
+        PolicyError
+            A check of ``verifier`` failed (a :class:`~.aggregate_verifier.TamperingError`
+            names the shard), the sum cannot be decrypted, a decrypted sum exceeds the
+            clipping bound, or a client-level round carries a weight that is not 1.
+        CanaryFailureError
+            A zero canary exceeds the noise bound: nothing is decrypted.
+        """
+        round_ = verifier.phase.round
+        blocks, rows = verifier.verify(
+            fetched,
+            owner=owner,
+            num_blocks=layout.num_blocks,
+            block_bytes=self.block_bytes(),
+            unpack=self.unpack,
+        )
+        multipliers = list(verifier.multipliers.values())
+        effective = {
+            c: verifier.weights[c] * verifier.multipliers[c] for c in verifier.contributors
+        }
+        total = sum(effective.values())
+        top_up = 0.0
+        noise = self._settings.client_noise
+        if noise is not None:  # the sum of m shares: every weight and multiplier is 1
+            if any(w != 1.0 for w in effective.values()):
+                raise PolicyError("client-level DP sums unweighted updates; a weight is not 1")
+            top_up = noise.top_up_std(len(effective))
+            total = float(noise.cohort)
+        opened = self._open(round_, blocks, rows, multipliers)
+        averaged: dict[int, np.ndarray] = {}
+        for block, values in zip(blocks, opened, strict=True):
+            summed = self._release(values, multipliers, block)
+            if top_up > 0:  # after the bound check, which covers the clients' values only
+                summed = summed + self._noise.normal(top_up, summed.shape)
+            averaged[block] = summed / total
+        manifests = {b: dict(effective) for b in averaged}
+        return layout.join(averaged), manifests, top_up
+
+    def present_multiplier(self, contributors: int, top_up: float) -> float:
+        """The noise multiplier a client-level round's released sum of ``contributors``
+        shares carries (0: example level, where the noise is each client's own DP-SGD)."""
+        noise = self._settings.client_noise
+        if noise is None:
+            return 0.0
+        return noise.present_multiplier(contributors, top_up)
+
+    def _open(
+        self, round_: int, blocks: list[int], rows: np.ndarray, multipliers: Sequence[int]
+    ) -> np.ndarray:
+        """Every block's decrypted sum, once every zero canary of every block is within the
+        noise bound (:mod:`crypto.canary`): a change to ``c1`` anywhere, by a client on its
+        own ciphertext or by a shard, and nothing of the round is decrypted."""
+        if not self._settings.encrypted:
+            return rows
+        try:
+            return self.keys.open(rows, noise_weight=sum(m * m for m in multipliers))
+        except CanaryError as exc:
+            failed = [blocks[r] for r in exc.rows]
+            _log.warning(
+                "round %d: blocks %s carry a change in c1 (a zero canary exceeds the noise "
+                "bound); nothing of this sum is decrypted",
+                round_,
+                failed[:8],
+            )
+            raise CanaryFailureError(
+                exc.rows,
+                f"round {round_}: {len(failed)} block(s) carry key material ({exc})",
+                {blocks[r]: rows[r] for r in exc.rows},
+            ) from exc
+        except InvalidArgumentError as exc:
+            raise PolicyError(f"round {round_} cannot be decrypted: {exc}") from exc
+
+    def _release(self, summed: np.ndarray, multipliers: Sequence[int], block: int) -> np.ndarray:
+        """Flood and round a decrypted sum of ciphertexts weighted by integer ``multipliers``
+        (all 1 in sync rounds), then refuse it if it breaks the clipping bound."""
+        settings = self._settings
+        margin = 0.0
+        contributors = sum(multipliers)  # every value is at most this x max_abs_value
+        if settings.encrypted and settings.flood_bits > 0:
+            # the error of sum m_i c_i grows with sqrt(sum m_i^2), not sqrt(sum m_i)
+            sigma = 2.0**settings.flood_bits * decryption_error_bound(
+                self.keys.public.params, sum(m * m for m in multipliers)
+            )
+            summed = flood_and_round(summed, sigma)
+            margin = 8 * released_std(sigma)
+        bound = contributors * settings.max_abs_value * (1 + 1e-6) + margin
+        if float(np.abs(summed).max()) > bound:
+            # (the decrypted value stays here: the message reaches the coordinator's logs)
+            raise PolicyError(
+                f"block {block}: a decrypted sum exceeds the bound that {contributors} clients "
+                f"clipped to {settings.max_abs_value:g} allow; refusing to apply"
+            )
+        return summed
+
+    # ------------------------------------------------------------------ key rotation
+    def rotation_due(self, last_round: int) -> bool:
+        """Whether ``rotate_every_rounds`` rounds have passed since the key pair was made
+        (round numbers: a round abandoned in between counts too, which errs on the safe
+        side)."""
+        period = self._settings.rotate_every_rounds
+        return self._settings.encrypted and period > 0 and last_round - self.key_since >= period
+
+    def rotate(self, last_round: int, save: Callable[[SecretContext], None]) -> None:
+        """Replace the key pair once round ``last_round`` is applied and saved: later rounds
+        encrypt under a new context; the old secret key is gone from memory and, through
+        ``save`` (which writes the new pair in one step, :meth:`crypto.SecretContext.save`),
+        from disk. A pair that cannot be written leaves the current one in use, and the next
+        applied round tries again."""
+        keys = SecretContext.generate(self.keys.public.params)  # same parameters and layout
+        try:
+            save(keys)
+        except OSError as exc:
+            _log.error(
+                "cannot write a new key pair (%s); the current keys stay in use, the next "
+                "applied round tries again",
+                exc.strerror or exc,
+            )
+            return
+        self.keys, self.key_since = keys, last_round
+        _log.info(
+            "rotated the CKKS keys after round %d; new context %s",
+            last_round,
+            keys.public.context_id[:12],
+        )
+
+    def check_rotation(self, blocks: int) -> None:
+        """Warn when one key pair may release more of the ``blocks`` blocks of the model than
+        the leakage bound allows (:func:`crypto.release.releases_per_key`,
+        docs/security.md)."""
+        if not self._settings.encrypted:
+            return
+        period = self._settings.rotate_every_rounds
+        budget = releases_per_key(self.keys.public.params, self._settings.flood_bits)
+        if period and period * blocks <= budget:
+            return
+        advice = (
+            f"set it to {budget // blocks} or fewer"
+            if budget >= blocks
+            else "even a new key every round exceeds it: raise security.flood_bits"
+        )
+        _log.warning(
+            "security.rotate_every_rounds = %d (0: never) lets one key pair release %s blocks "
+            "of this %d-block model; the leakage bound allows %d per key (docs/security.md): %s",
+            period,
+            f"{period * blocks}" if period else "every round's",
+            blocks,
+            budget,
+            advice,
+        )

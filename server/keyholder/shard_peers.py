@@ -1,0 +1,93 @@
+"""The key holder's calls to the shards, in one place.
+
+:class:`ShardPeers` fetches a closed round's aggregates from every shard (each fetch within
+``security.shard_deadline_s``, its misses counted by :class:`~server.shard_misses.ShardMisses`:
+after ``security.max_shard_misses`` in a row the round is refused with
+:class:`~fedps.errors.ShardStalledError`, naming the shard, until it answers), publishes each
+new model version to the shards that own its blocks, every block signed, and lends its shard
+clients to the tracer (:mod:`.blame`), which asks a shard for evidence after a failed check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping
+
+import numpy as np
+
+from crypto.signing import model_block_digest
+from fedps.blocks import BlockLayout
+from fedps.hash_ring import HashRing
+from fedps.messages import ParameterBlock
+from fedps.shard_client import ShardClient
+from fedps.shard_messages import AggregatePart, Publication
+from fedps.transport import batched
+from server.shard_misses import ShardMisses
+
+__all__ = ["PUBLISH_S", "ShardPeers"]
+
+#: The deadline of each publication to a shard: a restarting shard fails it, then a retry.
+PUBLISH_S = 60.0
+
+
+class ShardPeers:
+    """Every shard, as the key holder calls it.
+
+    Parameters
+    ----------
+    clients
+        A client of every shard, by shard id.
+    ring
+        The cluster's hash ring: which shard owns each block.
+    misses
+        Counts each shard's fetches that miss their deadline (not persisted).
+    """
+
+    def __init__(
+        self, clients: Mapping[str, ShardClient], ring: HashRing, misses: ShardMisses
+    ) -> None:
+        self.clients = dict(clients)
+        self.ring = ring
+        self.misses = misses
+
+    def owner(self, block: int) -> str:
+        """The id of the shard that owns ``block``."""
+        return self.ring.owner(block)
+
+    def fetch_aggregates(
+        self, round_: int, contributors: Collection[str]
+    ) -> dict[str, Iterable[AggregatePart]]:
+        """Each shard's sums of ``round_`` for exactly ``contributors``, with manifests and
+        signed updates, as they stream in (read them to count the shard's answer)."""
+        deadline_s = self.misses.deadline_s
+        return {
+            sid: self.misses.stream(
+                sid,
+                "FetchAggregate",
+                shard.fetch_aggregate(round_, contributors, timeout_s=deadline_s),
+            )
+            for sid, shard in self.clients.items()
+        }
+
+    def publish(
+        self, params: np.ndarray, version: int, layout: BlockLayout, sign: Callable[[bytes], bytes]
+    ) -> None:
+        """Publish model ``version`` (``params``, cut by ``layout``) to the shards, each block
+        to its owner with its signature (``sign`` of its digest).
+
+        Raises
+        ------
+        FedPSError
+            A shard did not take it.
+        """
+        n = layout.values_per_block
+        per_shard: dict[str, list[ParameterBlock]] = {s: [] for s in self.clients}
+        for b in range(layout.num_blocks):
+            values = layout.block_of(params, b).astype("<f4").tobytes()
+            signature = sign(model_block_digest(version, b, values))
+            per_shard[self.owner(b)].append(ParameterBlock(b, version, values, signature))
+        for sid, blocks in per_shard.items():
+            messages = [
+                Publication(version, layout.num_blocks, n, tuple(batch))
+                for batch in batched(blocks, lambda p: len(p.values))
+            ] or [Publication(version, layout.num_blocks, n)]
+            self.clients[sid].publish(messages, timeout_s=PUBLISH_S)
