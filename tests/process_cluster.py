@@ -20,11 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from crypto.tls import OPERATOR_NAME, TlsIdentity
 from fedps.cli.deployment import Deployment
 from fedps.config import FedPSConfig
 from fedps.coordinator_client import CoordinatorClient
 from fedps.coordinator_messages import ClusterStatus
 from fedps.tasks import load_task
+from fedps.transport import channel_credentials
 from server.coordinator.evaluator import Evaluator
 from tests.conftest import RecordingClient, reached
 from tests.role_processes import wait_serving, write_local_config
@@ -137,10 +139,15 @@ def start_servers(
 
 
 def wait_ready(deployment: Deployment, names: Sequence[str]) -> None:
-    """:meth:`Deployment.wait_ready` for roles ``names``, seeing each serve within 0.1 s of
-    it (:func:`tests.role_processes.wait_serving`); raises if a role's process died."""
+    """:meth:`Deployment.wait_ready` for roles ``names`` (as the operator under mutual TLS,
+    as it does), seeing each serve within 0.1 s of it
+    (:func:`tests.role_processes.wait_serving`); raises if a role's process died."""
+    tls = deployment.config.tls
+    credentials = (
+        channel_credentials(TlsIdentity.load(tls.directory, OPERATOR_NAME)) if tls.enabled else None
+    )
     for name in names:
-        wait_serving(address_of(deployment.config, name), deployment.check_alive)
+        wait_serving(address_of(deployment.config, name), deployment.check_alive, credentials)
 
 
 def status(config: FedPSConfig) -> ClusterStatus:

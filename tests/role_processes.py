@@ -81,10 +81,16 @@ _PROBE_OPTIONS = [
 ]
 
 
-def wait_serving(address: str, alive: Callable[[], None]) -> None:
-    """Block until ``address`` accepts a gRPC connection (without TLS), calling ``alive``
-    (which raises if the server's process died) between attempts."""
-    with grpc.insecure_channel(address, options=_PROBE_OPTIONS) as channel:
+def wait_serving(
+    address: str, alive: Callable[[], None], credentials: grpc.ChannelCredentials | None = None
+) -> None:
+    """Block until ``address`` accepts a gRPC connection (under TLS with ``credentials``, if
+    given), calling ``alive`` (which raises if the server's process died) between attempts."""
+    with (
+        grpc.insecure_channel(address, options=_PROBE_OPTIONS)
+        if credentials is None
+        else grpc.secure_channel(address, credentials, options=_PROBE_OPTIONS)
+    ) as channel:
         until = time.monotonic() + HANG_S
         while True:
             alive()

@@ -52,6 +52,7 @@ from fedps.tasks import load_task
 from fedps.transport import channel_credentials
 from server.coordinator.evaluator import Evaluator
 from tests.conftest import Cluster, start_cluster
+from tests.process_cluster import start_servers
 
 pytestmark = [pytest.mark.attack, pytest.mark.integration]
 
@@ -256,7 +257,7 @@ def _start_tls_cluster(root: Path, mode: str) -> tuple[TlsCluster, Deployment]:
         num_params=Evaluator(load_task(config), seed=config.training.seed).initial_vector().size,
     )
     try:
-        deployment.start_servers()
+        start_servers(deployment)
     except BaseException:
         deployment.stop()
         raise
