@@ -143,6 +143,7 @@ def test_a_round_that_ends_before_its_push_phase_pushes_nothing(tmp_path: Path) 
     cluster = start_cluster(tmp_path, training=training)
     parts = client_parts(cluster.config)
     session, stop = parts.session, threading.Event()
+    polling: threading.Thread | None = None
     try:
         assert session.start(time.time() + HANG_S)
         other = TaskPoller(cluster.config, "client-1", num_params=session.num_params)
@@ -167,5 +168,7 @@ def test_a_round_that_ends_before_its_push_phase_pushes_nothing(tmp_path: Path) 
         assert cluster.coordinator.history[-1].abandoned
     finally:
         stop.set()
+        if polling is not None:
+            polling.join(HANG_S)  # before its coordinator goes
         parts.close()
         cluster.stop()
