@@ -2,5 +2,6 @@
 
 from server.coordinator.coordinator import Coordinator
 from server.coordinator.coordinator_servicer import CoordinatorServicer
+from server.coordinator.coordinator_settings import CoordinatorSettings
 
-__all__ = ["Coordinator", "CoordinatorServicer"]
+__all__ = ["Coordinator", "CoordinatorServicer", "CoordinatorSettings"]

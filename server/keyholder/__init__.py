@@ -2,5 +2,6 @@
 
 from server.keyholder.keyholder import KeyHolder
 from server.keyholder.keyholder_servicer import KeyHolderServicer
+from server.keyholder.keyholder_settings import KeyHolderSettings
 
-__all__ = ["KeyHolder", "KeyHolderServicer"]
+__all__ = ["KeyHolder", "KeyHolderServicer", "KeyHolderSettings"]

@@ -18,12 +18,15 @@ after ``max_shard_misses`` misses in a row the round is refused, naming it, unti
 answers again.
 
 How one aggregate is applied, in reading order: :meth:`KeyHolder.apply_round` (the policy,
-then the steps below), :class:`~.aggregate_verifier.AggregateVerifier` (the checks against the
-commitments), :class:`~.decryptor.Decryptor` (canaries, decryption, flooding, the clipping
-bound, client-level noise, the average; it also rotates the key pair every
-``rotate_every_rounds`` rounds), :mod:`.blame` (after a failed check),
-:class:`~.server_optimizer.ServerOptimizer` (the step), :class:`~.state_store.StateStore`
-(durable before anything is published), then the signed publication to the shards.
+then the steps below); :meth:`.Decryptor.average <.decryptor.Decryptor.average>`, which
+streams each shard's sums in (:class:`~.shard_peers.ShardPeers`), has
+:class:`~.aggregate_verifier.AggregateVerifier` check every block against the commitments, and
+only then checks the canaries, decrypts, floods, bounds and averages (it also rotates the key
+pair every ``rotate_every_rounds`` rounds); :mod:`.blame` after a failed check, with what it
+proved kept by :class:`~.suspects.Suspects`; the server optimizer's step
+(:class:`~.global_model.GlobalModel`); the state, durable before anything is published
+(:class:`~.state_store.StateStore`); the signed publication
+(:meth:`.ShardPeers.publish <.shard_peers.ShardPeers.publish>`).
 
 :meth:`KeyHolder.open` builds a key holder from its settings
 (:class:`~.keyholder_settings.KeyHolderSettings`, which :func:`server.serve.keyholder_settings`
