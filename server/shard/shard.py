@@ -693,10 +693,7 @@ class Shard:
         ``round_``: after a canary check failed, the key holder finds the client whose own
         ciphertext carries the change, from these and nothing of anyone's values
         (:class:`crypto.canary.CanaryOpening`, :mod:`server.keyholder.blame`)."""
-        with self._lock:
-            held = self._held(round_, blocks, clients)
-            public = self._public_context(self._require(round_).context_id)
-        rows = unpack_blocks(public, [data for _, _, data in held])
+        held, rows = self._held_rows(round_, blocks, clients)
         return [
             (client, block, CanaryOpening.of(row))
             for (client, block, _), row in zip(held, rows, strict=True)
@@ -719,12 +716,9 @@ class Shard:
         ciphertext does not match its own committed sketch, and the shard shows it (its
         signed root proves it is the client's). A shard that shows none is the one that
         changed the sum."""
-        with self._lock:
-            held = self._held(round_, blocks, sketches)
-            public = self._public_context(self._require(round_).context_id)
+        held, rows = self._held_rows(round_, blocks, sketches)
         if not held:
             return []
-        rows = unpack_blocks(public, [data for _, _, data in held])
         actual = challenge.sketch(rows)
         column = {b: i for i, b in enumerate(blocks)}
         return [
@@ -732,6 +726,17 @@ class Shard:
             for i, (client, block, data) in enumerate(held)
             if np.any(actual[:, i] != sketches[client][:, column[block]])
         ]
+
+    def _held_rows(
+        self, round_: int, blocks: Collection[int], clients: Collection[str]
+    ) -> tuple[list[tuple[str, int, bytes]], np.ndarray]:
+        """:meth:`_held` (taking the lock), with each ciphertext's validated coefficients."""
+        with self._lock:
+            held = self._held(round_, blocks, clients)
+            public = self._public_context(self._require(round_).context_id)
+        if not held:
+            return held, np.zeros((0, 0), dtype=np.uint64)
+        return held, unpack_blocks(public, [data for _, _, data in held])
 
     def _held(
         self, round_: int, blocks: Collection[int], clients: Collection[str]
