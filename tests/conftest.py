@@ -23,7 +23,7 @@ from crypto.files import FAULTS_VARIABLE, reset_faults
 from fedps.errors import FedPSError
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fedps.provisioning import reset_tls
-from fedps.transport import call, create_channel
+from fedps.rpc.transport import call, create_channel
 from tests.in_process_cluster import Cluster as Cluster
 from tests.in_process_cluster import end_commits_once_committed as end_commits_once_committed
 from tests.in_process_cluster import start_cluster as start_cluster

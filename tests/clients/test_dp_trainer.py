@@ -26,21 +26,20 @@ from clients.dp_trainer import (
 )
 from clients.edge_client import EdgeClient, PreparedPush
 from crypto.randomness import SeededRandom
-from fedps.accounting import calibrate_noise
-from fedps.blocks import BlockLayout, flatten_model
 from fedps.config import FedPSConfig, load_config
-from fedps.coordinator_messages import (
+from fedps.errors import ConfigError, PeerUnavailableError, PrivacyBudgetExceededError
+from fedps.learning.accounting import calibrate_noise
+from fedps.learning.datasets import Dataset, load_dataset
+from fedps.learning.models import create_model
+from fedps.learning.tasks import ClientData, Task
+from fedps.rpc.coordinator_messages import (
+    Assignment,
+    AssignmentQuery,
     ClientRegistration,
     RegistrationReply,
-    Task,
-    TaskQuery,
     UpdateReport,
 )
-from fedps.datasets import Dataset, load_dataset
-from fedps.errors import ConfigError, PeerUnavailableError, PrivacyBudgetExceededError
-from fedps.models import create_model
-from fedps.tasks import ClientData
-from fedps.tasks import Task as UserTask
+from fedps.sharding.blocks import BlockLayout, flatten_model
 
 ROUNDS = 3
 TARGET_EPSILON = 2.0
@@ -352,11 +351,11 @@ class _RecordingUplink:
         self.registrations.append(registration)
         return RegistrationReply("client-1", "run", "", {}, 0, 0, 0)
 
-    def get_task(self, query: TaskQuery, *, retry_s: float | None = None) -> Task:
+    def get_task(self, query: AssignmentQuery, *, retry_s: float | None = None) -> Assignment:
         if self.down:
             raise PeerUnavailableError("get task: coordinator down")
         self.announced.append(query.epsilon)
-        return Task("wait", 0, 0)
+        return Assignment("wait", 0, 0)
 
     def report_update(self, report: UpdateReport, *, retry_s: float | None = None) -> None:
         self.reports.append((report.round, report.budget_exhausted))
@@ -381,7 +380,7 @@ class _OfflineClient(EdgeClient):
 
     def train(self, round_: int, weight_scale: float = 1.0) -> bool:
         """Run the client's round ``round_`` as if the coordinator asked for it."""
-        return self.run_task(Task("train", round_, 0, weight_scale=weight_scale))
+        return self.run_task(Assignment("train", round_, 0, weight_scale=weight_scale))
 
 
 def _weight_after_one_round(
@@ -641,14 +640,14 @@ def test_opacus_takes_its_noise_and_batches_from_the_source(data: Dataset) -> No
     assert trainer.module.grad_accumulation_allowed is False  # Poisson: one pass per step
 
 
-def _normed_task(model: Callable[[], torch.nn.Module]) -> UserTask:
+def _normed_task(model: Callable[[], torch.nn.Module]) -> Task:
     """A task on 40 rows of digits whose model is ``model``."""
 
     def load_data(client: ClientData) -> Dataset:
         train, _ = load_dataset("digits")
         return Dataset(train.x[:40], train.y[:40], train.num_classes, "digits/40")
 
-    return UserTask(name="normed", model=model, load_data=load_data)
+    return Task(name="normed", model=model, load_data=load_data)
 
 
 def _batch_normed() -> torch.nn.Module:
@@ -665,7 +664,7 @@ def test_a_task_model_with_batchnorm_is_refused_at_client_start_with_the_fix(
 
     # Execute / Assert: the layer is named, and ModuleValidator.fix as the way out
     with pytest.raises(ConfigError) as refused:
-        EdgeClient(config, index=0, state_dir=tmp_path, task=_normed_task(_batch_normed))
+        EdgeClient.open(config, index=0, state_dir=tmp_path, task=_normed_task(_batch_normed))
     message = str(refused.value)
     assert "task 'normed'" in message
     assert "layer '1' (BatchNorm1d): BatchNorm cannot support training with" in message
@@ -678,7 +677,7 @@ def test_the_fixed_task_model_trains(tmp_path: Path) -> None:
     task = _normed_task(lambda: ModuleValidator.fix(_batch_normed()))
 
     # Execute
-    client = EdgeClient(config, index=0, state_dir=tmp_path, task=task)
+    client = EdgeClient.open(config, index=0, state_dir=tmp_path, task=task)
     params = flatten_model(client.trainer.model)
     update = client.trainer.train_round(params)
     client.close()

@@ -1,4 +1,4 @@
-"""The error table both ways (fedps/errors.py, fedps/transport.py): every error class of ours
+"""The error table both ways (fedps/errors.py, fedps/rpc/transport.py): every error class of ours
 that crosses the wire comes back as the same class with the same message, through a real gRPC
 server on loopback."""
 
@@ -15,7 +15,7 @@ import pytest
 
 import fedps.errors
 from fedps.errors import FedPSError, InvalidArgumentError, PolicyError
-from fedps.transport import (
+from fedps.rpc.transport import (
     ERROR_CLASS_KEY,
     ERROR_STATUS,
     STATUS_CLASS,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fedps.cli.deployment import Deployment
+from fedps.runtime.deployment import Deployment
 from tests.conftest import RecordingClient, run_clients
 from tests.process_cluster import (
     HANG_S,

@@ -10,7 +10,7 @@ import pytest
 
 from clients.edge_client import ClientSummary, EdgeClient, PreparedPush
 from clients.simulation import SimulatedDevice
-from fedps.accounting import epsilon, epsilon_of_history
+from fedps.learning.accounting import epsilon, epsilon_of_history
 from server.keyholder.keyholder import RoundResult
 from tests.conftest import run_clients, start_cluster, start_coordinator
 from tests.round_driver import HandClient, RoundDriver
@@ -179,7 +179,7 @@ def test_epsilon_with_dropouts_is_the_epsilon_of_the_released_models(tmp_path: P
 
         keyholder.apply_round = recording  # type: ignore[method-assign]
         clients = [
-            EdgeClient(
+            EdgeClient.open(
                 cluster.config, index=i, mods=[SimulatedDevice(cluster.config.training, index=i)]
             )
             for i in range(DROPOUT_CLIENTS)
@@ -233,7 +233,7 @@ def test_every_client_counts_every_global_round_drawn_for_or_not(tmp_path: Path)
         privacy={"level": "client", "noise_multiplier": 2.0, "clip_norm": 0.5},
     )
     try:
-        clients = [EdgeClient(cluster.config, index=i) for i in range(4)]
+        clients = [EdgeClient.open(cluster.config, index=i) for i in range(4)]
 
         # Execute
         run_clients(clients)

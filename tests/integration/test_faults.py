@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from fedps.cli.deployment import Deployment
 from fedps.config import FedPSConfig
-from fedps.coordinator_messages import ClusterStatus
+from fedps.rpc.coordinator_messages import ClusterStatus
+from fedps.runtime.deployment import Deployment
 from tests.conftest import RecordingClient, run_clients
 from tests.process_cluster import (
     HANG_S,

@@ -19,7 +19,7 @@ import pytest
 from clients.edge_client import PreparedPush
 from clients.train_step import TrainFn, TrainStep
 from fedps.errors import InvalidArgumentError, RoundClosedError
-from fedps.transport import bind, create_server
+from fedps.rpc.transport import bind, create_server
 from server.keyholder.keyholder import KeyHolder
 from server.serve import add_keyholder
 from tests.conftest import Cluster, RecordingClient, run_clients, start_cluster

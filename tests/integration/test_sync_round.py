@@ -70,7 +70,7 @@ def test_client_refuses_a_downgrade_to_plaintext(tmp_path: Path) -> None:
         secure = cluster.config.model_copy(
             update={"he": cluster.config.he.model_copy(update={"enabled": True})}
         )
-        client = EdgeClient(secure, index=0)
+        client = EdgeClient.open(secure, index=0)
         # Execute / Assert
         with pytest.raises(InvalidArgumentError, match="no encryption"):
             client.run(timeout_s=HANG_S)
