@@ -64,6 +64,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 
@@ -280,7 +281,7 @@ class EdgeClient:
         on_round: Callable[[RoundProgress], None] | None = None,
         uplink: Uplink | None = None,
         peer_wait_s: float = _PEER_WAIT_S,
-    ) -> EdgeClient:
+    ) -> Self:
         """Read client ``index``'s enrolment token, open its state folder and load its data
         and task; returns the client.
 

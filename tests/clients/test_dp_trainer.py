@@ -368,12 +368,17 @@ class _OfflineClient(EdgeClient):
     """An edge client with no servers: pulls a fixed model, pushes nothing, and keeps what it
     would have told the coordinator (:attr:`sent`)."""
 
-    def __init__(self, config: FedPSConfig, *, index: int, state_dir: Path) -> None:
-        self.sent = _RecordingUplink()
-        super().__init__(config, index=index, state_dir=state_dir, uplink=self.sent)
-        session = self.session  # as if joined: no encryption, no key holder key
-        session._params = _FixedParams(flatten_model(self.trainer.model))  # type: ignore[assignment]
-        session._layout = BlockLayout(self.num_params, self.num_params)
+    sent: _RecordingUplink
+
+    @classmethod
+    def offline(cls, config: FedPSConfig, *, index: int, state_dir: Path) -> _OfflineClient:
+        sent = _RecordingUplink()
+        client = cls.open(config, index=index, state_dir=state_dir, uplink=sent)
+        client.sent = sent
+        session = client.session  # as if joined: no encryption, no key holder key
+        session._params = _FixedParams(flatten_model(client.trainer.model))  # type: ignore[assignment]
+        session._layout = BlockLayout(client.num_params, client.num_params)
+        return client
 
     def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
         return None
@@ -387,7 +392,9 @@ def _weight_after_one_round(
     config: FedPSConfig, index: int, weight_scale: float, state_root: Path
 ) -> float:
     """An edge client's aggregation weight after one round, with no servers."""
-    client = _OfflineClient(config, index=index, state_dir=Path(tempfile.mkdtemp(dir=state_root)))
+    client = _OfflineClient.offline(
+        config, index=index, state_dir=Path(tempfile.mkdtemp(dir=state_root))
+    )
     assert client.train(1, weight_scale)
     client.close()
     return client.weight
@@ -526,7 +533,9 @@ def test_edge_client_records_the_round_before_it_trains(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Prepare: watch the ledger file when training starts
-    client = _OfflineClient(_config(target_epsilon=TARGET_EPSILON), index=0, state_dir=tmp_path)
+    client = _OfflineClient.offline(
+        _config(target_epsilon=TARGET_EPSILON), index=0, state_dir=tmp_path
+    )
     train_round = client.trainer.train_round
     on_disk: list[list[list[float]]] = []
 
@@ -552,7 +561,9 @@ def test_a_round_the_coordinator_cannot_hear_of_is_recorded_once_and_not_trained
     tmp_path: Path,
 ) -> None:
     # Prepare: the coordinator is unreachable when the client announces its spend
-    client = _OfflineClient(_config(target_epsilon=TARGET_EPSILON), index=0, state_dir=tmp_path)
+    client = _OfflineClient.offline(
+        _config(target_epsilon=TARGET_EPSILON), index=0, state_dir=tmp_path
+    )
     client.sent.down = True
 
     # Execute: asked twice for the round
@@ -570,14 +581,14 @@ def test_a_round_the_coordinator_cannot_hear_of_is_recorded_once_and_not_trained
 def test_restarted_edge_client_resumes_its_budget(tmp_path: Path) -> None:
     # Prepare: a client spends two of its three rounds, then its process ends
     config = _config(target_epsilon=TARGET_EPSILON)
-    first = _OfflineClient(config, index=1, state_dir=tmp_path)
+    first = _OfflineClient.offline(config, index=1, state_dir=tmp_path)
     assert first.train(1) and first.train(2)
     spent = first.trainer.epsilon()
     key = first.signing_key
     first.close()
 
     # Execute: a new client on the same folder
-    second = _OfflineClient(config, index=1, state_dir=tmp_path)
+    second = _OfflineClient.offline(config, index=1, state_dir=tmp_path)
     resumed = (second.recorded.epsilon, second.trainer.epsilon())
     trained = second.train(3)
     refused = not second.train(4)
@@ -594,11 +605,11 @@ def test_restarted_edge_client_resumes_its_budget(tmp_path: Path) -> None:
 def test_restarted_edge_client_registers_with_its_recorded_epsilon(tmp_path: Path) -> None:
     # Prepare: a client trained a round, then its process ended
     config = _config(target_epsilon=TARGET_EPSILON)
-    first = _OfflineClient(config, index=1, state_dir=tmp_path)
+    first = _OfflineClient.offline(config, index=1, state_dir=tmp_path)
     assert first.train(1)
     spent = first.recorded.epsilon
     first.close()
-    second = _OfflineClient(config, index=1, state_dir=tmp_path)
+    second = _OfflineClient.offline(config, index=1, state_dir=tmp_path)
 
     # Execute
     second.session.register(timeout_s=1.0)

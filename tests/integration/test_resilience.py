@@ -109,7 +109,9 @@ def test_coordinator_restart_resumes_from_checkpoint(tmp_path: Path) -> None:
 
 def test_no_secret_key_outside_the_key_holder(cluster: Cluster) -> None:
     # Prepare
-    clients = [EdgeClient.open(cluster.config, index=i) for i in range(cluster.config.training.clients)]
+    clients = [
+        EdgeClient.open(cluster.config, index=i) for i in range(cluster.config.training.clients)
+    ]
     run_clients(clients)
     secret = _seal_io.uncompressed_body(_seal_io.save_bytes(cluster.keyholder.keys._secret_key))
     key_dir = cluster.state_dir / "keyholder" / "keys"

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 from rich.console import Console
-from tests.fedps.cli.fake_demo import FakeDemo
 
 from fedps.errors import ConfigError, FedPSError
 from fedps.experiments import experiment
@@ -27,6 +26,7 @@ from fedps.experiments.experiment import read_results, run_experiment
 from fedps.experiments.grid import load_grid
 from fedps.experiments.report import render_report
 from fedps.runtime.demo import run_demo
+from tests.fedps.experiments.fake_demo import FakeDemo
 from tests.waiting import HANG_S
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "experiments"

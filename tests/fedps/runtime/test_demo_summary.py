@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from tests.fedps.cli.fake_demo import SUMMARY
+from tests.fedps.experiments.fake_demo import SUMMARY
 
 
 def test_to_json_writes_every_field_under_its_name_with_tuples_as_arrays() -> None:
