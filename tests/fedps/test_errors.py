@@ -28,10 +28,19 @@ from fedps.rpc.transport import (
 )
 
 _ROOT = Path(__file__).resolve().parents[2]
-# The code a servicer runs: the roles' handlers and what they use (not the CLI's tools, not
+# The code a servicer runs: the roles' handlers and what they use (not the commands and the layers
+# that compose the roles (runtime, experiments, bench, dashboard), not
 # Flower interop, not generated code).
 _SERVICER_CODE = ("server", "fedps", "crypto")
-_NOT_SERVICER_CODE = ("server/flower", "fedps/cli", "fedps/proto")
+_NOT_SERVICER_CODE = (
+    "server/flower",
+    "fedps/cli",
+    "fedps/runtime",
+    "fedps/experiments",
+    "fedps/bench",
+    "fedps/dashboard",
+    "fedps/proto",
+)
 _SERVICE = "fedps.test.Errors"
 
 

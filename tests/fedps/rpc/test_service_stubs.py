@@ -33,7 +33,7 @@ from server.keyholder.keyholder import RoundResult
 from tests.conftest import Cluster
 from tests.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 KEY = BlockSigner().public_key
 UPDATE = SignedUpdate("client-0", 0.5, b"n" * 16, b"s" * 64, (b"r" * 32, b"t" * 32), 3)
 BLOCK = ParameterBlock(2, 7, b"\0" * 16, b"g" * 64)
