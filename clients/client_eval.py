@@ -12,9 +12,9 @@ import logging
 
 import numpy as np
 
-from fedps.blocks import load_flat
-from fedps.datasets import Dataset
-from fedps.tasks import Task, evaluate_model
+from fedps.learning.datasets import Dataset
+from fedps.learning.tasks import Task, evaluate_model
+from fedps.sharding.blocks import load_flat
 
 __all__ = ["ClientEvaluation"]
 

@@ -37,20 +37,20 @@ from clients.privacy_ledger import PrivacyLedger
 from crypto import PLAINTEXT_CONTEXT_ID, BlockEncryptor, PlainContext, PublicContext
 from crypto.enrolment import TOKEN_SUFFIX, read_token
 from crypto.signing import model_verifier
-from fedps.blocks import BlockLayout, flatten_model
 from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig, TlsConfig
-from fedps.coordinator_messages import (
+from fedps.errors import ConfigError, FedPSError, InvalidArgumentError, UnknownClientError
+from fedps.rpc.coordinator_messages import (
+    Assignment,
+    AssignmentQuery,
     ClientRegistration,
     RegistrationReply,
-    Task,
-    TaskQuery,
     UpdateReport,
 )
-from fedps.errors import ConfigError, FedPSError, InvalidArgumentError, UnknownClientError
-from fedps.hash_ring import HashRing
-from fedps.keyholder_client import KeyHolderClient, verified_signing_key
-from fedps.parameter_client import ParameterClient
+from fedps.rpc.keyholder_stub import KeyHolderStub, verified_signing_key
+from fedps.rpc.model_reader import ModelReader
+from fedps.sharding.blocks import BlockLayout, flatten_model
+from fedps.sharding.hash_ring import HashRing
 
 __all__ = ["ClientSession", "Uplink", "read_enrolment_token"]
 
@@ -62,7 +62,7 @@ _UNKNOWN = "{}: not known before the client connected and joined a run"
 class Uplink(Protocol):
     """What an edge client asks of whoever runs the rounds: its registration, its next task,
     and its report of a round. The default is the coordinator over gRPC
-    (:class:`fedps.coordinator_client.CoordinatorClient`). ``retry_s``: how long a transient
+    (:class:`fedps.rpc.coordinator_stub.CoordinatorStub`). ``retry_s``: how long a transient
     failure is retried (``None``: fail at once).
 
     :meth:`EdgeClient.run <clients.edge_client.EdgeClient.run>` and
@@ -78,7 +78,7 @@ class Uplink(Protocol):
         self, registration: ClientRegistration, *, retry_s: float | None = None
     ) -> RegistrationReply: ...
 
-    def get_task(self, query: TaskQuery, *, retry_s: float | None = None) -> Task: ...
+    def get_task(self, query: AssignmentQuery, *, retry_s: float | None = None) -> Assignment: ...
 
     def report_update(self, report: UpdateReport, *, retry_s: float | None = None) -> None: ...
 
@@ -168,8 +168,8 @@ class ClientSession:
         self.keyholder_key = b""
         self.context_id = ""
         # Known once connected (connect) and joined to a run (join):
-        self._keyholder: KeyHolderClient | None = None
-        self._params: ParameterClient | None = None
+        self._keyholder: KeyHolderStub | None = None
+        self._params: ModelReader | None = None
         self._ring: HashRing | None = None
         self._values_per_block = 0
         self._encryptor: BlockEncryptor | PlainContext | None = None
@@ -224,10 +224,10 @@ class ClientSession:
             self.run_id = reply.run_id
         return reply
 
-    def poll_task(self, *, retry_s: float | None = None) -> Task:
+    def poll_task(self, *, retry_s: float | None = None) -> Assignment:
         """One ``GetTask`` call (retried while the coordinator is unavailable, up to
         ``retry_s``), carrying the spend recorded in the ledger."""
-        query = TaskQuery(self.client_id, self.ledger.epsilon, self.config.privacy.delta)
+        query = AssignmentQuery(self.client_id, self.ledger.epsilon, self.config.privacy.delta)
         return self.uplink.get_task(query, retry_s=retry_s)
 
     def announce_spend(self) -> bool:
@@ -292,7 +292,7 @@ class ClientSession:
         except FedPSError as exc:
             self.failures.failed(COORDINATOR, exc)
 
-    def next_train_task(self, round_: int, timeout_s: float = 60.0) -> Task | None:
+    def next_train_task(self, round_: int, timeout_s: float = 60.0) -> Assignment | None:
         """The task of the next round (buffer) after ``round_`` that asks us to train, if
         one comes within ``timeout_s``."""
         until = time.time() + timeout_s
@@ -310,8 +310,8 @@ class ClientSession:
         """Open channels to the key holder and the shards (``{shard_id: address}``, whose
         blocks the hash ring with ``virtual_nodes`` assigns)."""
         self.disconnect()
-        self._keyholder = KeyHolderClient(keyholder)
-        self._params = ParameterClient(dict(shards))
+        self._keyholder = KeyHolderStub(keyholder)
+        self._params = ModelReader(dict(shards))
         self._ring = HashRing(sorted(shards), virtual_nodes=virtual_nodes)
 
     @property
@@ -345,12 +345,12 @@ class ClientSession:
             self._encryptor.close()
 
     @property
-    def keyholder(self) -> KeyHolderClient:
+    def keyholder(self) -> KeyHolderStub:
         """The key holder's channel (after :meth:`connect`)."""
         return _known(self._keyholder, "the key holder")
 
     @property
-    def shards(self) -> ParameterClient:
+    def shards(self) -> ModelReader:
         """The shards' channels (after :meth:`connect`)."""
         return _known(self._params, "the shards")
 

@@ -51,8 +51,8 @@ from clients.dp_trainer import History, PrivacySpend
 from crypto.files import private_directory, private_opener, write_atomic
 from crypto.signing import BlockSigner
 from fedps.config import FedPSConfig, PrivacyConfig
-from fedps.datasets import Dataset
 from fedps.errors import ConfigError
+from fedps.learning.datasets import Dataset
 
 __all__ = ["ClientState", "LedgerEntry", "data_fingerprint", "default_state_dir"]
 

@@ -8,7 +8,7 @@
     and reused every round, so the accountant accumulates every step the client ever takes (a
     new engine per round would reset epsilon). With a target epsilon the noise multiplier is
     calibrated for the whole run (``rounds x local_epochs`` epochs at the client's own
-    sampling rate) by :func:`fedps.accounting.calibrate_noise`, which never overshoots.
+    sampling rate) by :func:`fedps.learning.accounting.calibrate_noise`, which never overshoots.
 ``"client"`` (:class:`ClientLevelTrainer`)
     Plain local SGD; the whole update is clipped and noised, and the accountant counts rounds
     at the cohort sampling rate.
@@ -42,12 +42,12 @@ from torch.utils.data._utils.collate import default_collate
 
 from crypto.randomness import RandomSource, random_source
 from fedps._registry import add_entry
-from fedps.accounting import calibrate_noise, client_level_noise, epsilon_of_history
-from fedps.blocks import flatten_model, load_flat
 from fedps.config import PrivacyConfig, TrainingConfig
-from fedps.datasets import Dataset
 from fedps.errors import ConfigError, PrivacyBudgetExceededError
-from fedps.tasks import Task, check_dp_trainable
+from fedps.learning.accounting import calibrate_noise, client_level_noise, epsilon_of_history
+from fedps.learning.datasets import Dataset
+from fedps.learning.tasks import Task, check_dp_trainable
+from fedps.sharding.blocks import flatten_model, load_flat
 
 __all__ = [
     "ClientLevelTrainer",
@@ -219,7 +219,8 @@ class Trainer(abc.ABC):
         are drawn from it (anyone holding it can regenerate them). By default they come from
         :class:`crypto.randomness.SecureRandom`.
     task
-        Where the loss and the local optimizer come from (:class:`fedps.tasks.Task`; default:
+        Where the loss and the local optimizer come from
+        (:class:`fedps.learning.tasks.Task`; default:
         cross-entropy, or mean squared error for regression, and SGD).
     """
 
@@ -459,7 +460,7 @@ class ClientLevelTrainer(Trainer):
     ``sigma * C``, the Gaussian mechanism on a sum whose sensitivity to one client is C. When a
     round sums m < n updates (dropouts, a small Poisson cohort), the key holder adds the
     missing ``n - m`` shares before it releases anything
-    (:meth:`fedps.accounting.ClientLevelNoise.top_up_std`). The edge client weighs every
+    (:meth:`fedps.learning.accounting.ClientLevelNoise.top_up_std`). The edge client weighs every
     update 1.0 (a weight by example count would also scale the noise down).
 
     Accounting: one sampled Gaussian mechanism per global round, at sample rate

@@ -64,6 +64,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 
@@ -87,9 +88,6 @@ from clients.train_step import TrainMod, TrainStep, chain
 from clients.update_pipeline import PreparedPush, UpdatePipeline, aggregation_weight
 from crypto.signing import BlockSigner
 from fedps.config import FedPSConfig
-from fedps.coordinator_client import CoordinatorClient
-from fedps.coordinator_messages import Task
-from fedps.datasets import Dataset
 from fedps.errors import (
     FedPSError,
     InvalidArgumentError,
@@ -97,8 +95,10 @@ from fedps.errors import (
     UnauthenticatedError,
     UnknownClientError,
 )
-from fedps.tasks import ClientData, load_task
-from fedps.tasks import Task as UserTask
+from fedps.learning.datasets import Dataset
+from fedps.learning.tasks import ClientData, Task, load_task
+from fedps.rpc.coordinator_messages import Assignment
+from fedps.rpc.coordinator_stub import CoordinatorStub
 
 __all__ = [
     "EXTERNAL_DATA",
@@ -141,7 +141,7 @@ class RoundOutcome:
 
 
 def client_partition(
-    config: FedPSConfig, index: int, *, data: Path | None = None, task: UserTask | None = None
+    config: FedPSConfig, index: int, *, data: Path | None = None, task: Task | None = None
 ) -> Dataset:
     """Client ``index``'s own training data: ``task``'s (default: the configured task's)
     ``load_data`` for the file or folder ``data``; for a built-in dataset, partition ``index``
@@ -158,9 +158,9 @@ def _local_training(
     index: int,
     *,
     data: Path | None,
-    task: UserTask | None,
+    task: Task | None,
     trainer: Trainer | None,
-) -> tuple[UserTask, Trainer, Dataset | None]:
+) -> tuple[Task, Trainer, Dataset | None]:
     """Client ``index``'s task, its trainer and its own data (None: a given ``trainer``
     holds the data, whose task is the default one)."""
     if trainer is not None:
@@ -181,59 +181,10 @@ def _local_training(
 
 
 class EdgeClient:
-    """A federated worker.
+    """A federated worker: a run loop over its parts.
 
-    Parameters
-    ----------
-    config
-        The cluster configuration (the coordinator's address and training settings).
-    index
-        Which data partition this client holds.
-    name
-        A display name.
-    state_dir
-        The folder of its signing key and privacy ledger
-        (default ``<cluster.state_dir>/clients/<identity>``).
-    signer
-        The client's signing key when it is kept elsewhere (a Flower node keeps it in its
-        ``Context.state``): the client then keeps no state folder, and its ledger lives in
-        memory. Default: the key in the state folder.
-    token_required
-        Insist on the enrolment token even under mutual TLS (a Flower node is registered by
-        its token whatever the transport).
-    mods
-        Wrap every round's training (:data:`clients.train_step.TrainMod`), the first
-        outermost; for example :class:`clients.simulation.SimulatedDevice`.
-    data
-        The client's own data, passed to the task's ``load_data`` (``fedps client --data``).
-    task
-        The task to train (default: the configured one, :func:`fedps.tasks.load_task`).
-    on_round
-        Called with a :class:`RoundProgress` after each round the client took part in (the
-        CLI prints its line).
-    uplink
-        Where it registers, asks for tasks and reports (default: the coordinator of
-        ``config.cluster`` over gRPC); closed by :meth:`close`.
-    trainer
-        A trainer the caller built, for a training fedps does not run itself (a Flower node
-        that wraps the user's own ``train``:
-        :class:`clients.flower.wrapped_trainer.WrappedTrainer`); no data is loaded then, and
-        the ledger keeps its spend under :data:`EXTERNAL_DATA`.
-        Default: the task's trainer for ``privacy.level`` on the client's own data.
-    peer_wait_s
-        How long a call to a peer retries its transient failures (a peer restarting,
-        unreachable or overloaded) before the call counts as failed.
-
-    Its identity is ``tls.name`` or ``client-INDEX``: the certificate it presents under mutual
-    TLS, or, without TLS, the enrolment token ``tls.directory/NAME.token`` it registers with.
-
-    Raises
-    ------
-    ConfigError
-        Without TLS (``tls.insecure``) and without a readable enrolment token; or a state
-        folder in use by another process, of another identity, or with a corrupt ledger.
-    InvalidArgumentError
-        Both ``state_dir`` and ``signer`` given, or both ``data`` and ``trainer``.
+    Made by :meth:`open` (which reads its enrolment token, opens its state folder and loads
+    its data); the constructor takes the parts and does no I/O.
 
     Attributes
     ----------
@@ -261,6 +212,63 @@ class EdgeClient:
         self,
         config: FedPSConfig,
         *,
+        name: str,
+        identity: str,
+        enrolment_token: str,
+        state: ClientState,
+        task: Task,
+        trainer: Trainer,
+        own_data: Dataset | None,
+        mods: Sequence[TrainMod] = (),
+        on_round: Callable[[RoundProgress], None] | None = None,
+        uplink: Uplink | None = None,
+        peer_wait_s: float = _PEER_WAIT_S,
+    ) -> None:
+        """Compose a client from parts :meth:`open` made (see it for the parameters);
+        ``own_data``: the client's own training data (None: ``trainer`` holds data fedps
+        does not see)."""
+        self.config = config
+        self.name, self.identity = name, identity
+        self.mods = tuple(mods)
+        self.on_round = on_round
+        self.task, self.trainer = task, trainer
+        # task.client_eval, only for a task without the operator's evaluation data (else
+        # none would be used)
+        client_eval = config.task.client_eval and task.load_eval_data is None
+        self._evaluation = (
+            ClientEvaluation(task, own_data, seed=config.training.seed, name=name)
+            if client_eval and own_data is not None
+            else None
+        )
+        fingerprint = EXTERNAL_DATA if own_data is None else data_fingerprint(own_data)
+        self.ledger = PrivacyLedger(
+            state, trainer, data=fingerprint, privacy=config.privacy, name=name
+        )
+        self._peers = PeerFailures(name, identity=identity, tls_directory=config.tls.directory)
+        # Every call has a deadline: one caught in a peer's restart fails and is retried.
+        self.session = ClientSession(
+            config,
+            name=name,
+            enrolment_token=enrolment_token,
+            ledger=self.ledger,
+            failures=self._peers,
+            uplink=uplink if uplink is not None else CoordinatorStub(config.cluster.coordinator),
+            peer_wait_s=peer_wait_s,
+        )
+        self.pipeline = UpdatePipeline(self.session, self._peers)
+        self.pusher = Pusher(self.session, self._peers)
+        self.state, self.uplink, self.peer_wait_s = state, self.session.uplink, peer_wait_s
+        self.num_params, self.signing_key = self.session.num_params, state.signer.public_key
+        self.data_fingerprint, self.enrolment_token = fingerprint, enrolment_token
+        self.peer_failures = self._peers.counts
+        self.rounds_trained = 0
+        self.weight = 1.0  # num_examples / the round's weight_scale
+
+    @classmethod
+    def open(
+        cls,
+        config: FedPSConfig,
+        *,
         index: int,
         name: str = "",
         state_dir: Path | None = None,
@@ -268,67 +276,107 @@ class EdgeClient:
         token_required: bool = False,
         mods: Sequence[TrainMod] = (),
         data: Path | None = None,
-        task: UserTask | None = None,
+        task: Task | None = None,
         trainer: Trainer | None = None,
         on_round: Callable[[RoundProgress], None] | None = None,
         uplink: Uplink | None = None,
         peer_wait_s: float = _PEER_WAIT_S,
-    ) -> None:
+    ) -> Self:
+        """Read client ``index``'s enrolment token, open its state folder and load its data
+        and task; returns the client.
+
+        Parameters
+        ----------
+        config
+            The cluster configuration (the coordinator's address and training settings).
+        index
+            Which data partition this client holds.
+        name
+            A display name.
+        state_dir
+            The folder of its signing key and privacy ledger
+            (default ``<cluster.state_dir>/clients/<identity>``).
+        signer
+            The client's signing key when it is kept elsewhere (a Flower node keeps it in its
+            ``Context.state``): the client then keeps no state folder, and its ledger lives in
+            memory. Default: the key in the state folder.
+        token_required
+            Insist on the enrolment token even under mutual TLS (a Flower node is registered by
+            its token whatever the transport).
+        mods
+            Wrap every round's training (:data:`clients.train_step.TrainMod`), the first
+            outermost; for example :class:`clients.simulation.SimulatedDevice`.
+        data
+            The client's own data, passed to the task's ``load_data`` (``fedps client --data``).
+        task
+            The task to train (default: the configured one, :func:`fedps.learning.tasks.load_task`).
+        on_round
+            Called with a :class:`RoundProgress` after each round the client took part in (the
+            CLI prints its line).
+        uplink
+            Where it registers, asks for tasks and reports (default: the coordinator of
+            ``config.cluster`` over gRPC); closed by :meth:`close`.
+        trainer
+            A trainer the caller built, for a training fedps does not run itself (a Flower node
+            that wraps the user's own ``train``:
+            :class:`clients.flower.wrapped_trainer.WrappedTrainer`); no data is loaded then, and
+            the ledger keeps its spend under :data:`EXTERNAL_DATA`.
+            Default: the task's trainer for ``privacy.level`` on the client's own data.
+        peer_wait_s
+            How long a call to a peer retries its transient failures (a peer restarting,
+            unreachable or overloaded) before the call counts as failed.
+
+        Its identity is ``tls.name`` or ``client-INDEX``: the certificate it presents under mutual
+        TLS, or, without TLS, the enrolment token ``tls.directory/NAME.token`` it registers with.
+
+        Raises
+        ------
+        ConfigError
+            Without TLS (``tls.insecure``) and without a readable enrolment token; or a state
+            folder in use by another process, of another identity, or with a corrupt ledger.
+        InvalidArgumentError
+            Both ``state_dir`` and ``signer`` given, or both ``data`` and ``trainer``.
+
+        Its identity is ``tls.name`` or ``client-INDEX``: the certificate it presents under
+        mutual TLS, or, without TLS, the enrolment token ``tls.directory/NAME.token`` it
+        registers with.
+
+        Raises
+        ------
+        ConfigError
+            Without TLS (``tls.insecure``) and without a readable enrolment token; or a state
+            folder in use by another process, of another identity, or with a corrupt ledger.
+        InvalidArgumentError
+            Both ``state_dir`` and ``signer`` given, or both ``data`` and ``trainer``.
+        """
         if state_dir is not None and signer is not None:
             raise InvalidArgumentError("a client keeps its key in state_dir or is given one")
         if data is not None and trainer is not None:
             raise InvalidArgumentError("a given trainer holds the client's data; no data then")
-        self.config = config
-        self.name = name or f"edge-{index}"
-        self.identity = config.tls.name or f"client-{index}"
-        self.mods = tuple(mods)
-        self.on_round = on_round
+        identity = config.tls.name or f"client-{index}"
         token = read_enrolment_token(
-            config.tls, self.identity, required=token_required or config.tls.insecure
+            config.tls, identity, required=token_required or config.tls.insecure
         )
         state = (
-            ClientState.open(
-                state_dir or default_state_dir(config, self.identity), identity=self.identity
-            )
+            ClientState.open(state_dir or default_state_dir(config, identity), identity=identity)
             if signer is None
-            else ClientState(self.identity, signer)  # in memory
+            else ClientState(identity, signer)  # in memory
         )
-        self.task, self.trainer, own = _local_training(
-            config, index, data=data, task=task, trainer=trainer
-        )
-        # task.client_eval, only for a task without the operator's evaluation data (else
-        # none would be used)
-        client_eval = config.task.client_eval and self.task.load_eval_data is None
-        self._evaluation = (
-            ClientEvaluation(self.task, own, seed=config.training.seed, name=self.name)
-            if client_eval and own is not None
-            else None
-        )
-        fingerprint = EXTERNAL_DATA if own is None else data_fingerprint(own)
-        self.ledger = PrivacyLedger(
-            state, self.trainer, data=fingerprint, privacy=config.privacy, name=self.name
-        )
-        self._peers = PeerFailures(
-            self.name, identity=self.identity, tls_directory=config.tls.directory
-        )
-        # Every call has a deadline: one caught in a peer's restart fails and is retried.
-        self.session = ClientSession(
+        task, trainer, own = _local_training(config, index, data=data, task=task, trainer=trainer)
+        return cls(
             config,
-            name=self.name,
+            name=name or f"edge-{index}",
+            identity=identity,
             enrolment_token=token,
-            ledger=self.ledger,
-            failures=self._peers,
-            uplink=uplink if uplink is not None else CoordinatorClient(config.cluster.coordinator),
+            state=state,
+            task=task,
+            trainer=trainer,
+            own_data=own,
+            mods=mods,
+            on_round=on_round,
+            uplink=uplink,
             peer_wait_s=peer_wait_s,
         )
-        self.pipeline = UpdatePipeline(self.session, self._peers)
-        self.pusher = Pusher(self.session, self._peers)
-        self.state, self.uplink, self.peer_wait_s = state, self.session.uplink, peer_wait_s
-        self.num_params, self.signing_key = self.session.num_params, state.signer.public_key
-        self.data_fingerprint, self.enrolment_token = fingerprint, token
-        self.peer_failures = self._peers.counts
-        self.rounds_trained = 0
-        self.weight = 1.0  # num_examples / the round's weight_scale
 
     @property
     def recorded(self) -> PrivacySpend:
@@ -418,7 +466,7 @@ class EdgeClient:
                     registered = registered and not isinstance(exc, UnauthenticatedError)
             backoff.pause()
 
-    def run_task(self, task: Task) -> bool:
+    def run_task(self, task: Assignment) -> bool:
         """Carry out one task of the coordinator.
 
         ``TRAIN``: :meth:`train_round`, then push the update once the round's commitments
@@ -451,7 +499,7 @@ class EdgeClient:
         self.state.close()
         self.uplink.close()
 
-    def _train(self, task: Task) -> bool:
+    def _train(self, task: Assignment) -> bool:
         """Train, push and report one round; returns False when the privacy budget is spent."""
         if not self.session.adopt_context(task.context_id):
             time.sleep(PAUSE_S)

@@ -26,7 +26,7 @@ from fedps.errors import (
     UnauthenticatedError,
     error_reason,
 )
-from fedps.transport import Backoff
+from fedps.rpc.transport import Backoff
 
 __all__ = [
     "COORDINATOR",
@@ -121,7 +121,7 @@ def failure_backoff() -> Backoff:
 
 def from_peer(exc: FedPSError) -> bool:
     """Whether ``exc`` is a peer's answer: a status received over gRPC
-    (:func:`fedps.transport.call` raises its error from the :class:`grpc.RpcError`, whatever
+    (:func:`fedps.rpc.transport.call` raises its error from the :class:`grpc.RpcError`, whatever
     class the peer named) or a peer out of reach."""
     return isinstance(exc.__cause__, grpc.RpcError) or isinstance(exc, PeerUnavailableError)
 

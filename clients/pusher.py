@@ -19,9 +19,9 @@ from collections.abc import Callable
 from clients.client_session import ClientSession
 from clients.peer_failures import PeerFailures
 from clients.update_pipeline import PreparedPush
-from fedps.coordinator_messages import Task
 from fedps.errors import FedPSError
-from fedps.shard_messages import PushBatch
+from fedps.rpc.coordinator_messages import Assignment
+from fedps.rpc.shard_messages import PushBatch
 
 __all__ = ["Pusher"]
 
@@ -105,7 +105,7 @@ class Pusher:
         self.bytes_pushed += total
         return total
 
-    def resend(self, task: Task) -> bool:
+    def resend(self, task: Assignment) -> bool:
         """Asked to push for a round we committed to: after a failure cut our wait for the
         push phase short, or again (the coordinator restarted before it saw our report).
         Push the same signed messages (shards acknowledge a repeat as a duplicate and count

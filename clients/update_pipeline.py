@@ -34,9 +34,9 @@ from crypto.signed_update import SignedUpdate
 from crypto.sketch import Challenge
 from fedps.config import FedPSConfig
 from fedps.errors import FedPSError, RoundClosedError
-from fedps.keyholder_messages import UpdateCommitment
-from fedps.shard_messages import PushBatch
-from fedps.transport import batched
+from fedps.rpc.keyholder_messages import UpdateCommitment
+from fedps.rpc.shard_messages import PushBatch
+from fedps.rpc.transport import batched
 
 __all__ = ["PreparedPush", "UpdatePipeline", "aggregation_weight"]
 

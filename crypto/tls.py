@@ -11,7 +11,7 @@ with the enrolment key and client tokens of :mod:`crypto.enrolment`; ``fedps up`
 
 The process's identity is process-wide: :func:`configure_tls` sets it (usually through
 :func:`fedps.provisioning.setup_tls`, from the ``[tls]`` section) before any channel or server
-exists, and :mod:`fedps.transport` reads it (:func:`tls_identity`) for every channel and port.
+exists, and :mod:`fedps.rpc.transport` reads it (:func:`tls_identity`) for every channel and port.
 
 Key material is never logged or put into an error message; only file names are.
 """
@@ -336,7 +336,7 @@ _tls_lock = threading.Lock()
 
 def configure_tls(identity: TlsMaterial | None) -> None:
     """Use ``identity`` for mutual TLS on every channel and server created from now on
-    (:mod:`fedps.transport` reads it); ``None`` goes back to plaintext.
+    (:mod:`fedps.rpc.transport` reads it); ``None`` goes back to plaintext.
 
     Call it before creating channels or servers: existing ones keep the credentials they were
     created with.

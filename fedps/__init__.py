@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING  # noqa: E402
 from fedps.errors import FedPSError  # noqa: E402
 
 if TYPE_CHECKING:
-    from fedps.cli.api import ClientSummary, export_model, load_model, run_client
-    from fedps.cli.history import History, read_history
-    from fedps.cli.local_cluster import LocalCluster
-    from fedps.coordinator_messages import RoundSummary
-    from fedps.tasks import ClientData, Task
+    from fedps.learning.tasks import ClientData, Task
+    from fedps.rpc.coordinator_messages import RoundSummary
+    from fedps.runtime.api import ClientSummary, export_model, load_model, run_client
+    from fedps.runtime.history import History, read_history
+    from fedps.runtime.local_cluster import LocalCluster
 
 __all__ = [
     "ClientData",
@@ -51,16 +51,16 @@ __version__ = "0.1.0"
 
 # Each name of the API and the module that defines it, imported on first use.
 _LAZY = {
-    "ClientData": "fedps.tasks",
-    "ClientSummary": "fedps.cli.api",
-    "History": "fedps.cli.history",
-    "LocalCluster": "fedps.cli.local_cluster",
-    "RoundSummary": "fedps.coordinator_messages",
-    "Task": "fedps.tasks",
-    "export_model": "fedps.cli.api",
-    "load_model": "fedps.cli.api",
-    "read_history": "fedps.cli.history",
-    "run_client": "fedps.cli.api",
+    "ClientData": "fedps.learning.tasks",
+    "ClientSummary": "fedps.runtime.api",
+    "History": "fedps.runtime.history",
+    "LocalCluster": "fedps.runtime.local_cluster",
+    "RoundSummary": "fedps.rpc.coordinator_messages",
+    "Task": "fedps.learning.tasks",
+    "export_model": "fedps.runtime.api",
+    "load_model": "fedps.runtime.api",
+    "read_history": "fedps.runtime.history",
+    "run_client": "fedps.runtime.api",
 }
 
 

@@ -148,7 +148,7 @@ class TrainingConfig(_Section):
     """Federated training: rounds, cohort, quorum, deadline and local SGD."""
 
     # Plug-ins are named: a built-in or a name given to its register_* function
-    # (fedps.datasets.register_dataset, ...); an unknown name stops the role that uses it.
+    # (fedps.learning.datasets.register_dataset, ...); an unknown name stops the role that uses it.
     dataset: str = Field("digits", min_length=1, description="digits | mnist5k | fashion_mnist")
     data_dir: str | None = None
     model: str = "mlp"
@@ -434,9 +434,9 @@ class MetricsConfig(_Section):
 
 
 class TaskConfig(_Section):
-    """The task: the user's model, data loading, loss and metrics (:mod:`fedps.tasks`).
+    """The task: the user's model, data loading, loss and metrics (:mod:`fedps.learning.tasks`).
 
-    ``app`` names a registered task (``register_task``, or the ``fedps.tasks`` entry-point
+    ``app`` names a registered task (``register_task``, or the ``fedps.learning.tasks`` entry-point
     group) or a module, ``"my_pkg.task"`` or ``"my_pkg.task:attr"``, found on the path with
     ``dir`` (the project directory) appended. Empty: the built-in task of
     ``training.dataset`` with ``training.model``.

@@ -1,9 +1,9 @@
 """The fedps error hierarchy: one root, one subclass per expected failure.
 
 The classes know nothing of the wire. Which gRPC status each one crosses the wire with, and how
-a caller gets the same class back, is one table in :mod:`fedps.transport` (``ERROR_STATUS``):
-a servicer's :func:`~fedps.transport.rpc_errors` turns an error into its status with the
-error's message, and :func:`~fedps.transport.call` raises the same class again on the caller's
+a caller gets the same class back, is one table in :mod:`fedps.rpc.transport` (``ERROR_STATUS``):
+a servicer's :func:`~fedps.rpc.transport.rpc_errors` turns an error into its status with the
+error's message, and :func:`~fedps.rpc.transport.call` raises the same class again on the caller's
 side. Programming errors stay ordinary Python exceptions.
 
 Every class here can be built from its message alone (``cls(message)``), which is what the

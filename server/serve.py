@@ -19,16 +19,16 @@ import grpc
 
 from crypto import PLAINTEXT_CONTEXT_ID, PlainContext, PublicContext
 from crypto.signing import model_verifier
-from fedps.accounting import client_level_noise
-from fedps.blocks import group_mask
 from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig, is_loopback
 from fedps.errors import InvalidArgumentError
-from fedps.hash_ring import HashRing
+from fedps.learning.accounting import client_level_noise
+from fedps.learning.staleness import create_staleness
 from fedps.proto import common_pb2, coordinator_pb2_grpc, keyholder_pb2_grpc, shard_pb2_grpc
-from fedps.staleness import create_staleness
-from fedps.state_lock import StateLock
-from fedps.transport import bind, call, create_channel, create_server
+from fedps.rpc.transport import bind, call, create_channel, create_server
+from fedps.sharding.blocks import group_mask
+from fedps.sharding.hash_ring import HashRing
+from fedps.storage.state_lock import StateLock
 from server.keyholder.group_policy import GroupPolicy
 from server.keyholder.keyholder import KeyHolder
 from server.keyholder.keyholder_servicer import KeyHolderServicer
@@ -40,7 +40,7 @@ from server.shard.shard_log import ShardLog
 from server.shard.shard_servicer import ShardServicer
 
 if TYPE_CHECKING:  # the coordinator (and torch) load only in the coordinator's process
-    from fedps.tasks import Task
+    from fedps.learning.tasks import Task
     from server.coordinator.coordinator import Coordinator
     from server.coordinator.coordinator_settings import CoordinatorSettings
 
@@ -86,7 +86,7 @@ def _group_policy(config: FedPSConfig) -> GroupPolicy | None:
     t = config.training
     if not config.groups.sync:
         return None
-    from fedps.tasks import load_task
+    from fedps.learning.tasks import load_task
 
     model = load_task(config).create_model(t.seed)
     return GroupPolicy(group_mask(model, config.groups.sync), config.groups.buffers_per_round(t))
@@ -250,7 +250,7 @@ def open_coordinator(
 ) -> Coordinator:
     """The coordinator of ``config`` on its state folder ``state_dir``
     (:meth:`Coordinator.open`), running ``task`` (default: the configured one)."""
-    from fedps.tasks import load_task
+    from fedps.learning.tasks import load_task
     from server.coordinator.coordinator import Coordinator
 
     settings = coordinator_settings(config)
@@ -281,7 +281,7 @@ def serve_forever(
     """Run one role until SIGINT/SIGTERM, then stop gracefully.
 
     One instance per role: the role's state directory is locked
-    (:class:`~fedps.state_lock.StateLock`) before anything in it is read or written, and its
+    (:class:`~fedps.storage.state_lock.StateLock`) before anything in it is read or written, and its
     port is not shared; a second instance raises instead of serving.
 
     Raises

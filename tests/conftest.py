@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,10 +21,11 @@ from hypothesis import HealthCheck, settings
 
 from clients.edge_client import EdgeClient, PreparedPush
 from crypto.files import FAULTS_VARIABLE, reset_faults
+from fedps.config import FedPSConfig
 from fedps.errors import FedPSError
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fedps.provisioning import reset_tls
-from fedps.transport import call, create_channel
+from fedps.rpc.transport import call, create_channel
 from tests.in_process_cluster import Cluster as Cluster
 from tests.in_process_cluster import end_commits_once_committed as end_commits_once_committed
 from tests.in_process_cluster import start_cluster as start_cluster
@@ -98,8 +100,8 @@ class RecordingClient(EdgeClient):
     """A real client that also keeps the plaintext of what it encrypted, for a replay, and
     the shards that acknowledged each round's push."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, config: FedPSConfig, **parts: Any) -> None:
+        super().__init__(config, **parts)
         self.sent: dict[int, tuple[float, np.ndarray]] = {}
         self.pushed: dict[int, set[str]] = {}
         self.pusher.on_acknowledged = self.acknowledged_by

@@ -22,7 +22,7 @@ from crypto.enrolment import issue_tokens
 from crypto.tls import tls_identity
 from fedps.config import FedPSConfig, load_config
 from fedps.provisioning import client_identities
-from fedps.transport import bind, create_server
+from fedps.rpc.transport import bind, create_server
 from server.coordinator.coordinator import Coordinator
 from server.keyholder.keyholder import KeyHolder
 from server.serve import add_coordinator, add_keyholder, add_shard

@@ -1,7 +1,7 @@
 """A fedps cluster of real processes for fault tests, and the plaintext replay they check.
 
 Key holder, shards and coordinator run as ``python -m fedps.cli ROLE`` processes
-(:class:`~fedps.cli.deployment.Deployment`); the clients are :class:`RecordingClient` threads
+(:class:`~fedps.runtime.deployment.Deployment`); the clients are :class:`RecordingClient` threads
 (or processes, :mod:`tests.recording_client`) that remember the plaintext of what they pushed
 and which rounds every shard acknowledged. After training, :func:`assert_replayed` checks that
 the key holder applied every round with exactly the acknowledged clients and that its model
@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 
 from crypto.tls import OPERATOR_NAME, TlsIdentity
-from fedps.cli.deployment import Deployment
 from fedps.config import FedPSConfig
-from fedps.coordinator_client import CoordinatorClient
-from fedps.coordinator_messages import ClusterStatus
-from fedps.tasks import load_task
-from fedps.transport import channel_credentials
+from fedps.learning.tasks import load_task
+from fedps.rpc.coordinator_messages import ClusterStatus
+from fedps.rpc.coordinator_stub import CoordinatorStub
+from fedps.rpc.transport import channel_credentials
+from fedps.runtime.deployment import Deployment
 from server.coordinator.evaluator import Evaluator
 from tests.conftest import RecordingClient, reached
 from tests.role_processes import wait_serving, write_local_config
@@ -152,7 +152,7 @@ def wait_ready(deployment: Deployment, names: Sequence[str]) -> None:
 
 def status(config: FedPSConfig) -> ClusterStatus:
     """The coordinator's status (one call)."""
-    client = CoordinatorClient(config.cluster.coordinator)
+    client = CoordinatorStub(config.cluster.coordinator)
     try:
         return client.get_status(timeout_s=5.0)
     finally:

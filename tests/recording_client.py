@@ -27,9 +27,8 @@ __all__ = ["load_recorded"]
 
 
 class _FileRecordingClient(RecordingClient):
-    def __init__(self, *args: object, out: Path, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)
-        self.out = out
+    #: where it writes what it sent and which shards acknowledged it (set once opened)
+    out: Path
 
     def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
         prepared = super().prepare(round_, version, delta)
@@ -62,9 +61,8 @@ def main(argv: list[str]) -> None:
     config_path, index, state_dir, out = argv
     config = load_config(Path(config_path))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    client = _FileRecordingClient(
-        config, index=int(index), state_dir=Path(state_dir), out=Path(out)
-    )
+    client = _FileRecordingClient.open(config, index=int(index), state_dir=Path(state_dir))
+    client.out = Path(out)
     client.run(timeout_s=3600)
 
 

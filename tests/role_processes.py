@@ -16,10 +16,10 @@ from pathlib import Path
 
 import grpc
 
-from fedps.cli.deployment import local_cluster, write_config
 from fedps.config import FedPSConfig, load_config
 from fedps.provisioning import provision_cluster
-from fedps.state_lock import LOCK_FILE
+from fedps.runtime.deployment import local_cluster, write_config
+from fedps.storage.state_lock import LOCK_FILE
 
 #: Upper bound of any wait here: it only catches a hang, nothing should take this long.
 HANG_S = 300.0

@@ -25,8 +25,6 @@ from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner
 from crypto.sketch import Challenge
 from fedps.config import FedPSConfig
-from fedps.hash_ring import HashRing
-from fedps.messages import signed_update_to_proto
 from fedps.proto import (
     common_pb2,
     coordinator_pb2,
@@ -36,7 +34,9 @@ from fedps.proto import (
     shard_pb2,
     shard_pb2_grpc,
 )
-from fedps.transport import call, create_channel
+from fedps.rpc.messages import signed_update_to_proto
+from fedps.rpc.transport import call, create_channel
+from fedps.sharding.hash_ring import HashRing
 from tests.conftest import Cluster, start_cluster
 
 __all__ = ["HandClient", "RoundDriver", "TaskPoller", "driven_cluster"]

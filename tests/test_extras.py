@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from fedps.extras import EXTRA_OF
-from fedps.shard_client import ShardClient
+from fedps.rpc.shard_stub import ShardStub
 from tests.role_processes import HANG_S, last_line, wait_listening, write_local_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def test_a_shard_and_a_key_holder_serve_without_any_extra(tmp_path: Path) -> Non
     try:
         wait_listening(config.cluster.keyholder, keyholder)
         wait_listening(config.cluster.shards[0], shard)
-        client = ShardClient("shard-0", config.cluster.shards[0])
+        client = ShardStub("shard-0", config.cluster.shards[0])
         try:
             status = client.get_status(timeout_s=30)
         finally:

@@ -5,7 +5,14 @@ of its imports (at module level or inside a function, absolute or relative) chec
 
 - ``crypto/`` imports nothing of ours but ``fedps.errors`` (and ``crypto/`` itself);
 - ``clients/`` never imports ``server/``, and ``server/`` never imports ``clients/``;
-- outside the CLI face (``fedps/cli/``), ``fedps/`` and ``crypto/`` import neither.
+- the composition layers stack: ``fedps/cli/`` (the commands) over ``fedps/experiments/``,
+  ``fedps/bench/`` and ``fedps/dashboard/`` (side by side, none importing another), over
+  ``fedps/runtime/`` (the API, local clusters, deployments), over everything else; nothing
+  imports a layer above its own, and only the layers import ``clients/`` or ``server/``;
+- in the shared core, ``fedps/rpc/`` (the wire), ``fedps/learning/`` (tasks, data, models,
+  accounting), ``fedps/storage/`` and ``fedps/sharding/`` do not import each other, except
+  that the wire may read block layouts (``fedps/sharding/``);
+- ``fedps/__init__.py``, the API's front door, may name ``fedps/runtime/``, no command.
 
 Tests are not checked: they may start any role.
 """
@@ -20,8 +27,24 @@ import pytest
 
 _ROOT = Path(__file__).resolve().parents[1]
 _PACKAGES = ("fedps", "crypto", "clients", "server")
-_CLI = "fedps.cli"
 _CRYPTO_MAY_IMPORT = ("crypto", "fedps.errors")
+_ROLES = ("clients", "server")
+#: The composition layers, each with its height: a module imports none of a greater height,
+#: nor another of the same height (itself aside).
+_LAYERS = {
+    "fedps.cli": 3,
+    "fedps.experiments": 2,
+    "fedps.bench": 2,
+    "fedps.dashboard": 2,
+    "fedps.runtime": 1,
+}
+#: The core's parts, each with the parts it may import.
+_CORE_PARTS = {
+    "fedps.rpc": ("fedps.sharding",),
+    "fedps.learning": (),
+    "fedps.storage": (),
+    "fedps.sharding": (),
+}
 
 
 def _module_name(path: Path) -> str:
@@ -50,6 +73,14 @@ def _within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+def _layer(module: str) -> str | None:
+    return next((layer for layer in _LAYERS if _within(module, layer)), None)
+
+
+def _part(module: str) -> str | None:
+    return next((part for part in _CORE_PARTS if _within(module, part)), None)
+
+
 def _broken_rule(importer: str, imported: str) -> str | None:
     """Which rule ``importer`` importing ``imported`` breaks, if any."""
     top = imported.split(".")[0]
@@ -60,9 +91,22 @@ def _broken_rule(importer: str, imported: str) -> str | None:
         return "crypto/ imports nothing of ours but fedps.errors"
     if {home, top} == {"clients", "server"}:
         return "clients/ and server/ never import each other"
-    roles = ("clients", "server")
-    if top in roles and home not in roles and not _within(importer, _CLI):
-        return "only the CLI face (fedps/cli/) imports clients/ or server/"
+    importer_layer, imported_layer = _layer(importer), _layer(imported)
+    if top in _ROLES and home not in _ROLES and importer_layer is None:
+        return "only the composition layers (fedps/runtime/ and above) import clients/ or server/"
+    if imported_layer is not None and importer_layer != imported_layer:
+        if importer == "fedps" and imported_layer == "fedps.runtime":
+            return None  # the API's front door names the runtime's API
+        if importer_layer is None or _LAYERS[imported_layer] >= _LAYERS[importer_layer]:
+            where = importer_layer or "the core and the roles"
+            return f"{where} imports no layer at or above {imported_layer}"
+    importer_part, imported_part = _part(importer), _part(imported)
+    if (
+        importer_part is not None
+        and imported_part not in (None, importer_part)
+        and imported_part not in _CORE_PARTS[importer_part]
+    ):
+        return f"{importer_part} does not import {imported_part} (the core's parts)"
     return None
 
 
@@ -93,12 +137,28 @@ def test_imports_point_one_way() -> None:
         ("crypto.tls", "crypto.files", None),
         ("clients.edge_client", "server.shard.shard", "each other"),
         ("server.serve", "clients.edge_client", "each other"),
-        ("fedps.transport", "server.serve", "CLI face"),
+        ("fedps.rpc.transport", "server.serve", "composition layers"),
         ("crypto.params", "clients", "crypto/"),
         ("fedps.cli.app", "server.serve", None),
-        ("fedps.cli.demo", "clients.edge_client", None),
+        ("fedps.runtime.demo", "clients.edge_client", None),
         ("server.serve", "fedps.config", None),
-        ("fedps.transport", "grpc", None),
+        ("fedps.rpc.transport", "grpc", None),
+        ("fedps", "fedps.runtime.api", None),
+        ("fedps", "fedps.cli.app", "at or above fedps.cli"),
+        ("fedps.config", "fedps.runtime.api", "at or above fedps.runtime"),
+        ("server.serve", "fedps.runtime.deployment", "at or above fedps.runtime"),
+        ("fedps.runtime.demo", "fedps.dashboard", "at or above fedps.dashboard"),
+        ("fedps.runtime.demo", "fedps.cli.app", "at or above fedps.cli"),
+        ("fedps.bench.benchmark", "fedps.runtime.demo", None),
+        ("fedps.bench.benchmark", "fedps.experiments.experiment", "at or above"),
+        ("fedps.dashboard.run_launcher", "fedps.runtime.local_cluster", None),
+        ("fedps.experiments.report", "fedps.experiments.experiment", None),
+        ("fedps.cli.app", "fedps.dashboard", None),
+        ("fedps.rpc.model_reader", "fedps.sharding.blocks", None),
+        ("fedps.rpc.messages", "fedps.learning.tasks", "does not import fedps.learning"),
+        ("fedps.learning.tasks", "fedps.rpc.messages", "does not import fedps.rpc"),
+        ("fedps.storage.record_log", "fedps.sharding.blocks", "does not import"),
+        ("fedps.learning.tasks", "fedps.config", None),
     ],
 )
 def test_the_rule_names_what_it_refuses(importer: str, imported: str, rule: str | None) -> None:

@@ -13,16 +13,16 @@ import pytest
 import torch
 
 import clients.dp_trainer
-import fedps.datasets
-import fedps.models
-import fedps.partitioners
-import fedps.staleness
+import fedps.learning.datasets
+import fedps.learning.models
+import fedps.learning.partitioners
+import fedps.learning.staleness
 import server.keyholder.server_optimizer
 from fedps.config import PrivacyConfig, TrainingConfig
-from fedps.datasets import Dataset
+from fedps.learning.datasets import Dataset
 
 
-class _Halves(fedps.partitioners.Partitioner):
+class _Halves(fedps.learning.partitioners.Partitioner):
     """The first half of the rows, then the rest (whatever the labels)."""
 
     def _partition(
@@ -50,33 +50,33 @@ class _Case:
 
 _CASES = {
     "model": _Case(
-        fedps.models,
+        fedps.learning.models,
         "_MODELS",
-        fedps.models.register_model,  # type: ignore[arg-type]
-        lambda name: fedps.models.create_model(name, num_features=3, num_classes=2),
+        fedps.learning.models.register_model,  # type: ignore[arg-type]
+        lambda name: fedps.learning.models.create_model(name, num_features=3, num_classes=2),
         lambda model: isinstance(model, torch.nn.Bilinear),
     ),
     "dataset": _Case(
-        fedps.datasets,
+        fedps.learning.datasets,
         "_LOADERS",
-        fedps.datasets.register_dataset,  # type: ignore[arg-type]
-        lambda name: fedps.datasets.load_dataset(name),
+        fedps.learning.datasets.register_dataset,  # type: ignore[arg-type]
+        lambda name: fedps.learning.datasets.load_dataset(name),
         lambda splits: isinstance(splits, tuple) and splits[0].name == "tiny",
     ),
     "partitioner": _Case(
-        fedps.partitioners,
+        fedps.learning.partitioners,
         "_PARTITIONERS",
-        fedps.partitioners.register_partitioner,  # type: ignore[arg-type]
-        lambda name: fedps.partitioners.create_partitioner(name).partition(
+        fedps.learning.partitioners.register_partitioner,  # type: ignore[arg-type]
+        lambda name: fedps.learning.partitioners.create_partitioner(name).partition(
             np.zeros(6, np.int64), 2, 0
         ),
         lambda parts: [len(p) for p in parts] == [3, 3],  # type: ignore[attr-defined]
     ),
     "staleness": _Case(
-        fedps.staleness,
+        fedps.learning.staleness,
         "_REGISTRY",
-        fedps.staleness.register_staleness,  # type: ignore[arg-type]
-        lambda name: fedps.staleness.create_staleness(name, a=0.25)(3),
+        fedps.learning.staleness.register_staleness,  # type: ignore[arg-type]
+        lambda name: fedps.learning.staleness.create_staleness(name, a=0.25)(3),
         lambda weight: weight == 0.25,
     ),
     "server optimizer": _Case(

@@ -50,10 +50,10 @@ from flwr.clientapp.typing import ClientAppCallable
 from clients.flower.flower_client import FlowerClient, FlowerNode, fedps_record
 from clients.flower.wrapped_trainer import WrappedTrainer
 from crypto.signing import BlockSigner
-from fedps.blocks import flatten_model
 from fedps.config import FedPSConfig
 from fedps.errors import FedPSError, InvalidArgumentError
-from fedps.tasks import load_task
+from fedps.learning.tasks import load_task
+from fedps.sharding.blocks import flatten_model
 
 __all__ = ["ARRAYS_KEY", "CONFIG_RECORD_KEY", "FedPSMod", "wrapped_client"]
 

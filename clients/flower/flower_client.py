@@ -6,7 +6,7 @@ to the ``mods`` of its own ``ClientApp`` (the app's ``train`` trains), with
 :class:`server.flower.flower_strategy.FlowerStrategy` as its strategy. The Flower messages
 replace the fedps coordinator's client protocol (register, get task, report); the update
 itself never travels in a Flower message. Every fedps message is a Flower ``train`` message
-whose ``"fedps"`` ConfigRecord names its stage (:mod:`fedps.flower_messages`), handled by a
+whose ``"fedps"`` ConfigRecord names its stage (:mod:`fedps.rpc.flower_messages`), handled by a
 :class:`FlowerNode`:
 
 1. ``register``: the node answers with its Ed25519 public key, its number of training
@@ -69,15 +69,16 @@ from clients.train_step import TrainMod
 from crypto.randomness import SeededRandom
 from crypto.signing import BlockSigner
 from fedps.config import FedPSConfig, load_config
-from fedps.coordinator_messages import (
+from fedps.errors import ConfigError, InvalidArgumentError
+from fedps.provisioning import setup_tls
+from fedps.rpc.coordinator_messages import (
+    Assignment,
+    AssignmentQuery,
     ClientRegistration,
     RegistrationReply,
-    Task,
-    TaskQuery,
     UpdateReport,
 )
-from fedps.errors import ConfigError, InvalidArgumentError
-from fedps.flower_messages import (
+from fedps.rpc.flower_messages import (
     CONFIG_KEY,
     METRICS_KEY,
     PUSH_STAGE,
@@ -88,8 +89,7 @@ from fedps.flower_messages import (
     RoundReport,
     stage_of,
 )
-from fedps.provisioning import setup_tls
-from fedps.shard_messages import PushBatch
+from fedps.rpc.shard_messages import PushBatch
 
 __all__ = [
     "ClientFactory",
@@ -122,7 +122,7 @@ class StrategyMessages:
     ) -> RegistrationReply:
         self._refuse()
 
-    def get_task(self, query: TaskQuery, *, retry_s: float | None = None) -> Task:
+    def get_task(self, query: AssignmentQuery, *, retry_s: float | None = None) -> Assignment:
         self._refuse()
 
     def report_update(self, report: UpdateReport, *, retry_s: float | None = None) -> None:
@@ -189,7 +189,7 @@ class FlowerClient:
         device = SimulatedDevice(config.training, index=index)
         # No state folder: the node's key and accountant live in its Context.state. The
         # strategy registers the node by its token, whatever the transport.
-        self.edge = EdgeClient(
+        self.edge = EdgeClient.open(
             config,
             index=index,
             name=f"flower-{index}",

@@ -22,9 +22,9 @@ import torch
 
 from clients.dp_trainer import ClientLevelTrainer
 from fedps.config import PrivacyConfig, TrainingConfig
-from fedps.datasets import Dataset
 from fedps.errors import ConfigError
-from fedps.tasks import Task
+from fedps.learning.datasets import Dataset
+from fedps.learning.tasks import Task
 
 __all__ = ["LocalTrain", "WrappedTrainer"]
 

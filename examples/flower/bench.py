@@ -8,7 +8,7 @@ Usage (from the repository root, with Flower installed as docs/flower.md describ
 Each node runs :func:`clients.flower.flower_client.create_client_app` (DP-SGD with Opacus, CKKS
 encryption, signed pushes to the shards) and the server runs
 :class:`server.flower.flower_strategy.FlowerStrategy` through Flower's ``Strategy.start`` loop; see
-:mod:`fedps.cli.flower_bench` for what is measured.
+:mod:`fedps.bench.flower_bench` for what is measured.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from torch import nn
 
 from clients.flower.flower_client import FlowerClient, create_client_app
 from crypto.signing import BlockSigner
-from fedps import models
-from fedps.cli.flower_bench import RUNTIMES, run_flower_bench
+from fedps.bench.flower_bench import RUNTIMES, run_flower_bench
 from fedps.config import FedPSConfig
+from fedps.learning import models
 
 _MODEL = "mlp128"
 
@@ -33,7 +33,7 @@ _MODEL = "mlp128"
 def _register_mlp128() -> None:
     """A 101,770-parameter MLP on 784 features (784-128-10), the issue's 100k model.
 
-    Temporary: fedps.models has no ~100k-parameter model yet; once it registers one, pass
+    Temporary: fedps.learning.models has no ~100k-parameter model yet; once it registers one, pass
     its name with --model and delete this function.
     """
     if _MODEL not in models.model_names():

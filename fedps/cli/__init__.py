@@ -1,8 +1,9 @@
-"""The operator's face of fedps: the ``fedps`` command and the tools behind it.
+"""The ``fedps`` command: typer commands and nothing they compose.
 
-This is the one package allowed to import ``clients/`` and ``server/``: it starts every role
-(:mod:`fedps.cli.deployment`), runs the demo, the privacy-accuracy experiments and the
-benchmarks, and reads a running cluster's status.
+Each command parses its options and calls the layer below: :mod:`fedps.runtime` (roles, local
+clusters, deployments, the demo, status, export), :mod:`fedps.experiments`,
+:mod:`fedps.bench` and :mod:`fedps.dashboard`. Nothing imports this package but the entry
+point.
 """
 
 from fedps.cli.app import app, main

@@ -10,15 +10,19 @@ import logging
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import FedPSError
 from fedps.extras import missing_extra
+
+if TYPE_CHECKING:
+    from fedps.runtime.demo import Watcher
 
 __all__ = ["app", "main"]
 
@@ -196,7 +200,7 @@ def client(
     # faults do, each as one line and exit 2 (main): a FedPSError about its configuration,
     # identity, data or state folder, or an OSError of its own files (a full disk).
     try:
-        client = EdgeClient(
+        client = EdgeClient.open(
             cfg,
             index=index,
             name=name,
@@ -264,7 +268,7 @@ def up(
 
     Creates the certificates and enrolment tokens in ``tls.directory`` on first start."""
     from crypto.tls import OPERATOR_NAME
-    from fedps.cli.deployment import Deployment
+    from fedps.runtime.deployment import Deployment
 
     _setup_logging(True)
     cfg = _load(config, insecure=insecure)
@@ -293,9 +297,21 @@ def _dashboard(
     """``--ui HOST:PORT``: the read-only dashboard of ``cfg``'s cluster inside the block."""
     if ui is None:
         return nullcontext()
-    from fedps.cli.dashboard import serve_dashboard
+    from fedps.dashboard import serve_dashboard
 
     return serve_dashboard(cfg, ui, echo=typer.echo, allowed_hosts=allowed_hosts)
+
+
+def _demo_dashboard(ui: str | None, allowed_hosts: list[str]) -> Watcher | None:
+    """``fedps demo --ui HOST:PORT``: the run's dashboard, its link printed by the demo."""
+    if ui is None:
+        return None
+    from fedps.dashboard import serve_dashboard
+
+    def watch(cfg: FedPSConfig, echo: Callable[[str], None]) -> AbstractContextManager[object]:
+        return serve_dashboard(cfg, ui, echo=echo, allowed_hosts=allowed_hosts)
+
+    return watch
 
 
 @app.command()
@@ -317,7 +333,7 @@ def demo(
 ) -> None:
     """Train on digits with a key holder, 2 shards, a coordinator and 4 clients, locally,
     under mutual TLS with certificates made for the run."""
-    from fedps.cli.demo import run_demo
+    from fedps.runtime.demo import run_demo
 
     _setup_logging(False)
     overrides: dict[str, dict[str, object]] = {}
@@ -334,7 +350,7 @@ def demo(
         overrides["training"] = training
     with tempfile.TemporaryDirectory(prefix="fedps-demo-") as tmp:
         summary = run_demo(
-            config, Path(tmp), overrides, ui=ui, ui_allowed_hosts=ui_allowed_host or ()
+            config, Path(tmp), overrides, watch=_demo_dashboard(ui, ui_allowed_host or [])
         )
     _write_json(json_out, summary.to_json(), "summary")
 
@@ -363,8 +379,8 @@ def bench(
     """Measure encryption cost against TenSEAL's default and plaintext, in one run."""
     from rich.console import Console
 
-    from fedps.cli.bench_report import render_table
-    from fedps.cli.benchmark import run_bench, time_to_accuracy
+    from fedps.bench.benchmark import run_bench, time_to_accuracy
+    from fedps.bench.report import render_table
 
     _setup_logging(False)
     console = Console()
@@ -411,7 +427,7 @@ def experiment(
     """Privacy-accuracy sweep: one real platform run per grid point, resumable."""
     _setup_logging(False)
     if args[0] == "report":
-        from fedps.cli.experiment_report import render_report
+        from fedps.experiments.report import render_report
 
         if len(args) != 2 or results is not None or workdir is not None:
             raise FedPSError("usage: fedps experiment report RESULTS.jsonl [--out DIR]")
@@ -419,7 +435,7 @@ def experiment(
         report = render_report(path, out or path.with_name(f"{path.stem}-report"))
         typer.echo(f"report written to {report}")
         return
-    from fedps.cli.experiment import run_experiment
+    from fedps.experiments.experiment import run_experiment
 
     if len(args) != 1 or out is not None:
         raise FedPSError("usage: fedps experiment GRID.toml [--results FILE] [--workdir DIR]")
@@ -481,7 +497,7 @@ def ui(
     the configured cluster to the holders of the printed links; the operator (who holds the
     operator's link) starts the next run."""
     from crypto.tls import OPERATOR_NAME
-    from fedps.cli.dashboard import (
+    from fedps.dashboard import (
         RunLauncher,
         new_token,
         parse_bind,
@@ -531,7 +547,7 @@ def ui(
 def status(config: ConfigOpt = None, insecure: InsecureOpt = False) -> None:
     """Print the cluster's health as the coordinator sees it (as the operator identity)."""
     from crypto.tls import OPERATOR_NAME
-    from fedps.cli.cluster_status import print_status
+    from fedps.runtime.cluster_status import print_status
 
     cfg = _load(config, insecure=insecure)
     _setup_tls(cfg, OPERATOR_NAME)
@@ -550,7 +566,7 @@ def export(
     key holder's signature checked (as the operator identity); it loads into the task's model
     with model.load_state_dict(torch.load(PATH))."""
     from crypto.tls import OPERATOR_NAME
-    from fedps.cli.export import export_model
+    from fedps.runtime.export import export_model
 
     _setup_logging(False)
     cfg = _load(config, insecure=insecure)

@@ -1,8 +1,8 @@
 """The coordinator's calls to the key holder and the shards, in one place.
 
 :class:`ClusterPeers` calls them through their typed clients
-(:class:`~fedps.keyholder_client.KeyHolderClient`, :class:`~fedps.shard_client.ShardClient`)
-with the plain records of :mod:`fedps.keyholder_messages` and :mod:`fedps.shard_messages`.
+(:class:`~fedps.rpc.keyholder_stub.KeyHolderStub`, :class:`~fedps.rpc.shard_stub.ShardStub`)
+with the plain records of :mod:`fedps.rpc.keyholder_messages` and :mod:`fedps.rpc.shard_messages`.
 Every call has a deadline (a call caught in a peer's restart fails and is retried, never
 hangs) and is retried while the peer is unavailable until it succeeds or the coordinator
 stops; a shard that refuses to open or close a round (it answers, with an error) is asked
@@ -22,15 +22,15 @@ from typing import TypeVar
 import numpy as np
 
 from crypto.signing import model_verifier
-from fedps import keyholder_messages as records
-from fedps.blocks import BlockLayout
 from fedps.config import ClusterConfig
 from fedps.errors import FedPSError, PeerUnavailableError, PolicyError, ShardStalledError
-from fedps.keyholder_client import KeyHolderClient
-from fedps.messages import ParameterBlock
-from fedps.parameter_client import ParameterClient
-from fedps.shard_messages import RoundOpening
-from fedps.transport import call_until
+from fedps.rpc import keyholder_messages as records
+from fedps.rpc.keyholder_stub import KeyHolderStub
+from fedps.rpc.messages import ParameterBlock
+from fedps.rpc.model_reader import ModelReader
+from fedps.rpc.shard_messages import RoundOpening
+from fedps.rpc.transport import call_until
+from fedps.sharding.blocks import BlockLayout
 from server.shard_misses import ShardMisses
 
 __all__ = ["REFUSALS", "ClusterPeers"]
@@ -62,8 +62,8 @@ class ClusterPeers:
     ) -> None:
         self._stop = stop
         self._misses = misses
-        self._params = ParameterClient(dict(zip(cluster.shard_ids, cluster.shards, strict=True)))
-        self._keyholder = KeyHolderClient(cluster.keyholder)
+        self._params = ModelReader(dict(zip(cluster.shard_ids, cluster.shards, strict=True)))
+        self._keyholder = KeyHolderStub(cluster.keyholder)
 
     def retry(
         self,

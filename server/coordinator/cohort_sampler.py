@@ -1,7 +1,7 @@
 """Cohort sampling: which live clients the coordinator asks to train in a round.
 
 Client level (DP-FedAvg): the accountant amplifies by sampling at rate q = n / clients
-(:func:`fedps.accounting.client_cohort`, n the configured cohort size), which assumes
+(:func:`fedps.learning.accounting.client_cohort`, n the configured cohort size), which assumes
 Poisson sampling: every provisioned client takes part in a round independently with
 probability q, whoever else does (Abadi et al. 2016; Mironov, Talwar and Zhang 2019). The
 sampler draws each live client with probability q. A provisioned client that is not live
@@ -31,8 +31,8 @@ import logging
 from collections.abc import Collection, Iterable
 
 from crypto.randomness import random_source
-from fedps.accounting import client_cohort
 from fedps.config import PrivacyConfig, TrainingConfig
+from fedps.learning.accounting import client_cohort
 
 __all__ = ["CohortSampler"]
 

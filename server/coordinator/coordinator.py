@@ -46,12 +46,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedps.blocks import BlockLayout
-from fedps.coordinator_messages import RETRY_AFTER_S, RoundSummary, Task
 from fedps.errors import FedPSError, PolicyError, QuarantinedError, ShardStalledError
-from fedps.keyholder_messages import CommitOpening, CommitSet, RoundApplication
-from fedps.tasks import Task as UserTask
-from fedps.tasks import check_dp_trainable
+from fedps.learning.tasks import Task, check_dp_trainable
+from fedps.rpc.coordinator_messages import RETRY_AFTER_S, Assignment, RoundSummary
+from fedps.rpc.keyholder_messages import CommitOpening, CommitSet, RoundApplication
+from fedps.sharding.blocks import BlockLayout
 from server.coordinator.checkpoint_store import Checkpoint, CheckpointStore
 from server.coordinator.client_registry import ClientRegistry, RegisteredClient
 from server.coordinator.cluster_peers import ClusterPeers
@@ -65,7 +64,7 @@ from server.shard_misses import ShardMisses
 if TYPE_CHECKING:
     from pathlib import Path
 
-__all__ = ["Coordinator", "RoundRecord", "Task"]
+__all__ = ["Assignment", "Coordinator", "RoundRecord"]
 
 _log = logging.getLogger("fedps")
 
@@ -148,7 +147,7 @@ class Coordinator:
             self._restore(checkpoint)
 
     @classmethod
-    def open(cls, state_dir: Path, settings: CoordinatorSettings, *, task: UserTask) -> Coordinator:
+    def open(cls, state_dir: Path, settings: CoordinatorSettings, *, task: Task) -> Coordinator:
         """The coordinator whose state folder is ``state_dir``: ``task``'s model built and its
         evaluation data loaded, the enrolment key read, the checkpoint loaded if there is one.
 
@@ -196,7 +195,7 @@ class Coordinator:
 
     def get_task(
         self, client_id: str, credential: bytes = b"", *, epsilon: float = 0.0, delta: float = 0.0
-    ) -> Task:
+    ) -> Assignment:
         """The next task for ``client_id`` (authenticated by its credential), which says it
         has spent ``epsilon`` (at ``delta``) so far.
 
@@ -212,14 +211,14 @@ class Coordinator:
             # WAIT and DONE carry the last finished round: at client level every global round
             # counts in a client's spend, the rounds it was not drawn for too.
             if self.finished:
-                return Task("done", self.round)
+                return Assignment("done", self.round)
             current = self._open
             if current is None or client_id in current.reported or time.time() >= current.deadline:
-                return Task("wait", self.round)
+                return Assignment("wait", self.round)
             if current.pushing and client_id in current.committed:
-                return Task("push", current.round, current.version, current.deadline)
+                return Assignment("push", current.round, current.version, current.deadline)
             if not current.pushing and client_id in current.cohort:
-                return Task(
+                return Assignment(
                     "train",
                     current.round,
                     current.version,
@@ -227,7 +226,7 @@ class Coordinator:
                     weight_scale=float(self.registry.most_examples(current.cohort)),
                     context_id=self._context_id,
                 )
-            return Task("wait", self.round)
+            return Assignment("wait", self.round)
 
     def report(
         self,

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import grpc
 
-from fedps import coordinator_messages as records
-from fedps.coordinator_messages import CREDENTIAL_HEADER
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
-from fedps.transport import peer_common_name, require_peer, rpc_errors
+from fedps.rpc import coordinator_messages as records
+from fedps.rpc.coordinator_messages import CREDENTIAL_HEADER
+from fedps.rpc.transport import peer_common_name, require_peer, rpc_errors
 from server.coordinator.coordinator import Coordinator
 
 __all__ = ["CREDENTIAL_HEADER", "CoordinatorServicer"]
@@ -57,7 +57,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: coordinator_pb2.TaskRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.Task:
         with rpc_errors(context):
-            query = records.TaskQuery.from_proto(request)
+            query = records.AssignmentQuery.from_proto(request)
             require_peer(context, query.client_id)
             task = self.coordinator.get_task(
                 query.client_id, _credential(context), epsilon=query.epsilon, delta=query.delta

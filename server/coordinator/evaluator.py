@@ -10,8 +10,8 @@ import logging
 
 import numpy as np
 
-from fedps.blocks import flatten_model, load_flat
-from fedps.tasks import Task, evaluate_model
+from fedps.learning.tasks import Task, evaluate_model
+from fedps.sharding.blocks import flatten_model, load_flat
 
 __all__ = ["Evaluator"]
 

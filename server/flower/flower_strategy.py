@@ -3,10 +3,10 @@
 :class:`FlowerStrategy` is a message-based Flower ``Strategy`` that plays the fedps
 coordinator's part for a running key holder and shards. It holds a real
 :class:`~server.coordinator.coordinator.Coordinator` and lets Flower carry the coordinator's client
-protocol (see :mod:`fedps.flower_messages`):
+protocol (see :mod:`fedps.rpc.flower_messages`):
 
 Every fedps message is a Flower ``train`` message whose ``"fedps"`` record names its stage
-(:mod:`fedps.flower_messages`), so that a mod around a user's own ``train`` sees them all.
+(:mod:`fedps.rpc.flower_messages`), so that a mod around a user's own ``train`` sees them all.
 
 - Nodes it has not met yet get a ``register`` message; each answers with its
   Ed25519 public key, examples, model size and enrolment token, and is registered with the
@@ -60,12 +60,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from fedps import flower_messages as wire
-from fedps.accounting import client_cohort
-from fedps.blocks import load_flat
 from fedps.config import FedPSConfig
 from fedps.errors import ConfigError, FedPSError, InvalidArgumentError
-from fedps.tasks import Task as UserTask
+from fedps.learning.accounting import client_cohort
+from fedps.learning.tasks import Task as UserTask
+from fedps.rpc import flower_messages as wire
+from fedps.sharding.blocks import load_flat
 from server.coordinator.coordinator import RoundRecord
 from server.serve import open_coordinator
 
@@ -115,7 +115,7 @@ class FlowerStrategy(Strategy):
         How long registration waits for the nodes' answers.
     task
         The task whose model is trained and evaluated (default: the configured one,
-        :func:`fedps.tasks.load_task`); the key holder must hold the same model.
+        :func:`fedps.learning.tasks.load_task`); the key holder must hold the same model.
 
     Raises
     ------

@@ -30,9 +30,9 @@ import numpy as np
 from crypto.signed_update import SignedUpdate
 from crypto.sketch import Challenge
 from fedps.errors import InvalidArgumentError, PolicyError
-from fedps.messages import Aggregate, MalformedReplyError
-from fedps.shard_messages import AggregatePart
-from fedps.staleness import multiplier
+from fedps.learning.staleness import multiplier
+from fedps.rpc.messages import Aggregate, MalformedReplyError
+from fedps.rpc.shard_messages import AggregatePart
 from server.keyholder.commit_board import CommitPhase
 
 __all__ = ["AggregateVerifier", "TamperingError"]

@@ -39,8 +39,8 @@ from crypto.canary import CanaryOpening, canary_bound, failing_rows
 from crypto.signing import chunk_root
 from crypto.sketch import Challenge
 from fedps.errors import FedPSError, InvalidArgumentError, PeerUnavailableError, PolicyError
-from fedps.shard_client import ShardClient
-from fedps.shard_messages import TraceEvidence, TraceQuery
+from fedps.rpc.shard_messages import TraceEvidence, TraceQuery
+from fedps.rpc.shard_stub import ShardStub
 from server.keyholder.aggregate_verifier import TamperingError
 from server.keyholder.commit_board import CommitPhase
 from server.keyholder.decryptor import CanaryFailureError
@@ -98,7 +98,7 @@ class Tracer:
     def _root(self, client: str, block: int) -> bytes:
         return self.phase.commitments[client].update.roots[block]
 
-    def _ask(self, shard: ShardClient, query: TraceQuery) -> TraceEvidence | TamperingError | None:
+    def _ask(self, shard: ShardStub, query: TraceQuery) -> TraceEvidence | TamperingError | None:
         """The shard's evidence; a TamperingError if it refused what it must hold; None if it
         did not answer (not evidence)."""
         try:  # a correct shard sends one item per contributor and block, at most
@@ -114,7 +114,7 @@ class Tracer:
     def trace(
         self,
         failure: PolicyError,
-        shards: Mapping[str, ShardClient],
+        shards: Mapping[str, ShardStub],
         owner: Callable[[int], str],
         challenge: Challenge | None,
     ) -> Verdict:
@@ -168,7 +168,7 @@ class Tracer:
 
     # ------------------------------------------------------------------ canaries
     def canaries(
-        self, shard: ShardClient, blocks: Sequence[int], aggregates: Mapping[int, np.ndarray]
+        self, shard: ShardStub, blocks: Sequence[int], aggregates: Mapping[int, np.ndarray]
     ) -> Verdict:
         """Trace failed canaries of ``blocks`` (all sent by ``shard``; ``aggregates``: each
         block's validated aggregate row, as checked)."""
@@ -237,7 +237,7 @@ class Tracer:
         return bool(np.array_equal(shown, actual))
 
     # ------------------------------------------------------------------ sketches
-    def sketches(self, shard: ShardClient, blocks: Sequence[int], challenge: Challenge) -> Verdict:
+    def sketches(self, shard: ShardStub, blocks: Sequence[int], challenge: Challenge) -> Verdict:
         """Trace a failed sketch check of ``blocks`` (all sent by ``shard``), revealing the
         round's ``challenge`` to it (the round is never decrypted after this)."""
         clients = sorted(self.multipliers)

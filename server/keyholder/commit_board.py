@@ -40,7 +40,7 @@ from fedps.errors import (
     RoundClosedError,
     UnknownClientError,
 )
-from fedps.keyholder_messages import CommitClosing, CommitOpening, UpdateCommitment
+from fedps.rpc.keyholder_messages import CommitClosing, CommitOpening, UpdateCommitment
 from server.keyholder.commit_log import CommitLog, CommitRecord
 
 __all__ = ["CommitBoard", "CommitPhase", "Commitment"]

@@ -1,8 +1,9 @@
 """The key holder's commitment log: every change of a commit phase it acknowledged, in order.
 
-Each record is a :class:`~fedps.keyholder_messages.CommitOpening`,
-:class:`~fedps.keyholder_messages.UpdateCommitment` or
-:class:`~fedps.keyholder_messages.CommitClosing`, kept in a :class:`~fedps.record_log.RecordLog`
+Each record is a :class:`~fedps.rpc.keyholder_messages.CommitOpening`,
+:class:`~fedps.rpc.keyholder_messages.UpdateCommitment` or
+:class:`~fedps.rpc.keyholder_messages.CommitClosing`, kept in a
+:class:`~fedps.storage.record_log.RecordLog`
 as a ``CommitLogRecord`` (its protobuf encoding lives here, nowhere else).
 """
 
@@ -11,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from fedps.keyholder_messages import CommitClosing, CommitOpening, UpdateCommitment
 from fedps.proto import keyholder_pb2
-from fedps.record_log import RecordLog
+from fedps.rpc.keyholder_messages import CommitClosing, CommitOpening, UpdateCommitment
+from fedps.storage.record_log import RecordLog
 
 __all__ = ["CommitLog", "CommitRecord"]
 
@@ -56,7 +57,7 @@ class CommitLog:
         Raises
         ------
         CorruptStateError
-            A logged record is damaged (see :class:`~fedps.record_log.RecordLog`).
+            A logged record is damaged (see :class:`~fedps.storage.record_log.RecordLog`).
         """
         for _, payload in self._log.records():
             message = keyholder_pb2.CommitLogRecord.FromString(payload)

@@ -41,9 +41,9 @@ from crypto.release import (
     releases_per_key,
 )
 from crypto.sketch import Challenge
-from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError, PolicyError
-from fedps.shard_messages import AggregatePart
+from fedps.rpc.shard_messages import AggregatePart
+from fedps.sharding.blocks import BlockLayout
 from server.keyholder.aggregate_verifier import AggregateVerifier
 from server.keyholder.keyholder_settings import KeyHolderSettings
 

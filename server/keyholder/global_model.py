@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedps.blocks import BlockLayout
 from fedps.errors import InvalidArgumentError
+from fedps.sharding.blocks import BlockLayout
 from server.keyholder.group_policy import GroupPolicy
 from server.keyholder.server_optimizer import ServerOptimizer
 

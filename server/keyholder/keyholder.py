@@ -48,7 +48,6 @@ from crypto import SecretContext
 from crypto.files import private_directory
 from crypto.signing import BlockSigner
 from crypto.sketch import Challenge, sketch_count
-from fedps.blocks import BlockLayout
 from fedps.errors import (
     FedPSError,
     InvalidArgumentError,
@@ -58,9 +57,10 @@ from fedps.errors import (
     QuarantinedError,
     ShardStalledError,
 )
-from fedps.hash_ring import HashRing
-from fedps.keyholder_messages import ModelState
-from fedps.shard_client import ShardClient
+from fedps.rpc.keyholder_messages import ModelState
+from fedps.rpc.shard_stub import ShardStub
+from fedps.sharding.blocks import BlockLayout
+from fedps.sharding.hash_ring import HashRing
 from server.keyholder.aggregate_verifier import AggregateVerifier, TamperingError
 from server.keyholder.blame import Tracer
 from server.keyholder.commit_board import CommitBoard, CommitPhase
@@ -213,7 +213,7 @@ class KeyHolder:
             commits=commits,
             store=store,
             shards=ShardPeers(
-                {sid: ShardClient(sid, address) for sid, address in shards.items()},
+                {sid: ShardStub(sid, address) for sid, address in shards.items()},
                 ring,
                 ShardMisses(limit=settings.max_shard_misses, deadline_s=settings.shard_deadline_s),
             ),

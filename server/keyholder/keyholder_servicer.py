@@ -10,11 +10,11 @@ import numpy as np
 
 from crypto import PLAINTEXT_CONTEXT_ID
 from crypto.signing import context_digest
-from fedps import keyholder_messages as records
-from fedps.blocks import BlockLayout
 from fedps.errors import FedPSError, InvalidArgumentError, PolicyError
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc
-from fedps.transport import require_peer, rpc_errors
+from fedps.rpc import keyholder_messages as records
+from fedps.rpc.transport import require_peer, rpc_errors
+from fedps.sharding.blocks import BlockLayout
 from server.keyholder.keyholder import MAX_PARAMS, KeyHolder
 from server.metrics import KeyHolderMetrics
 

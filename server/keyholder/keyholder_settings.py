@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from crypto import CkksParams
-from fedps.accounting import ClientLevelNoise
 from fedps.errors import InvalidArgumentError
+from fedps.learning.accounting import ClientLevelNoise
 
 __all__ = ["KeyHolderSettings"]
 
@@ -55,7 +55,7 @@ class KeyHolderSettings:
     shard_deadline_s
         The deadline of each fetch of a shard's aggregates.
     client_noise
-        Client-level DP (:func:`fedps.accounting.client_level_noise`, the clients' own
+        Client-level DP (:func:`fedps.learning.accounting.client_level_noise`, the clients' own
         calibration): top each round's sum up to the full noise and divide by the fixed cohort
         size. None at example level.
 

@@ -15,12 +15,12 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 import numpy as np
 
 from crypto.signing import model_block_digest
-from fedps.blocks import BlockLayout
-from fedps.hash_ring import HashRing
-from fedps.messages import ParameterBlock
-from fedps.shard_client import ShardClient
-from fedps.shard_messages import AggregatePart, Publication
-from fedps.transport import batched
+from fedps.rpc.messages import ParameterBlock
+from fedps.rpc.shard_messages import AggregatePart, Publication
+from fedps.rpc.shard_stub import ShardStub
+from fedps.rpc.transport import batched
+from fedps.sharding.blocks import BlockLayout
+from fedps.sharding.hash_ring import HashRing
 from server.shard_misses import ShardMisses
 
 __all__ = ["PUBLISH_S", "ShardPeers"]
@@ -43,7 +43,7 @@ class ShardPeers:
     """
 
     def __init__(
-        self, clients: Mapping[str, ShardClient], ring: HashRing, misses: ShardMisses
+        self, clients: Mapping[str, ShardStub], ring: HashRing, misses: ShardMisses
     ) -> None:
         self.clients = dict(clients)
         self.ring = ring

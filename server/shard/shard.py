@@ -8,7 +8,7 @@ block per owned block, whatever the number of clients; the manifest records who 
 with what weight, so a client's block is never counted twice. Each client's pushed
 ciphertexts stay in the shard's log (in memory without one) for as long as the round: the
 key holder asks for the sum of exactly the clients the round closed with, and after a
-failed check for the evidence (:meth:`Shard.trace`). A shard never holds a secret
+failed check for the evidence (:mod:`server.shard.evidence`). A shard never holds a secret
 key: it can add ciphertexts, never read them.
 
 With a :class:`~server.shard.shard_log.ShardLog`, every accepted change is logged (and by default
@@ -22,16 +22,14 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Collection
+from dataclasses import replace
 
 import numpy as np
 
-from crypto import CiphertextSum, PlainContext, PlainSum, PublicContext, new_sum, unpack_blocks
-from crypto.canary import CanaryOpening
+from crypto import PlainContext, PublicContext, new_sum, unpack_blocks
 from crypto.signed_update import SignedUpdate
 from crypto.signing import chunk_root, is_weak_key
-from crypto.sketch import Challenge
 from fedps.errors import (
     CorruptStateError,
     InvalidArgumentError,
@@ -43,9 +41,9 @@ from fedps.errors import (
     UnknownClientError,
     error_reason,
 )
-from fedps.hash_ring import HashRing
-from fedps.messages import Aggregate, Contribution, ParameterBlock
-from fedps.shard_messages import (
+from fedps.learning.staleness import multiplier
+from fedps.rpc.messages import Aggregate, Contribution, ParameterBlock
+from fedps.rpc.shard_messages import (
     HeldCiphertext,
     OpenedBlock,
     Publication,
@@ -54,7 +52,9 @@ from fedps.shard_messages import (
     ShardStatus,
     TraceQuery,
 )
-from fedps.staleness import multiplier
+from fedps.sharding.hash_ring import HashRing
+from server.shard.evidence import HeldRows, answer_trace
+from server.shard.round_state import ROOT_BYTES, ClientEntry, RoundState
 from server.shard.shard_log import ShardLog, ShardLogRecord
 
 __all__ = ["Shard"]
@@ -65,68 +65,6 @@ _MAX_WEIGHT = 1e6
 #: Bounds on a published model (about 34 G parameters at N = 2048).
 MAX_BLOCKS = 1 << 24
 MAX_BLOCK_VALUES = 1 << 16
-
-
-_ROOT_BYTES = 32  # a chunk commitment (SHA-256)
-
-
-@dataclass(slots=True)
-class _Entry:
-    """One client's signed update in a round and the blocks of it that were added.
-
-    Stored compactly, since a shard holds one per client and round: the roots joined into one
-    ``bytes``, the blocks as a bitmask. The manifest of a block is derived from the entries.
-    A shard without a log keeps each added block's packed ciphertext here (``data``); with
-    one, the log holds them and memory stays flat in the number of clients. Either way they
-    last as long as the round: the key holder may ask for the sum of a smaller set of clients
-    (the set the round closed with) and, after a failed check, for the evidence of who
-    changed what (:meth:`Shard.trace`).
-    """
-
-    weight: float
-    version: int
-    nonce: bytes
-    signature: bytes
-    roots: bytes  # every block's chunk root, joined
-    multiplier: int
-    blocks: int = 0  # bit b set: block b was added into the sum
-    data: dict[int, bytes] = field(default_factory=dict)  # each added block (no log only)
-
-    @classmethod
-    def of(cls, update: SignedUpdate, multiplier: int) -> _Entry:
-        return cls(
-            update.weight,
-            update.version,
-            update.nonce,
-            update.signature,
-            b"".join(update.roots),
-            multiplier,
-        )
-
-    def has(self, block: int) -> bool:
-        return bool(self.blocks >> block & 1)
-
-    def root(self, block: int) -> bytes:
-        return self.roots[block * _ROOT_BYTES : (block + 1) * _ROOT_BYTES]
-
-    def signed(self, client_id: str) -> SignedUpdate:
-        roots = tuple(self.root(b) for b in range(len(self.roots) // _ROOT_BYTES))
-        return SignedUpdate(client_id, self.weight, self.nonce, self.signature, roots, self.version)
-
-
-@dataclass
-class _Round:
-    round: int
-    version: int
-    members: dict[str, bytes]  # client id -> Ed25519 public key
-    context_id: str
-    run_id: str
-    # each member's commitment at the key holder: its pushes must carry exactly this
-    commitments: dict[str, SignedUpdate] = field(default_factory=dict)
-    sums: dict[int, CiphertextSum | PlainSum] = field(default_factory=dict)
-    entries: dict[str, _Entry] = field(default_factory=dict)
-    messages: dict[str, int] = field(default_factory=dict)
-    closed: bool = False
 
 
 class Shard:
@@ -172,8 +110,8 @@ class Shard:
         self._values_per_block = 0
         self.version = 0
         self._published = False
-        self._rounds: dict[int, _Round] = {}
-        self._open: _Round | None = None
+        self._rounds: dict[int, RoundState] = {}
+        self._open: RoundState | None = None
         self._log = log
         self._replaying = False
         self.stats = {"accepted": 0, "duplicates": 0, "refused": 0, "bytes": 0}
@@ -395,7 +333,7 @@ class Shard:
             if self._open is not None and not self._open.closed:
                 _log.warning("%s: round %d replaced by %d", self.shard_id, self._open.round, round_)
                 self._open.closed = True
-            state = _Round(round_, version, dict(members), context_id, run_id, commitments)
+            state = RoundState(round_, version, dict(members), context_id, run_id, commitments)
             self._rounds[round_] = state
             self._open = state
             # The previous round stays until the next opens (the key holder may fetch it
@@ -495,7 +433,7 @@ class Shard:
 
     def _add(
         self,
-        state: _Round,
+        state: RoundState,
         public: PublicContext | PlainContext,
         update: SignedUpdate,
         multiplier: int,
@@ -508,7 +446,7 @@ class Shard:
             return
         entry = state.entries.get(update.client_id)
         if entry is None:
-            entry = state.entries[update.client_id] = _Entry.of(update, multiplier)
+            entry = state.entries[update.client_id] = ClientEntry.of(update, multiplier)
         for (block, data), coeffs in zip(blocks, coefficients, strict=True):
             state.sums.setdefault(block, new_sum(public)).add(coeffs, multiplier)
             entry.blocks |= 1 << block
@@ -516,7 +454,7 @@ class Shard:
                 entry.data[block] = data
         self.stats["accepted"] += len(blocks)
 
-    def _multiplier(self, state: _Round, batch: PushBatch) -> int:
+    def _multiplier(self, state: RoundState, batch: PushBatch) -> int:
         """1 in sync mode (the update must be for the round's version); in async mode the
         fixed-point staleness weight, refusing updates older than the maximum staleness."""
         if self._staleness is None:
@@ -536,7 +474,7 @@ class Shard:
             )
         return multiplier(self._staleness, age)
 
-    def _check_signature(self, state: _Round, batch: PushBatch) -> SignedUpdate:
+    def _check_signature(self, state: RoundState, batch: PushBatch) -> SignedUpdate:
         """The signed update a push belongs to; verified once per client and round."""
         update = batch.update
         committed = state.commitments.get(batch.client_id)
@@ -556,8 +494,8 @@ class Shard:
                 f"a signed update commits to {len(update.roots)} blocks; the model has "
                 f"{self._num_blocks}"
             )
-        if any(len(root) != _ROOT_BYTES for root in update.roots):
-            raise InvalidArgumentError(f"every chunk root must be {_ROOT_BYTES} bytes")
+        if any(len(root) != ROOT_BYTES for root in update.roots):
+            raise InvalidArgumentError(f"every chunk root must be {ROOT_BYTES} bytes")
         key = state.members[batch.client_id]
         if not update.verify(
             key, run_id=state.run_id, round_=state.round, context_id=state.context_id
@@ -625,7 +563,7 @@ class Shard:
             aggregates = [self._aggregate(state, b, wanted) for b in self._owned]
             return aggregates, [e.signed(c) for c, e in entries.items() if e is not None]
 
-    def _aggregate(self, state: _Round, block: int, wanted: frozenset[str]) -> Aggregate:
+    def _aggregate(self, state: RoundState, block: int, wanted: frozenset[str]) -> Aggregate:
         """Block ``block``'s sum over ``wanted`` (the caller holds the lock)."""
         holders = {c: e for c, e in state.entries.items() if e.has(block)}
         missing = sorted(wanted - set(holders))
@@ -652,9 +590,8 @@ class Shard:
         return Aggregate(block, packed, manifest)
 
     def trace(self, query: TraceQuery) -> tuple[list[OpenedBlock], list[HeldCiphertext]]:
-        """Answer the key holder's :class:`~fedps.shard_messages.TraceQuery`: canary
-        openings (:meth:`openings`), or with a challenge seed the ciphertexts that do not
-        match their committed sketches (:meth:`mismatches`).
+        """Answer the key holder's :class:`~fedps.rpc.shard_messages.TraceQuery` from the
+        ciphertexts this shard holds (:func:`server.shard.evidence.answer_trace`).
 
         Raises
         ------
@@ -662,74 +599,16 @@ class Shard:
             A malformed query (sketches of the wrong size, a plaintext round), or blocks or
             clients this shard holds no pushes of.
         """
-        if not query.contributors or not query.blocks:
-            raise InvalidArgumentError("name the blocks and contributors to trace")
-        state = self._require(query.round)
-        public = self._public_context(state.context_id)
-        if not isinstance(public, PublicContext):
-            raise InvalidArgumentError("a plaintext round has no canaries or sketches to trace")
-        if not query.challenge_seed:
-            opened = self.openings(query.round, query.blocks, query.contributors)
-            return [OpenedBlock.of(c, b, o) for c, b, o in opened], []
-        challenge = Challenge(
-            query.challenge_seed, modulus=public.modulus, coeffs_per_block=public.coeffs_per_block
-        )
-        if len(query.sketches) != len(query.contributors):
-            raise InvalidArgumentError("one entry of sketches per contributor")
-        size = 8 * challenge.count * len(query.blocks)
-        sketches = {}
-        for client, data in zip(query.contributors, query.sketches, strict=True):
-            if len(data) != size:
-                raise InvalidArgumentError(f"each contributor's sketches are {size} bytes")
-            values = np.frombuffer(data, dtype="<u8").astype(np.uint64)
-            sketches[client] = values.reshape(challenge.count, len(query.blocks))
-        found = self.mismatches(query.round, list(query.blocks), sketches, challenge)
-        return [], [HeldCiphertext(c, b, data) for c, b, data in found]
+        public = self._public_context(self._require(query.round).context_id)
 
-    def openings(
-        self, round_: int, blocks: Collection[int], clients: Collection[str]
-    ) -> list[tuple[str, int, CanaryOpening]]:
-        """The canary openings of ``clients``' ciphertexts of ``blocks`` in the closed round
-        ``round_``: after a canary check failed, the key holder finds the client whose own
-        ciphertext carries the change, from these and nothing of anyone's values
-        (:class:`crypto.canary.CanaryOpening`, :mod:`server.keyholder.blame`)."""
-        held, rows = self._held_rows(round_, blocks, clients)
-        return [
-            (client, block, CanaryOpening.of(row))
-            for (client, block, _), row in zip(held, rows, strict=True)
-        ]
+        def held(blocks: Collection[int], clients: Collection[str]) -> HeldRows:
+            return self._held_rows(query.round, blocks, clients)
 
-    def mismatches(
-        self,
-        round_: int,
-        blocks: Sequence[int],
-        sketches: Mapping[str, np.ndarray],
-        challenge: Challenge,
-    ) -> list[tuple[str, int, bytes]]:
-        """The ciphertexts ``(client, block, packed)`` of the closed round ``round_`` whose
-        sketch under ``challenge`` is not the one their client committed (``sketches``:
-        each client's committed sketches of ``blocks``, shape (count, len(blocks))).
-
-        After a sketch check failed the key holder reveals the round's challenge (the round
-        is refused for good) and asks the shard that sent the block: an honest shard's sum
-        is the sum of what it was pushed, so a failed check means some contributor's
-        ciphertext does not match its own committed sketch, and the shard shows it (its
-        signed root proves it is the client's). A shard that shows none is the one that
-        changed the sum."""
-        held, rows = self._held_rows(round_, blocks, sketches)
-        if not held:
-            return []
-        actual = challenge.sketch(rows)
-        column = {b: i for i, b in enumerate(blocks)}
-        return [
-            (client, block, data)
-            for i, (client, block, data) in enumerate(held)
-            if np.any(actual[:, i] != sketches[client][:, column[block]])
-        ]
+        return answer_trace(query, public, held)
 
     def _held_rows(
         self, round_: int, blocks: Collection[int], clients: Collection[str]
-    ) -> tuple[list[tuple[str, int, bytes]], np.ndarray]:
+    ) -> HeldRows:
         """:meth:`_held` (taking the lock), with each ciphertext's validated coefficients."""
         with self._lock:
             held = self._held(round_, blocks, clients)
@@ -767,7 +646,9 @@ class Shard:
         data = self._pushed(state, pairs)
         return [(client, block, data[client, block]) for client, block in pairs]
 
-    def _pushed(self, state: _Round, pairs: list[tuple[str, int]]) -> dict[tuple[str, int], bytes]:
+    def _pushed(
+        self, state: RoundState, pairs: list[tuple[str, int]]
+    ) -> dict[tuple[str, int], bytes]:
         """The packed ciphertexts of ``(client, block)`` pairs the shard added in ``state``
         (from memory, or read back from the round's log)."""
         if self._log is None:
@@ -781,7 +662,7 @@ class Shard:
             )
         return found
 
-    def _require(self, round_: int) -> _Round:
+    def _require(self, round_: int) -> RoundState:
         state = self._rounds.get(round_)
         if state is None:
             raise RoundClosedError(f"round {round_} is unknown to {self.shard_id}")

@@ -2,7 +2,7 @@
 
 A shard acknowledges a push only after the push is in its log: each accepted change (round
 opened, blocks added, round closed or discarded) is one ``ShardLogRecord`` in a
-:class:`~fedps.record_log.RecordLog` (``log/round-NNNNNNNNNNNN.wal``), fsynced by default
+:class:`~fedps.storage.record_log.RecordLog` (``log/round-NNNNNNNNNNNN.wal``), fsynced by default
 before the RPC returns. A restarted shard replays the logs in round order and rebuilds its
 running sums and manifests exactly. Rounds the shard no longer keeps are deleted with their
 log. The published model (already signed by the key holder) and the public contexts the shard
@@ -25,8 +25,8 @@ from typing import Literal
 
 from crypto.files import private_directory, read_checked, write_checked
 from fedps.proto import shard_pb2
-from fedps.record_log import RecordLog
-from fedps.shard_messages import Publication, PushBatch, RoundOpening
+from fedps.rpc.shard_messages import Publication, PushBatch, RoundOpening
+from fedps.storage.record_log import RecordLog
 
 __all__ = ["ShardLog", "ShardLogRecord", "load_published_model"]
 
@@ -104,7 +104,7 @@ class ShardLog:
         Raises
         ------
         CorruptStateError
-            A logged record is damaged (see :class:`~fedps.record_log.RecordLog`).
+            A logged record is damaged (see :class:`~fedps.storage.record_log.RecordLog`).
         """
         for round_, payload in self._log.records():
             yield round_, ShardLogRecord.from_proto(shard_pb2.ShardLogRecord.FromString(payload))

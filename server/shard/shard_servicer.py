@@ -11,11 +11,11 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 
-from fedps import shard_messages as records
 from fedps.errors import FedPSError, InvalidArgumentError
-from fedps.messages import ParameterBlock
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
-from fedps.transport import batched, require_peer, rpc_errors
+from fedps.rpc import shard_messages as records
+from fedps.rpc.messages import ParameterBlock
+from fedps.rpc.transport import batched, require_peer, rpc_errors
 from server.metrics import ShardMetrics
 from server.shard.shard import Shard
 

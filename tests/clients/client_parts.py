@@ -15,8 +15,8 @@ from clients.privacy_ledger import PrivacyLedger
 from clients.pusher import Pusher
 from clients.update_pipeline import UpdatePipeline
 from fedps.config import FedPSConfig
-from fedps.coordinator_client import CoordinatorClient
-from fedps.tasks import load_task
+from fedps.learning.tasks import load_task
+from fedps.rpc.coordinator_stub import CoordinatorStub
 
 __all__ = ["ClientParts", "client_parts"]
 
@@ -63,7 +63,7 @@ def client_parts(
         enrolment_token=read_enrolment_token(config.tls, identity, required=True),
         ledger=ledger,
         failures=failures,
-        uplink=uplink or CoordinatorClient(config.cluster.coordinator),
+        uplink=uplink or CoordinatorStub(config.cluster.coordinator),
         peer_wait_s=peer_wait_s,
     )
     return ClientParts(

@@ -12,8 +12,8 @@ import pytest
 from clients.edge_client import EdgeClient
 from crypto.enrolment import issue_tokens
 from fedps.config import FedPSConfig, load_config
+from fedps.learning.tasks import ClientData, Task
 from fedps.provisioning import client_identities
-from fedps.tasks import ClientData, Task
 
 
 def _rows(client: ClientData) -> tuple[np.ndarray, np.ndarray]:
@@ -49,7 +49,7 @@ def _config(tmp_path: Path) -> FedPSConfig:
 
 def _spend_one_round(config: FedPSConfig, data: Path) -> float:
     """A client on ``data`` records one round's spend in its ledger (as before training)."""
-    client = EdgeClient(config, index=0, data=data, task=TASK)
+    client = EdgeClient.open(config, index=0, data=data, task=TASK)
     try:
         entry = client.state.record(
             client.data_fingerprint,
@@ -68,7 +68,7 @@ def test_spend_on_earlier_data_counts_when_the_data_changes(tmp_path: Path) -> N
     spent = _spend_one_round(config, data)
     # Execute: the file grows by one row (a new fingerprint), and the client restarts
     _write(data, 41)
-    client = EdgeClient(config, index=0, data=data, task=TASK)
+    client = EdgeClient.open(config, index=0, data=data, task=TASK)
     try:
         restored = client.recorded.epsilon
     finally:
@@ -84,7 +84,7 @@ def test_a_client_on_unchanged_data_resumes_its_own_entry(tmp_path: Path) -> Non
     data = _write(tmp_path / "client0.csv", 40)
     spent = _spend_one_round(config, data)
     # Execute
-    client = EdgeClient(config, index=0, data=data, task=TASK)
+    client = EdgeClient.open(config, index=0, data=data, task=TASK)
     try:
         restored = client.recorded.epsilon
     finally:

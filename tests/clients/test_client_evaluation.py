@@ -10,9 +10,9 @@ import pytest
 
 from clients.client_eval import ClientEvaluation
 from clients.edge_client import client_partition
-from fedps.blocks import flatten_model
 from fedps.config import load_config
-from fedps.tasks import load_task
+from fedps.learning.tasks import load_task
+from fedps.sharding.blocks import flatten_model
 
 
 def test_a_rounds_metrics_are_kept_until_its_report_and_given_once(

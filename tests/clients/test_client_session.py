@@ -16,8 +16,8 @@ from crypto import BlockEncryptor
 from crypto.enrolment import issue_tokens, read_token
 from fedps.config import load_config
 from fedps.errors import ConfigError
-from fedps.keyholder_client import KeyHolderClient
-from fedps.transport import bind, create_server
+from fedps.rpc.keyholder_stub import KeyHolderStub
+from fedps.rpc.transport import bind, create_server
 from server.serve import add_keyholder
 from tests.clients.client_parts import ClientParts, client_parts
 from tests.conftest import Cluster, start_cluster
@@ -75,7 +75,7 @@ def test_a_session_registers_joins_pulls_and_carries_its_spend(tmp_path: Path) -
         vector, version = session.pull(0)
         parts.ledger.record_next_round()
         announced = session.announce_spend()
-        context = KeyHolderClient(cluster.config.cluster.keyholder).get_public_context()
+        context = KeyHolderStub(cluster.config.cluster.keyholder).get_public_context()
 
         # Assert: joined under the key holder's context and key; the signed model pulled;
         # the coordinator holds the spend the ledger recorded
@@ -105,7 +105,7 @@ def test_a_context_under_another_signing_key_is_refused_and_a_pinned_one_require
     stranger = add_keyholder(other, cluster.config, tmp_path / "stranger")
     other.start()
     parts = client_parts(cluster.config, peer_wait_s=1.0)
-    key = KeyHolderClient(address).get_public_context().signing_key
+    key = KeyHolderStub(address).get_public_context().signing_key
     security = cluster.config.security.model_copy(update={"keyholder_key": key.hex()})
     pinned = client_parts(cluster.config.model_copy(update={"security": security}))
     try:
@@ -162,7 +162,7 @@ def test_after_a_rotation_the_new_context_is_adopted_under_the_same_signing_key(
         parts.pusher.send(prepared)
         assert driver.close(1) == {session.client_id}
         driver.apply(1, 0, [hand])
-        rotated = KeyHolderClient(cluster.config.cluster.keyholder).get_public_context()
+        rotated = KeyHolderStub(cluster.config.cluster.keyholder).get_public_context()
         adopted = session.adopt_context(rotated.context_id)
 
         # Assert: a new context, verified under the key the client already trusted

@@ -21,8 +21,8 @@ from clients.client_state import (
 )
 from clients.dp_trainer import PrivacySpend
 from fedps.config import PrivacyConfig, load_config
-from fedps.datasets import Dataset
 from fedps.errors import ConfigError
+from fedps.learning.datasets import Dataset
 
 IDENTITY = "client-3"
 DATA = "ab" * 32

@@ -26,21 +26,20 @@ from clients.dp_trainer import (
 )
 from clients.edge_client import EdgeClient, PreparedPush
 from crypto.randomness import SeededRandom
-from fedps.accounting import calibrate_noise
-from fedps.blocks import BlockLayout, flatten_model
 from fedps.config import FedPSConfig, load_config
-from fedps.coordinator_messages import (
+from fedps.errors import ConfigError, PeerUnavailableError, PrivacyBudgetExceededError
+from fedps.learning.accounting import calibrate_noise
+from fedps.learning.datasets import Dataset, load_dataset
+from fedps.learning.models import create_model
+from fedps.learning.tasks import ClientData, Task
+from fedps.rpc.coordinator_messages import (
+    Assignment,
+    AssignmentQuery,
     ClientRegistration,
     RegistrationReply,
-    Task,
-    TaskQuery,
     UpdateReport,
 )
-from fedps.datasets import Dataset, load_dataset
-from fedps.errors import ConfigError, PeerUnavailableError, PrivacyBudgetExceededError
-from fedps.models import create_model
-from fedps.tasks import ClientData
-from fedps.tasks import Task as UserTask
+from fedps.sharding.blocks import BlockLayout, flatten_model
 
 ROUNDS = 3
 TARGET_EPSILON = 2.0
@@ -352,11 +351,11 @@ class _RecordingUplink:
         self.registrations.append(registration)
         return RegistrationReply("client-1", "run", "", {}, 0, 0, 0)
 
-    def get_task(self, query: TaskQuery, *, retry_s: float | None = None) -> Task:
+    def get_task(self, query: AssignmentQuery, *, retry_s: float | None = None) -> Assignment:
         if self.down:
             raise PeerUnavailableError("get task: coordinator down")
         self.announced.append(query.epsilon)
-        return Task("wait", 0, 0)
+        return Assignment("wait", 0, 0)
 
     def report_update(self, report: UpdateReport, *, retry_s: float | None = None) -> None:
         self.reports.append((report.round, report.budget_exhausted))
@@ -369,26 +368,33 @@ class _OfflineClient(EdgeClient):
     """An edge client with no servers: pulls a fixed model, pushes nothing, and keeps what it
     would have told the coordinator (:attr:`sent`)."""
 
-    def __init__(self, config: FedPSConfig, *, index: int, state_dir: Path) -> None:
-        self.sent = _RecordingUplink()
-        super().__init__(config, index=index, state_dir=state_dir, uplink=self.sent)
-        session = self.session  # as if joined: no encryption, no key holder key
-        session._params = _FixedParams(flatten_model(self.trainer.model))  # type: ignore[assignment]
-        session._layout = BlockLayout(self.num_params, self.num_params)
+    sent: _RecordingUplink
+
+    @classmethod
+    def offline(cls, config: FedPSConfig, *, index: int, state_dir: Path) -> _OfflineClient:
+        sent = _RecordingUplink()
+        client = cls.open(config, index=index, state_dir=state_dir, uplink=sent)
+        client.sent = sent
+        session = client.session  # as if joined: no encryption, no key holder key
+        session._params = _FixedParams(flatten_model(client.trainer.model))  # type: ignore[assignment]
+        session._layout = BlockLayout(client.num_params, client.num_params)
+        return client
 
     def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
         return None
 
     def train(self, round_: int, weight_scale: float = 1.0) -> bool:
         """Run the client's round ``round_`` as if the coordinator asked for it."""
-        return self.run_task(Task("train", round_, 0, weight_scale=weight_scale))
+        return self.run_task(Assignment("train", round_, 0, weight_scale=weight_scale))
 
 
 def _weight_after_one_round(
     config: FedPSConfig, index: int, weight_scale: float, state_root: Path
 ) -> float:
     """An edge client's aggregation weight after one round, with no servers."""
-    client = _OfflineClient(config, index=index, state_dir=Path(tempfile.mkdtemp(dir=state_root)))
+    client = _OfflineClient.offline(
+        config, index=index, state_dir=Path(tempfile.mkdtemp(dir=state_root))
+    )
     assert client.train(1, weight_scale)
     client.close()
     return client.weight
@@ -527,7 +533,9 @@ def test_edge_client_records_the_round_before_it_trains(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Prepare: watch the ledger file when training starts
-    client = _OfflineClient(_config(target_epsilon=TARGET_EPSILON), index=0, state_dir=tmp_path)
+    client = _OfflineClient.offline(
+        _config(target_epsilon=TARGET_EPSILON), index=0, state_dir=tmp_path
+    )
     train_round = client.trainer.train_round
     on_disk: list[list[list[float]]] = []
 
@@ -553,7 +561,9 @@ def test_a_round_the_coordinator_cannot_hear_of_is_recorded_once_and_not_trained
     tmp_path: Path,
 ) -> None:
     # Prepare: the coordinator is unreachable when the client announces its spend
-    client = _OfflineClient(_config(target_epsilon=TARGET_EPSILON), index=0, state_dir=tmp_path)
+    client = _OfflineClient.offline(
+        _config(target_epsilon=TARGET_EPSILON), index=0, state_dir=tmp_path
+    )
     client.sent.down = True
 
     # Execute: asked twice for the round
@@ -571,14 +581,14 @@ def test_a_round_the_coordinator_cannot_hear_of_is_recorded_once_and_not_trained
 def test_restarted_edge_client_resumes_its_budget(tmp_path: Path) -> None:
     # Prepare: a client spends two of its three rounds, then its process ends
     config = _config(target_epsilon=TARGET_EPSILON)
-    first = _OfflineClient(config, index=1, state_dir=tmp_path)
+    first = _OfflineClient.offline(config, index=1, state_dir=tmp_path)
     assert first.train(1) and first.train(2)
     spent = first.trainer.epsilon()
     key = first.signing_key
     first.close()
 
     # Execute: a new client on the same folder
-    second = _OfflineClient(config, index=1, state_dir=tmp_path)
+    second = _OfflineClient.offline(config, index=1, state_dir=tmp_path)
     resumed = (second.recorded.epsilon, second.trainer.epsilon())
     trained = second.train(3)
     refused = not second.train(4)
@@ -595,11 +605,11 @@ def test_restarted_edge_client_resumes_its_budget(tmp_path: Path) -> None:
 def test_restarted_edge_client_registers_with_its_recorded_epsilon(tmp_path: Path) -> None:
     # Prepare: a client trained a round, then its process ended
     config = _config(target_epsilon=TARGET_EPSILON)
-    first = _OfflineClient(config, index=1, state_dir=tmp_path)
+    first = _OfflineClient.offline(config, index=1, state_dir=tmp_path)
     assert first.train(1)
     spent = first.recorded.epsilon
     first.close()
-    second = _OfflineClient(config, index=1, state_dir=tmp_path)
+    second = _OfflineClient.offline(config, index=1, state_dir=tmp_path)
 
     # Execute
     second.session.register(timeout_s=1.0)
@@ -641,14 +651,14 @@ def test_opacus_takes_its_noise_and_batches_from_the_source(data: Dataset) -> No
     assert trainer.module.grad_accumulation_allowed is False  # Poisson: one pass per step
 
 
-def _normed_task(model: Callable[[], torch.nn.Module]) -> UserTask:
+def _normed_task(model: Callable[[], torch.nn.Module]) -> Task:
     """A task on 40 rows of digits whose model is ``model``."""
 
     def load_data(client: ClientData) -> Dataset:
         train, _ = load_dataset("digits")
         return Dataset(train.x[:40], train.y[:40], train.num_classes, "digits/40")
 
-    return UserTask(name="normed", model=model, load_data=load_data)
+    return Task(name="normed", model=model, load_data=load_data)
 
 
 def _batch_normed() -> torch.nn.Module:
@@ -665,7 +675,7 @@ def test_a_task_model_with_batchnorm_is_refused_at_client_start_with_the_fix(
 
     # Execute / Assert: the layer is named, and ModuleValidator.fix as the way out
     with pytest.raises(ConfigError) as refused:
-        EdgeClient(config, index=0, state_dir=tmp_path, task=_normed_task(_batch_normed))
+        EdgeClient.open(config, index=0, state_dir=tmp_path, task=_normed_task(_batch_normed))
     message = str(refused.value)
     assert "task 'normed'" in message
     assert "layer '1' (BatchNorm1d): BatchNorm cannot support training with" in message
@@ -678,7 +688,7 @@ def test_the_fixed_task_model_trains(tmp_path: Path) -> None:
     task = _normed_task(lambda: ModuleValidator.fix(_batch_normed()))
 
     # Execute
-    client = EdgeClient(config, index=0, state_dir=tmp_path, task=task)
+    client = EdgeClient.open(config, index=0, state_dir=tmp_path, task=task)
     params = flatten_model(client.trainer.model)
     update = client.trainer.train_round(params)
     client.close()

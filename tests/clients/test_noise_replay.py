@@ -17,9 +17,9 @@ import pytest
 
 from clients.dp_trainer import DPTrainer
 from clients.edge_client import client_partition
-from fedps.blocks import flatten_model
 from fedps.config import FedPSConfig, load_config
-from fedps.models import create_model
+from fedps.learning.models import create_model
+from fedps.sharding.blocks import flatten_model
 
 pytestmark = pytest.mark.privacy
 

@@ -26,7 +26,14 @@ from fedps.errors import (
     PeerUnavailableError,
     UnauthenticatedError,
 )
-from fedps.transport import ERROR_CLASS_KEY, ERROR_STATUS, bind, call, create_channel, create_server
+from fedps.rpc.transport import (
+    ERROR_CLASS_KEY,
+    ERROR_STATUS,
+    bind,
+    call,
+    create_channel,
+    create_server,
+)
 
 _SERVICE = "probe.Probe"
 

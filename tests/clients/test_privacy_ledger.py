@@ -13,8 +13,8 @@ from clients.client_state import ClientState
 from clients.dp_trainer import ClientLevelTrainer, Trainer, create_trainer
 from clients.privacy_ledger import EXTERNAL_DATA, PrivacyLedger
 from fedps.config import FedPSConfig, load_config
-from fedps.datasets import Dataset, load_dataset
-from fedps.models import create_model
+from fedps.learning.datasets import Dataset, load_dataset
+from fedps.learning.models import create_model
 
 DATA = "a" * 64  # a fingerprint's format
 OTHER_DATA = "b" * 64

@@ -15,7 +15,7 @@ import pytest
 
 from clients.update_pipeline import PreparedPush
 from crypto import BlockEncryptor
-from fedps.coordinator_messages import Task
+from fedps.rpc.coordinator_messages import Assignment
 from tests.clients.client_parts import ClientParts, client_parts
 from tests.conftest import Cluster, start_cluster
 from tests.round_driver import HandClient, RoundDriver, TaskPoller
@@ -66,8 +66,8 @@ def test_an_update_reaches_each_owning_shard_and_a_resend_counts_once(tmp_path: 
         # Execute: push; asked again for round 1 (a coordinator that missed the report), and
         # for round 2, in which nothing was committed
         sent = pusher.send(prepared)
-        again = pusher.resend(Task("push", 1, 0))
-        other = pusher.resend(Task("push", 2, 0, retry_after=0.0))
+        again = pusher.resend(Assignment("push", 1, 0))
+        other = pusher.resend(Assignment("push", 2, 0, retry_after=0.0))
         complete = driver.close(1)
         reply = driver.apply(1, 0, [hand])
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from clients.edge_client import ClientSummary, RoundProgress
-from fedps.cli.deployment import write_config
+from fedps.runtime.deployment import write_config
 from tests.conftest import start_cluster
 from tests.waiting import HANG_S
 

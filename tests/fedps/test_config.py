@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fedps.cli.deployment import write_config
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import ConfigError
+from fedps.runtime.deployment import write_config
 
 
 def _write(tmp_path: Path, text: str) -> Path:

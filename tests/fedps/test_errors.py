@@ -1,4 +1,4 @@
-"""The error table both ways (fedps/errors.py, fedps/transport.py): every error class of ours
+"""The error table both ways (fedps/errors.py, fedps/rpc/transport.py): every error class of ours
 that crosses the wire comes back as the same class with the same message, through a real gRPC
 server on loopback."""
 
@@ -15,7 +15,7 @@ import pytest
 
 import fedps.errors
 from fedps.errors import FedPSError, InvalidArgumentError, PolicyError
-from fedps.transport import (
+from fedps.rpc.transport import (
     ERROR_CLASS_KEY,
     ERROR_STATUS,
     STATUS_CLASS,
@@ -28,10 +28,19 @@ from fedps.transport import (
 )
 
 _ROOT = Path(__file__).resolve().parents[2]
-# The code a servicer runs: the roles' handlers and what they use (not the CLI's tools, not
+# The code a servicer runs: the roles' handlers and what they use (not the commands and the layers
+# that compose the roles (runtime, experiments, bench, dashboard), not
 # Flower interop, not generated code).
 _SERVICER_CODE = ("server", "fedps", "crypto")
-_NOT_SERVICER_CODE = ("server/flower", "fedps/cli", "fedps/proto")
+_NOT_SERVICER_CODE = (
+    "server/flower",
+    "fedps/cli",
+    "fedps/runtime",
+    "fedps/experiments",
+    "fedps/bench",
+    "fedps/dashboard",
+    "fedps/proto",
+)
 _SERVICE = "fedps.test.Errors"
 
 

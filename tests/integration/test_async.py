@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from clients.edge_client import EdgeClient
-from fedps.blocks import group_mask
 from fedps.errors import InvalidArgumentError
-from fedps.models import create_model
+from fedps.learning.models import create_model
+from fedps.learning.staleness import create_staleness, multiplier
 from fedps.proto import shard_pb2, shard_pb2_grpc
-from fedps.staleness import create_staleness, multiplier
-from fedps.transport import create_channel
+from fedps.rpc.transport import create_channel
+from fedps.sharding.blocks import group_mask
 from server.keyholder.keyholder import RoundResult
 from tests.conftest import Cluster, run_clients, start_cluster
 from tests.round_driver import HandClient, RoundDriver
@@ -115,7 +115,7 @@ def test_buffer_never_flushes_below_k_and_training_runs(tmp_path: Path) -> None:
     # Prepare: K = 3 of 3 clients; only two clients run at first
     cluster = start_cluster(tmp_path, training={**ASYNC, "rounds": 2, "max_staleness": 4})
     try:
-        clients = [EdgeClient(cluster.config, index=i) for i in range(3)]
+        clients = [EdgeClient.open(cluster.config, index=i) for i in range(3)]
         early = threading.Thread(
             target=run_clients,
             args=(clients[:2],),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fedps.cli.deployment import Deployment
+from fedps.runtime.deployment import Deployment
 from tests.conftest import RecordingClient, run_clients
 from tests.process_cluster import (
     HANG_S,
@@ -66,7 +66,7 @@ def test_sigkill_a_server_mid_round_loses_nothing(tmp_path: Path, trial: int) ->
     log: list[str] = []
     try:
         start_servers(deployment)
-        clients = [RecordingClient(config, index=i) for i in range(CLIENTS)]
+        clients = [RecordingClient.open(config, index=i) for i in range(CLIENTS)]
         killer = threading.Thread(
             target=_kill_and_restart, args=(deployment, victim, round_, delay_s, log)
         )

@@ -13,7 +13,7 @@ import pytest
 from clients.edge_client import EdgeClient
 from fedps.config import load_config
 from fedps.errors import InvalidArgumentError
-from fedps.tasks import Task, load_task, register_task, task_names
+from fedps.learning.tasks import Task, load_task, register_task, task_names
 from tests.conftest import run_clients, start_cluster, start_coordinator
 
 pytestmark = [pytest.mark.integration]
@@ -36,7 +36,7 @@ def _train(tmp_path: Path, *, client_eval: bool) -> list[dict[str, float]]:
         task={"app": TASK, "client_eval": client_eval},
     )
     try:
-        clients = [EdgeClient(cluster.config, index=i) for i in range(CLIENTS)]
+        clients = [EdgeClient.open(cluster.config, index=i) for i in range(CLIENTS)]
         coordinator = start_coordinator(cluster)
         run_clients(clients)
         return [r.metrics for r in coordinator.history]

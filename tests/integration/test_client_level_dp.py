@@ -10,7 +10,8 @@ import pytest
 
 from clients.edge_client import ClientSummary, EdgeClient, PreparedPush
 from clients.simulation import SimulatedDevice
-from fedps.accounting import epsilon, epsilon_of_history
+from fedps.config import FedPSConfig
+from fedps.learning.accounting import epsilon, epsilon_of_history
 from server.keyholder.keyholder import RoundResult
 from tests.conftest import run_clients, start_cluster, start_coordinator
 from tests.round_driver import HandClient, RoundDriver
@@ -27,8 +28,8 @@ TARGET_EPSILON = 50.0
 class RecordingClient(EdgeClient):
     """A real client that also keeps the weight and (noised) update it encrypted."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, config: FedPSConfig, **parts: Any) -> None:
+        super().__init__(config, **parts)
         self.sent: dict[int, tuple[float, np.ndarray]] = {}
 
     def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
@@ -44,7 +45,7 @@ def test_client_level_training_learns_within_budget(tmp_path: Path) -> None:
         privacy={"level": "client", "target_epsilon": TARGET_EPSILON, "clip_norm": 0.5},
     )
     try:
-        clients = [RecordingClient(cluster.config, index=i) for i in range(CLIENTS)]
+        clients = [RecordingClient.open(cluster.config, index=i) for i in range(CLIENTS)]
         initial = cluster.coordinator.evaluator.initial_vector()
 
         # Execute
@@ -179,7 +180,7 @@ def test_epsilon_with_dropouts_is_the_epsilon_of_the_released_models(tmp_path: P
 
         keyholder.apply_round = recording  # type: ignore[method-assign]
         clients = [
-            EdgeClient(
+            EdgeClient.open(
                 cluster.config, index=i, mods=[SimulatedDevice(cluster.config.training, index=i)]
             )
             for i in range(DROPOUT_CLIENTS)
@@ -233,7 +234,7 @@ def test_every_client_counts_every_global_round_drawn_for_or_not(tmp_path: Path)
         privacy={"level": "client", "noise_multiplier": 2.0, "clip_norm": 0.5},
     )
     try:
-        clients = [EdgeClient(cluster.config, index=i) for i in range(4)]
+        clients = [EdgeClient.open(cluster.config, index=i) for i in range(4)]
 
         # Execute
         run_clients(clients)

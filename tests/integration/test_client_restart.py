@@ -23,7 +23,7 @@ from typing import IO
 import pytest
 
 from clients.client_state import LEDGER_FILE
-from fedps.cli.deployment import write_config
+from fedps.runtime.deployment import write_config
 from server.coordinator.coordinator import Coordinator
 from tests.conftest import start_cluster
 from tests.waiting import HANG_S, wait_for

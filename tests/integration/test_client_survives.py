@@ -36,7 +36,7 @@ from fedps.errors import (
     UnauthenticatedError,
 )
 from fedps.proto import coordinator_pb2, keyholder_pb2, shard_pb2
-from fedps.transport import ERROR_CLASS_KEY, ERROR_STATUS
+from fedps.rpc.transport import ERROR_CLASS_KEY, ERROR_STATUS
 from server.coordinator.coordinator_servicer import CoordinatorServicer
 from server.keyholder.keyholder_servicer import KeyHolderServicer
 from server.shard.shard_servicer import ShardServicer
@@ -221,8 +221,8 @@ def test_a_client_outlives_every_answer_of_its_peers(
     }
     cluster = start_cluster(tmp_path, training=training)
     progress: list[RoundProgress] = []
-    victim = EdgeClient(cluster.config, index=0, peer_wait_s=0.2, on_round=progress.append)
-    colluder = EdgeClient(cluster.config, index=1)
+    victim = EdgeClient.open(cluster.config, index=0, peer_wait_s=0.2, on_round=progress.append)
+    colluder = EdgeClient.open(cluster.config, index=1)
     try:
         # Execute
         summaries = run_clients([victim, colluder], timeout_s=_HANG_S)

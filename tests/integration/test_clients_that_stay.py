@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from clients.edge_client import ClientSummary, EdgeClient
-from fedps.transport import bind, create_server
+from fedps.rpc.transport import bind, create_server
 from server.serve import add_keyholder, add_shard
 from tests.conftest import Cluster, run_clients, start_cluster, start_coordinator
 from tests.round_driver import TaskPoller
@@ -65,7 +65,7 @@ def test_clients_train_on_through_a_full_cluster_restart(tmp_path: Path) -> None
     # Prepare: four rounds, a checkpoint every round; two clients
     training = {"rounds": 4, "clients": 2, "min_quorum": 2, "checkpoint_every": 1}
     cluster = start_cluster(tmp_path, training=training)
-    clients = [EdgeClient(cluster.config, index=i) for i in range(2)]
+    clients = [EdgeClient.open(cluster.config, index=i) for i in range(2)]
     restarted = threading.Event()
     first = cluster.coordinator
 
@@ -116,7 +116,7 @@ def test_clients_outlast_a_key_holder_whose_disk_is_full(tmp_path: Path) -> None
     board.commit = full_disk  # type: ignore[method-assign]
     try:
         # Execute
-        summaries = run_clients([EdgeClient(cluster.config, index=i) for i in range(2)], 300)
+        summaries = run_clients([EdgeClient.open(cluster.config, index=i) for i in range(2)], 300)
 
         # Assert: no client died; every round was applied with both clients
         assert len(failures) == 3

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fedps.accounting import client_level_noise
 from fedps.errors import RoundClosedError
+from fedps.learning.accounting import client_level_noise
 from tests.conftest import Cluster, start_cluster
 from tests.round_driver import TaskPoller
 

@@ -8,7 +8,7 @@ import pytest
 from crypto.enrolment import read_token
 from crypto.signing import BlockSigner
 from fedps.proto import coordinator_pb2, coordinator_pb2_grpc
-from fedps.transport import create_channel
+from fedps.rpc.transport import create_channel
 from tests.conftest import Cluster
 
 pytestmark = pytest.mark.integration

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from clients.edge_client import ClientSummary, EdgeClient
-from fedps.cli.deployment import local_cluster, write_config
 from fedps.config import FedPSConfig, load_config, read_toml
+from fedps.runtime.deployment import local_cluster, write_config
 from tests.conftest import run_clients, start_cluster, start_coordinator
 from tests.role_processes import HANG_S, run_fedps, start_fedps
 from tests.waiting import wait_for
@@ -188,7 +188,7 @@ def test_wine_regression_reports_its_own_metric(tmp_path: Path) -> None:
     baseline = float(np.abs(test_rows[:, 0] - train_rows[:, 0].mean()).mean())
     try:
         clients = [
-            EdgeClient(cluster.config, index=k, data=project / "data" / f"client{k}.csv")
+            EdgeClient.open(cluster.config, index=k, data=project / "data" / f"client{k}.csv")
             for k in range(CLIENTS)
         ]
         coordinator = start_coordinator(cluster)

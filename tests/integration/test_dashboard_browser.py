@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from fedps.cli.dashboard import RunLauncher, serve_dashboard
-from fedps.cli.deployment import local_cluster
+from fedps.dashboard import RunLauncher, serve_dashboard
+from fedps.runtime.deployment import local_cluster
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.integration]

@@ -18,9 +18,9 @@ import pytest
 from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner
 from fedps.errors import InvalidArgumentError, PolicyError, RoundClosedError, UnknownClientError
-from fedps.messages import Aggregate
 from fedps.proto import keyholder_pb2
-from fedps.transport import call
+from fedps.rpc.messages import Aggregate
+from fedps.rpc.transport import call
 from tests.conftest import Cluster
 from tests.round_driver import HandClient, RoundDriver, driven_cluster
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from fedps.cli.deployment import Deployment
 from fedps.config import FedPSConfig
-from fedps.coordinator_messages import ClusterStatus
+from fedps.rpc.coordinator_messages import ClusterStatus
+from fedps.runtime.deployment import Deployment
 from tests.conftest import RecordingClient, run_clients
 from tests.process_cluster import (
     HANG_S,
@@ -100,7 +100,7 @@ def _run(
     config = deployment.config
     try:
         _start_servers(deployment, faults or {})
-        clients = [RecordingClient(config, index=i) for i in range(CLIENTS)]
+        clients = [RecordingClient.open(config, index=i) for i in range(CLIENTS)]
         return _train(config, clients, during), clients
     finally:
         deployment.stop()
@@ -209,7 +209,7 @@ def test_a_client_sigkilled_and_restarted_loses_nothing(tmp_path: Path) -> None:
 
     try:
         _start_servers(deployment, {})
-        others = [RecordingClient(config, index=i) for i in range(1, CLIENTS)]
+        others = [RecordingClient.open(config, index=i) for i in range(1, CLIENTS)]
         first = client_process()
         restarted: list[subprocess.Popen[bytes]] = []
 
@@ -253,7 +253,7 @@ def test_a_damaged_state_file_stops_its_role_with_one_line(tmp_path: Path) -> No
     deployment = Deployment(path, config)
     try:
         _start_servers(deployment, {})
-        run_clients([RecordingClient(config, index=i) for i in range(CLIENTS)], HANG_S)
+        run_clients([RecordingClient.open(config, index=i) for i in range(CLIENTS)], HANG_S)
         wait_for_round(config, 1, finished=True)
     finally:
         deployment.stop()

@@ -25,7 +25,7 @@ from flwr.serverapp.strategy import Result
 from clients.flower.flower_client import FlowerClient, create_client_app
 from clients.train_step import TrainFn, TrainStep
 from crypto.signing import BlockSigner
-from fedps.cli.flower_bench import simulate
+from fedps.bench.flower_bench import simulate
 from fedps.config import FedPSConfig
 from server.flower.flower_strategy import FlowerStrategy
 from tests.conftest import start_cluster

@@ -28,9 +28,9 @@ from flwr.serverapp.strategy import Result
 from sklearn.datasets import load_digits
 
 from clients.flower.fedps_mod import FedPSMod
-from fedps.cli.flower_bench import simulate
+from fedps.bench.flower_bench import simulate
 from fedps.config import FedPSConfig
-from fedps.tasks import Task, register_task, task_names
+from fedps.learning.tasks import Task, register_task, task_names
 from server.flower.flower_strategy import FlowerStrategy
 from server.flower.in_process_grid import InProcessGrid
 from tests.conftest import Cluster, start_cluster

@@ -14,9 +14,9 @@ import pytest
 from crypto import BlockEncryptor, bitpack
 from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner
-from fedps.cli.deployment import free_port
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
-from fedps.transport import MAX_MESSAGE_BYTES, create_channel
+from fedps.rpc.transport import MAX_MESSAGE_BYTES, create_channel
+from fedps.runtime.deployment import free_port
 from tests.conftest import Cluster, start_cluster
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ Issue 14's acceptance (d) and (e), against real servers on loopback, in sync and
     without a client certificate, nor with a certificate from another CA.
 
 Mutual TLS is process-wide, so the default-configuration cluster runs as separate processes
-(``fedps.cli.deployment.Deployment``, as ``fedps up`` starts it); this test process calls it
+(``fedps.runtime.deployment.Deployment``, as ``fedps up`` starts it); this test process calls it
 through channels that carry one identity each. The token tests use the in-process harness,
 which runs without TLS.
 """
@@ -37,8 +37,8 @@ from crypto.tls import (
     issue_certificate,
     make_ca,
 )
-from fedps.cli.deployment import Deployment, local_cluster, write_config
 from fedps.config import FedPSConfig, load_config
+from fedps.learning.tasks import load_task
 from fedps.proto import (
     common_pb2,
     coordinator_pb2,
@@ -48,8 +48,8 @@ from fedps.proto import (
     shard_pb2_grpc,
 )
 from fedps.provisioning import provision_cluster
-from fedps.tasks import load_task
-from fedps.transport import channel_credentials
+from fedps.rpc.transport import channel_credentials
+from fedps.runtime.deployment import Deployment, local_cluster, write_config
 from server.coordinator.evaluator import Evaluator
 from tests.conftest import Cluster, start_cluster
 from tests.process_cluster import start_servers

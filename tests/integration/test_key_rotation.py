@@ -12,14 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from clients.edge_client import PreparedPush
 from clients.train_step import TrainFn, TrainStep
+from fedps.config import FedPSConfig
 from fedps.errors import InvalidArgumentError, RoundClosedError
-from fedps.transport import bind, create_server
+from fedps.rpc.transport import bind, create_server
 from server.keyholder.keyholder import KeyHolder
 from server.serve import add_keyholder
 from tests.conftest import Cluster, RecordingClient, run_clients, start_cluster
@@ -179,8 +181,8 @@ class _CommitRecorder(RecordingClient):
     """A real client that also keeps each update by the round it was committed to (async:
     a later buffer than the one it trained for, when it missed that one's freeze)."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, config: FedPSConfig, **parts: Any) -> None:
+        super().__init__(config, **parts)
         self.committed: dict[int, np.ndarray] = {}
 
     def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
@@ -222,7 +224,7 @@ def test_async_an_update_that_misses_its_buffer_is_encrypted_again_under_the_new
         return call_next(step, params)
 
     clients = [
-        _CommitRecorder(cluster.config, index=i, mods=[late if i == 2 else after_late])
+        _CommitRecorder.open(cluster.config, index=i, mods=[late if i == 2 else after_late])
         for i in range(3)
     ]
     initial = cluster.coordinator.evaluator.initial_vector()

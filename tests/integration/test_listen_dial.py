@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from fedps.cli import app
-from fedps.cli.deployment import Deployment, free_port, write_config
 from fedps.config import load_config
+from fedps.runtime.deployment import Deployment, free_port, write_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -27,7 +27,7 @@ from fedps.config import load_config
 from fedps.errors import ConfigError
 from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
 from fedps.provisioning import reset_tls, setup_tls
-from fedps.transport import (
+from fedps.rpc.transport import (
     bind,
     call,
     channel_credentials,

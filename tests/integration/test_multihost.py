@@ -32,9 +32,9 @@ from pathlib import Path
 import pytest
 
 from crypto.tls import OPERATOR_NAME, TlsIdentity, configure_tls
-from fedps.cli.deployment import write_config
 from fedps.config import load_config
 from fedps.provisioning import reset_tls
+from fedps.runtime.deployment import write_config
 from tests.conftest import coordinator_status, reached
 from tests.waiting import HANG_S, wait_for
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from clients.edge_client import EdgeClient
-from fedps.cli.deployment import free_port
+from fedps.runtime.deployment import free_port
 from tests.conftest import coordinator_status, run_clients, start_cluster
 from tests.server.test_metrics import names, samples
 
@@ -36,7 +36,7 @@ def test_each_role_exports_its_own_metrics_after_a_run(
     training = {"rounds": ROUNDS, "clients": 2, "min_quorum": 2, "deadline_s": 30.0, "lr": 0.3}
     cluster = start_cluster(tmp_path, num_shards=1, training=training, metrics=metrics)
     try:
-        clients = [EdgeClient(cluster.config, index=i) for i in range(2)]
+        clients = [EdgeClient.open(cluster.config, index=i) for i in range(2)]
         # Execute
         with caplog.at_level(logging.INFO, logger="fedps"):
             run_clients(clients)

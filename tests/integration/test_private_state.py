@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from clients.edge_client import EdgeClient
-from fedps.cli.deployment import Deployment, write_config
 from fedps.provisioning import issue_cluster_certificates
-from fedps.state_lock import StateLock
+from fedps.runtime.deployment import Deployment, write_config
+from fedps.storage.state_lock import StateLock
 from tests.conftest import run_clients, start_cluster
 from tests.waiting import HANG_S
 
@@ -54,7 +54,7 @@ def test_a_run_leaves_its_state_to_its_owner_alone(tmp_path: Path, loose_umask: 
         issue_cluster_certificates(config, certs)  # the CA and every party's certificate
         config_path = state / "fedps.toml"  # where `fedps.LocalCluster` writes it
         write_config(config, config_path)
-        clients = [EdgeClient(config, index=i) for i in range(config.training.clients)]
+        clients = [EdgeClient.open(config, index=i) for i in range(config.training.clients)]
 
         # Execute: one round, then the operator's `fedps status` (its log in STATE/logs)
         run_clients(clients)

@@ -15,10 +15,10 @@ import pytest
 from clients.edge_client import EdgeClient
 from clients.simulation import SimulatedDevice
 from crypto import _seal_io
-from fedps.cli.cluster_status import print_status
-from fedps.cli.deployment import write_config
 from fedps.errors import FedPSError
-from fedps.transport import bind, create_server
+from fedps.rpc.transport import bind, create_server
+from fedps.runtime.cluster_status import print_status
+from fedps.runtime.deployment import write_config
 from server.serve import add_keyholder, add_shard, open_coordinator
 from tests.conftest import Cluster, end_commits_once_committed, run_clients, start_cluster
 from tests.waiting import HANG_S, wait_for
@@ -61,7 +61,7 @@ def test_killed_client_does_not_stop_the_round(tmp_path: Path) -> None:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        survivors = [EdgeClient(cluster.config, index=i) for i in range(2)]
+        survivors = [EdgeClient.open(cluster.config, index=i) for i in range(2)]
         killer_done = threading.Event()
 
         def kill_when_round_opens() -> None:
@@ -90,7 +90,7 @@ def test_coordinator_restart_resumes_from_checkpoint(tmp_path: Path) -> None:
     # Prepare: two rounds, checkpoint every round
     training = {"rounds": 2, "clients": 2, "min_quorum": 2, "checkpoint_every": 1}
     cluster = start_cluster(tmp_path, training=training)
-    run_clients([EdgeClient(cluster.config, index=i) for i in range(2)])
+    run_clients([EdgeClient.open(cluster.config, index=i) for i in range(2)])
     model_after_2 = cluster.keyholder.params.copy()  # type: ignore[union-attr]
     cluster.coordinator.stop()
 
@@ -109,7 +109,9 @@ def test_coordinator_restart_resumes_from_checkpoint(tmp_path: Path) -> None:
 
 def test_no_secret_key_outside_the_key_holder(cluster: Cluster) -> None:
     # Prepare
-    clients = [EdgeClient(cluster.config, index=i) for i in range(cluster.config.training.clients)]
+    clients = [
+        EdgeClient.open(cluster.config, index=i) for i in range(cluster.config.training.clients)
+    ]
     run_clients(clients)
     secret = _seal_io.uncompressed_body(_seal_io.save_bytes(cluster.keyholder.keys._secret_key))
     key_dir = cluster.state_dir / "keyholder" / "keys"
@@ -152,7 +154,7 @@ def test_thirty_percent_dropout_still_trains_the_model(tmp_path: Path) -> None:
     cluster = start_cluster(tmp_path, training={"dropout": 0.3, "deadline_s": 3.0})
     try:
         clients = [
-            EdgeClient(
+            EdgeClient.open(
                 cluster.config, index=i, mods=[SimulatedDevice(cluster.config.training, index=i)]
             )
             for i in range(4)
@@ -176,7 +178,7 @@ def test_status_shows_a_killed_shard_down_then_up_after_restart(
     # Prepare: a running cluster with a published model
     cluster = start_cluster(tmp_path, training={"rounds": 1, "clients": 2, "min_quorum": 2})
     try:
-        run_clients([EdgeClient(cluster.config, index=i) for i in range(2)])
+        run_clients([EdgeClient.open(cluster.config, index=i) for i in range(2)])
         address = cluster.config.cluster.shards[1]
         # Execute: shard-1 dies; then a new process of it starts on the same address
         cluster.servers["shard-1"].stop(grace=None)

@@ -10,7 +10,7 @@ import pytest
 from clients.edge_client import EdgeClient
 from crypto.signing import model_verifier
 from fedps.errors import InvalidArgumentError
-from fedps.parameter_client import ParameterClient
+from fedps.rpc.model_reader import ModelReader
 from tests.conftest import Cluster
 from tests.waiting import HANG_S, wait_for
 
@@ -28,7 +28,7 @@ def test_pull_verifies_every_block_signature(cluster: Cluster) -> None:
     kh = cluster.keyholder
     layout = kh.layout
     shards = dict(zip(cluster.config.cluster.shard_ids, cluster.config.cluster.shards, strict=True))
-    client = ParameterClient(shards)
+    client = ModelReader(shards)
     # Execute: an honest pull verifies
     vector, _ = client.pull(layout, verify=model_verifier(kh.signer.public_key))
     np.testing.assert_allclose(vector, cast(np.ndarray, kh.params), atol=1e-6)
@@ -45,7 +45,7 @@ def test_client_refuses_a_key_holder_that_is_not_the_pinned_one(cluster: Cluster
     # Prepare: pin some other key
     security = cluster.config.security.model_copy(update={"keyholder_key": "ab" * 32})
     config = cluster.config.model_copy(update={"security": security})
-    client = EdgeClient(config, index=0)
+    client = EdgeClient.open(config, index=0)
     # Execute / Assert
     with pytest.raises(InvalidArgumentError, match="pinned"):
         client.run(timeout_s=HANG_S)

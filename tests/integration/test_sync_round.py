@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 def test_applied_model_equals_plaintext_fedavg(cluster: Cluster) -> None:
     # Prepare
     config = cluster.config
-    clients = [RecordingClient(config, index=i) for i in range(config.training.clients)]
+    clients = [RecordingClient.open(config, index=i) for i in range(config.training.clients)]
     initial = cluster.coordinator.evaluator.initial_vector()
 
     # Execute
@@ -46,7 +46,7 @@ def test_encryption_off_baseline_trains_the_same_way(tmp_path: Path) -> None:
         tmp_path, training={"rounds": 1, "clients": 2, "min_quorum": 2}, he={"enabled": False}
     )
     try:
-        clients = [RecordingClient(cluster.config, index=i) for i in range(2)]
+        clients = [RecordingClient.open(cluster.config, index=i) for i in range(2)]
         initial = cluster.coordinator.evaluator.initial_vector()
         # Execute
         run_clients(clients)
@@ -70,7 +70,7 @@ def test_client_refuses_a_downgrade_to_plaintext(tmp_path: Path) -> None:
         secure = cluster.config.model_copy(
             update={"he": cluster.config.he.model_copy(update={"enabled": True})}
         )
-        client = EdgeClient(secure, index=0)
+        client = EdgeClient.open(secure, index=0)
         # Execute / Assert
         with pytest.raises(InvalidArgumentError, match="no encryption"):
             client.run(timeout_s=HANG_S)
@@ -89,7 +89,7 @@ def test_key_rotation_every_round_keeps_training_exact(tmp_path: Path) -> None:
     )
     try:
         first_context = cluster.keyholder.keys.public.context_id
-        clients = [RecordingClient(cluster.config, index=i) for i in range(2)]
+        clients = [RecordingClient.open(cluster.config, index=i) for i in range(2)]
         initial = cluster.coordinator.evaluator.initial_vector()
         # Execute
         run_clients(clients)

@@ -13,7 +13,7 @@ import pytest
 from crypto import PublicContext
 from crypto.signed_update import SignedUpdate
 from fedps.errors import PolicyError
-from fedps.messages import Aggregate
+from fedps.rpc.messages import Aggregate
 from server.keyholder.keyholder import KeyHolder
 from server.shard.shard import Shard
 from tests.conftest import Cluster, start_cluster

@@ -22,7 +22,6 @@ import pytest
 from crypto import CiphertextSum, PublicContext, unpack_block
 from crypto.signed_update import SignedUpdate
 from crypto.sketch import Challenge
-from fedps.cli.cluster_status import print_status
 from fedps.errors import (
     FedPSError,
     InvalidArgumentError,
@@ -30,9 +29,10 @@ from fedps.errors import (
     QuarantinedError,
     RoundClosedError,
 )
-from fedps.messages import Aggregate, Contribution, signed_update_from_proto
+from fedps.learning.staleness import create_staleness, multiplier
 from fedps.proto import common_pb2
-from fedps.staleness import create_staleness, multiplier
+from fedps.rpc.messages import Aggregate, Contribution, signed_update_from_proto
+from fedps.runtime.cluster_status import print_status
 from server.keyholder.aggregate_verifier import AggregateVerifier, TamperingError
 from server.keyholder.commit_board import Commitment, CommitPhase
 from tests.conftest import start_cluster

@@ -21,8 +21,8 @@ import pytest
 
 from crypto import bitpack, unpack_block
 from crypto.canary import CanaryOpening
-from fedps.messages import Aggregate
-from fedps.shard_messages import HeldCiphertext, OpenedBlock, TraceQuery
+from fedps.rpc.messages import Aggregate
+from fedps.rpc.shard_messages import HeldCiphertext, OpenedBlock, TraceQuery
 from tests.round_driver import HandClient
 from tests.security.arena import VERSION, Arena
 

@@ -18,8 +18,8 @@ import pytest
 from crypto import bitpack, unpack_block
 from crypto.params import CANARIES
 from fedps.errors import PolicyError
-from fedps.messages import Aggregate
-from fedps.staleness import multiplier
+from fedps.learning.staleness import multiplier
+from fedps.rpc.messages import Aggregate
 from tests.round_driver import HandClient
 from tests.security.arena import VERSION, Arena
 

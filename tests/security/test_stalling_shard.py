@@ -24,14 +24,14 @@ import numpy as np
 import pytest
 
 from clients.edge_client import ClientSummary, EdgeClient
-from fedps.cli.cluster_status import print_status
-from fedps.cli.dashboard import StatusCollector
-from fedps.cli.deployment import free_port
-from fedps.coordinator_client import CoordinatorClient
+from fedps.dashboard import StatusCollector
 from fedps.errors import PeerUnavailableError, ShardStalledError
-from fedps.keyholder_client import KeyHolderClient
-from fedps.keyholder_messages import ModelState
-from fedps.transport import bind, create_server
+from fedps.rpc.coordinator_stub import CoordinatorStub
+from fedps.rpc.keyholder_messages import ModelState
+from fedps.rpc.keyholder_stub import KeyHolderStub
+from fedps.rpc.transport import bind, create_server
+from fedps.runtime.cluster_status import print_status
+from fedps.runtime.deployment import free_port
 from server.coordinator.coordinator import Coordinator
 from server.serve import add_coordinator
 from server.shard.shard_servicer import ShardServicer
@@ -112,7 +112,7 @@ def test_the_key_holder_names_a_shard_that_holds_its_fetch_open(
             for i in range(3)
         ]
         driver.committed_round(1, VERSION, clients)
-        keyholder = KeyHolderClient(cluster.config.cluster.keyholder)
+        keyholder = KeyHolderStub(cluster.config.cluster.keyholder)
 
         # Execute: the coordinator's part, until the key holder names the shard
         refusal = _ask_until_refused(driver, clients)
@@ -221,13 +221,13 @@ def test_a_stalling_shard_stops_the_run_with_one_line_that_names_it(
     try:
         with caplog.at_level(logging.INFO, logger="fedps"):
             # Execute: the clients train and push round 1; shard-1 stalls it
-            clients = _Clients([EdgeClient(cluster.config, index=i) for i in range(2)])
+            clients = _Clients([EdgeClient.open(cluster.config, index=i) for i in range(2)])
             wait_for(lambda: bool(_stop_lines(caplog)), "the run to stop", hang_s=_HANG_S)
             exited = clients.exited()
             print_status(cluster.config)
             snapshot = StatusCollector(cluster.config).poll_once()
-            status = CoordinatorClient(cluster.config.cluster.coordinator).get_status()
-            state = KeyHolderClient(cluster.config.cluster.keyholder).get_model_state()
+            status = CoordinatorStub(cluster.config.cluster.coordinator).get_status()
+            state = KeyHolderStub(cluster.config.cluster.keyholder).get_model_state()
             scraped = _scrape(metrics[counter])
             history = list(cluster.coordinator.history)
             held = stall.held

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fedps.config import load_config
-from fedps.shard_client import ShardClient
+from fedps.rpc.shard_stub import ShardStub
 from tests.conftest import start_cluster
 from tests.role_processes import (
     HANG_S,
@@ -67,7 +67,7 @@ def _second_shard_is_refused(tmp_path: Path, first_config: Path, second_config: 
         assert second.returncode == 2, second.stderr
         assert "Traceback" not in second.stderr
         assert first.poll() is None
-        shard = ShardClient(shard_id, address)
+        shard = ShardStub(shard_id, address)
         try:
             assert shard.get_status(timeout_s=30).version == 0
         finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedps.tasks import ClientData
+from fedps import ClientData
 from wine_task.files import HELD_OUT, own_file, read_table, standardised
 
 FEATURES = 13

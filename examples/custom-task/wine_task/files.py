@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedps.tasks import ClientData
+from fedps import ClientData
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 HELD_OUT = DATA / "test.csv"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedps.tasks import ClientData
+from fedps import ClientData
 from wine_task.files import HELD_OUT, own_file, read_table, standardised
 
 TYPICAL_ALCOHOL = 13.0  # % vol: the model learns the difference from it

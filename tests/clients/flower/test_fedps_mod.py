@@ -14,9 +14,9 @@ from flwr.clientapp import ClientApp
 
 from clients.flower.fedps_mod import FedPSMod
 from clients.flower.wrapped_trainer import WrappedTrainer
-from fedps.blocks import flatten_model
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import ConfigError
+from fedps.sharding.blocks import flatten_model
 from server.flower.in_process_grid import InProcessGrid
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from clients.flower.flower_client import StrategyMessages
-from fedps.coordinator_messages import TaskQuery, UpdateReport
 from fedps.errors import InvalidArgumentError
+from fedps.rpc.coordinator_messages import AssignmentQuery, UpdateReport
 
 
 def test_a_flower_node_asks_no_coordinator_for_tasks() -> None:
@@ -15,7 +15,7 @@ def test_a_flower_node_asks_no_coordinator_for_tasks() -> None:
 
     # Execute / Assert: each refuses with the reason, and closing it closes nothing
     with pytest.raises(InvalidArgumentError, match="strategy's messages"):
-        uplink.get_task(TaskQuery("client-0", 0.0, 1e-5))
+        uplink.get_task(AssignmentQuery("client-0", 0.0, 1e-5))
     with pytest.raises(InvalidArgumentError, match="strategy's messages"):
         uplink.report_update(UpdateReport(client_id="client-0", round=1))
     uplink.close()

@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 
 from crypto.enrolment import issue_tokens
-from fedps.cli.deployment import free_port
 from fedps.config import load_config
 from fedps.provisioning import issue_cluster_certificates
+from fedps.runtime.deployment import free_port
 
 _TIMEOUT_S = 60
 _ENV = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}

@@ -24,9 +24,9 @@ import pytest
 
 from clients.edge_client import EdgeClient
 from fedps.config import FedPSConfig
-from fedps.coordinator_client import CoordinatorClient
 from fedps.errors import FedPSError
-from fedps.state_lock import StateLock
+from fedps.rpc.coordinator_stub import CoordinatorStub
+from fedps.storage.state_lock import StateLock
 from tests.conftest import run_clients
 from tests.role_processes import (
     HANG_S,
@@ -75,7 +75,7 @@ class Up:
         return {name: pid for name, pid in pids.items() if pid is not None}
 
     def round_reached(self, round_: int) -> bool:
-        coordinator = CoordinatorClient(self.config.cluster.coordinator)
+        coordinator = CoordinatorStub(self.config.cluster.coordinator)
         try:
             return coordinator.get_status(timeout_s=10).round >= round_
         except FedPSError:
@@ -112,7 +112,7 @@ def up(tmp_path: Path) -> Iterator[Up]:
 
 
 def _train(up: Up) -> None:
-    run_clients([EdgeClient(up.config, index=i) for i in range(CLIENTS)], timeout_s=HANG_S)
+    run_clients([EdgeClient.open(up.config, index=i) for i in range(CLIENTS)], timeout_s=HANG_S)
 
 
 def _assert_no_role_left(up: Up, pids: dict[str, int]) -> None:

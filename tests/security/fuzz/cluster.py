@@ -28,7 +28,6 @@ from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner, update_digest
 from crypto.sketch import Challenge
 from fedps.config import FedPSConfig
-from fedps.messages import signed_update_to_proto
 from fedps.proto import (
     common_pb2,
     coordinator_pb2,
@@ -38,7 +37,8 @@ from fedps.proto import (
     shard_pb2,
     shard_pb2_grpc,
 )
-from fedps.transport import MAX_MESSAGE_BYTES, create_channel
+from fedps.rpc.messages import signed_update_to_proto
+from fedps.rpc.transport import MAX_MESSAGE_BYTES, create_channel
 from server.coordinator.coordinator_servicer import CREDENTIAL_HEADER
 from tests.in_process_cluster import start_cluster
 from tests.security.fuzz.values import U64, rand_bytes

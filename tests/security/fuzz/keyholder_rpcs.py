@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from crypto.signing import is_weak_key
-from fedps.messages import signed_update_from_proto
 from fedps.proto import keyholder_pb2
+from fedps.rpc.messages import signed_update_from_proto
 from tests.security.fuzz.cluster import CommitPhaseView
 from tests.security.fuzz.harness import GENUINE, LEGIT, SKIP, Metadata, RpcSpec, bad, empty
 from tests.security.fuzz.mutator import Mutator, describe

@@ -18,8 +18,8 @@ import numpy as np
 
 from crypto import bitpack
 from crypto.signing import is_weak_key, model_verifier
-from fedps.messages import signed_update_from_proto
 from fedps.proto import shard_pb2
+from fedps.rpc.messages import signed_update_from_proto
 from tests.security.fuzz.harness import GENUINE, LEGIT, SKIP, Metadata, RpcSpec, bad, empty
 from tests.security.fuzz.mutator import Mutator
 from tests.security.fuzz.service_rpcs import ServiceRpcs

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from fedps.accounting import client_level_noise
 from fedps.config import FedPSConfig, load_config
+from fedps.learning.accounting import client_level_noise
 from server.coordinator.cohort_sampler import CohortSampler
 
 pytestmark = pytest.mark.privacy

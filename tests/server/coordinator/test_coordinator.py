@@ -13,8 +13,8 @@ import torch
 from crypto.signing import BlockSigner
 from fedps.config import load_config
 from fedps.errors import ConfigError, InvalidArgumentError
-from fedps.tasks import ClientData
-from fedps.tasks import Task as UserTask
+from fedps.learning.tasks import ClientData
+from fedps.learning.tasks import Task as UserTask
 from server.coordinator.coordinator import Coordinator
 from server.serve import open_coordinator
 

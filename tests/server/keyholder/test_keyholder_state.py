@@ -14,7 +14,7 @@ from crypto import SecretContext
 from crypto.files import FAULTS_VARIABLE, read_checked
 from crypto.release import releases_per_key
 from fedps.errors import CorruptStateError
-from fedps.transport import create_server
+from fedps.rpc.transport import create_server
 from server.keyholder.keyholder import KeyHolder
 from server.serve import add_keyholder
 from tests.conftest import Cluster, start_cluster

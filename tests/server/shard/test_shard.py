@@ -28,9 +28,9 @@ from fedps.errors import (
     RoundClosedError,
     UnknownClientError,
 )
-from fedps.hash_ring import HashRing
-from fedps.messages import Aggregate, Contribution
-from fedps.shard_messages import PushBatch
+from fedps.rpc.messages import Aggregate, Contribution
+from fedps.rpc.shard_messages import PushBatch
+from fedps.sharding.hash_ring import HashRing
 from server.shard.shard import Shard
 from server.shard.shard_log import ShardLog
 

@@ -1,0 +1,192 @@
+"""``fedps demo``: the whole platform on loopback, watched round by round.
+
+Starts a key holder, the shards, a coordinator and the edge clients as separate processes on
+free loopback ports, prints each round's accuracy, max epsilon over clients and bytes pushed
+as the coordinator reports them, and returns a :class:`~fedps.runtime.demo_summary.DemoSummary`.
+The run has its own certificates (mutual TLS, the default) and enrolment tokens in
+``WORKDIR/certs``; the summary's ``tls`` says whether it ran under TLS.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from crypto.tls import OPERATOR_NAME
+from fedps.ckks_params import ckks_params
+from fedps.config import FedPSConfig, load_config
+from fedps.errors import ConfigError, FedPSError, PeerUnavailableError
+from fedps.provisioning import provision_cluster, setup_tls
+from fedps.rpc.coordinator_messages import ClusterStatus
+from fedps.rpc.coordinator_stub import CoordinatorStub
+from fedps.runtime.demo_summary import DemoSummary
+from fedps.runtime.deployment import Deployment, local_cluster, write_config
+
+__all__ = ["Watcher", "run_demo"]
+
+#: What watches a demo run besides its console: given the run's configuration and a way to print
+#: a line, a context entered before the servers start and left after they stop.
+Watcher = Callable[[FedPSConfig, Callable[[str], None]], AbstractContextManager[object]]
+
+#: What the watcher shows while the coordinator does not answer: nothing yet.
+_NO_STATUS = ClusterStatus(
+    run_id="",
+    round=0,
+    version=0,
+    registered=0,
+    finished=False,
+    history=(),
+    max_epsilon=0.0,
+    delta=0.0,
+    bytes_pushed=0,
+    last_checkpoint_unix=0.0,
+)
+
+
+def run_demo(
+    config_path: Path | None,
+    workdir: Path,
+    overrides: Mapping[str, Mapping[str, object]],
+    *,
+    console: Console | None = None,
+    timeout_s: float = 1800.0,
+    quiet: bool = False,
+    client_data: Sequence[Path] = (),
+    watch: Watcher | None = None,
+) -> DemoSummary:
+    """Run the demo; returns its summary (rounds, final accuracy, max epsilon, ...).
+
+    ``client_data``: each client's own data (``fedps client --data``), one path per client in
+    order; empty: none (a built-in task's clients are partitions of one dataset).
+    ``watch``: entered once the run is configured and left when it stops, with the run's
+    configuration and a function that prints one line (``fedps demo --ui`` serves the web
+    dashboard this way).
+    """
+    console = console or Console(stderr=False, quiet=quiet)
+    shards = len(load_config(config_path, **overrides).cluster.shards)
+    cluster = local_cluster(workdir / "state", shards)
+    # A fresh CA, certificates and enrolment tokens for this run's parties.
+    tls = {**overrides.get("tls", {}), "directory": str(workdir / "certs"), "name": ""}
+    merged: dict[str, Mapping[str, object]] = {**overrides, "cluster": cluster, "tls": tls}
+    config = load_config(config_path, **merged)
+    provision_cluster(config)
+    setup_tls(config.tls, OPERATOR_NAME)  # for the watcher in this process
+    path = workdir / "fedps.toml"
+    write_config(config, path)
+    t = config.training
+    console.print(
+        f"fedps demo: {t.dataset}, {t.clients} clients, {shards} shards, {t.rounds} rounds, "
+        f"{'DP-SGD' if config.privacy.level == 'example' else 'client-level DP (DP-FedAvg)'} "
+        f"(target epsilon {config.privacy.target_epsilon}, delta {config.privacy.delta}, "
+        f"{config.privacy.noise_mode} noise), "
+        f"CKKS {ckks_params(config) if config.he.enabled else 'OFF'}, "
+        f"{'mutual TLS' if config.tls.enabled else 'TLS OFF (--insecure)'}"
+    )
+    started = time.time()
+    deployment = Deployment(path, config)
+    coordinator = CoordinatorStub(config.cluster.coordinator)
+    watchers = ExitStack()
+    try:
+        if watch is not None:
+
+            def echo(line: str) -> None:  # a link whole: never wrapped, nor read as markup
+                console.print(line, soft_wrap=True, markup=False, highlight=False)
+
+            watchers.enter_context(watch(config, echo))
+        deployment.start_servers()
+        # The cores go to the clients: one alone (a centralised baseline) trains on all.
+        threads = str(max(1, (os.cpu_count() or 1) // t.clients))
+        if client_data and len(client_data) != t.clients:
+            raise ConfigError(f"{len(client_data)} client data paths for {t.clients} clients")
+        for i in range(t.clients):
+            data = ("--data", str(client_data[i])) if client_data else ()
+            deployment.start(
+                f"client-{i}", "client", "--index", str(i), "--threads", threads, *data
+            )
+        status = _watch(deployment, coordinator, t.rounds, console, timeout_s)
+    finally:
+        coordinator.close()
+        deployment.stop()
+        watchers.close()
+    seconds = time.time() - started
+    evaluated = [r for r in status.history if r.accuracy >= 0]
+    noise = status.client_noise_multipliers
+    summary = DemoSummary(
+        rounds=status.round,
+        final_accuracy=evaluated[-1].accuracy if evaluated else None,
+        max_epsilon=status.max_epsilon,
+        client_epsilons=tuple(status.client_epsilons[c] for c in sorted(status.client_epsilons)),
+        client_noise_multipliers=tuple(noise[c] for c in sorted(noise)),
+        delta=status.delta or config.privacy.delta,
+        noise=config.privacy.noise_mode,
+        bytes_pushed=status.bytes_pushed,
+        seconds=round(seconds, 2),
+        clients=t.clients,
+        shards=shards,
+        tls=config.tls.enabled,
+        abandoned_rounds=sum(1 for r in status.history if r.abandoned),
+        round_seconds=tuple(round(r.seconds, 3) for r in status.history),
+        push_seconds=tuple(round(r.push_seconds, 3) for r in status.history),
+        round_accuracy=tuple(
+            (round(r.seconds, 3), r.accuracy if r.accuracy >= 0 else None) for r in status.history
+        ),
+    )
+    console.print(
+        f"done in {seconds:.1f}s: accuracy {summary.final_accuracy}, max epsilon "
+        f"{status.max_epsilon:.3f} (delta {summary.delta:g}, {summary.noise} noise), "
+        f"{status.bytes_pushed / 1e6:.2f} MB pushed"
+    )
+    return summary
+
+
+def _watch(
+    deployment: Deployment,
+    coordinator: CoordinatorStub,
+    rounds: int,
+    console: Console,
+    timeout_s: float,
+) -> ClusterStatus:
+    shown = 0
+    until = time.time() + timeout_s
+    columns = (
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} rounds"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("training", total=rounds)
+        while True:
+            servers = [n for n in deployment.processes if not n.startswith("client")]
+            deployment.check_alive(servers)
+            try:
+                status = coordinator.get_status()
+            except FedPSError:
+                status = _NO_STATUS
+            for record in status.history[shown:]:
+                acc = f"{record.accuracy:.4f}" if record.accuracy >= 0 else "  -   "
+                note = "  (abandoned: no quorum)" if record.abandoned else ""
+                progress.console.print(
+                    f"round {record.round:3d}  acc {acc}  eps {record.max_epsilon:5.2f}  "
+                    f"clients {record.contributors}  {record.bytes_pushed / 1e3:6.1f} kB  "
+                    f"{record.seconds:4.1f}s{note}"
+                )
+            shown = len(status.history)
+            progress.update(task, completed=status.round)
+            if status.finished:
+                return status
+            clients = [p for n, p in deployment.processes.items() if n.startswith("client")]
+            if clients and all(p.poll() is not None for p in clients) and status.round < rounds:
+                raise PeerUnavailableError(
+                    f"every client exited before training finished; see {deployment.log_dir}"
+                )
+            if time.time() > until:
+                raise PeerUnavailableError("the demo timed out")
+            time.sleep(0.3)
