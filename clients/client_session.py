@@ -264,10 +264,13 @@ class ClientSession:
         weight: float,
         budget_exhausted: bool = False,
         metrics: dict[str, float] | None = None,
+        phase_seconds: dict[str, float] | None = None,
     ) -> None:
         """Report a round to the coordinator: the update's weight, the recorded spend, the
         bytes the shards took (``pushed``), whether the budget is spent, the trainer's noise
-        multiplier and, with ``task.client_eval``, the ``metrics``. A refusal is counted.
+        multiplier, with ``task.client_eval`` the ``metrics``, and the seconds of the round's
+        phases (``phase_seconds``, :data:`fedps.round_timer.CLIENT_PHASES`). A refusal is
+        counted.
 
         Raises
         ------
@@ -284,6 +287,7 @@ class ClientSession:
             budget_exhausted=budget_exhausted,
             noise_multiplier=self.ledger.trainer.noise_multiplier,
             metrics=metrics or {},
+            phase_seconds=phase_seconds or {},
         )
         try:
             self.uplink.report_update(report, retry_s=self.peer_wait_s)

@@ -47,6 +47,7 @@ from fedps.errors import ConfigError, PrivacyBudgetExceededError
 from fedps.learning.accounting import calibrate_noise, client_level_noise, epsilon_of_history
 from fedps.learning.datasets import Dataset
 from fedps.learning.tasks import Task, check_dp_trainable
+from fedps.round_timer import RoundTimer
 from fedps.sharding.blocks import flatten_model, load_flat
 
 __all__ = [
@@ -123,20 +124,23 @@ class PoissonBatches(Sampler[list[int]]):
 
 class _SourcedDPOptimizer(DPOptimizer):  # type: ignore[misc]  # Opacus is untyped
     """Opacus's DP optimizer with its Gaussian noise drawn from a :class:`RandomSource`
-    (hardened as Opacus's ``secure_mode`` hardens it) instead of torch's generator."""
+    (hardened as Opacus's ``secure_mode`` hardens it) instead of torch's generator, the
+    drawing timed as the ``noise`` phase of ``timer``."""
 
-    def __init__(self, *, source: RandomSource, **kwargs: Any) -> None:
+    def __init__(self, *, source: RandomSource, timer: RoundTimer, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.source = source
+        self.timer = timer
 
     def add_noise(self) -> None:
         std = self.noise_multiplier * self.max_grad_norm
-        for p in self.params:
-            _check_processed_flag(p.summed_grad)
-            summed = p.summed_grad
-            noise = torch.from_numpy(self.source.normal(std, tuple(summed.shape)))
-            p.grad = (summed + noise.to(dtype=summed.dtype, device=summed.device)).view_as(p)
-            _mark_as_processed(p.summed_grad)
+        with self.timer.phase("noise"):
+            for p in self.params:
+                _check_processed_flag(p.summed_grad)
+                summed = p.summed_grad
+                noise = torch.from_numpy(self.source.normal(std, tuple(summed.shape)))
+                p.grad = (summed + noise.to(dtype=summed.dtype, device=summed.device)).view_as(p)
+                _mark_as_processed(p.summed_grad)
 
 
 class _SourcedPrivacyEngine(PrivacyEngine):  # type: ignore[misc]  # Opacus is untyped
@@ -145,11 +149,12 @@ class _SourcedPrivacyEngine(PrivacyEngine):  # type: ignore[misc]  # Opacus is u
     Opacus's own ``secure_mode`` needs ``torchcsprng``, which has no build for current torch;
     this engine overrides the two places Opacus draws randomness: the optimizer's noise and
     the data loader's Poisson sampler. Only flat clipping in one process is supported (what
-    fedps uses)."""
+    fedps uses). ``timer`` times the drawing of the noise."""
 
-    def __init__(self, *, accountant: str, source: RandomSource) -> None:
+    def __init__(self, *, accountant: str, source: RandomSource, timer: RoundTimer) -> None:
         super().__init__(accountant=accountant)
         self.source = source
+        self.timer = timer
 
     def _prepare_optimizer(
         self,
@@ -174,6 +179,7 @@ class _SourcedPrivacyEngine(PrivacyEngine):  # type: ignore[misc]  # Opacus is u
             expected_batch_size=expected_batch_size,
             loss_reduction=loss_reduction,
             source=self.source,
+            timer=self.timer,
             **kwargs,
         )
 
@@ -222,6 +228,12 @@ class Trainer(abc.ABC):
         Where the loss and the local optimizer come from
         (:class:`fedps.learning.tasks.Task`; default:
         cross-entropy, or mean squared error for regression, and SGD).
+
+    Attributes
+    ----------
+    timer
+        Times the drawing of the DP noise as its ``noise`` phase (the client's round timer:
+        the noise drawn while training counts for ``noise``, not ``train``).
     """
 
     model: torch.nn.Module
@@ -253,6 +265,7 @@ class Trainer(abc.ABC):
         #: the mean loss of the last round's local batches (NaN: none yet); shown on the
         #: client's own console, never sent
         self.last_loss = math.nan
+        self.timer = RoundTimer()
         self._prepare(data, training, seed)
 
     @abc.abstractmethod
@@ -385,7 +398,9 @@ class DPTrainer(Trainer):
         with warnings.catch_warnings():
             # Opacus warns that its own secure_mode is off: the source replaces it.
             warnings.filterwarnings("ignore", message=".*[Ss]ecure.*")
-            self.engine = _SourcedPrivacyEngine(accountant=privacy.accountant, source=self.source)
+            self.engine = _SourcedPrivacyEngine(
+                accountant=privacy.accountant, source=self.source, timer=self.timer
+            )
             self.module, self.optimizer, self.loader = self.engine.make_private(
                 module=model,
                 optimizer=optimizer,
@@ -556,7 +571,8 @@ class ClientLevelTrainer(Trainer):
 
     def add_noise(self, update: np.ndarray) -> np.ndarray:
         """Add this client's share of the noise: N(0, (sigma * C)^2 / n) per coordinate."""
-        noised: np.ndarray = update + self.source.normal(self.noise_std, update.shape)
+        with self.timer.phase("noise"):
+            noised: np.ndarray = update + self.source.normal(self.noise_std, update.shape)
         return noised
 
     def _train_locally(self) -> None:

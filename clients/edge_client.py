@@ -255,8 +255,11 @@ class EdgeClient:
             uplink=uplink if uplink is not None else CoordinatorStub(config.cluster.coordinator),
             peer_wait_s=peer_wait_s,
         )
-        self.pipeline = UpdatePipeline(self.session, self._peers)
-        self.pusher = Pusher(self.session, self._peers)
+        #: the seconds of each phase of the round in progress (:mod:`fedps.round_timer`),
+        #: reported with the round; the trainer's own timer, which times its DP noise
+        self.timer = trainer.timer
+        self.pipeline = UpdatePipeline(self.session, self._peers, timer=self.timer)
+        self.pusher = Pusher(self.session, self._peers, timer=self.timer)
         self.state, self.uplink, self.peer_wait_s = state, self.session.uplink, peer_wait_s
         self.num_params, self.signing_key = self.session.num_params, state.signer.public_key
         self.data_fingerprint, self.enrolment_token = fingerprint, enrolment_token
@@ -501,6 +504,7 @@ class EdgeClient:
 
     def _train(self, task: Assignment) -> bool:
         """Train, push and report one round; returns False when the privacy budget is spent."""
+        self.timer.reset()
         if not self.session.adopt_context(task.context_id):
             time.sleep(PAUSE_S)
             return True
@@ -579,7 +583,8 @@ class EdgeClient:
             _log.info("%s: privacy budget spent (epsilon %.3f)", self.name, self.recorded.epsilon)
             return RoundOutcome(round_, budget_exhausted=True)
         try:
-            vector, pulled = self.session.pull(version)
+            with self.timer.phase("pull"):
+                vector, pulled = self.session.pull(version)
         except FedPSError as exc:
             self._peers.failed(SHARDS, exc)
             time.sleep(PAUSE_S)
@@ -588,15 +593,19 @@ class EdgeClient:
             _log.info("%s: shards moved to version %d; skipping round", self.name, pulled)
             return RoundOutcome(round_)
         if self._evaluation is not None:
-            self._evaluation.evaluate(round_, vector)
+            with self.timer.phase("client_eval"):
+                self._evaluation.evaluate(round_, vector)
         # Record what the round will have spent (durable), then tell the coordinator: neither
         # ever reports less than was spent, whatever happens afterwards (a crash, a lost push).
-        self.ledger.record_next_round()
-        if announce and not self.session.announce_spend():
+        with self.timer.phase("spend"):
+            self.ledger.record_next_round()
+            told = not announce or self.session.announce_spend()
+        if not told:
             return RoundOutcome(round_)  # not told (or it forgot us): the round is not trained
         weight = aggregation_weight(self.config, self.trainer.num_examples, weight_scale)
         step = TrainStep(self.name, self.client_id, round_, version, deadline_unix, weight)
-        delta = chain(self.mods, self._train_step)(step, vector)
+        with self.timer.phase("train"):  # its DP noise apart (the trainer times it)
+            delta = chain(self.mods, self._train_step)(step, vector)
         if delta is None:  # a mod kept the update back
             return RoundOutcome(round_)
         self.weight = step.weight
@@ -649,7 +658,8 @@ class EdgeClient:
                 )
 
     def _report(self, round_: int, pushed: int, *, budget_exhausted: bool) -> None:
-        """Report a round to the coordinator, with its metrics (``task.client_eval``)."""
+        """Report a round to the coordinator, with its metrics (``task.client_eval``) and the
+        seconds of its phases (:attr:`timer`, taken)."""
         metrics = {} if self._evaluation is None else self._evaluation.take(round_)
         self.session.report(
             round_,
@@ -657,4 +667,5 @@ class EdgeClient:
             weight=self.weight,
             budget_exhausted=budget_exhausted,
             metrics=metrics,
+            phase_seconds=self.timer.take(),
         )

@@ -20,6 +20,7 @@ from clients.client_session import ClientSession
 from clients.peer_failures import PeerFailures
 from clients.update_pipeline import PreparedPush
 from fedps.errors import FedPSError
+from fedps.round_timer import RoundTimer
 from fedps.rpc.coordinator_messages import Assignment
 from fedps.rpc.shard_messages import PushBatch
 
@@ -37,6 +38,8 @@ class Pusher:
         The client's session: the shards' channels and the coordinator to ask.
     failures
         Where the shards' refusals are counted.
+    timer
+        Times the wait for the push phase (``barrier``) and the push (``push``).
 
     Attributes
     ----------
@@ -49,9 +52,12 @@ class Pusher:
         round (None: nothing is called).
     """
 
-    def __init__(self, session: ClientSession, failures: PeerFailures) -> None:
+    def __init__(
+        self, session: ClientSession, failures: PeerFailures, *, timer: RoundTimer | None = None
+    ) -> None:
         self.session = session
         self.failures = failures
+        self.timer = timer or RoundTimer()
         self._committed: tuple[str, PreparedPush] | None = None  # with the run it is of
         self.bytes_pushed = 0
         self.push_seconds = 0.0
@@ -75,10 +81,13 @@ class Pusher:
         self.push_seconds = 0.0
         session = self.session
         wait_s = session.config.training.deadline_s + session.peer_wait_s
-        if not self.wait_for_push_phase(prepared.round, wait_s):
+        with self.timer.phase("barrier"):
+            pushing = self.wait_for_push_phase(prepared.round, wait_s)
+        if not pushing:
             _log.info("%s: round %d ended before its push phase", session.name, prepared.round)
             return 0
-        return self.send(prepared)
+        with self.timer.phase("push"):
+            return self.send(prepared)
 
     def wait_for_push_phase(self, round_: int, timeout_s: float) -> bool:
         """After committing to ``round_``: wait until the coordinator says the round's

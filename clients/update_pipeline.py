@@ -34,6 +34,7 @@ from crypto.signed_update import SignedUpdate
 from crypto.sketch import Challenge
 from fedps.config import FedPSConfig
 from fedps.errors import FedPSError, RoundClosedError
+from fedps.round_timer import RoundTimer
 from fedps.rpc.keyholder_messages import UpdateCommitment
 from fedps.rpc.shard_messages import PushBatch
 from fedps.rpc.transport import batched
@@ -73,11 +74,17 @@ class UpdatePipeline:
         channel and public context, and the ring that says which shard owns a block.
     failures
         Where the key holder's refusals of a commitment are counted.
+    timer
+        Times the encryption (``encrypt_offline``: the encryptions of zero drawn in the round;
+        ``encrypt_online``: the encoding into them) and the commitment (``commit``).
     """
 
-    def __init__(self, session: ClientSession, failures: PeerFailures) -> None:
+    def __init__(
+        self, session: ClientSession, failures: PeerFailures, *, timer: RoundTimer | None = None
+    ) -> None:
         self.session = session
         self.failures = failures
+        self.timer = timer or RoundTimer()
 
     def prepare(
         self, round_: int, version: int, delta: np.ndarray, *, weight: float
@@ -91,7 +98,8 @@ class UpdatePipeline:
             _log.warning(
                 "%s: update clipped to +-%g for encryption", self.session.name, he.max_abs_value
             )
-        committed = self._commit(round_, version, weight, clipped)
+        with self.timer.phase("commit"):  # the encryption inside is timed apart
+            committed = self._commit(round_, version, weight, clipped)
         if committed is None:
             return None
         round_, update, encrypted = committed
@@ -172,8 +180,12 @@ class UpdatePipeline:
 
     def _encrypt(self, values: np.ndarray) -> tuple[dict[int, bytes], np.ndarray]:
         """``values`` encrypted under the current public context: the packed blocks and
-        their coefficients."""
-        return self.session.encryptor.encrypt_with_coefficients(values)
+        their coefficients. The encryptions of zero not drawn in the background yet are
+        drawn first (the offline half, timed apart from the online half)."""
+        with self.timer.phase("encrypt_offline"):
+            self.session.precompute(background=False)
+        with self.timer.phase("encrypt_online"):
+            return self.session.encryptor.encrypt_with_coefficients(values)
 
     def _sketches(self, round_: int, coefficients: np.ndarray) -> bytes:
         """The round's sketches of every encrypted block (none without encryption)."""

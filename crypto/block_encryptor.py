@@ -68,7 +68,9 @@ class BlockEncryptor:
         return self._pooled
 
     def precompute(self, blocks: int) -> None:
-        """Draw encryptions of zero until at least ``blocks`` are ready."""
+        """Draw encryptions of zero until at least ``blocks`` are ready (a background draw
+        that is done counts)."""
+        self._collect_background(wait=False)
         missing = blocks - self._pooled
         if missing <= 0:
             return

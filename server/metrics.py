@@ -8,9 +8,12 @@ can share a process (as in the tests).
 - :class:`KeyHolderMetrics`: tampered aggregates refused (by shard and reason), rounds
   refused by the decryption policy and commitments refused (by reason), apply latency.
 - :class:`CoordinatorMetrics`: rounds by outcome, round durations, the open round's or
-  buffer's fill, and what the operator asks about a run: the last evaluated accuracy, loss and
-  task metrics, the largest epsilon with its delta, and each client's epsilon. They are read
-  from the coordinator when Prometheus scrapes, so nothing is pushed.
+  buffer's fill, where the rounds' time went (the seconds of each phase, on the critical path,
+  of the servers and of the clients: ``fedps_round_phase_seconds{scope="critical",
+  phase="train"}``, and the last round's critical path), and what the operator asks about a
+  run: the last evaluated accuracy, loss and task metrics, the largest epsilon with its delta,
+  and each client's epsilon. They are read from the coordinator when Prometheus scrapes, so
+  nothing is pushed.
 
 Every role shows its model version; the key holder and the coordinator the age of their last
 checkpoint and the calls to each shard that missed their deadline
@@ -40,6 +43,8 @@ __all__ = ["CoordinatorMetrics", "KeyHolderMetrics", "ShardMetrics"]
 
 #: Upper bounds (seconds) of the round-duration histogram's buckets.
 ROUND_BUCKETS = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+#: Upper bounds (seconds) of the round-phase histogram's buckets.
+PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
 class _RoleMetrics:
@@ -193,6 +198,12 @@ class _Round(Protocol):
     def round(self) -> int: ...
     @property
     def metrics(self) -> Mapping[str, float]: ...
+    @property
+    def phases(self) -> Mapping[str, float]: ...
+    @property
+    def server_phases(self) -> Mapping[str, float]: ...
+    @property
+    def client_phases(self) -> Mapping[str, Mapping[str, float]]: ...
 
 
 class _Run(Protocol):
@@ -245,6 +256,7 @@ class _RunCollector(Collector):
             "Duration of the closed rounds (applied or abandoned)",
             [r.seconds for r in history],
         )
+        yield from _phases(history)
         yield from _evaluation(history)
         epsilon, delta = self._run.max_epsilon
         yield GaugeMetricFamily(
@@ -290,12 +302,49 @@ def _evaluation(history: Sequence[_Round]) -> Iterator[Metric]:
     yield task
 
 
-def _histogram(name: str, documentation: str, values: Sequence[float]) -> Metric:
-    """A histogram of ``values`` with the :data:`ROUND_BUCKETS` (cumulative, as Prometheus
-    counts them)."""
-    buckets: list[tuple[str, float]] = [
-        (str(bound), float(sum(1 for v in values if v <= bound))) for bound in ROUND_BUCKETS
-    ]
+def _phases(history: Sequence[_Round]) -> Iterator[Metric]:
+    """Where the rounds' time went: ``fedps_round_phase_seconds{scope, phase}``, a histogram
+    of each phase's seconds over the rounds (``scope``: ``critical`` for the critical path,
+    ``server`` for the coordinator's and the key holder's own phases, ``client`` for every
+    client's phases the history keeps, without the client's id), and
+    ``fedps_last_round_phase_seconds{phase}``, the last round's critical path."""
+    seen: dict[tuple[str, str], list[float]] = {}
+    for record in history:
+        scopes = [("critical", record.phases), ("server", record.server_phases)]
+        scopes += [("client", phases) for phases in record.client_phases.values()]
+        for scope, phases in scopes:
+            for phase, seconds in phases.items():
+                seen.setdefault((scope, phase), []).append(seconds)
+    family = HistogramMetricFamily(
+        "fedps_round_phase_seconds",
+        "Seconds of each phase of the rounds: on the critical path, of the servers, of clients",
+        labels=["scope", "phase"],
+    )
+    for (scope, phase), values in sorted(seen.items()):
+        buckets, total = _buckets(values, PHASE_BUCKETS)
+        family.add_metric([scope, phase], buckets, total)
+    yield family
+    last = GaugeMetricFamily(
+        "fedps_last_round_phase_seconds",
+        "The last round's critical path: seconds of each of its phases",
+        labels=["phase"],
+    )
+    for phase, seconds in (history[-1].phases if history else {}).items():
+        last.add_metric([phase], seconds)
+    yield last
+
+
+def _buckets(
+    values: Sequence[float], bounds: Sequence[float]
+) -> tuple[list[tuple[str, float]], float]:
+    """The cumulative buckets of ``values`` under ``bounds`` (as Prometheus counts them),
+    ``+Inf`` last, and their sum."""
+    buckets = [(str(bound), float(sum(1 for v in values if v <= bound))) for bound in bounds]
     buckets.append(("+Inf", float(len(values))))
-    total = math.fsum(values)
+    return buckets, math.fsum(values)
+
+
+def _histogram(name: str, documentation: str, values: Sequence[float]) -> Metric:
+    """A histogram of ``values`` with the :data:`ROUND_BUCKETS`."""
+    buckets, total = _buckets(values, ROUND_BUCKETS)
     return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=total)

@@ -544,14 +544,25 @@ def ui(
 
 
 @app.command()
-def status(config: ConfigOpt = None, insecure: InsecureOpt = False) -> None:
+def status(
+    config: ConfigOpt = None,
+    insecure: InsecureOpt = False,
+    json_out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--json",
+            help="Also write the coordinator's status (each round with its phases) as JSON.",
+        ),
+    ] = None,
+) -> None:
     """Print the cluster's health as the coordinator sees it (as the operator identity)."""
     from crypto.tls import OPERATOR_NAME
-    from fedps.runtime.cluster_status import print_status
+    from fedps.runtime.cluster_status import print_status, status_json
 
     cfg = _load(config, insecure=insecure)
     _setup_tls(cfg, OPERATOR_NAME)
-    print_status(cfg)
+    status = print_status(cfg)
+    _write_json(json_out, status_json(status), "status")
 
 
 @app.command()

@@ -252,6 +252,26 @@ class UpdateReport(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class PhaseSecondsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     ROUND_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
@@ -261,6 +281,7 @@ class UpdateReport(_message.Message):
     BUDGET_EXHAUSTED_FIELD_NUMBER: _builtins.int
     NOISE_MULTIPLIER_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
+    PHASE_SECONDS_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     round: _builtins.int
     weight: _builtins.float
@@ -276,6 +297,12 @@ class UpdateReport(_message.Message):
         on its own data (empty otherwise).
         """
 
+    @_builtins.property
+    def phase_seconds(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Seconds the client spent in each phase of the round, by phase name (fedps/round_timer.py:
+        pull, train, noise, encrypt_offline, encrypt_online, commit, barrier, push, ...).
+        """
+
     def __init__(
         self,
         *,
@@ -288,14 +315,60 @@ class UpdateReport(_message.Message):
         budget_exhausted: _builtins.bool = ...,
         noise_multiplier: _builtins.float = ...,
         metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        phase_seconds: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_exhausted", b"budget_exhausted", "bytes_pushed", b"bytes_pushed", "client_id", b"client_id", "delta", b"delta", "epsilon", b"epsilon", "metrics", b"metrics", "noise_multiplier", b"noise_multiplier", "round", b"round", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_exhausted", b"budget_exhausted", "bytes_pushed", b"bytes_pushed", "client_id", b"client_id", "delta", b"delta", "epsilon", b"epsilon", "metrics", b"metrics", "noise_multiplier", b"noise_multiplier", "phase_seconds", b"phase_seconds", "round", b"round", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UpdateReport: _TypeAlias = UpdateReport  # noqa: Y015
+
+@_typing.final
+class ClientPhases(_message.Message):
+    """One client's phases of a round (seconds by phase name)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class PhaseSecondsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    PHASE_SECONDS_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    @_builtins.property
+    def phase_seconds(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        phase_seconds: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "phase_seconds", b"phase_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClientPhases: _TypeAlias = ClientPhases  # noqa: Y015
 
 @_typing.final
 class RoundSummary(_message.Message):
@@ -303,6 +376,46 @@ class RoundSummary(_message.Message):
 
     @_typing.final
     class MetricsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class PhasesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class ServerPhasesEntry(_message.Message):
         DESCRIPTOR: _descriptor.Descriptor
 
         KEY_FIELD_NUMBER: _builtins.int
@@ -332,6 +445,9 @@ class RoundSummary(_message.Message):
     ABANDONED_FIELD_NUMBER: _builtins.int
     PUSH_SECONDS_FIELD_NUMBER: _builtins.int
     METRICS_FIELD_NUMBER: _builtins.int
+    PHASES_FIELD_NUMBER: _builtins.int
+    SERVER_PHASES_FIELD_NUMBER: _builtins.int
+    CLIENT_PHASES_FIELD_NUMBER: _builtins.int
     round: _builtins.int
     version: _builtins.int
     contributors: _builtins.int
@@ -352,6 +468,18 @@ class RoundSummary(_message.Message):
         "accuracy"); empty when the round was not evaluated.
         """
 
+    @_builtins.property
+    def phases(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Where the round's seconds went, by phase (fedps/round_timer.py): its critical path (the
+        coordinator's opening, the phases of the client that committed last, the servers' phases
+        after the pushes, and "other"); the coordinator's and the key holder's own phases; and
+        the phases each client reported (the slowest 16 clients to commit; for the last 64 rounds).
+        """
+
+    @_builtins.property
+    def server_phases(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
+    @_builtins.property
+    def client_phases(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClientPhases]: ...
     def __init__(
         self,
         *,
@@ -366,10 +494,13 @@ class RoundSummary(_message.Message):
         abandoned: _builtins.bool = ...,
         push_seconds: _builtins.float = ...,
         metrics: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        phases: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        server_phases: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        client_phases: _abc.Iterable[Global___ClientPhases] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abandoned", b"abandoned", "accuracy", b"accuracy", "bytes_pushed", b"bytes_pushed", "contributors", b"contributors", "loss", b"loss", "max_epsilon", b"max_epsilon", "metrics", b"metrics", "push_seconds", b"push_seconds", "round", b"round", "seconds", b"seconds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abandoned", b"abandoned", "accuracy", b"accuracy", "bytes_pushed", b"bytes_pushed", "client_phases", b"client_phases", "contributors", b"contributors", "loss", b"loss", "max_epsilon", b"max_epsilon", "metrics", b"metrics", "phases", b"phases", "push_seconds", b"push_seconds", "round", b"round", "seconds", b"seconds", "server_phases", b"server_phases", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

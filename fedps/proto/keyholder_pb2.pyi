@@ -461,12 +461,33 @@ Global___ApplyRoundRequest: _TypeAlias = ApplyRoundRequest  # noqa: Y015
 class ApplyRoundReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class PhaseSecondsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     VERSION_FIELD_NUMBER: _builtins.int
     FEWEST_CONTRIBUTORS_FIELD_NUMBER: _builtins.int
     TOTAL_WEIGHT_FIELD_NUMBER: _builtins.int
     UPDATE_NORM_FIELD_NUMBER: _builtins.int
     NOISE_MULTIPLIER_FIELD_NUMBER: _builtins.int
     TOP_UP_STD_FIELD_NUMBER: _builtins.int
+    PHASE_SECONDS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """the new published version"""
     fewest_contributors: _builtins.int
@@ -479,6 +500,12 @@ class ApplyRoundReply(_message.Message):
     the key holder's top-up), and the std of that top-up per value; 0 at example level.
     """
     top_up_std: _builtins.float
+    @_builtins.property
+    def phase_seconds(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Seconds this call spent in each phase of applying the round, by phase name
+        (fedps/round_timer.py: fetch, verify, decrypt, apply, save, rotate, publish).
+        """
+
     def __init__(
         self,
         *,
@@ -488,10 +515,11 @@ class ApplyRoundReply(_message.Message):
         update_norm: _builtins.float = ...,
         noise_multiplier: _builtins.float = ...,
         top_up_std: _builtins.float = ...,
+        phase_seconds: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fewest_contributors", b"fewest_contributors", "noise_multiplier", b"noise_multiplier", "top_up_std", b"top_up_std", "total_weight", b"total_weight", "update_norm", b"update_norm", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fewest_contributors", b"fewest_contributors", "noise_multiplier", b"noise_multiplier", "phase_seconds", b"phase_seconds", "top_up_std", b"top_up_std", "total_weight", b"total_weight", "update_norm", b"update_norm", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

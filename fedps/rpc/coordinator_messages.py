@@ -45,6 +45,14 @@ _SHARDS: Converter = (
     lambda shards: [coordinator_pb2.ShardAddress(shard_id=s, address=a) for s, a in shards.items()],
     lambda messages: {m.shard_id: m.address for m in messages},
 )
+#: Each client's phases of a round (client id -> seconds by phase), by client id on the wire.
+_CLIENT_PHASES: Converter = (
+    lambda phases: [
+        coordinator_pb2.ClientPhases(client_id=c, phase_seconds=p)
+        for c, p in sorted(phases.items())
+    ],
+    lambda messages: {m.client_id: dict(m.phase_seconds) for m in messages},
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +121,9 @@ class Assignment(WireRecord[coordinator_pb2.Task]):
 @dataclass(frozen=True, slots=True)
 class UpdateReport(WireRecord[coordinator_pb2.UpdateReport]):
     """A client reports a round: its weight, privacy spend, bytes pushed, whether its budget
-    is spent, the noise multiplier of its DP training (0: no noise), and, with
-    ``task.client_eval``, the task's metrics of the model it trained from on its own data."""
+    is spent, the noise multiplier of its DP training (0: no noise), with
+    ``task.client_eval`` the task's metrics of the model it trained from on its own data, and
+    the seconds it spent in each phase of the round (:data:`fedps.round_timer.CLIENT_PHASES`)."""
 
     wire = coordinator_pb2.UpdateReport
 
@@ -127,6 +136,7 @@ class UpdateReport(WireRecord[coordinator_pb2.UpdateReport]):
     budget_exhausted: bool = False
     noise_multiplier: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +148,15 @@ class RoundSummary(WireRecord[coordinator_pb2.RoundSummary]):
     (no evaluation data at the operator) the clients' median on their own data of the model
     the round started from, the previous round's; empty when the round was not
     evaluated.
+
+    Where its seconds went (:mod:`fedps.round_timer`): ``phases`` is its critical path,
+    ``server_phases`` the coordinator's and the key holder's own phases, ``client_phases``
+    each client's (client id -> seconds by phase; the slowest 16 to commit, for the
+    last 64 rounds).
     """
 
     wire = coordinator_pb2.RoundSummary
+    nested: ClassVar[Mapping[str, Converter]] = {"client_phases": _CLIENT_PHASES}
 
     round: int
     version: int
@@ -153,6 +169,9 @@ class RoundSummary(WireRecord[coordinator_pb2.RoundSummary]):
     abandoned: bool
     push_seconds: float
     metrics: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
+    server_phases: dict[str, float] = field(default_factory=dict)
+    client_phases: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, record: Any) -> RoundSummary:

@@ -154,7 +154,8 @@ class RoundApplication(WireRecord[keyholder_pb2.ApplyRoundRequest]):
 @dataclass(frozen=True, slots=True)
 class AppliedRound(WireRecord[keyholder_pb2.ApplyRoundReply]):
     """What applying a round released: the new version, the fewest contributors of any
-    block, block 0's total weight, the update's norm and (client-level DP) the noise."""
+    block, block 0's total weight, the update's norm and (client-level DP) the noise; and
+    the seconds the call spent in each phase (:data:`fedps.round_timer.KEYHOLDER_PHASES`)."""
 
     wire = keyholder_pb2.ApplyRoundReply
 
@@ -164,3 +165,4 @@ class AppliedRound(WireRecord[keyholder_pb2.ApplyRoundReply]):
     update_norm: float
     noise_multiplier: float = 0.0
     top_up_std: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=dict)

@@ -89,10 +89,13 @@ class WireRecord(Generic[_M]):
         return cast(_M, to_message(self.wire, self, **converted))
 
     @classmethod
-    def taken_from(cls, source: Any) -> Self:
+    def taken_from(cls, source: Any, **given: Any) -> Self:
         """The record of the fields of the same names in ``source`` (a richer record of the
-        role that produced it)."""
-        return cls(**{f.name: getattr(source, f.name) for f in fields(cast(Any, cls))})
+        role that produced it); ``given`` supplies fields ``source`` does not have."""
+        taken = {
+            f.name: getattr(source, f.name) for f in fields(cast(Any, cls)) if f.name not in given
+        }
+        return cls(**(taken | given))
 
     @classmethod
     def from_proto(cls, message: _M) -> Self:

@@ -48,6 +48,7 @@ import numpy as np
 
 from fedps.errors import FedPSError, PolicyError, QuarantinedError, ShardStalledError
 from fedps.learning.tasks import Task, check_dp_trainable
+from fedps.round_timer import CLIENT_PHASES, KEYHOLDER_PHASES, RoundTimer
 from fedps.rpc.coordinator_messages import RETRY_AFTER_S, Assignment, RoundSummary
 from fedps.rpc.keyholder_messages import CommitOpening, CommitSet, RoundApplication
 from fedps.sharding.blocks import BlockLayout
@@ -58,7 +59,17 @@ from server.coordinator.cohort_sampler import CohortSampler
 from server.coordinator.coordinator_settings import CoordinatorSettings
 from server.coordinator.evaluator import Evaluator
 from server.coordinator.round_policy import create_round_policy
-from server.coordinator.round_record import OpenRound, RoundRecord, check_metrics, merged_metrics
+from server.coordinator.round_record import (
+    CLIENT_PHASE_ROUNDS,
+    OpenRound,
+    RoundRecord,
+    check_metrics,
+    check_phase_seconds,
+    critical_path,
+    known_phases,
+    merged_metrics,
+    slowest_clients,
+)
 from server.shard_misses import ShardMisses
 
 if TYPE_CHECKING:
@@ -143,6 +154,8 @@ class Coordinator:
         self._resume: OpenRound | None = None  # the round a restarted coordinator continues
         self._keyholder_key: bytes | None = None  # verifies published blocks
         self._context_id = ""  # the key holder's current CKKS context
+        #: the coordinator's own phases of the round in progress (the round loop's thread)
+        self._timer = RoundTimer()
         if checkpoint is not None:
             self._restore(checkpoint)
 
@@ -240,20 +253,26 @@ class Coordinator:
         credential: bytes = b"",
         noise_multiplier: float | None = None,
         metrics: Mapping[str, float] | None = None,
+        phase_seconds: Mapping[str, float] | None = None,
     ) -> None:
         """A client says it pushed its update for ``round_`` (or ran out of budget); it trains
         with DP noise multiplier ``noise_multiplier`` (``None``: not said). ``metrics``: the
         task's metrics on its own data (``task.client_eval``), kept for the open round's
-        record when the operator holds no evaluation data.
+        record when the operator holds no evaluation data. ``phase_seconds``: the seconds it
+        spent in each phase of the round (:data:`fedps.round_timer.CLIENT_PHASES`; other
+        names are left out), kept for the open round's record.
 
         Raises
         ------
         InvalidArgumentError, UnknownClientError, UnauthenticatedError
             See :meth:`ClientRegistry.record_report`; or ``metrics`` not finite, more than
-            16 of them, or a name longer than 64 characters.
+            16 of them, or a name longer than 64 characters; or ``phase_seconds`` not within
+            [0, a week], more than 32 of them, or a name longer than 32 characters.
         """
         if metrics:
             check_metrics(metrics)
+        if phase_seconds:
+            check_phase_seconds(phase_seconds)
         self.registry.record_report(
             client_id,
             credential,
@@ -268,6 +287,8 @@ class Coordinator:
                 self._open.reported.add(client_id)
                 if metrics and self.evaluator.client_eval:
                     self._open.metrics[client_id] = dict(metrics)
+                if phase_seconds:
+                    self._open.phases[client_id] = known_phases(phase_seconds, CLIENT_PHASES)
             self._changed.notify_all()
 
     @property
@@ -417,12 +438,14 @@ class Coordinator:
         self, round_: int, cohort: frozenset[str], *, resume: OpenRound | None = None
     ) -> None:
         started = time.time()
+        self._timer.reset()
         if resume is None and not self._sampler.fits(round_, cohort):
             record = RoundRecord(round_, self.version, 0, abandoned=True, cohort=len(cohort))
             self._finish_round(record, started, self.bytes_pushed)
             return
         # The context changes when the key holder rotates keys.
-        self._context_id = self._peers.public_context().context_id
+        with self._timer.phase("open"):
+            self._context_id = self._peers.public_context().context_id
         bytes_before = self.bytes_pushed
         opened = OpenRound(round_, self.version, self._policy.commit_deadline(started), cohort)
         if resume is not None:
@@ -434,7 +457,8 @@ class Coordinator:
             return
         if self._stop.is_set():
             return
-        commitments = self._peers.commitments(round_, freeze=True)  # none accepted after this
+        with self._timer.phase("freeze"):  # none accepted after this
+            commitments = self._peers.commitments(round_, freeze=True)
         self.registry.exclude(commitments.excluded)  # blamed on evidence by the key holder
         committed = frozenset(commitments.client_ids) & cohort
         record = RoundRecord(round_, opened.version, 0, cohort=len(cohort))
@@ -464,6 +488,7 @@ class Coordinator:
             record.metrics = merged_metrics(
                 [opened.metrics[c] for c in accepted if c in opened.metrics]
             )
+        record.client_phases = opened.phases
         self._finish_round(record, started, bytes_before)
 
     def _record_applied(self, opened: OpenRound) -> None:
@@ -476,16 +501,18 @@ class Coordinator:
     def _commit_phase(self, opened: OpenRound) -> bool:
         """Open the commit phase at the key holder and collect commitments; False when the
         key holder refused to open it (or the coordinator stopped meanwhile)."""
-        self._checkpoint(opened)  # the cohort and deadline survive a restart
         try:
-            self._peers.open_commits(self._opening(opened, opened.cohort))
+            with self._timer.phase("open"):
+                self._checkpoint(opened)  # the cohort and deadline survive a restart
+                self._peers.open_commits(self._opening(opened, opened.cohort))
         except FedPSError as exc:
             if not self._stop.is_set():
                 # e.g. the key holder froze this round number for another cohort before a
                 # restart lost our checkpoint: it can never take commitments again
                 _log.warning("round %d cannot open: %s; abandoned", opened.round, exc)
             return False
-        self._collect_commitments(opened)
+        with self._timer.phase("commit_wait"):
+            self._collect_commitments(opened)
         return True
 
     def _collect_commitments(self, opened: OpenRound) -> None:
@@ -525,13 +552,16 @@ class Coordinator:
         self._checkpoint(opened)
         frozen_at = time.time()
         try:
-            self._peers.open_round(self._opening(opened, committed), commitments)
-            self._wait_for_pushes(opened, resume)
+            with self._timer.phase("shard_open"):
+                self._peers.open_round(self._opening(opened, committed), commitments)
+            with self._timer.phase("push_wait"):
+                self._wait_for_pushes(opened, resume)
             if self._stop.is_set():
                 return None
-            opened.closing = True
-            self._checkpoint(opened)
-            accepted = self._peers.close_round(opened.round, committed)
+            with self._timer.phase("close"):
+                opened.closing = True
+                self._checkpoint(opened)
+                accepted = self._peers.close_round(opened.round, committed)
         except ShardStalledError as exc:  # the round waits in the checkpoint for a restart
             self._halt(exc)
             return None
@@ -593,7 +623,8 @@ class Coordinator:
             opened.round, opened.version, self.run_id, self.registry.signing_keys(accepted)
         )
         try:
-            applied = self._peers.apply_round(application)  # asks again until applied
+            with self._timer.phase("apply_call"):
+                applied = self._peers.apply_round(application)  # asks again until applied
         except ShardStalledError as exc:  # nothing failed a check: a restart applies it
             self._halt(exc)
             return False
@@ -608,6 +639,13 @@ class Coordinator:
         record.version = applied.version
         record.contributors = applied.fewest_contributors
         record.noise_multiplier = applied.noise_multiplier
+        try:
+            check_phase_seconds(applied.phase_seconds)
+        except FedPSError as exc:  # a key holder of another version, or a broken one
+            _log.warning("round %d: the key holder's phases are left out: %s", opened.round, exc)
+        else:
+            for name, seconds in known_phases(applied.phase_seconds, KEYHOLDER_PHASES).items():
+                self._timer.add(name, seconds)
         return True
 
     def _refused(self, opened: OpenRound, record: RoundRecord, exc: PolicyError) -> None:
@@ -643,16 +681,22 @@ class Coordinator:
             round_ % self._training.eval_every == 0 or round_ == self._training.rounds
         ):
             if self.evaluator.has_data:  # else the clients' metrics, if any (client_eval)
-                self._vector = self._peers.retry(self.pull_model, "pull model")
-                self._vector_version = self.version
-                record.metrics = self.evaluator.evaluate(self._vector)
+                with self._timer.phase("evaluate"):
+                    self._vector = self._peers.retry(self.pull_model, "pull model")
+                    self._vector_version = self.version
+                    record.metrics = self.evaluator.evaluate(self._vector)
             record.accuracy = record.metrics.get("accuracy", -1.0)
             record.loss = record.metrics.get("loss", -1.0)
         record.max_epsilon = self.max_epsilon[0]
         record.bytes_pushed = self.bytes_pushed - bytes_before
         record.seconds = time.time() - started
+        record.server_phases = self._timer.take()
+        record.phases = critical_path(record.seconds, record.server_phases, record.client_phases)
+        record.client_phases = slowest_clients(record.client_phases)
         with self._lock:
             self.history.append(record)
+            if len(self.history) > CLIENT_PHASE_ROUNDS:  # the status and checkpoint stay small
+                self.history[-CLIENT_PHASE_ROUNDS - 1].client_phases = {}
         _log.info("%s", RoundSummary.of(record).line(self._training.rounds))
         if round_ % self._training.checkpoint_every == 0 or record.abandoned:
             self._checkpoint()

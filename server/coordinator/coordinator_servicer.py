@@ -80,6 +80,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 credential=_credential(context),
                 noise_multiplier=report.noise_multiplier,
                 metrics=report.metrics,
+                phase_seconds=report.phase_seconds,
             )
         return common_pb2.Empty()
 

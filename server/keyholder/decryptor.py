@@ -42,6 +42,7 @@ from crypto.release import (
 )
 from crypto.sketch import Challenge
 from fedps.errors import InvalidArgumentError, PolicyError
+from fedps.round_timer import RoundTimer
 from fedps.rpc.shard_messages import AggregatePart
 from fedps.sharding.blocks import BlockLayout
 from server.keyholder.aggregate_verifier import AggregateVerifier
@@ -115,6 +116,7 @@ class Decryptor:
         *,
         owner: Callable[[int], str],
         layout: BlockLayout,
+        timer: RoundTimer | None = None,
     ) -> tuple[np.ndarray, dict[int, dict[str, float]], float]:
         """The round's weighted average update, each block's contributors with their
         effective weights (weight x staleness multiplier; a block's total is their sum), and
@@ -123,6 +125,8 @@ class Decryptor:
         Nothing is decrypted before every block of every shard (``fetched``: each shard's
         reply; ``owner``: the shard of each block) passed every check of ``verifier``. At
         client level the average divides the topped-up sum by the fixed cohort size.
+        ``timer`` counts the wait for the shards' messages as ``fetch``, the checks as
+        ``verify``, and the canaries, decryption, flooding and averaging as ``decrypt``.
 
         Raises
         ------
@@ -134,13 +138,16 @@ class Decryptor:
             A zero canary exceeds the noise bound: nothing is decrypted.
         """
         round_ = verifier.phase.round
-        blocks, rows = verifier.verify(
-            fetched,
-            owner=owner,
-            num_blocks=layout.num_blocks,
-            block_bytes=self.block_bytes(),
-            unpack=self.unpack,
-        )
+        timer = timer or RoundTimer()
+        streams = {sid: timer.iterate("fetch", parts) for sid, parts in fetched.items()}
+        with timer.phase("verify"):
+            blocks, rows = verifier.verify(
+                streams,
+                owner=owner,
+                num_blocks=layout.num_blocks,
+                block_bytes=self.block_bytes(),
+                unpack=self.unpack,
+            )
         multipliers = list(verifier.multipliers.values())
         effective = {
             c: verifier.weights[c] * verifier.multipliers[c] for c in verifier.contributors
@@ -153,13 +160,14 @@ class Decryptor:
                 raise PolicyError("client-level DP sums unweighted updates; a weight is not 1")
             top_up = noise.top_up_std(len(effective))
             total = float(noise.cohort)
-        opened = self._open(round_, blocks, rows, multipliers)
-        averaged: dict[int, np.ndarray] = {}
-        for block, values in zip(blocks, opened, strict=True):
-            summed = self._release(values, multipliers, block)
-            if top_up > 0:  # after the bound check, which covers the clients' values only
-                summed = summed + self._noise.normal(top_up, summed.shape)
-            averaged[block] = summed / total
+        with timer.phase("decrypt"):
+            opened = self._open(round_, blocks, rows, multipliers)
+            averaged: dict[int, np.ndarray] = {}
+            for block, values in zip(blocks, opened, strict=True):
+                summed = self._release(values, multipliers, block)
+                if top_up > 0:  # after the bound check, which covers the clients' values only
+                    summed = summed + self._noise.normal(top_up, summed.shape)
+                averaged[block] = summed / total
         manifests = {b: dict(effective) for b in averaged}
         return layout.join(averaged), manifests, top_up
 

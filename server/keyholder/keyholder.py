@@ -57,6 +57,7 @@ from fedps.errors import (
     QuarantinedError,
     ShardStalledError,
 )
+from fedps.round_timer import RoundTimer
 from fedps.rpc.keyholder_messages import ModelState
 from fedps.rpc.shard_stub import ShardStub
 from fedps.sharding.blocks import BlockLayout
@@ -346,9 +347,19 @@ class KeyHolder:
 
     # ------------------------------------------------------------------ rounds
     def apply_round(
-        self, round_: int, version: int, run_id: str = "", members: dict[str, bytes] | None = None
+        self,
+        round_: int,
+        version: int,
+        run_id: str = "",
+        members: dict[str, bytes] | None = None,
+        *,
+        timer: RoundTimer | None = None,
     ) -> RoundResult:
         """Verify, decrypt and apply round ``round_``'s aggregates; publish the next version.
+
+        ``timer`` counts the seconds of each phase of the call
+        (:data:`fedps.round_timer.KEYHOLDER_PHASES`: fetch, verify, decrypt, apply, save,
+        rotate, publish).
 
         Raises
         ------
@@ -385,6 +396,7 @@ class KeyHolder:
                 )
             if self.params is None:
                 raise NotReadyError("the key holder has no model yet")
+            timer = timer or RoundTimer()
             if version != self.version:
                 raise PolicyError(
                     f"round {round_} trained version {version}, the model is at {self.version}"
@@ -418,6 +430,7 @@ class KeyHolder:
                         self._shards.fetch_aggregates(round_, verifier.contributors),
                         owner=self._shards.owner,
                         layout=layout,
+                        timer=timer,
                     )
                     break
                 except ShardStalledError:
@@ -430,7 +443,8 @@ class KeyHolder:
                     self._refuse(round_, refusal)
                     raise refusal from exc
             before = self.model.snapshot()
-            round_closed = self.model.step(round_, delta, manifests, layout)
+            with timer.phase("apply"):
+                round_closed = self.model.step(round_, delta, manifests, layout)
             result = RoundResult(
                 round=round_,
                 version=self.version,
@@ -444,7 +458,8 @@ class KeyHolder:
             )
             self._released[round_] = result
             try:
-                self._save_state()  # the decision is durable before anything is published
+                with timer.phase("save"):
+                    self._save_state()  # the decision is durable before anything is published
             except OSError as exc:
                 self.model.restore(before)
                 del self._released[round_]
@@ -455,8 +470,10 @@ class KeyHolder:
                 _log.error("%s", message)
                 raise PeerUnavailableError(message) from exc
             if self._decryptor.rotation_due(self.last_round):
-                self._decryptor.rotate(self.last_round, self._store.save_keys)
-            self._publish_applied(round_)
+                with timer.phase("rotate"):
+                    self._decryptor.rotate(self.last_round, self._store.save_keys)
+            with timer.phase("publish"):
+                self._publish_applied(round_)
             _log.info(
                 "applied round %d (%d+ contributors), published version %d",
                 round_,

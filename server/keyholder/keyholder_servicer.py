@@ -12,6 +12,7 @@ from crypto import PLAINTEXT_CONTEXT_ID
 from crypto.signing import context_digest
 from fedps.errors import FedPSError, InvalidArgumentError, PolicyError
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc
+from fedps.round_timer import RoundTimer
 from fedps.rpc import keyholder_messages as records
 from fedps.rpc.transport import require_peer, rpc_errors
 from fedps.sharding.blocks import BlockLayout
@@ -74,17 +75,21 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
         self, request: keyholder_pb2.ApplyRoundRequest, context: grpc.ServicerContext
     ) -> keyholder_pb2.ApplyRoundReply:
         started = time.perf_counter()
+        timer = RoundTimer()
         with rpc_errors(context):
             r = records.RoundApplication.from_proto(request)
             try:
-                result = self.keyholder.apply_round(r.round, r.version, r.run_id, r.members)
+                result = self.keyholder.apply_round(
+                    r.round, r.version, r.run_id, r.members, timer=timer
+                )
             except PolicyError as exc:
                 if self._metrics is not None:
                     self._metrics.round_refused(exc)
                 raise
         if self._metrics is not None:
             self._metrics.latency.labels("apply").observe(time.perf_counter() - started)
-        return records.AppliedRound.taken_from(result).to_proto()
+        applied = records.AppliedRound.taken_from(result, phase_seconds=timer.seconds())
+        return applied.to_proto()
 
     def OpenCommits(  # noqa: N802
         self, request: keyholder_pb2.OpenCommitsRequest, context: grpc.ServicerContext

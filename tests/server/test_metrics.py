@@ -35,6 +35,9 @@ class _Round:
     seconds: float
     abandoned: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
+    server_phases: dict[str, float] = field(default_factory=dict)
+    client_phases: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -159,3 +162,33 @@ def test_roles_without_a_run_have_no_privacy_metrics(role: ShardMetrics | KeyHol
     page = generate_latest(role.registry).decode()
 
     assert not {n for n in names(page) if "epsilon" in n}
+
+
+def test_the_coordinator_exports_where_the_rounds_time_went() -> None:
+    # Prepare: two rounds with their phases, critical path, servers' and clients'
+    run = _Run(
+        history=[
+            _Round(
+                1,
+                1.0,
+                phases={"train": 0.5, "other": 0.5},
+                server_phases={"commit_wait": 0.75},
+                client_phases={"client-0": {"train": 0.5}, "client-1": {"train": 0.25}},
+            ),
+            _Round(2, 2.0, phases={"train": 1.5, "other": 0.5}),
+        ]
+    )
+    metrics = CoordinatorMetrics()
+    metrics.watch(run)
+    # Execute
+    got = samples(generate_latest(metrics.registry).decode())
+    # Assert
+    critical = (("phase", "train"), ("scope", "critical"))
+    assert got[("fedps_round_phase_seconds_count", critical)] == 2
+    assert got[("fedps_round_phase_seconds_sum", critical)] == 2.0
+    assert got[("fedps_round_phase_seconds_bucket", (("le", "1.0"), *critical))] == 1
+    client = (("phase", "train"), ("scope", "client"))
+    assert got[("fedps_round_phase_seconds_count", client)] == 2  # no client id in a label
+    assert got[("fedps_round_phase_seconds_sum", (("phase", "commit_wait"), ("scope", "server")))]
+    assert got[("fedps_last_round_phase_seconds", (("phase", "train"),))] == 1.5
+    assert not any("client-0" in str(labels) for _, labels in got)

@@ -59,6 +59,7 @@ RECORDS = [
     kh.ModelState(7, 40, True, 6, shard_misses={"shard-0": 1, "shard-1": 3}, stalled=("shard-1",)),
     kh.RoundApplication(4, 3, "run", {"client-0": KEY}),
     kh.AppliedRound(4, 3, 2.0, 0.25, 1.1, 0.01),
+    kh.AppliedRound(4, 3, 2.0, 0.25, phase_seconds={"fetch": 0.25, "verify": 0.125}),
     co.ClientRegistration("edge-0", 60, 40, KEY, "client-0.ab", 1.5, 1e-5),
     co.RegistrationReply("client-0", "run", "kh:1", {"shard-1": "s:2", "shard-0": "s:1"}, 8, 40, 5),
     co.AssignmentQuery("client-0", 1.5, 1e-5),
@@ -68,6 +69,22 @@ RECORDS = [
     ),
     co.Assignment("train", 4, 3, math.inf),
     co.UpdateReport("client-0", 4, 0.5, 1.5, 1e-5, 4096, True, 1.1),
+    co.UpdateReport("client-0", 4, phase_seconds={"train": 0.5, "noise": 0.25, "push": 0.0}),
+    co.RoundSummary(
+        3,
+        3,
+        2,
+        0.9,
+        0.5,
+        1.5,
+        4096,
+        2.5,
+        False,
+        0.75,
+        phases={"open": 0.01, "train": 1.5, "other": 0.25},
+        server_phases={"open": 0.01, "commit_wait": 1.75},
+        client_phases={"client-1": {"train": 1.5}, "client-0": {"train": 1.25, "push": 0.5}},
+    ),
     co.ClusterStatus(
         "run",
         4,
@@ -120,12 +137,13 @@ def test_a_push_carries_the_update_it_was_built_from() -> None:
 
 
 def test_a_wire_record_takes_its_fields_from_a_richer_record() -> None:
-    # Prepare: the key holder's result of a round has more than its reply carries
+    # Prepare: the key holder's result of a round has more than its reply carries, and less:
+    # the call's phases are given apart
     result = RoundResult(5, 8, 3, 3.0, 0.25, contributors={"client-0": 1.0}, top_up_std=0.5)
     # Execute
-    applied = kh.AppliedRound.taken_from(result)
+    applied = kh.AppliedRound.taken_from(result, phase_seconds={"fetch": 0.5})
     # Assert
-    assert applied == kh.AppliedRound(8, 3, 3.0, 0.25, 0.0, 0.5)
+    assert applied == kh.AppliedRound(8, 3, 3.0, 0.25, 0.0, 0.5, {"fetch": 0.5})
 
 
 def test_a_manifest_that_lists_a_client_twice_is_malformed() -> None:
