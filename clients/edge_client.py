@@ -599,6 +599,7 @@ class EdgeClient:
         # ever reports less than was spent, whatever happens afterwards (a crash, a lost push).
         with self.timer.phase("spend"):
             self.ledger.record_next_round()
+        with self.timer.phase("announce"):
             told = not announce or self.session.announce_spend()
         if not told:
             return RoundOutcome(round_)  # not told (or it forgot us): the round is not trained

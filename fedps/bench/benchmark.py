@@ -3,7 +3,8 @@
 - Crypto micro-benchmarks (:mod:`crypto.benchmark`) on 100k, 1M and 10M parameters: fedps's
   packed format, TenSEAL's default CKKS vectors (the NVIDIA FLARE path) and plaintext.
 - End to end: the same rounds (same clients, same DP) with encryption on and off, as separate
-  processes on loopback, for the demo model and a 1M-parameter model.
+  processes on loopback, for the demo model and a 1M-parameter model, with where their rounds
+  go, phase by phase (:func:`fedps.bench.round_profile.phase_profile`).
 - Shard memory: peak RSS of a shard process after 10 and after 200 clients pushed a
   1M-parameter update.
 - The key holder's whole-aggregate verification on the 1M-parameter model: what each client
@@ -45,6 +46,7 @@ from crypto.params import CANARIES
 from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner, context_digest, verify_block
 from crypto.sketch import Challenge
+from fedps.bench.round_profile import phase_profile
 from fedps.ckks_params import ckks_params
 from fedps.config import load_config
 from fedps.proto import common_pb2, keyholder_pb2, keyholder_pb2_grpc, shard_pb2, shard_pb2_grpc
@@ -315,8 +317,10 @@ def _demo_rounds(model: str, rounds: int, **sections: Mapping[str, object]) -> D
 
 
 def _round_times(model: str, rounds: int) -> dict[str, Any]:
-    """Median round time with encryption on and off (same clients, same DP, same seed)."""
+    """Median round time with encryption on and off (same clients, same DP, same seed), and
+    where the rounds' time goes (each phase's median over rounds 2..R)."""
     out: dict[str, Any] = {}
+    profiles: dict[str, Any] = {}
     for label, enabled in (("secure", True), ("plaintext", False)):
         summary = _demo_rounds(model, rounds, he={"enabled": enabled})
         times, pushes = list(summary.round_seconds), list(summary.push_seconds)
@@ -329,7 +333,9 @@ def _round_times(model: str, rounds: int) -> dict[str, Any]:
             "bytes_pushed": summary.bytes_pushed,
             "final_accuracy": summary.final_accuracy,
         }
+        profiles[label] = phase_profile([summary])
     out["ratio"] = out["secure"]["median_round_s"] / out["plaintext"]["median_round_s"]
+    out["profile"] = profiles
     return out
 
 

@@ -1,10 +1,17 @@
-"""Render ``fedps bench`` results as a markdown table (ratios against same-run baselines)."""
+"""Render ``fedps bench`` results as markdown tables (ratios against same-run baselines):
+the default suite (:func:`render_table`), a comparison with Flower (:func:`render_comparison`)
+and the phase profile of a job's rounds (:func:`render_profile`)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["render_table"]
+from fedps.bench.round_profile import SERVER_PHASES
+from fedps.round_timer import CRITICAL_PATH
+
+__all__ = ["render_comparison", "render_profile", "render_table"]
 
 
 def _m(value: float) -> str:
@@ -58,6 +65,9 @@ def render_table(results: dict[str, Any]) -> str:
             f"| {model} | {r['secure']['median_round_s']:.2f} s | "
             f"{r['plaintext']['median_round_s']:.2f} s | {r['ratio']:.2f}x |"
         )
+    for model, r in results["e2e"].items():
+        if "profile" in r:
+            lines += ["", f"Where a round of {model} goes:", "", render_profile(r["profile"])]
     lines += ["", "| clients | shard peak RSS |", "|---:|---:|"]
     for clients, r in results["shard_memory"].items():
         lines.append(f"| {clients} | {r['peak_rss_mib']:.0f} MiB |")
@@ -129,3 +139,86 @@ def _rotation_lines(r: dict[str, Any]) -> list[str]:
         f"{r['round_after_rotation_s']:.2f} s vs {r['round_other_s']:.2f} s"
         f" | {r['round_after_rotation_extra']:+.1%} |",
     ]
+
+
+def _s(value: float | None) -> str:
+    """Seconds, to the millisecond (``-``: none)."""
+    return "-" if value is None or math.isnan(value) else f"{value:.3f}"
+
+
+def render_profile(profiles: Mapping[str, Mapping[str, Any]]) -> str:
+    """The phase table of a job's rounds (:func:`fedps.bench.round_profile.phase_profile`),
+    each phase's median seconds over rounds 2..R: the critical path of each system profiled
+    (``secure``, ``plaintext``), then each client of the first; then the servers' own phases.
+    Medians of phases do not add up to the median round exactly."""
+    systems = [s for s in profiles if profiles[s]["critical"]]
+    if not systems:
+        return "(no phases recorded)"
+    first = profiles[systems[0]]
+    clients = list(first["clients"])
+    head = [f"critical path ({s})" for s in systems] + [f"{c} ({systems[0]})" for c in clients]
+    lines = [
+        "| phase | " + " | ".join(head) + " |",
+        "|---|" + "---:|" * len(head),
+    ]
+    for phase in CRITICAL_PATH:
+        row = [profiles[s]["critical"].get(phase) for s in systems]
+        row += [first["clients"][c].get(phase) for c in clients]
+        if any(v is not None for v in row):
+            lines.append(f"| {phase} | " + " | ".join(_s(v) for v in row) + " |")
+    round_row = [profiles[s]["round_s"] for s in systems] + [None] * len(clients)
+    lines.append("| **round (median)** | " + " | ".join(_s(v) for v in round_row) + " |")
+    lines += [
+        "",
+        "| server phase | " + " | ".join(systems) + " |",
+        "|---|" + "---:|" * len(systems),
+    ]
+    for phase in SERVER_PHASES:
+        row = [profiles[s]["server"].get(phase) for s in systems]
+        if any(v is not None for v in row):
+            lines.append(f"| {phase} | " + " | ".join(_s(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def _accuracy(values: list[float | None]) -> str:
+    shown = [f"{v:.1%}" for v in values if v is not None and not math.isnan(v)]
+    return ", ".join(shown) or "-"
+
+
+def render_comparison(results: Mapping[str, Any]) -> str:
+    """The comparison of each job on each system (:func:`fedps.bench.flower_comparison.compare`):
+    the median round (rounds 2..R), fedps over Flower, the accuracy and epsilon of each
+    repeat and the bytes per parameter a client sends per round; then each job's phase
+    profile."""
+    jobs = results["jobs"]
+    systems = [s for s in ("flower", "plaintext", "secure") if any(s in j for j in jobs.values())]
+    names = {"flower": "Flower plain", "plaintext": "fedps plaintext", "secure": "fedps secure"}
+    lines = [
+        "| job | system | s/round (median r2..R) | vs Flower | accuracy | epsilon |"
+        " bytes/param (up) | load (1 min) |",
+        "|---|---|---:|---:|---|---|---:|---|",
+    ]
+    for name, job in jobs.items():
+        j = job["job"]
+        title = f"{name} ({j['model']}, {job[systems[0]]['num_params']:,} params, "
+        title += f"{j['clients']} clients, {j['rounds']} rounds, sigma {j['noise_multiplier']})"
+        for system in systems:
+            r = job[system]
+            ratio = f"**{r['vs_flower']:.2f}x**" if "vs_flower" in r else "1.00x"
+            if system != "flower" and "vs_flower" not in r:
+                ratio = "-"
+            epsilon = ", ".join(f"{e:.2f}" for e in r["max_epsilon"])
+            loads = ", ".join(
+                f"{run['load']['min']:.1f}-{run['load']['max']:.1f}" for run in r["runs"]
+            )
+            lines.append(
+                f"| {title} | {names[system]} | {r['median_round_s']:.3f} | {ratio} | "
+                f"{_accuracy(r['final_accuracy'])} | {epsilon} | "
+                f"{r['bytes_per_param']:.2f} | {loads} |"
+            )
+            title = ""
+    for name, job in jobs.items():
+        if job.get("profile"):
+            lines += ["", f"Where a round of {name} goes (median seconds, rounds 2..R):", ""]
+            lines.append(render_profile(job["profile"]))
+    return "\n".join(lines)

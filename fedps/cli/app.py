@@ -375,15 +375,53 @@ def bench(
         float,
         typer.Option(help="Also time sync vs async to this digits accuracy (0: skip)."),
     ] = 0.0,
+    against: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--against",
+            metavar="flower",
+            help="Run --jobs on Flower's plain FedAvg with Opacus too, alternating with fedps "
+            "secure and plaintext; report the ratio per round (instead of the default suite).",
+        ),
+    ] = None,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile",
+            help="Run --jobs on fedps secure and plaintext and print where their rounds go, "
+            "phase by phase (instead of the default suite).",
+        ),
+    ] = False,
+    jobs: Annotated[
+        str, typer.Option(help="Jobs for --against and --profile, comma-separated.")
+    ] = "digits,mlp1m",
+    job_rounds: Annotated[
+        int, typer.Option(help="Rounds of each job (0: its own: digits 40, mlp1m 10).")
+    ] = 0,
+    repeats: Annotated[
+        int, typer.Option(help="Runs of each system for each job (--against, --profile).")
+    ] = 1,
 ) -> None:
-    """Measure encryption cost against TenSEAL's default and plaintext, in one run."""
+    """Measure encryption cost against TenSEAL's default and plaintext, in one run; with
+    --against flower or --profile, the same job on Flower and fedps, and where its rounds go."""
     from rich.console import Console
-
-    from fedps.bench.benchmark import run_bench, time_to_accuracy
-    from fedps.bench.report import render_table
 
     _setup_logging(False)
     console = Console()
+    if against is not None or profile:
+        from fedps.bench.flower_comparison import compare, job_named
+        from fedps.bench.report import render_comparison
+
+        if against not in (None, "flower"):
+            raise FedPSError(f"--against {against}: only flower is supported")
+        chosen = [job_named(name, job_rounds) for name in jobs.split(",") if name]
+        compared = compare(chosen, flower=against is not None, repeats=repeats, console=console)
+        console.print(render_comparison(compared), markup=False, highlight=False, soft_wrap=True)
+        _write_json(json_out, json.dumps(compared, indent=2) + "\n", "results")
+        return
+    from fedps.bench.benchmark import run_bench, time_to_accuracy
+    from fedps.bench.report import render_table
+
     results = run_bench(
         sizes=[int(s) for s in sizes.split(",") if s],
         e2e_models=[m for m in models.split(",") if m],

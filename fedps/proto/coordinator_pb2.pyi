@@ -300,7 +300,8 @@ class UpdateReport(_message.Message):
     @_builtins.property
     def phase_seconds(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Seconds the client spent in each phase of the round, by phase name (fedps/round_timer.py:
-        pull, train, noise, encrypt_offline, encrypt_online, commit, barrier, push, ...).
+        pull, spend, announce, train, noise, encrypt_offline, encrypt_online, commit, barrier,
+        push, ...).
         """
 
     def __init__(

@@ -136,6 +136,12 @@ def run_demo(
         round_accuracy=tuple(
             (round(r.seconds, 3), r.accuracy if r.accuracy >= 0 else None) for r in status.history
         ),
+        round_contributors=tuple(r.contributors for r in status.history),
+        round_phases=tuple(dict(r.phases) for r in status.history),
+        round_server_phases=tuple(dict(r.server_phases) for r in status.history),
+        round_client_phases=tuple(
+            {c: dict(p) for c, p in r.client_phases.items()} for r in status.history
+        ),
     )
     console.print(
         f"done in {seconds:.1f}s: accuracy {summary.final_accuracy}, max epsilon "

@@ -44,6 +44,13 @@ class DemoSummary:
     push_seconds: tuple[float, ...]
     #: ``(seconds, accuracy)`` of each round; accuracy ``None`` where it was not evaluated.
     round_accuracy: tuple[tuple[float, float | None], ...]
+    #: Clients whose update each round applied.
+    round_contributors: tuple[int, ...] = ()
+    #: Where each round's seconds went (:mod:`fedps.round_timer`): its critical path, the
+    #: servers' own phases, and each client's phases (client id -> seconds by phase).
+    round_phases: tuple[dict[str, float], ...] = ()
+    round_server_phases: tuple[dict[str, float], ...] = ()
+    round_client_phases: tuple[dict[str, dict[str, float]], ...] = ()
 
     def to_json(self) -> str:
         """The summary as a JSON object (tuples as arrays), indented, with a final newline."""
