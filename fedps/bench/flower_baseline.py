@@ -130,6 +130,10 @@ def _train(config_path: str, threads: int, message: Message, context: Context) -
     training, privacy = config.training, config.privacy
     data = _partition(config_path, int(context.node_config[_PARTITION_KEY]))
     model = task.create_model(training.seed)
+    # create_model seeds torch's generator (every party builds the same initial model), and
+    # plain Opacus draws its noise and its Poisson batches from that generator: without a
+    # fresh seed every node would draw the same noise in every round.
+    torch.seed()
     model.load_state_dict(message.content.array_records["arrays"].to_torch_state_dict())
     loader = DataLoader(
         TensorDataset(torch.from_numpy(data.x), torch.from_numpy(data.y)),
