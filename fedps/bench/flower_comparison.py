@@ -88,7 +88,6 @@ class Job:
                 "model": self.model,
                 "rounds": self.rounds,
                 "clients": self.clients,
-                "min_quorum": self.clients,
                 "eval_every": 1,
             },
             "privacy": {"noise_multiplier": self.noise_multiplier},
@@ -170,10 +169,12 @@ def _fedps_run(job: Job, *, encrypted: bool) -> tuple[dict[str, Any], DemoSummar
     sections: dict[str, Mapping[str, object]] = {**job.sections(), "he": {"enabled": encrypted}}
     with tempfile.TemporaryDirectory(prefix="fedps-bench-") as tmp:
         summary = run_demo(None, Path(tmp), sections, quiet=True)
-    if summary.rounds != job.rounds or summary.abandoned_rounds:
+    # Every round waits for every client's commitment (or the deadline): a round with fewer
+    # contributors lost a client (see the run's logs), and does not compare.
+    if summary.rounds != job.rounds or any(n != job.clients for n in summary.round_contributors):
         raise FedPSError(
-            f"fedps ran {summary.rounds} of {job.rounds} rounds, "
-            f"{summary.abandoned_rounds} abandoned"
+            f"fedps ran {summary.rounds} of {job.rounds} rounds, contributors "
+            f"{list(summary.round_contributors)} of {job.clients}"
         )
     params = _num_params(job)
     times = list(summary.round_seconds)
@@ -267,16 +268,22 @@ def _compare_job(
 ) -> dict[str, Any]:
     """``repeats`` rounds of runs of ``job``, each system once per repeat, in turn."""
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+    failed: list[dict[str, Any]] = []
     summaries: dict[str, list[DemoSummary]] = {"secure": [], "plaintext": []}
     for repeat in range(1, repeats + 1):
         for system in systems:
             console.print(f"{job.name}: {system}, repeat {repeat} of {repeats} ...")
-            if system == "flower":
-                result, load, wall = _timed(functools.partial(run_flower, job))
-            else:
-                run = functools.partial(_fedps_run, job, encrypted=system == "secure")
-                (result, summary), load, wall = _timed(run)
-                summaries[system].append(summary)
+            try:
+                if system == "flower":
+                    result, load, wall = _timed(functools.partial(run_flower, job))
+                else:
+                    run = functools.partial(_fedps_run, job, encrypted=system == "secure")
+                    (result, summary), load, wall = _timed(run)
+                    summaries[system].append(summary)
+            except FedPSError as exc:  # one failed run: the others still compare
+                console.print(f"  FAILED: {exc}", markup=False)
+                failed.append({"system": system, "repeat": repeat, "error": str(exc)[-2000:]})
+                continue
             result.update(load=load, wall_s=wall, repeat=repeat)
             runs[system].append(result)
             console.print(
@@ -284,18 +291,15 @@ def _compare_job(
                 f"{result['final_accuracy']}, epsilon {result['max_epsilon']:.2f}, load "
                 f"{load['min']:.2f}-{load['max']:.2f}"
             )
-    out: dict[str, Any] = {"job": job.__dict__, "threads_per_client": _threads(job.clients)}
+    out: dict[str, Any] = {
+        "job": job.__dict__,
+        "threads_per_client": _threads(job.clients),
+        "failed": failed,
+    }
     for system, results in runs.items():
-        steady = [s for r in results for s in r["round_seconds"][1:]]
-        out[system] = {
-            "median_round_s": statistics.median(steady),
-            "final_accuracy": [r["final_accuracy"] for r in results],
-            "max_epsilon": [r["max_epsilon"] for r in results],
-            "bytes_per_param": statistics.fmean(r["bytes_per_param"] for r in results),
-            "num_params": results[0]["num_params"],
-            "runs": results,
-        }
-    if "flower" in runs:
+        if results:
+            out[system] = _system_summary(results)
+    if "flower" in out:
         flower = out["flower"]["median_round_s"]
         for system in ("secure", "plaintext"):
             if system in out:
@@ -304,7 +308,28 @@ def _compare_job(
     return out
 
 
-def compare(jobs: Sequence[Job], *, flower: bool, repeats: int, console: Console) -> dict[str, Any]:
+def _system_summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One system's runs of a job: the median of rounds 2..R over them, the accuracy and
+    epsilon of each, the mean bytes per parameter, the runs."""
+    steady = [s for r in results for s in r["round_seconds"][1:]]
+    return {
+        "median_round_s": statistics.median(steady),
+        "final_accuracy": [r["final_accuracy"] for r in results],
+        "max_epsilon": [r["max_epsilon"] for r in results],
+        "bytes_per_param": statistics.fmean(r["bytes_per_param"] for r in results),
+        "num_params": results[0]["num_params"],
+        "runs": list(results),
+    }
+
+
+def compare(
+    jobs: Sequence[Job],
+    *,
+    flower: bool,
+    repeats: int,
+    console: Console,
+    on_job: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Run each job on each system, alternating, ``repeats`` times.
 
     Parameters
@@ -318,6 +343,8 @@ def compare(jobs: Sequence[Job], *, flower: bool, repeats: int, console: Console
         How many times each system runs each job.
     console
         Where progress is printed.
+    on_job
+        Called with the results so far after each job (to save them as they come).
 
     Returns
     -------
@@ -325,7 +352,8 @@ def compare(jobs: Sequence[Job], *, flower: bool, repeats: int, console: Console
         ``{"load_before", "load_after", "jobs": {name: {"job", "flower", "secure",
         "plaintext", "profile"}}}``: per system the median round (rounds 2..R over the
         repeats), the accuracy and epsilon of each repeat, the bytes per parameter and the
-        runs; ``vs_flower``, fedps's median over Flower's; the phase profiles.
+        runs; ``vs_flower``, fedps's median over Flower's; the phase profiles; ``failed``,
+        the runs that failed (a system none of whose runs finished has no entry).
 
     Raises
     ------
@@ -338,5 +366,7 @@ def compare(jobs: Sequence[Job], *, flower: bool, repeats: int, console: Console
     results: dict[str, Any] = {"load_before": os.getloadavg(), "jobs": {}}
     for job in jobs:
         results["jobs"][job.name] = _compare_job(job, systems, repeats, console)
-    results["load_after"] = os.getloadavg()
+        results["load_after"] = os.getloadavg()
+        if on_job is not None:
+            on_job(results)
     return results

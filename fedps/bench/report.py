@@ -191,7 +191,7 @@ def render_comparison(results: Mapping[str, Any]) -> str:
     repeat and the bytes per parameter a client sends per round; then each job's phase
     profile."""
     jobs = results["jobs"]
-    systems = [s for s in ("flower", "plaintext", "secure") if any(s in j for j in jobs.values())]
+    systems = ("flower", "plaintext", "secure")
     names = {"flower": "Flower plain", "plaintext": "fedps plaintext", "secure": "fedps secure"}
     lines = [
         "| job | system | s/round (median r2..R) | vs Flower | accuracy | epsilon |"
@@ -200,9 +200,17 @@ def render_comparison(results: Mapping[str, Any]) -> str:
     ]
     for name, job in jobs.items():
         j = job["job"]
-        title = f"{name} ({j['model']}, {job[systems[0]]['num_params']:,} params, "
-        title += f"{j['clients']} clients, {j['rounds']} rounds, sigma {j['noise_multiplier']})"
-        for system in systems:
+        ran = [s for s in systems if s in job]
+        params = f"{job[ran[0]]['num_params']:,} params, " if ran else ""
+        title = f"{name} ({j['model']}, {params}{j['clients']} clients, {j['rounds']} rounds, "
+        title += f"sigma {j['noise_multiplier']})"
+        for failure in job.get("failed", ()):
+            lines.append(
+                f"| {title} | {names[failure['system']]} | failed (repeat {failure['repeat']}) "
+                "| | | | | |"
+            )
+            title = ""
+        for system in ran:
             r = job[system]
             ratio = f"**{r['vs_flower']:.2f}x**" if "vs_flower" in r else "1.00x"
             if system != "flower" and "vs_flower" not in r:

@@ -415,7 +415,14 @@ def bench(
         if against not in (None, "flower"):
             raise FedPSError(f"--against {against}: only flower is supported")
         chosen = [job_named(name, job_rounds) for name in jobs.split(",") if name]
-        compared = compare(chosen, flower=against is not None, repeats=repeats, console=console)
+
+        def save(so_far: dict[str, object]) -> None:  # after each job: a failure keeps the rest
+            if json_out is not None:
+                json_out.write_text(json.dumps(so_far, indent=2) + "\n")
+
+        compared = compare(
+            chosen, flower=against is not None, repeats=repeats, console=console, on_job=save
+        )
         console.print(render_comparison(compared), markup=False, highlight=False, soft_wrap=True)
         _write_json(json_out, json.dumps(compared, indent=2) + "\n", "results")
         return

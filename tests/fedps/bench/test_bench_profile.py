@@ -16,7 +16,7 @@ from fedps.bench import flower_comparison
 from fedps.bench.flower_comparison import Job, compare, job_named
 from fedps.bench.report import render_comparison, render_profile
 from fedps.bench.round_profile import phase_profile
-from fedps.errors import ConfigError
+from fedps.errors import ConfigError, PeerUnavailableError
 from fedps.runtime.demo_summary import DemoSummary
 
 
@@ -156,3 +156,38 @@ def test_jobs_are_named_and_their_rounds_can_be_changed() -> None:
         job_named("resnet")
     with pytest.raises(ConfigError, match="repeats"):
         compare([], flower=True, repeats=0, console=Console(quiet=True))
+
+
+def test_a_failed_run_is_reported_and_the_other_runs_still_compare(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: the first secure run fails (a client crashed, the run timed out)
+    fake = _FakeRuns()
+    calls: list[str] = []
+
+    def demo(config: Path | None, workdir: Path, overrides: Mapping[str, Any]) -> DemoSummary:
+        calls.append("secure" if overrides["he"]["enabled"] else "plaintext")
+        if calls.count("secure") == 1 and calls[-1] == "secure":
+            raise PeerUnavailableError("every client exited before training finished")
+        return fake.demo(config, workdir, overrides)
+
+    monkeypatch.setattr(flower_comparison, "run_flower", fake.flower)
+    monkeypatch.setattr(flower_comparison, "run_demo", lambda *a, **_: demo(*a))
+    saved: list[int] = []
+    # Execute
+    results = compare(
+        [Job("tiny", "mlp", 3, clients=2)],
+        flower=True,
+        repeats=2,
+        console=Console(quiet=True),
+        on_job=lambda so_far: saved.append(len(so_far["jobs"])),
+    )
+    # Assert
+    tiny = results["jobs"]["tiny"]
+    assert tiny["failed"] == [
+        {"system": "secure", "repeat": 1, "error": "every client exited before training finished"}
+    ]
+    assert [run["repeat"] for run in tiny["secure"]["runs"]] == [2]
+    assert len(tiny["plaintext"]["runs"]) == 2
+    assert saved == [1]
+    assert "| fedps secure | failed (repeat 1) |" in render_comparison(results)
