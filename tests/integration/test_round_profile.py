@@ -4,13 +4,14 @@ real Opacus; no clock budget: only what was measured is compared with itself).""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
 from clients.edge_client import EdgeClient
 from fedps.round_timer import CLIENT_PHASES, COORDINATOR_PHASES, CRITICAL_PATH, KEYHOLDER_PHASES
-from fedps.rpc.coordinator_stub import CoordinatorStub
+from fedps.runtime.cluster_status import print_status, status_json
 from tests.conftest import Cluster, run_clients
 
 pytestmark = pytest.mark.integration
@@ -22,18 +23,15 @@ _APPLIED = set(KEYHOLDER_PHASES) - {"rotate"}
 
 
 def test_every_phase_of_a_round_is_reported_and_the_critical_path_fits_in_it(
-    cluster: Cluster,
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Prepare
     config = cluster.config
     clients = [EdgeClient.open(config, index=i) for i in range(config.training.clients)]
     # Execute
     run_clients(clients)
-    stub = CoordinatorStub(config.cluster.coordinator)
-    try:
-        status = stub.get_status(timeout_s=30)
-    finally:
-        stub.close()
+    status = print_status(config)  # what `fedps status` prints, and --json writes
+    printed = capsys.readouterr().out
     # Assert
     history = cluster.coordinator.history
     assert len(history) == config.training.rounds
@@ -59,3 +57,7 @@ def test_every_phase_of_a_round_is_reported_and_the_critical_path_fits_in_it(
     # What the operator sees is what the coordinator recorded.
     assert [dict(r.phases) for r in status.history] == [r.phases for r in history]
     assert [dict(r.client_phases) for r in status.history] == [r.client_phases for r in history]
+    assert f"critical path of round {config.training.rounds}, " in printed
+    written = json.loads(status_json(status))
+    assert written["history"][-1]["phases"] == history[-1].phases
+    assert written["history"][-1]["server_phases"] == history[-1].server_phases
