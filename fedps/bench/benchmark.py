@@ -204,7 +204,9 @@ def measure_verification(
         raise AssertionError("the honest aggregate failed its own check")
     # the zero canaries of every block, computed before anything is decrypted
     _, canary_s = timed(lambda: keys.canaries(aggregate))
-    canary_bytes = push_bytes * CANARIES / public.params.poly_modulus_degree
+    # the canaries' coefficients of both polynomials: c0's whole, c1's as sent
+    blocks = -(-num_params // public.params.values_per_block)
+    canary_bytes = blocks * CANARIES * (public.coeff_bits + public.compression.widths[1]) / 8
     roots = SignedUpdate.sign(
         BlockSigner(),
         coefficients[0],
