@@ -60,11 +60,18 @@ class Compression:
     def __init__(self, params: CkksParams, modulus: int) -> None:
         self.n = params.poly_modulus_degree
         self.modulus = modulus
-        self.drops = (params.c0_drop_bits, params.c1_drop_bits)
-        #: M_d per polynomial: compressed values are below it
-        self.limits = tuple(-(-modulus // (1 << d)) for d in self.drops)
+        #: low bits dropped from c0 (not at its canaries) and from c1
+        self.drops: tuple[int, int] = (params.c0_drop_bits, params.c1_drop_bits)
+        #: ``M_d = ceil(q / 2^d)`` per polynomial: compressed values are below it
+        self.limits: tuple[int, int] = (
+            _limit(modulus, self.drops[0]),
+            _limit(modulus, self.drops[1]),
+        )
         #: bits per compressed value, per polynomial
-        self.widths = tuple((limit - 1).bit_length() for limit in self.limits)
+        self.widths: tuple[int, int] = (
+            (self.limits[0] - 1).bit_length(),
+            (self.limits[1] - 1).bit_length(),
+        )
         self._canaries = np.array(params.canary_positions, dtype=np.int64)
         self._sizes = (
             bitpack.packed_size(self.n, self.widths[0]),
@@ -175,6 +182,11 @@ class Compression:
                 f"ciphertext block #{where[int(bad[0])]}: coefficient out of range (not below q)"
             )
         return out
+
+
+def _limit(modulus: int, drop: int) -> int:
+    """How many multiples of ``2^drop`` lie in ``[0, q)``: ``ceil(q / 2^drop)``."""
+    return -(-modulus // (1 << drop))
 
 
 def _pack_half(values: np.ndarray, bits: int) -> list[bytes]:
