@@ -69,7 +69,7 @@ from typing import Self
 import numpy as np
 
 from clients.client_eval import ClientEvaluation
-from clients.client_session import ClientSession, Uplink, read_enrolment_token
+from clients.client_session import LONG_POLL_S, ClientSession, Uplink, pause, read_enrolment_token
 from clients.client_state import ClientState, data_fingerprint, default_state_dir
 from clients.dp_trainer import PrivacySpend, Trainer, create_trainer
 from clients.peer_failures import (
@@ -447,7 +447,8 @@ class EdgeClient:
                 if not registered:
                     self.session.register(left)
                     registered = True
-                if not self.run_task(self.session.poll_task(retry_s=left)):
+                task = self.session.poll_task(retry_s=left, wait_s=LONG_POLL_S)
+                if not self.run_task(task):
                     return
                 backoff.reset()
                 continue
@@ -490,7 +491,7 @@ class EdgeClient:
             if self.pusher.resend(task):
                 self._report(task.round, 0, budget_exhausted=False)
         else:
-            time.sleep(max(0.05, task.retry_after))
+            pause(task)
         return True
 
     def close(self) -> None:
