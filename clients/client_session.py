@@ -52,11 +52,20 @@ from fedps.rpc.model_reader import ModelReader
 from fedps.sharding.blocks import BlockLayout, flatten_model
 from fedps.sharding.hash_ring import HashRing
 
-__all__ = ["ClientSession", "Uplink", "read_enrolment_token"]
+__all__ = ["LONG_POLL_S", "ClientSession", "Uplink", "pause", "read_enrolment_token"]
 
 _log = logging.getLogger("fedps")
+#: How long a waiting client lets the coordinator hold its ``GetTask`` call (a long poll).
+LONG_POLL_S = 2.0
 _T = TypeVar("_T")
 _UNKNOWN = "{}: not known before the client connected and joined a run"
+
+
+def pause(task: Assignment) -> None:
+    """Wait what a WAIT answer asks before the next ``GetTask`` (nothing after a held call,
+    which has waited already; at least 50 ms otherwise)."""
+    if task.retry_after > 0:
+        time.sleep(max(0.05, task.retry_after))
 
 
 class Uplink(Protocol):
@@ -224,10 +233,14 @@ class ClientSession:
             self.run_id = reply.run_id
         return reply
 
-    def poll_task(self, *, retry_s: float | None = None) -> Assignment:
+    def poll_task(self, *, retry_s: float | None = None, wait_s: float = 0.0) -> Assignment:
         """One ``GetTask`` call (retried while the coordinator is unavailable, up to
-        ``retry_s``), carrying the spend recorded in the ledger."""
-        query = AssignmentQuery(self.client_id, self.ledger.epsilon, self.config.privacy.delta)
+        ``retry_s``), carrying the spend recorded in the ledger. ``wait_s``: while the answer
+        would be WAIT, the coordinator may hold the call this long and answer as soon as the
+        task changes (a long poll; :data:`LONG_POLL_S` for a client that only waits)."""
+        query = AssignmentQuery(
+            self.client_id, self.ledger.epsilon, self.config.privacy.delta, wait_s=wait_s
+        )
         return self.uplink.get_task(query, retry_s=retry_s)
 
     def announce_spend(self) -> bool:
@@ -297,12 +310,12 @@ class ClientSession:
         one comes within ``timeout_s``."""
         until = time.time() + timeout_s
         while time.time() < until:
-            task = self.poll_task(retry_s=timeout_s)
+            task = self.poll_task(retry_s=timeout_s, wait_s=LONG_POLL_S)
             if task.kind == "done":
                 return None
             if task.kind == "train" and task.round > round_:
                 return task
-            time.sleep(max(0.05, task.retry_after))
+            pause(task)
         return None
 
     # ------------------------------------------------------------------ channels

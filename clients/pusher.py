@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from clients.client_session import ClientSession
+from clients.client_session import LONG_POLL_S, ClientSession, pause
 from clients.peer_failures import PeerFailures
 from clients.update_pipeline import PreparedPush
 from fedps.errors import FedPSError
@@ -86,12 +86,12 @@ class Pusher:
         a push phase, e.g. too few clients committed)."""
         until = time.time() + timeout_s
         while time.time() < until:
-            task = self.session.poll_task(retry_s=timeout_s)
+            task = self.session.poll_task(retry_s=timeout_s, wait_s=LONG_POLL_S)
             if task.kind == "push" and task.round == round_:
                 return True
             if task.kind == "done" or task.round > round_:
                 return False
-            time.sleep(max(0.05, min(task.retry_after, 0.2)))
+            pause(task)
         return False
 
     def send(self, prepared: PreparedPush) -> int:
@@ -113,7 +113,7 @@ class Pusher:
         that round (after waiting ``task.retry_after``)."""
         committed = self.committed
         if committed is None or committed.round != task.round:
-            time.sleep(max(0.05, task.retry_after))
+            pause(task)
             return False
         self.push_all(committed)
         return True

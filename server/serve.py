@@ -228,6 +228,16 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
     return shard
 
 
+def _server_threads(role: str) -> int:
+    """The gRPC server threads of ``role``: the coordinator has one more for each waiting
+    client's ``GetTask`` call it may hold (a long poll)."""
+    if role != "coordinator":
+        return 16
+    from server.coordinator.coordinator_settings import MAX_HELD_CALLS
+
+    return 16 + MAX_HELD_CALLS
+
+
 def coordinator_settings(config: FedPSConfig) -> CoordinatorSettings:
     """The coordinator's schedule and limits from the configuration."""
     from server.coordinator.coordinator_settings import CoordinatorSettings
@@ -301,7 +311,7 @@ def serve_forever(
         raise InvalidArgumentError(str(exc)) from None
     name = cluster.shard_ids[index] if role == "shard" else role
     with StateLock(cluster.state_dir / name):  # held until this process stops serving
-        server = create_server()
+        server = create_server(_server_threads(role))
         try:
             bind(server, address, role=name)
         except BaseException:

@@ -84,13 +84,17 @@ class RegistrationReply(WireRecord[coordinator_pb2.RegisterReply]):
 
 @dataclass(frozen=True, slots=True)
 class AssignmentQuery(WireRecord[coordinator_pb2.TaskRequest]):
-    """A client asks for its next task, carrying the privacy spend it recorded."""
+    """A client asks for its next task, carrying the privacy spend it recorded; a waiting
+    client lets the coordinator hold the call up to ``wait_s`` until its task changes."""
 
     wire = coordinator_pb2.TaskRequest
 
     client_id: str
     epsilon: float = 0.0
     delta: float = 0.0
+    #: how long the coordinator may hold the call while the answer would be WAIT (a long
+    #: poll; 0: answer at once)
+    wait_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -37,11 +37,12 @@ it was in instead of starting over.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -69,6 +70,8 @@ __all__ = ["Assignment", "Coordinator", "RoundRecord"]
 _log = logging.getLogger("fedps")
 
 _WAIT_S = RETRY_AFTER_S
+#: The longest a ``GetTask`` call is held while its answer would be WAIT (a long poll).
+MAX_HOLD_S = 5.0
 
 
 class Coordinator:
@@ -116,6 +119,8 @@ class Coordinator:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()
+        self._held_calls = 0  # GetTask calls held (a long poll), each holding a server thread
+        self._recheck_commitments = False  # a cohort member asked: it may have committed
         self.evaluator = evaluator
         self._vector: np.ndarray = evaluator.initial_vector()
         self._vector_version = 0  # the version _vector holds
@@ -194,10 +199,23 @@ class Coordinator:
         return self.registry.clients
 
     def get_task(
-        self, client_id: str, credential: bytes = b"", *, epsilon: float = 0.0, delta: float = 0.0
+        self,
+        client_id: str,
+        credential: bytes = b"",
+        *,
+        epsilon: float = 0.0,
+        delta: float = 0.0,
+        wait_s: float = 0.0,
     ) -> Assignment:
         """The next task for ``client_id`` (authenticated by its credential), which says it
         has spent ``epsilon`` (at ``delta``) so far.
+
+        While the answer would be WAIT, the call is held up to ``wait_s`` seconds (capped at
+        :data:`MAX_HOLD_S`) and answered as soon as the client's task changes: a waiting
+        client learns of a new round or of the push phase without polling. At most
+        ``settings.max_held_calls`` calls are held at once (each holds a server thread);
+        beyond that WAIT is answered at once. A held call that still answers WAIT says to
+        ask again at once (``retry_after`` 0): it has waited already.
 
         Raises
         ------
@@ -207,26 +225,55 @@ class Coordinator:
             See :meth:`ClientRegistry.check_in`.
         """
         self.registry.check_in(client_id, credential, epsilon=epsilon, delta=delta)
-        with self._lock:
-            # WAIT and DONE carry the last finished round: at client level every global round
-            # counts in a client's spend, the rounds it was not drawn for too.
-            if self.finished:
-                return Assignment("done", self.round)
+        hold_s = min(wait_s, MAX_HOLD_S) if math.isfinite(wait_s) and wait_s > 0 else 0.0
+        until = time.monotonic() + hold_s
+        held = False
+        with self._changed:
             current = self._open
-            if current is None or client_id in current.reported or time.time() >= current.deadline:
-                return Assignment("wait", self.round)
-            if current.pushing and client_id in current.committed:
-                return Assignment("push", current.round, current.version, current.deadline)
-            if not current.pushing and client_id in current.cohort:
-                return Assignment(
-                    "train",
-                    current.round,
-                    current.version,
-                    current.deadline,
-                    weight_scale=float(self.registry.most_examples(current.cohort)),
-                    context_id=self._context_id,
-                )
+            if current is not None and not current.pushing and client_id in current.cohort:
+                # A cohort member asks while commitments come in: it may have committed, so
+                # the commit phase asks the key holder again now, not at its next poll.
+                self._recheck_commitments = True
+                self._changed.notify_all()
+            try:
+                while True:
+                    task = self._task_for(client_id)
+                    left = until - time.monotonic()
+                    if task.kind != "wait" or left <= 0 or self._stop.is_set():
+                        break
+                    if not held:
+                        if self._held_calls >= self.settings.max_held_calls:
+                            break
+                        self._held_calls, held = self._held_calls + 1, True
+                    self._changed.wait(timeout=left)
+            finally:
+                if held:
+                    self._held_calls -= 1
+        if held and task.kind == "wait":
+            return replace(task, retry_after=0.0)
+        return task
+
+    def _task_for(self, client_id: str) -> Assignment:
+        """``client_id``'s task now (the caller holds the lock)."""
+        # WAIT and DONE carry the last finished round: at client level every global round
+        # counts in a client's spend, the rounds it was not drawn for too.
+        if self.finished:
+            return Assignment("done", self.round)
+        current = self._open
+        if current is None or client_id in current.reported or time.time() >= current.deadline:
             return Assignment("wait", self.round)
+        if current.pushing and client_id in current.committed:
+            return Assignment("push", current.round, current.version, current.deadline)
+        if not current.pushing and client_id in current.cohort:
+            return Assignment(
+                "train",
+                current.round,
+                current.version,
+                current.deadline,
+                weight_scale=float(self.registry.most_examples(current.cohort)),
+                context_id=self._context_id,
+            )
+        return Assignment("wait", self.round)
 
     def report(
         self,
@@ -341,8 +388,9 @@ class Coordinator:
             if cohort is None:
                 break
             self._run_round(self.round + 1, cohort)
-        with self._lock:
+        with self._changed:
             self.finished = not self._stop.is_set()
+            self._changed.notify_all()  # waiting clients learn at once that the run is done
         if self.finished:
             self._checkpoint()
             _log.info("training finished after %d rounds", self.round)
@@ -496,6 +544,8 @@ class Coordinator:
             self._changed.notify_all()
         try:
             while not self._stop.is_set() and time.time() < opened.deadline:
+                with self._changed:
+                    self._recheck_commitments = False
                 commitments = self._peers.commitments(opened.round, freeze=False)
                 with self._changed:
                     opened.committed = frozenset(commitments.client_ids)
@@ -503,7 +553,8 @@ class Coordinator:
                         opened.cohort, opened.committed, opened.reported
                     ):
                         break
-                    self._wait(opened)
+                    if not self._recheck_commitments:  # else a member asked while we did
+                        self._wait(opened)
         finally:
             with self._changed:
                 self._open = None

@@ -60,7 +60,11 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             query = records.AssignmentQuery.from_proto(request)
             require_peer(context, query.client_id)
             task = self.coordinator.get_task(
-                query.client_id, _credential(context), epsilon=query.epsilon, delta=query.delta
+                query.client_id,
+                _credential(context),
+                epsilon=query.epsilon,
+                delta=query.delta,
+                wait_s=query.wait_s,
             )
         return task.to_proto()
 
