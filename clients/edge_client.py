@@ -143,9 +143,11 @@ class RoundOutcome:
 def client_partition(
     config: FedPSConfig, index: int, *, data: Path | None = None, task: Task | None = None
 ) -> Dataset:
-    """Client ``index``'s own training data: ``task``'s (default: the configured task's)
-    ``load_data`` for the file or folder ``data``; for a built-in dataset, partition ``index``
-    under the configured partitioner."""
+    """Client ``index``'s own training data.
+
+    ``task``'s (default: the configured task's) ``load_data`` for the file or folder ``data``; for a
+    built-in dataset, partition ``index`` under the configured partitioner.
+    """
     t = config.training
     if not 0 <= index < t.clients:
         raise InvalidArgumentError(f"client index {index} out of range [0, {t.clients})")
@@ -161,8 +163,10 @@ def _local_training(
     task: Task | None,
     trainer: Trainer | None,
 ) -> tuple[Task, Trainer, Dataset | None]:
-    """Client ``index``'s task, its trainer and its own data (None: a given ``trainer``
-    holds the data, whose task is the default one)."""
+    """Client ``index``'s task, its trainer and its own data.
+
+    The data is None when a given ``trainer`` holds the data, whose task is the default one.
+    """
     if trainer is not None:
         return task or trainer.task, trainer, None
     task = task or load_task(config)
@@ -224,9 +228,11 @@ class EdgeClient:
         uplink: Uplink | None = None,
         peer_wait_s: float = _PEER_WAIT_S,
     ) -> None:
-        """Compose a client from parts :meth:`open` made (see it for the parameters);
-        ``own_data``: the client's own training data (None: ``trainer`` holds data fedps
-        does not see)."""
+        """Compose a client from parts :meth:`open` made (see it for the parameters).
+
+        ``own_data``: the client's own training data (None: ``trainer`` holds data fedps does not
+        see).
+        """
         self.config = config
         self.name, self.identity = name, identity
         self.mods = tuple(mods)
@@ -282,8 +288,11 @@ class EdgeClient:
         uplink: Uplink | None = None,
         peer_wait_s: float = _PEER_WAIT_S,
     ) -> Self:
-        """Read client ``index``'s enrolment token, open its state folder and load its data
-        and task; returns the client.
+        """Read client ``index``'s enrolment token, open its state folder, load its data and task.
+
+        Returns the client. Its identity is ``tls.name`` or ``client-INDEX``: the certificate it
+        presents under mutual TLS, or, without TLS, the enrolment token ``tls.directory/NAME.token``
+        it registers with.
 
         Parameters
         ----------
@@ -325,9 +334,6 @@ class EdgeClient:
         peer_wait_s
             How long a call to a peer retries its transient failures (a peer restarting,
             unreachable or overloaded) before the call counts as failed.
-
-        Its identity is ``tls.name`` or ``client-INDEX``: the certificate it presents under mutual
-        TLS, or, without TLS, the enrolment token ``tls.directory/NAME.token`` it registers with.
 
         Raises
         ------
@@ -434,12 +440,14 @@ class EdgeClient:
         )
 
     def _run_tasks(self, deadline: float) -> None:
-        """Ask for tasks and carry them out until the run is over for us or ``deadline``
-        (``time.time()``), surviving every answer of a peer.
+        """Ask for tasks and carry them out until the run is over for us or ``deadline``.
+
+        The deadline is a ``time.time()``; every answer of a peer is survived.
 
         The steps that talk to the shards and the key holder count their peers' refusals
         themselves; what reaches this loop is the coordinator's (its tasks, a registration
-        again) or the client's own."""
+        again) or the client's own.
+        """
         backoff = failure_backoff()
         registered = True
         while (left := deadline - time.time()) > 0:
@@ -494,8 +502,7 @@ class EdgeClient:
         return True
 
     def close(self) -> None:
-        """Release the state folder (another process may then use it) and close the
-        uplink."""
+        """Release the state folder (another process may then use it) and close the uplink."""
         self.state.close()
         self.uplink.close()
 
@@ -610,19 +617,25 @@ class EdgeClient:
         return self.trainer.train_round(params)
 
     def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
-        """Weight (by :attr:`weight`), clip, encrypt and commit an update; returns the signed
-        push messages per shard (None when the round's commitments had closed)."""
+        """Weight (by :attr:`weight`), clip, encrypt and commit an update.
+
+        Returns the signed push messages per shard (None when the round's commitments had closed).
+        """
         return self.pipeline.prepare(round_, version, delta, weight=self.weight)
 
     def send(self, prepared: PreparedPush) -> int:
-        """Push committed messages to their shards now (the round's commitments must be
-        frozen and the shards have opened it); returns bytes pushed. A shard that refuses
-        or keeps failing counts no bytes (and a failure, :attr:`peer_failures`)."""
+        """Push committed messages to their shards now; returns bytes pushed.
+
+        The round's commitments must be frozen and the shards have opened it. A shard that refuses
+        or keeps failing counts no bytes (and a failure, :attr:`peer_failures`).
+        """
         return self.pusher.send(prepared)
 
     def _deliver(self, prepared: PreparedPush) -> None:
-        """Push a committed update once its round's push phase opens, report it, and tell
-        ``on_round``."""
+        """Push a committed update once its round's push phase opens.
+
+        Then report it, and tell ``on_round``.
+        """
         self._conclude(prepared.round, self.pusher.push_when_open(prepared))
 
     def _conclude(self, round_: int, pushed: int) -> None:
