@@ -1,5 +1,7 @@
-"""What an edge client is made of before it talks to anyone: who it is, its state, its task,
-its trainer and its own data, opened from the configuration (the only I/O of making a client).
+"""What an edge client is made of before it talks to anyone.
+
+Who it is, its state, its task, its trainer and its own data, opened from the configuration
+(the only I/O of making a client).
 """
 
 from __future__ import annotations
@@ -120,9 +122,11 @@ def open_setup(
 def client_partition(
     config: FedPSConfig, index: int, *, data: Path | None = None, task: Task | None = None
 ) -> Dataset:
-    """Client ``index``'s own training data: ``task``'s (default: the configured task's)
-    ``load_data`` for the file or folder ``data``; for a built-in dataset, partition ``index``
-    under the configured partitioner."""
+    """Client ``index``'s own training data.
+
+    ``task``'s (default: the configured task's) ``load_data`` for the file or folder ``data``; for
+    a built-in dataset, partition ``index`` under the configured partitioner.
+    """
     t = config.training
     if not 0 <= index < t.clients:
         raise InvalidArgumentError(f"client index {index} out of range [0, {t.clients})")
@@ -138,8 +142,10 @@ def _local_training(
     task: Task | None,
     trainer: Trainer | None,
 ) -> tuple[Task, Trainer, Dataset | None]:
-    """Client ``index``'s task, its trainer and its own data (None: a given ``trainer``
-    holds the data, whose task is the default one)."""
+    """Client ``index``'s task, its trainer and its own data.
+
+    The data is None when a given ``trainer`` holds the data, whose task is the default one.
+    """
     if trainer is not None:
         return task or trainer.task, trainer, None
     task = task or load_task(config)

@@ -338,12 +338,14 @@ class EdgeClient:
         )
 
     def _run_tasks(self, deadline: float) -> None:
-        """Ask for tasks and carry them out until the run is over for us or ``deadline``
-        (``time.time()``), surviving every answer of a peer.
+        """Ask for tasks and carry them out until the run is over for us or ``deadline``.
+
+        The deadline is a ``time.time()``; every answer of a peer is survived.
 
         The steps that talk to the shards and the key holder count their peers' refusals
         themselves; what reaches this loop is the coordinator's (its tasks, a registration
-        again) or the client's own."""
+        again) or the client's own.
+        """
         backoff = failure_backoff()
         registered = True
         while (left := deadline - time.time()) > 0:
@@ -399,8 +401,7 @@ class EdgeClient:
         return True
 
     def close(self) -> None:
-        """Release the state folder (another process may then use it) and close the
-        uplink."""
+        """Release the state folder (another process may then use it) and close the uplink."""
         self.state.close()
         self.uplink.close()
 
@@ -515,19 +516,25 @@ class EdgeClient:
         return self.trainer.train_round(params)
 
     def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
-        """Weight (by :attr:`weight`), clip, encrypt and commit an update; returns the signed
-        push messages per shard (None when the round's commitments had closed)."""
+        """Weight (by :attr:`weight`), clip, encrypt and commit an update.
+
+        Returns the signed push messages per shard (None when the round's commitments had closed).
+        """
         return self.pipeline.prepare(round_, version, delta, weight=self.weight)
 
     def send(self, prepared: PreparedPush) -> int:
-        """Push committed messages to their shards now (the round's commitments must be
-        frozen and the shards have opened it); returns bytes pushed. A shard that refuses
-        or keeps failing counts no bytes (and a failure, :attr:`peer_failures`)."""
+        """Push committed messages to their shards now; returns bytes pushed.
+
+        The round's commitments must be frozen and the shards have opened it. A shard that refuses
+        or keeps failing counts no bytes (and a failure, :attr:`peer_failures`).
+        """
         return self.pusher.send(prepared)
 
     def _deliver(self, prepared: PreparedPush) -> None:
-        """Push a committed update once its round's push phase opens, report it, and tell
-        ``on_round``."""
+        """Push a committed update once its round's push phase opens.
+
+        Then report it, and tell ``on_round``.
+        """
         self._conclude(prepared.round, self.pusher.push_when_open(prepared))
 
     def _conclude(self, round_: int, pushed: int) -> None:

@@ -179,8 +179,10 @@ def measure_plain(num_params: int, *, clients: int = 2) -> dict[str, float]:
 
 
 def decryption_error(keys: SecretContext, *, updates: int = 100, scale: float = 1.0) -> float:
-    """Max |decrypted sum - exact sum| over one block after summing ``updates`` updates,
-    relative to the update scale (the largest |value| of one update)."""
+    """Max |decrypted sum - exact sum| over one block after summing ``updates`` updates.
+
+    Relative to the update scale (the largest |value| of one update).
+    """
     rng = np.random.default_rng(1)
     public = keys.public
     n = public.params.values_per_block
@@ -194,8 +196,10 @@ def decryption_error(keys: SecretContext, *, updates: int = 100, scale: float = 
 
 
 def measure_noise(size: int, *, repeats: int = 7) -> dict[str, float]:
-    """Gaussian values per second: the secure hardened draw against ``torch.normal``
-    (medians of ``repeats`` alternating runs, so both see the same machine load)."""
+    """Gaussian values per second: the secure hardened draw against ``torch.normal``.
+
+    Medians of ``repeats`` alternating runs, so both see the same machine load.
+    """
     import torch
 
     source = SecureRandom()

@@ -56,6 +56,12 @@ class CkksParams:
         Size of the single coefficient prime q, in bits.
     scale_bits
         log2 of the CKKS scale: values are encoded as ``round(x * 2**scale_bits)``.
+
+    Raises
+    ------
+    ConfigError
+        N is not a ring dimension of 128-bit security, ``coeff_modulus_bits`` is outside
+        ``[20, limit]`` for N, or ``scale_bits`` outside ``[10, coeff_modulus_bits - 4]``.
     """
 
     poly_modulus_degree: int = 2048

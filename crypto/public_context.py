@@ -57,6 +57,9 @@ class PublicContext:
         The scheme parameters.
     public_key
         A SEAL ``PublicKey`` valid for ``params``.
+    _seal
+        SEAL's parameters and context for ``params`` (:func:`make_seal_context`), made by
+        whoever builds the public context.
     """
 
     def __init__(self, params: CkksParams, public_key: Any, *, _seal: tuple[Any, Any]) -> None:
@@ -109,8 +112,10 @@ class PublicContext:
         return seal.Encryptor(self._context, self._public_key), seal.Evaluator(self._context)
 
     def _fresh_zero(self, cipher: Any) -> None:
-        """Fill ``cipher`` with a fresh public-key encryption of zero, out of NTT form, at
-        our scale."""
+        """Fill ``cipher`` with a fresh public-key encryption of zero.
+
+        Out of NTT form, at our scale.
+        """
         encryptor, evaluator = self._zero_tools
         encryptor.encrypt_zero(cipher)
         evaluator.transform_from_ntt_inplace(cipher)

@@ -153,8 +153,10 @@ class Coordinator:
 
     @classmethod
     def open(cls, state_dir: Path, settings: CoordinatorSettings, *, task: Task) -> Coordinator:
-        """The coordinator whose state folder is ``state_dir``: ``task``'s model built and its
-        evaluation data loaded, the enrolment key read, the checkpoint loaded if there is one.
+        """The coordinator whose state folder is ``state_dir``.
+
+        ``task``'s model is built and its evaluation data loaded, the enrolment key read, the
+        checkpoint loaded if there is one.
 
         Parameters
         ----------
@@ -207,8 +209,9 @@ class Coordinator:
         delta: float = 0.0,
         wait_s: float = 0.0,
     ) -> Assignment:
-        """The next task for ``client_id`` (authenticated by its credential), which says it
-        has spent ``epsilon`` (at ``delta``) so far.
+        """The next task for ``client_id`` (authenticated by its credential).
+
+        The client says it has spent ``epsilon`` (at ``delta``) so far.
 
         While the answer would be WAIT, the call is held up to ``wait_s`` seconds (capped at
         :data:`MAX_HOLD_S`) and answered as soon as the client's task changes: a waiting
@@ -288,10 +291,11 @@ class Coordinator:
         noise_multiplier: float | None = None,
         metrics: Mapping[str, float] | None = None,
     ) -> None:
-        """A client says it pushed its update for ``round_`` (or ran out of budget); it trains
-        with DP noise multiplier ``noise_multiplier`` (``None``: not said). ``metrics``: the
-        task's metrics on its own data (``task.client_eval``), kept for the open round's
-        record when the operator holds no evaluation data.
+        """A client says it pushed its update for ``round_`` (or ran out of budget).
+
+        It trains with DP noise multiplier ``noise_multiplier`` (``None``: not said). ``metrics``:
+        the task's metrics on its own data (``task.client_eval``), kept for the open round's record
+        when the operator holds no evaluation data.
 
         Raises
         ------
@@ -338,8 +342,10 @@ class Coordinator:
         return self.registry.client_noise_multipliers
 
     def wait_until_pushing(self, round_: int, timeout_s: float) -> bool:
-        """Wait until ``round_``'s commitments are frozen and its shards take pushes; False
-        when the round ended first (too few commitments) or ``timeout_s`` passed."""
+        """Wait until ``round_``'s commitments are frozen and its shards take pushes.
+
+        False when the round ended first (too few commitments) or ``timeout_s`` passed.
+        """
         until = time.time() + timeout_s
         with self._changed:
             while time.time() < until and not self._stop.is_set():
@@ -423,8 +429,9 @@ class Coordinator:
         self._keyholder_key = context.signing_key
 
     def pull_model(self) -> np.ndarray:
-        """The published model, pulled from the shards (one attempt), every block's
-        key-holder signature checked.
+        """The published model, pulled from the shards (one attempt).
+
+        Every block's key-holder signature is checked.
 
         Raises
         ------
@@ -452,8 +459,9 @@ class Coordinator:
         return None
 
     def run_round(self, round_: int, cohort: frozenset[str]) -> None:
-        """Run round ``round_`` with ``cohort`` (client ids) to its end: commit, push, close,
-        apply or abandon, evaluate, record it in :attr:`history`.
+        """Run round ``round_`` with ``cohort`` (client ids) to its end.
+
+        Commit, push, close, apply or abandon, evaluate, record it in :attr:`history`.
 
         Blocks until the round ends (run it in a thread and serve the cohort's
         :meth:`get_task` and :meth:`report` meanwhile), or returns early without a record
@@ -515,15 +523,19 @@ class Coordinator:
         self._finish_round(record, started, bytes_before)
 
     def _record_applied(self, opened: OpenRound) -> None:
-        """Record ``opened``, which the key holder applied while we were down (asking again
-        returns its result)."""
+        """Record ``opened``, which the key holder applied while we were down.
+
+        Asking again returns its result.
+        """
         record = RoundRecord(opened.round, opened.version, 0, cohort=len(opened.cohort))
         if self._apply(opened, opened.committed, record):
             self._finish_round(record, time.time(), self.bytes_pushed)
 
     def _commit_phase(self, opened: OpenRound) -> bool:
-        """Open the commit phase at the key holder and collect commitments; False when the
-        key holder refused to open it (or the coordinator stopped meanwhile)."""
+        """Open the commit phase at the key holder and collect commitments.
+
+        False when the key holder refused to open it (or the coordinator stopped meanwhile).
+        """
         self._checkpoint(opened)  # the cohort and deadline survive a restart
         try:
             self._peers.open_commits(self._opening(opened, opened.cohort))
@@ -537,8 +549,10 @@ class Coordinator:
         return True
 
     def _collect_commitments(self, opened: OpenRound) -> None:
-        """Hand out TRAIN tasks and wait until the round policy says the commit phase is
-        complete, or its deadline."""
+        """Hand out TRAIN tasks and wait until the commit phase is complete, or its deadline.
+
+        The round policy says when it is complete.
+        """
         with self._changed:
             self._open = opened
             self._changed.notify_all()
@@ -568,8 +582,10 @@ class Coordinator:
         resume: OpenRound | None,
         record: RoundRecord,
     ) -> set[str] | None:
-        """Open the round on the shards for the ``committed`` clients, wait for their pushes
-        and close it; returns the clients whose pushes are complete (None: stopping)."""
+        """Open the round on the shards for the ``committed`` clients, wait for pushes, close it.
+
+        Returns the clients whose pushes are complete (None: stopping).
+        """
         opened.committed, opened.pushing = committed, True
         if resume is None or not resume.pushing:
             opened.deadline = time.time() + self._training.deadline_s
@@ -620,8 +636,11 @@ class Coordinator:
         self._mark_missed(opened, opened.committed)
 
     def _mark_missed(self, opened: OpenRound, expected: frozenset[str]) -> None:
-        """Once ``opened``'s deadline passed, leave the members of ``expected`` that did not
-        report out of cohorts until they ask for a task again (a dead client)."""
+        """Leave the members of ``expected`` that did not report out of cohorts.
+
+        Once ``opened``'s deadline passed, they stay out until they ask for a task again (a dead
+        client).
+        """
         if not self._stop.is_set() and time.time() >= opened.deadline:
             self.registry.mark_missed(expected - opened.reported, deadline=opened.deadline)
 
@@ -630,8 +649,9 @@ class Coordinator:
         self._changed.wait(timeout=min(_WAIT_S, max(0.0, opened.deadline - time.time())))
 
     def _apply(self, opened: OpenRound, accepted: frozenset[str], record: RoundRecord) -> bool:
-        """Have the key holder check, decrypt and apply exactly ``accepted``'s sum; record
-        the new version, or abandon the round if the key holder refused it. False: stopping.
+        """Have the key holder check, decrypt and apply exactly ``accepted``'s sum.
+
+        Record the new version, or abandon the round if the key holder refused it. False: stopping.
 
         Only a refusal (:class:`PolicyError`: the checks failed, nothing was decrypted)
         abandons the round. Any other failure (the key holder could not write its state, a
@@ -639,7 +659,8 @@ class Coordinator:
         succeeds: the key holder may have applied the round, and an applied round is never
         discarded (asking again returns its result and publishes it again). A shard that
         stalls the round (:class:`ShardStalledError`) stops the run and leaves the round as
-        it is, for a restart to apply once the shard answers."""
+        it is, for a restart to apply once the shard answers.
+        """
         application = RoundApplication(
             opened.round, opened.version, self.run_id, self.registry.signing_keys(accepted)
         )
@@ -662,8 +683,11 @@ class Coordinator:
         return True
 
     def _refused(self, opened: OpenRound, record: RoundRecord, exc: PolicyError) -> None:
-        """The key holder refused ``opened``: discard it, and follow the key holder's version
-        if the refusal was a version mismatch (later rounds train the key holder's model)."""
+        """The key holder refused ``opened``.
+
+        Discard it, and follow the key holder's version if the refusal was a version mismatch (later
+        rounds train the key holder's model).
+        """
         record.abandoned = True
         if isinstance(exc, QuarantinedError):
             self._halt(exc)  # no round can be applied any more
@@ -682,8 +706,10 @@ class Coordinator:
             self.version = state.version
 
     def _halt(self, exc: QuarantinedError | ShardStalledError) -> None:
-        """Stop the run on ``exc``, which no round can get past, with one line that says what
-        holds it and what to do."""
+        """Stop the run on ``exc``, which no round can get past.
+
+        With one line that says what holds it and what to do.
+        """
         _log.error("the run stops: %s", exc)
         self.stop()
 
