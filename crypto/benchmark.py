@@ -180,8 +180,10 @@ def measure_plain(num_params: int, *, clients: int = 2) -> dict[str, float]:
 
 
 def decryption_error(keys: SecretContext, *, updates: int = 100, scale: float = 1.0) -> float:
-    """Max |decrypted sum - exact sum| over one block after summing ``updates`` updates,
-    relative to the update scale (the largest |value| of one update)."""
+    """Max |decrypted sum - exact sum| over one block after summing ``updates`` updates.
+
+    Relative to the update scale (the largest |value| of one update).
+    """
     rng = np.random.default_rng(1)
     public = keys.public
     n = public.params.values_per_block
@@ -195,8 +197,9 @@ def decryption_error(keys: SecretContext, *, updates: int = 100, scale: float = 
 
 
 def wire_error(keys: SecretContext, *, ciphertexts: int = 2000, sums: int = 20) -> dict[str, float]:
-    """The decryption error of encryptions of zero, in units of the scale, before and after
-    the wire compression (the same ciphertexts), against the proven bounds.
+    """The decryption error before and after the wire compression, against its bounds.
+
+    In units of the scale, on the same encryptions of zero before and after compression.
 
     Over ``ciphertexts`` fresh encryptions of zero: the largest |error| of a value
     coefficient and of a canary, fresh (as drawn) and sent (compressed and expanded), and
@@ -239,8 +242,10 @@ def wire_error(keys: SecretContext, *, ciphertexts: int = 2000, sums: int = 20) 
 
 
 def measure_noise(size: int, *, repeats: int = 7) -> dict[str, float]:
-    """Gaussian values per second: the secure hardened draw against ``torch.normal``
-    (medians of ``repeats`` alternating runs, so both see the same machine load)."""
+    """Gaussian values per second: the secure hardened draw against ``torch.normal``.
+
+    Medians of ``repeats`` alternating runs, so both see the same machine load.
+    """
     import torch
 
     source = SecureRandom()

@@ -150,8 +150,10 @@ class BlockEncryptor:
     def encrypt_with_coefficients(
         self, vector: np.ndarray, blocks: list[int] | None = None
     ) -> tuple[dict[int, bytes], np.ndarray]:
-        """Encrypt a flat vector; returns the packed blocks and their coefficients (what the
-        blocks expand to: the ciphertexts the client commits to and sketches).
+        """Encrypt a flat vector; returns the packed blocks and their coefficients.
+
+        The coefficients are what the blocks expand to: the ciphertexts the client commits to
+        and sketches.
 
         Parameters
         ----------

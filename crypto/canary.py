@@ -69,13 +69,17 @@ CANARY_SIGMAS = TAIL_SIGMAS
 
 
 class CanaryError(PolicyError):
-    """A canary of a decryption exceeds the noise bound: the ciphertext carries a change in
-    ``c1`` (or a client encoded something there). Nothing of it is released.
+    """A canary of a decryption exceeds the noise bound.
+
+    The ciphertext carries a change in ``c1`` (or a client encoded something there). Nothing of it
+    is released.
 
     Parameters
     ----------
     rows
         Indices, in the batch checked, of the ciphertexts that failed.
+    message
+        What failed, for the error.
     """
 
     def __init__(self, rows: list[int], message: str) -> None:
@@ -84,8 +88,11 @@ class CanaryError(PolicyError):
 
 
 def canary_bound(params: CkksParams, noise_weight: float) -> float:
-    """The largest |canary| an honest sum ``sum m_i c_i`` may show (``noise_weight`` =
-    ``sum m_i^2``; 1 for one ciphertext, the contributor count for a synchronous round)."""
+    """The largest |canary| an honest sum ``sum m_i c_i`` may show.
+
+    ``noise_weight`` = ``sum m_i^2``: 1 for one ciphertext, the contributor count for a synchronous
+    round.
+    """
     return CANARY_SIGMAS * math.sqrt(params.canary_noise_proxy * max(1.0, noise_weight))
 
 

@@ -38,8 +38,9 @@ def unpack_block(public: PublicContext, data: bytes) -> np.ndarray:
 
 
 def unpack_blocks(public: PublicContext | PlainContext, data: list[bytes]) -> np.ndarray:
-    """Validate several packed blocks at once, each in the full or the compressed form;
-    returns their coefficients, shape (B, 2N).
+    """Validate several packed blocks at once; returns their coefficients, shape (B, 2N).
+
+    Each block may be in the full or the compressed form.
 
     Raises
     ------
@@ -71,8 +72,10 @@ def unpack_blocks(public: PublicContext | PlainContext, data: list[bytes]) -> np
 
 
 def _unpack_full(public: PublicContext, data: list[bytes], positions: list[int]) -> np.ndarray:
-    """Full-form blocks (lengths checked), every coefficient checked below q; ``positions``
-    are their places in the caller's list, for the error message."""
+    """Full-form blocks (lengths checked), every coefficient checked below q.
+
+    ``positions`` are their places in the caller's list, for the error message.
+    """
     coeffs = bitpack.unpack_rows(data, public.coeffs_per_block, public.coeff_bits)
     if len(data):
         bad = np.flatnonzero(coeffs.max(axis=1) >= np.uint64(public.modulus))
@@ -114,8 +117,10 @@ class CiphertextSum:
         return self._acc.copy()
 
     def packed(self) -> bytes:
-        """The current sum as a packed block in the full form (a sum is no longer on the
-        grid of the compressed form)."""
+        """The current sum as a packed block in the full form.
+
+        A sum is no longer on the grid of the compressed form.
+        """
         return bitpack.pack(self._acc, self._public.coeff_bits)
 
 

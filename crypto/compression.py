@@ -90,8 +90,9 @@ class Compression:
         return sum(self._sizes)
 
     def compress(self, rows: np.ndarray) -> list[bytes]:
-        """Round fresh ciphertexts ``rows`` (``(B, 2N)`` uint64, every value below q) *in
-        place* to what the wire carries, and return each one's compressed bytes.
+        """Round fresh ciphertexts *in place* to what the wire carries; returns their bytes.
+
+        ``rows`` are ``(B, 2N)`` uint64 coefficients, every value below q.
 
         After the call ``rows`` holds the canonical expansion of the bytes: what the client
         commits to and what every reader gets back from :meth:`expand`.
@@ -133,8 +134,9 @@ class Compression:
         return high
 
     def expand(self, data: list[bytes], *, positions: Sequence[int] | None = None) -> np.ndarray:
-        """Validate compressed blocks (each exactly :attr:`block_bytes`) and expand them to
-        their ``(B, 2N)`` coefficients, every one below q.
+        """Validate compressed blocks and expand them to their ``(B, 2N)`` coefficients.
+
+        Each block must be exactly :attr:`block_bytes`; every coefficient comes out below q.
 
         Parameters
         ----------
@@ -190,8 +192,11 @@ def _limit(modulus: int, drop: int) -> int:
 
 
 def _pack_half(values: np.ndarray, bits: int) -> list[bytes]:
-    """Each row of :data:`~crypto.params.CANARIES` (32) values of ``bits`` bits as the first
-    ``4 * bits`` bytes of the bitpack stream of one column of 64 whose other values are 0."""
+    """Pack each row of :data:`~crypto.params.CANARIES` (32) values of ``bits`` bits.
+
+    A row is the first ``4 * bits`` bytes of the bitpack stream of one column of 64 whose
+    other values are 0.
+    """
     padded = np.zeros((len(values), _COLUMN), dtype=np.uint64)
     padded[:, :CANARIES] = values
     size = CANARIES * bits // 8

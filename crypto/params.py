@@ -73,9 +73,11 @@ def fresh_noise_proxy(n: int) -> float:
 
 
 def rounding_proxy(drop_bits: int) -> float:
-    """Sub-Gaussian variance proxy of the error of rounding a coefficient to a multiple of
-    ``2**drop_bits``, to nearest, ties to even: zero-mean and within
-    ``[-2^(d-1), 2^(d-1)]``, so ``4^(d-1)`` by Hoeffding's lemma (0 when nothing is dropped).
+    """Sub-Gaussian variance proxy of the error of rounding a coefficient to ``2^drop_bits``.
+
+    Rounding to the nearest multiple of ``2**drop_bits``, ties to even, errs by a zero-mean
+    value within ``[-2^(d-1), 2^(d-1)]``, so ``4^(d-1)`` by Hoeffding's lemma (0 when nothing
+    is dropped).
 
     Zero-mean because the rounded coefficients of a fresh ciphertext are uniform modulo q
     (they are RLWE samples; with ties to even a tie goes either way with equal chance).
@@ -100,6 +102,13 @@ class CkksParams:
         the canaries (sent whole); 0: sent in full.
     c1_drop_bits
         Low bits of ``c1`` that a client rounds away on the wire; 0: sent in full.
+
+    Raises
+    ------
+    ConfigError
+        N is not a ring dimension of 128-bit security, ``coeff_modulus_bits`` is outside
+        ``[20, limit]`` for N, ``scale_bits`` outside ``[10, coeff_modulus_bits - 4]``, or a
+        drop outside ``[0, scale_bits)``.
     """
 
     poly_modulus_degree: int = 2048
@@ -177,22 +186,29 @@ class CkksParams:
 
     @property
     def canary_noise_proxy(self) -> float:
-        """Sub-Gaussian variance proxy of one canary of one honest ciphertext as sent: the
-        fresh error and ``r1 * s`` (``c1``'s rounding, ``wt(s) <= N`` terms); the canaries
-        of ``c0`` travel whole."""
+        """Sub-Gaussian variance proxy of one canary of one honest ciphertext as sent.
+
+        The fresh error and ``r1 * s`` (``c1``'s rounding, ``wt(s) <= N`` terms); the
+        canaries of ``c0`` travel whole.
+        """
         n = self.poly_modulus_degree
         return fresh_noise_proxy(n) + n * rounding_proxy(self.c1_drop_bits)
 
     @property
     def value_noise_proxy(self) -> float:
-        """Sub-Gaussian variance proxy of the error of one decrypted value of one honest
-        ciphertext as sent: the canaries' and ``r0`` (``c0``'s rounding). A sum weighted by
-        integers ``m_i`` has ``sum m_i^2`` times it."""
+        """Sub-Gaussian variance proxy of the error of one value of one honest ciphertext.
+
+        The canaries' proxy and ``r0`` (``c0``'s rounding on the wire). A sum weighted by
+        integers ``m_i`` has ``sum m_i^2`` times it.
+        """
         return self.canary_noise_proxy + rounding_proxy(self.c0_drop_bits)
 
     def error_bound(self, noise_weight: float) -> float:
-        """Proven bound (probability of exceeding it below 2^-120 per value) on the error of
-        one decrypted value of a sum with ``sum m_i^2 = noise_weight``, in value units."""
+        """Proven bound on the error of one decrypted value of a sum, in value units.
+
+        ``noise_weight`` is ``sum m_i^2`` of the sum's integer weights; the error exceeds the
+        bound with probability below 2^-120 per value.
+        """
         return TAIL_SIGMAS * math.sqrt(self.value_noise_proxy * noise_weight) / self.scale
 
     @property
@@ -228,8 +244,11 @@ class CkksParams:
 
 
 def _c0_drop_bits(n: int, c1_drop_bits: int) -> int:
-    """The most low bits of ``c0`` whose rounding keeps the proven error of one ciphertext
-    within the budget :data:`NOISE_AT_N2048` ``* sqrt(N / 2048)``."""
+    """The most low bits of ``c0`` a client may round away at ring dimension ``n``.
+
+    Their rounding keeps the proven error of one ciphertext within the budget
+    :data:`NOISE_AT_N2048` ``* sqrt(N / 2048)``.
+    """
     budget = (NOISE_AT_N2048 * math.sqrt(n / 2048) / TAIL_SIGMAS) ** 2
     left = budget - fresh_noise_proxy(n) - n * rounding_proxy(c1_drop_bits)
     drop = 0

@@ -64,6 +64,9 @@ class PublicContext:
         The scheme parameters.
     public_key
         A SEAL ``PublicKey`` valid for ``params``.
+    _seal
+        SEAL's parameters and context for ``params`` (:func:`make_seal_context`), made by
+        whoever builds the public context.
     """
 
     def __init__(self, params: CkksParams, public_key: Any, *, _seal: tuple[Any, Any]) -> None:
@@ -103,14 +106,18 @@ class PublicContext:
 
     @property
     def full_block_bytes(self) -> int:
-        """Exact size of a block in the full form, ``ceil(log2 q)`` bits per coefficient: how
-        a sum of ciphertexts (a shard's aggregate) travels."""
+        """Exact size of a block in the full form, ``ceil(log2 q)`` bits per coefficient.
+
+        How any ciphertext can travel, a sum in particular (a shard's aggregate).
+        """
         return self.coeffs_per_block * self.coeff_bits // 8
 
     @property
     def block_bytes(self) -> int:
-        """Exact size of one fresh ciphertext block as a client sends it (compressed, where
-        the parameters drop bits; otherwise the full form)."""
+        """Exact size of one fresh ciphertext block as a client sends it.
+
+        Compressed where the parameters drop bits; otherwise the full form.
+        """
         compression = self.compression
         return compression.block_bytes if compression.enabled else self.full_block_bytes
 
@@ -134,8 +141,10 @@ class PublicContext:
         return seal.Encryptor(self._context, self._public_key), seal.Evaluator(self._context)
 
     def _fresh_zero(self, cipher: Any) -> None:
-        """Fill ``cipher`` with a fresh public-key encryption of zero, out of NTT form, at
-        our scale."""
+        """Fill ``cipher`` with a fresh public-key encryption of zero.
+
+        Out of NTT form, at our scale.
+        """
         encryptor, evaluator = self._zero_tools
         encryptor.encrypt_zero(cipher)
         evaluator.transform_from_ntt_inplace(cipher)

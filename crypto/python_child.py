@@ -26,9 +26,11 @@ def python_command(*args: str) -> list[str]:
 
 
 def child_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``env`` (default: this process's) for a child started by :func:`python_command`: the
-    folder holding fedps's packages first on its ``PYTHONPATH``. An installation in
-    site-packages is found there anyway and is not added."""
+    """``env`` (default: this process's) for a child started by :func:`python_command`.
+
+    The folder holding fedps's packages first on its ``PYTHONPATH``. An installation in
+    site-packages is found there anyway and is not added.
+    """
     child = dict(os.environ if env is None else env)
     home = str(_HOME)
     if home in {*site.getsitepackages(), site.getusersitepackages()}:

@@ -50,9 +50,11 @@ class RandomSource(abc.ABC):
         return out
 
     def normal(self, std: float, shape: int | tuple[int, ...]) -> np.ndarray:
-        """Gaussian noise N(0, std^2) of ``shape`` (float64), hardened against the
-        floating-point attack: each value is (z1 + z2 + z3 + z4) / 2 * std, four independent
-        standard Gaussians (Box-Muller, both outputs used)."""
+        """Gaussian noise N(0, std^2) of ``shape``, hardened against the floating-point attack.
+
+        Float64; each value is (z1 + z2 + z3 + z4) / 2 * std, four independent standard Gaussians
+        (Box-Muller, both outputs used).
+        """
         dims = (shape,) if isinstance(shape, int) else tuple(shape)
         count = math.prod(dims)
         if std == 0 or count == 0:
@@ -120,8 +122,10 @@ class SeededRandom(RandomSource):
 
 
 def random_source(insecure_seed: int | None, *, role: str) -> RandomSource:
-    """:class:`SecureRandom`, or :class:`SeededRandom` from ``insecure_seed`` when given
-    (``privacy.insecure_reproducible``), with a warning naming ``role``."""
+    """:class:`SecureRandom`, or :class:`SeededRandom` from ``insecure_seed`` when given.
+
+    The seed is ``privacy.insecure_reproducible``'s, and is used with a warning naming ``role``.
+    """
     if insecure_seed is None:
         return SecureRandom()
     _log.warning(

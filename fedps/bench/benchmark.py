@@ -344,8 +344,10 @@ def _round_times(model: str, rounds: int) -> dict[str, Any]:
 
 
 def _shard_peak_rss(clients: int, num_params: int, keys: SecretContext) -> dict[str, Any]:
-    """Start a key holder and one shard as processes, push ``clients`` real encrypted updates
-    of ``num_params`` values, and read the shard's peak resident memory (VmHWM)."""
+    """Start a key holder and one shard as processes, and push ``clients`` real encrypted updates.
+
+    The updates have ``num_params`` values each; then read the shard's peak resident memory (VmHWM).
+    """
     with tempfile.TemporaryDirectory(prefix="fedps-mem-") as tmp:
         work = Path(tmp)
         # This process pushes as every client: one process holds one certificate, so this
@@ -438,8 +440,10 @@ def _vm_hwm_mib(pid: int) -> float:
 def time_to_accuracy(
     *, target: float, slow_fraction: float, slow_factor: float, rounds: int
 ) -> dict[str, Any]:
-    """Wall-clock seconds until the evaluated accuracy first reaches ``target``, for sync
-    rounds and async buffers on the same clients (some slowed down), same DP and seed."""
+    """Wall-clock seconds until the evaluated accuracy first reaches ``target``.
+
+    For sync rounds and async buffers on the same clients (some slowed down), same DP and seed.
+    """
     out: dict[str, Any] = {}
     base = {
         "clients": 4,

@@ -58,8 +58,17 @@ class AggregateVerifier:
         The round's frozen commit phase.
     contributors
         The clients the round closed with (each must have committed).
+    min_quorum
+        Fewest contributors the round may be decrypted with.
+    max_clients
+        Most contributors one aggregate may sum (the CKKS parameters are sized for them).
     challenge
         The round's challenge (None without encryption: no sketches to check).
+    staleness
+        The staleness function of asynchronous mode (None: synchronous rounds, every update
+        trained on the round's version).
+    max_staleness
+        The oldest model version, in versions behind, an asynchronous update may train.
     """
 
     def __init__(
@@ -119,8 +128,9 @@ class AggregateVerifier:
         block_sizes: Collection[int],
         unpack: Callable[[list[bytes]], np.ndarray],
     ) -> tuple[list[int], np.ndarray]:
-        """Check a whole round as each shard's reply streams in; returns every block and its
-        validated coefficients (one row each), for decryption.
+        """Check a whole round as each shard's reply streams in.
+
+        Returns every block and its validated coefficients (one row each), for decryption.
 
         ``fetched`` maps each shard to its streamed reply, ``owner`` gives a block's shard on
         the ring, ``block_sizes`` are the lengths a packed block may have, ``unpack``
@@ -166,8 +176,10 @@ class AggregateVerifier:
         num_blocks: int,
         block_sizes: Collection[int],
     ) -> list[Aggregate]:
-        """One shard's aggregates, each checked as it arrives (ownership, duplicates, size,
-        manifest, forwarded updates)."""
+        """One shard's aggregates, each checked as it arrives.
+
+        The checks are ownership, duplicates, size, manifest, forwarded updates.
+        """
         got: dict[int, Aggregate] = {}
         try:
             for part in parts:
@@ -242,8 +254,11 @@ class AggregateVerifier:
         coefficients: np.ndarray,
         expected: np.ndarray,
     ) -> None:
-        """Every aggregate's sketch (``coefficients``: their validated rows) must equal the
-        contributors' combined sketch of its block; ``owners[i]`` sent ``blocks[i]``."""
+        """Check every aggregate's sketch against the contributors' combined sketch of its block.
+
+        They must be equal. ``coefficients`` are their validated rows; ``owners[i]`` sent
+        ``blocks[i]``.
+        """
         if self.challenge is None:
             return
         actual = self.challenge.sketch(coefficients)
