@@ -3,8 +3,10 @@
 A ``PublicContext`` carries the encryption parameters and the public key, never the secret
 key, relinearisation keys or Galois keys: addition-only aggregation needs none of them. Its
 ``serialize()`` bytes are what the key holder serves; ``PublicContext.from_bytes`` validates
-them with SEAL before use. ``context_id`` (SHA-256 of those bytes) names the key generation,
-so a shard can refuse blocks encrypted under any other key.
+them with SEAL before use. They carry the parameters, the wire compression included, so a
+client and a shard of one run agree on the size and form of every block. ``context_id``
+(SHA-256 of those bytes) names the key generation, so a shard can refuse blocks encrypted
+under any other key.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 import tenseal.sealapi as seal
 
 from crypto import _seal_io, rlwe
+from crypto.compression import Compression
 from crypto.params import CkksParams
 from crypto.rlwe import ZeroEncryptor
 from fedps.errors import ConfigError, InvalidArgumentError
@@ -30,6 +33,10 @@ _LEN = struct.Struct("<I")
 # then the coefficient array's own SEAL header and element count.
 _CT_PREFIX_SIZE = 32 + 1 + 8 * 5 + _seal_io.HEADER_SIZE + 8
 _MAX_PARAM_BYTES = 1 << 12
+# N, log2 q and the scale's bits; then the dropped bits of c0 and c1, only when some are
+# dropped (a context without compression keeps the older, shorter header and its id).
+_HEADER = struct.Struct("<III")
+_COMPRESSED_HEADER = struct.Struct("<IIIII")
 _MAX_KEY_BYTES = 1 << 24
 
 
@@ -92,10 +99,32 @@ class PublicContext:
         """Coefficients of one ciphertext: two polynomials of N coefficients."""
         return 2 * self.params.poly_modulus_degree
 
+    @cached_property
+    def compression(self) -> Compression:
+        """The compressed wire form of a fresh ciphertext (:mod:`crypto.compression`)."""
+        return Compression(self.params, self.modulus)
+
+    @property
+    def full_block_bytes(self) -> int:
+        """Exact size of a block in the full form, ``ceil(log2 q)`` bits per coefficient.
+
+        How any ciphertext can travel, a sum in particular (a shard's aggregate).
+        """
+        return self.coeffs_per_block * self.coeff_bits // 8
+
     @property
     def block_bytes(self) -> int:
-        """Exact size of one packed ciphertext block on the wire."""
-        return self.coeffs_per_block * self.coeff_bits // 8
+        """Exact size of one fresh ciphertext block as a client sends it.
+
+        Compressed where the parameters drop bits; otherwise the full form.
+        """
+        compression = self.compression
+        return compression.block_bytes if compression.enabled else self.full_block_bytes
+
+    @property
+    def block_sizes(self) -> frozenset[int]:
+        """The sizes a packed block may have: the full form and the compressed one."""
+        return frozenset({self.full_block_bytes, self.block_bytes})
 
     @cached_property
     def ciphertext_prefix(self) -> bytes:
@@ -177,8 +206,10 @@ class PublicContext:
 
     def serialize(self) -> bytes:
         """Serialise parameters and public key (never a secret key)."""
+        header = _params_tuple(self.params)
+        compressed = header[3:] != (0, 0)
         parts = [
-            struct.pack("<III", *_params_tuple(self.params)),
+            _COMPRESSED_HEADER.pack(*header) if compressed else _HEADER.pack(*header[:3]),
             _seal_io.save_bytes(self._parms),
             _seal_io.save_bytes(self._public_key),
         ]
@@ -205,7 +236,7 @@ class PublicContext:
             raise InvalidArgumentError("not a fedps public context")
         parts: list[bytes] = []
         pos = len(_WIRE_MAGIC)
-        for limit in (12, _MAX_PARAM_BYTES, _MAX_KEY_BYTES):
+        for limit in (_COMPRESSED_HEADER.size, _MAX_PARAM_BYTES, _MAX_KEY_BYTES):
             if pos + _LEN.size > len(data):
                 raise InvalidArgumentError("public context is truncated")
             (size,) = _LEN.unpack_from(data, pos)
@@ -216,13 +247,16 @@ class PublicContext:
             pos += size
         if pos != len(data):
             raise InvalidArgumentError("public context has trailing bytes")
-        if len(parts[0]) != 12:
+        if len(parts[0]) == _HEADER.size:
+            fields = (*_HEADER.unpack(parts[0]), 0, 0)
+        elif len(parts[0]) == _COMPRESSED_HEADER.size:
+            fields = _COMPRESSED_HEADER.unpack(parts[0])
+            if fields[3:] == (0, 0):  # one encoding per context: its id names it
+                raise InvalidArgumentError("public context header is not canonical")
+        else:
             raise InvalidArgumentError("public context header has the wrong size")
-        n, q_bits, scale_bits = struct.unpack("<III", parts[0])
         try:
-            params = CkksParams(
-                poly_modulus_degree=n, coeff_modulus_bits=q_bits, scale_bits=scale_bits
-            )
+            params = CkksParams(*fields)
         except ConfigError as exc:
             raise InvalidArgumentError(f"public context has invalid parameters: {exc}") from exc
         parms, context = make_seal_context(params)
@@ -235,5 +269,11 @@ class PublicContext:
         return cls(params, public_key, _seal=(parms, context))
 
 
-def _params_tuple(params: CkksParams) -> tuple[int, int, int]:
-    return (params.poly_modulus_degree, params.coeff_modulus_bits, params.scale_bits)
+def _params_tuple(params: CkksParams) -> tuple[int, int, int, int, int]:
+    return (
+        params.poly_modulus_degree,
+        params.coeff_modulus_bits,
+        params.scale_bits,
+        params.c0_drop_bits,
+        params.c1_drop_bits,
+    )

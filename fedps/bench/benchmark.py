@@ -40,6 +40,7 @@ from crypto.benchmark import (
     measure_plain,
     measure_tenseal,
     timed,
+    wire_error,
 )
 from crypto.params import CANARIES
 from crypto.signed_update import SignedUpdate
@@ -99,6 +100,13 @@ def run_bench(
     error = decryption_error(keys, updates=100)
     results["sum_of_100_error_relative"] = error
     console.print(f"decryption error after summing 100 updates: {error:.2e} (relative)")
+    wire = wire_error(keys)
+    results["wire_error"] = wire
+    console.print(
+        f"error of one value, in units of the scale: {wire['fresh_value_max']:,.0f} fresh, "
+        f"{wire['sent_value_max']:,.0f} as sent (bound {wire['value_bound']:,.0f}); canaries "
+        f"{wire['sent_canary_max']:,.0f} (bound {wire['canary_bound']:,.0f})"
+    )
     crypto: dict[str, Any] = {}
     for size in sizes:
         console.print(f"crypto paths at {size:,} parameters ...")
@@ -196,7 +204,9 @@ def measure_verification(
         raise AssertionError("the honest aggregate failed its own check")
     # the zero canaries of every block, computed before anything is decrypted
     _, canary_s = timed(lambda: keys.canaries(aggregate))
-    canary_bytes = push_bytes * CANARIES / public.params.poly_modulus_degree
+    # the canaries' coefficients of both polynomials: c0's whole, c1's as sent
+    blocks = -(-num_params // public.params.values_per_block)
+    canary_bytes = blocks * CANARIES * (public.coeff_bits + public.compression.widths[1]) / 8
     roots = SignedUpdate.sign(
         BlockSigner(),
         coefficients[0],

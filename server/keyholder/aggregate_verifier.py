@@ -23,7 +23,7 @@ reason; the key holder then never decrypts that round.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import numpy as np
 
@@ -125,7 +125,7 @@ class AggregateVerifier:
         *,
         owner: Callable[[int], str],
         num_blocks: int,
-        block_bytes: int,
+        block_sizes: Collection[int],
         unpack: Callable[[list[bytes]], np.ndarray],
     ) -> tuple[list[int], np.ndarray]:
         """Check a whole round as each shard's reply streams in.
@@ -133,7 +133,8 @@ class AggregateVerifier:
         Returns every block and its validated coefficients (one row each), for decryption.
 
         ``fetched`` maps each shard to its streamed reply, ``owner`` gives a block's shard on
-        the ring, ``unpack`` validates packed aggregates into coefficient rows. Each block is
+        the ring, ``block_sizes`` are the lengths a packed block may have, ``unpack``
+        validates packed aggregates into coefficient rows. Each block is
         checked before the next message is read, so a shard cannot make the key holder hold
         more than one small aggregate per block.
 
@@ -144,7 +145,7 @@ class AggregateVerifier:
         """
         received: dict[str, list[Aggregate]] = {}
         for sid, parts in fetched.items():
-            received[sid] = self._receive(sid, parts, owner, num_blocks, block_bytes)
+            received[sid] = self._receive(sid, parts, owner, num_blocks, block_sizes)
         owners = [sid for sid, aggs in received.items() for _ in aggs]
         blocks = [agg.block for aggs in received.values() for agg in aggs]
         missing = sorted(set(range(num_blocks)) - set(blocks))
@@ -173,7 +174,7 @@ class AggregateVerifier:
         parts: Iterable[AggregatePart],
         owner: Callable[[int], str],
         num_blocks: int,
-        block_bytes: int,
+        block_sizes: Collection[int],
     ) -> list[Aggregate]:
         """One shard's aggregates, each checked as it arrives.
 
@@ -191,9 +192,12 @@ class AggregateVerifier:
                         raise TamperingError(
                             sid, "duplicate-block", f"sent block {agg.block} twice"
                         )
-                    if len(agg.ciphertext) != block_bytes:
+                    if len(agg.ciphertext) not in block_sizes:
                         raise TamperingError(
-                            sid, "malformed", f"block {agg.block} is not {block_bytes} bytes"
+                            sid,
+                            "malformed",
+                            f"block {agg.block} is not {' or '.join(map(str, sorted(block_sizes)))}"
+                            " bytes",
                         )
                     self.check_manifest(sid, agg)  # before holding it: a few bytes per client
                     got[agg.block] = agg

@@ -95,11 +95,14 @@ class Decryptor:
         public = self.keys.public
         return Challenge(seed, modulus=public.modulus, coeffs_per_block=public.coeffs_per_block)
 
-    def block_bytes(self) -> int:
-        """Bytes of one packed aggregate block."""
+    def block_sizes(self) -> frozenset[int]:
+        """The sizes a packed aggregate block may have.
+
+        The full form and the compressed one (:attr:`crypto.PublicContext.block_sizes`).
+        """
         if not self._settings.encrypted:
-            return PlainContext(self.keys.public.params.values_per_block).block_bytes
-        return self.keys.public.block_bytes
+            return frozenset({PlainContext(self.keys.public.params.values_per_block).block_bytes})
+        return self.keys.public.block_sizes
 
     def unpack(self, data: list[bytes]) -> np.ndarray:
         """Validated coefficients of aggregate blocks (values, encryption off)."""
@@ -140,7 +143,7 @@ class Decryptor:
             fetched,
             owner=owner,
             num_blocks=layout.num_blocks,
-            block_bytes=self.block_bytes(),
+            block_sizes=self.block_sizes(),
             unpack=self.unpack,
         )
         multipliers = list(verifier.multipliers.values())
