@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from crypto.python_child import watch_parent
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import FedPSError
 from fedps.extras import missing_extra
@@ -71,6 +72,16 @@ def _setup_logging(verbose: bool) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         force=True,  # a dependency may have configured the root logger on import
     )
+
+
+def _stop_as_ctrl_c() -> None:
+    """SIGTERM and SIGHUP stop this command as Ctrl-C does.
+
+    The roles it started are stopped in order and its temporary folders removed (``timeout``,
+    CI, systemd and a closed terminal stop a command with these).
+    """
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.default_int_handler)
 
 
 def _load(config: Path | None, *, insecure: bool = False) -> FedPSConfig:
@@ -285,7 +296,7 @@ def up(
     cfg = _load(config, insecure=insecure)
     _provision(cfg)
     _setup_tls(cfg, OPERATOR_NAME)  # to read the coordinator's status (and warn if no TLS)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as Ctrl-C does
+    _stop_as_ctrl_c()
     deployment = Deployment(config, cfg)
     try:
         with _dashboard(cfg, ui, ui_allowed_host or []):
@@ -349,6 +360,7 @@ def demo(
     from fedps.runtime.demo import run_demo
 
     _setup_logging(False)
+    _stop_as_ctrl_c()
     overrides: dict[str, dict[str, object]] = {}
     if insecure:
         overrides["tls"] = {"insecure": True, "enabled": False}
@@ -396,6 +408,7 @@ def bench(
     from fedps.bench.report import render_table
 
     _setup_logging(False)
+    _stop_as_ctrl_c()
     console = Console()
     results = run_bench(
         sizes=[int(s) for s in sizes.split(",") if s],
@@ -439,6 +452,7 @@ def experiment(
 ) -> None:
     """Privacy-accuracy sweep: one real platform run per grid point, resumable."""
     _setup_logging(False)
+    _stop_as_ctrl_c()
     if args[0] == "report":
         from fedps.experiments.report import render_report
 
@@ -540,7 +554,7 @@ def ui(
     launcher = RunLauncher(
         config, base_overrides=base, state_root=state_root, local_clients=not remote_clients
     )
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as Ctrl-C does
+    _stop_as_ctrl_c()
     try:
         with serve_dashboard(
             cfg,
@@ -594,6 +608,7 @@ def export(
 
 def main() -> None:
     """Console-script entry point: expected errors become one line on stderr, exit 2."""
+    watch_parent()  # started by another fedps process: stop once it is gone
     try:
         app()
     except FedPSError as exc:
