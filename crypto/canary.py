@@ -33,7 +33,8 @@ client sends it adds ``r1 * s``, the rounding of ``c1`` on the wire (``|r1| <= 1
 default: ``N`` more), and ``rc``, the rounding of ``c0`` at the canaries to ``2^dc``
 (:mod:`crypto.compression`; ``4^(dc - 1)`` = 1,024 more by default), so
 ``36 N + 21 + 4^(dc - 1)`` (:attr:`crypto.params.CkksParams.canary_noise_proxy`); a sum
-weighted by integers ``m_i`` has ``sum m_i^2`` times that. Hoeffding: ``P(|e_j| > 13 sigma) <= 2 e^-84.5``.
+weighted by integers ``m_i`` has ``sum m_i^2`` times that. Hoeffding:
+``P(|e_j| > 13 sigma) <= 2 e^-84.5``.
 
 
 The canaries of one client's ciphertext can be checked without anything of its values: its

@@ -10,9 +10,9 @@ Values are packed one per plaintext coefficient (``round(x * scale)``), except :
 coefficients of every block that are always zero: the key holder checks them before it
 releases anything (:mod:`crypto.canary`). One ciphertext holds ``N - CANARIES`` values and
 costs ``2 * N * ceil(log2 q)`` bits in full; a client sends it compressed, the low
-``c0_drop_bits`` of ``c0`` (``canary_drop_bits`` at its canaries) and ``c1_drop_bits`` of ``c1``
-rounded away (:mod:`crypto.compression`). See docs/crypto.md for the derivation of the defaults and the
-error bound, and docs/security.md for the canaries.
+``c0_drop_bits`` of ``c0`` (``canary_drop_bits`` at its canaries) and ``c1_drop_bits`` of
+``c1`` rounded away (:mod:`crypto.compression`). See docs/crypto.md for the derivation of the
+defaults and the error bound, and docs/security.md for the canaries.
 """
 
 from __future__ import annotations

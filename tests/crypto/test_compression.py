@@ -228,11 +228,10 @@ def test_the_layout_is_the_documented_one(name: str) -> None:
     # Assert: the same three segments packed by hand (the third 4 (d0 - dc) bytes)
     assert packed == _pack_by_hand(public, _segments(public, rows))
     compression = public.compression
-    assert len(packed) == compression.block_bytes == (
-        bitpack.packed_size(compression.n, compression.widths[0])
-        + bitpack.packed_size(compression.n, compression.widths[1])
-        + 4 * (compression.drops[0] - compression.canary_drop)
-    )
+    (w0, w1), n = compression.widths, compression.n
+    third = 4 * (compression.drops[0] - compression.canary_drop)
+    size = bitpack.packed_size(n, w0) + bitpack.packed_size(n, w1) + third
+    assert len(packed) == compression.block_bytes == size
 
 
 @pytest.mark.parametrize(
