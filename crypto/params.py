@@ -106,7 +106,7 @@ class CkksParams:
         log2 of the CKKS scale: values are encoded as ``round(x * 2**scale_bits)``.
     c0_drop_bits
         Low bits of ``c0`` that a client rounds away on the wire, at every coefficient but
-        the canaries (sent whole); 0: sent in full.
+        the canaries (``canary_drop_bits`` there); 0: sent in full.
     c1_drop_bits
         Low bits of ``c1`` that a client rounds away on the wire; 0: sent in full.
     canary_drop_bits
