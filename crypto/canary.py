@@ -30,9 +30,11 @@ The bound: ``e = e_pk * u + e0 + e1 * s`` for one fresh encryption (SEAL's ``u``
 independent bounded terms, sub-Gaussian with variance proxy ``||e_pk||^2 <= 14 N`` (its mean
 is 10.5 N), ``21`` and ``21 * wt(s) <= 21 N``, so ``35 N + 21`` in all; a ciphertext as a
 client sends it adds ``r1 * s``, the rounding of ``c1`` on the wire (``|r1| <= 1`` by
-default: ``N`` more; the canaries of ``c0`` travel whole, :mod:`crypto.compression`), so
-``36 N + 21`` (:attr:`crypto.params.CkksParams.canary_noise_proxy`); a sum weighted by
-integers ``m_i`` has ``sum m_i^2`` times that. Hoeffding: ``P(|e_j| > 13 sigma) <= 2 e^-84.5``.
+default: ``N`` more), and ``rc``, the rounding of ``c0`` at the canaries to ``2^dc``
+(:mod:`crypto.compression`; ``4^(dc - 1)`` = 1,024 more by default), so
+``36 N + 21 + 4^(dc - 1)`` (:attr:`crypto.params.CkksParams.canary_noise_proxy`); a sum
+weighted by integers ``m_i`` has ``sum m_i^2`` times that. Hoeffding:
+``P(|e_j| > 13 sigma) <= 2 e^-84.5``.
 
 
 The canaries of one client's ciphertext can be checked without anything of its values: its

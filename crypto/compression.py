@@ -9,26 +9,32 @@ bytes back to exactly those coefficients. Its decryption carries ``r0 + r1 * s``
 (``|r_i| <= 2^(d_i - 1)``), which :class:`crypto.params.CkksParams` bounds
 (``value_noise_proxy``) and docs/crypto.md derives.
 
-``c0`` at the :data:`~crypto.params.CANARIES` canary positions is sent whole: a canary's
-rounding error would raise the bound that the key holder checks canaries against, and with it
-what a change that passes them can carry (docs/security.md, claims 19 and 23). Only ``r1 * s``
-(``d1 = 1``: ``r1`` in {-1, 0, 1}) reaches the canaries.
+``c0`` at the :data:`~crypto.params.CANARIES` canary positions is rounded to a multiple of
+``2^dc`` only, ``dc <= d0`` (``canary_drop_bits``, 6 at the defaults): a canary's rounding
+error raises the bound that the key holder checks canaries against, and with it what a
+change that passes them can carry (docs/security.md, claims 19 and 23), so it is kept to at
+most 1/64 of a canary's proxy (:data:`~crypto.params.CANARY_ROUNDING_SHARE`). ``r1 * s``
+(``d1 = 1``: ``r1`` in {-1, 0, 1}) and that ``rc`` (``|rc| <= 2^(dc - 1)``) reach the
+canaries.
 
 Wire format (``d0 + d1 > 0``; without compression a block has only the full form)
 ------------------------------------------------------------------------------------
 Let ``M_d = ceil(q / 2^d)``, ``w_d`` the bits of ``M_d - 1``. Three bit-packed segments
 (:mod:`crypto.bitpack`), one after the other:
 
-1. ``c0``, N values of ``w_d0`` bits: ``v = c0 >> d0`` at the canary positions, the rounded
-   ``c0 / 2^d0`` elsewhere, ``M_d0`` read as 0 (``M_d0 2^d0`` is within ``2^(d0-1)`` of q);
+1. ``c0``, N values of ``w_d0`` bits: the rounded ``c0 / 2^d0`` (``M_d0`` read as 0, since
+   ``M_d0 2^d0`` is within ``2^(d0-1)`` of q) but at the canary positions, where it is
+   ``v >> (d0 - dc)`` for the canary's rounded ``v = c0 / 2^dc`` (``M_dc`` read as 0);
 2. ``c1``, N values of ``w_d1`` bits: the rounded ``c1 / 2^d1`` likewise;
-3. the canaries' low bits ``c0 & (2^d0 - 1)``, 32 values of ``d0`` bits, ``4 * d0`` bytes: the
-   first half of the bitpack stream of one column of 64 (whose values lie one after the
-   other, least significant bit first), the 32 zeros after them left out.
+3. the canaries' low bits ``v & (2^(d0 - dc) - 1)``, 32 values of ``d0 - dc`` bits,
+   ``4 (d0 - dc)`` bytes: the first half of the bitpack stream of one column of 64 (whose
+   values lie one after the other, least significant bit first), the 32 zeros after them
+   left out.
 
-A reader refuses any ``v >= M_d`` and any canary ``(v << d0) | low >= q``, and expands
-``v << d``: every coefficient below q, one byte string for each ciphertext (the encoding is
-injective), so two readers of the same bytes always agree on the coefficients.
+A reader refuses any ``v >= M_d`` in the first two segments and any canary
+``(high << d0) | (low << dc) >= q``, and expands ``v << d``: every coefficient below q, one
+byte string for each ciphertext (the encoding is injective), so two readers of the same
+bytes always agree on the coefficients.
 """
 
 from __future__ import annotations
@@ -52,7 +58,8 @@ class Compression:
     Parameters
     ----------
     params
-        The scheme parameters (``c0_drop_bits``, ``c1_drop_bits``, the canary positions).
+        The scheme parameters (``c0_drop_bits``, ``c1_drop_bits``, ``canary_drop_bits``, the
+        canary positions).
     modulus
         The coefficient modulus q.
     """
@@ -62,6 +69,10 @@ class Compression:
         self.modulus = modulus
         #: low bits dropped from c0 (not at its canaries) and from c1
         self.drops: tuple[int, int] = (params.c0_drop_bits, params.c1_drop_bits)
+        #: low bits dropped from c0 at its canaries (at most ``drops[0]``)
+        self.canary_drop = params.canary_drop_bits
+        #: ``M_dc``: a canary's rounded ``c0 / 2^dc`` is below it
+        self.canary_limit = _limit(modulus, self.canary_drop)
         #: ``M_d = ceil(q / 2^d)`` per polynomial: compressed values are below it
         self.limits: tuple[int, int] = (
             _limit(modulus, self.drops[0]),
@@ -76,8 +87,13 @@ class Compression:
         self._sizes = (
             bitpack.packed_size(self.n, self.widths[0]),
             bitpack.packed_size(self.n, self.widths[1]),
-            CANARIES * self.drops[0] // 8,
+            CANARIES * self._low_bits // 8,
         )
+
+    @property
+    def _low_bits(self) -> int:
+        """Bits of each canary's low part in the third segment: ``d0 - dc``."""
+        return self.drops[0] - self.canary_drop
 
     @property
     def enabled(self) -> bool:
@@ -88,6 +104,11 @@ class Compression:
     def block_bytes(self) -> int:
         """Exact size of one compressed block."""
         return sum(self._sizes)
+
+    @property
+    def canary_bits(self) -> int:
+        """Bits one canary position takes in a block: ``c0``'s (both parts) and ``c1``'s."""
+        return self.widths[0] + self._low_bits + self.widths[1]
 
     def compress(self, rows: np.ndarray) -> list[bytes]:
         """Round fresh ciphertexts *in place* to what the wire carries; returns their bytes.
@@ -103,20 +124,21 @@ class Compression:
         if not len(rows):
             return []
         d0, d1 = self.drops
-        canaries = rows[:, self._canaries].copy()
+        dc, low_bits = self.canary_drop, self._low_bits
+        canaries = self._round(rows[:, self._canaries], dc, self.canary_limit)  # c0 / 2^dc
         c0 = rows[:, :n]
         c0_high = self._round(c0, d0, self.limits[0])  # (B, N), the canaries re-set below
-        c0_high[:, self._canaries] = canaries >> np.uint64(d0)
+        c0_high[:, self._canaries] = canaries >> np.uint64(low_bits)
         np.left_shift(c0_high, np.uint64(d0), out=c0)
-        c0[:, self._canaries] = canaries
+        c0[:, self._canaries] = canaries << np.uint64(dc)
         c1 = rows[:, n:]
         c1_high = self._round(c1, d1, self.limits[1])
         np.left_shift(c1_high, np.uint64(d1), out=c1)
-        low = canaries & np.uint64((1 << d0) - 1)
+        low = canaries & np.uint64((1 << low_bits) - 1)
         segments = [
             bitpack.pack_rows(c0_high, self.widths[0]),
             bitpack.pack_rows(c1_high, self.widths[1]),
-            _pack_half(low, d0),
+            _pack_half(low, low_bits),
         ]
         return [b"".join(parts) for parts in zip(*segments, strict=True)]
 
@@ -167,7 +189,7 @@ class Compression:
         d0, d1 = self.drops
         c0 = bitpack.unpack_rows([item[:a] for item in data], n, self.widths[0])
         c1 = bitpack.unpack_rows([item[a : a + b] for item in data], n, self.widths[1])
-        low = _unpack_half([item[a + b :] for item in data], d0)
+        low = _unpack_half([item[a + b :] for item in data], self._low_bits)
         for poly, limit in ((c0, self.limits[0]), (c1, self.limits[1])):
             bad = np.flatnonzero(poly.max(axis=1) >= np.uint64(limit))
             if bad.size:
@@ -177,7 +199,7 @@ class Compression:
                 )
         np.left_shift(c0, np.uint64(d0), out=out[:, :n])
         np.left_shift(c1, np.uint64(d1), out=out[:, n:])
-        out[:, self._canaries] |= low
+        out[:, self._canaries] |= low << np.uint64(self.canary_drop)
         bad = np.flatnonzero(out[:, self._canaries].max(axis=1) >= np.uint64(self.modulus))
         if bad.size:
             raise InvalidArgumentError(

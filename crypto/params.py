@@ -10,9 +10,9 @@ Values are packed one per plaintext coefficient (``round(x * scale)``), except :
 coefficients of every block that are always zero: the key holder checks them before it
 releases anything (:mod:`crypto.canary`). One ciphertext holds ``N - CANARIES`` values and
 costs ``2 * N * ceil(log2 q)`` bits in full; a client sends it compressed, the low
-``c0_drop_bits`` of ``c0`` (but its canaries) and ``c1_drop_bits`` of ``c1`` rounded away
-(:mod:`crypto.compression`). See docs/crypto.md for the derivation of the defaults and the
-error bound, and docs/security.md for the canaries.
+``c0_drop_bits`` of ``c0`` (``canary_drop_bits`` at its canaries) and ``c1_drop_bits`` of
+``c1`` rounded away (:mod:`crypto.compression`). See docs/crypto.md for the derivation of the
+defaults and the error bound, and docs/security.md for the canaries.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ __all__ = [
     "ASYNC_WEIGHT_BITS",
     "C1_DROP_BITS",
     "CANARIES",
+    "CANARY_ROUNDING_SHARE",
     "MAX_COEFF_BITS_128",
     "NOISE_AT_N2048",
     "TAIL_SIGMAS",
@@ -59,6 +60,12 @@ TAIL_SIGMAS = 13.0
 #: Low bits of ``c1`` a client rounds away on the wire (rounding to even: ``r1`` in
 #: {-1, 0, 1}, an extra ``r1 * s`` as small as a 21st of SEAL's own ``e1 * s``).
 C1_DROP_BITS = 1
+
+#: ``c0``'s canaries are rounded to ``2^dc`` with the largest ``dc`` (at most ``c0_drop_bits``)
+#: whose rounding proxy is at most this share of a canary's proxy without it: the canary bound
+#: grows by at most 0.8% (``sqrt(1 + 1/64)``), the blocks one key may release
+#: (:func:`crypto.release.releases_per_key`) fall by at most 1.6% (docs/security.md).
+CANARY_ROUNDING_SHARE = 1 / 64
 
 
 def fresh_noise_proxy(n: int) -> float:
@@ -99,16 +106,20 @@ class CkksParams:
         log2 of the CKKS scale: values are encoded as ``round(x * 2**scale_bits)``.
     c0_drop_bits
         Low bits of ``c0`` that a client rounds away on the wire, at every coefficient but
-        the canaries (sent whole); 0: sent in full.
+        the canaries (``canary_drop_bits`` there); 0: sent in full.
     c1_drop_bits
         Low bits of ``c1`` that a client rounds away on the wire; 0: sent in full.
+    canary_drop_bits
+        Low bits of ``c0`` that a client rounds away at the canaries, at most
+        ``c0_drop_bits``; 0: the canaries of ``c0`` are sent whole.
 
     Raises
     ------
     ConfigError
         N is not a ring dimension of 128-bit security, ``coeff_modulus_bits`` is outside
-        ``[20, limit]`` for N, ``scale_bits`` outside ``[10, coeff_modulus_bits - 4]``, or a
-        drop outside ``[0, scale_bits)``.
+        ``[20, limit]`` for N, ``scale_bits`` outside ``[10, coeff_modulus_bits - 4]``, a
+        drop outside ``[0, scale_bits)``, or ``canary_drop_bits`` outside
+        ``[0, c0_drop_bits]``.
     """
 
     poly_modulus_degree: int = 2048
@@ -116,6 +127,7 @@ class CkksParams:
     scale_bits: int = 30
     c0_drop_bits: int = 0
     c1_drop_bits: int = 0
+    canary_drop_bits: int = 0
 
     def __post_init__(self) -> None:
         n = self.poly_modulus_degree
@@ -140,6 +152,11 @@ class CkksParams:
                 raise ConfigError(
                     f"{name} must be in [0, scale_bits = {self.scale_bits}), got {drop}"
                 )
+        if not 0 <= self.canary_drop_bits <= self.c0_drop_bits:
+            raise ConfigError(
+                f"canary_drop_bits must be in [0, c0_drop_bits = {self.c0_drop_bits}], "
+                f"got {self.canary_drop_bits}"
+            )
 
     @classmethod
     def for_workload(
@@ -159,7 +176,8 @@ class CkksParams:
         - security: the smallest N whose 128-bit bound admits that modulus;
         - wire: ``c1`` drops :data:`C1_DROP_BITS` low bit, ``c0`` as many as keep the proven
           error of one ciphertext, ``13 sqrt(value_noise_proxy)``, within ``c`` (the scale's
-          budget), so the decrypted sum still errs by at most ``c sqrt(K) / scale``.
+          budget), so the decrypted sum still errs by at most ``c sqrt(K) / scale``; ``c0``'s
+          canaries as many as add at most :data:`CANARY_ROUNDING_SHARE` to their proxy.
 
         Wire cost is about ``(2 log2 q - c0_drop_bits - c1_drop_bits) / 8`` bytes per value.
         """
@@ -172,12 +190,14 @@ class CkksParams:
             coeff_bits = max(20, scale_bits + 4, scale_bits + headroom + 2 + extra_bits)
             if coeff_bits <= min(MAX_COEFF_BITS_128[n], _SEAL_MAX_PRIME_BITS):
                 c1_drop = min(C1_DROP_BITS, scale_bits - 1)
+                c0_drop = min(_c0_drop_bits(n, c1_drop), scale_bits - 1)
                 return cls(
                     poly_modulus_degree=n,
                     coeff_modulus_bits=coeff_bits,
                     scale_bits=scale_bits,
-                    c0_drop_bits=min(_c0_drop_bits(n, c1_drop), scale_bits - 1),
+                    c0_drop_bits=c0_drop,
                     c1_drop_bits=c1_drop,
+                    canary_drop_bits=min(_canary_drop_bits(n, c1_drop), c0_drop),
                 )
         raise ConfigError(
             f"no single-prime parameters give precision {precision:g} for {max_clients} "
@@ -188,20 +208,23 @@ class CkksParams:
     def canary_noise_proxy(self) -> float:
         """Sub-Gaussian variance proxy of one canary of one honest ciphertext as sent.
 
-        The fresh error and ``r1 * s`` (``c1``'s rounding, ``wt(s) <= N`` terms); the
-        canaries of ``c0`` travel whole.
+        The fresh error, ``r1 * s`` (``c1``'s rounding, ``wt(s) <= N`` terms) and ``c0``'s
+        rounding at the canaries (``canary_drop_bits``).
         """
-        n = self.poly_modulus_degree
-        return fresh_noise_proxy(n) + n * rounding_proxy(self.c1_drop_bits)
+        return _shared_proxy(self.poly_modulus_degree, self.c1_drop_bits) + rounding_proxy(
+            self.canary_drop_bits
+        )
 
     @property
     def value_noise_proxy(self) -> float:
         """Sub-Gaussian variance proxy of the error of one value of one honest ciphertext.
 
-        The canaries' proxy and ``r0`` (``c0``'s rounding on the wire). A sum weighted by
-        integers ``m_i`` has ``sum m_i^2`` times it.
+        The fresh error, ``r1 * s`` and ``r0`` (``c0``'s rounding on the wire). A sum weighted
+        by integers ``m_i`` has ``sum m_i^2`` times it.
         """
-        return self.canary_noise_proxy + rounding_proxy(self.c0_drop_bits)
+        return _shared_proxy(self.poly_modulus_degree, self.c1_drop_bits) + rounding_proxy(
+            self.c0_drop_bits
+        )
 
     def error_bound(self, noise_weight: float) -> float:
         """Proven bound on the error of one decrypted value of a sum, in value units.
@@ -243,6 +266,19 @@ class CkksParams:
         return float(2 ** (self.coeff_modulus_bits - 2 - self.scale_bits))
 
 
+def _shared_proxy(n: int, c1_drop_bits: int) -> float:
+    """The proxy every coefficient of a ciphertext as sent carries: fresh error and ``r1 s``."""
+    return fresh_noise_proxy(n) + n * rounding_proxy(c1_drop_bits)
+
+
+def _most_drop_bits(left: float) -> int:
+    """The most low bits whose rounding proxy is at most ``left``."""
+    drop = 0
+    while rounding_proxy(drop + 1) <= left:
+        drop += 1
+    return drop
+
+
 def _c0_drop_bits(n: int, c1_drop_bits: int) -> int:
     """The most low bits of ``c0`` a client may round away at ring dimension ``n``.
 
@@ -250,8 +286,12 @@ def _c0_drop_bits(n: int, c1_drop_bits: int) -> int:
     :data:`NOISE_AT_N2048` ``* sqrt(N / 2048)``.
     """
     budget = (NOISE_AT_N2048 * math.sqrt(n / 2048) / TAIL_SIGMAS) ** 2
-    left = budget - fresh_noise_proxy(n) - n * rounding_proxy(c1_drop_bits)
-    drop = 0
-    while rounding_proxy(drop + 1) <= left:
-        drop += 1
-    return drop
+    return _most_drop_bits(budget - _shared_proxy(n, c1_drop_bits))
+
+
+def _canary_drop_bits(n: int, c1_drop_bits: int) -> int:
+    """The most low bits of ``c0``'s canaries a client may round away at ring dimension ``n``.
+
+    Their rounding adds at most :data:`CANARY_ROUNDING_SHARE` to a canary's proxy.
+    """
+    return _most_drop_bits(CANARY_ROUNDING_SHARE * _shared_proxy(n, c1_drop_bits))

@@ -34,9 +34,10 @@ _LEN = struct.Struct("<I")
 _CT_PREFIX_SIZE = 32 + 1 + 8 * 5 + _seal_io.HEADER_SIZE + 8
 _MAX_PARAM_BYTES = 1 << 12
 # N, log2 q and the scale's bits; then the dropped bits of c0 and c1, only when some are
-# dropped (a context without compression keeps the older, shorter header and its id).
-_HEADER = struct.Struct("<III")
-_COMPRESSED_HEADER = struct.Struct("<IIIII")
+# dropped; then those of c0's canaries, only when some are (a context keeps the shortest
+# header that holds its parameters: one without compression the older one, and its id).
+_HEADER_FIELDS = (3, 5, 6)
+_FIELD = struct.Struct("<I")
 _MAX_KEY_BYTES = 1 << 24
 
 
@@ -206,10 +207,8 @@ class PublicContext:
 
     def serialize(self) -> bytes:
         """Serialise parameters and public key (never a secret key)."""
-        header = _params_tuple(self.params)
-        compressed = header[3:] != (0, 0)
         parts = [
-            _COMPRESSED_HEADER.pack(*header) if compressed else _HEADER.pack(*header[:3]),
+            _pack_header(_params_tuple(self.params)),
             _seal_io.save_bytes(self._parms),
             _seal_io.save_bytes(self._public_key),
         ]
@@ -236,7 +235,7 @@ class PublicContext:
             raise InvalidArgumentError("not a fedps public context")
         parts: list[bytes] = []
         pos = len(_WIRE_MAGIC)
-        for limit in (_COMPRESSED_HEADER.size, _MAX_PARAM_BYTES, _MAX_KEY_BYTES):
+        for limit in (_FIELD.size * _HEADER_FIELDS[-1], _MAX_PARAM_BYTES, _MAX_KEY_BYTES):
             if pos + _LEN.size > len(data):
                 raise InvalidArgumentError("public context is truncated")
             (size,) = _LEN.unpack_from(data, pos)
@@ -247,14 +246,12 @@ class PublicContext:
             pos += size
         if pos != len(data):
             raise InvalidArgumentError("public context has trailing bytes")
-        if len(parts[0]) == _HEADER.size:
-            fields = (*_HEADER.unpack(parts[0]), 0, 0)
-        elif len(parts[0]) == _COMPRESSED_HEADER.size:
-            fields = _COMPRESSED_HEADER.unpack(parts[0])
-            if fields[3:] == (0, 0):  # one encoding per context: its id names it
-                raise InvalidArgumentError("public context header is not canonical")
-        else:
+        if len(parts[0]) not in [_FIELD.size * k for k in _HEADER_FIELDS]:
             raise InvalidArgumentError("public context header has the wrong size")
+        read = [value for (value,) in _FIELD.iter_unpack(parts[0])]
+        fields = (*read, *[0] * (_HEADER_FIELDS[-1] - len(read)))
+        if _pack_header(fields) != parts[0]:  # one encoding per context: its id names it
+            raise InvalidArgumentError("public context header is not canonical")
         try:
             params = CkksParams(*fields)
         except ConfigError as exc:
@@ -269,11 +266,18 @@ class PublicContext:
         return cls(params, public_key, _seal=(parms, context))
 
 
-def _params_tuple(params: CkksParams) -> tuple[int, int, int, int, int]:
+def _params_tuple(params: CkksParams) -> tuple[int, ...]:
     return (
         params.poly_modulus_degree,
         params.coeff_modulus_bits,
         params.scale_bits,
         params.c0_drop_bits,
         params.c1_drop_bits,
+        params.canary_drop_bits,
     )
+
+
+def _pack_header(fields: tuple[int, ...]) -> bytes:
+    """The shortest header of :data:`_HEADER_FIELDS` fields that leaves out only zeros."""
+    count = next(k for k in _HEADER_FIELDS if not any(fields[k:]))
+    return b"".join(_FIELD.pack(value) for value in fields[:count])

@@ -204,9 +204,9 @@ def measure_verification(
         raise AssertionError("the honest aggregate failed its own check")
     # the zero canaries of every block, computed before anything is decrypted
     _, canary_s = timed(lambda: keys.canaries(aggregate))
-    # the canaries' coefficients of both polynomials: c0's whole, c1's as sent
+    # the canaries' coefficients of both polynomials as sent: c0's high part and low bits, c1's
     blocks = -(-num_params // public.params.values_per_block)
-    canary_bytes = blocks * CANARIES * (public.coeff_bits + public.compression.widths[1]) / 8
+    canary_bytes = blocks * CANARIES * public.compression.canary_bits / 8
     roots = SignedUpdate.sign(
         BlockSigner(),
         coefficients[0],

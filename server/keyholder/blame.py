@@ -203,14 +203,16 @@ class Tracer:
             canaries = self.keys.opened_canaries(openings)
         except InvalidArgumentError as exc:
             return Verdict(shard=TamperingError(sid, "evidence", f"a false opening ({exc})"))
-        params = self.keys.public.params
+        # an opening shows the client's own ciphertext, not yet weighted by its multiplier:
+        # the bound of one ciphertext (weighted by m, its canaries and their bound both grow m
+        # times)
+        bound = canary_bound(self.keys.public.params, 1.0)
         verdict = Verdict()
-        for i, (client, block) in enumerate(keys):
-            bound = canary_bound(params, self.multipliers[client] ** 2)
-            if failing_rows(canaries[i : i + 1], bound):
-                verdict.clients.setdefault(
-                    client, f"its ciphertext of block {block} carries key material (canaries)"
-                )
+        for i in failing_rows(canaries, bound):
+            client, block = keys[i]
+            verdict.clients.setdefault(
+                client, f"its ciphertext of block {block} carries key material (canaries)"
+            )
         if verdict:
             return verdict
         for block in query.blocks:  # nobody alone: is the aggregate the sum of the openings?
