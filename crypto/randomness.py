@@ -179,9 +179,11 @@ _SERIAL_PIECE = 1024
 
 
 def _in_place(x: np.ndarray, ufunc: np.ufunc, method: str) -> Callable[[], object]:
-    """``x = ufunc(x)`` as a call, on the calling thread: torch's ``Tensor.<method>`` when the
-    process has imported torch (its float64 ``sin`` is about four times numpy's without
-    AVX-512), else ``ufunc``."""
+    """``x = ufunc(x)`` in place, as a call that runs on the calling thread.
+
+    torch's ``Tensor.<method>`` when the process has imported torch (its float64 ``sin`` is
+    about four times numpy's without AVX-512), else ``ufunc``.
+    """
     if "torch" not in sys.modules:
         return lambda: ufunc(x, out=x)
     import torch
@@ -236,8 +238,10 @@ class SeededRandom(RandomSource):
 
 
 def random_source(insecure_seed: int | None, *, role: str) -> RandomSource:
-    """:class:`SecureRandom`, or :class:`SeededRandom` from ``insecure_seed`` when given
-    (``privacy.insecure_reproducible``), with a warning naming ``role``."""
+    """:class:`SecureRandom`, or :class:`SeededRandom` from ``insecure_seed`` when given.
+
+    The seed is ``privacy.insecure_reproducible``'s, and is used with a warning naming ``role``.
+    """
     if insecure_seed is None:
         return SecureRandom()
     _log.warning(

@@ -148,8 +148,11 @@ def _csv_value(value: object) -> object:
 
 
 def _write_csv(records: list[dict[str, Any]], path: Path) -> None:
-    """Write ``records`` as CSV (one row per point; lists space-separated; a ``final_NAME``
-    column for each metric a task reported, after ``final_accuracy``)."""
+    """Write ``records`` as CSV, one row per point.
+
+    Lists are space-separated; a ``final_NAME`` column for each metric a task reported follows
+    ``final_accuracy``.
+    """
     names = sorted({n for r in records for n in r.get("final_metrics") or {}} - {"accuracy"})
     at = _CSV_COLUMNS.index("final_accuracy") + 1
     columns = (*_CSV_COLUMNS[:at], *(f"final_{n}" for n in names), *_CSV_COLUMNS[at:])
@@ -183,8 +186,11 @@ def _json_float(value: object, digits: int) -> float | str | None:
 
 
 def _failure_log(log_dir: Path, chars: int = 1500) -> str | None:
-    """The end of the first role's log that reports an error (logs of a temporary workdir
-    are removed with it, so a failed point keeps this much in its record)."""
+    """The end of the first role's log that reports an error.
+
+    Logs of a temporary workdir are removed with it, so a failed point keeps this much in its
+    record.
+    """
     for log in sorted(log_dir.glob("*.log")):
         text = log.read_text(errors="replace")
         if "Traceback" in text or "fedps: error:" in text or " ERROR " in text:
@@ -267,8 +273,10 @@ def _run_point(point: Point, grid: Grid, root: Path, timeout_s: float) -> dict[s
 def _checkpoint_last_round(
     overrides: Mapping[str, Mapping[str, object]],
 ) -> dict[str, dict[str, object]]:
-    """``overrides`` with a checkpoint cadence that divides the rounds, so the coordinator's
-    checkpoint holds the last round's metrics before it says training finished."""
+    """``overrides`` with a checkpoint cadence that divides the rounds.
+
+    So the coordinator's checkpoint holds the last round's metrics before it says training finished.
+    """
     out = {name: dict(values) for name, values in overrides.items()}
     t = load_config(None, **overrides).training
     if t.rounds % t.checkpoint_every:
@@ -277,8 +285,10 @@ def _checkpoint_last_round(
 
 
 def _round_metrics(state_dir: Path) -> list[dict[str, float]]:
-    """The task's metrics of each round (empty: not evaluated) from the coordinator's
-    checkpoint; none when it left no checkpoint."""
+    """The task's metrics of each round (empty: not evaluated) from the coordinator's checkpoint.
+
+    None when it left no checkpoint.
+    """
     try:
         checkpoint = CheckpointStore(state_dir).load()
     except FedPSError as exc:

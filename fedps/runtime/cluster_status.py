@@ -1,7 +1,9 @@
-"""``fedps status``: which roles are up, the current round and version, the last checkpoint,
-and each shard's standing: tampering the key holder detected in what it sent, and the calls
-to it that missed their deadline (the key holder's fetches, the coordinator's openings and
-closings of rounds)."""
+"""``fedps status``: which roles are up, the current round and version, each shard's standing.
+
+Also the last checkpoint. A shard's standing is the tampering the key holder detected in what it
+sent, and the calls to it that missed their deadline (the key holder's fetches, the coordinator's
+openings and closings of rounds).
+"""
 
 from __future__ import annotations
 

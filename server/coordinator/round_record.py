@@ -45,8 +45,7 @@ class RoundRecord:
 
 @dataclass
 class OpenRound:
-    """The round in progress, as a checkpoint keeps it (a restarted coordinator continues
-    it)."""
+    """The round in progress, as a checkpoint keeps it (a restarted coordinator continues it)."""
 
     round: int
     version: int
@@ -99,8 +98,11 @@ def check_metrics(metrics: Mapping[str, float]) -> None:
 
 
 def merged_metrics(reports: list[dict[str, float]]) -> dict[str, float]:
-    """Each metric over the clients that reported it: the median (each client counts once, and
-    one client's number cannot move it past the others'), an accuracy kept within [0, 1]."""
+    """Each metric over the clients that reported it: the median.
+
+    Each client counts once, and one client's number cannot move it past the others'; an accuracy is
+    kept within [0, 1].
+    """
     names = sorted({name for report in reports for name in report})
     merged = {name: float(np.median([r[name] for r in reports if name in r])) for name in names}
     if "accuracy" in merged:

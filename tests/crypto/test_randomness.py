@@ -92,9 +92,11 @@ def _words(seed: int, count: int) -> np.ndarray:
 
 
 def _four_gaussians(words: np.ndarray, chunk: int, std: float) -> np.ndarray:
-    """The reference of the hardened Gaussian, written out: per chunk of ``chunk`` values,
-    four standard Gaussians per value (both outputs of two Box-Muller pairs, angles measured
-    from -pi/4), summed and divided by 2, times ``std``."""
+    """The reference of the hardened Gaussian, written out.
+
+    Per chunk of ``chunk`` values, four standard Gaussians per value (both outputs of two
+    Box-Muller pairs, angles measured from -pi/4), summed and divided by 2, times ``std``.
+    """
     values = []
     for block in words.reshape(-1, 4 * chunk):
         u = (block >> np.uint64(11)).astype(np.float64) / 2.0**53
