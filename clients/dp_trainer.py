@@ -141,7 +141,9 @@ class _SourcedDPOptimizer(DPOptimizer):  # type: ignore[misc]  # Opacus is untyp
         for p in self.params:
             _check_processed_flag(p.summed_grad)
             summed = p.summed_grad
-            noise = torch.from_numpy(self.source.normal(std, tuple(summed.shape)))
+            # float32 gradients take float32 noise: each value the float64 sum rounded once
+            dtype = np.float32 if summed.dtype == torch.float32 else np.float64
+            noise = torch.from_numpy(self.source.normal(std, tuple(summed.shape), dtype=dtype))
             p.grad = (summed + noise.to(dtype=summed.dtype, device=summed.device)).view_as(p)
             _mark_as_processed(p.summed_grad)
 

@@ -12,8 +12,9 @@ Three schemes, each from the client's encryption to the key holder's decryption:
 Throughputs are values per second on one core unless the name says otherwise.
 
 :func:`measure_noise` times the DP noise: the CSPRNG's hardened Gaussian
-(:class:`crypto.randomness.SecureRandom`, four draws per value) against the draw it replaced
-(``torch.normal`` from torch's Mersenne Twister, what Opacus uses outside ``secure_mode``).
+(:class:`crypto.randomness.SecureRandom`, four standard Gaussians per value, in float64 and
+rounded to float32) against the draw it replaced (``torch.normal`` from torch's Mersenne
+Twister, what Opacus uses outside ``secure_mode``).
 """
 
 from __future__ import annotations
@@ -244,20 +245,25 @@ def wire_error(keys: SecretContext, *, ciphertexts: int = 2000, sums: int = 20) 
 def measure_noise(size: int, *, repeats: int = 7) -> dict[str, float]:
     """Gaussian values per second: the secure hardened draw against ``torch.normal``.
 
-    Medians of ``repeats`` alternating runs, so both see the same machine load.
+    The draw in float64 and in the float32 that DP-SGD adds to its gradients; medians of
+    ``repeats`` alternating runs, so all three see the same machine load.
     """
     import torch
 
     source = SecureRandom()
-    secure: list[float] = []
-    baseline: list[float] = []
+    draws: dict[str, Callable[[], Any]] = {
+        "secure": lambda: source.normal(1.0, size),
+        "secure_float32": lambda: source.normal(1.0, size, dtype=np.float32),
+        "torch": lambda: torch.normal(0.0, 1.0, size=(size,)),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in draws}
     for _ in range(repeats):
-        secure.append(timed(lambda: source.normal(1.0, size))[1])
-        baseline.append(timed(lambda: torch.normal(0.0, 1.0, size=(size,)))[1])
-    secure_s, baseline_s = float(np.median(secure)), float(np.median(baseline))
+        for name, draw in draws.items():
+            seconds[name].append(timed(draw)[1])
+    median = {name: float(np.median(times)) for name, times in seconds.items()}
     return {
         "size": float(size),
-        "secure_values_per_s": size / secure_s,
-        "torch_values_per_s": size / baseline_s,
-        "slowdown": secure_s / baseline_s,
+        **{f"{name}_values_per_s": size / median[name] for name in draws},
+        "slowdown": median["secure"] / median["torch"],
+        "slowdown_float32": median["secure_float32"] / median["torch"],
     }

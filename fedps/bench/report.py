@@ -49,8 +49,9 @@ def render_table(results: dict[str, Any]) -> str:
         n = results["noise"]
         lines.append(
             f"\nDP noise, {int(n['size']):,} values: CSPRNG hardened draw "
-            f"{_m(n['secure_values_per_s'])}, torch.normal {_m(n['torch_values_per_s'])} "
-            f"({n['slowdown']:.1f}x slower)"
+            f"{_m(n['secure_values_per_s'])} ({n['slowdown']:.1f}x torch.normal's time), "
+            f"{_m(n['secure_float32_values_per_s'])} as float32 "
+            f"({n['slowdown_float32']:.1f}x); torch.normal {_m(n['torch_values_per_s'])}"
         )
     lines += ["", "| model | secure round | plaintext round | ratio |", "|---|---:|---:|---:|"]
     for model, r in results["e2e"].items():
