@@ -1,19 +1,10 @@
 """``fedps experiment``: a privacy-accuracy grid, one real platform run per point.
 
-A grid file (:mod:`fedps.experiments.grid`) is a fedps configuration plus a ``[grid]`` table
-of axes, each a list of values::
-
-    [grid]
-    epsilon = [1.0, 4.0, 8.0, "inf"]      # privacy.target_epsilon; "inf": no DP noise
-    partition = ["iid", "dirichlet:0.5"]  # training.partition (+ dirichlet_alpha / shards)
-    encryption = [true, false]            # he.enabled
-
-A grid can train the user's own task: ``[task] app`` names it (:mod:`fedps.learning.tasks`), its
-project directory ``dir`` is relative to the grid file, and ``data`` gives each client its own
-file, ``{index}`` standing for the client's number (``"data/client{index}.csv"``, relative to
-the grid file too). A record then holds the task's metrics of the last evaluated round
-(``final_metrics``, a ``final_NAME`` column each in the CSV) beside ``final_accuracy`` (for
-classification).
+A grid file (:mod:`fedps.experiments.grid`, whose docstring shows one) is a fedps
+configuration plus a ``[grid]`` table of axes, each a list of values; it may train the user's
+own task, each client on its own file. A record of such a task holds the task's metrics of the
+last evaluated round (``final_metrics``, a ``final_NAME`` column each in the CSV) beside
+``final_accuracy`` (for classification).
 
 The cartesian product of the axes gives the points. Each point runs the whole platform (key
 holder, shards, coordinator and clients as processes on loopback,
