@@ -1,5 +1,7 @@
-"""fedps edge clients: local DP training, a privacy ledger that survives restarts, encryption
-and pushes to the shards."""
+"""fedps edge clients: local DP training, encryption and pushes to the shards.
+
+Their privacy ledger survives restarts.
+"""
 
 from clients.client_state import ClientState
 from clients.dp_trainer import ClientLevelTrainer, DPTrainer, create_trainer

@@ -22,8 +22,9 @@ _log = logging.getLogger("fedps")
 
 
 class ClientEvaluation:
-    """The task's metrics of each round's starting model on a client's own data, kept until
-    the round is reported.
+    """The task's metrics of each round's starting model on a client's own data.
+
+    Kept until the round is reported.
 
     Parameters
     ----------
@@ -49,8 +50,10 @@ class ClientEvaluation:
         )
 
     def evaluate(self, round_: int, vector: np.ndarray) -> dict[str, float]:
-        """The metrics of the model ``vector`` (flat parameters) that round ``round_``
-        starts from, kept for :meth:`take` (in place of an earlier round's)."""
+        """The metrics of the model ``vector`` (flat parameters) that round ``round_`` starts from.
+
+        Kept for :meth:`take` (in place of an earlier round's).
+        """
         model = self.task.create_model(self.seed)
         load_flat(model, vector)
         metrics = evaluate_model(self.task, model, self.data)

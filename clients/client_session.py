@@ -52,17 +52,29 @@ from fedps.rpc.model_reader import ModelReader
 from fedps.sharding.blocks import BlockLayout, flatten_model
 from fedps.sharding.hash_ring import HashRing
 
-__all__ = ["ClientSession", "Uplink", "read_enrolment_token"]
+__all__ = ["LONG_POLL_S", "ClientSession", "Uplink", "pause", "read_enrolment_token"]
 
 _log = logging.getLogger("fedps")
+#: How long a waiting client lets the coordinator hold its ``GetTask`` call (a long poll).
+LONG_POLL_S = 2.0
 _T = TypeVar("_T")
 _UNKNOWN = "{}: not known before the client connected and joined a run"
 
 
+def pause(task: Assignment) -> None:
+    """Wait what a WAIT answer asks before the next ``GetTask``.
+
+    Nothing after a held call, which has waited already; at least 50 ms otherwise.
+    """
+    if task.retry_after > 0:
+        time.sleep(max(0.05, task.retry_after))
+
+
 class Uplink(Protocol):
-    """What an edge client asks of whoever runs the rounds: its registration, its next task,
-    and its report of a round. The default is the coordinator over gRPC
-    (:class:`fedps.rpc.coordinator_stub.CoordinatorStub`). ``retry_s``: how long a transient
+    """What an edge client asks of whoever runs the rounds.
+
+    Its registration, its next task, and its report of a round. The default is the coordinator over
+    gRPC (:class:`fedps.rpc.coordinator_stub.CoordinatorStub`). ``retry_s``: how long a transient
     failure is retried (``None``: fail at once).
 
     :meth:`EdgeClient.run <clients.edge_client.EdgeClient.run>` and
@@ -76,18 +88,23 @@ class Uplink(Protocol):
 
     def register(
         self, registration: ClientRegistration, *, retry_s: float | None = None
-    ) -> RegistrationReply: ...
+    ) -> RegistrationReply:
+        """Register the client: the reply gives its id, its run, its peers and its credential."""
 
-    def get_task(self, query: AssignmentQuery, *, retry_s: float | None = None) -> Assignment: ...
+    def get_task(self, query: AssignmentQuery, *, retry_s: float | None = None) -> Assignment:
+        """The client's next task."""
 
-    def report_update(self, report: UpdateReport, *, retry_s: float | None = None) -> None: ...
+    def report_update(self, report: UpdateReport, *, retry_s: float | None = None) -> None:
+        """Report a round."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what the uplink holds (a channel)."""
 
 
 def read_enrolment_token(tls: TlsConfig, identity: str, *, required: bool) -> str:
-    """``identity``'s enrolment token from ``tls.directory`` (empty if there is none and none
-    is ``required``).
+    """``identity``'s enrolment token from ``tls.directory``.
+
+    Empty if there is none and none is ``required``.
 
     Raises
     ------
@@ -177,10 +194,12 @@ class ClientSession:
 
     # ------------------------------------------------------------------ the coordinator
     def start(self, deadline: float) -> bool:
-        """Register, connect to the key holder and the shards the coordinator names, and
-        join its run; whatever a peer answers is counted and asked again after a backoff,
-        until ``deadline`` (``time.time()``). False: the deadline passed first. Raises
-        what the client's own configuration refuses (:meth:`fetch_context`)."""
+        """Register, connect to the key holder and the shards the coordinator names, join its run.
+
+        Whatever a peer answers is counted and asked again after a backoff, until ``deadline``
+        (``time.time()``). False: the deadline passed first. Raises what the client's own
+        configuration refuses (:meth:`fetch_context`).
+        """
         backoff = failure_backoff()
         while (left := deadline - time.time()) > 0:
             try:
@@ -201,9 +220,11 @@ class ClientSession:
         return False
 
     def register(self, timeout_s: float) -> RegistrationReply:
-        """Register with the coordinator (waiting out its restarts up to ``timeout_s``),
-        carrying the recorded spend. A coordinator that runs another run than the one joined
-        (it lost its state) is warned about, and its run is taken."""
+        """Register with the coordinator, carrying the recorded spend.
+
+        It waits out the coordinator's restarts up to ``timeout_s``. A coordinator that runs another
+        run than the one joined (it lost its state) is warned about, and its run is taken.
+        """
         trainer = self.ledger.trainer
         registration = ClientRegistration(
             name=self.name,
@@ -224,16 +245,24 @@ class ClientSession:
             self.run_id = reply.run_id
         return reply
 
-    def poll_task(self, *, retry_s: float | None = None) -> Assignment:
-        """One ``GetTask`` call (retried while the coordinator is unavailable, up to
-        ``retry_s``), carrying the spend recorded in the ledger."""
-        query = AssignmentQuery(self.client_id, self.ledger.epsilon, self.config.privacy.delta)
+    def poll_task(self, *, retry_s: float | None = None, wait_s: float = 0.0) -> Assignment:
+        """One ``GetTask`` call, carrying the spend recorded in the ledger.
+
+        Retried while the coordinator is unavailable, up to ``retry_s``. ``wait_s``: while the
+        answer would be WAIT, the coordinator may hold the call this long and answer as soon as
+        the task changes (a long poll; :data:`LONG_POLL_S` for a client that only waits).
+        """
+        query = AssignmentQuery(
+            self.client_id, self.ledger.epsilon, self.config.privacy.delta, wait_s=wait_s
+        )
         return self.uplink.get_task(query, retry_s=retry_s)
 
     def announce_spend(self) -> bool:
         """Tell the coordinator the recorded spend (every ``GetTask`` call carries it).
-        False: it could not be told (counted, and after a pause), or it restarted without us
-        (we registered again, which carries the spend)."""
+
+        False: it could not be told (counted, and after a pause), or it restarted without us (we
+        registered again, which carries the spend).
+        """
         try:
             self.poll_task(retry_s=self.peer_wait_s)
         except UnknownClientError:
@@ -246,10 +275,12 @@ class ClientSession:
         return True
 
     def sit_out(self, round_: int, *, final: bool) -> None:
-        """Rounds up to ``round_`` finished without us: at client level they count in our
-        spend all the same (:meth:`PrivacyLedger.sit_out
-        <clients.privacy_ledger.PrivacyLedger.sit_out>`). The next ``GetTask`` carries the
-        spend to the coordinator, or (``final``: the run is done) one last call does."""
+        """Rounds up to ``round_`` finished without us.
+
+        At client level they count in our spend all the same (:meth:`PrivacyLedger.sit_out
+        <clients.privacy_ledger.PrivacyLedger.sit_out>`). The next ``GetTask`` carries the spend to
+        the coordinator, or (``final``: the run is done) one last call does.
+        """
         if self.ledger.sit_out(round_) and final:
             try:
                 self.poll_task()
@@ -266,11 +297,12 @@ class ClientSession:
         metrics: dict[str, float] | None = None,
         phase_seconds: dict[str, float] | None = None,
     ) -> None:
-        """Report a round to the coordinator: the update's weight, the recorded spend, the
-        bytes the shards took (``pushed``), whether the budget is spent, the trainer's noise
-        multiplier, with ``task.client_eval`` the ``metrics``, and the seconds of the round's
-        phases (``phase_seconds``, :data:`fedps.round_timer.CLIENT_PHASES`). A refusal is
-        counted.
+        """Report a round to the coordinator.
+
+        The report carries the update's weight, the recorded spend, the bytes the shards took
+        (``pushed``), whether the budget is spent, the trainer's noise multiplier, with
+        ``task.client_eval`` the ``metrics``, and the seconds of the round's phases
+        (``phase_seconds``, :data:`fedps.round_timer.CLIENT_PHASES`). A refusal is counted.
 
         Raises
         ------
@@ -297,22 +329,27 @@ class ClientSession:
             self.failures.failed(COORDINATOR, exc)
 
     def next_train_task(self, round_: int, timeout_s: float = 60.0) -> Assignment | None:
-        """The task of the next round (buffer) after ``round_`` that asks us to train, if
-        one comes within ``timeout_s``."""
+        """The task of the next round (buffer) after ``round_`` that asks us to train.
+
+        None if none comes within ``timeout_s``.
+        """
         until = time.time() + timeout_s
         while time.time() < until:
-            task = self.poll_task(retry_s=timeout_s)
+            task = self.poll_task(retry_s=timeout_s, wait_s=LONG_POLL_S)
             if task.kind == "done":
                 return None
             if task.kind == "train" and task.round > round_:
                 return task
-            time.sleep(max(0.05, task.retry_after))
+            pause(task)
         return None
 
     # ------------------------------------------------------------------ channels
     def connect(self, keyholder: str, shards: Mapping[str, str], *, virtual_nodes: int) -> None:
-        """Open channels to the key holder and the shards (``{shard_id: address}``, whose
-        blocks the hash ring with ``virtual_nodes`` assigns)."""
+        """Open channels to the key holder and the shards.
+
+        The shards are ``{shard_id: address}``, whose blocks the hash ring with ``virtual_nodes``
+        assigns.
+        """
         self.disconnect()
         self._keyholder = KeyHolderStub(keyholder)
         self._params = ModelReader(dict(shards))
@@ -324,9 +361,12 @@ class ClientSession:
         return self._params is not None
 
     def join(self, *, run_id: str, client_id: str, timeout_s: float = 60.0) -> None:
-        """Take part in run ``run_id`` as ``client_id``: fetch, verify and adopt the key
-        holder's public context (trusted on first use unless ``security.keyholder_key`` pins
-        it), and count the trainer's rounds in that run. Call after :meth:`connect`."""
+        """Take part in run ``run_id`` as ``client_id``.
+
+        Fetch, verify and adopt the key holder's public context (trusted on first use unless
+        ``security.keyholder_key`` pins it), and count the trainer's rounds in that run. Call after
+        :meth:`connect`.
+        """
         self.client_id, self.run_id = client_id, run_id
         self.ledger.trainer.set_run(run_id)
         self.keyholder_key = b""
@@ -334,8 +374,11 @@ class ClientSession:
         self._layout = BlockLayout(self.num_params, self._values_per_block)
 
     def disconnect(self) -> None:
-        """Close the channels :meth:`connect` opened; the public context, the encryptor and
-        its encryptions of zero are kept (:meth:`connect` again to go on)."""
+        """Close the channels :meth:`connect` opened.
+
+        The public context, the encryptor and its encryptions of zero are kept (:meth:`connect`
+        again to go on).
+        """
         if self._params is not None:
             self._params.close()
         if self._keyholder is not None:
@@ -376,18 +419,22 @@ class ClientSession:
         return self._encryptor
 
     def pull(self, version: int) -> tuple[np.ndarray, int]:
-        """The model of ``version`` (or later) from the shards, every block's signature
-        checked against the key holder's key: the flat vector and its version."""
+        """The model of ``version`` (or later) from the shards: the flat vector and its version.
+
+        Every block's signature is checked against the key holder's key.
+        """
         return self.shards.pull(
             self.layout, min_version=version, verify=model_verifier(self.keyholder_key)
         )
 
     # ------------------------------------------------------------------ the public context
     def adopt_context(self, context_id: str) -> bool:
-        """Fetch the key holder's public context ``context_id`` if it is not ours (the key
-        holder rotated its keys); an empty id changes nothing. False (counted and logged):
-        the key holder's context could not be fetched, or was refused; ours is kept. Raises
-        what the client's own configuration refuses (:meth:`fetch_context`)."""
+        """Fetch the key holder's public context ``context_id`` if it is not ours.
+
+        It is not ours when the key holder rotated its keys; an empty id changes nothing. False
+        (counted and logged): the key holder's context could not be fetched, or was refused; ours is
+        kept. Raises what the client's own configuration refuses (:meth:`fetch_context`).
+        """
         if not context_id or context_id == self.context_id:
             return True
         try:
@@ -400,8 +447,9 @@ class ClientSession:
         return True
 
     def fetch_context(self, timeout_s: float = 60.0) -> None:
-        """Fetch, verify and adopt the key holder's current public context (nothing is
-        adopted unless all of it verifies).
+        """Fetch, verify and adopt the key holder's current public context.
+
+        Nothing is adopted unless all of it verifies.
 
         Raises
         ------
@@ -434,9 +482,10 @@ class ClientSession:
         self.keyholder_key, self.context_id, self._encryptor = key, ctx.context_id, encryptor
 
     def precompute(self, *, background: bool) -> None:
-        """Draw the encryptions of zero the next update needs (the offline half of
-        encryption), now or (``background``) in a low-priority process; nothing without
-        encryption."""
+        """Draw the encryptions of zero the next update needs (the offline half of encryption).
+
+        Now or (``background``) in a low-priority process; nothing without encryption.
+        """
         if isinstance(self._encryptor, BlockEncryptor):
             blocks = self.layout.num_blocks
             if background:
@@ -465,8 +514,11 @@ class ClientSession:
 
 
 def _known(value: _T | None, what: str) -> _T:
-    """``value``, known once the client connected and joined a run (a programming error
-    otherwise: call :meth:`ClientSession.connect` and :meth:`ClientSession.join` first)."""
+    """``value``, known once the client connected and joined a run.
+
+    A programming error otherwise: call :meth:`ClientSession.connect` and :meth:`ClientSession.join`
+    first.
+    """
     if value is None:
         raise RuntimeError(_UNKNOWN.format(what))
     return value

@@ -131,8 +131,9 @@ class _LedgerFile(BaseModel):
 
 
 class ClientState:
-    """One client identity's state folder: signing key and privacy ledger (see the module
-    docstring). Use :meth:`open` for a folder, :meth:`in_memory` for none.
+    """One client identity's state folder: signing key and privacy ledger.
+
+    See the module docstring. Use :meth:`open` for a folder, :meth:`in_memory` for none.
 
     Parameters
     ----------
@@ -144,6 +145,9 @@ class ClientState:
         Its ledger, by (data fingerprint, level).
     directory
         The folder (None: nothing is written).
+    lock
+        The folder's lock file, open and locked for this process (:meth:`open` takes it;
+        :meth:`close` releases it).
     """
 
     def __init__(
@@ -223,8 +227,10 @@ class ClientState:
         return [e for (d, lv), e in sorted(self._entries.items()) if lv == level and d != data]
 
     def record(self, data: str, spend: PrivacySpend, *, privacy: PrivacyConfig) -> LedgerEntry:
-        """Record ``spend`` on data fingerprint ``data`` at ``privacy.level``; durable (in a
-        folder) when this returns."""
+        """Record ``spend`` on data fingerprint ``data`` at ``privacy.level``.
+
+        Durable (in a folder) when this returns.
+        """
         entry = LedgerEntry(
             data=data,
             level=privacy.level,
@@ -252,8 +258,10 @@ class ClientState:
 
 
 def _acquire(path: Path) -> IO[bytes]:
-    """Open and exclusively lock ``path`` (released when the file is closed or the process
-    dies, SIGKILL included)."""
+    """Open and exclusively lock ``path``.
+
+    The lock is released when the file is closed or the process dies, SIGKILL included.
+    """
     fd = private_opener(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
     fh = os.fdopen(fd, "r+b")
     try:

@@ -70,8 +70,10 @@ sampled Gaussian steps with the same noise and rate (Opacus's format)."""
 
 @dataclass(frozen=True)
 class PrivacySpend:
-    """What a trainer has spent on its data: its accountant's history and that history's
-    epsilon (at ``privacy.delta``, under ``privacy.accountant``).
+    """What a trainer has spent on its data.
+
+    Its accountant's history and that history's epsilon (at ``privacy.delta``, under
+    ``privacy.accountant``).
 
     ``run_id`` is the run whose global rounds the last entry counts (client level; empty
     otherwise or before the client registered).
@@ -101,9 +103,12 @@ def _loader(data: Dataset, batch_size: int, seed: int, *, shuffle: bool) -> Data
 
 
 class PoissonBatches(Sampler[list[int]]):
-    """Poisson sampling for DP-SGD: each of ``steps`` batches takes every example
-    independently with probability ``sample_rate``, drawn from ``source`` (Opacus's
-    ``UniformWithReplacementSampler`` draws from torch's generator instead)."""
+    """Poisson sampling for DP-SGD.
+
+    Each of ``steps`` batches takes every example independently with probability ``sample_rate``,
+    drawn from ``source`` (Opacus's ``UniformWithReplacementSampler`` draws from torch's generator
+    instead).
+    """
 
     def __init__(
         self, num_samples: int, sample_rate: float, steps: int, source: RandomSource
@@ -123,9 +128,11 @@ class PoissonBatches(Sampler[list[int]]):
 
 
 class _SourcedDPOptimizer(DPOptimizer):  # type: ignore[misc]  # Opacus is untyped
-    """Opacus's DP optimizer with its Gaussian noise drawn from a :class:`RandomSource`
-    (hardened as Opacus's ``secure_mode`` hardens it) instead of torch's generator, the
-    drawing timed as the ``noise`` phase of ``timer``."""
+    """Opacus's DP optimizer with its Gaussian noise drawn from a :class:`RandomSource`.
+
+    The source is hardened as Opacus's ``secure_mode`` hardens it, and replaces torch's generator.
+    The drawing is timed as the ``noise`` phase of ``timer``.
+    """
 
     def __init__(self, *, source: RandomSource, timer: RoundTimer, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -138,7 +145,9 @@ class _SourcedDPOptimizer(DPOptimizer):  # type: ignore[misc]  # Opacus is untyp
             for p in self.params:
                 _check_processed_flag(p.summed_grad)
                 summed = p.summed_grad
-                noise = torch.from_numpy(self.source.normal(std, tuple(summed.shape)))
+                # float32 gradients take float32 noise: each value the float64 sum rounded once
+                dtype = np.float32 if summed.dtype == torch.float32 else np.float64
+                noise = torch.from_numpy(self.source.normal(std, tuple(summed.shape), dtype=dtype))
                 p.grad = (summed + noise.to(dtype=summed.dtype, device=summed.device)).view_as(p)
                 _mark_as_processed(p.summed_grad)
 
@@ -149,7 +158,8 @@ class _SourcedPrivacyEngine(PrivacyEngine):  # type: ignore[misc]  # Opacus is u
     Opacus's own ``secure_mode`` needs ``torchcsprng``, which has no build for current torch;
     this engine overrides the two places Opacus draws randomness: the optimizer's noise and
     the data loader's Poisson sampler. Only flat clipping in one process is supported (what
-    fedps uses). ``timer`` times the drawing of the noise."""
+    fedps uses). ``timer`` times the drawing of the noise.
+    """
 
     def __init__(self, *, accountant: str, source: RandomSource, timer: RoundTimer) -> None:
         super().__init__(accountant=accountant)
@@ -270,14 +280,19 @@ class Trainer(abc.ABC):
 
     @abc.abstractmethod
     def _prepare(self, data: Dataset, training: TrainingConfig, seed: int) -> None:
-        """Set up training on ``data``: draw :attr:`source` from ``seed`` (see
-        :func:`_source`; after the subclass's own checks, so that a refused configuration
-        warns of no insecure seed), and set :attr:`noise_multiplier` and :attr:`sample_rate`."""
+        """Set up training on ``data``.
+
+        Draw :attr:`source` from ``seed`` (see :func:`_source`; after the subclass's own checks, so
+        that a refused configuration warns of no insecure seed), and set :attr:`noise_multiplier`
+        and :attr:`sample_rate`.
+        """
 
     @abc.abstractmethod
     def history(self) -> History:
-        """The accountant's history so far: everything spent on this data (restored
-        spend included)."""
+        """The accountant's history so far.
+
+        Everything spent on this data (restored spend included).
+        """
 
     @abc.abstractmethod
     def history_after_next_round(self) -> History:
@@ -285,9 +300,11 @@ class Trainer(abc.ABC):
 
     @abc.abstractmethod
     def restore(self, history: Iterable[tuple[float, float, int]], *, run_id: str = "") -> None:
-        """Continue from a recorded ``history`` (what :meth:`spend` returned before),
-        replacing whatever this trainer has spent; ``run_id`` is the spend's
-        :attr:`PrivacySpend.run_id`."""
+        """Continue from a recorded ``history`` (what :meth:`spend` returned before).
+
+        It replaces whatever this trainer has spent; ``run_id`` is the spend's
+        :attr:`PrivacySpend.run_id`.
+        """
 
     @abc.abstractmethod
     def _train_locally(self) -> None:
@@ -330,9 +347,11 @@ class Trainer(abc.ABC):
         del round_
 
     def sit_out(self, round_: int) -> bool:
-        """Account for the global rounds up to ``round_`` (finished) that this client did not
-        train in; returns whether the spend grew. Only client-level accounting counts them
-        (amplification by sampling counts every round); by default this does nothing."""
+        """Account for finished global rounds up to ``round_`` that this client did not train in.
+
+        Returns whether the spend grew. Only client-level accounting counts them (amplification by
+        sampling counts every round); by default this does nothing.
+        """
         del round_
         return False
 
@@ -441,8 +460,10 @@ class DPTrainer(Trainer):
         return tuple(history)
 
     def restore(self, history: Iterable[tuple[float, float, int]], *, run_id: str = "") -> None:
-        """Continue the Opacus accountant from ``history`` (later steps merge into its last
-        entry when their noise and sample rate are the same)."""
+        """Continue the Opacus accountant from ``history``.
+
+        Later steps merge into its last entry when their noise and sample rate are the same.
+        """
         self.engine.accountant.history = list(_history(history))
         self.run_id = run_id
 
@@ -465,8 +486,9 @@ class DPTrainer(Trainer):
 
 
 class ClientLevelTrainer(Trainer):
-    """DP-FedAvg (McMahan et al. 2018, "Learning Differentially Private Recurrent Language
-    Models"): client-level DP with distributed Gaussian noise.
+    """DP-FedAvg: client-level DP with distributed Gaussian noise.
+
+    From McMahan et al. 2018, "Learning Differentially Private Recurrent Language Models".
 
     The client trains with plain SGD, clips its whole update to L2 norm ``privacy.clip_norm``
     (C) and adds Gaussian noise of std ``sigma * C / sqrt(n)`` per coordinate, where n is the
@@ -520,8 +542,11 @@ class ClientLevelTrainer(Trainer):
         )
 
     def set_run(self, run_id: str) -> None:
-        """Count global rounds in run ``run_id`` from now on; the rounds counted in another
-        run become part of the prior history (composed with this run's)."""
+        """Count global rounds in run ``run_id`` from now on.
+
+        The rounds counted in another run become part of the prior history (composed with this
+        run's).
+        """
         if run_id != self.run_id:
             self._prior, self._rounds_spent = self.history(), 0
             self.run_id = run_id
@@ -542,8 +567,10 @@ class ClientLevelTrainer(Trainer):
         return max(self._round, self._rounds_spent + 1)
 
     def history(self) -> History:
-        """The prior history, then ``(sigma, q, r)``: every global round of this run up to
-        the last one trained."""
+        """The prior history, then ``(sigma, q, r)``.
+
+        The latter covers every global round of this run up to the last one trained.
+        """
         return self._with_rounds(self._rounds_spent)
 
     def history_after_next_round(self) -> History:
@@ -554,8 +581,11 @@ class ClientLevelTrainer(Trainer):
         return _history([*self._prior, (self.noise_multiplier, self.sample_rate, rounds)])
 
     def restore(self, history: Iterable[tuple[float, float, int]], *, run_id: str = "") -> None:
-        """Continue from ``history``: its last entry counts the global rounds of run
-        ``run_id`` when it has this trainer's noise and rate; everything else is prior."""
+        """Continue from ``history``.
+
+        Its last entry counts the global rounds of run ``run_id`` when it has this trainer's noise
+        and rate; everything else is prior.
+        """
         entries = _history(history)
         if entries and entries[-1][:2] == (self.noise_multiplier, self.sample_rate):
             self._prior, self._rounds_spent = entries[:-1], entries[-1][2]
@@ -608,8 +638,9 @@ _TRAINERS: dict[str, type[DPTrainer] | type[ClientLevelTrainer]] = {
 
 
 def register_trainer(name: str, trainer: type[DPTrainer] | type[ClientLevelTrainer]) -> None:
-    """Make the trainer class ``trainer`` available to :func:`create_trainer` for
-    ``privacy.level = NAME``.
+    """Make the trainer class ``trainer`` available to :func:`create_trainer`.
+
+    It is chosen by ``privacy.level = NAME``.
 
     Raises
     ------

@@ -69,9 +69,10 @@ from typing import Self
 import numpy as np
 
 from clients.client_eval import ClientEvaluation
-from clients.client_session import ClientSession, Uplink, read_enrolment_token
-from clients.client_state import ClientState, data_fingerprint, default_state_dir
-from clients.dp_trainer import PrivacySpend, Trainer, create_trainer
+from clients.client_session import LONG_POLL_S, ClientSession, Uplink, pause
+from clients.client_setup import ClientSetup, open_setup
+from clients.client_state import data_fingerprint
+from clients.dp_trainer import PrivacySpend, Trainer
 from clients.peer_failures import (
     COORDINATOR,
     PAUSE_S,
@@ -90,13 +91,11 @@ from crypto.signing import BlockSigner
 from fedps.config import FedPSConfig
 from fedps.errors import (
     FedPSError,
-    InvalidArgumentError,
     PrivacyBudgetExceededError,
     UnauthenticatedError,
     UnknownClientError,
 )
-from fedps.learning.datasets import Dataset
-from fedps.learning.tasks import ClientData, Task, load_task
+from fedps.learning.tasks import Task
 from fedps.rpc.coordinator_messages import Assignment
 from fedps.rpc.coordinator_stub import CoordinatorStub
 
@@ -108,7 +107,6 @@ __all__ = [
     "RoundOutcome",
     "RoundProgress",
     "Uplink",
-    "client_partition",
 ]
 
 _log = logging.getLogger("fedps")
@@ -138,46 +136,6 @@ class RoundOutcome:
     trained: bool = False
     prepared: PreparedPush | None = None
     budget_exhausted: bool = False
-
-
-def client_partition(
-    config: FedPSConfig, index: int, *, data: Path | None = None, task: Task | None = None
-) -> Dataset:
-    """Client ``index``'s own training data: ``task``'s (default: the configured task's)
-    ``load_data`` for the file or folder ``data``; for a built-in dataset, partition ``index``
-    under the configured partitioner."""
-    t = config.training
-    if not 0 <= index < t.clients:
-        raise InvalidArgumentError(f"client index {index} out of range [0, {t.clients})")
-    task = task or load_task(config)
-    return task.client_data(ClientData(data, index=index, num_clients=t.clients, seed=t.seed))
-
-
-def _local_training(
-    config: FedPSConfig,
-    index: int,
-    *,
-    data: Path | None,
-    task: Task | None,
-    trainer: Trainer | None,
-) -> tuple[Task, Trainer, Dataset | None]:
-    """Client ``index``'s task, its trainer and its own data (None: a given ``trainer``
-    holds the data, whose task is the default one)."""
-    if trainer is not None:
-        return task or trainer.task, trainer, None
-    task = task or load_task(config)
-    own = client_partition(config, index, data=data, task=task)
-    model = task.create_model(config.training.seed)
-    task.check_fit(model, own)
-    trainer = create_trainer(
-        model,
-        own,
-        training=config.training,
-        privacy=config.privacy,
-        seed=config.training.seed * 1000 + index + 1,
-        task=task,
-    )
-    return task, trainer, own
 
 
 class EdgeClient:
@@ -212,31 +170,24 @@ class EdgeClient:
         self,
         config: FedPSConfig,
         *,
-        name: str,
-        identity: str,
-        enrolment_token: str,
-        state: ClientState,
-        task: Task,
-        trainer: Trainer,
-        own_data: Dataset | None,
+        setup: ClientSetup,
         mods: Sequence[TrainMod] = (),
         on_round: Callable[[RoundProgress], None] | None = None,
         uplink: Uplink | None = None,
         peer_wait_s: float = _PEER_WAIT_S,
     ) -> None:
-        """Compose a client from parts :meth:`open` made (see it for the parameters);
-        ``own_data``: the client's own training data (None: ``trainer`` holds data fedps
-        does not see)."""
+        """Compose a client from its ``setup`` (see :meth:`open` for the other parameters)."""
         self.config = config
-        self.name, self.identity = name, identity
+        name, state, trainer, own_data = setup.name, setup.state, setup.trainer, setup.own_data
+        self.name, self.identity = name, setup.identity
         self.mods = tuple(mods)
         self.on_round = on_round
-        self.task, self.trainer = task, trainer
+        self.task, self.trainer = setup.task, trainer
         # task.client_eval, only for a task without the operator's evaluation data (else
         # none would be used)
-        client_eval = config.task.client_eval and task.load_eval_data is None
+        client_eval = config.task.client_eval and setup.task.load_eval_data is None
         self._evaluation = (
-            ClientEvaluation(task, own_data, seed=config.training.seed, name=name)
+            ClientEvaluation(setup.task, own_data, seed=config.training.seed, name=name)
             if client_eval and own_data is not None
             else None
         )
@@ -244,12 +195,14 @@ class EdgeClient:
         self.ledger = PrivacyLedger(
             state, trainer, data=fingerprint, privacy=config.privacy, name=name
         )
-        self._peers = PeerFailures(name, identity=identity, tls_directory=config.tls.directory)
+        self._peers = PeerFailures(
+            name, identity=setup.identity, tls_directory=config.tls.directory
+        )
         # Every call has a deadline: one caught in a peer's restart fails and is retried.
         self.session = ClientSession(
             config,
             name=name,
-            enrolment_token=enrolment_token,
+            enrolment_token=setup.enrolment_token,
             ledger=self.ledger,
             failures=self._peers,
             uplink=uplink if uplink is not None else CoordinatorStub(config.cluster.coordinator),
@@ -262,7 +215,7 @@ class EdgeClient:
         self.pusher = Pusher(self.session, self._peers, timer=self.timer)
         self.state, self.uplink, self.peer_wait_s = state, self.session.uplink, peer_wait_s
         self.num_params, self.signing_key = self.session.num_params, state.signer.public_key
-        self.data_fingerprint, self.enrolment_token = fingerprint, enrolment_token
+        self.data_fingerprint, self.enrolment_token = fingerprint, setup.enrolment_token
         self.peer_failures = self._peers.counts
         self.rounds_trained = 0
         self.weight = 1.0  # num_examples / the round's weight_scale
@@ -285,96 +238,47 @@ class EdgeClient:
         uplink: Uplink | None = None,
         peer_wait_s: float = _PEER_WAIT_S,
     ) -> Self:
-        """Read client ``index``'s enrolment token, open its state folder and load its data
-        and task; returns the client.
+        """Open client ``index``'s setup and compose the client.
+
+        :func:`~clients.client_setup.open_setup` reads its enrolment token, opens its state
+        folder and loads its task and data; the client is then made of those parts.
 
         Parameters
         ----------
-        config
-            The cluster configuration (the coordinator's address and training settings).
-        index
-            Which data partition this client holds.
-        name
-            A display name.
-        state_dir
-            The folder of its signing key and privacy ledger
-            (default ``<cluster.state_dir>/clients/<identity>``).
-        signer
-            The client's signing key when it is kept elsewhere (a Flower node keeps it in its
-            ``Context.state``): the client then keeps no state folder, and its ledger lives in
-            memory. Default: the key in the state folder.
-        token_required
-            Insist on the enrolment token even under mutual TLS (a Flower node is registered by
-            its token whatever the transport).
+        config, index, name, state_dir, signer, token_required, data, task, trainer
+            What :func:`~clients.client_setup.open_setup` takes (see there).
         mods
             Wrap every round's training (:data:`clients.train_step.TrainMod`), the first
             outermost; for example :class:`clients.simulation.SimulatedDevice`.
-        data
-            The client's own data, passed to the task's ``load_data`` (``fedps client --data``).
-        task
-            The task to train (default: the configured one, :func:`fedps.learning.tasks.load_task`).
         on_round
             Called with a :class:`RoundProgress` after each round the client took part in (the
             CLI prints its line).
         uplink
             Where it registers, asks for tasks and reports (default: the coordinator of
             ``config.cluster`` over gRPC); closed by :meth:`close`.
-        trainer
-            A trainer the caller built, for a training fedps does not run itself (a Flower node
-            that wraps the user's own ``train``:
-            :class:`clients.flower.wrapped_trainer.WrappedTrainer`); no data is loaded then, and
-            the ledger keeps its spend under :data:`EXTERNAL_DATA`.
-            Default: the task's trainer for ``privacy.level`` on the client's own data.
         peer_wait_s
             How long a call to a peer retries its transient failures (a peer restarting,
             unreachable or overloaded) before the call counts as failed.
 
-        Its identity is ``tls.name`` or ``client-INDEX``: the certificate it presents under mutual
-        TLS, or, without TLS, the enrolment token ``tls.directory/NAME.token`` it registers with.
-
         Raises
         ------
-        ConfigError
-            Without TLS (``tls.insecure``) and without a readable enrolment token; or a state
-            folder in use by another process, of another identity, or with a corrupt ledger.
-        InvalidArgumentError
-            Both ``state_dir`` and ``signer`` given, or both ``data`` and ``trainer``.
-
-        Its identity is ``tls.name`` or ``client-INDEX``: the certificate it presents under
-        mutual TLS, or, without TLS, the enrolment token ``tls.directory/NAME.token`` it
-        registers with.
-
-        Raises
-        ------
-        ConfigError
-            Without TLS (``tls.insecure``) and without a readable enrolment token; or a state
-            folder in use by another process, of another identity, or with a corrupt ledger.
-        InvalidArgumentError
-            Both ``state_dir`` and ``signer`` given, or both ``data`` and ``trainer``.
+        ConfigError, InvalidArgumentError
+            See :func:`~clients.client_setup.open_setup`.
         """
-        if state_dir is not None and signer is not None:
-            raise InvalidArgumentError("a client keeps its key in state_dir or is given one")
-        if data is not None and trainer is not None:
-            raise InvalidArgumentError("a given trainer holds the client's data; no data then")
-        identity = config.tls.name or f"client-{index}"
-        token = read_enrolment_token(
-            config.tls, identity, required=token_required or config.tls.insecure
-        )
-        state = (
-            ClientState.open(state_dir or default_state_dir(config, identity), identity=identity)
-            if signer is None
-            else ClientState(identity, signer)  # in memory
-        )
-        task, trainer, own = _local_training(config, index, data=data, task=task, trainer=trainer)
-        return cls(
+        setup = open_setup(
             config,
-            name=name or f"edge-{index}",
-            identity=identity,
-            enrolment_token=token,
-            state=state,
+            index=index,
+            name=name,
+            state_dir=state_dir,
+            signer=signer,
+            token_required=token_required,
+            data=data,
             task=task,
             trainer=trainer,
-            own_data=own,
+        )
+        return cls(
+            config,
+            setup=setup,
             mods=mods,
             on_round=on_round,
             uplink=uplink,
@@ -437,12 +341,14 @@ class EdgeClient:
         )
 
     def _run_tasks(self, deadline: float) -> None:
-        """Ask for tasks and carry them out until the run is over for us or ``deadline``
-        (``time.time()``), surviving every answer of a peer.
+        """Ask for tasks and carry them out until the run is over for us or ``deadline``.
+
+        The deadline is a ``time.time()``; every answer of a peer is survived.
 
         The steps that talk to the shards and the key holder count their peers' refusals
         themselves; what reaches this loop is the coordinator's (its tasks, a registration
-        again) or the client's own."""
+        again) or the client's own.
+        """
         backoff = failure_backoff()
         registered = True
         while (left := deadline - time.time()) > 0:
@@ -450,7 +356,8 @@ class EdgeClient:
                 if not registered:
                     self.session.register(left)
                     registered = True
-                if not self.run_task(self.session.poll_task(retry_s=left)):
+                task = self.session.poll_task(retry_s=left, wait_s=LONG_POLL_S)
+                if not self.run_task(task):
                     return
                 backoff.reset()
                 continue
@@ -493,12 +400,11 @@ class EdgeClient:
             if self.pusher.resend(task):
                 self._report(task.round, 0, budget_exhausted=False)
         else:
-            time.sleep(max(0.05, task.retry_after))
+            pause(task)
         return True
 
     def close(self) -> None:
-        """Release the state folder (another process may then use it) and close the
-        uplink."""
+        """Release the state folder (another process may then use it) and close the uplink."""
         self.state.close()
         self.uplink.close()
 
@@ -620,19 +526,25 @@ class EdgeClient:
         return self.trainer.train_round(params)
 
     def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
-        """Weight (by :attr:`weight`), clip, encrypt and commit an update; returns the signed
-        push messages per shard (None when the round's commitments had closed)."""
+        """Weight (by :attr:`weight`), clip, encrypt and commit an update.
+
+        Returns the signed push messages per shard (None when the round's commitments had closed).
+        """
         return self.pipeline.prepare(round_, version, delta, weight=self.weight)
 
     def send(self, prepared: PreparedPush) -> int:
-        """Push committed messages to their shards now (the round's commitments must be
-        frozen and the shards have opened it); returns bytes pushed. A shard that refuses
-        or keeps failing counts no bytes (and a failure, :attr:`peer_failures`)."""
+        """Push committed messages to their shards now; returns bytes pushed.
+
+        The round's commitments must be frozen and the shards have opened it. A shard that refuses
+        or keeps failing counts no bytes (and a failure, :attr:`peer_failures`).
+        """
         return self.pusher.send(prepared)
 
     def _deliver(self, prepared: PreparedPush) -> None:
-        """Push a committed update once its round's push phase opens, report it, and tell
-        ``on_round``."""
+        """Push a committed update once its round's push phase opens.
+
+        Then report it, and tell ``on_round``.
+        """
         self._conclude(prepared.round, self.pusher.push_when_open(prepared))
 
     def _conclude(self, round_: int, pushed: int) -> None:
@@ -659,8 +571,11 @@ class EdgeClient:
                 )
 
     def _report(self, round_: int, pushed: int, *, budget_exhausted: bool) -> None:
-        """Report a round to the coordinator, with its metrics (``task.client_eval``) and the
-        seconds of its phases (:attr:`timer`, taken)."""
+        """Report a round to the coordinator.
+
+        With its metrics (``task.client_eval``) and the seconds of its phases (:attr:`timer`,
+        taken).
+        """
         metrics = {} if self._evaluation is None else self._evaluation.take(round_)
         self.session.report(
             round_,

@@ -83,8 +83,11 @@ class PeerFailures:
         return self.counts.total()
 
     def failed(self, peer: str, exc: FedPSError, *, expected: bool = False) -> None:
-        """A call ``peer`` refused or failed, whatever it answered: count it and log it, a
-        warning unless ``expected`` (a commitment after its round closed: a slow client)."""
+        """A call ``peer`` refused or failed, whatever it answered: count it and log it.
+
+        The log is a warning unless ``expected`` (a commitment after its round closed: a slow
+        client).
+        """
         reason = _reason(exc)
         self.counts[f"{peer}: {reason}"] += 1
         self._refused.append(f"{peer} ({reason})")
@@ -106,30 +109,38 @@ class PeerFailures:
         )
 
     def take_refused(self) -> tuple[str, ...]:
-        """The refusals since the last call (the last 32), as ``peer (reason)``; forgotten
-        once taken."""
+        """The refusals since the last call (the last 32), as ``peer (reason)``.
+
+        Forgotten once taken.
+        """
         refused = tuple(self._refused)
         self._refused.clear()
         return refused
 
 
 def failure_backoff() -> Backoff:
-    """The pauses of a loop that asks again after a failed step (registering, joining,
-    asking for a task): 0.5 s growing to 10 s, full jitter."""
+    """The pauses of a loop that asks again after a failed step: 0.5 s growing to 10 s, full jitter.
+
+    Such a step is registering, joining, asking for a task.
+    """
     return Backoff(first_s=0.5, cap_s=10.0)
 
 
 def from_peer(exc: FedPSError) -> bool:
-    """Whether ``exc`` is a peer's answer: a status received over gRPC
-    (:func:`fedps.rpc.transport.call` raises its error from the :class:`grpc.RpcError`, whatever
-    class the peer named) or a peer out of reach."""
+    """Whether ``exc`` is a peer's answer: a status received over gRPC or a peer out of reach.
+
+    :func:`fedps.rpc.transport.call` raises its error from the :class:`grpc.RpcError`, whatever
+    class the peer named.
+    """
     return isinstance(exc.__cause__, grpc.RpcError) or isinstance(exc, PeerUnavailableError)
 
 
 def own_fault(exc: FedPSError) -> bool:
-    """Whether ``exc`` ends the client: its own configuration (refusing the key holder it
-    was pointed at too) or state folder, found by the client itself (a peer that names these
-    classes says nothing about this client's own files)."""
+    """Whether ``exc`` ends the client: its own configuration or state folder, found by itself.
+
+    Its configuration includes refusing the key holder it was pointed at; a peer that names these
+    classes says nothing about this client's own files.
+    """
     return isinstance(exc, ConfigError | CorruptStateError) and not from_peer(exc)
 
 
@@ -139,8 +150,10 @@ def failures_text(count: int) -> str:
 
 
 def _reason(exc: FedPSError) -> str:
-    """``exc``'s kind, short (:func:`fedps.errors.error_reason`); for the root class, the
-    status it came with (``unimplemented``)."""
+    """``exc``'s kind, short (:func:`fedps.errors.error_reason`).
+
+    For the root class, the status it came with (``unimplemented``).
+    """
     if type(exc) is not FedPSError:
         return error_reason(exc)
     cause = exc.__cause__

@@ -1,5 +1,7 @@
-"""An edge client's privacy spend as its ledger keeps it: resumed when the client starts,
-recorded (durable) before each round it trains, and after rounds it sat out.
+"""An edge client's privacy spend as its ledger keeps it.
+
+Resumed when the client starts, recorded (durable) before each round it trains, and after rounds it
+sat out.
 
 The spend belongs to the client's data, not to its process (docs/privacy.md): the ledger
 (:class:`clients.client_state.ClientState`) keys it by the data's fingerprint, and a client
@@ -26,8 +28,9 @@ _log = logging.getLogger("fedps")
 
 
 class PrivacyLedger:
-    """One client's spend on one data set: the trainer's accountant, kept in step with the
-    ledger of its state.
+    """One client's spend on one data set.
+
+    The trainer's accountant, kept in step with the ledger of its state.
 
     Building it resumes the trainer's accountant from the ledger (:meth:`resume`); the
     ledger's file was read when the state was opened, so nothing here reads a file.
@@ -110,16 +113,20 @@ class PrivacyLedger:
         self.recorded = spend
 
     def record_next_round(self) -> None:
-        """Before training: record what the round will have spent. Whatever happens
-        afterwards (a crash while training, a push that never lands), the ledger never holds
-        less than was spent; killed before it trains, the client has recorded one round too
-        many."""
+        """Before training: record what the round will have spent.
+
+        Whatever happens afterwards (a crash while training, a push that never lands), the ledger
+        never holds less than was spent; killed before it trains, the client has recorded one round
+        too many.
+        """
         self.record(self.trainer.spend_after_next_round())
 
     def sit_out(self, round_: int) -> bool:
-        """Rounds up to ``round_`` finished without this client: at client level they count
-        in its spend all the same (amplification by sampling counts every global round).
-        Records the spend when it grew; returns whether it did."""
+        """Rounds up to ``round_`` finished without this client.
+
+        At client level they count in its spend all the same (amplification by sampling counts every
+        global round). Records the spend when it grew; returns whether it did.
+        """
         if not self.trainer.sit_out(round_):
             return False
         self.record(self.trainer.spend())

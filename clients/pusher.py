@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from clients.client_session import ClientSession
+from clients.client_session import LONG_POLL_S, ClientSession, pause
 from clients.peer_failures import PeerFailures
 from clients.update_pipeline import PreparedPush
 from fedps.errors import FedPSError
@@ -65,8 +65,11 @@ class Pusher:
 
     @property
     def committed(self) -> PreparedPush | None:
-        """The last update committed in the session's run (pushed or not), pushed when the
-        coordinator asks for it (None: none, or the coordinator runs another run now)."""
+        """The last update committed in the session's run (pushed or not).
+
+        Pushed when the coordinator asks for it. None: none, or the coordinator runs another run
+        now.
+        """
         if self._committed is None or self._committed[0] != self.session.run_id:
             return None
         return self._committed[1]
@@ -76,8 +79,11 @@ class Pusher:
         self._committed = (self.session.run_id, prepared)
 
     def push_when_open(self, prepared: PreparedPush) -> int:
-        """:meth:`send` once the coordinator says the round's commitments are frozen and the
-        shards opened it; returns bytes pushed (0: the round ended first)."""
+        """:meth:`send` once the coordinator says the round is ready for pushes.
+
+        That is, its commitments are frozen and the shards opened it. Returns bytes pushed (0: the
+        round ended first).
+        """
         self.push_seconds = 0.0
         session = self.session
         wait_s = session.config.training.deadline_s + session.peer_wait_s
@@ -90,23 +96,27 @@ class Pusher:
             return self.send(prepared)
 
     def wait_for_push_phase(self, round_: int, timeout_s: float) -> bool:
-        """After committing to ``round_``: wait until the coordinator says the round's
-        commitments are frozen and the shards take pushes (False: the round ended without
-        a push phase, e.g. too few clients committed)."""
+        """Wait for ``round_``'s push phase, after committing to it.
+
+        It opens when the coordinator says the round's commitments are frozen and the shards take
+        pushes. False: the round ended without a push phase, e.g. too few clients committed.
+        """
         until = time.time() + timeout_s
         while time.time() < until:
-            task = self.session.poll_task(retry_s=timeout_s)
+            task = self.session.poll_task(retry_s=timeout_s, wait_s=LONG_POLL_S)
             if task.kind == "push" and task.round == round_:
                 return True
             if task.kind == "done" or task.round > round_:
                 return False
-            time.sleep(max(0.05, min(task.retry_after, 0.2)))
+            pause(task)
         return False
 
     def send(self, prepared: PreparedPush) -> int:
-        """Push committed messages to their shards now (the round's commitments must be
-        frozen and the shards have opened it); returns bytes pushed. A shard that refuses
-        or keeps failing counts no bytes (and a failure)."""
+        """Push committed messages to their shards now; returns bytes pushed.
+
+        The round's commitments must be frozen and the shards have opened it. A shard that refuses
+        or keeps failing counts no bytes (and a failure).
+        """
         started = time.monotonic()
         total = self.push_all(prepared)
         self.push_seconds = time.monotonic() - started
@@ -115,22 +125,26 @@ class Pusher:
         return total
 
     def resend(self, task: Assignment) -> bool:
-        """Asked to push for a round we committed to: after a failure cut our wait for the
-        push phase short, or again (the coordinator restarted before it saw our report).
-        Push the same signed messages (shards acknowledge a repeat as a duplicate and count
-        it once); returns True then, for the caller to report. False: nothing of ours in
-        that round (after waiting ``task.retry_after``)."""
+        """Push again for a round we committed to, when asked.
+
+        We are asked after a failure cut our wait for the push phase short, or again (the
+        coordinator restarted before it saw our report). Push the same signed messages (shards
+        acknowledge a repeat as a duplicate and count it once); returns True then, for the caller to
+        report. False: nothing of ours in that round (after waiting ``task.retry_after``).
+        """
         committed = self.committed
         if committed is None or committed.round != task.round:
-            time.sleep(max(0.05, task.retry_after))
+            pause(task)
             return False
         self.push_all(committed)
         return True
 
     def push_all(self, prepared: PreparedPush) -> int:
-        """Push to every shard that owns a block; returns the bytes the shards took. A shard
-        that refuses, whatever it answers, or keeps failing is counted, logged and skipped:
-        the others still get theirs, and the round's close decides."""
+        """Push to every shard that owns a block; returns the bytes the shards took.
+
+        A shard that refuses, whatever it answers, or keeps failing is counted, logged and skipped:
+        the others still get theirs, and the round's close decides.
+        """
         total = 0
         for sid, messages in prepared.messages.items():
             try:
@@ -140,9 +154,11 @@ class Pusher:
         return total
 
     def push_to(self, sid: str, messages: list[PushBatch]) -> int:
-        """Push messages to one shard, waiting out a restart (the shard's log keeps what it
-        acknowledged, so a retry after a lost acknowledgement is counted once); returns the
-        bytes sent."""
+        """Push messages to one shard, waiting out a restart; returns the bytes sent.
+
+        The shard's log keeps what it acknowledged, so a retry after a lost acknowledgement is
+        counted once.
+        """
         shard = self.session.shards.shards[sid]
         sent = shard.push_blocks(messages, retry_s=self.session.peer_wait_s).sent_bytes
         if self.on_acknowledged is not None and messages:

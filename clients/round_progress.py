@@ -1,6 +1,8 @@
-"""What an edge client tells its caller: a line per round it took part in
-(:class:`RoundProgress`, the CLI prints it) and what it did over the run
-(:class:`ClientSummary`)."""
+"""What an edge client tells its caller.
+
+A line per round it took part in (:class:`RoundProgress`, the CLI prints it) and what it did over
+the run (:class:`ClientSummary`).
+"""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ __all__ = ["ClientSummary", "RoundProgress"]
 
 @dataclass(frozen=True)
 class RoundProgress:
-    """What a client did in one round it took part in (:class:`~clients.edge_client.EdgeClient`'s
-    ``on_round``).
+    """What a client did in one round it took part in.
+
+    See :class:`~clients.edge_client.EdgeClient`'s ``on_round``.
 
     Attributes
     ----------
@@ -52,9 +55,12 @@ class RoundProgress:
     failures: int = 0
 
     def line(self) -> str:
-        """One readable line, such as ``client-0 round 3/20: 412 samples, loss 0.41,
-        epsilon 1.84 (delta 1e-05), pushed 1.2 MB in 0.8 s``, ending ``; refused by
-        shard-1 (invalid_argument), 1 peer failure so far`` when a peer refused a call."""
+        """One readable line of the round.
+
+        Such as ``client-0 round 3/20: 412 samples, loss 0.41, epsilon 1.84 (delta 1e-05), pushed
+        1.2 MB in 0.8 s``, ending ``; refused by shard-1 (invalid_argument), 1 peer failure so far``
+        when a peer refused a call.
+        """
         parts = [f"{self.samples} samples"]
         if not math.isnan(self.loss):
             parts.append(f"loss {self.loss:.3g}")

@@ -1,5 +1,6 @@
-"""An update on its way from the trainer to the shards: weighted, clipped, encrypted,
-committed and cut into signed push messages.
+"""An update on its way from the trainer to the shards.
+
+Weighted, clipped, encrypted, committed and cut into signed push messages.
 
 :class:`UpdatePipeline` takes a trained update (the model's delta) and
 
@@ -55,8 +56,10 @@ class PreparedPush:
 
 
 def aggregation_weight(config: FedPSConfig, num_examples: int, weight_scale: float) -> float:
-    """The aggregation weight of an update trained on ``num_examples`` in a round of
-    ``weight_scale`` (the cohort's largest ``num_examples``)."""
+    """The aggregation weight of an update trained on ``num_examples``.
+
+    ``weight_scale`` is the round's: the cohort's largest ``num_examples``.
+    """
     security = config.security
     if config.privacy.level == "client" or security.weighting == "uniform":
         return 1.0  # every client weighs the same (the key holder insists)
@@ -89,8 +92,11 @@ class UpdatePipeline:
     def prepare(
         self, round_: int, version: int, delta: np.ndarray, *, weight: float
     ) -> PreparedPush | None:
-        """Weight, clip, encrypt and commit an update; returns the signed push messages per
-        shard (None when the round's commitments had closed, or the key holder refused)."""
+        """Weight, clip, encrypt and commit an update.
+
+        Returns the signed push messages per shard (None when the round's commitments had closed, or
+        the key holder refused).
+        """
         he = self.session.config.he
         weighted = delta * weight
         clipped = np.clip(weighted, -he.max_abs_value, he.max_abs_value)
@@ -126,12 +132,14 @@ class UpdatePipeline:
     def _commit(
         self, round_: int, version: int, weight: float, values: np.ndarray
     ) -> tuple[int, SignedUpdate, dict[int, bytes]] | None:
-        """Encrypt the update's ``values`` and commit to them at the key holder: the signed
-        block roots and the sketches of the blocks under the round's challenge. Returns the
-        round it committed to, the signed update and the encrypted blocks, or None when the
-        round's commitments had closed (async: after trying the next buffers too, as a stale
-        update; a buffer under a new key, the key holder having rotated its keys since, gets
-        the values encrypted again under it)."""
+        """Encrypt the update's ``values`` and commit to them at the key holder.
+
+        The commitment is the signed block roots and the sketches of the blocks under the round's
+        challenge. Returns the round it committed to, the signed update and the encrypted blocks, or
+        None when the round's commitments had closed (async: after trying the next buffers too, as a
+        stale update; a buffer under a new key, the key holder having rotated its keys since, gets
+        the values encrypted again under it).
+        """
         session = self.session
         keyholder = session.keyholder
         attempts = _ASYNC_ATTEMPTS if session.config.training.mode == "async" else 1
@@ -179,9 +187,11 @@ class UpdatePipeline:
         return None
 
     def _encrypt(self, values: np.ndarray) -> tuple[dict[int, bytes], np.ndarray]:
-        """``values`` encrypted under the current public context: the packed blocks and
-        their coefficients. The encryptions of zero not drawn in the background yet are
-        drawn first (the offline half, timed apart from the online half)."""
+        """``values`` encrypted under the current public context.
+
+        The packed blocks and their coefficients. The encryptions of zero not drawn in the
+        background yet are drawn first (the offline half, timed apart from the online half).
+        """
         with self.timer.phase("encrypt_offline"):
             self.session.precompute(background=False)
         with self.timer.phase("encrypt_online"):

@@ -41,7 +41,7 @@ class _Saveable(Protocol):
 
 
 def scratch_root() -> str:
-    """This process's scratch directory (mode 0700), made on first use, removed at exit."""
+    """The scratch directory of this process (mode 0700), made on first use, removed at exit."""
     pid = os.getpid()
     with _roots_lock:
         root = _roots.get(pid)

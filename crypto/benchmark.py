@@ -12,8 +12,9 @@ Three schemes, each from the client's encryption to the key holder's decryption:
 Throughputs are values per second on one core unless the name says otherwise.
 
 :func:`measure_noise` times the DP noise: the CSPRNG's hardened Gaussian
-(:class:`crypto.randomness.SecureRandom`, four draws per value) against the draw it replaced
-(``torch.normal`` from torch's Mersenne Twister, what Opacus uses outside ``secure_mode``).
+(:class:`crypto.randomness.SecureRandom`, four standard Gaussians per value, in float64 and
+rounded to float32) against the draw it replaced (``torch.normal`` from torch's Mersenne
+Twister, what Opacus uses outside ``secure_mode``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import tenseal as ts
 
 from crypto.block_encryptor import BlockEncryptor
 from crypto.ciphertext_sum import CiphertextSum, unpack_blocks
-from crypto.params import CkksParams
+from crypto.params import TAIL_SIGMAS, CkksParams
 from crypto.plain_context import PlainContext
 from crypto.randomness import SecureRandom
 from crypto.secret_context import SecretContext
@@ -42,6 +43,7 @@ __all__ = [
     "measure_plain",
     "measure_tenseal",
     "timed",
+    "wire_error",
 ]
 
 _MESSAGE_BLOCKS = 90  # blocks per push message (about 2 MB)
@@ -179,8 +181,10 @@ def measure_plain(num_params: int, *, clients: int = 2) -> dict[str, float]:
 
 
 def decryption_error(keys: SecretContext, *, updates: int = 100, scale: float = 1.0) -> float:
-    """Max |decrypted sum - exact sum| over one block after summing ``updates`` updates,
-    relative to the update scale (the largest |value| of one update)."""
+    """Max |decrypted sum - exact sum| over one block after summing ``updates`` updates.
+
+    Relative to the update scale (the largest |value| of one update).
+    """
     rng = np.random.default_rng(1)
     public = keys.public
     n = public.params.values_per_block
@@ -193,21 +197,73 @@ def decryption_error(keys: SecretContext, *, updates: int = 100, scale: float = 
     return float(error / scale)
 
 
+def wire_error(keys: SecretContext, *, ciphertexts: int = 2000, sums: int = 20) -> dict[str, float]:
+    """The decryption error before and after the wire compression, against its bounds.
+
+    In units of the scale, on the same encryptions of zero before and after compression.
+
+    Over ``ciphertexts`` fresh encryptions of zero: the largest |error| of a value
+    coefficient and of a canary, fresh (as drawn) and sent (compressed and expanded), and
+    their standard deviations; over ``sums`` sums of ``max_clients = 100`` compressed
+    encryptions, the largest |error| of a value. ``*_bound``: ``13 sigma`` of the
+    sub-Gaussian proxies (:class:`crypto.params.CkksParams`) that the canary check and the
+    precision rest on.
+    """
+    public, params = keys.public, keys.public.params
+    contributors = 100
+
+    def sent(rows: np.ndarray) -> np.ndarray:
+        if public.compression.enabled:
+            public.compression.compress(rows)  # in place
+        return rows
+
+    def errors(rows: np.ndarray) -> np.ndarray:
+        """Value and canary coefficients of encryptions of zero: their errors."""
+        values = keys.open(rows, noise_weight=1.0) * params.scale
+        return np.concatenate([values, keys.canaries(rows).astype(np.float64)], axis=1)
+
+    fresh = public.encrypt_zeros(ciphertexts)
+    before, after = errors(fresh), errors(sent(fresh.copy()))
+    sums_of = np.stack(
+        [errors(sent(public.encrypt_zeros(contributors))).sum(axis=0) for _ in range(sums)]
+    )
+    v = params.values_per_block
+    return {
+        "fresh_value_max": float(np.abs(before[:, :v]).max()),
+        "fresh_std": float(before[:, :v].std()),
+        "sent_value_max": float(np.abs(after[:, :v]).max()),
+        "sent_std": float(after[:, :v].std()),
+        "sent_canary_max": float(np.abs(after[:, v:]).max()),
+        "sent_canary_std": float(after[:, v:].std()),
+        "sum_of_100_value_max": float(np.abs(sums_of[:, :v]).max()),
+        "value_bound": params.error_bound(1) * params.scale,
+        "canary_bound": float(TAIL_SIGMAS * np.sqrt(params.canary_noise_proxy)),
+        "sum_of_100_bound": params.error_bound(contributors) * params.scale,
+    }
+
+
 def measure_noise(size: int, *, repeats: int = 7) -> dict[str, float]:
-    """Gaussian values per second: the secure hardened draw against ``torch.normal``
-    (medians of ``repeats`` alternating runs, so both see the same machine load)."""
+    """Gaussian values per second: the secure hardened draw against ``torch.normal``.
+
+    The draw in float64 and in the float32 that DP-SGD adds to its gradients; medians of
+    ``repeats`` alternating runs, so all three see the same machine load.
+    """
     import torch
 
     source = SecureRandom()
-    secure: list[float] = []
-    baseline: list[float] = []
+    draws: dict[str, Callable[[], Any]] = {
+        "secure": lambda: source.normal(1.0, size),
+        "secure_float32": lambda: source.normal(1.0, size, dtype=np.float32),
+        "torch": lambda: torch.normal(0.0, 1.0, size=(size,)),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in draws}
     for _ in range(repeats):
-        secure.append(timed(lambda: source.normal(1.0, size))[1])
-        baseline.append(timed(lambda: torch.normal(0.0, 1.0, size=(size,)))[1])
-    secure_s, baseline_s = float(np.median(secure)), float(np.median(baseline))
+        for name, draw in draws.items():
+            seconds[name].append(timed(draw)[1])
+    median = {name: float(np.median(times)) for name, times in seconds.items()}
     return {
         "size": float(size),
-        "secure_values_per_s": size / secure_s,
-        "torch_values_per_s": size / baseline_s,
-        "slowdown": secure_s / baseline_s,
+        **{f"{name}_values_per_s": size / median[name] for name in draws},
+        "slowdown": median["secure"] / median["torch"],
+        "slowdown_float32": median["secure_float32"] / median["torch"],
     }

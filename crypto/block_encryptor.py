@@ -9,8 +9,9 @@ split in two, as SEAL itself computes it: ``Enc(m) = Enc(0) + (m, 0)``.
   :meth:`crypto.public_context.PublicContext.encrypt_zeros`, optionally on several processes)
   and kept in memory as raw coefficients; each is used exactly once.
 - Online: blocks are encoded 64 at a time in numpy (:class:`crypto.ckks_encoder.CkksEncoder`),
-  added to the first polynomial of their zero modulo q, and bit-packed to ``ceil(log2 q)``
-  bits per coefficient (:func:`crypto.bitpack.pack_rows`).
+  added to the first polynomial of their zero modulo q, rounded to the compressed wire form
+  and bit-packed (:class:`crypto.compression.Compression`; the full form, ``ceil(log2 q)``
+  bits per coefficient, where the parameters drop no bits).
 
 Ciphertexts travel in coefficient (non-NTT) form; the key holder moves the sum back to NTT
 form before decrypting. The shard adds blocks as integer arrays modulo q either way.
@@ -54,6 +55,7 @@ class BlockEncryptor:
         self.public = public
         self.workers = max(1, workers)
         self._encoder = CkksEncoder(public.params, public.modulus)
+        self._compression = public.compression
         self._q = np.uint64(public.modulus)
         self._pool: list[np.ndarray] = []
         self._pooled = 0
@@ -68,8 +70,10 @@ class BlockEncryptor:
         return self._pooled
 
     def precompute(self, blocks: int) -> None:
-        """Draw encryptions of zero until at least ``blocks`` are ready (a background draw
-        that is done counts)."""
+        """Draw encryptions of zero until at least ``blocks`` are ready.
+
+        A background draw that is done counts.
+        """
         self._collect_background(wait=False)
         missing = blocks - self._pooled
         if missing <= 0:
@@ -150,7 +154,10 @@ class BlockEncryptor:
     def encrypt_with_coefficients(
         self, vector: np.ndarray, blocks: list[int] | None = None
     ) -> tuple[dict[int, bytes], np.ndarray]:
-        """Encrypt a flat vector; returns the packed blocks and their raw coefficients.
+        """Encrypt a flat vector; returns the packed blocks and their coefficients.
+
+        The coefficients are what the blocks expand to: the ciphertexts the client commits to
+        and sketches.
 
         Parameters
         ----------
@@ -183,5 +190,8 @@ class BlockEncryptor:
             np.add(c0, plain, out=c0)
             np.subtract(c0, self._q, out=c0, where=c0 >= self._q)
             chunk = cipher[start : start + len(rows)]
-            packed += bitpack.pack_rows(chunk, self.public.coeff_bits)
+            if self._compression.enabled:
+                packed += self._compression.compress(chunk)  # rounds the chunk in place
+            else:
+                packed += bitpack.pack_rows(chunk, self.public.coeff_bits)
         return dict(zip(chosen, packed, strict=True)), cipher

@@ -28,8 +28,13 @@ Why it holds (docs/security.md states it with numbers):
 The bound: ``e = e_pk * u + e0 + e1 * s`` for one fresh encryption (SEAL's ``u`` ternary,
 ``e0, e1`` centred binomial of 21 + 21 bits, ``e_pk`` the public key's error). Each is a sum of
 independent bounded terms, sub-Gaussian with variance proxy ``||e_pk||^2 <= 14 N`` (its mean
-is 10.5 N), ``21`` and ``21 * wt(s) <= 21 N``, so ``35 N + 21`` in all; a sum weighted by
-integers ``m_i`` has ``sum m_i^2`` times that. Hoeffding: ``P(|e_j| > 13 sigma) <= 2 e^-84.5``.
+is 10.5 N), ``21`` and ``21 * wt(s) <= 21 N``, so ``35 N + 21`` in all; a ciphertext as a
+client sends it adds ``r1 * s``, the rounding of ``c1`` on the wire (``|r1| <= 1`` by
+default: ``N`` more), and ``rc``, the rounding of ``c0`` at the canaries to ``2^dc``
+(:mod:`crypto.compression`; ``4^(dc - 1)`` = 1,024 more by default), so
+``36 N + 21 + 4^(dc - 1)`` (:attr:`crypto.params.CkksParams.canary_noise_proxy`); a sum
+weighted by integers ``m_i`` has ``sum m_i^2`` times that. Hoeffding:
+``P(|e_j| > 13 sigma) <= 2 e^-84.5``.
 
 
 The canaries of one client's ciphertext can be checked without anything of its values: its
@@ -48,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crypto.params import CANARIES, CkksParams
+from crypto.params import CANARIES, TAIL_SIGMAS, CkksParams
 from fedps.errors import InvalidArgumentError, PolicyError
 
 __all__ = [
@@ -62,17 +67,21 @@ __all__ = [
 _ROOT_DOMAIN = b"fedps-root-v2"
 
 #: The bound in sub-Gaussian standard deviations of an honest error.
-CANARY_SIGMAS = 13.0
+CANARY_SIGMAS = TAIL_SIGMAS
 
 
 class CanaryError(PolicyError):
-    """A canary of a decryption exceeds the noise bound: the ciphertext carries a change in
-    ``c1`` (or a client encoded something there). Nothing of it is released.
+    """A canary of a decryption exceeds the noise bound.
+
+    The ciphertext carries a change in ``c1`` (or a client encoded something there). Nothing of it
+    is released.
 
     Parameters
     ----------
     rows
         Indices, in the batch checked, of the ciphertexts that failed.
+    message
+        What failed, for the error.
     """
 
     def __init__(self, rows: list[int], message: str) -> None:
@@ -81,10 +90,12 @@ class CanaryError(PolicyError):
 
 
 def canary_bound(params: CkksParams, noise_weight: float) -> float:
-    """The largest |canary| an honest sum ``sum m_i c_i`` may show (``noise_weight`` =
-    ``sum m_i^2``; 1 for one ciphertext, the contributor count for a synchronous round)."""
-    n = params.poly_modulus_degree
-    return CANARY_SIGMAS * math.sqrt((35 * n + 21) * max(1.0, noise_weight))
+    """The largest |canary| an honest sum ``sum m_i c_i`` may show.
+
+    ``noise_weight`` = ``sum m_i^2``: 1 for one ciphertext, the contributor count for a synchronous
+    round.
+    """
+    return CANARY_SIGMAS * math.sqrt(params.canary_noise_proxy * max(1.0, noise_weight))
 
 
 def failing_rows(canaries: np.ndarray, bound: float) -> list[int]:

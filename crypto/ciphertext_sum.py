@@ -4,6 +4,12 @@ A shard never holds a secret key and never builds SEAL objects from network byte
 block is checked for its exact length, unpacked to 2N integers, checked coefficient by
 coefficient (every value below q), and only then added into the running sum. The sum's
 memory is one block whatever the number of contributors.
+
+A block travels in one of two forms, told apart by their exact lengths
+(:attr:`crypto.public_context.PublicContext.block_sizes`): the compressed form of a fresh
+ciphertext, as clients send it (:mod:`crypto.compression`), and the full form, ``ceil(log2
+q)`` bits per coefficient, as any ciphertext can travel (a sum: a shard's aggregate). Every
+reader accepts both, validates either exactly and works on the coefficients they expand to.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ def unpack_block(public: PublicContext, data: bytes) -> np.ndarray:
     Raises
     ------
     InvalidArgumentError
-        If the length is not exactly one block or a coefficient is not below q.
+        If the length is not exactly one block (either form) or a coefficient is out of
+        range.
     """
     coeffs: np.ndarray = unpack_blocks(public, [data])[0]
     return coeffs
@@ -33,25 +40,49 @@ def unpack_block(public: PublicContext, data: bytes) -> np.ndarray:
 def unpack_blocks(public: PublicContext | PlainContext, data: list[bytes]) -> np.ndarray:
     """Validate several packed blocks at once; returns their coefficients, shape (B, 2N).
 
+    Each block may be in the full or the compressed form.
+
     Raises
     ------
     InvalidArgumentError
-        Naming the position of the first block with a wrong length or a coefficient not
-        below q.
+        Naming the position of the first block with a wrong length or a coefficient out of
+        range.
     """
     if isinstance(public, PlainContext):
         return public.unpack_blocks(data)
+    full, compression = public.full_block_bytes, public.compression
+    sizes = sorted(public.block_sizes)
     for i, item in enumerate(data):
-        if len(item) != public.block_bytes:
+        if len(item) not in sizes:
             raise InvalidArgumentError(
-                f"ciphertext block #{i} must be exactly {public.block_bytes} bytes, got {len(item)}"
+                f"ciphertext block #{i} must be exactly "
+                f"{' or '.join(map(str, sizes))} bytes, got {len(item)}"
             )
+    whole = [i for i, item in enumerate(data) if len(item) == full]
+    if len(whole) == len(data):  # aggregates; every block without compression
+        return _unpack_full(public, data, whole)
+    if not whole:  # a client's push
+        return compression.expand(data)
+    coeffs = np.empty((len(data), public.coeffs_per_block), dtype=np.uint64)
+    compressed = [i for i, item in enumerate(data) if len(item) != full]
+    coeffs[compressed] = compression.expand([data[i] for i in compressed], positions=compressed)
+    if whole:
+        coeffs[whole] = _unpack_full(public, [data[i] for i in whole], whole)
+    return coeffs
+
+
+def _unpack_full(public: PublicContext, data: list[bytes], positions: list[int]) -> np.ndarray:
+    """Full-form blocks (lengths checked), every coefficient checked below q.
+
+    ``positions`` are their places in the caller's list, for the error message.
+    """
     coeffs = bitpack.unpack_rows(data, public.coeffs_per_block, public.coeff_bits)
     if len(data):
         bad = np.flatnonzero(coeffs.max(axis=1) >= np.uint64(public.modulus))
         if bad.size:
             raise InvalidArgumentError(
-                f"ciphertext block #{int(bad[0])}: coefficient out of range (not below q)"
+                f"ciphertext block #{positions[int(bad[0])]}: coefficient out of range "
+                "(not below q)"
             )
     return coeffs
 
@@ -86,7 +117,10 @@ class CiphertextSum:
         return self._acc.copy()
 
     def packed(self) -> bytes:
-        """The current sum as a packed block (same wire format as a client's block)."""
+        """The current sum as a packed block in the full form.
+
+        A sum is no longer on the grid of the compressed form.
+        """
         return bitpack.pack(self._acc, self._public.coeff_bits)
 
 

@@ -108,8 +108,10 @@ def verify_token(key: bytes, token: str) -> str:
 
 
 def issue_tokens(directory: Path, names: list[str]) -> list[Path]:
-    """Write ``NAME.token`` (mode 0600) into ``directory`` for each name, creating the
-    enrolment key there first if it has none; returns the token files."""
+    """Write ``NAME.token`` (mode 0600) into ``directory`` for each name; returns the token files.
+
+    The enrolment key is created there first if it has none.
+    """
     create_enrolment_key(directory)
     key = load_enrolment_key(directory)
     written = []

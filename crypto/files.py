@@ -1,5 +1,4 @@
-"""Atomic, verified, private file writes: the one way fedps writes a file that must survive a
-crash.
+r"""Atomic, verified, private writes: the one way fedps writes a file that must survive a crash.
 
 Every role writes through these helpers: keys and tokens (:func:`write_private`), certificates,
 the state files (:func:`write_checked`), a shard's and the key holder's logs
@@ -21,12 +20,12 @@ disk, rename included. :func:`write_atomic` writes bytes that way.
 
 State files (the key holder's state, the coordinator's checkpoint, a shard's published model
 and public contexts) are written by :func:`write_checked` in a checked format: the magic
-``FEDPS1\\n``, the payload's length (8 bytes, little-endian), its SHA-256, then the payload.
+``FEDPS1\n``, the payload's length (8 bytes, little-endian), its SHA-256, then the payload.
 :func:`read_checked` verifies all three and raises :class:`~fedps.errors.CorruptStateError`
 with one line that names the file, what is wrong and how to recover: a flipped bit or a cut
 file stops the role instead of loading damaged state. A file written before this format (no
 header) is accepted only where its reader names the old format's own magic
-(``legacy_prefix``, e.g. an ``.npz``'s ``PK\\x03\\x04``), with a WARNING, and is rewritten in
+(``legacy_prefix``, e.g. an ``.npz``'s ``PK\x03\x04``), with a WARNING, and is rewritten in
 the checked format at the next save.
 
 Fault injection (a test hook): every write of a state file or log record passes through
@@ -99,8 +98,10 @@ class _Faults:
         self.warned = False
 
     def strike(self, path: Path) -> bool:
-        """Whether this write to ``path`` is the one to fail: the first match of an entry
-        ``PATTERN``, the N-th of an entry ``PATTERN@N``."""
+        """Whether this write to ``path`` is the one to fail.
+
+        The first match of an entry ``PATTERN``, the N-th of an entry ``PATTERN@N``.
+        """
         spec = os.environ.get(FAULTS_VARIABLE, "")
         if not spec:
             return False
@@ -121,8 +122,10 @@ _faults = _Faults()
 
 
 def reset_faults() -> None:
-    """Re-arm every pattern of :data:`FAULTS_VARIABLE` (for tests: each one fires once per
-    process otherwise)."""
+    """Re-arm every pattern of :data:`FAULTS_VARIABLE`.
+
+    For tests: each one fires once per process otherwise.
+    """
     global _faults
     _faults = _Faults()
 
@@ -200,8 +203,9 @@ def atomic_writer(path: Path, *, exclusive: bool = False) -> Iterator[BinaryIO]:
 
 
 def write_atomic(path: Path, data: bytes, *, exclusive: bool = False) -> None:
-    """Replace ``path`` with ``data`` (mode 0600): write a temporary file, fsync, rename,
-    fsync the folder.
+    """Replace ``path`` with ``data`` (mode 0600).
+
+    Write a temporary file, fsync, rename, fsync the folder.
 
     Parameters and errors as :func:`atomic_writer`.
     """
@@ -210,9 +214,10 @@ def write_atomic(path: Path, data: bytes, *, exclusive: bool = False) -> None:
 
 
 def write_private(path: Path, data: bytes, *, exclusive: bool = False) -> None:
-    """Write a secret (a key, a token) to ``path`` with mode 0600, atomically: never readable
-    by others, not even briefly, whatever the umask (as every file :func:`write_atomic`
-    writes; the name says what the caller relies on).
+    """Write a secret (a key, a token) to ``path`` with mode 0600, atomically.
+
+    Never readable by others, not even briefly, whatever the umask (as every file
+    :func:`write_atomic` writes; the name says what the caller relies on).
 
     ``exclusive``: only if ``path`` does not exist (:class:`FileExistsError` otherwise).
     """
@@ -220,9 +225,11 @@ def write_private(path: Path, data: bytes, *, exclusive: bool = False) -> None:
 
 
 def write_checked(path: Path, data: bytes | memoryview) -> None:
-    """Replace the state file ``path`` with ``data`` in the checked format (header with the
-    payload's length and SHA-256, then the payload), atomically and with mode 0600 as
-    :func:`write_atomic`."""
+    """Replace the state file ``path`` with ``data`` in the checked format.
+
+    The format is a header with the payload's length and SHA-256, then the payload; written
+    atomically and with mode 0600 as :func:`write_atomic`.
+    """
     view = memoryview(data)
     header = _CHECKED.pack(_MAGIC, view.nbytes, hashlib.sha256(view).digest())
     with atomic_writer(path) as fh:
@@ -232,7 +239,8 @@ def write_checked(path: Path, data: bytes | memoryview) -> None:
 def read_checked(
     path: Path, *, what: str, hint: str, legacy_prefix: bytes | None = None
 ) -> bytes | None:
-    """The payload of the state file ``path`` written by :func:`write_checked`, verified;
+    r"""The payload of the state file ``path`` written by :func:`write_checked`, verified.
+
     None when the file does not exist.
 
     Parameters
@@ -244,7 +252,7 @@ def read_checked(
     hint
         How the operator recovers, for the error (``"delete it; ..."``).
     legacy_prefix
-        The magic of the format the file had before it was checked (``b"PK\\x03\\x04"`` for an
+        The magic of the format the file had before it was checked (``b"PK\x03\x04"`` for an
         ``.npz``): such a file is returned unchecked, with a WARNING. None: refused.
 
     Raises
@@ -296,9 +304,10 @@ def fsync_directory(directory: Path) -> None:
 
 
 def private_opener(path: str | os.PathLike[str], flags: int) -> int:
-    """``os.open(path, flags)`` for a file only its owner may read or write: a new file is
-    created 0600 and an existing one (written before this rule, or by hand) is set to 0600,
-    whatever the umask.
+    """``os.open(path, flags)`` for a file only its owner may read or write.
+
+    A new file is created 0600 and an existing one (written before this rule, or by hand) is set to
+    0600, whatever the umask.
 
     The ``opener`` of :func:`open` for a file fedps keeps open (a log it appends to)::
 
@@ -317,9 +326,11 @@ def private_opener(path: str | os.PathLike[str], flags: int) -> int:
 
 
 def private_directory(path: Path) -> Path:
-    """Make ``path`` a folder only its owner may enter: create it and every missing folder
-    above it with mode 0700, whatever the umask, and set an existing ``path`` to 0700 (folders
-    above it that exist already are left as they are). Returns ``path``.
+    """Make ``path`` a folder only its owner may enter.
+
+    Create it and every missing folder above it with mode 0700, whatever the umask, and set an
+    existing ``path`` to 0700 (folders above it that exist already are left as they are). Returns
+    ``path``.
 
     Every folder of state is made this way: a role's state folder and those in it (keys,
     commit and shard logs, contexts, the process logs), a client's, the certificates'. An

@@ -3,8 +3,10 @@
 A ``PublicContext`` carries the encryption parameters and the public key, never the secret
 key, relinearisation keys or Galois keys: addition-only aggregation needs none of them. Its
 ``serialize()`` bytes are what the key holder serves; ``PublicContext.from_bytes`` validates
-them with SEAL before use. ``context_id`` (SHA-256 of those bytes) names the key generation,
-so a shard can refuse blocks encrypted under any other key.
+them with SEAL before use. They carry the parameters, the wire compression included, so a
+client and a shard of one run agree on the size and form of every block. ``context_id``
+(SHA-256 of those bytes) names the key generation, so a shard can refuse blocks encrypted
+under any other key.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 import tenseal.sealapi as seal
 
 from crypto import _seal_io, rlwe
+from crypto.compression import Compression
 from crypto.params import CkksParams
 from crypto.rlwe import ZeroEncryptor
 from fedps.errors import ConfigError, InvalidArgumentError
@@ -30,6 +33,11 @@ _LEN = struct.Struct("<I")
 # then the coefficient array's own SEAL header and element count.
 _CT_PREFIX_SIZE = 32 + 1 + 8 * 5 + _seal_io.HEADER_SIZE + 8
 _MAX_PARAM_BYTES = 1 << 12
+# N, log2 q and the scale's bits; then the dropped bits of c0 and c1, only when some are
+# dropped; then those of c0's canaries, only when some are (a context keeps the shortest
+# header that holds its parameters: one without compression the older one, and its id).
+_HEADER_FIELDS = (3, 5, 6)
+_FIELD = struct.Struct("<I")
 _MAX_KEY_BYTES = 1 << 24
 
 
@@ -57,6 +65,9 @@ class PublicContext:
         The scheme parameters.
     public_key
         A SEAL ``PublicKey`` valid for ``params``.
+    _seal
+        SEAL's parameters and context for ``params`` (:func:`make_seal_context`), made by
+        whoever builds the public context.
     """
 
     def __init__(self, params: CkksParams, public_key: Any, *, _seal: tuple[Any, Any]) -> None:
@@ -89,10 +100,32 @@ class PublicContext:
         """Coefficients of one ciphertext: two polynomials of N coefficients."""
         return 2 * self.params.poly_modulus_degree
 
+    @cached_property
+    def compression(self) -> Compression:
+        """The compressed wire form of a fresh ciphertext (:mod:`crypto.compression`)."""
+        return Compression(self.params, self.modulus)
+
+    @property
+    def full_block_bytes(self) -> int:
+        """Exact size of a block in the full form, ``ceil(log2 q)`` bits per coefficient.
+
+        How any ciphertext can travel, a sum in particular (a shard's aggregate).
+        """
+        return self.coeffs_per_block * self.coeff_bits // 8
+
     @property
     def block_bytes(self) -> int:
-        """Exact size of one packed ciphertext block on the wire."""
-        return self.coeffs_per_block * self.coeff_bits // 8
+        """Exact size of one fresh ciphertext block as a client sends it.
+
+        Compressed where the parameters drop bits; otherwise the full form.
+        """
+        compression = self.compression
+        return compression.block_bytes if compression.enabled else self.full_block_bytes
+
+    @property
+    def block_sizes(self) -> frozenset[int]:
+        """The sizes a packed block may have: the full form and the compressed one."""
+        return frozenset({self.full_block_bytes, self.block_bytes})
 
     @cached_property
     def ciphertext_prefix(self) -> bytes:
@@ -109,8 +142,10 @@ class PublicContext:
         return seal.Encryptor(self._context, self._public_key), seal.Evaluator(self._context)
 
     def _fresh_zero(self, cipher: Any) -> None:
-        """Fill ``cipher`` with a fresh public-key encryption of zero, out of NTT form, at
-        our scale."""
+        """Fill ``cipher`` with a fresh public-key encryption of zero.
+
+        Out of NTT form, at our scale.
+        """
         encryptor, evaluator = self._zero_tools
         encryptor.encrypt_zero(cipher)
         evaluator.transform_from_ntt_inplace(cipher)
@@ -173,7 +208,7 @@ class PublicContext:
     def serialize(self) -> bytes:
         """Serialise parameters and public key (never a secret key)."""
         parts = [
-            struct.pack("<III", *_params_tuple(self.params)),
+            _pack_header(_params_tuple(self.params)),
             _seal_io.save_bytes(self._parms),
             _seal_io.save_bytes(self._public_key),
         ]
@@ -200,7 +235,7 @@ class PublicContext:
             raise InvalidArgumentError("not a fedps public context")
         parts: list[bytes] = []
         pos = len(_WIRE_MAGIC)
-        for limit in (12, _MAX_PARAM_BYTES, _MAX_KEY_BYTES):
+        for limit in (_FIELD.size * _HEADER_FIELDS[-1], _MAX_PARAM_BYTES, _MAX_KEY_BYTES):
             if pos + _LEN.size > len(data):
                 raise InvalidArgumentError("public context is truncated")
             (size,) = _LEN.unpack_from(data, pos)
@@ -211,13 +246,14 @@ class PublicContext:
             pos += size
         if pos != len(data):
             raise InvalidArgumentError("public context has trailing bytes")
-        if len(parts[0]) != 12:
+        if len(parts[0]) not in [_FIELD.size * k for k in _HEADER_FIELDS]:
             raise InvalidArgumentError("public context header has the wrong size")
-        n, q_bits, scale_bits = struct.unpack("<III", parts[0])
+        read = [value for (value,) in _FIELD.iter_unpack(parts[0])]
+        fields = (*read, *[0] * (_HEADER_FIELDS[-1] - len(read)))
+        if _pack_header(fields) != parts[0]:  # one encoding per context: its id names it
+            raise InvalidArgumentError("public context header is not canonical")
         try:
-            params = CkksParams(
-                poly_modulus_degree=n, coeff_modulus_bits=q_bits, scale_bits=scale_bits
-            )
+            params = CkksParams(*fields)
         except ConfigError as exc:
             raise InvalidArgumentError(f"public context has invalid parameters: {exc}") from exc
         parms, context = make_seal_context(params)
@@ -230,5 +266,18 @@ class PublicContext:
         return cls(params, public_key, _seal=(parms, context))
 
 
-def _params_tuple(params: CkksParams) -> tuple[int, int, int]:
-    return (params.poly_modulus_degree, params.coeff_modulus_bits, params.scale_bits)
+def _params_tuple(params: CkksParams) -> tuple[int, ...]:
+    return (
+        params.poly_modulus_degree,
+        params.coeff_modulus_bits,
+        params.scale_bits,
+        params.c0_drop_bits,
+        params.c1_drop_bits,
+        params.canary_drop_bits,
+    )
+
+
+def _pack_header(fields: tuple[int, ...]) -> bytes:
+    """The shortest header of :data:`_HEADER_FIELDS` fields that leaves out only zeros."""
+    count = next(k for k in _HEADER_FIELDS if not any(fields[k:]))
+    return b"".join(_FIELD.pack(value) for value in fields[:count])

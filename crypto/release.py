@@ -56,8 +56,10 @@ def released_std(sigma: float) -> float:
 
 
 def flood_and_round(values: np.ndarray, sigma: float) -> np.ndarray:
-    """Add N(0, sigma^2) noise from the CSPRNG (:class:`crypto.randomness.SecureRandom`) and
-    round to ``sigma / 4``."""
+    """Add N(0, sigma^2) noise from the CSPRNG and round to ``sigma / 4``.
+
+    The CSPRNG is :class:`crypto.randomness.SecureRandom`.
+    """
     if sigma <= 0:
         return values.copy()
     grid = sigma * GRID_FRACTION
@@ -67,9 +69,11 @@ def flood_and_round(values: np.ndarray, sigma: float) -> np.ndarray:
 
 
 def releases_per_key(params: CkksParams, flood_bits: int) -> int:
-    """How many blocks one key pair may release before an attacker who knows every honest
-    sum holds :data:`KEY_INFORMATION` per coefficient of the secret key (0 without flooding:
-    nothing then hides a change below the canary bound).
+    """How many blocks one key pair may release.
+
+    That is, before an attacker who knows every honest sum holds :data:`KEY_INFORMATION` per
+    coefficient of the secret key (0 without flooding: nothing then hides a change below the canary
+    bound).
 
     A change that passes the canaries moves each released value by at most ``b / scale``
     (:func:`crypto.canary.canary_bound`); flooding adds noise of ``sigma = 2^flood_bits E``

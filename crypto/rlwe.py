@@ -76,8 +76,10 @@ def supported(n: int, modulus: int) -> bool:
 
 
 class _Negacyclic:
-    """Exact negacyclic products in Z[X] / (X^N + 1) of a limb-split polynomial (each
-    coefficient below 2^23) and a ternary one, by a half-length complex FFT."""
+    """Exact negacyclic products in Z[X] / (X^N + 1) by a half-length complex FFT.
+
+    Of a limb-split polynomial (each coefficient below 2^23) and a ternary one.
+    """
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -93,8 +95,9 @@ class _Negacyclic:
         return out
 
     def combine(self, product_spectrum: np.ndarray) -> np.ndarray:
-        """The limb products back from their spectrum, shape ``(2, ..., N)`` (limb first),
-        recombined exactly in int64 (``low + high << 23``), not reduced.
+        """The limb products back from their spectrum, shape ``(2, ..., N)`` (limb first).
+
+        Recombined exactly in int64 (``low + high << 23``), not reduced.
 
         Raises
         ------
@@ -136,8 +139,9 @@ def _check_ring(n: int, modulus: int) -> None:
 
 
 class TernaryProduct:
-    """Products ``a * s`` mod ``X^N + 1`` of many polynomials ``a`` (coefficients below q)
-    by one fixed ternary ``s``: how the key holder computes ``c0 + c1 * s``.
+    """Products ``a * s`` mod ``X^N + 1`` of many polynomials ``a`` by one fixed ternary ``s``.
+
+    The ``a`` have coefficients below q. This is how the key holder computes ``c0 + c1 * s``.
 
     Parameters
     ----------
@@ -157,8 +161,10 @@ class TernaryProduct:
         self._spectrum = self._ring.spectrum(ternary.astype(np.float64))
 
     def times(self, polys: np.ndarray) -> np.ndarray:
-        """``a * s`` for ``polys`` of shape ``(B, N)`` in ``[0, q)``: exact int64, not
-        reduced (each coefficient at most ``N * (q - 1) < 2^62`` in magnitude)."""
+        """``a * s`` for ``polys`` of shape ``(B, N)`` in ``[0, q)``.
+
+        Exact int64, not reduced (each coefficient at most ``N * (q - 1) < 2^62`` in magnitude).
+        """
         out = np.empty(polys.shape, dtype=np.int64)
         for start in range(0, polys.shape[0], _CHUNK):
             chunk = _limbs(polys[start : start + _CHUNK])

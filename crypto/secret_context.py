@@ -81,8 +81,9 @@ class SecretContext:
         return cls(public, keygen.secret_key())
 
     def save(self, directory: Path) -> None:
-        """Write ``secret.key`` (mode 0600) and ``public.ctx`` into ``directory``, replacing
-        the pair there (whose secret key is then gone from the folder).
+        """Write ``secret.key`` (mode 0600) and ``public.ctx`` into ``directory``.
+
+        They replace the pair there (whose secret key is then gone from the folder).
 
         Both files are staged beside their targets (``secret.key.new``, then
         ``public.ctx.new``), then renamed into place, the secret key first: that rename is
@@ -150,9 +151,10 @@ class SecretContext:
         return keys
 
     def open(self, rows: np.ndarray, *, noise_weight: float) -> np.ndarray:
-        """Decrypt ciphertexts ``rows`` (``(B, 2N)`` raw coefficients) that sum others with
-        integer weights ``m_i`` (``noise_weight = sum m_i^2``), after checking every canary of
-        every one of them; returns ``(B, values_per_block)`` values.
+        """Decrypt ciphertexts ``rows`` after checking every canary of every one of them.
+
+        ``rows`` are ``(B, 2N)`` raw coefficients that sum others with integer weights ``m_i``
+        (``noise_weight = sum m_i^2``). Returns ``(B, values_per_block)`` values.
 
         Raises
         ------
@@ -171,8 +173,10 @@ class SecretContext:
         return self._encoder.decode(self._decrypt_centred(rows))
 
     def decrypt(self, coeffs: np.ndarray) -> np.ndarray:
-        """Decrypt one ciphertext given by its raw (coefficient-form) coefficients, without
-        the canary check (tests and benchmarks; the key holder uses :meth:`open`).
+        """Decrypt one ciphertext given by its raw coefficients, without the canary check.
+
+        The coefficients are in coefficient form. For tests and benchmarks; the key holder uses
+        :meth:`open`.
 
         Returns its ``values_per_block`` values, float64.
         """
@@ -181,16 +185,20 @@ class SecretContext:
         return one
 
     def canaries(self, rows: np.ndarray) -> np.ndarray:
-        """The canary coefficients of the decryptions of ``rows``, centred, ``(B, K)`` int64;
-        no other coefficient is computed."""
+        """The canary coefficients of the decryptions of ``rows``, centred, ``(B, K)`` int64.
+
+        No other coefficient is computed.
+        """
         rows = self._rows(rows)
         n = self.public.params.poly_modulus_degree
         return self._canaries(rows[:, n:], rows[:, self._canary_positions])
 
     def opened_canaries(self, openings: Sequence[CanaryOpening]) -> np.ndarray:
-        """The canaries of the ciphertexts whose :class:`~crypto.canary.CanaryOpening` are
-        ``openings`` (checked against their roots by the caller), ``(B, K)`` int64: the
-        key holder's view of one client's ciphertext, which holds nothing of its values."""
+        """The canaries, ``(B, K)`` int64, of the ciphertexts whose openings are ``openings``.
+
+        The :class:`~crypto.canary.CanaryOpening` are checked against their roots by the caller.
+        This is the key holder's view of one client's ciphertext, which holds nothing of its values.
+        """
         n, q = self.public.params.poly_modulus_degree, self.public.modulus
         for o in openings:
             if o.c1.shape != (n,) or o.c0_canaries.shape != (len(self._canary_positions),):
@@ -257,8 +265,11 @@ class SecretContext:
         return np.frombuffer(body, dtype="<u8", offset=len(body) - 8 * n).astype(np.uint64)
 
     def _from_ntt(self, poly: np.ndarray) -> np.ndarray:
-        """An NTT-form polynomial in coefficient form: SEAL's inverse NTT, which it offers
-        for ciphertexts only, applied to the ciphertext ``(poly, poly)``."""
+        """An NTT-form polynomial in coefficient form.
+
+        SEAL's inverse NTT, which it offers for ciphertexts only, applied to the ciphertext
+        ``(poly, poly)``.
+        """
         prefix = bytearray(self.public.ciphertext_prefix)
         prefix[32] = 1  # is_ntt_form (the prefix layout: crypto.public_context)
         data = bytes(prefix) + np.concatenate([poly, poly]).astype("<u8").tobytes()
@@ -277,9 +288,11 @@ def _staged(path: Path) -> Path:
 
 
 def _recover(directory: Path) -> None:
-    """Finish or undo a :meth:`SecretContext.save` that a crash interrupted: a staged secret
-    key means the save never committed (the staged pair goes, the old pair stays); a staged
-    public context alone means it committed (the new public context goes into place)."""
+    """Finish or undo a :meth:`SecretContext.save` that a crash interrupted.
+
+    A staged secret key means the save never committed (the staged pair goes, the old pair stays); a
+    staged public context alone means it committed (the new public context goes into place).
+    """
     if _staged(directory / SECRET_KEY_FILE).exists():
         _log.warning(
             "%s: a key pair was being saved when the process stopped; keeping the pair in place",

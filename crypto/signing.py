@@ -54,8 +54,10 @@ _DOMAIN = b"fedps-update-v1"
 
 
 def chunk_hashes(coeffs: np.ndarray) -> list[bytes]:
-    """SHA-256 of each of the :data:`CHUNKS` chunks of the raw bytes of ``coeffs``
-    (uint64 coefficients, or float64 values with encryption off)."""
+    """SHA-256 of each of the :data:`CHUNKS` chunks of the raw bytes of ``coeffs``.
+
+    ``coeffs`` are uint64 coefficients, or float64 values with encryption off.
+    """
     data = np.ascontiguousarray(coeffs).data.cast("B")
     if len(data) % CHUNKS:
         raise InvalidArgumentError("coefficient count must be a multiple of the chunk count")
@@ -69,10 +71,13 @@ def chunk_commitment(hashes: list[bytes]) -> bytes:
 
 
 def chunk_root(coeffs: np.ndarray) -> bytes:
-    """Commitment to one block: for a ciphertext (``2N`` uint64 coefficients) the root of
-    its :class:`~crypto.canary.CanaryOpening`, which lets the key holder check its canaries
-    without seeing its values; for plaintext values (float64, encryption off) SHA-256 over
-    its :data:`CHUNKS` chunk hashes."""
+    """Commitment to one block.
+
+    For a ciphertext (``2N`` uint64 coefficients) the root of its
+    :class:`~crypto.canary.CanaryOpening`, which lets the key holder check its canaries without
+    seeing its values; for plaintext values (float64, encryption off) SHA-256 over its
+    :data:`CHUNKS` chunk hashes.
+    """
     if coeffs.dtype == np.uint64:
         return CanaryOpening.of(coeffs).root()
     return chunk_commitment(chunk_hashes(coeffs))
@@ -89,8 +94,11 @@ def update_digest(
     roots: list[bytes],
     version: int = 0,
 ) -> bytes:
-    """The message a client signs for one round (or async buffer): every block's root, bound
-    to its context and to the model version it trained on (which sets its staleness)."""
+    """The message a client signs for one round (or async buffer).
+
+    Every block's root, bound to its context and to the model version it trained on (which sets its
+    staleness).
+    """
     out = hashlib.sha256()
     for part in [_DOMAIN, run_id.encode(), client_id.encode(), context_id.encode(), nonce]:
         out.update(struct.pack("<I", len(part)) + part)
@@ -118,8 +126,10 @@ class BlockSigner:
 
     @classmethod
     def load_or_create(cls, path: Path) -> BlockSigner:
-        """A signing key kept in a 0600 file (created on first use, atomically, and never
-        over an existing one: of two processes creating it, both end with the same key).
+        """A signing key kept in a 0600 file, created on first use.
+
+        Created atomically, and never over an existing one: of two processes creating it, both end
+        with the same key.
 
         Raises
         ------

@@ -86,8 +86,10 @@ class Challenge:
         ]
 
     def sketch(self, coefficients: np.ndarray) -> np.ndarray:
-        """Sketches of each row of ``coefficients`` (uint64, shape (blocks, 2N), every value
-        below q); returns uint64 of shape (count, blocks)."""
+        """Sketches of each row of ``coefficients``; returns uint64 of shape (count, blocks).
+
+        ``coefficients`` are uint64, shape (blocks, 2N), every value below q.
+        """
         if (
             coefficients.dtype != np.uint64
             or coefficients.ndim != 2
@@ -120,8 +122,11 @@ class Challenge:
         return np.array(out % q, dtype=np.uint64)
 
     def combine(self, sketches: list[tuple[np.ndarray, int]]) -> np.ndarray:
-        """``sum m_i * s_i mod q`` of contributors' sketches ``s_i`` (uint64, (count, blocks))
-        with integer multipliers ``m_i``: what the aggregate's sketch must equal."""
+        """``sum m_i * s_i mod q``: what the aggregate's sketch must equal.
+
+        Of contributors' sketches ``s_i`` (uint64, (count, blocks)) with integer multipliers
+        ``m_i``.
+        """
         if not sketches:
             raise InvalidArgumentError("no sketches to combine")
         total = np.zeros(sketches[0][0].shape, dtype=object)

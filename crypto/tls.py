@@ -76,13 +76,16 @@ class TlsMaterial(Protocol):
     """What mutual TLS needs: the CA certificate, our certificate and its key (PEM)."""
 
     @property
-    def ca_cert(self) -> bytes: ...
+    def ca_cert(self) -> bytes:
+        """The CA certificate (PEM)."""
 
     @property
-    def cert(self) -> bytes: ...
+    def cert(self) -> bytes:
+        """Our certificate (PEM)."""
 
     @property
-    def key(self) -> bytes: ...
+    def key(self) -> bytes:
+        """Our certificate's private key (PEM)."""
 
 
 @dataclass(frozen=True)
@@ -262,8 +265,7 @@ def issue_certificate(
 def issue_certificates(
     out_dir: Path, *, servers: Mapping[str, Sequence[str]], clients: Sequence[str]
 ) -> list[CertPaths]:
-    """The CA (reused if ``out_dir`` has one) and one certificate per identity, all in
-    ``out_dir``.
+    """The CA (reused if ``out_dir`` has one) and one certificate per identity, all in ``out_dir``.
 
     Parameters
     ----------
@@ -335,8 +337,9 @@ _tls_lock = threading.Lock()
 
 
 def configure_tls(identity: TlsMaterial | None) -> None:
-    """Use ``identity`` for mutual TLS on every channel and server created from now on
-    (:mod:`fedps.rpc.transport` reads it); ``None`` goes back to plaintext.
+    """Use ``identity`` for mutual TLS on every channel and server created from now on.
+
+    :mod:`fedps.rpc.transport` reads it; ``None`` goes back to plaintext.
 
     Call it before creating channels or servers: existing ones keep the credentials they were
     created with.

@@ -28,8 +28,10 @@ class ShadowedPackageError(ConfigError, ImportError):
 
 
 def _shadowing(name: str) -> Path | None:
-    """The file or folder that ``import name`` would load instead of fedps's package, or
-    None when it loads fedps's own (or finds nothing: a partial install fails on its own)."""
+    """The file or folder that ``import name`` would load instead of fedps's package.
+
+    None when it loads fedps's own (or finds nothing: a partial install fails on its own).
+    """
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):  # a module in sys.modules without a spec
@@ -61,8 +63,10 @@ def _shown(path: Path) -> str:
 
 
 def _running_cli() -> bool:
-    """Whether this process is the ``fedps`` command (``fedps ...`` or
-    ``python -m fedps.cli ...``), which reports errors as one line."""
+    """Whether this process is the ``fedps`` command, which reports errors as one line.
+
+    The command is ``fedps ...`` or ``python -m fedps.cli ...``.
+    """
     argv = getattr(sys, "orig_argv", sys.argv)
     for i, arg in enumerate(argv[:-1]):
         if arg == "-m" and argv[i + 1] in ("fedps.cli", "fedps.cli.__main__"):

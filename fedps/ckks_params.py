@@ -14,15 +14,19 @@ __all__ = ["ckks_params", "ckks_params_from"]
 
 
 def ckks_params(config: FedPSConfig) -> CkksParams:
-    """The run's parameters: ``[he]``, plus headroom for staleness multipliers in async mode
-    (integer weights of up to ``2**ASYNC_WEIGHT_BITS``)."""
+    """The run's parameters: ``[he]``, plus headroom for staleness multipliers in async mode.
+
+    The multipliers are integer weights of up to ``2**ASYNC_WEIGHT_BITS``.
+    """
     extra = ASYNC_WEIGHT_BITS if config.training.mode == "async" else 0
     return ckks_params_from(config.he, extra_bits=extra)
 
 
 def ckks_params_from(he: HEConfig, *, extra_bits: int = 0) -> CkksParams:
-    """Parameters fixed in the ``[he]`` section, or derived from its workload fields
-    (:meth:`crypto.params.CkksParams.for_workload`)."""
+    """Parameters fixed in the ``[he]`` section, or derived from its workload fields.
+
+    See :meth:`crypto.params.CkksParams.for_workload`.
+    """
     if he.poly_modulus_degree is not None:
         assert he.coeff_modulus_bits is not None and he.scale_bits is not None
         return CkksParams(

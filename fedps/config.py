@@ -81,8 +81,10 @@ class ListenConfig(_Section):
 
 
 class ClusterConfig(_Section):
-    """Where each role is dialed (``host:port``), and where it listens when that differs
-    (``[cluster.listen]``)."""
+    """Where each role is dialed, and where it listens when that differs.
+
+    Addresses are ``host:port``; listening addresses are in ``[cluster.listen]``.
+    """
 
     keyholder: str = "127.0.0.1:7100"
     coordinator: str = "127.0.0.1:7000"
@@ -110,8 +112,9 @@ class ClusterConfig(_Section):
         return [f"shard-{i}" for i in range(len(self.shards))]
 
     def dial_address(self, role: str, index: int = 0) -> str:
-        """The address peers dial ``role`` at (``keyholder``, ``coordinator`` or ``shard``
-        with its ``index``).
+        """The address peers dial ``role`` at.
+
+        ``role`` is ``keyholder``, ``coordinator`` or ``shard`` with its ``index``.
 
         Raises
         ------
@@ -245,9 +248,12 @@ class PrivacyConfig(_Section):
 
 
 class HEConfig(_Section):
-    """Homomorphic encryption. By default the CKKS parameters are derived from the workload
-    (``max_clients``, ``max_abs_value``, ``precision``; see docs/crypto.md); give
-    ``poly_modulus_degree``, ``coeff_modulus_bits`` and ``scale_bits`` to fix them."""
+    """Homomorphic encryption.
+
+    By default the CKKS parameters are derived from the workload (``max_clients``,
+    ``max_abs_value``, ``precision``; see docs/crypto.md); give ``poly_modulus_degree``,
+    ``coeff_modulus_bits`` and ``scale_bits`` to fix them.
+    """
 
     enabled: bool = Field(
         True, description="false: plaintext updates (insecure baseline for benchmarks only)"
@@ -496,9 +502,11 @@ class FedPSConfig(_Section):
 
 
 def _poisson_cohort_bound(clients: int, cohort: int) -> int:
-    """A cohort size that Poisson sampling of ``clients`` at rate ``cohort / clients``
-    practically never exceeds: the mean plus 6 sqrt(mean) + 6 (a tail of about 1e-9 or
-    less), at most ``clients``."""
+    """A cohort size Poisson sampling of ``clients`` at rate ``cohort / clients`` never exceeds.
+
+    Practically never: the mean plus 6 sqrt(mean) + 6 (a tail of about 1e-9 or less), at most
+    ``clients``.
+    """
     mean = min(cohort, clients)
     return min(clients, math.ceil(mean + 6 * math.sqrt(mean) + 6))
 

@@ -56,9 +56,11 @@ class ConfigError(InvalidArgumentError):
 
 
 class CorruptStateError(FedPSError):
-    """A state file or log on disk is damaged (a checksum mismatch, a truncated file): the role
-    stops with one line naming the file, keeps the evidence and repairs nothing on its own.
-    A local error: it stops the process that reads its own state."""
+    """A state file or log on disk is damaged (a checksum mismatch, a truncated file).
+
+    The role stops with one line naming the file, keeps the evidence and repairs nothing on its own.
+    A local error: it stops the process that reads its own state.
+    """
 
 
 class UnknownClientError(FedPSError):
@@ -70,8 +72,11 @@ class RoundClosedError(FedPSError):
 
 
 class StaleUpdateError(RoundClosedError):
-    """An asynchronous update is older than the maximum staleness: too late for any buffer
-    that is open, so a caller that handles a closed round handles it too."""
+    """An asynchronous update is older than the maximum staleness.
+
+    It is too late for any buffer that is open, so a caller that handles a closed round handles it
+    too.
+    """
 
 
 class UnauthenticatedError(FedPSError):
@@ -91,10 +96,12 @@ class QuarantinedError(PolicyError):
 
 
 class ShardStalledError(PolicyError):
-    """A shard missed its call deadline ``security.max_shard_misses`` times in a row (it held
-    the call open, or could not be reached, for that long): every round needs it, so none is
-    applied until it answers again. A failure to answer, never evidence of tampering: nothing
-    is quarantined, and a round refused for it is applied once the shard answers."""
+    """A shard missed its call deadline ``security.max_shard_misses`` times in a row.
+
+    It held the call open, or could not be reached, for that long: every round needs it, so none is
+    applied until it answers again. A failure to answer, never evidence of tampering: nothing is
+    quarantined, and a round refused for it is applied once the shard answers.
+    """
 
 
 class PrivacyBudgetExceededError(RoundClosedError):
@@ -106,14 +113,18 @@ class PeerUnavailableError(FedPSError):
 
 
 class NotReadyError(PeerUnavailableError):
-    """The peer is up but not ready yet (no model, no keys): like an unreachable peer, worth
-    asking again later."""
+    """The peer is up but not ready yet (no model, no keys).
+
+    Like an unreachable peer, it is worth asking again later.
+    """
 
 
 def error_reason(exc: BaseException) -> str:
-    """The kind of ``exc`` as a short snake_case reason: ``StaleUpdateError`` ->
-    ``stale_update`` (what refusal counts and metrics are keyed by); a plain ``ValueError``
-    (``INVALID_ARGUMENT`` on the wire) -> ``invalid_argument``."""
+    """The kind of ``exc`` as a short snake_case reason.
+
+    ``StaleUpdateError`` -> ``stale_update`` (what refusal counts and metrics are keyed by); a plain
+    ``ValueError`` (``INVALID_ARGUMENT`` on the wire) -> ``invalid_argument``.
+    """
     if type(exc) is ValueError:
         return "invalid_argument"
     name = type(exc).__name__.removesuffix("Error")

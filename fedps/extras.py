@@ -30,8 +30,10 @@ class MissingExtraError(ConfigError):
 
 
 def missing_extra(exc: ModuleNotFoundError) -> MissingExtraError | None:
-    """The error to show for ``exc`` when the missing module is one an extra installs (None
-    for any other module: a real bug, left as it is)."""
+    """The error to show for ``exc`` when the missing module is one an extra installs.
+
+    None for any other module: a real bug, left as it is.
+    """
     module = (exc.name or "").split(".")[0]
     extra = EXTRA_OF.get(module)
     if extra is None:

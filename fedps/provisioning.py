@@ -59,8 +59,10 @@ def issue_cluster_certificates(config: FedPSConfig, out_dir: Path) -> list[CertP
 
 
 def client_identities(config: FedPSConfig) -> list[str]:
-    """The client identities an operator provisions: ``client-0`` ... ``client-{N-1}`` for
-    ``training.clients`` = N (certificate common names and token names)."""
+    """The client identities an operator provisions: ``client-0`` ... ``client-{N-1}``.
+
+    For ``training.clients`` = N (certificate common names and token names).
+    """
     return [f"client-{i}" for i in range(config.training.clients)]
 
 

@@ -106,9 +106,11 @@ class RoundTimer:
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Count the time inside the ``with`` block for phase ``name`` (added to what it
-        already has), less the time of the phases opened inside it; an exception leaving
-        the block is timed too."""
+        """Count the time inside the ``with`` block for phase ``name``.
+
+        Added to what it already has, less the time of the phases opened inside it; an
+        exception leaving the block is timed too.
+        """
         started = self._clock()
         self._inner.append(0.0)
         try:
@@ -121,8 +123,10 @@ class RoundTimer:
                 self._inner[-1] += elapsed
 
     def iterate(self, name: str, items: Iterable[_T]) -> Iterator[_T]:
-        """``items``, with the time spent waiting for each next item counted for phase
-        ``name`` (a stream read while another phase works on what it yields)."""
+        """``items``, with the time spent waiting for each next item counted for ``name``.
+
+        For a stream read while another phase works on what it yields.
+        """
         iterator = iter(items)
         while True:
             with self.phase(name):

@@ -1,5 +1,6 @@
-"""fedps server roles, one subpackage each: the key holder, the parameter-server shards and
-the coordinator.
+"""fedps server roles, one subpackage each.
+
+The key holder, the parameter-server shards and the coordinator.
 
 Each role is a plain handler with a thin gRPC servicer beside it (:mod:`server.keyholder`,
 :mod:`server.shard`, :mod:`server.coordinator`); :mod:`server.serve` wires them into servers.

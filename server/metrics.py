@@ -1,6 +1,7 @@
-"""Prometheus metrics of the server roles (prometheus-client), one class per role, each on its
-own HTTP port with its own registry, so a role exports only its own metrics and several roles
-can share a process (as in the tests).
+"""Prometheus metrics of the server roles (prometheus-client), one class per role.
+
+Each is on its own HTTP port with its own registry, so a role exports only its own metrics and
+several roles can share a process (as in the tests).
 
 - :class:`ShardMetrics`: push messages by outcome and refusal reason
   (``fedps_pushes_total{outcome="refused",reason="stale_update"}``), blocks added or
@@ -68,8 +69,10 @@ class _RoleMetrics:
         )
 
     def track_shard_misses(self) -> Callable[[str, str], None]:
-        """Count the calls to shards that missed their deadline, by shard and call; returns
-        what counts one (a :class:`server.shard_misses.ShardMisses`'s ``on_miss``)."""
+        """Count the calls to shards that missed their deadline, by shard and call.
+
+        Returns what counts one (a :class:`server.shard_misses.ShardMisses`'s ``on_miss``).
+        """
         misses = Counter(
             "fedps_shard_misses",
             "Calls to a shard that missed their deadline, by shard and call",
@@ -131,8 +134,10 @@ class ShardMetrics(_RoleMetrics):
 
 
 class KeyHolderMetrics(_RoleMetrics):
-    """The key holder's metrics: refusals (tampered aggregates, rounds, commitments) and apply
-    latency."""
+    """The key holder's metrics.
+
+    Refusals (tampered aggregates, rounds, commitments) and apply latency.
+    """
 
     def __init__(self) -> None:
         super().__init__("keyholder")
@@ -165,8 +170,11 @@ class KeyHolderMetrics(_RoleMetrics):
         )
 
     def client_blamed(self, client: str) -> None:
-        """Count one client blamed on evidence (no label: client ids stay out of metrics
-        here; the key holder's state and `fedps status` name it)."""
+        """Count one client blamed on evidence.
+
+        No label: client ids stay out of metrics here; the key holder's state and `fedps status`
+        name it.
+        """
         del client
         self.blamed.inc()
 
@@ -218,8 +226,11 @@ class _Run(Protocol):
 
 
 class CoordinatorMetrics(_RoleMetrics):
-    """The coordinator's metrics: rounds by outcome and duration, the open round's fill, and
-    the run's accuracy, loss, task metrics and privacy spend (:meth:`watch`)."""
+    """The coordinator's metrics.
+
+    Rounds by outcome and duration, the open round's fill, and the run's accuracy, loss, task
+    metrics and privacy spend (:meth:`watch`).
+    """
 
     def __init__(self) -> None:
         super().__init__("coordinator")
@@ -274,8 +285,11 @@ class _RunCollector(Collector):
 
 
 def _evaluation(history: Sequence[_Round]) -> Iterator[Metric]:
-    """The metrics of the last evaluated round: ``fedps_accuracy`` (if the task has one),
-    ``fedps_loss`` and ``fedps_task_metric{name}`` for each other metric of the task."""
+    """The metrics of the last evaluated round.
+
+    ``fedps_accuracy`` (if the task has one), ``fedps_loss`` and ``fedps_task_metric{name}`` for
+    each other metric of the task.
+    """
     evaluated = next((r for r in reversed(history) if r.metrics), None)
     if evaluated is None:
         return
@@ -303,11 +317,14 @@ def _evaluation(history: Sequence[_Round]) -> Iterator[Metric]:
 
 
 def _phases(history: Sequence[_Round]) -> Iterator[Metric]:
-    """Where the rounds' time went: ``fedps_round_phase_seconds{scope, phase}``, a histogram
-    of each phase's seconds over the rounds (``scope``: ``critical`` for the critical path,
-    ``server`` for the coordinator's and the key holder's own phases, ``client`` for every
-    client's phases the history keeps, without the client's id), and
-    ``fedps_last_round_phase_seconds{phase}``, the last round's critical path."""
+    """Where the rounds' time went, read from the history.
+
+    ``fedps_round_phase_seconds{scope, phase}`` is a histogram of each phase's seconds over
+    the rounds (``scope``: ``critical`` for the critical path, ``server`` for the
+    coordinator's and the key holder's own phases, ``client`` for every client's phases the
+    history keeps, without the client's id); ``fedps_last_round_phase_seconds{phase}`` is
+    the last round's critical path.
+    """
     seen: dict[tuple[str, str], list[float]] = {}
     for record in history:
         scopes = [("critical", record.phases), ("server", record.server_phases)]
@@ -337,8 +354,10 @@ def _phases(history: Sequence[_Round]) -> Iterator[Metric]:
 def _buckets(
     values: Sequence[float], bounds: Sequence[float]
 ) -> tuple[list[tuple[str, float]], float]:
-    """The cumulative buckets of ``values`` under ``bounds`` (as Prometheus counts them),
-    ``+Inf`` last, and their sum."""
+    """The cumulative buckets of ``values`` under ``bounds``, and their sum.
+
+    Cumulative as Prometheus counts them, ``+Inf`` last.
+    """
     buckets = [(str(bound), float(sum(1 for v in values if v <= bound))) for bound in bounds]
     buckets.append(("+Inf", float(len(values))))
     return buckets, math.fsum(values)

@@ -96,8 +96,10 @@ _M = TypeVar("_M", KeyHolderMetrics, ShardMetrics, CoordinatorMetrics)
 
 
 def _metrics(address: str, role: str, make: Callable[[], _M]) -> _M | None:
-    """The role's metrics (``make()``), served on ``address`` (None when no address is
-    configured)."""
+    """The role's metrics (``make()``), served on ``address``.
+
+    None when no address is configured.
+    """
     if not address:
         return None
     if not is_loopback(address.rpartition(":")[0]):  # only with metrics.public = true
@@ -228,6 +230,19 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
     return shard
 
 
+def _server_threads(role: str) -> int:
+    """The gRPC server threads of ``role``.
+
+    The coordinator has one more for each waiting client's ``GetTask`` call it may hold (a long
+    poll).
+    """
+    if role != "coordinator":
+        return 16
+    from server.coordinator.coordinator_settings import MAX_HELD_CALLS
+
+    return 16 + MAX_HELD_CALLS
+
+
 def coordinator_settings(config: FedPSConfig) -> CoordinatorSettings:
     """The coordinator's schedule and limits from the configuration."""
     from server.coordinator.coordinator_settings import CoordinatorSettings
@@ -248,8 +263,10 @@ def coordinator_settings(config: FedPSConfig) -> CoordinatorSettings:
 def open_coordinator(
     config: FedPSConfig, state_dir: Path, *, task: Task | None = None
 ) -> Coordinator:
-    """The coordinator of ``config`` on its state folder ``state_dir``
-    (:meth:`Coordinator.open`), running ``task`` (default: the configured one)."""
+    """The coordinator of ``config`` on its state folder ``state_dir`` (:meth:`Coordinator.open`).
+
+    Running ``task`` (default: the configured one).
+    """
     from fedps.learning.tasks import load_task
     from server.coordinator.coordinator import Coordinator
 
@@ -258,8 +275,10 @@ def open_coordinator(
 
 
 def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> Coordinator:
-    """Open the coordinator (:func:`open_coordinator`), register its servicer and start its
-    round loop thread."""
+    """Open the coordinator (:func:`open_coordinator`), register its servicer, start its round loop.
+
+    The loop runs in a thread.
+    """
     from server.coordinator.coordinator_servicer import CoordinatorServicer
 
     coordinator = open_coordinator(config, state_dir)
@@ -301,7 +320,7 @@ def serve_forever(
         raise InvalidArgumentError(str(exc)) from None
     name = cluster.shard_ids[index] if role == "shard" else role
     with StateLock(cluster.state_dir / name):  # held until this process stops serving
-        server = create_server()
+        server = create_server(_server_threads(role))
         try:
             bind(server, address, role=name)
         except BaseException:

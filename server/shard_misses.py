@@ -66,8 +66,9 @@ class ShardMisses:
         self.on_miss: Callable[[str, str], None] | None = None
 
     def call(self, shard: str, call: str, fn: Callable[[], _T]) -> _T:
-        """``fn()``, a call named ``call`` to ``shard`` made with :attr:`deadline_s`; its
-        outcome counted.
+        """``fn()``, a call named ``call`` to ``shard`` made with :attr:`deadline_s`.
+
+        Its outcome is counted.
 
         Raises
         ------
@@ -89,10 +90,12 @@ class ShardMisses:
         return result
 
     def stream(self, shard: str, call: str, replies: Iterable[_T]) -> Generator[_T, None, None]:
-        """The messages of a streamed reply (``call`` to ``shard``, made with
-        :attr:`deadline_s`), its outcome counted as :meth:`call` counts it: read to its end,
-        the shard answered; cut off unanswered, it missed. A reader that stops early (it
-        refused a message) leaves the count as it was."""
+        """The messages of a streamed reply, its outcome counted as :meth:`call` counts it.
+
+        The reply is to ``call`` to ``shard``, made with :attr:`deadline_s`. Read to its end, the
+        shard answered; cut off unanswered, it missed. A reader that stops early (it refused a
+        message) leaves the count as it was.
+        """
         started = self._clock()
         try:
             yield from replies
@@ -127,8 +130,11 @@ class ShardMisses:
             return sorted(s for s, run in self._runs.items() if run >= self.limit)
 
     def _missed(self, shard: str, call: str, exc: PeerUnavailableError, started: float) -> None:
-        """Count a miss if ``shard``'s unanswered call ran out its deadline, or the shard has
-        not answered for a whole deadline; raise :class:`ShardStalledError` at the limit."""
+        """Count a miss; raise :class:`ShardStalledError` at the limit.
+
+        A miss is ``shard``'s unanswered call that ran out its deadline, or a shard that has not
+        answered for a whole deadline.
+        """
         now = self._clock()
         with self._lock:
             since = self._silent_since.setdefault(shard, started)

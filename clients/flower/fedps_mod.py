@@ -64,8 +64,10 @@ CONFIG_RECORD_KEY = "config"
 
 
 def wrapped_client(config: FedPSConfig, *, index: int, signer: BlockSigner) -> FlowerClient:
-    """A node's client that trains with the app's own ``train``: a
-    :class:`~clients.flower.wrapped_trainer.WrappedTrainer` on the configured task's model."""
+    """A node's client that trains with the app's own ``train``.
+
+    It is a :class:`~clients.flower.wrapped_trainer.WrappedTrainer` on the configured task's model.
+    """
     task = load_task(config)
     t = config.training
     trainer = WrappedTrainer(
@@ -104,8 +106,10 @@ class FedPSMod:
         )
 
     def __call__(self, message: Message, context: Context, call_next: ClientAppCallable) -> Message:
-        """Answer a fedps message (the ``train`` stage runs ``call_next``, the app's ``train``,
-        on the global model); pass any other message to ``call_next``."""
+        """Answer a fedps message; pass any other message to ``call_next``.
+
+        The ``train`` stage runs ``call_next``, the app's ``train``, on the global model.
+        """
         if fedps_record(message) is None:
             return call_next(message, context)
         config = message.content.config_records.get(CONFIG_RECORD_KEY, ConfigRecord())

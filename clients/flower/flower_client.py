@@ -106,10 +106,12 @@ _PARTITION_KEY = "partition-id"
 
 
 class StrategyMessages:
-    """A Flower node's uplink (:class:`~clients.client_session.Uplink`): the strategy's messages
-    carry its registration and tasks and the replies its reports, so nothing is asked of a
-    coordinator. :meth:`EdgeClient.run` and :meth:`EdgeClient.run_task`, which would ask,
-    refuse with that; :class:`FlowerClient` runs the rounds through the public steps."""
+    """A Flower node's uplink (:class:`~clients.client_session.Uplink`).
+
+    The strategy's messages carry its registration and tasks and the replies its reports, so nothing
+    is asked of a coordinator. :meth:`EdgeClient.run` and :meth:`EdgeClient.run_task`, which would
+    ask, refuse with that; :class:`FlowerClient` runs the rounds through the public steps.
+    """
 
     def _refuse(self) -> NoReturn:
         raise InvalidArgumentError(
@@ -120,12 +122,15 @@ class StrategyMessages:
     def register(
         self, registration: ClientRegistration, *, retry_s: float | None = None
     ) -> RegistrationReply:
+        """Refused: the strategy's messages carry a node's registration."""
         self._refuse()
 
     def get_task(self, query: AssignmentQuery, *, retry_s: float | None = None) -> Assignment:
+        """Refused: the strategy's messages carry a node's tasks."""
         self._refuse()
 
     def report_update(self, report: UpdateReport, *, retry_s: float | None = None) -> None:
+        """Refused: a node's replies carry its reports."""
         self._refuse()
 
     def close(self) -> None:
@@ -265,14 +270,18 @@ class FlowerClient:
     def restore_accountant(
         self, history: Sequence[tuple[float, float, int]], *, run_id: str = ""
     ) -> None:
-        """Continue from ``history`` (the one in ``Context.state``, its rounds counted in run
-        ``run_id``), whatever was here."""
+        """Continue from ``history``, whatever was here.
+
+        The history is the one in ``Context.state``, its rounds counted in run ``run_id``.
+        """
         self.edge.trainer.restore(history, run_id=run_id)
 
     def reseed(self, round_: int) -> None:
-        """With ``privacy.insecure_reproducible`` only: seed this round's DP noise and Poisson
-        sampling from (seed, partition, round). The secure default draws fresh from the
-        CSPRNG and needs no seed."""
+        """Seed this round's DP noise and Poisson sampling from (seed, partition, round).
+
+        With ``privacy.insecure_reproducible`` only. The secure default draws fresh from the CSPRNG
+        and needs no seed.
+        """
         source = self.edge.trainer.source
         if isinstance(source, SeededRandom):
             text = f"fedps-flower/{self.config.training.seed}/{self.index}/{round_}".encode()
@@ -282,9 +291,10 @@ class FlowerClient:
     def train_task(
         self, task: FlowerTask, *, timeout_s: float = 60.0, local: LocalTrain | None = None
     ) -> RoundReport:
-        """Train and commit one round, as :class:`EdgeClient` does for a coordinator task,
-        but keep the push messages (:attr:`pending`) for the push stage: they may go out
-        only once every commitment of the round is fixed. The reply carries the spend.
+        """Train and commit one round, as :class:`EdgeClient` does for a coordinator task.
+
+        Keep the push messages (:attr:`pending`) for the push stage, though: they may go out only
+        once every commitment of the round is fixed. The reply carries the spend.
 
         ``local`` is the round's training for a node whose trainer is a
         :class:`~clients.flower.wrapped_trainer.WrappedTrainer` (and only for one).
@@ -329,8 +339,10 @@ class FlowerClient:
     def push_task(
         self, task: FlowerTask, prepared: PreparedPush, *, timeout_s: float = 60.0
     ) -> RoundReport:
-        """Push the update committed for ``task`` (the strategy's push stage is the signal
-        that the round's commitments are frozen)."""
+        """Push the update committed for ``task``.
+
+        The strategy's push stage is the signal that the round's commitments are frozen.
+        """
         self.attach(client_id=task.client_id, run_id=task.run_id, timeout_s=timeout_s)
         pushed = self.edge.send(prepared)
         return self._summary(task.round, pushed=pushed, budget_exhausted=False, trained=True)
@@ -358,7 +370,8 @@ class FlowerClient:
 class ClientFactory(Protocol):
     """Builds a node's client (a :class:`FlowerClient`, with mods of its own for example)."""
 
-    def __call__(self, config: FedPSConfig, *, index: int, signer: BlockSigner) -> FlowerClient: ...
+    def __call__(self, config: FedPSConfig, *, index: int, signer: BlockSigner) -> FlowerClient:
+        """The client of the node of data partition ``index``, which signs with ``signer``."""
 
 
 @dataclass
@@ -512,8 +525,9 @@ def fedps_record(message: Message) -> ConfigRecord | None:
 
 
 class FlowerNode:
-    """The fedps stages of a Flower node (``register``, ``train``, ``push``), for a
-    ``ClientApp`` (:func:`create_client_app`) or a mod
+    """The fedps stages of a Flower node (``register``, ``train``, ``push``).
+
+    For a ``ClientApp`` (:func:`create_client_app`) or a mod
     (:class:`~clients.flower.fedps_mod.FedPSMod`).
 
     Parameters
@@ -545,8 +559,10 @@ class FlowerNode:
     def handle(
         self, message: Message, context: Context, *, local: LocalTrain | None = None
     ) -> Message:
-        """Answer a fedps message; ``local`` is the ``train`` stage's wrapped training (for a
-        node whose client has a :class:`~clients.flower.wrapped_trainer.WrappedTrainer`).
+        """Answer a fedps message.
+
+        ``local`` is the ``train`` stage's wrapped training (for a node whose client has a
+        :class:`~clients.flower.wrapped_trainer.WrappedTrainer`).
 
         Raises
         ------
@@ -572,8 +588,10 @@ class FlowerNode:
 
     @contextmanager
     def _session(self, context: Context) -> Iterator[tuple[_NodeState, FlowerClient]]:
-        """The node's state and client for one message; the client is released after it
-        (a cached node keeps no connection between messages)."""
+        """The node's state and client for one message.
+
+        The client is released after it (a cached node keeps no connection between messages).
+        """
         state, client = self._prepare(context)
         try:
             yield state, client
@@ -618,8 +636,11 @@ def _train_round(
     timeout_s: float,
     local: LocalTrain | None,
 ) -> RoundReport:
-    """Train one round from the accountant in ``state``; whatever happens, every DP step
-    taken is written back to ``Context.state`` (a failed push still spent the privacy)."""
+    """Train one round from the accountant in ``state``.
+
+    Whatever happens, every DP step taken is written back to ``Context.state`` (a failed push still
+    spent the privacy).
+    """
     before = state.history
     client.restore_accountant(before, run_id=state.run_id)
     report: RoundReport | None = None

@@ -41,6 +41,7 @@ from crypto.benchmark import (
     measure_plain,
     measure_tenseal,
     timed,
+    wire_error,
 )
 from crypto.params import CANARIES
 from crypto.signed_update import SignedUpdate
@@ -101,6 +102,13 @@ def run_bench(
     error = decryption_error(keys, updates=100)
     results["sum_of_100_error_relative"] = error
     console.print(f"decryption error after summing 100 updates: {error:.2e} (relative)")
+    wire = wire_error(keys)
+    results["wire_error"] = wire
+    console.print(
+        f"error of one value, in units of the scale: {wire['fresh_value_max']:,.0f} fresh, "
+        f"{wire['sent_value_max']:,.0f} as sent (bound {wire['value_bound']:,.0f}); canaries "
+        f"{wire['sent_canary_max']:,.0f} (bound {wire['canary_bound']:,.0f})"
+    )
     crypto: dict[str, Any] = {}
     for size in sizes:
         console.print(f"crypto paths at {size:,} parameters ...")
@@ -198,7 +206,9 @@ def measure_verification(
         raise AssertionError("the honest aggregate failed its own check")
     # the zero canaries of every block, computed before anything is decrypted
     _, canary_s = timed(lambda: keys.canaries(aggregate))
-    canary_bytes = push_bytes * CANARIES / public.params.poly_modulus_degree
+    # the canaries' coefficients of both polynomials as sent: c0's high part and low bits, c1's
+    blocks = -(-num_params // public.params.values_per_block)
+    canary_bytes = blocks * CANARIES * public.compression.canary_bits / 8
     roots = SignedUpdate.sign(
         BlockSigner(),
         coefficients[0],
@@ -317,8 +327,10 @@ def _demo_rounds(model: str, rounds: int, **sections: Mapping[str, object]) -> D
 
 
 def _round_times(model: str, rounds: int) -> dict[str, Any]:
-    """Median round time with encryption on and off (same clients, same DP, same seed), and
-    where the rounds' time goes (each phase's median over rounds 2..R)."""
+    """Median round time with encryption on and off, and where the rounds' time goes.
+
+    Same clients, same DP, same seed; each phase's median over rounds 2..R.
+    """
     out: dict[str, Any] = {}
     profiles: dict[str, Any] = {}
     for label, enabled in (("secure", True), ("plaintext", False)):
@@ -340,8 +352,10 @@ def _round_times(model: str, rounds: int) -> dict[str, Any]:
 
 
 def _shard_peak_rss(clients: int, num_params: int, keys: SecretContext) -> dict[str, Any]:
-    """Start a key holder and one shard as processes, push ``clients`` real encrypted updates
-    of ``num_params`` values, and read the shard's peak resident memory (VmHWM)."""
+    """Start a key holder and one shard as processes, and push ``clients`` real encrypted updates.
+
+    The updates have ``num_params`` values each; then read the shard's peak resident memory (VmHWM).
+    """
     with tempfile.TemporaryDirectory(prefix="fedps-mem-") as tmp:
         work = Path(tmp)
         # This process pushes as every client: one process holds one certificate, so this
@@ -434,8 +448,10 @@ def _vm_hwm_mib(pid: int) -> float:
 def time_to_accuracy(
     *, target: float, slow_fraction: float, slow_factor: float, rounds: int
 ) -> dict[str, Any]:
-    """Wall-clock seconds until the evaluated accuracy first reaches ``target``, for sync
-    rounds and async buffers on the same clients (some slowed down), same DP and seed."""
+    """Wall-clock seconds until the evaluated accuracy first reaches ``target``.
+
+    For sync rounds and async buffers on the same clients (some slowed down), same DP and seed.
+    """
     out: dict[str, Any] = {}
     base = {
         "clients": 4,

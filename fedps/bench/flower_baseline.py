@@ -1,5 +1,4 @@
-"""Flower's plain FedAvg with Opacus DP-SGD on a fedps job: the baseline of
-``fedps bench --against flower``.
+"""Flower's plain FedAvg with Opacus DP-SGD on a fedps job: ``fedps bench --against flower``.
 
 The job is what a Flower user would write for the same training, run the way a Flower user
 runs it: Flower's own ``FedAvg`` strategy (``flwr.serverapp.strategy``) in a ``ServerApp``,
@@ -123,8 +122,10 @@ def _keep_history(context: Context, history: Sequence[tuple[float, float, int]])
 
 
 def _train(config_path: str, threads: int, message: Message, context: Context) -> Message:
-    """One node's round: DP-SGD with Opacus from the received model, the model sent back
-    with the node's example count and epsilon."""
+    """One node's round: DP-SGD with Opacus from the received model.
+
+    The model goes back with the node's example count and epsilon.
+    """
     torch.set_num_threads(threads)
     config, task = _job(config_path)
     training, privacy = config.training, config.privacy
@@ -174,8 +175,11 @@ def _train(config_path: str, threads: int, message: Message, context: Context) -
 
 
 def create_client_app(config_path: Path, *, threads: int = 1) -> ClientApp:
-    """The Flower ``ClientApp`` of the job in ``config_path``: each node trains its partition
-    (its ``partition-id``) with Opacus DP-SGD on ``threads`` torch threads."""
+    """The Flower ``ClientApp`` of the job in ``config_path``.
+
+    Each node trains its partition (its ``partition-id``) with Opacus DP-SGD on ``threads``
+    torch threads.
+    """
     app = ClientApp()
     train = functools.partial(_train, str(config_path), max(1, threads))
 
@@ -187,8 +191,11 @@ def create_client_app(config_path: Path, *, threads: int = 1) -> ClientApp:
 
 
 def _aggregate_train(replies: list[RecordDict], weighting: str) -> MetricRecord:
-    """What the round's replies say: the largest epsilon (FedAvg would average it), the
-    examples, the replies and the bytes of the models they sent back."""
+    """What the round's replies say.
+
+    The largest epsilon (FedAvg would average it), the examples, the replies and the bytes of
+    the models they sent back.
+    """
     sent = sum(len(a.data) for r in replies for a in r.array_records["arrays"].values())
     metrics = [r.metric_records["metrics"] for r in replies]
     return MetricRecord(
@@ -209,9 +216,12 @@ def _number(value: object) -> float:
 
 
 def create_server_app(config_path: Path, result: dict[str, Any]) -> ServerApp:
-    """The Flower ``ServerApp`` of the job in ``config_path``: Flower's ``FedAvg`` over every
-    node for ``training.rounds`` rounds, the model evaluated on the held-out split after
-    each; ``result`` is filled with what :func:`run_flower_fedavg` returns."""
+    """The Flower ``ServerApp`` of the job in ``config_path``.
+
+    Flower's ``FedAvg`` over every node for ``training.rounds`` rounds, the model evaluated on
+    the held-out split after each; ``result`` is filled with what :func:`run_flower_fedavg`
+    returns.
+    """
     app = ServerApp()
 
     @app.main()
@@ -281,8 +291,9 @@ def _summary(outcome: Any, marks: Sequence[float], params: int) -> dict[str, Any
 
 
 def run_flower_fedavg(config_path: Path, *, threads: int = 1, workers: int = 2) -> dict[str, Any]:
-    """Run the job of ``config_path`` with Flower's plain FedAvg through Flower's simulation
-    runtime, ``workers`` Ray actors of one CPU each, ``threads`` torch threads per node.
+    """Run the job of ``config_path`` with Flower's plain FedAvg in its simulation runtime.
+
+    ``workers`` Ray actors of one CPU each, ``threads`` torch threads per node.
 
     Returns
     -------
@@ -314,8 +325,11 @@ def run_flower_fedavg(config_path: Path, *, threads: int = 1, workers: int = 2) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m fedps.bench.flower_baseline CONFIG.toml RESULT.json [--threads N]
-    [--workers N]``: run the job and write its result as JSON."""
+    """Run the job of a configuration file and write its result as JSON.
+
+    ``python -m fedps.bench.flower_baseline CONFIG.toml RESULT.json [--threads N]
+    [--workers N]``.
+    """
     parser = argparse.ArgumentParser(prog="fedps.bench.flower_baseline")
     parser.add_argument("config", type=Path)
     parser.add_argument("result", type=Path)

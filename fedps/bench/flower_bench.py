@@ -79,8 +79,10 @@ def start_ray(num_cpus: int) -> None:
 
 
 def simulate(server_app: ServerApp, client_app: ClientApp, *, nodes: int, workers: int) -> None:
-    """Run Flower's own simulation runtime (a ServerApp thread, Ray actors for the nodes) on a
-    Ray node started by :func:`start_ray`, and shut Ray down afterwards."""
+    """Run Flower's own simulation runtime on a Ray node started by :func:`start_ray`.
+
+    The runtime is a ServerApp thread and Ray actors for the nodes; Ray is shut down afterwards.
+    """
     import ray
     from flwr.simulation import run_simulation
 
@@ -120,8 +122,10 @@ RUNTIMES = {"pool": _run_pool, "simulation": _run_simulation}
 def bench_config(
     state_dir: Path, *, clients: int, max_clients: int, rounds: int, model: str, dataset: str
 ) -> FedPSConfig:
-    """A one-machine cluster (key holder, 2 shards) for ``clients`` nodes, CKKS parameters
-    sized for ``max_clients`` (the same for every cohort size, for a fair comparison).
+    """A one-machine cluster (key holder, 2 shards) for ``clients`` nodes.
+
+    Its CKKS parameters are sized for ``max_clients`` (the same for every cohort size, for a fair
+    comparison).
 
     Without TLS, explicitly: the nodes share this process, which can hold one certificate;
     each node proves its identity with its enrolment token (``state_dir/certs``, written by

@@ -1,5 +1,6 @@
-"""``fedps bench --against flower`` and ``--profile``: the same job on Flower and on fedps, in
-one run, and where fedps's rounds go.
+"""``fedps bench --against flower`` and ``--profile``: one job on Flower and fedps, in one run.
+
+And where fedps's rounds go.
 
 A job (:class:`Job`) is a model trained on a dataset by a number of clients for a number of
 rounds, with DP-SGD at a fixed noise multiplier. Each repeat runs it three times, one after
@@ -152,8 +153,10 @@ class _LoadSampler:
 
 
 def _threads(clients: int) -> int:
-    """Torch threads per client: the machine's cores shared by the clients, as ``fedps demo``
-    gives its clients."""
+    """Torch threads per client.
+
+    The machine's cores shared by the clients, as ``fedps demo`` gives its clients.
+    """
     return max(1, (os.cpu_count() or 1) // clients)
 
 
@@ -192,8 +195,10 @@ def _fedps_run(job: Job, *, encrypted: bool) -> tuple[dict[str, Any], DemoSummar
 
 
 def run_flower(job: Job) -> dict[str, Any]:
-    """One Flower run of ``job``, in a process group of its own that is ended afterwards
-    (whatever Ray left in it too), also when it fails."""
+    """One Flower run of ``job``, in a process group of its own.
+
+    The group is ended afterwards (whatever Ray left in it too), also when the run fails.
+    """
     with tempfile.TemporaryDirectory(prefix="fedps-bench-flower-") as tmp:
         work = Path(tmp)
         config = load_config(None, **job.sections())
@@ -232,8 +237,10 @@ def run_flower(job: Job) -> dict[str, Any]:
 
 
 def _end_group(process: subprocess.Popen[bytes]) -> None:
-    """End ``process``'s group: SIGTERM, then SIGKILL after :data:`_GRACE_S` to what is
-    left (Ray's processes stay in the group of the process that started them)."""
+    """End ``process``'s group: SIGTERM, then SIGKILL after :data:`_GRACE_S` to what is left.
+
+    Ray's processes stay in the group of the process that started them.
+    """
     for sig, wait_s in ((signal.SIGTERM, _GRACE_S), (signal.SIGKILL, 0.0)):
         try:
             os.killpg(process.pid, sig)
@@ -309,8 +316,11 @@ def _compare_job(
 
 
 def _system_summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One system's runs of a job: the median of rounds 2..R over them, the accuracy and
-    epsilon of each, the mean bytes per parameter, the runs."""
+    """One system's runs of a job, summed up.
+
+    The median of rounds 2..R over them, the accuracy and epsilon of each, the mean bytes per
+    parameter, the runs.
+    """
     steady = [s for r in results for s in r["round_seconds"][1:]]
     return {
         "median_round_s": statistics.median(steady),

@@ -1,6 +1,8 @@
-"""Render ``fedps bench`` results as markdown tables (ratios against same-run baselines):
-the default suite (:func:`render_table`), a comparison with Flower (:func:`render_comparison`)
-and the phase profile of a job's rounds (:func:`render_profile`)."""
+"""Render ``fedps bench`` results as markdown tables (ratios against same-run baselines).
+
+The default suite (:func:`render_table`), a comparison with Flower (:func:`render_comparison`)
+and the phase profile of a job's rounds (:func:`render_profile`).
+"""
 
 from __future__ import annotations
 
@@ -56,8 +58,9 @@ def render_table(results: dict[str, Any]) -> str:
         n = results["noise"]
         lines.append(
             f"\nDP noise, {int(n['size']):,} values: CSPRNG hardened draw "
-            f"{_m(n['secure_values_per_s'])}, torch.normal {_m(n['torch_values_per_s'])} "
-            f"({n['slowdown']:.1f}x slower)"
+            f"{_m(n['secure_values_per_s'])} ({n['slowdown']:.1f}x torch.normal's time), "
+            f"{_m(n['secure_float32_values_per_s'])} as float32 "
+            f"({n['slowdown_float32']:.1f}x); torch.normal {_m(n['torch_values_per_s'])}"
         )
     lines += ["", "| model | secure round | plaintext round | ratio |", "|---|---:|---:|---:|"]
     for model, r in results["e2e"].items():
@@ -147,10 +150,12 @@ def _s(value: float | None) -> str:
 
 
 def render_profile(profiles: Mapping[str, Mapping[str, Any]]) -> str:
-    """The phase table of a job's rounds (:func:`fedps.bench.round_profile.phase_profile`),
-    each phase's median seconds over rounds 2..R: the critical path of each system profiled
+    """The phase table of a job's rounds (:func:`fedps.bench.round_profile.phase_profile`).
+
+    Each phase's median seconds over rounds 2..R: the critical path of each system profiled
     (``secure``, ``plaintext``), then each client of the first; then the servers' own phases.
-    Medians of phases do not add up to the median round exactly."""
+    Medians of phases do not add up to the median round exactly.
+    """
     systems = [s for s in profiles if profiles[s]["critical"]]
     if not systems:
         return "(no phases recorded)"
@@ -186,10 +191,11 @@ def _accuracy(values: list[float | None]) -> str:
 
 
 def render_comparison(results: Mapping[str, Any]) -> str:
-    """The comparison of each job on each system (:func:`fedps.bench.flower_comparison.compare`):
-    the median round (rounds 2..R), fedps over Flower, the accuracy and epsilon of each
-    repeat and the bytes per parameter a client sends per round; then each job's phase
-    profile."""
+    """The comparison of each job on each system (:func:`fedps.bench.flower_comparison.compare`).
+
+    The median round (rounds 2..R), fedps over Flower, the accuracy and epsilon of each repeat
+    and the bytes per parameter a client sends per round; then each job's phase profile.
+    """
     jobs = results["jobs"]
     systems = ("flower", "plaintext", "secure")
     names = {"flower": "Flower plain", "plaintext": "fedps plaintext", "secure": "fedps secure"}

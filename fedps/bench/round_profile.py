@@ -24,8 +24,10 @@ SERVER_PHASES = (*COORDINATOR_PHASES, *KEYHOLDER_PHASES)
 
 
 def _medians(rounds: Sequence[Mapping[str, float]], order: Sequence[str]) -> dict[str, float]:
-    """Each phase of ``order`` that some round has: its median over ``rounds`` (0 where a
-    round lacks it)."""
+    """Each phase of ``order`` that some round has, with its median over ``rounds``.
+
+    A round that lacks the phase counts 0.
+    """
     present = {name for r in rounds for name in r}
     return {
         name: statistics.median(r.get(name, 0.0) for r in rounds)
@@ -35,8 +37,7 @@ def _medians(rounds: Sequence[Mapping[str, float]], order: Sequence[str]) -> dic
 
 
 def phase_profile(summaries: Iterable[DemoSummary], *, skip: int = 1) -> dict[str, Any]:
-    """The phases of rounds ``skip + 1``.. of ``summaries`` (runs of one job), each phase's
-    median over those rounds.
+    """Each phase's median over rounds ``skip + 1``.. of ``summaries`` (runs of one job).
 
     Returns
     -------

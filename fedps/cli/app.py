@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from crypto.python_child import watch_parent
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import FedPSError
 from fedps.extras import missing_extra
@@ -73,6 +74,16 @@ def _setup_logging(verbose: bool) -> None:
     )
 
 
+def _stop_as_ctrl_c() -> None:
+    """SIGTERM and SIGHUP stop this command as Ctrl-C does.
+
+    The roles it started are stopped in order and its temporary folders removed (``timeout``,
+    CI, systemd and a closed terminal stop a command with these).
+    """
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.default_int_handler)
+
+
 def _load(config: Path | None, *, insecure: bool = False) -> FedPSConfig:
     if insecure:  # the command line wins over the file's [tls] enabled
         return load_config(config, tls={"insecure": True, "enabled": False})
@@ -87,16 +98,21 @@ def _write_json(path: Path | None, text: str, what: str) -> None:
 
 
 def _setup_tls(cfg: FedPSConfig, name: str) -> None:
-    """Before anything connects: load identity ``tls.name`` (default ``name``) under mutual
-    TLS (the default), or warn that traffic is plaintext (``--insecure``)."""
+    """Load identity ``tls.name`` under mutual TLS, or warn that traffic is plaintext.
+
+    Before anything connects. The identity defaults to ``name``; mutual TLS is the default,
+    plaintext ``--insecure``.
+    """
     from fedps.provisioning import setup_tls
 
     setup_tls(cfg.tls, name)
 
 
 def _provision(cfg: FedPSConfig) -> None:
-    """Create the certificates, enrolment key and tokens in ``tls.directory`` if there are
-    none (``up`` and ``demo`` on first start)."""
+    """Create the certificates, enrolment key and tokens in ``tls.directory`` if there are none.
+
+    For ``up`` and ``demo`` on first start.
+    """
     from fedps.provisioning import provision_cluster
 
     try:
@@ -180,8 +196,10 @@ def client(
     ] = None,
     insecure: InsecureOpt = False,
 ) -> None:
-    """Run one edge client until training is done (a restarted client resumes its privacy
-    budget from its state folder)."""
+    """Run one edge client until training is done.
+
+    A restarted client resumes its privacy budget from its state folder.
+    """
     _setup_logging(True)
     cfg = _load(config, insecure=insecure)
     _setup_tls(cfg, f"client-{index}")
@@ -230,8 +248,10 @@ def certs(
         typer.Option("--out", "-o", help="Directory to write to (default: tls.directory)."),
     ] = None,
 ) -> None:
-    """Create the deployment's CA (or reuse the one in DIR), a certificate per party, and an
-    enrolment token per client (for runs without TLS)."""
+    """Create the deployment's CA (or reuse the one in DIR) and a certificate per party.
+
+    And an enrolment token per client (for runs without TLS).
+    """
     from crypto.enrolment import issue_tokens
     from fedps.provisioning import client_identities, issue_cluster_certificates
 
@@ -262,11 +282,13 @@ def up(
     ui: UiOpt = None,
     ui_allowed_host: UiAllowedHostOpt = None,
 ) -> None:
-    """Start key holder, shards and coordinator as processes and keep them up until training
-    ends: a role that dies is restarted, one line per round is printed, and Ctrl-C or SIGTERM
-    stops every role cleanly.
+    """Start key holder, shards and coordinator as processes and keep them up until training ends.
 
-    Creates the certificates and enrolment tokens in ``tls.directory`` on first start."""
+    A role that dies is restarted, one line per round is printed, and Ctrl-C or SIGTERM stops every
+    role cleanly.
+
+    Creates the certificates and enrolment tokens in ``tls.directory`` on first start.
+    """
     from crypto.tls import OPERATOR_NAME
     from fedps.runtime.deployment import Deployment
 
@@ -274,7 +296,7 @@ def up(
     cfg = _load(config, insecure=insecure)
     _provision(cfg)
     _setup_tls(cfg, OPERATOR_NAME)  # to read the coordinator's status (and warn if no TLS)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as Ctrl-C does
+    _stop_as_ctrl_c()
     deployment = Deployment(config, cfg)
     try:
         with _dashboard(cfg, ui, ui_allowed_host or []):
@@ -331,11 +353,14 @@ def demo(
     ui: UiOpt = None,
     ui_allowed_host: UiAllowedHostOpt = None,
 ) -> None:
-    """Train on digits with a key holder, 2 shards, a coordinator and 4 clients, locally,
-    under mutual TLS with certificates made for the run."""
+    """Train on digits with a key holder, 2 shards, a coordinator and 4 clients, locally.
+
+    Under mutual TLS, with certificates made for the run.
+    """
     from fedps.runtime.demo import run_demo
 
     _setup_logging(False)
+    _stop_as_ctrl_c()
     overrides: dict[str, dict[str, object]] = {}
     if insecure:
         overrides["tls"] = {"insecure": True, "enabled": False}
@@ -402,11 +427,15 @@ def bench(
         int, typer.Option(help="Runs of each system for each job (--against, --profile).")
     ] = 1,
 ) -> None:
-    """Measure encryption cost against TenSEAL's default and plaintext, in one run; with
-    --against flower or --profile, the same job on Flower and fedps, and where its rounds go."""
+    """Measure encryption cost against TenSEAL's default and plaintext, in one run.
+
+    With --against flower or --profile: the same job on Flower and fedps, and where its rounds
+    go.
+    """
     from rich.console import Console
 
     _setup_logging(False)
+    _stop_as_ctrl_c()
     console = Console()
     if against is not None or profile:
         from fedps.bench.flower_comparison import compare, job_named
@@ -471,6 +500,7 @@ def experiment(
 ) -> None:
     """Privacy-accuracy sweep: one real platform run per grid point, resumable."""
     _setup_logging(False)
+    _stop_as_ctrl_c()
     if args[0] == "report":
         from fedps.experiments.report import render_report
 
@@ -538,9 +568,11 @@ def ui(
     ] = None,
     insecure: InsecureOpt = False,
 ) -> None:
-    """Serve the web dashboard: live rounds, privacy, participation and the roles' health of
-    the configured cluster to the holders of the printed links; the operator (who holds the
-    operator's link) starts the next run."""
+    """Serve the web dashboard of the configured cluster to the holders of the printed links.
+
+    It shows live rounds, privacy, participation and the roles' health; the operator (who holds the
+    operator's link) starts the next run.
+    """
     from crypto.tls import OPERATOR_NAME
     from fedps.dashboard import (
         RunLauncher,
@@ -570,7 +602,7 @@ def ui(
     launcher = RunLauncher(
         config, base_overrides=base, state_root=state_root, local_clients=not remote_clients
     )
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as Ctrl-C does
+    _stop_as_ctrl_c()
     try:
         with serve_dashboard(
             cfg,
@@ -618,9 +650,11 @@ def export(
     config: ConfigOpt = None,
     insecure: InsecureOpt = False,
 ) -> None:
-    """Write the trained global model as a PyTorch state_dict, pulled from the shards with the
-    key holder's signature checked (as the operator identity); it loads into the task's model
-    with model.load_state_dict(torch.load(PATH))."""
+    """Write the trained global model as a PyTorch state_dict.
+
+    It is pulled from the shards with the key holder's signature checked (as the operator identity);
+    it loads into the task's model with model.load_state_dict(torch.load(PATH)).
+    """
     from crypto.tls import OPERATOR_NAME
     from fedps.runtime.export import export_model
 
@@ -633,6 +667,7 @@ def export(
 
 def main() -> None:
     """Console-script entry point: expected errors become one line on stderr, exit 2."""
+    watch_parent()  # started by another fedps process: stop once it is gone
     try:
         app()
     except FedPSError as exc:

@@ -99,8 +99,10 @@ def new_token() -> str:
 
 
 def _viewer_token(token: str) -> str:
-    """The viewer token that goes with the operator's ``token``: as stable as it (with
-    ``--token-file``), and no way back to it (an HMAC)."""
+    """The viewer token that goes with the operator's ``token``.
+
+    It is as stable as it (with ``--token-file``), and there is no way back to it (an HMAC).
+    """
     digest = hmac.new(token.encode(), b"fedps dashboard viewer", hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
@@ -158,8 +160,10 @@ def create_app(
     """
 
     def foreign(request: Request) -> bool:
-        """Whether the request comes from a page of another origin (even one that has the
-        cookies sent)."""
+        """Whether the request comes from a page of another origin.
+
+        Even one that has the cookies sent.
+        """
         origin = request.headers.get("origin")
         return origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}"
 
@@ -414,10 +418,10 @@ def serve_dashboard(
     public: bool = False,
     allowed_hosts: Sequence[str] = (),
 ) -> Iterator[StatusCollector]:
-    """Serve the dashboard of ``config``'s cluster on ``bind`` (``HOST:PORT``) inside the
-    block: poll the cluster, serve the page, ``echo`` its links once, and stop both at the
-    end. Yields the collector (``follow`` switches cluster). A launcher's runs are followed as
-    they start.
+    """Serve the dashboard of ``config``'s cluster on ``bind`` (``HOST:PORT``) inside the block.
+
+    Poll the cluster, serve the page, ``echo`` its links once, and stop both at the end. Yields the
+    collector (``follow`` switches cluster). A launcher's runs are followed as they start.
 
     The run is read with a viewer token (derived from ``token``, else new at each start),
     whose link is echoed, beside the operator's link with ``token``; ``public``: by everyone

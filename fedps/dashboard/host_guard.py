@@ -23,8 +23,10 @@ _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
 
 def parse_host(value: str) -> tuple[str, int | None] | None:
-    """``NAME[:PORT]`` (an IPv6 address in brackets) as ``(name, port)``, the name in lower
-    case without brackets; ``None`` if it is not that."""
+    """``NAME[:PORT]`` (an IPv6 address in brackets) as ``(name, port)``.
+
+    The name in lower case without brackets; ``None`` if it is not that.
+    """
     value = value.strip().lower()
     if value.startswith("["):
         name, bracket, rest = value[1:].partition("]")
@@ -71,6 +73,7 @@ class HostGuard:
             self._names.add(parsed)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the request to ``app``, or refuse it (421; a websocket closed with 1008)."""
         if scope["type"] in ("http", "websocket"):
             reason = self.refusal(scope)
             if reason:

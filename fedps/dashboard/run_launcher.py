@@ -52,8 +52,9 @@ class RunInProgressError(FedPSError):
 
 
 def _overrides(form: Mapping[str, object]) -> dict[str, dict[str, object]]:
-    """The form's fields (``section.field``: value) as ``load_config`` overrides; an empty
-    value of a field that may be unset (``privacy.noise_multiplier``) unsets it.
+    """The form's fields (``section.field``: value) as ``load_config`` overrides.
+
+    An empty value of a field that may be unset (``privacy.noise_multiplier``) unsets it.
 
     Raises
     ------

@@ -31,8 +31,11 @@ _log = logging.getLogger("fedps")
 
 
 def config_view(config: FedPSConfig) -> dict[str, Any]:
-    """The configuration in force, JSON-ready. It holds no key: only addresses, paths (of
-    the certificates and tokens), settings, and the key holder's public key pin."""
+    """The configuration in force, JSON-ready.
+
+    It holds no key: only addresses, paths (of the certificates and tokens), settings, and the key
+    holder's public key pin.
+    """
     view: dict[str, Any] = config.model_dump(mode="json")
     return view
 
@@ -267,8 +270,10 @@ _R = TypeVar("_R")
 
 
 def _ask(client: _C, call: Callable[[_C], _R], view: dict[str, Any]) -> _R | None:
-    """``call(client)``, then close ``client``; the role's ``view`` says whether it answered
-    (``up``) or why not (``error``). None when it did not."""
+    """``call(client)``, then close ``client``; None when the role did not answer.
+
+    The role's ``view`` says whether it answered (``up``) or why not (``error``).
+    """
     try:
         answer = call(client)
     except FedPSError as exc:

@@ -1,19 +1,10 @@
 """``fedps experiment``: a privacy-accuracy grid, one real platform run per point.
 
-A grid file (:mod:`fedps.experiments.grid`) is a fedps configuration plus a ``[grid]`` table
-of axes, each a list of values::
-
-    [grid]
-    epsilon = [1.0, 4.0, 8.0, "inf"]      # privacy.target_epsilon; "inf": no DP noise
-    partition = ["iid", "dirichlet:0.5"]  # training.partition (+ dirichlet_alpha / shards)
-    encryption = [true, false]            # he.enabled
-
-A grid can train the user's own task: ``[task] app`` names it (:mod:`fedps.learning.tasks`), its
-project directory ``dir`` is relative to the grid file, and ``data`` gives each client its own
-file, ``{index}`` standing for the client's number (``"data/client{index}.csv"``, relative to
-the grid file too). A record then holds the task's metrics of the last evaluated round
-(``final_metrics``, a ``final_NAME`` column each in the CSV) beside ``final_accuracy`` (for
-classification).
+A grid file (:mod:`fedps.experiments.grid`, whose docstring shows one) is a fedps
+configuration plus a ``[grid]`` table of axes, each a list of values; it may train the user's
+own task, each client on its own file. A record of such a task holds the task's metrics of the
+last evaluated round (``final_metrics``, a ``final_NAME`` column each in the CSV) beside
+``final_accuracy`` (for classification).
 
 The cartesian product of the axes gives the points. Each point runs the whole platform (key
 holder, shards, coordinator and clients as processes on loopback,
@@ -148,8 +139,11 @@ def _csv_value(value: object) -> object:
 
 
 def _write_csv(records: list[dict[str, Any]], path: Path) -> None:
-    """Write ``records`` as CSV (one row per point; lists space-separated; a ``final_NAME``
-    column for each metric a task reported, after ``final_accuracy``)."""
+    """Write ``records`` as CSV, one row per point.
+
+    Lists are space-separated; a ``final_NAME`` column for each metric a task reported follows
+    ``final_accuracy``.
+    """
     names = sorted({n for r in records for n in r.get("final_metrics") or {}} - {"accuracy"})
     at = _CSV_COLUMNS.index("final_accuracy") + 1
     columns = (*_CSV_COLUMNS[:at], *(f"final_{n}" for n in names), *_CSV_COLUMNS[at:])
@@ -183,8 +177,11 @@ def _json_float(value: object, digits: int) -> float | str | None:
 
 
 def _failure_log(log_dir: Path, chars: int = 1500) -> str | None:
-    """The end of the first role's log that reports an error (logs of a temporary workdir
-    are removed with it, so a failed point keeps this much in its record)."""
+    """The end of the first role's log that reports an error.
+
+    Logs of a temporary workdir are removed with it, so a failed point keeps this much in its
+    record.
+    """
     for log in sorted(log_dir.glob("*.log")):
         text = log.read_text(errors="replace")
         if "Traceback" in text or "fedps: error:" in text or " ERROR " in text:
@@ -267,8 +264,10 @@ def _run_point(point: Point, grid: Grid, root: Path, timeout_s: float) -> dict[s
 def _checkpoint_last_round(
     overrides: Mapping[str, Mapping[str, object]],
 ) -> dict[str, dict[str, object]]:
-    """``overrides`` with a checkpoint cadence that divides the rounds, so the coordinator's
-    checkpoint holds the last round's metrics before it says training finished."""
+    """``overrides`` with a checkpoint cadence that divides the rounds.
+
+    So the coordinator's checkpoint holds the last round's metrics before it says training finished.
+    """
     out = {name: dict(values) for name, values in overrides.items()}
     t = load_config(None, **overrides).training
     if t.rounds % t.checkpoint_every:
@@ -277,8 +276,10 @@ def _checkpoint_last_round(
 
 
 def _round_metrics(state_dir: Path) -> list[dict[str, float]]:
-    """The task's metrics of each round (empty: not evaluated) from the coordinator's
-    checkpoint; none when it left no checkpoint."""
+    """The task's metrics of each round (empty: not evaluated) from the coordinator's checkpoint.
+
+    None when it left no checkpoint.
+    """
     try:
         checkpoint = CheckpointStore(state_dir).load()
     except FedPSError as exc:

@@ -108,6 +108,7 @@ def _parse_partition(value: str) -> dict[str, object]:
 
 
 def partition_name(config: FedPSConfig) -> str:
+    """``config``'s partition as a grid writes it: ``"dirichlet:0.5"``, ``"shard:2"``, ``"iid"``."""
     t = config.training
     if t.partition == "dirichlet":
         return f"dirichlet:{t.dirichlet_alpha:g}"
@@ -232,8 +233,10 @@ class Grid(BaseModel):
         return {s: values for s, values in sections.items() if values}
 
     def client_data(self, clients: int) -> list[Path]:
-        """Each client's own data file (``[task] data`` with ``{index}`` filled in); empty
-        when the grid gives none."""
+        """Each client's own data file (``[task] data`` with ``{index}`` filled in).
+
+        Empty when the grid gives none.
+        """
         pattern = self.task.get("data")
         return [Path(str(pattern).format(index=i)) for i in range(clients)] if pattern else []
 
@@ -355,8 +358,11 @@ def load_grid(path: Path) -> Grid:
 
 
 def _resolve_task(task: dict[str, Any], grid_path: Path) -> dict[str, Any]:
-    """``[task]`` with ``dir`` and ``data`` relative to the grid file (as a configuration
-    file's ``dir`` is to it), and ``data`` checked to name each client's file."""
+    """``[task]`` with ``dir`` and ``data`` relative to the grid file, and ``data`` checked.
+
+    They are relative to it as a configuration file's ``dir`` is to it; ``data`` is checked to name
+    each client's file.
+    """
     here = grid_path.parent.resolve()
     out = dict(task)
     if out.get("app"):

@@ -175,8 +175,11 @@ def _short_keys(records: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _noise_line(records: Sequence[Mapping[str, Any]]) -> str:
-    """How the points drew their DP noise: secure (a CSPRNG), reproducible from the seed, or
-    seeded by an earlier fedps (records without a ``noise`` field predate the CSPRNG)."""
+    """How the points drew their DP noise: secure, reproducible, or seeded by an earlier fedps.
+
+    Secure is a CSPRNG, reproducible is from the seed; records without a ``noise`` field predate the
+    CSPRNG.
+    """
     modes = [str(r.get("noise", "seeded")) for r in records]
     if all(m == "secure" for m in modes):
         return "DP noise, Poisson and cohort sampling: secure (a CSPRNG) at every point."
@@ -262,8 +265,10 @@ def _sd(values: Sequence[float]) -> float:
 
 
 def _over_seeds(records: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Accuracy over seeds (mean, standard deviation, range) of points that differ only in
-    their seed; nothing when no point ran with more than one seed."""
+    """Accuracy over seeds (mean, standard deviation, range) of points that differ only in seed.
+
+    Nothing when no point ran with more than one seed.
+    """
     by_rest: dict[str, list[float]] = defaultdict(list)
     for r in records:
         if _succeeded(r):

@@ -289,15 +289,19 @@ class ClientLevelNoise:
 
 
 def client_cohort(training: TrainingConfig) -> tuple[int, float]:
-    """Client level: the cohort size n the noise is split into (``training.cohort_size``, or
-    every client when 0) and the Poisson rate q = n / ``training.clients``."""
+    """Client level: the cohort size n the noise is split into, and the Poisson rate q.
+
+    n is ``training.cohort_size``, or every client when 0; q = n / ``training.clients``.
+    """
     cohort = min(training.cohort_size or training.clients, training.clients)
     return cohort, cohort / training.clients
 
 
 def client_level_noise(training: TrainingConfig, privacy: PrivacyConfig) -> ClientLevelNoise:
-    """The run's client-level noise: sigma calibrated for ``training.rounds`` global rounds
-    at q = n / ``training.clients``, n the cohort size (``training.clients`` when 0)."""
+    """The run's client-level noise sigma, calibrated for ``training.rounds`` global rounds.
+
+    At q = n / ``training.clients``, n the cohort size (``training.clients`` when 0).
+    """
     cohort, rate = client_cohort(training)
     if privacy.target_epsilon is not None:
         sigma = calibrate_noise(

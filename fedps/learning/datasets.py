@@ -303,8 +303,9 @@ def register_dataset(
     *,
     image_shape: tuple[int, int, int] | None = None,
 ) -> None:
-    """Make ``loader(data_dir)``, returning ``(train, test)``, available to
-    :func:`load_dataset` as ``name``.
+    """Make ``loader(data_dir)`` available to :func:`load_dataset` as ``name``.
+
+    The loader returns ``(train, test)``.
 
     Parameters
     ----------

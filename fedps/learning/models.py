@@ -78,8 +78,9 @@ _MODELS: dict[str, Callable[[int, int], nn.Module]] = {
 
 
 def register_model(name: str, factory: Callable[[int, int], nn.Module]) -> None:
-    """Make ``factory(num_features, num_classes)`` available to :func:`create_model` (and
-    ``training.model``) as ``name``.
+    """Make ``factory(num_features, num_classes)`` available to :func:`create_model` as ``name``.
+
+    And to ``training.model``.
 
     Raises
     ------

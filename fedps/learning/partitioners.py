@@ -296,8 +296,9 @@ _PARTITIONERS: dict[str, type[Partitioner]] = {
 
 
 def register_partitioner(name: str, partitioner: type[Partitioner]) -> None:
-    """Make the class ``partitioner`` available to :func:`create_partitioner` as ``name``
-    (its constructor's arguments are the partitioner's keyword arguments).
+    """Make the class ``partitioner`` available to :func:`create_partitioner` as ``name``.
+
+    Its constructor's arguments are the partitioner's keyword arguments.
 
     Raises
     ------

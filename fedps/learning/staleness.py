@@ -40,8 +40,9 @@ _REGISTRY: dict[str, Callable[[float, float], StalenessFn]] = {
 
 
 def register_staleness(name: str, factory: Callable[[float, float], StalenessFn]) -> None:
-    """Make ``factory(a, b)``, returning a weight function of the staleness, available to
-    :func:`create_staleness` (and ``training.staleness``) as ``name``.
+    """Make ``factory(a, b)`` available to :func:`create_staleness` as ``name``.
+
+    The factory returns a weight function of the staleness; ``training.staleness`` names it.
 
     Raises
     ------
@@ -68,6 +69,8 @@ def create_staleness(name: str, *, a: float = 0.5, b: float = 4.0) -> StalenessF
 
 
 def multiplier(fn: StalenessFn, staleness: int) -> int:
-    """The integer a ciphertext of this staleness is multiplied by:
-    ``round(2**ASYNC_WEIGHT_BITS * w(s))``, at least 1."""
+    """The integer a ciphertext of this staleness is multiplied by.
+
+    That is ``round(2**ASYNC_WEIGHT_BITS * w(s))``, at least 1.
+    """
     return max(1, math.floor(fn(staleness) * (1 << ASYNC_WEIGHT_BITS) + 0.5))

@@ -105,8 +105,10 @@ class Task:
     ) = None
 
     def create_model(self, seed: int = 0) -> torch.nn.Module:
-        """The task's model with deterministic initial weights (``torch.manual_seed(seed)``
-        first, so every party builds the same one)."""
+        """The task's model with deterministic initial weights.
+
+        ``torch.manual_seed(seed)`` first, so every party builds the same one.
+        """
         torch.manual_seed(seed)
         model = _user_call(self.name, "model()", self.model)
         if not isinstance(model, torch.nn.Module):
@@ -133,8 +135,10 @@ class Task:
         return to_dataset(data, f"{self.name}: load_eval_data()")
 
     def check_fit(self, model: torch.nn.Module, data: Dataset) -> None:
-        """Check that ``model``'s outputs fit ``data``'s targets (one forward pass on a few
-        examples): as many values as a regression target has, or a score for every class.
+        """Check that ``model``'s outputs fit ``data``'s targets.
+
+        One forward pass on a few examples: as many values as a regression target has, or a score
+        for every class.
 
         Raises
         ------
@@ -179,8 +183,11 @@ _T = TypeVar("_T")
 
 
 def _user_call(task: str, what: str, function: Callable[..., _T], *args: object) -> _T:
-    """Call the user's ``function``; its failure becomes one ConfigError naming the task and
-    the call (its traceback kept as the cause)."""
+    """Call the user's ``function``.
+
+    Its failure becomes one ConfigError naming the task and the call (its traceback kept as the
+    cause).
+    """
     try:
         return function(*args)
     except FedPSError:
@@ -198,8 +205,9 @@ def _accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
 
 
 def to_dataset(data: DataLike, what: str = "data") -> Dataset:
-    """Check a task's data and hold it as a :class:`~fedps.learning.datasets.Dataset`: features as
-    float32; integer targets are class labels (classes ``0..max``), real ones regression
+    """Check a task's data and hold it as a :class:`~fedps.learning.datasets.Dataset`.
+
+    Features as float32; integer targets are class labels (classes ``0..max``), real ones regression
     targets.
 
     Raises
@@ -268,10 +276,11 @@ _TASKS: dict[str, Task | TaskFactory] = {}
 
 
 def register_task(name: str, task: Task | TaskFactory | ModuleType) -> None:
-    """Make ``task`` available as ``[task] app = NAME`` (a :class:`Task`, a module of task
-    functions, or a factory ``(config) -> Task``) in this process: for clients run from a
-    script and tests. Roles started as processes (``fedps up``) find a name through the
-    ``fedps.learning.tasks`` entry-point group, or a module through ``[task] dir``.
+    """Make ``task`` available as ``[task] app = NAME`` in this process.
+
+    It is a :class:`Task`, a module of task functions, or a factory ``(config) -> Task``; for
+    clients run from a script and tests. Roles started as processes (``fedps up``) find a name
+    through the ``fedps.learning.tasks`` entry-point group, or a module through ``[task] dir``.
 
     Raises
     ------
@@ -367,8 +376,11 @@ def _as_task(obj: object, name: str) -> Task:
 
 
 def _builtin(dataset: str) -> TaskFactory:
-    """The built-in task of a dataset: model ``training.model``, client data = partition
-    ``index`` of the training split (a simulation), evaluation on the test split."""
+    """The built-in task of a dataset.
+
+    Model ``training.model``, client data = partition ``index`` of the training split (a
+    simulation), evaluation on the test split.
+    """
 
     def factory(config: FedPSConfig) -> Task:
         from fedps.learning.models import create_model
@@ -421,9 +433,10 @@ for _dataset in ("digits", "fashion_mnist", "mnist5k"):
 
 
 def check_dp_trainable(model: torch.nn.Module, task: str) -> None:
-    """Refuse a model that Opacus cannot train with per-sample gradients (example-level DP:
-    checked by each client, and by the coordinator when it starts, so that ``fedps up`` stops
-    on it rather than waiting for clients that all refuse).
+    """Refuse a model that Opacus cannot train with per-sample gradients (example-level DP).
+
+    Checked by each client, and by the coordinator when it starts, so that ``fedps up`` stops on it
+    rather than waiting for clients that all refuse.
 
     Raises
     ------

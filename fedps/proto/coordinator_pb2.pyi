@@ -141,6 +141,7 @@ class TaskRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     EPSILON_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
+    WAIT_S_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     epsilon: _builtins.float
     """The privacy spend the client has recorded (epsilon at delta). Before it trains a round,
@@ -149,16 +150,22 @@ class TaskRequest(_message.Message):
     the largest epsilon a client reported (it never goes down).
     """
     delta: _builtins.float
+    wait_s: _builtins.float
+    """How long the coordinator may hold the call while the answer would be WAIT (0: answer at
+    once): it answers as soon as the client's task changes (a long poll), so a waiting client
+    learns of a new round or the push phase without polling. Capped by the coordinator.
+    """
     def __init__(
         self,
         *,
         client_id: _builtins.str = ...,
         epsilon: _builtins.float = ...,
         delta: _builtins.float = ...,
+        wait_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "delta", b"delta", "epsilon", b"epsilon"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "delta", b"delta", "epsilon", b"epsilon", "wait_s", b"wait_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,5 +1,6 @@
-"""The wire: channels and peer identity, typed records of every message, and a typed stub per
-service.
+"""The wire: channels and peer identity, typed records of every message, a stub per service.
+
+Each stub is typed.
 
 - :mod:`~fedps.rpc.transport`: channels, server binding, peer identity, the two-way error
   table, retries; :mod:`~fedps.rpc.service_call`: one call with its deadline and retry.

@@ -57,8 +57,11 @@ _CLIENT_PHASES: Converter = (
 
 @dataclass(frozen=True, slots=True)
 class ClientRegistration(WireRecord[coordinator_pb2.RegisterRequest]):
-    """A client registers: its name, data size, model size, Ed25519 key, enrolment token
-    (without TLS) and the privacy it has spent so far (epsilon at delta)."""
+    """A client's registration.
+
+    Its name, data size, model size, Ed25519 key, enrolment token (without TLS) and the privacy it
+    has spent so far (epsilon at delta).
+    """
 
     wire = coordinator_pb2.RegisterRequest
 
@@ -73,9 +76,11 @@ class ClientRegistration(WireRecord[coordinator_pb2.RegisterRequest]):
 
 @dataclass(frozen=True)
 class RegistrationReply(WireRecord[coordinator_pb2.RegisterReply]):
-    """The coordinator's answer to a registration: the caller's client id, the run, where
-    the key holder and the shards are (``{shard_id: address}``), and the credential to send
-    on every later call."""
+    """The coordinator's answer to a registration.
+
+    The caller's client id, the run, where the key holder and the shards are
+    (``{shard_id: address}``), and the credential to send on every later call.
+    """
 
     wire = coordinator_pb2.RegisterReply
     nested: ClassVar[Mapping[str, Converter]] = {"shards": _SHARDS}
@@ -92,19 +97,27 @@ class RegistrationReply(WireRecord[coordinator_pb2.RegisterReply]):
 
 @dataclass(frozen=True, slots=True)
 class AssignmentQuery(WireRecord[coordinator_pb2.TaskRequest]):
-    """A client asks for its next task, carrying the privacy spend it recorded."""
+    """A client asks for its next task, carrying the privacy spend it recorded.
+
+    A waiting client lets the coordinator hold the call up to ``wait_s`` until its task changes.
+    """
 
     wire = coordinator_pb2.TaskRequest
 
     client_id: str
     epsilon: float = 0.0
     delta: float = 0.0
+    #: how long the coordinator may hold the call while the answer would be WAIT (a long
+    #: poll; 0: answer at once)
+    wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
 class Assignment(WireRecord[coordinator_pb2.Task]):
-    """What a client should do next: ``kind`` is ``"wait"``, ``"train"``, ``"push"`` or
-    ``"done"``."""
+    """What a client should do next.
+
+    ``kind`` is ``"wait"``, ``"train"``, ``"push"`` or ``"done"``.
+    """
 
     wire = coordinator_pb2.Task
     nested: ClassVar[Mapping[str, Converter]] = {"kind": _KIND}
@@ -120,10 +133,13 @@ class Assignment(WireRecord[coordinator_pb2.Task]):
 
 @dataclass(frozen=True, slots=True)
 class UpdateReport(WireRecord[coordinator_pb2.UpdateReport]):
-    """A client reports a round: its weight, privacy spend, bytes pushed, whether its budget
-    is spent, the noise multiplier of its DP training (0: no noise), with
-    ``task.client_eval`` the task's metrics of the model it trained from on its own data, and
-    the seconds it spent in each phase of the round (:data:`fedps.round_timer.CLIENT_PHASES`)."""
+    """A client's report of a round.
+
+    Its weight, privacy spend, bytes pushed, whether its budget is spent, the noise multiplier of
+    its DP training (0: no noise), with ``task.client_eval`` the task's metrics of the model it
+    trained from on its own data, and the seconds it spent in each phase of the round
+    (:data:`fedps.round_timer.CLIENT_PHASES`).
+    """
 
     wire = coordinator_pb2.UpdateReport
 
@@ -179,10 +195,12 @@ class RoundSummary(WireRecord[coordinator_pb2.RoundSummary]):
         return cls(**{f.name: getattr(record, f.name) for f in fields(cls)})
 
     def line(self, rounds: int) -> str:
-        """One readable line for the round, of ``rounds``, such as ``round 3/10: 5 clients,
-        accuracy 0.912, epsilon 1.84 (max), 4.2 s``: the accuracy, if the task reports one,
-        then the task's other metrics (its loss only when there is no accuracy), such as
-        ``loss 0.27, mae 0.41``. Every role and the CLI say a round this way."""
+        """One readable line for the round, of ``rounds``.
+
+        Such as ``round 3/10: 5 clients, accuracy 0.912, epsilon 1.84 (max), 4.2 s``: the accuracy,
+        if the task reports one, then the task's other metrics (its loss only when there is no
+        accuracy), such as ``loss 0.27, mae 0.41``. Every role and the CLI say a round this way.
+        """
         head = f"round {self.round}/{rounds}: "
         if self.abandoned:
             return f"{head}abandoned (no quorum, {self.contributors} pushed), {self.seconds:.1f} s"

@@ -100,8 +100,10 @@ class CoordinatorStub:
         timeout_s: float,
         retry_s: float | None,
     ) -> _T:
-        """Call ``rpc`` with the credential (none before a registration issued one), read
-        at every attempt."""
+        """Call ``rpc`` with the credential, read at every attempt.
+
+        None before a registration issued one.
+        """
         return invoke(
             lambda: rpc(request, metadata=self._metadata(), timeout=timeout_s), what, retry_s
         )

@@ -115,9 +115,11 @@ def stage_of(values: _Values) -> str:
 
 @dataclass(frozen=True)
 class Registration:
-    """A node introduces itself: the key that signs its updates, its data and model size, and
-    its enrolment token (its identity ``client-N``, issued by ``fedps certs``; kept out of
-    ``repr``)."""
+    """A node introduces itself.
+
+    It sends the key that signs its updates, its data and model size, and its enrolment token (its
+    identity ``client-N``, issued by ``fedps certs``; kept out of ``repr``).
+    """
 
     signing_key: bytes
     name: str

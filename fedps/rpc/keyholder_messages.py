@@ -51,8 +51,10 @@ class CommitOpening(WireRecord[keyholder_pb2.OpenCommitsRequest]):
 
 @dataclass(frozen=True)
 class UpdateCommitment(WireRecord[keyholder_pb2.CommitRequest]):
-    """A client's commitment to a round: its signed update and its ciphertexts' sketches
-    (little-endian uint64, sketch count x blocks)."""
+    """A client's commitment to a round.
+
+    Its signed update and its ciphertexts' sketches (little-endian uint64, sketch count x blocks).
+    """
 
     wire = keyholder_pb2.CommitRequest
     nested: ClassVar[Mapping[str, Converter]] = {"update": SIGNED_UPDATE}
@@ -74,8 +76,11 @@ class CommitClosing(WireRecord[keyholder_pb2.CloseCommitsRequest]):
 
 @dataclass(frozen=True)
 class CommitSet(WireRecord[keyholder_pb2.CommitSet]):
-    """The clients committed so far, whether the phase is frozen, (frozen) each committed
-    signed update by client id, and the clients excluded for good (blamed on evidence)."""
+    """The clients committed so far, and whether the phase is frozen.
+
+    Once frozen, each committed signed update by client id; and the clients excluded for good
+    (blamed on evidence).
+    """
 
     wire = keyholder_pb2.CommitSet
     nested: ClassVar[Mapping[str, Converter]] = {"updates": SIGNED_UPDATES}
@@ -89,8 +94,10 @@ class CommitSet(WireRecord[keyholder_pb2.CommitSet]):
 
 @dataclass(frozen=True, slots=True)
 class PublicContextInfo(WireRecord[keyholder_pb2.PublicContextReply]):
-    """The key holder's public context, its id, its Ed25519 key and its signature
-    (:func:`crypto.signing.context_digest`)."""
+    """The key holder's public context, its id, its Ed25519 key and its signature.
+
+    See :func:`crypto.signing.context_digest`.
+    """
 
     wire = keyholder_pb2.PublicContextReply
 
@@ -115,9 +122,12 @@ class ModelUpload(WireRecord[keyholder_pb2.InitializeRequest]):
 
 @dataclass(frozen=True)
 class ModelState(WireRecord[keyholder_pb2.ModelState]):
-    """The key holder's model: version, size, last applied round, the tampering it
-    detected by shard (with the shards it no longer decrypts for), and the fetches of each
-    shard that missed their deadline (with the shards that missed too many in a row)."""
+    """The key holder's model.
+
+    Version, size, last applied round, the tampering it detected by shard (with the shards it no
+    longer decrypts for), and the fetches of each shard that missed their deadline (with the shards
+    that missed too many in a row).
+    """
 
     wire = keyholder_pb2.ModelState
 
@@ -139,8 +149,10 @@ class ModelState(WireRecord[keyholder_pb2.ModelState]):
 
 @dataclass(frozen=True)
 class RoundApplication(WireRecord[keyholder_pb2.ApplyRoundRequest]):
-    """The coordinator asks to apply ``round`` (trained on ``version``) with exactly the
-    clients it closed with."""
+    """The coordinator asks to apply ``round`` (trained on ``version``).
+
+    With exactly the clients it closed with.
+    """
 
     wire = keyholder_pb2.ApplyRoundRequest
     nested: ClassVar[Mapping[str, Converter]] = {"members": MEMBERS}
@@ -153,9 +165,12 @@ class RoundApplication(WireRecord[keyholder_pb2.ApplyRoundRequest]):
 
 @dataclass(frozen=True, slots=True)
 class AppliedRound(WireRecord[keyholder_pb2.ApplyRoundReply]):
-    """What applying a round released: the new version, the fewest contributors of any
-    block, block 0's total weight, the update's norm and (client-level DP) the noise; and
-    the seconds the call spent in each phase (:data:`fedps.round_timer.KEYHOLDER_PHASES`)."""
+    """What applying a round released.
+
+    The new version, the fewest contributors of any block, block 0's total weight, the update's norm
+    and (client-level DP) the noise; and the seconds the call spent in each phase
+    (:data:`fedps.round_timer.KEYHOLDER_PHASES`).
+    """
 
     wire = keyholder_pb2.ApplyRoundReply
 

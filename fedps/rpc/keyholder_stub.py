@@ -157,9 +157,10 @@ class KeyHolderStub:
 def verified_signing_key(
     ctx: PublicContextInfo, *, pinned: str, refusing: str, who: str = "key holder key"
 ) -> bytes:
-    """The key holder's signing key, from its public context ``ctx``: the one ``pinned``
-    (hex, ``security.keyholder_key``) when set, else trusted on first use with a warning
-    naming ``who`` asks; the context's signature verified with it.
+    """The key holder's signing key, from its public context ``ctx``.
+
+    The one ``pinned`` (hex, ``security.keyholder_key``) when set, else trusted on first use with a
+    warning naming ``who`` asks; the context's signature is verified with it.
 
     Raises
     ------

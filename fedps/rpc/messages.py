@@ -49,17 +49,22 @@ class MalformedReplyError(InvalidArgumentError):
 
 
 def to_message(message_type: type[_M], record: Any, **converted: Any) -> _M:
-    """The wire form of ``record``: each of its fields that ``message_type`` has, by name;
-    ``converted`` gives the fields that need converting first (nested messages)."""
+    """The wire form of ``record``.
+
+    Each of its fields that ``message_type`` has, by name; ``converted`` gives the fields that need
+    converting first (nested messages).
+    """
     names = message_type.DESCRIPTOR.fields_by_name
     values = {f.name: getattr(record, f.name) for f in fields(record) if f.name in names}
     return message_type(**(values | converted))
 
 
 def from_message(cls: type[_R], message: Message, **converted: Any) -> _R:
-    """A record of type ``cls`` from its wire form: each of its fields that ``message`` has,
-    by name (repeated fields as tuples, maps as dicts); ``converted`` gives the fields that
-    need converting first (nested messages)."""
+    """A record of type ``cls`` from its wire form.
+
+    Each of its fields that ``message`` has, by name (repeated fields as tuples, maps as dicts);
+    ``converted`` gives the fields that need converting first (nested messages).
+    """
     names = message.DESCRIPTOR.fields_by_name
     values = {
         f.name: _plain(getattr(message, f.name))
@@ -74,8 +79,10 @@ Converter = tuple[Callable[[Any], Any], Callable[[Any], Any]]
 
 
 class WireRecord(Generic[_M]):
-    """A frozen dataclass whose wire form is the message type :attr:`wire`, field for field
-    by name; the fields in :attr:`nested` are converted with their pair of functions."""
+    """A frozen dataclass whose wire form is the message type :attr:`wire`, field for field by name.
+
+    The fields in :attr:`nested` are converted with their pair of functions.
+    """
 
     __slots__ = ()
     #: the protobuf message type of the record's wire form
@@ -90,8 +97,11 @@ class WireRecord(Generic[_M]):
 
     @classmethod
     def taken_from(cls, source: Any, **given: Any) -> Self:
-        """The record of the fields of the same names in ``source`` (a richer record of the
-        role that produced it); ``given`` supplies fields ``source`` does not have."""
+        """The record of the fields of the same names in ``source``.
+
+        ``source`` is a richer record of the role that produced it; ``given`` supplies fields
+        ``source`` does not have.
+        """
         taken = {
             f.name: getattr(source, f.name) for f in fields(cast(Any, cls)) if f.name not in given
         }
@@ -105,8 +115,10 @@ class WireRecord(Generic[_M]):
 
 
 def _plain(value: Any) -> Any:
-    """A protobuf field's value as plain Python: scalars as they are, a map as a dict, a
-    repeated field as a tuple."""
+    """A protobuf field's value as plain Python.
+
+    Scalars as they are, a map as a dict, a repeated field as a tuple.
+    """
     if isinstance(value, str | bytes | int | float):
         return value
     return dict(value) if hasattr(value, "keys") else tuple(value)
@@ -158,8 +170,10 @@ def records_of(record_type: type[WireRecord[Any]] | type[Aggregate]) -> Converte
 
 @dataclass(frozen=True, slots=True)
 class ParameterBlock(WireRecord[common_pb2.ParameterBlock]):
-    """One published block of the global model: float32 values and the key holder's
-    signature (:func:`crypto.signing.model_block_digest`)."""
+    """One published block of the global model.
+
+    Float32 values and the key holder's signature (:func:`crypto.signing.model_block_digest`).
+    """
 
     wire = common_pb2.ParameterBlock
 
@@ -171,8 +185,11 @@ class ParameterBlock(WireRecord[common_pb2.ParameterBlock]):
 
 @dataclass(frozen=True, slots=True)
 class Contribution:
-    """One manifest entry: who, with what weight, committed root, trained version and the
-    staleness multiplier the shard applied (1 in sync mode)."""
+    """One manifest entry.
+
+    Who, with what weight, committed root, trained version and the staleness multiplier the shard
+    applied (1 in sync mode).
+    """
 
     weight: float
     root: bytes

@@ -1,5 +1,8 @@
-"""What every typed service client shares: one call with the status -> exception mapping
-and optional retries, and a streamed reply read under the same mapping."""
+"""What every typed service client shares.
+
+One call with the status -> exception mapping and optional retries, and a streamed reply read under
+the same mapping.
+"""
 
 from __future__ import annotations
 
@@ -22,12 +25,14 @@ _WATCHDOG_GRACE_S = 5.0
 
 
 def invoke(fn: Callable[[], _T], what: str, retry_s: float | None = None) -> _T:
-    """Run ``fn`` (a stub call with its deadline); a gRPC status becomes our exception
-    (:func:`fedps.rpc.transport.call`). With ``retry_s``, a peer's transient failure
-    (:func:`fedps.rpc.transport.is_transient`: unreachable, restarting, stopping, overloaded or
-    failed inside) is retried with backoff for up to that long
-    (:func:`fedps.rpc.transport.call_until`); the caller's own faults and answers (a closed
-    round, an unknown client) are raised at once."""
+    """Run ``fn`` (a stub call with its deadline).
+
+    A gRPC status becomes our exception (:func:`fedps.rpc.transport.call`). With ``retry_s``, a
+    peer's transient failure (:func:`fedps.rpc.transport.is_transient`: unreachable, restarting,
+    stopping, overloaded or failed inside) is retried with backoff for up to that long
+    (:func:`fedps.rpc.transport.call_until`); the caller's own faults and answers (a closed round,
+    an unknown client) are raised at once.
+    """
     if retry_s is None:
         return call(fn, what)
     return call_until(fn, what, timeout_s=retry_s)
@@ -36,8 +41,9 @@ def invoke(fn: Callable[[], _T], what: str, retry_s: float | None = None) -> _T:
 def stream_replies(
     replies: Iterable[_T], what: str, *, timeout_s: float | None = None
 ) -> Iterator[_T]:
-    """The messages of a streamed reply, as they arrive, a gRPC error mid-stream mapped as
-    by :func:`invoke`.
+    """The messages of a streamed reply, as they arrive.
+
+    A gRPC error mid-stream is mapped as by :func:`invoke`.
 
     With ``timeout_s`` (the call's own deadline) the caller never waits longer than that
     (plus a grace): a streamed reply whose peer died mid-stream has been seen to outlive its
@@ -45,7 +51,8 @@ def stream_replies(
     messages are then read by a helper thread one at a time (the caller still checks each
     before the next is read); past the deadline the call is cancelled and
     :class:`~fedps.errors.PeerUnavailableError` raised, and a reader stuck in gRPC is left
-    behind (a daemon thread)."""
+    behind (a daemon thread).
+    """
     iterator = iter(replies)
 
     def next_message() -> list[_T]:

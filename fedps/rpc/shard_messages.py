@@ -46,8 +46,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RoundOpening(WireRecord[shard_pb2.OpenRoundRequest]):
-    """The coordinator opens ``round`` on model ``version`` for a cohort (client id ->
-    Ed25519 key), with each member's commitment fixed at the key holder."""
+    """The coordinator opens ``round`` on model ``version`` for a cohort.
+
+    The cohort maps client id -> Ed25519 key, with each member's commitment fixed at the key holder.
+    """
 
     wire = shard_pb2.OpenRoundRequest
     nested: ClassVar[Mapping[str, Converter]] = {"members": MEMBERS, "commitments": COMMITMENTS}
@@ -121,8 +123,10 @@ class PushBatch:
 
 @dataclass(frozen=True, slots=True)
 class PushReceipt:
-    """A shard's acknowledgement of a push; ``sent_bytes``: what the caller sent (not on
-    the wire)."""
+    """A shard's acknowledgement of a push.
+
+    ``sent_bytes``: what the caller sent (not on the wire).
+    """
 
     accepted: int
     duplicates: int
@@ -150,8 +154,11 @@ class ClosedRound(WireRecord[shard_pb2.CloseRoundReply]):
 
 @dataclass(frozen=True)
 class AggregatePart(WireRecord[shard_pb2.FetchAggregateReply]):
-    """One message of a closed round's aggregates: encrypted sums with their manifests, and
-    the contributors' signed updates (each once over the stream)."""
+    """One message of a closed round's aggregates.
+
+    Encrypted sums with their manifests, and the contributors' signed updates (each once over the
+    stream).
+    """
 
     wire = shard_pb2.FetchAggregateReply
     nested: ClassVar[Mapping[str, Converter]] = {
@@ -165,11 +172,13 @@ class AggregatePart(WireRecord[shard_pb2.FetchAggregateReply]):
 
 @dataclass(frozen=True)
 class TraceQuery(WireRecord[shard_pb2.TraceRequest]):
-    """The key holder asks for evidence on ``blocks`` of a closed round, after a failed
-    check: each contributor's canary openings (no ``challenge_seed``), or, with the round's
-    challenge seed and each contributor's committed ``sketches`` of those blocks (in the
-    order of ``contributors``; (count x blocks) little-endian uint64), the ciphertexts whose
-    sketch is not the committed one."""
+    """The key holder asks for evidence on ``blocks`` of a closed round, after a failed check.
+
+    The evidence is each contributor's canary openings (no ``challenge_seed``), or, with the round's
+    challenge seed and each contributor's committed ``sketches`` of those blocks (in the order of
+    ``contributors``; (count x blocks) little-endian uint64), the ciphertexts whose sketch is not
+    the committed one.
+    """
 
     wire = shard_pb2.TraceRequest
 
@@ -182,8 +191,10 @@ class TraceQuery(WireRecord[shard_pb2.TraceRequest]):
 
 @dataclass(frozen=True)
 class OpenedBlock(WireRecord[shard_pb2.CanaryOpening]):
-    """One contributor's canary opening of one block, as bytes
-    (:class:`crypto.canary.CanaryOpening`)."""
+    """One contributor's canary opening of one block, as bytes.
+
+    See :class:`crypto.canary.CanaryOpening`.
+    """
 
     wire = shard_pb2.CanaryOpening
 
@@ -195,6 +206,7 @@ class OpenedBlock(WireRecord[shard_pb2.CanaryOpening]):
 
     @classmethod
     def of(cls, client_id: str, block: int, opening: CanaryOpening) -> OpenedBlock:
+        """``client_id``'s ``opening`` of ``block``, its arrays as little-endian bytes."""
         return cls(
             client_id,
             block,
@@ -247,8 +259,10 @@ class TraceEvidence(WireRecord[shard_pb2.TraceReply]):
 
 @dataclass(frozen=True)
 class Publication(WireRecord[shard_pb2.PublishRequest]):
-    """A published version of some blocks of the model (one publish message, or a shard's
-    saved model)."""
+    """A published version of some blocks of the model.
+
+    One publish message, or a shard's saved model.
+    """
 
     wire = shard_pb2.PublishRequest
     nested: ClassVar[Mapping[str, Converter]] = {"blocks": records_of(ParameterBlock)}

@@ -40,17 +40,17 @@ PULL_S = 120.0
 class ShardStub:
     """Calls one shard.
 
+    Every method takes ``timeout_s``, the call's deadline; those that may wait out a
+    restarting shard take ``retry_s``, how long a transient failure of the shard
+    (unreachable, restarting, failed inside: :func:`fedps.rpc.transport.is_transient`) is retried
+    (``None``: fail at once).
+
     Parameters
     ----------
     shard_id
         The shard's name (in error messages).
     address
         ``host:port``.
-
-    Every method takes ``timeout_s``, the call's deadline; those that may wait out a
-    restarting shard take ``retry_s``, how long a transient failure of the shard
-    (unreachable, restarting, failed inside: :func:`fedps.rpc.transport.is_transient`) is retried
-    (``None``: fail at once).
     """
 
     def __init__(self, shard_id: str, address: str) -> None:
@@ -125,9 +125,11 @@ class ShardStub:
     def fetch_aggregate(
         self, round_: int, contributors: Collection[str], *, timeout_s: float = PUSH_S
     ) -> Iterator[AggregatePart]:
-        """The closed round's encrypted sums of exactly ``contributors``, with manifests and
-        signed updates, message by message as they stream in (the key holder checks each
-        before it reads the next)."""
+        """The closed round's encrypted sums of exactly ``contributors``, as they stream in.
+
+        With manifests and signed updates, message by message (the key holder checks each before it
+        reads the next).
+        """
         request = shard_pb2.FetchAggregateRequest(round=round_, contributors=sorted(contributors))
         what = f"fetch from {self.shard_id}"
         replies = invoke(lambda: self._stub.FetchAggregate(request, timeout=timeout_s), what)
@@ -137,8 +139,9 @@ class ShardStub:
     def trace_blocks(
         self, query: TraceQuery, *, max_items: int, timeout_s: float = PUSH_S
     ) -> TraceEvidence:
-        """The shard's evidence on some blocks of a closed round (after a failed check), all
-        of it: every message of the stream joined.
+        """The shard's evidence on some blocks of a closed round (after a failed check), all of it.
+
+        Every message of the stream, joined.
 
         Raises
         ------
@@ -160,8 +163,10 @@ class ShardStub:
         return TraceEvidence(tuple(openings), tuple(mismatches))
 
     def publish(self, messages: Sequence[Publication], *, timeout_s: float = PUSH_S) -> int:
-        """Publish a new version of the shard's blocks (one or more messages, one header);
-        returns the number of blocks the shard installed."""
+        """Publish a new version of the shard's blocks (one or more messages, one header).
+
+        Returns the number of blocks the shard installed.
+        """
         requests = [m.to_proto() for m in messages]
         reply = invoke(
             lambda: self._stub.Publish(iter(requests), timeout=timeout_s),

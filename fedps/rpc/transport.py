@@ -193,8 +193,10 @@ def create_channel(address: str) -> grpc.Channel:
 
 
 def channel_credentials(identity: TlsMaterial) -> grpc.ChannelCredentials:
-    """Credentials that trust ``identity``'s CA and present its certificate (none if its
-    certificate is empty), for one channel whatever this process's TLS."""
+    """Credentials that trust ``identity``'s CA and present its certificate (none if it is empty).
+
+    For one channel, whatever this process's TLS.
+    """
     if not identity.cert:
         return grpc.ssl_channel_credentials(root_certificates=identity.ca_cert)
     return grpc.ssl_channel_credentials(
@@ -265,8 +267,10 @@ def bind(server: grpc.Server, address: str, *, role: str = "process") -> int:
 
 
 def _in_use(address: str) -> bool:
-    """Whether another socket listens on ``address``'s port (False for port 0, and for an
-    address this machine cannot bind at all)."""
+    """Whether another socket listens on ``address``'s port.
+
+    False for port 0, and for an address this machine cannot bind at all.
+    """
     host, _, port = address.rpartition(":")
     try:
         number = int(port)
@@ -349,9 +353,11 @@ def peer_common_name(context: grpc.ServicerContext) -> str | None:
 
 
 def require_peer(context: grpc.ServicerContext, client_id: str) -> None:
-    """Under mutual TLS, refuse (:class:`PolicyError`, ``PERMISSION_DENIED``) a call that acts
-    for ``client_id`` from a certificate of another name; without TLS, do nothing (the
-    client's credential or signature is then the only check)."""
+    """Under mutual TLS, refuse a call for ``client_id`` from a certificate of another name.
+
+    The refusal is a :class:`PolicyError` (``PERMISSION_DENIED``). Without TLS, do nothing (the
+    client's credential or signature is then the only check).
+    """
     name = peer_common_name(context)
     if name is not None and name != client_id:
         raise PolicyError(f"certificate {name!r} may not act for client {client_id!r}")
@@ -367,8 +373,10 @@ _HANDLER_KINDS: tuple[tuple[str, Callable[..., grpc.RpcMethodHandler[Any, Any]]]
 
 
 class _RequireClientCertificate(_Interceptor):
-    """Abort calls whose peer has no verified certificate with ``UNAUTHENTICATED``, and calls
-    from a role :data:`CALLER_ROLES` does not allow with ``PERMISSION_DENIED``.
+    """Abort calls whose peer has no verified certificate, or whose role may not make them.
+
+    The first are aborted with ``UNAUTHENTICATED``; calls from a role :data:`CALLER_ROLES` does not
+    allow, with ``PERMISSION_DENIED``.
 
     TLS ports from :func:`bind` already refuse such peers during the handshake (the caller
     sees ``UNAVAILABLE``: gRPC's Python API cannot request a client certificate without
@@ -474,8 +482,9 @@ _FINAL_ANSWERS = frozenset(cls.__name__ for cls in (RateLimitedError, Quarantine
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether ``exc``, raised by :func:`call`, is a peer's transient failure: worth the same
-    call again later.
+    """Whether ``exc``, raised by :func:`call`, is a peer's transient failure.
+
+    One worth the same call again later.
 
     True for a status in :data:`TRANSIENT_STATUS` unless the peer named a final answer with
     it (:class:`~fedps.errors.RateLimitedError`, :class:`~fedps.errors.QuarantinedError`),
@@ -562,16 +571,20 @@ def call_until(
 
 
 def wire_class(cls: type[FedPSError]) -> type[FedPSError]:
-    """The class an error of class ``cls`` crosses the wire as: ``cls`` itself when it is in
-    :data:`ERROR_STATUS`, else its nearest ancestor that is."""
+    """The class an error of class ``cls`` crosses the wire as.
+
+    ``cls`` itself when it is in :data:`ERROR_STATUS`, else its nearest ancestor that is.
+    """
     return next(c for c in cls.__mro__ if c in ERROR_STATUS)
 
 
 def _from_rpc_error(exc: grpc.RpcError, what: str) -> FedPSError:
-    """The error of ours that ``exc`` stands for: the class its trailing metadata names when
-    that class is in :data:`ERROR_STATUS` with the status received and is the status's usual
-    class or a subclass of it (a peer cannot make a status mean another one), otherwise the
-    status's usual class."""
+    """The error of ours that ``exc`` stands for.
+
+    The class its trailing metadata names when that class is in :data:`ERROR_STATUS` with the status
+    received and is the status's usual class or a subclass of it (a peer cannot make a status mean
+    another one), otherwise the status's usual class.
+    """
     if not isinstance(exc, grpc.Call):
         return FedPSError(f"{what}: {exc}")
     code = exc.code()

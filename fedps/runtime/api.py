@@ -71,8 +71,11 @@ def as_config(config: ConfigLike) -> FedPSConfig:
 
 
 class _UntilConfigured(logging.StreamHandler):  # type: ignore[type-arg]
-    """Prints to stderr while the root logger has no handler (the application configured no
-    logging); afterwards the record reaches the application's handlers by propagation."""
+    """Prints to stderr while the root logger has no handler.
+
+    That is, while the application configured no logging; afterwards the record reaches the
+    application's handlers by propagation.
+    """
 
     def emit(self, record: logging.LogRecord) -> None:
         if not logging.getLogger().handlers:
@@ -80,8 +83,10 @@ class _UntilConfigured(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 def enable_default_logging() -> None:
-    """Make fedps's INFO lines visible in a script without logging set up (see the module's
-    docstring); calling it again changes nothing."""
+    """Make fedps's INFO lines visible in a script without logging set up.
+
+    See the module's docstring; calling it again changes nothing.
+    """
     logger = logging.getLogger(_LOGGER)
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)
@@ -92,8 +97,9 @@ def enable_default_logging() -> None:
 
 
 def use_identity(config: FedPSConfig, name: str) -> None:
-    """Speak as TLS identity ``name`` (``tls.name`` if set) from now on, or plaintext when
-    ``config`` turns TLS off.
+    """Speak as TLS identity ``name`` from now on, or plaintext when ``config`` turns TLS off.
+
+    The identity is ``tls.name`` if set.
 
     Raises
     ------
@@ -178,8 +184,10 @@ def run_client(
 
 
 def load_model(config: ConfigLike, *, task: Task | None = None) -> torch.nn.Module:
-    """The trained global model: the task's model with the published weights, pulled from the
-    running cluster's shards with the key holder's signature checked (as ``fedps export``).
+    """The trained global model: the task's model with the published weights.
+
+    Pulled from the running cluster's shards with the key holder's signature checked (as
+    ``fedps export``).
 
     Parameters
     ----------
@@ -205,9 +213,10 @@ def load_model(config: ConfigLike, *, task: Task | None = None) -> torch.nn.Modu
 def export_model(
     config: ConfigLike, path: str | os.PathLike[str], *, task: Task | None = None
 ) -> Path:
-    """Write the trained global model's ``state_dict`` to ``path`` (``torch.save``), checked
-    as :func:`load_model` checks it; ``model.load_state_dict(torch.load(path))`` loads it into
-    the task's model. Returns the path.
+    """Write the trained global model's ``state_dict`` to ``path`` (``torch.save``).
+
+    Checked as :func:`load_model` checks it; ``model.load_state_dict(torch.load(path))`` loads it
+    into the task's model. Returns the path.
 
     Raises
     ------

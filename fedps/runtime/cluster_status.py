@@ -1,8 +1,11 @@
-"""``fedps status``: which roles are up, the current round and version, the last checkpoint,
-where the last round's time went (its critical path), and each shard's standing: tampering
-the key holder detected in what it sent, and the calls to it that missed their deadline (the
-key holder's fetches, the coordinator's openings and closings of rounds). ``--json`` writes
-the coordinator's whole status (:func:`status_json`), every round with its phases."""
+"""``fedps status``: which roles are up, the current round and version, each shard's standing.
+
+Also the last checkpoint and where the last round's time went (its critical path). A shard's
+standing is the tampering the key holder detected in what it sent, and the calls to it that
+missed their deadline (the key holder's fetches, the coordinator's openings and closings of
+rounds). ``--json`` writes the coordinator's whole status (:func:`status_json`), every round
+with its phases.
+"""
 
 from __future__ import annotations
 
@@ -24,14 +27,19 @@ __all__ = ["phase_line", "print_status", "status_json"]
 
 
 def status_json(status: ClusterStatus) -> str:
-    """The coordinator's status as a JSON object (every field under its name, each round of
-    the history with its phases), indented, with a final newline."""
+    """The coordinator's status as a JSON object, indented, with a final newline.
+
+    Every field under its name, each round of the history with its phases.
+    """
     return json.dumps(dataclasses.asdict(status), indent=2) + "\n"
 
 
 def phase_line(record: RoundSummary) -> str:
-    """A round's critical path in one line, its largest phases first, such as ``round 3, 0.74 s:
-    train 0.31, noise 0.12, barrier 0.09, ...`` (empty: the round has no phases)."""
+    """A round's critical path in one line, its largest phases first.
+
+    Such as ``round 3, 0.74 s: train 0.31, noise 0.12, barrier 0.09, ...`` (empty: the round
+    has no phases).
+    """
     if not record.phases:
         return ""
     ranked = sorted(record.phases.items(), key=lambda item: -item[1])
@@ -40,8 +48,10 @@ def phase_line(record: RoundSummary) -> str:
 
 
 def print_status(config: FedPSConfig) -> ClusterStatus:
-    """Print the cluster's health; returns the coordinator's status. Raises
-    :class:`FedPSError` if the coordinator is down."""
+    """Print the cluster's health; returns the coordinator's status.
+
+    Raises :class:`FedPSError` if the coordinator is down.
+    """
     cluster = config.cluster
     coordinator = CoordinatorStub(cluster.coordinator)
     try:

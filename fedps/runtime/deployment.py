@@ -116,8 +116,10 @@ class RestartPolicy:
     max_delay_s: float = 30.0
 
     def delay(self, restarts: Sequence[float], now: float) -> float | None:
-        """Seconds to wait before the next restart, given the (monotonic) times of the
-        earlier ones; ``None`` when the limit is reached."""
+        """Seconds to wait before the next restart, given the (monotonic) times of the earlier ones.
+
+        ``None`` when the limit is reached.
+        """
         recent = sum(1 for t in restarts if now - t < self.window_s)
         if recent >= self.max_restarts:
             return None
@@ -125,8 +127,10 @@ class RestartPolicy:
 
 
 def round_line(record: RoundSummary, rounds: int) -> str:
-    """One progress line for a finished round (:meth:`RoundSummary.line`), such as ``round
-    3/10: 5 clients, accuracy 0.912, epsilon 1.84 (max), 4.2 s``."""
+    """One progress line for a finished round (:meth:`RoundSummary.line`).
+
+    Such as ``round 3/10: 5 clients, accuracy 0.912, epsilon 1.84 (max), 4.2 s``.
+    """
     return record.line(rounds)
 
 
@@ -151,8 +155,10 @@ class Deployment:
         self._args: dict[str, tuple[str, ...]] = {}
 
     def start(self, name: str, *args: str) -> None:
-        """Start ``fedps ARGS --config CONFIG`` as process ``name`` (with ``--insecure`` when
-        the configuration turned TLS off, whatever the file says)."""
+        """Start ``fedps ARGS --config CONFIG`` as process ``name``.
+
+        With ``--insecure`` when the configuration turned TLS off, whatever the file says.
+        """
         # the child owns it (hence no with); 0600, as everything in the state folder
         log = open(self.log_dir / f"{name}.log", "ab", opener=private_opener)  # noqa: SIM115
         # python -P, this fedps first on the path: nothing of the working directory (a user's
@@ -179,8 +185,11 @@ class Deployment:
         self.wait_ready([cluster.coordinator])
 
     def finished_before(self) -> str:
-        """Once the servers are up and before any client joins: why nothing will be trained
-        (the state folder holds a run that finished, which the cluster resumes), or ``""``."""
+        """Why nothing will be trained, or ``""``.
+
+        Asked once the servers are up and before any client joins: nothing is trained when the state
+        folder holds a run that finished, which the cluster resumes.
+        """
         coordinator = CoordinatorStub(self.config.cluster.coordinator)
         try:
             status = coordinator.get_status(timeout_s=10.0)
@@ -201,8 +210,10 @@ class Deployment:
         self.servers.append(name)
 
     def wait_ready(self, addresses: list[str], timeout_s: float = 120.0) -> None:
-        """Block until every address accepts a gRPC connection (under mutual TLS, one that
-        presents the operator's certificate from ``tls.directory``)."""
+        """Block until every address accepts a gRPC connection.
+
+        Under mutual TLS, one that presents the operator's certificate from ``tls.directory``.
+        """
         until = time.time() + timeout_s
         for address in addresses:
             with self._probe_channel(address) as channel:
@@ -223,9 +234,11 @@ class Deployment:
         return grpc.secure_channel(address, channel_credentials(operator))
 
     def check_alive(self, names: list[str] | None = None) -> None:
-        """Raise if a server process (or one of ``names``) exited with an error: with the
-        process's one-line error if it stopped on one (:data:`CONFIG_ERROR_EXIT`), else with
-        the end of its log."""
+        """Raise if a server process (or one of ``names``) exited with an error.
+
+        The error carries the process's one-line error if it stopped on one
+        (:data:`CONFIG_ERROR_EXIT`), else the end of its log.
+        """
         for name, proc in self.processes.items():
             if names is not None and name not in names:
                 continue
@@ -237,8 +250,11 @@ class Deployment:
                 raise PeerUnavailableError(f"{name} exited with code {code}; its log ends:\n{tail}")
 
     def last_log_line(self, name: str) -> str:
-        """The last line of process ``name``'s log: its one-line error (without the ``fedps:
-        error:`` prefix) if it wrote one, else its last non-empty line."""
+        """The last line of process ``name``'s log.
+
+        Its one-line error (without the ``fedps: error:`` prefix) if it wrote one, else its last
+        non-empty line.
+        """
         lines = [line.strip() for line in self._log_tail(name).splitlines() if line.strip()]
         for line in reversed(lines):
             if line.startswith(_ERROR_PREFIX):
@@ -261,8 +277,9 @@ class Deployment:
         poll_s: float = 1.0,
         linger_s: float = 10.0,
     ) -> ClusterStatus:
-        """Keep the server roles up until the coordinator reports training finished, and
-        ``linger_s`` seconds more (so that polling clients hear it and exit cleanly).
+        """Keep the server roles up until the coordinator reports training finished.
+
+        And ``linger_s`` seconds more, so that polling clients hear it and exit cleanly.
 
         Every ``poll_s`` seconds: restart a role that exited (after the policy's backoff,
         logged with its exit code and last log line), ask the coordinator for its status (as
@@ -317,8 +334,10 @@ class Deployment:
     def _restart_delay(
         self, name: str, code: int, restarts: list[float], policy: RestartPolicy
     ) -> float:
-        """How long to wait before restarting role ``name``, which exited with ``code``;
-        raise when it must not be restarted."""
+        """How long to wait before restarting role ``name``, which exited with ``code``.
+
+        Raises when it must not be restarted.
+        """
         line = self.last_log_line(name)
         if code == CONFIG_ERROR_EXIT:
             raise FedPSError(f"{name} stopped: {line}")
@@ -339,9 +358,11 @@ class Deployment:
         return delay
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """Stop every process: clients first, then the coordinator, the shards and the key
-        holder last. Each group gets SIGTERM and ``grace_s`` seconds to exit, then SIGKILL.
-        A SIGINT or SIGTERM to this process meanwhile is ignored, so no role outlives it."""
+        """Stop every process: clients, then the coordinator, the shards and the key holder last.
+
+        Each group gets SIGTERM and ``grace_s`` seconds to exit, then SIGKILL. A SIGINT or SIGTERM
+        to this process meanwhile is ignored, so no role outlives it.
+        """
         with _signals_ignored():
             groups: dict[str, list[subprocess.Popen[bytes]]] = {}
             for name in reversed(list(self.processes)):
@@ -368,8 +389,10 @@ def _terminate(procs: list[subprocess.Popen[bytes]], grace_s: float) -> None:
 
 @contextmanager
 def _signals_ignored() -> Iterator[None]:
-    """Ignore SIGINT and SIGTERM inside the block (only the main thread can; elsewhere this
-    does nothing)."""
+    """Ignore SIGINT and SIGTERM inside the block.
+
+    Only the main thread can; elsewhere this does nothing.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return

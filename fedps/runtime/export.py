@@ -115,8 +115,9 @@ def _saved_models(config: FedPSConfig) -> list[Path]:
 def read_saved_model(
     config: FedPSConfig, *, task: Task | None = None
 ) -> tuple[torch.nn.Module, int]:
-    """The published global model as the shards saved it in ``cluster.state_dir``, every block
-    verified against the key holder's key, and its version.
+    """The published global model as the shards saved it in ``cluster.state_dir``, and its version.
+
+    Every block is verified against the key holder's key.
 
     The key is ``security.keyholder_key`` when that pins one, else the key holder's
     ``keys/signing.pub`` in the same state folder.
@@ -186,8 +187,9 @@ def _saved_key(config: FedPSConfig) -> bytes:
 
 
 def export_model(config: FedPSConfig, path: Path, *, task: Task | None = None) -> int:
-    """Write the published global model's ``state_dict`` to ``path`` (``torch.save``) after
-    checking its signature (:func:`pull_model`); returns the model's version.
+    """Write the published global model's ``state_dict`` to ``path`` (``torch.save``).
+
+    After checking its signature (:func:`pull_model`); returns the model's version.
 
     Raises
     ------
@@ -207,8 +209,10 @@ def export_model(config: FedPSConfig, path: Path, *, task: Task | None = None) -
 def _pull(
     shards: ModelReader, layout: BlockLayout, version: int, key: bytes
 ) -> tuple[np.ndarray, int]:
-    """Pull version ``version`` or later, every block verified against ``key``; a pull caught
-    in a publish (shards at different versions) is tried again."""
+    """Pull version ``version`` or later, every block verified against ``key``.
+
+    A pull caught in a publish (shards at different versions) is tried again.
+    """
     attempts = 0
     while True:
         try:

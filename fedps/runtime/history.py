@@ -48,8 +48,10 @@ class History:
     delta: float
 
     def metric(self, name: str) -> list[tuple[int, float]]:
-        """``(round, value)`` of metric ``name`` (such as ``"accuracy"`` or ``"loss"``) for
-        every evaluated round."""
+        """``(round, value)`` of metric ``name`` for every evaluated round.
+
+        ``name`` is such as ``"accuracy"`` or ``"loss"``.
+        """
         return [(r.round, _metrics(r)[name]) for r in self.rounds if name in _metrics(r)]
 
     @property

@@ -49,15 +49,15 @@ class LocalCluster:
             history = cluster.wait_finished()
             model = cluster.load_model()
 
+    Certificates and enrolment tokens are created in ``tls.directory`` if there are none (as
+    ``fedps up`` does), and this process speaks as the operator identity under mutual TLS.
+
     Parameters
     ----------
     config
         The cluster's configuration, or the path of its TOML file. A configuration object is
         written to ``cluster.state_dir/fedps.toml`` for the role processes to read (its task's
         project directory, ``[task] dir``, defaulting to the current directory).
-
-    Certificates and enrolment tokens are created in ``tls.directory`` if there are none (as
-    ``fedps up`` does), and this process speaks as the operator identity under mutual TLS.
     """
 
     def __init__(self, config: ConfigLike) -> None:
@@ -125,16 +125,19 @@ class LocalCluster:
     def start_client(
         self, index: int, *, data: str | os.PathLike[str] | None = None, threads: int = 1
     ) -> None:
-        """Start edge client ``index`` as a process (``fedps client``), with its own data
-        ``data``; it stops when training ends, or with the cluster."""
+        """Start edge client ``index`` as a process (``fedps client``), with its own data ``data``.
+
+        It stops when training ends, or with the cluster.
+        """
         args = ["client", "--index", str(index), "--threads", str(threads)]
         if data is not None:
             args += ["--data", str(Path(data).resolve())]
         self.deployment.start(f"client-{index}", *args)
 
     def wait_finished(self, timeout_s: float = 3600.0, *, poll_s: float = 0.5) -> History:
-        """Wait until the coordinator reports training finished, logging one line per round
-        (INFO); returns the run's history.
+        """Wait until the coordinator reports training finished, logging one line per round (INFO).
+
+        Returns the run's history.
 
         Raises
         ------
@@ -183,8 +186,10 @@ class LocalCluster:
         return Path(path)
 
     def stop(self) -> None:
-        """Stop every process the cluster started (clients, coordinator, shards, key holder
-        last); calling it again does nothing."""
+        """Stop every process the cluster started (clients, coordinator, shards, key holder last).
+
+        Calling it again does nothing.
+        """
         if self._deployment is not None:
             self._deployment.stop()
             self._deployment = None

@@ -24,7 +24,13 @@ __all__ = ["BlockLayout", "flatten_model", "group_mask", "load_flat"]
 
 @dataclass(frozen=True)
 class BlockLayout:
-    """How a flat vector of ``num_params`` values is cut into blocks."""
+    """How a flat vector of ``num_params`` values is cut into blocks.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``num_params`` or ``values_per_block`` is not positive.
+    """
 
     num_params: int
     values_per_block: int

@@ -162,8 +162,9 @@ class RecordLog:
                         os.fsync(fh.fileno())
 
     def round_records(self, round_: int) -> Iterator[bytes]:
-        """The records of ``round_`` written so far, in write order, read back without
-        changing the file (nothing if it has none).
+        """The records of ``round_`` written so far, in write order (nothing if it has none).
+
+        Read back without changing the file.
 
         Raises
         ------

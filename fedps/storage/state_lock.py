@@ -26,8 +26,10 @@ LOCK_FILE = ".lock"
 
 
 class StateLockedError(ConfigError):
-    """Another process holds the lock of the state directory (a second instance of a role):
-    a configuration error, as two roles configured on one ``cluster.state_dir`` are."""
+    """Another process holds the lock of the state directory (a second instance of a role).
+
+    A configuration error, as two roles configured on one ``cluster.state_dir`` are.
+    """
 
 
 class StateLock:

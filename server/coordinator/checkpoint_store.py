@@ -71,8 +71,10 @@ class CheckpointStore:
     def save_until_written(
         self, model: np.ndarray, state: dict[str, Any], *, stop: threading.Event
     ) -> bool:
-        """:meth:`save`, retried with a growing delay (up to 30 s) while the write fails (e.g.
-        a full disk); False when ``stop`` was set first."""
+        """:meth:`save`, retried with a growing delay (up to 30 s) while the write fails.
+
+        A full disk, for example. False when ``stop`` was set first.
+        """
         delay = 0.5
         while True:
             try:
@@ -90,8 +92,9 @@ class CheckpointStore:
                 delay = min(2 * delay, 30.0)
 
     def load(self, *, num_params: int | None = None) -> Checkpoint | None:
-        """The saved checkpoint, or None when there is none; ``num_params``: the size of the
-        model it must hold.
+        """The saved checkpoint, or None when there is none.
+
+        ``num_params``: the size of the model it must hold.
 
         Raises
         ------

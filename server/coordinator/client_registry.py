@@ -227,8 +227,9 @@ class ClientRegistry:
         budget_exhausted: bool,
         noise_multiplier: float | None = None,
     ) -> None:
-        """A client reports a round: keep its spend, its bytes, whether its budget is out and
-        the DP noise multiplier it trains with (``None``: not said, the last one stays).
+        """A client reports a round: keep its spend, its bytes, whether its budget is out.
+
+        Also the DP noise multiplier it trains with (``None``: not said, the last one stays).
 
         Raises
         ------
@@ -278,8 +279,10 @@ class ClientRegistry:
 
     # ------------------------------------------------------------------ cohorts
     def live(self) -> list[str]:
-        """The ids of the clients heard from lately that still have privacy budget and
-        missed no deadline since (:meth:`mark_missed`)."""
+        """The ids of the clients heard from lately that still have privacy budget.
+
+        And that missed no deadline since (:meth:`mark_missed`).
+        """
         now = time.time()
         with self._lock:
             return [
@@ -292,9 +295,12 @@ class ClientRegistry:
             ]
 
     def mark_missed(self, client_ids: Iterable[str], *, deadline: float) -> None:
-        """``client_ids`` were in a cohort and did not report by ``deadline``
-        (``time.time()``): leave each out of :meth:`live` until it asks for a task or
-        registers again. A client heard from after ``deadline`` is alive and stays live."""
+        """Leave ``client_ids``, who did not report by ``deadline``, out of :meth:`live`.
+
+        They were in a cohort and did not report by ``deadline`` (``time.time()``): each stays out
+        until it asks for a task or registers again. A client heard from after ``deadline`` is alive
+        and stays live.
+        """
         with self._lock:
             missed = sorted(
                 cid
@@ -309,8 +315,7 @@ class ClientRegistry:
             )
 
     def exclude(self, client_ids: Iterable[str]) -> None:
-        """Leave ``client_ids`` (blamed on evidence by the key holder) out of every later
-        cohort."""
+        """Leave ``client_ids`` (blamed on evidence by the key holder) out of every later cohort."""
         with self._lock:
             fresh = sorted(
                 c for c in client_ids if c in self._clients and not self._clients[c].excluded

@@ -71,15 +71,19 @@ class ClusterPeers:
         what: str,
         retry_on: type[FedPSError] | Callable[[FedPSError], bool] = FedPSError,
     ) -> _T:
-        """Call until it succeeds (or the coordinator stops), retrying ``retry_on`` errors
-        (a class, or a predicate)."""
+        """Call until it succeeds (or the coordinator stops), retrying ``retry_on`` errors.
+
+        ``retry_on`` is a class, or a predicate.
+        """
         return call_until(fn, what, retry_on=retry_on, stop=self._stop)
 
     def _bounded(self, shard: str, call: str, fn: Callable[[float], _T], what: str) -> _T:
-        """Call ``fn(deadline_s)``, the RPC ``call`` to ``shard``, until it succeeds: an
-        unavailable shard is asked again (until the coordinator stops, or its misses reach
-        the limit: :class:`ShardStalledError`), any other error is retried :data:`REFUSALS`
-        times, then raised."""
+        """Call ``fn(deadline_s)``, the RPC ``call`` to ``shard``, until it succeeds.
+
+        An unavailable shard is asked again (until the coordinator stops, or its misses reach the
+        limit: :class:`ShardStalledError`), any other error is retried :data:`REFUSALS` times, then
+        raised.
+        """
         deadline_s = self._misses.deadline_s
         for attempt in range(1, REFUSALS + 1):
             try:
@@ -108,8 +112,10 @@ class ClusterPeers:
     def initialize(
         self, layout: BlockLayout, vector: np.ndarray, version: int, *, force: bool
     ) -> int:
-        """Give the key holder the model ``vector`` at ``version`` (``force``: replace its
-        own); returns the version it publishes."""
+        """Give the key holder the model ``vector`` at ``version`` (``force``: replace its own).
+
+        Returns the version it publishes.
+        """
         blocks = tuple(
             ParameterBlock(b, version, layout.block_of(vector, b).astype("<f4").tobytes())
             for b in range(layout.num_blocks)
@@ -141,8 +147,7 @@ class ClusterPeers:
         )
 
     def apply_round(self, application: records.RoundApplication) -> records.AppliedRound:
-        """Ask the key holder to check, decrypt and apply exactly ``application.members``'
-        sum.
+        """Ask the key holder to check, decrypt and apply exactly ``application.members``' sum.
 
         Every answer but a refusal is asked again until the coordinator stops: the key holder
         may have applied the round (it could not write its state, a shard did not take the
@@ -192,8 +197,9 @@ class ClusterPeers:
             )
 
     def close_round(self, round_: int, cohort: frozenset[str]) -> set[str]:
-        """Close ``round_`` on every shard; returns the clients of ``cohort`` whose pushes
-        every shard holding blocks found complete.
+        """Close ``round_`` on every shard; returns the clients whose pushes are complete.
+
+        Those are the clients of ``cohort`` whose pushes every shard holding blocks found complete.
 
         Raises
         ------
@@ -226,8 +232,10 @@ class ClusterPeers:
     def pull_model(
         self, layout: BlockLayout, min_version: int, signing_key: bytes | None
     ) -> np.ndarray:
-        """The published model (one attempt), every block's key-holder signature checked
-        against ``signing_key`` when there is one."""
+        """The published model (one attempt).
+
+        Every block's key-holder signature is checked against ``signing_key`` when there is one.
+        """
         verify = model_verifier(signing_key) if signing_key is not None else None
         vector, _ = self._params.pull(layout, min_version, verify=verify)
         return vector

@@ -73,9 +73,12 @@ class CohortSampler:
         return frozenset(self._source.sample(members, self.size or len(members)))
 
     def fits(self, round_: int, cohort: Collection[str]) -> bool:
-        """Whether round ``round_`` can run with the drawn ``cohort``: at least ``min_quorum``
-        and at most ``he.max_clients`` clients (a Poisson draw can miss either; the round is
-        then skipped before anything opens, and still counts as a global round)."""
+        """Whether round ``round_`` can run with the drawn ``cohort``.
+
+        At least ``min_quorum`` and at most ``he.max_clients`` clients (a Poisson draw can miss
+        either; the round is then skipped before anything opens, and still counts as a global
+        round).
+        """
         low, high = self.min_quorum, self.max_clients
         if low <= len(cohort) <= high:
             return True

@@ -37,11 +37,12 @@ it was in instead of starting over.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -80,6 +81,8 @@ __all__ = ["Assignment", "Coordinator", "RoundRecord"]
 _log = logging.getLogger("fedps")
 
 _WAIT_S = RETRY_AFTER_S
+#: The longest a ``GetTask`` call is held while its answer would be WAIT (a long poll).
+MAX_HOLD_S = 5.0
 
 
 class Coordinator:
@@ -127,6 +130,8 @@ class Coordinator:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()
+        self._held_calls = 0  # GetTask calls held (a long poll), each holding a server thread
+        self._recheck_commitments = False  # a cohort member asked: it may have committed
         self.evaluator = evaluator
         self._vector: np.ndarray = evaluator.initial_vector()
         self._vector_version = 0  # the version _vector holds
@@ -161,8 +166,10 @@ class Coordinator:
 
     @classmethod
     def open(cls, state_dir: Path, settings: CoordinatorSettings, *, task: Task) -> Coordinator:
-        """The coordinator whose state folder is ``state_dir``: ``task``'s model built and its
-        evaluation data loaded, the enrolment key read, the checkpoint loaded if there is one.
+        """The coordinator whose state folder is ``state_dir``.
+
+        ``task``'s model is built and its evaluation data loaded, the enrolment key read, the
+        checkpoint loaded if there is one.
 
         Parameters
         ----------
@@ -207,10 +214,24 @@ class Coordinator:
         return self.registry.clients
 
     def get_task(
-        self, client_id: str, credential: bytes = b"", *, epsilon: float = 0.0, delta: float = 0.0
+        self,
+        client_id: str,
+        credential: bytes = b"",
+        *,
+        epsilon: float = 0.0,
+        delta: float = 0.0,
+        wait_s: float = 0.0,
     ) -> Assignment:
-        """The next task for ``client_id`` (authenticated by its credential), which says it
-        has spent ``epsilon`` (at ``delta``) so far.
+        """The next task for ``client_id`` (authenticated by its credential).
+
+        The client says it has spent ``epsilon`` (at ``delta``) so far.
+
+        While the answer would be WAIT, the call is held up to ``wait_s`` seconds (capped at
+        :data:`MAX_HOLD_S`) and answered as soon as the client's task changes: a waiting
+        client learns of a new round or of the push phase without polling. At most
+        ``settings.max_held_calls`` calls are held at once (each holds a server thread);
+        beyond that WAIT is answered at once. A held call that still answers WAIT says to
+        ask again at once (``retry_after`` 0): it has waited already.
 
         Raises
         ------
@@ -220,26 +241,55 @@ class Coordinator:
             See :meth:`ClientRegistry.check_in`.
         """
         self.registry.check_in(client_id, credential, epsilon=epsilon, delta=delta)
-        with self._lock:
-            # WAIT and DONE carry the last finished round: at client level every global round
-            # counts in a client's spend, the rounds it was not drawn for too.
-            if self.finished:
-                return Assignment("done", self.round)
+        hold_s = min(wait_s, MAX_HOLD_S) if math.isfinite(wait_s) and wait_s > 0 else 0.0
+        until = time.monotonic() + hold_s
+        held = False
+        with self._changed:
             current = self._open
-            if current is None or client_id in current.reported or time.time() >= current.deadline:
-                return Assignment("wait", self.round)
-            if current.pushing and client_id in current.committed:
-                return Assignment("push", current.round, current.version, current.deadline)
-            if not current.pushing and client_id in current.cohort:
-                return Assignment(
-                    "train",
-                    current.round,
-                    current.version,
-                    current.deadline,
-                    weight_scale=float(self.registry.most_examples(current.cohort)),
-                    context_id=self._context_id,
-                )
+            if current is not None and not current.pushing and client_id in current.cohort:
+                # A cohort member asks while commitments come in: it may have committed, so
+                # the commit phase asks the key holder again now, not at its next poll.
+                self._recheck_commitments = True
+                self._changed.notify_all()
+            try:
+                while True:
+                    task = self._task_for(client_id)
+                    left = until - time.monotonic()
+                    if task.kind != "wait" or left <= 0 or self._stop.is_set():
+                        break
+                    if not held:
+                        if self._held_calls >= self.settings.max_held_calls:
+                            break
+                        self._held_calls, held = self._held_calls + 1, True
+                    self._changed.wait(timeout=left)
+            finally:
+                if held:
+                    self._held_calls -= 1
+        if held and task.kind == "wait":
+            return replace(task, retry_after=0.0)
+        return task
+
+    def _task_for(self, client_id: str) -> Assignment:
+        """``client_id``'s task now (the caller holds the lock)."""
+        # WAIT and DONE carry the last finished round: at client level every global round
+        # counts in a client's spend, the rounds it was not drawn for too.
+        if self.finished:
+            return Assignment("done", self.round)
+        current = self._open
+        if current is None or client_id in current.reported or time.time() >= current.deadline:
             return Assignment("wait", self.round)
+        if current.pushing and client_id in current.committed:
+            return Assignment("push", current.round, current.version, current.deadline)
+        if not current.pushing and client_id in current.cohort:
+            return Assignment(
+                "train",
+                current.round,
+                current.version,
+                current.deadline,
+                weight_scale=float(self.registry.most_examples(current.cohort)),
+                context_id=self._context_id,
+            )
+        return Assignment("wait", self.round)
 
     def report(
         self,
@@ -255,12 +305,13 @@ class Coordinator:
         metrics: Mapping[str, float] | None = None,
         phase_seconds: Mapping[str, float] | None = None,
     ) -> None:
-        """A client says it pushed its update for ``round_`` (or ran out of budget); it trains
-        with DP noise multiplier ``noise_multiplier`` (``None``: not said). ``metrics``: the
-        task's metrics on its own data (``task.client_eval``), kept for the open round's
-        record when the operator holds no evaluation data. ``phase_seconds``: the seconds it
-        spent in each phase of the round (:data:`fedps.round_timer.CLIENT_PHASES`; other
-        names are left out), kept for the open round's record.
+        """A client says it pushed its update for ``round_`` (or ran out of budget).
+
+        It trains with DP noise multiplier ``noise_multiplier`` (``None``: not said). ``metrics``:
+        the task's metrics on its own data (``task.client_eval``), kept for the open round's record
+        when the operator holds no evaluation data. ``phase_seconds``: the seconds it spent in
+        each phase of the round (:data:`fedps.round_timer.CLIENT_PHASES`; other names are left
+        out), kept for the open round's record.
 
         Raises
         ------
@@ -312,8 +363,10 @@ class Coordinator:
         return self.registry.client_noise_multipliers
 
     def wait_until_pushing(self, round_: int, timeout_s: float) -> bool:
-        """Wait until ``round_``'s commitments are frozen and its shards take pushes; False
-        when the round ended first (too few commitments) or ``timeout_s`` passed."""
+        """Wait until ``round_``'s commitments are frozen and its shards take pushes.
+
+        False when the round ended first (too few commitments) or ``timeout_s`` passed.
+        """
         until = time.time() + timeout_s
         with self._changed:
             while time.time() < until and not self._stop.is_set():
@@ -362,8 +415,9 @@ class Coordinator:
             if cohort is None:
                 break
             self._run_round(self.round + 1, cohort)
-        with self._lock:
+        with self._changed:
             self.finished = not self._stop.is_set()
+            self._changed.notify_all()  # waiting clients learn at once that the run is done
         if self.finished:
             self._checkpoint()
             _log.info("training finished after %d rounds", self.round)
@@ -396,8 +450,9 @@ class Coordinator:
         self._keyholder_key = context.signing_key
 
     def pull_model(self) -> np.ndarray:
-        """The published model, pulled from the shards (one attempt), every block's
-        key-holder signature checked.
+        """The published model, pulled from the shards (one attempt).
+
+        Every block's key-holder signature is checked.
 
         Raises
         ------
@@ -425,8 +480,9 @@ class Coordinator:
         return None
 
     def run_round(self, round_: int, cohort: frozenset[str]) -> None:
-        """Run round ``round_`` with ``cohort`` (client ids) to its end: commit, push, close,
-        apply or abandon, evaluate, record it in :attr:`history`.
+        """Run round ``round_`` with ``cohort`` (client ids) to its end.
+
+        Commit, push, close, apply or abandon, evaluate, record it in :attr:`history`.
 
         Blocks until the round ends (run it in a thread and serve the cohort's
         :meth:`get_task` and :meth:`report` meanwhile), or returns early without a record
@@ -492,15 +548,19 @@ class Coordinator:
         self._finish_round(record, started, bytes_before)
 
     def _record_applied(self, opened: OpenRound) -> None:
-        """Record ``opened``, which the key holder applied while we were down (asking again
-        returns its result)."""
+        """Record ``opened``, which the key holder applied while we were down.
+
+        Asking again returns its result.
+        """
         record = RoundRecord(opened.round, opened.version, 0, cohort=len(opened.cohort))
         if self._apply(opened, opened.committed, record):
             self._finish_round(record, time.time(), self.bytes_pushed)
 
     def _commit_phase(self, opened: OpenRound) -> bool:
-        """Open the commit phase at the key holder and collect commitments; False when the
-        key holder refused to open it (or the coordinator stopped meanwhile)."""
+        """Open the commit phase at the key holder and collect commitments.
+
+        False when the key holder refused to open it (or the coordinator stopped meanwhile).
+        """
         try:
             with self._timer.phase("open"):
                 self._checkpoint(opened)  # the cohort and deadline survive a restart
@@ -516,13 +576,17 @@ class Coordinator:
         return True
 
     def _collect_commitments(self, opened: OpenRound) -> None:
-        """Hand out TRAIN tasks and wait until the round policy says the commit phase is
-        complete, or its deadline."""
+        """Hand out TRAIN tasks and wait until the commit phase is complete, or its deadline.
+
+        The round policy says when it is complete.
+        """
         with self._changed:
             self._open = opened
             self._changed.notify_all()
         try:
             while not self._stop.is_set() and time.time() < opened.deadline:
+                with self._changed:
+                    self._recheck_commitments = False
                 commitments = self._peers.commitments(opened.round, freeze=False)
                 with self._changed:
                     opened.committed = frozenset(commitments.client_ids)
@@ -530,7 +594,8 @@ class Coordinator:
                         opened.cohort, opened.committed, opened.reported
                     ):
                         break
-                    self._wait(opened)
+                    if not self._recheck_commitments:  # else a member asked while we did
+                        self._wait(opened)
         finally:
             with self._changed:
                 self._open = None
@@ -544,8 +609,10 @@ class Coordinator:
         resume: OpenRound | None,
         record: RoundRecord,
     ) -> set[str] | None:
-        """Open the round on the shards for the ``committed`` clients, wait for their pushes
-        and close it; returns the clients whose pushes are complete (None: stopping)."""
+        """Open the round on the shards for the ``committed`` clients, wait for pushes, close it.
+
+        Returns the clients whose pushes are complete (None: stopping).
+        """
         opened.committed, opened.pushing = committed, True
         if resume is None or not resume.pushing:
             opened.deadline = time.time() + self._training.deadline_s
@@ -599,8 +666,11 @@ class Coordinator:
         self._mark_missed(opened, opened.committed)
 
     def _mark_missed(self, opened: OpenRound, expected: frozenset[str]) -> None:
-        """Once ``opened``'s deadline passed, leave the members of ``expected`` that did not
-        report out of cohorts until they ask for a task again (a dead client)."""
+        """Leave the members of ``expected`` that did not report out of cohorts.
+
+        Once ``opened``'s deadline passed, they stay out until they ask for a task again (a dead
+        client).
+        """
         if not self._stop.is_set() and time.time() >= opened.deadline:
             self.registry.mark_missed(expected - opened.reported, deadline=opened.deadline)
 
@@ -609,8 +679,9 @@ class Coordinator:
         self._changed.wait(timeout=min(_WAIT_S, max(0.0, opened.deadline - time.time())))
 
     def _apply(self, opened: OpenRound, accepted: frozenset[str], record: RoundRecord) -> bool:
-        """Have the key holder check, decrypt and apply exactly ``accepted``'s sum; record
-        the new version, or abandon the round if the key holder refused it. False: stopping.
+        """Have the key holder check, decrypt and apply exactly ``accepted``'s sum.
+
+        Record the new version, or abandon the round if the key holder refused it. False: stopping.
 
         Only a refusal (:class:`PolicyError`: the checks failed, nothing was decrypted)
         abandons the round. Any other failure (the key holder could not write its state, a
@@ -618,7 +689,8 @@ class Coordinator:
         succeeds: the key holder may have applied the round, and an applied round is never
         discarded (asking again returns its result and publishes it again). A shard that
         stalls the round (:class:`ShardStalledError`) stops the run and leaves the round as
-        it is, for a restart to apply once the shard answers."""
+        it is, for a restart to apply once the shard answers.
+        """
         application = RoundApplication(
             opened.round, opened.version, self.run_id, self.registry.signing_keys(accepted)
         )
@@ -649,8 +721,11 @@ class Coordinator:
         return True
 
     def _refused(self, opened: OpenRound, record: RoundRecord, exc: PolicyError) -> None:
-        """The key holder refused ``opened``: discard it, and follow the key holder's version
-        if the refusal was a version mismatch (later rounds train the key holder's model)."""
+        """The key holder refused ``opened``.
+
+        Discard it, and follow the key holder's version if the refusal was a version mismatch (later
+        rounds train the key holder's model).
+        """
         record.abandoned = True
         if isinstance(exc, QuarantinedError):
             self._halt(exc)  # no round can be applied any more
@@ -669,8 +744,10 @@ class Coordinator:
             self.version = state.version
 
     def _halt(self, exc: QuarantinedError | ShardStalledError) -> None:
-        """Stop the run on ``exc``, which no round can get past, with one line that says what
-        holds it and what to do."""
+        """Stop the run on ``exc``, which no round can get past.
+
+        With one line that says what holds it and what to do.
+        """
         _log.error("the run stops: %s", exc)
         self.stop()
 

@@ -28,6 +28,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def Register(  # noqa: N802 (gRPC method name)
         self, request: coordinator_pb2.RegisterRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.RegisterReply:
+        """Register a client (its identity is its certificate's name under mutual TLS)."""
         c = self.coordinator
         with rpc_errors(context):
             r = records.ClientRegistration.from_proto(request)
@@ -56,17 +57,23 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def GetTask(  # noqa: N802
         self, request: coordinator_pb2.TaskRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.Task:
+        """A registered client's next task."""
         with rpc_errors(context):
             query = records.AssignmentQuery.from_proto(request)
             require_peer(context, query.client_id)
             task = self.coordinator.get_task(
-                query.client_id, _credential(context), epsilon=query.epsilon, delta=query.delta
+                query.client_id,
+                _credential(context),
+                epsilon=query.epsilon,
+                delta=query.delta,
+                wait_s=query.wait_s,
             )
         return task.to_proto()
 
     def ReportUpdate(  # noqa: N802
         self, request: coordinator_pb2.UpdateReport, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
+        """A registered client's report of a round."""
         with rpc_errors(context):
             report = records.UpdateReport.from_proto(request)
             require_peer(context, report.client_id)
@@ -87,6 +94,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def GetStatus(  # noqa: N802
         self, request: common_pb2.Empty, context: grpc.ServicerContext
     ) -> coordinator_pb2.ClusterStatus:
+        """The run's status, for the operator."""
         c = self.coordinator
         epsilon, delta = c.max_epsilon
         return records.ClusterStatus(

@@ -10,7 +10,11 @@ from dataclasses import dataclass
 
 from fedps.config import ClusterConfig, PrivacyConfig, TlsConfig, TrainingConfig
 
-__all__ = ["CoordinatorSettings"]
+__all__ = ["MAX_HELD_CALLS", "CoordinatorSettings"]
+
+#: ``GetTask`` calls the coordinator holds at once by default (a long poll each); its gRPC
+#: server has this many threads more than the other roles'.
+MAX_HELD_CALLS = 32
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,9 @@ class CoordinatorSettings:
     client_eval
         Whether clients report the metrics of each round's starting model on their own data
         when the operator holds no evaluation data (``task.client_eval``).
+    max_held_calls
+        ``GetTask`` calls held at once while their answer would be WAIT (a long poll each,
+        holding a server thread); beyond it, WAIT is answered at once.
     """
 
     training: TrainingConfig
@@ -53,3 +60,4 @@ class CoordinatorSettings:
     max_shard_misses: int = 3
     shard_deadline_s: float = 60.0
     client_eval: bool = False
+    max_held_calls: int = MAX_HELD_CALLS

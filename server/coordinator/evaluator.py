@@ -26,6 +26,8 @@ class Evaluator:
     task
         The task: its model (built with ``seed``) gives the initial parameters, its
         ``load_eval_data`` the held-out data (none: :meth:`evaluate` returns nothing).
+    seed
+        The seed of the model's initial weights (every party builds the same model from it).
     client_eval
         Whether the clients evaluate instead when there is no held-out data
         (``task.client_eval``).

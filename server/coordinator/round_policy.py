@@ -53,15 +53,20 @@ class RoundPolicy(ABC):
 
     @abstractmethod
     def commit_deadline(self, opened_at: float) -> float:
-        """When the commit phase of a round opened at ``opened_at`` ends at the latest
-        (Unix seconds; ``math.inf``: no deadline)."""
+        """When the commit phase of a round opened at ``opened_at`` ends at the latest.
+
+        In Unix seconds; ``math.inf``: no deadline.
+        """
 
     @abstractmethod
     def commitments_complete(
         self, cohort: Set[str], committed: Set[str], reported: Set[str]
     ) -> bool:
-        """Whether the commit phase may end before its deadline: ``committed`` clients of
-        ``cohort`` committed so far, ``reported`` said they are done (with nothing to send)."""
+        """Whether the commit phase may end before its deadline.
+
+        ``committed`` clients of ``cohort`` committed so far, ``reported`` said they are done (with
+        nothing to send).
+        """
 
 
 class SyncRounds(RoundPolicy):

@@ -1,5 +1,4 @@
-"""The records of a round: its outcome, the round in progress, its clients' metrics and
-where its time went.
+"""The records of a round: its outcome, the round in progress, its clients' metrics, its phases.
 
 :class:`RoundRecord` is what the coordinator's history keeps of every finished round (and what
 its checkpoint and status report carry); :class:`OpenRound` is the round in progress, which a
@@ -68,8 +67,7 @@ class RoundRecord:
 
 @dataclass
 class OpenRound:
-    """The round in progress, as a checkpoint keeps it (a restarted coordinator continues
-    it)."""
+    """The round in progress, as a checkpoint keeps it (a restarted coordinator continues it)."""
 
     round: int
     version: int
@@ -123,8 +121,11 @@ CLIENT_PHASE_ROUNDS = 64
 def _check_numbers(
     values: Mapping[str, float], what: str, *, most: int, name_length: int, high: float
 ) -> None:
-    """Refuse ``values`` unless at most ``most``, each named by 1 to ``name_length``
-    characters and finite, at most ``high`` (and not negative when ``high`` is finite)."""
+    """Refuse ``values`` unless they are a few finite, named numbers.
+
+    At most ``most``, each named by 1 to ``name_length`` characters, finite and at most
+    ``high`` (and not negative when ``high`` is finite).
+    """
     if len(values) > most:
         raise InvalidArgumentError(f"at most {most} {what}s, got {len(values)}")
     for name, value in values.items():
@@ -144,16 +145,21 @@ def check_metrics(metrics: Mapping[str, float]) -> None:
 
 
 def check_phase_seconds(phase_seconds: Mapping[str, float]) -> None:
-    """Refuse reported phase seconds that are not a few finite, non-negative, named numbers
-    (at most 32 phases, names of at most 32 characters, a week at most each)."""
+    """Refuse reported phase seconds that are not a few finite, non-negative, named numbers.
+
+    At most 32 phases, names of at most 32 characters, a week at most each.
+    """
     _check_numbers(
         phase_seconds, "phase", most=_MAX_PHASES, name_length=_MAX_PHASE_NAME, high=_MAX_PHASE_S
     )
 
 
 def known_phases(phase_seconds: Mapping[str, float], names: Sequence[str]) -> dict[str, float]:
-    """The phases of ``phase_seconds`` that are among ``names``, in that order (a newer
-    peer's other phases are left out: only known names reach the records and the metrics)."""
+    """The phases of ``phase_seconds`` that are among ``names``, in that order.
+
+    A newer peer's other phases are left out: only known names reach the records and the
+    metrics.
+    """
     return {name: float(phase_seconds[name]) for name in names if name in phase_seconds}
 
 
@@ -164,8 +170,10 @@ def _before_barrier(phases: Mapping[str, float]) -> float:
 def slowest_clients(
     reported: Mapping[str, Mapping[str, float]], most: int = MAX_CLIENT_PHASES
 ) -> dict[str, dict[str, float]]:
-    """The phases of the ``most`` clients that took longest up to the barrier (the last to
-    commit), by client id."""
+    """The phases of the ``most`` clients that took longest up to the barrier, by client id.
+
+    They are the last to commit.
+    """
     ranked = sorted(reported, key=lambda c: (-_before_barrier(reported[c]), c))[:most]
     return {c: dict(reported[c]) for c in sorted(ranked)}
 
@@ -175,10 +183,12 @@ def critical_path(
     server: Mapping[str, float],
     clients: Mapping[str, Mapping[str, float]],
 ) -> dict[str, float]:
-    """A round's critical path (:data:`fedps.round_timer.CRITICAL_PATH`): the coordinator's
-    opening, every phase of the client that took longest up to the barrier (its barrier, its
-    push), then the servers' phases after the pushes (``server``: the coordinator's and the
-    key holder's), and ``other``: what is left of the round's ``seconds``.
+    """A round's critical path (:data:`fedps.round_timer.CRITICAL_PATH`).
+
+    The coordinator's opening, every phase of the client that took longest up to the barrier
+    (its barrier, its push), then the servers' phases after the pushes (``server``: the
+    coordinator's and the key holder's), and ``other``: what is left of the round's
+    ``seconds``.
 
     The parts are intervals that do not overlap (the client's run between the opening and
     the close, the key holder's inside the coordinator's ``apply_call``), so they add up to
@@ -194,8 +204,11 @@ def critical_path(
 
 
 def merged_metrics(reports: list[dict[str, float]]) -> dict[str, float]:
-    """Each metric over the clients that reported it: the median (each client counts once, and
-    one client's number cannot move it past the others'), an accuracy kept within [0, 1]."""
+    """Each metric over the clients that reported it: the median.
+
+    Each client counts once, and one client's number cannot move it past the others'; an accuracy is
+    kept within [0, 1].
+    """
     names = sorted({name for report in reports for name in report})
     merged = {name: float(np.median([r[name] for r in reports if name in r])) for name in names}
     if "accuracy" in merged:

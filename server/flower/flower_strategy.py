@@ -248,9 +248,11 @@ class FlowerStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Report the replies to the coordinator; it closes the round and the key holder
-        decrypts and applies the aggregate. Returns the published model and the round's
-        metrics (``None`` arrays when the round was abandoned)."""
+        """Report the replies to the coordinator.
+
+        It closes the round and the key holder decrypts and applies the aggregate. Returns the
+        published model and the round's metrics (``None`` arrays when the round was abandoned).
+        """
         current, self._round = self._round, None
         if current is None:  # configure_train skipped the round
             return None, None
@@ -292,8 +294,10 @@ class FlowerStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """No client-side evaluation: the coordinator evaluates each published model on
-        the held-out split (``training.eval_every``); see the train metrics."""
+        """No client-side evaluation: the coordinator evaluates each published model.
+
+        It evaluates it on the held-out split (``training.eval_every``); see the train metrics.
+        """
         return []
 
     def aggregate_evaluate(
@@ -328,9 +332,11 @@ class FlowerStrategy(Strategy):
         *,
         hold_committed: bool = False,
     ) -> dict[int, wire.RoundReport]:
-        """Report each ``expected`` node's reply to the coordinator (a node without one:
-        done, nothing pushed); with ``hold_committed``, return the committed nodes' reports
-        unreported instead (they still have to push)."""
+        """Report each ``expected`` node's reply to the coordinator.
+
+        A node without one is done, with nothing pushed. With ``hold_committed``, return the
+        committed nodes' reports unreported instead (they still have to push).
+        """
         held: dict[int, wire.RoundReport] = {}
         replied: set[int] = set()
         for reply in replies:
@@ -439,8 +445,10 @@ class FlowerStrategy(Strategy):
         return report
 
     def _report(self, member: _Member, number: int, report: wire.RoundReport | None) -> None:
-        """Tell the coordinator the member is done with the round (pushed or not); which
-        updates count is what the shards accepted, never what a reply claims."""
+        """Tell the coordinator the member is done with the round (pushed or not).
+
+        Which updates count is what the shards accepted, never what a reply claims.
+        """
         try:
             self.coordinator.report(
                 member.client_id,
@@ -477,8 +485,10 @@ def _stage_message(
     *,
     group_id: str = "",
 ) -> Message:
-    """A fedps message to ``node``: a Flower ``train`` message whose ``"fedps"`` record names
-    ``stage`` (and holds ``values``)."""
+    """A fedps message to ``node``: a Flower ``train`` message naming ``stage``.
+
+    Its ``"fedps"`` record names ``stage`` (and holds ``values``).
+    """
     record = ConfigRecord({**(values or {}), wire.STAGE_KEY: stage})
     content = RecordDict({wire.RECORD_KEY: record})
     return Message(

@@ -23,7 +23,7 @@ reason; the key holder then never decrypts that round.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import numpy as np
 
@@ -58,8 +58,17 @@ class AggregateVerifier:
         The round's frozen commit phase.
     contributors
         The clients the round closed with (each must have committed).
+    min_quorum
+        Fewest contributors the round may be decrypted with.
+    max_clients
+        Most contributors one aggregate may sum (the CKKS parameters are sized for them).
     challenge
         The round's challenge (None without encryption: no sketches to check).
+    staleness
+        The staleness function of asynchronous mode (None: synchronous rounds, every update
+        trained on the round's version).
+    max_staleness
+        The oldest model version, in versions behind, an asynchronous update may train.
     """
 
     def __init__(
@@ -116,14 +125,16 @@ class AggregateVerifier:
         *,
         owner: Callable[[int], str],
         num_blocks: int,
-        block_bytes: int,
+        block_sizes: Collection[int],
         unpack: Callable[[list[bytes]], np.ndarray],
     ) -> tuple[list[int], np.ndarray]:
-        """Check a whole round as each shard's reply streams in; returns every block and its
-        validated coefficients (one row each), for decryption.
+        """Check a whole round as each shard's reply streams in.
+
+        Returns every block and its validated coefficients (one row each), for decryption.
 
         ``fetched`` maps each shard to its streamed reply, ``owner`` gives a block's shard on
-        the ring, ``unpack`` validates packed aggregates into coefficient rows. Each block is
+        the ring, ``block_sizes`` are the lengths a packed block may have, ``unpack``
+        validates packed aggregates into coefficient rows. Each block is
         checked before the next message is read, so a shard cannot make the key holder hold
         more than one small aggregate per block.
 
@@ -134,7 +145,7 @@ class AggregateVerifier:
         """
         received: dict[str, list[Aggregate]] = {}
         for sid, parts in fetched.items():
-            received[sid] = self._receive(sid, parts, owner, num_blocks, block_bytes)
+            received[sid] = self._receive(sid, parts, owner, num_blocks, block_sizes)
         owners = [sid for sid, aggs in received.items() for _ in aggs]
         blocks = [agg.block for aggs in received.values() for agg in aggs]
         missing = sorted(set(range(num_blocks)) - set(blocks))
@@ -163,10 +174,12 @@ class AggregateVerifier:
         parts: Iterable[AggregatePart],
         owner: Callable[[int], str],
         num_blocks: int,
-        block_bytes: int,
+        block_sizes: Collection[int],
     ) -> list[Aggregate]:
-        """One shard's aggregates, each checked as it arrives (ownership, duplicates, size,
-        manifest, forwarded updates)."""
+        """One shard's aggregates, each checked as it arrives.
+
+        The checks are ownership, duplicates, size, manifest, forwarded updates.
+        """
         got: dict[int, Aggregate] = {}
         try:
             for part in parts:
@@ -179,9 +192,12 @@ class AggregateVerifier:
                         raise TamperingError(
                             sid, "duplicate-block", f"sent block {agg.block} twice"
                         )
-                    if len(agg.ciphertext) != block_bytes:
+                    if len(agg.ciphertext) not in block_sizes:
                         raise TamperingError(
-                            sid, "malformed", f"block {agg.block} is not {block_bytes} bytes"
+                            sid,
+                            "malformed",
+                            f"block {agg.block} is not {' or '.join(map(str, sorted(block_sizes)))}"
+                            " bytes",
                         )
                     self.check_manifest(sid, agg)  # before holding it: a few bytes per client
                     got[agg.block] = agg
@@ -238,8 +254,11 @@ class AggregateVerifier:
         coefficients: np.ndarray,
         expected: np.ndarray,
     ) -> None:
-        """Every aggregate's sketch (``coefficients``: their validated rows) must equal the
-        contributors' combined sketch of its block; ``owners[i]`` sent ``blocks[i]``."""
+        """Check every aggregate's sketch against the contributors' combined sketch of its block.
+
+        They must be equal. ``coefficients`` are their validated rows; ``owners[i]`` sent
+        ``blocks[i]``.
+        """
         if self.challenge is None:
             return
         actual = self.challenge.sketch(coefficients)

@@ -54,8 +54,10 @@ _CALL_S = 60.0
 
 @dataclass
 class Verdict:
-    """Who a trace proved guilty: contributors with what they did, and a shard (with its
-    reason) or None. Empty: nobody could be blamed on the evidence."""
+    """Who a trace proved guilty: contributors with what they did, and a shard or None.
+
+    The shard comes with its reason. Empty: nobody could be blamed on the evidence.
+    """
 
     clients: dict[str, str] = field(default_factory=dict)
     shard: TamperingError | None = None
@@ -99,8 +101,10 @@ class Tracer:
         return self.phase.commitments[client].update.roots[block]
 
     def _ask(self, shard: ShardStub, query: TraceQuery) -> TraceEvidence | TamperingError | None:
-        """The shard's evidence; a TamperingError if it refused what it must hold; None if it
-        did not answer (not evidence)."""
+        """The shard's evidence; None if it did not answer (not evidence).
+
+        A TamperingError if it refused what it must hold.
+        """
         try:  # a correct shard sends one item per contributor and block, at most
             limit = len(query.contributors) * len(query.blocks)
             return shard.trace_blocks(query, max_items=limit, timeout_s=_CALL_S)
@@ -118,10 +122,12 @@ class Tracer:
         owner: Callable[[int], str],
         challenge: Challenge | None,
     ) -> Verdict:
-        """Trace the failed check ``failure`` to whoever caused it: failed canaries through
-        the shards that own their blocks (:meth:`canaries`), a failed sketch through the shard
-        that sent it (:meth:`sketches`, revealing ``challenge``); any other failure names
-        nobody. ``owner``: the shard id of each block."""
+        """Trace the failed check ``failure`` to whoever caused it.
+
+        Failed canaries through the shards that own their blocks (:meth:`canaries`), a failed sketch
+        through the shard that sent it (:meth:`sketches`, revealing ``challenge``); any other
+        failure names nobody. ``owner``: the shard id of each block.
+        """
         verdict = Verdict()
         if isinstance(failure, CanaryFailureError):
             for sid in sorted({owner(b) for b in failure.blocks}):
@@ -138,10 +144,12 @@ class Tracer:
     def refusal(
         self, failure: PolicyError, verdict: Verdict, *, left: int, min_quorum: int
     ) -> PolicyError | None:
-        """What to refuse the round with once ``verdict`` traced ``failure`` (a
-        :class:`TamperingError` counts against its shard), or None: try again without the
-        guilty clients (only clients were guilty, of a canary that nothing revealed, and the
-        ``left`` others still make ``min_quorum``)."""
+        """What to refuse the round with once ``verdict`` traced ``failure``, or None.
+
+        A :class:`TamperingError` counts against its shard. None: try again without the guilty
+        clients (only clients were guilty, of a canary that nothing revealed, and the ``left``
+        others still make ``min_quorum``).
+        """
         if verdict.shard is not None:
             return verdict.shard
         guilty = verdict.clients
@@ -170,8 +178,10 @@ class Tracer:
     def canaries(
         self, shard: ShardStub, blocks: Sequence[int], aggregates: Mapping[int, np.ndarray]
     ) -> Verdict:
-        """Trace failed canaries of ``blocks`` (all sent by ``shard``; ``aggregates``: each
-        block's validated aggregate row, as checked)."""
+        """Trace failed canaries of ``blocks``, all sent by ``shard``.
+
+        ``aggregates``: each block's validated aggregate row, as checked.
+        """
         clients = sorted(self.multipliers)
         query = TraceQuery(self.round, tuple(sorted(blocks)), tuple(clients))
         evidence = self._ask(shard, query)
@@ -193,14 +203,16 @@ class Tracer:
             canaries = self.keys.opened_canaries(openings)
         except InvalidArgumentError as exc:
             return Verdict(shard=TamperingError(sid, "evidence", f"a false opening ({exc})"))
-        params = self.keys.public.params
+        # an opening shows the client's own ciphertext, not yet weighted by its multiplier:
+        # the bound of one ciphertext (weighted by m, its canaries and their bound both grow m
+        # times)
+        bound = canary_bound(self.keys.public.params, 1.0)
         verdict = Verdict()
-        for i, (client, block) in enumerate(keys):
-            bound = canary_bound(params, self.multipliers[client] ** 2)
-            if failing_rows(canaries[i : i + 1], bound):
-                verdict.clients.setdefault(
-                    client, f"its ciphertext of block {block} carries key material (canaries)"
-                )
+        for i in failing_rows(canaries, bound):
+            client, block = keys[i]
+            verdict.clients.setdefault(
+                client, f"its ciphertext of block {block} carries key material (canaries)"
+            )
         if verdict:
             return verdict
         for block in query.blocks:  # nobody alone: is the aggregate the sum of the openings?
@@ -219,8 +231,10 @@ class Tracer:
         openings: list[CanaryOpening],
         aggregate: np.ndarray,
     ) -> bool:
-        """Whether ``aggregate`` agrees with the weighted sum of the block's openings on
-        everything they show (``c1`` and the canaries of ``c0``)."""
+        """Whether ``aggregate`` agrees with the weighted sum of the block's openings.
+
+        On everything they show: ``c1`` and the canaries of ``c0``.
+        """
         q = self.keys.public.modulus
         n = self.keys.public.params.poly_modulus_degree
         step = len(aggregate) // 2 // len(self.keys.public.params.canary_positions)
@@ -238,8 +252,10 @@ class Tracer:
 
     # ------------------------------------------------------------------ sketches
     def sketches(self, shard: ShardStub, blocks: Sequence[int], challenge: Challenge) -> Verdict:
-        """Trace a failed sketch check of ``blocks`` (all sent by ``shard``), revealing the
-        round's ``challenge`` to it (the round is never decrypted after this)."""
+        """Trace a failed sketch check of ``blocks`` (all sent by ``shard``).
+
+        It reveals the round's ``challenge`` to it (the round is never decrypted after this).
+        """
         clients = sorted(self.multipliers)
         ordered = tuple(sorted(blocks))
         sketches = tuple(

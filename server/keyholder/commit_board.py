@@ -91,6 +91,8 @@ class CommitBoard:
         How many versions older than the round's a committed update may be (0: sync).
     weight_bounds
         The closed range every declared aggregation weight must lie in.
+    fsync
+        Flush every record of the commitment log to disk before it is acknowledged.
     """
 
     def __init__(
@@ -192,8 +194,10 @@ class CommitBoard:
             return self._seed(self._require(round_))
 
     def _seed(self, phase: CommitPhase) -> bytes:
-        """HMAC of everything that defines the phase: a round reopened for another cohort,
-        version or key generation gets another challenge."""
+        """HMAC of everything that defines the phase.
+
+        A round reopened for another cohort, version or key generation gets another challenge.
+        """
         h = hashlib.sha256()
         for part in [phase.run_id.encode(), phase.context_id.encode()]:
             h.update(struct.pack("<I", len(part)) + part)
@@ -271,8 +275,10 @@ class CommitBoard:
         return values.reshape(self.sketch_count, self.num_blocks)
 
     def close(self, round_: int, *, freeze: bool) -> tuple[list[str], bool]:
-        """The committed clients so far and whether the phase is frozen; ``freeze``: accept
-        no commitment after this."""
+        """The committed clients so far and whether the phase is frozen.
+
+        ``freeze``: accept no commitment after this.
+        """
         with self._lock:
             phase = self._require(round_)
             if freeze and not phase.frozen:
@@ -307,8 +313,10 @@ class CommitBoard:
         return phase
 
     def exclude(self, client_id: str, why: str) -> None:
-        """Take no challenge request or commitment from ``client_id`` any more (blamed on
-        evidence for ``why``)."""
+        """Take no challenge request or commitment from ``client_id`` any more.
+
+        It was blamed on evidence for ``why``.
+        """
         with self._lock:
             self._excluded[client_id] = why
 

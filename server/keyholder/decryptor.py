@@ -96,11 +96,14 @@ class Decryptor:
         public = self.keys.public
         return Challenge(seed, modulus=public.modulus, coeffs_per_block=public.coeffs_per_block)
 
-    def block_bytes(self) -> int:
-        """Bytes of one packed aggregate block."""
+    def block_sizes(self) -> frozenset[int]:
+        """The sizes a packed aggregate block may have.
+
+        The full form and the compressed one (:attr:`crypto.PublicContext.block_sizes`).
+        """
         if not self._settings.encrypted:
-            return PlainContext(self.keys.public.params.values_per_block).block_bytes
-        return self.keys.public.block_bytes
+            return frozenset({PlainContext(self.keys.public.params.values_per_block).block_bytes})
+        return self.keys.public.block_sizes
 
     def unpack(self, data: list[bytes]) -> np.ndarray:
         """Validated coefficients of aggregate blocks (values, encryption off)."""
@@ -118,9 +121,11 @@ class Decryptor:
         layout: BlockLayout,
         timer: RoundTimer | None = None,
     ) -> tuple[np.ndarray, dict[int, dict[str, float]], float]:
-        """The round's weighted average update, each block's contributors with their
-        effective weights (weight x staleness multiplier; a block's total is their sum), and
-        the std of the client-level top-up noise added to each value of the sum (0 without).
+        """The round's weighted average update, each block's contributors, and the top-up noise.
+
+        The contributors come with their effective weights (weight x staleness multiplier; a block's
+        total is their sum); the noise is the std of the client-level top-up noise added to each
+        value of the sum (0 without).
 
         Nothing is decrypted before every block of every shard (``fetched``: each shard's
         reply; ``owner``: the shard of each block) passed every check of ``verifier``. At
@@ -145,7 +150,7 @@ class Decryptor:
                 streams,
                 owner=owner,
                 num_blocks=layout.num_blocks,
-                block_bytes=self.block_bytes(),
+                block_sizes=self.block_sizes(),
                 unpack=self.unpack,
             )
         multipliers = list(verifier.multipliers.values())
@@ -172,8 +177,10 @@ class Decryptor:
         return layout.join(averaged), manifests, top_up
 
     def present_multiplier(self, contributors: int, top_up: float) -> float:
-        """The noise multiplier a client-level round's released sum of ``contributors``
-        shares carries (0: example level, where the noise is each client's own DP-SGD)."""
+        """The noise multiplier of a client-level round's released sum of ``contributors`` shares.
+
+        0: example level, where the noise is each client's own DP-SGD.
+        """
         noise = self._settings.client_noise
         if noise is None:
             return 0.0
@@ -182,9 +189,11 @@ class Decryptor:
     def _open(
         self, round_: int, blocks: list[int], rows: np.ndarray, multipliers: Sequence[int]
     ) -> np.ndarray:
-        """Every block's decrypted sum, once every zero canary of every block is within the
-        noise bound (:mod:`crypto.canary`): a change to ``c1`` anywhere, by a client on its
-        own ciphertext or by a shard, and nothing of the round is decrypted."""
+        """Every block's decrypted sum, once every zero canary of every block is within bound.
+
+        The bound is the noise bound (:mod:`crypto.canary`): a change to ``c1`` anywhere, by a
+        client on its own ciphertext or by a shard, and nothing of the round is decrypted.
+        """
         if not self._settings.encrypted:
             return rows
         try:
@@ -206,8 +215,10 @@ class Decryptor:
             raise PolicyError(f"round {round_} cannot be decrypted: {exc}") from exc
 
     def _release(self, summed: np.ndarray, multipliers: Sequence[int], block: int) -> np.ndarray:
-        """Flood and round a decrypted sum of ciphertexts weighted by integer ``multipliers``
-        (all 1 in sync rounds), then refuse it if it breaks the clipping bound."""
+        """Flood and round a decrypted sum, then refuse it if it breaks the clipping bound.
+
+        The sum is of ciphertexts weighted by integer ``multipliers`` (all 1 in sync rounds).
+        """
         settings = self._settings
         margin = 0.0
         contributors = sum(multipliers)  # every value is at most this x max_abs_value
@@ -229,18 +240,21 @@ class Decryptor:
 
     # ------------------------------------------------------------------ key rotation
     def rotation_due(self, last_round: int) -> bool:
-        """Whether ``rotate_every_rounds`` rounds have passed since the key pair was made
-        (round numbers: a round abandoned in between counts too, which errs on the safe
-        side)."""
+        """Whether ``rotate_every_rounds`` rounds have passed since the key pair was made.
+
+        In round numbers: a round abandoned in between counts too, which errs on the safe side.
+        """
         period = self._settings.rotate_every_rounds
         return self._settings.encrypted and period > 0 and last_round - self.key_since >= period
 
     def rotate(self, last_round: int, save: Callable[[SecretContext], None]) -> None:
-        """Replace the key pair once round ``last_round`` is applied and saved: later rounds
-        encrypt under a new context; the old secret key is gone from memory and, through
-        ``save`` (which writes the new pair in one step, :meth:`crypto.SecretContext.save`),
-        from disk. A pair that cannot be written leaves the current one in use, and the next
-        applied round tries again."""
+        """Replace the key pair once round ``last_round`` is applied and saved.
+
+        Later rounds encrypt under a new context; the old secret key is gone from memory and,
+        through ``save`` (which writes the new pair in one step, :meth:`crypto.SecretContext.save`),
+        from disk. A pair that cannot be written leaves the current one in use, and the next applied
+        round tries again.
+        """
         keys = SecretContext.generate(self.keys.public.params)  # same parameters and layout
         try:
             save(keys)
@@ -259,9 +273,11 @@ class Decryptor:
         )
 
     def check_rotation(self, blocks: int) -> None:
-        """Warn when one key pair may release more of the ``blocks`` blocks of the model than
-        the leakage bound allows (:func:`crypto.release.releases_per_key`,
-        docs/security.md)."""
+        """Warn when one key pair may release more of the model's ``blocks`` blocks than is safe.
+
+        That is, more than the leakage bound allows (:func:`crypto.release.releases_per_key`,
+        docs/security.md).
+        """
         if not self._settings.encrypted:
             return
         period = self._settings.rotate_every_rounds

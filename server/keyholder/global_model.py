@@ -33,8 +33,9 @@ class ModelSnapshot:
 
 
 class GlobalModel:
-    """The model's parameters (None until the chief sets them), version and last applied
-    round, with what steps them.
+    """The model's parameters, version and last applied round, with what steps them.
+
+    The parameters are None until the chief sets them.
 
     Parameters
     ----------
@@ -52,8 +53,9 @@ class GlobalModel:
         self.last_round = 0
 
     def start(self, vector: np.ndarray, version: int) -> ModelSnapshot:
-        """Set the initial model ``vector`` at ``version``, with a fresh optimizer and policy
-        state; returns what was there before (to :meth:`restore` if it cannot be kept).
+        """Set the initial model ``vector`` at ``version``, with a fresh optimizer and policy state.
+
+        Returns what was there before (to :meth:`restore` if it cannot be kept).
 
         Raises
         ------
@@ -78,9 +80,11 @@ class GlobalModel:
         manifests: Mapping[int, Mapping[str, float]],
         layout: BlockLayout,
     ) -> bool:
-        """Apply round ``round_``'s average update ``delta`` (each block's contributors with
-        their effective weights in ``manifests``); the next version. Returns False for a
-        buffer that left the synchronous parameter groups as they were."""
+        """Apply round ``round_``'s average update ``delta``; the next version.
+
+        ``manifests`` holds each block's contributors with their effective weights. Returns False
+        for a buffer that left the synchronous parameter groups as they were.
+        """
         assert self.params is not None
         round_closed = True
         if self.groups is None:

@@ -166,8 +166,9 @@ class KeyHolder:
         optimizer: ServerOptimizer,
         groups: GroupPolicy | None = None,
     ) -> KeyHolder:
-        """The key holder whose state folder is ``state_dir`` (made private, 0700): its keys
-        read, or created on a first start, its state and commit log loaded, a client opened
+        """The key holder whose state folder is ``state_dir`` (made private, 0700).
+
+        Its keys read, or created on a first start, its state and commit log loaded, a client opened
         for each shard.
 
         Parameters
@@ -317,8 +318,10 @@ class KeyHolder:
         return self.suspects.blamed
 
     def model_state(self) -> ModelState:
-        """The model's version, size and last round, the tampering detected so far and the
-        shards' missed deadlines."""
+        """The model's version, size and last round, the tampering detected, the missed deadlines.
+
+        The tampering is what was detected so far, the missed deadlines are the shards'.
+        """
         return ModelState(
             version=self.version,
             num_params=0 if self.params is None else self.params.size,
@@ -333,8 +336,10 @@ class KeyHolder:
         )
 
     def clear_detections(self) -> None:
-        """Forget every detection (the operator replaced the suspect shards); refused
-        rounds stay refused."""
+        """Forget every detection (the operator replaced the suspect shards).
+
+        Refused rounds stay refused.
+        """
         with self._lock:
             self.suspects.clear()
             if self.params is not None:
@@ -483,9 +488,12 @@ class KeyHolder:
             return result
 
     def _publish_applied(self, round_: int) -> None:
-        """Publish the version round ``round_`` produced; a shard that does not take it
-        leaves the round applied (durably) and unpublished, and the caller is asked to retry:
-        the next :meth:`apply_round` of the same round publishes it again (idempotently)."""
+        """Publish the version round ``round_`` produced.
+
+        A shard that does not take it leaves the round applied (durably) and unpublished, and the
+        caller is asked to retry: the next :meth:`apply_round` of the same round publishes it again
+        (idempotently).
+        """
         try:
             self._publish()
         except FedPSError as exc:
@@ -499,11 +507,13 @@ class KeyHolder:
     def _trace(
         self, round_: int, phase: CommitPhase, verifier: AggregateVerifier, exc: PolicyError
     ) -> tuple[PolicyError | None, set[str]]:
-        """After check ``exc`` failed: trace it to whoever caused it (:mod:`.blame`), blame
-        the guilty clients, and say whether to refuse the round (with which error: a
-        :class:`TamperingError` counts against its shard) or to try again without the guilty
-        clients (None: only clients were guilty, of a canary that nothing revealed, and the
-        rest still make a quorum)."""
+        """Trace the failed check ``exc`` to whoever caused it and blame the guilty clients.
+
+        See :mod:`.blame`. Then say whether to refuse the round (with which error: a
+        :class:`TamperingError` counts against its shard) or to try again without the guilty clients
+        (None: only clients were guilty, of a canary that nothing revealed, and the rest still make
+        a quorum).
+        """
         tracer = Tracer(round_, phase, verifier.multipliers, self.keys, self._decryptor.unpack)
         verdict = tracer.trace(exc, self._shards.clients, self._shards.owner, verifier.challenge)
         for client, why in sorted(verdict.clients.items()):

@@ -33,6 +33,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
     def GetPublicContext(  # noqa: N802 (gRPC method name)
         self, request: common_pb2.Empty, context: grpc.ServicerContext
     ) -> keyholder_pb2.PublicContextReply:
+        """The public context, its id, the signing key and its signature of them."""
         public = self.keyholder.keys.public  # once: a rotation may replace the keys meanwhile
         encrypted = self.keyholder.settings.encrypted
         context_id = public.context_id if encrypted else PLAINTEXT_CONTEXT_ID
@@ -55,6 +56,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
         request_iterator: Iterator[keyholder_pb2.InitializeRequest],
         context: grpc.ServicerContext,
     ) -> keyholder_pb2.ModelState:
+        """Chief: set the initial model, unless the key holder already has one."""
         with rpc_errors(context):
             blocks: dict[int, np.ndarray] = {}
             num_params = 0
@@ -74,6 +76,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
     def ApplyRound(  # noqa: N802
         self, request: keyholder_pb2.ApplyRoundRequest, context: grpc.ServicerContext
     ) -> keyholder_pb2.ApplyRoundReply:
+        """Coordinator: decrypt a closed round's sums, apply them, publish the next version."""
         started = time.perf_counter()
         timer = RoundTimer()
         with rpc_errors(context):
@@ -94,6 +97,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
     def OpenCommits(  # noqa: N802
         self, request: keyholder_pb2.OpenCommitsRequest, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
+        """Coordinator: start collecting a cohort's commitments for a round (or async buffer)."""
         with rpc_errors(context):
             o = records.CommitOpening.from_proto(request)
             self.keyholder.open_commits(o.round, o.version, o.run_id, o.context_id, o.members)
@@ -102,6 +106,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
     def GetChallenge(  # noqa: N802
         self, request: keyholder_pb2.ChallengeRequest, context: grpc.ServicerContext
     ) -> keyholder_pb2.Challenge:
+        """Cohort member: the round's secret challenge, to sketch its ciphertexts under."""
         with rpc_errors(context):
             require_peer(context, request.client_id)
             seed = self.keyholder.commits.challenge_seed(request.round, request.client_id)
@@ -110,6 +115,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
     def Commit(  # noqa: N802
         self, request: keyholder_pb2.CommitRequest, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
+        """Client: its signed commitment to its update and the sketches of its ciphertexts."""
         with rpc_errors(context):
             try:
                 c = records.UpdateCommitment.from_proto(request)
@@ -126,6 +132,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
     def CloseCommits(  # noqa: N802
         self, request: keyholder_pb2.CloseCommitsRequest, context: grpc.ServicerContext
     ) -> keyholder_pb2.CommitSet:
+        """Coordinator: the clients committed so far; with freeze, no commitment after."""
         with rpc_errors(context):
             c = records.CommitClosing.from_proto(request)
             ids, frozen = self.keyholder.commits.close(c.round, freeze=c.freeze)
@@ -136,4 +143,5 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
     def GetModelState(  # noqa: N802
         self, request: common_pb2.Empty, context: grpc.ServicerContext
     ) -> keyholder_pb2.ModelState:
+        """The model's state, the tampering detected and the shards' missed deadlines."""
         return self.keyholder.model_state().to_proto()

@@ -100,8 +100,7 @@ _OPTIMIZERS: dict[str, Callable[[float, float], ServerOptimizer]] = {
 def register_server_optimizer(
     name: str, factory: Callable[[float, float], ServerOptimizer]
 ) -> None:
-    """Make ``factory(lr, momentum)`` available to :func:`create_server_optimizer` as
-    ``name``.
+    """Make ``factory(lr, momentum)`` available to :func:`create_server_optimizer` as ``name``.
 
     Raises
     ------

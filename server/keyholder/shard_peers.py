@@ -56,8 +56,10 @@ class ShardPeers:
     def fetch_aggregates(
         self, round_: int, contributors: Collection[str]
     ) -> dict[str, Iterable[AggregatePart]]:
-        """Each shard's sums of ``round_`` for exactly ``contributors``, with manifests and
-        signed updates, as they stream in (read them to count the shard's answer)."""
+        """Each shard's sums of ``round_`` for exactly ``contributors``, as they stream in.
+
+        With manifests and signed updates; read them to count the shard's answer.
+        """
         deadline_s = self.misses.deadline_s
         return {
             sid: self.misses.stream(
@@ -71,8 +73,9 @@ class ShardPeers:
     def publish(
         self, params: np.ndarray, version: int, layout: BlockLayout, sign: Callable[[bytes], bytes]
     ) -> None:
-        """Publish model ``version`` (``params``, cut by ``layout``) to the shards, each block
-        to its owner with its signature (``sign`` of its digest).
+        """Publish model ``version`` (``params``, cut by ``layout``) to the shards.
+
+        Each block goes to its owner with its signature (``sign`` of its digest).
 
         Raises
         ------

@@ -104,10 +104,11 @@ class KeyHolderState:
     saved_at: float = 0.0  # Unix time of the save (a loaded state: the file's mtime)
 
     def key_since_for(self, context_id: str) -> int:
-        """The last round applied before the key pair ``context_id`` (the one loaded) was
-        made. The state is saved before the keys rotate: keys of another context than the
-        state names were made after its last round; a state that names none predates
-        rotation (count from 0)."""
+        """The last round applied before the key pair ``context_id`` (the one loaded) was made.
+
+        The state is saved before the keys rotate: keys of another context than the state names were
+        made after its last round; a state that names none predates rotation (count from 0).
+        """
         if self.key_context is None:
             return 0
         if self.key_context != context_id:
@@ -116,8 +117,9 @@ class KeyHolderState:
 
 
 class StateStore:
-    """Reads and writes the key holder's state folder ``directory`` (nothing happens before
-    a method is called).
+    """Reads and writes the key holder's state folder ``directory``.
+
+    Nothing happens before a method is called.
 
     Parameters
     ----------
@@ -206,8 +208,9 @@ class StateStore:
 
     # ------------------------------------------------------------------ the keys
     def open_keys(self, params: CkksParams) -> tuple[SecretContext, BlockSigner, bytes]:
-        """The CKKS key pair, the signing key and the challenge secret, created on a first
-        start (and ``signing.pub`` written beside them).
+        """The CKKS key pair, the signing key and the challenge secret, created on a first start.
+
+        ``signing.pub`` is written beside them.
 
         Raises
         ------
@@ -233,8 +236,10 @@ class StateStore:
         keys.save(self.keys_dir)
 
     def _require_keys(self) -> None:
-        """Stop when a key of a key holder that already has state is missing; on a first
-        start (no state) the keys are created."""
+        """Stop when a key of a key holder that already has state is missing.
+
+        On a first start (no state) the keys are created.
+        """
         if not self.path.exists():
             return
         for name, lost in _LOST_KEYS.items():
@@ -246,8 +251,9 @@ class StateStore:
 
 
 def saved_version(state_dir: Path) -> int | None:
-    """The model version the key holder whose state folder is ``state_dir`` last applied, from
-    its state file (None when it saved none).
+    """The model version last applied by the key holder whose state folder is ``state_dir``.
+
+    From its state file; None when it saved none.
 
     Raises
     ------
@@ -282,8 +288,9 @@ def _corrupt(path: Path, exc: Exception) -> CorruptStateError:
 
 
 def _load_or_create_secret(path: Path) -> bytes:
-    """A 32-byte secret kept in a 0600 file (created on first use, see
-    :meth:`StateStore.open_keys`).
+    """A 32-byte secret kept in a 0600 file.
+
+    Created on first use, see :meth:`StateStore.open_keys`.
 
     Raises
     ------

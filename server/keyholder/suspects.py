@@ -74,8 +74,7 @@ class Suspects:
             self.on_tampering(exc.shard, exc.reason)
 
     def blame(self, round_: int, client: str, why: str) -> None:
-        """Exclude ``client`` from every later round: the evidence of ``round_`` proved
-        ``why``."""
+        """Exclude ``client`` from every later round: the evidence of ``round_`` proved ``why``."""
         with self._lock:
             self.blamed[client] = f"round {round_}: {why}"
         self._exclude(client, self.blamed[client])

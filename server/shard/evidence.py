@@ -34,8 +34,10 @@ def answer_trace(
     public: PublicContext | PlainContext,
     held: Callable[[Collection[int], Collection[str]], HeldRows],
 ) -> tuple[list[OpenedBlock], list[HeldCiphertext]]:
-    """Answer a :class:`~fedps.rpc.shard_messages.TraceQuery`: canary openings, or with a
-    challenge seed the ciphertexts that do not match their committed sketches.
+    """Answer a :class:`~fedps.rpc.shard_messages.TraceQuery`.
+
+    Canary openings, or with a challenge seed the ciphertexts that do not match their committed
+    sketches.
 
     Parameters
     ----------
@@ -92,9 +94,11 @@ def sketch_mismatches(
     sketches: Mapping[str, np.ndarray],
     challenge: Challenge,
 ) -> list[tuple[str, int, bytes]]:
-    """The held ciphertexts ``(client, block, packed)`` whose sketch under ``challenge`` is
-    not the one their client committed (``sketches``: each client's committed sketches of
-    ``blocks``, shape (count, len(blocks)))."""
+    """The held ciphertexts ``(client, block, packed)`` whose sketch is not the committed one.
+
+    Their sketch under ``challenge`` is not the one their client committed (``sketches``: each
+    client's committed sketches of ``blocks``, shape (count, len(blocks))).
+    """
     pushes, rows = held
     if not pushes:
         return []

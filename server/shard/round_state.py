@@ -36,6 +36,7 @@ class ClientEntry:
 
     @classmethod
     def of(cls, update: SignedUpdate, multiplier: int) -> ClientEntry:
+        """The entry of ``update``, added into the sums with ``multiplier``."""
         return cls(
             update.weight,
             update.version,
@@ -46,20 +47,26 @@ class ClientEntry:
         )
 
     def has(self, block: int) -> bool:
+        """Whether block ``block`` was added into the sum."""
         return bool(self.blocks >> block & 1)
 
     def root(self, block: int) -> bytes:
+        """The committed chunk root of block ``block``."""
         return self.roots[block * ROOT_BYTES : (block + 1) * ROOT_BYTES]
 
     def signed(self, client_id: str) -> SignedUpdate:
+        """The signed update of ``client_id`` this entry holds."""
         roots = tuple(self.root(b) for b in range(len(self.roots) // ROOT_BYTES))
         return SignedUpdate(client_id, self.weight, self.nonce, self.signature, roots, self.version)
 
 
 @dataclass
 class RoundState:
-    """One round at a shard: its cohort and commitments, the running sums of the blocks the
-    shard owns, and each client's entry."""
+    """One round at a shard.
+
+    Its cohort and commitments, the running sums of the blocks the shard owns, and each client's
+    entry.
+    """
 
     round: int
     version: int

@@ -79,6 +79,18 @@ class Shard:
     public_context
         Returns the key holder's public context for a context id (fetched once per key
         generation).
+    max_messages_per_round
+        Push messages one client may send this shard per round
+        (``security.max_pushes_per_round``).
+    staleness
+        The staleness function of asynchronous mode (None: synchronous rounds).
+    max_staleness
+        The oldest model version, in versions behind, an asynchronous update may train.
+    verify_model
+        The key holder's signature check of a published block, ``(version, block, values,
+        signature)``; None: publishes are not checked.
+    log
+        The shard's durable log (None: nothing survives a restart).
     """
 
     def __init__(
@@ -120,8 +132,10 @@ class Shard:
 
     # ------------------------------------------------------------------ durability
     def recover(self) -> int:
-        """Rebuild the published model and every kept round from the log; returns the
-        number of records replayed (0 without a log)."""
+        """Rebuild the published model and every kept round from the log.
+
+        Returns the number of records replayed (0 without a log).
+        """
         if self._log is None:
             return 0
         saved = self._log.load_model()
@@ -227,8 +241,11 @@ class Shard:
         return len(owned)
 
     def _save_model(self, model: Publication) -> None:
-        """Save the published model before installing it; a failed write installs nothing
-        and is answered as unavailable (the key holder publishes again)."""
+        """Save the published model before installing it.
+
+        A failed write installs nothing and is answered as unavailable (the key holder publishes
+        again).
+        """
         assert self._log is not None
         try:
             self._log.save_model(model)
@@ -440,8 +457,10 @@ class Shard:
         blocks: list[tuple[int, bytes]],
         coefficients: np.ndarray,
     ) -> None:
-        """Add one client's blocks (number, packed data) into the sums (the caller holds
-        the lock)."""
+        """Add one client's blocks (number, packed data) into the sums.
+
+        The caller holds the lock.
+        """
         if not blocks:
             return
         entry = state.entries.get(update.client_id)
@@ -455,8 +474,11 @@ class Shard:
         self.stats["accepted"] += len(blocks)
 
     def _multiplier(self, state: RoundState, batch: PushBatch) -> int:
-        """1 in sync mode (the update must be for the round's version); in async mode the
-        fixed-point staleness weight, refusing updates older than the maximum staleness."""
+        """The staleness multiplier: 1 in sync mode, the fixed-point staleness weight in async mode.
+
+        In sync mode the update must be for the round's version; in async mode updates older than
+        the maximum staleness are refused.
+        """
         if self._staleness is None:
             if batch.version != state.version:
                 raise InvalidArgumentError(
@@ -533,8 +555,10 @@ class Shard:
     def aggregates(
         self, round_: int, contributors: Collection[str]
     ) -> tuple[list[Aggregate], list[SignedUpdate]]:
-        """The closed round's sum of exactly ``contributors`` (the clients the round closed
-        with) for every owned block, with manifests and signed updates, for the key holder.
+        """The closed round's sum of exactly ``contributors`` for every owned block.
+
+        ``contributors`` are the clients the round closed with; the sums come with manifests and
+        signed updates, for the key holder.
 
         A client that pushed here but is not a contributor (another shard found its pushes
         incomplete) is left out of the sums: every shard sums the same set, so a shard that
@@ -590,8 +614,9 @@ class Shard:
         return Aggregate(block, packed, manifest)
 
     def trace(self, query: TraceQuery) -> tuple[list[OpenedBlock], list[HeldCiphertext]]:
-        """Answer the key holder's :class:`~fedps.rpc.shard_messages.TraceQuery` from the
-        ciphertexts this shard holds (:func:`server.shard.evidence.answer_trace`).
+        """Answer the key holder's :class:`~fedps.rpc.shard_messages.TraceQuery`.
+
+        From the ciphertexts this shard holds (:func:`server.shard.evidence.answer_trace`).
 
         Raises
         ------
@@ -620,8 +645,9 @@ class Shard:
     def _held(
         self, round_: int, blocks: Collection[int], clients: Collection[str]
     ) -> list[tuple[str, int, bytes]]:
-        """``(client, block, packed)`` of every client's push of every block of the closed
-        round ``round_`` (the caller holds the lock).
+        """``(client, block, packed)`` of every client's push of every block of round ``round_``.
+
+        The round is closed; the caller holds the lock.
 
         Raises
         ------
@@ -649,8 +675,10 @@ class Shard:
     def _pushed(
         self, state: RoundState, pairs: list[tuple[str, int]]
     ) -> dict[tuple[str, int], bytes]:
-        """The packed ciphertexts of ``(client, block)`` pairs the shard added in ``state``
-        (from memory, or read back from the round's log)."""
+        """The packed ciphertexts of ``(client, block)`` pairs the shard added in ``state``.
+
+        From memory, or read back from the round's log.
+        """
         if self._log is None:
             return {(c, b): state.entries[c].data[b] for c, b in pairs}
         found = self._log.pushed(state.round, set(pairs))

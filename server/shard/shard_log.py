@@ -43,8 +43,11 @@ _CONTEXT_HINT = "delete it; the shard fetches the public context from the key ho
 
 @dataclass(frozen=True)
 class ShardLogRecord:
-    """One acknowledged change: a round opened (``opening``), a push's added blocks
-    (``push``, with the staleness ``multiplier`` applied), a round closed or discarded."""
+    """One acknowledged change.
+
+    A round opened (``opening``), a push's added blocks (``push``, with the staleness ``multiplier``
+    applied), a round closed or discarded.
+    """
 
     kind: Literal["open", "push", "close", "discard"]
     round: int
@@ -110,9 +113,10 @@ class ShardLog:
             yield round_, ShardLogRecord.from_proto(shard_pb2.ShardLogRecord.FromString(payload))
 
     def pushed(self, round_: int, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], bytes]:
-        """The packed ciphertexts of the ``(client, block)`` pairs ``wanted`` that round
-        ``round_``'s log holds, read back from disk (a shard keeps only running sums in
-        memory; this is the evidence the key holder may ask for after a failed check).
+        """The packed ciphertexts of the ``(client, block)`` pairs ``wanted`` in ``round_``'s log.
+
+        Read back from disk: a shard keeps only running sums in memory; this is the evidence the key
+        holder may ask for after a failed check.
 
         Raises
         ------
@@ -173,8 +177,9 @@ class ShardLog:
 
 
 def load_published_model(directory: Path) -> Publication | None:
-    """The published model a shard saved in its state folder ``directory`` (every block it
-    owns, signed), or None when it saved none.
+    """The published model a shard saved in its state folder ``directory``.
+
+    Every block it owns, signed; None when it saved none.
 
     Raises
     ------

@@ -32,6 +32,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     def OpenRound(  # noqa: N802 (gRPC method name)
         self, request: shard_pb2.OpenRoundRequest, context: grpc.ServicerContext
     ) -> shard_pb2.OpenRoundReply:
+        """Coordinator: open a round on a model version for a cohort."""
         with rpc_errors(context):
             o = records.RoundOpening.from_proto(request)
             self.shard.open_round(
@@ -42,6 +43,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     def PushBlocks(  # noqa: N802
         self, request_iterator: Iterator[shard_pb2.PushRequest], context: grpc.ServicerContext
     ) -> shard_pb2.PushReply:
+        """Client: a stream of encrypted blocks for the open round."""
         accepted = duplicates = 0
         metrics = self._metrics
         with rpc_errors(context):
@@ -64,6 +66,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     def PullBlocks(  # noqa: N802
         self, request: shard_pb2.PullRequest, context: grpc.ServicerContext
     ) -> Iterator[shard_pb2.PullReply]:
+        """Anyone: the current plaintext blocks this shard owns, streamed."""
         with rpc_errors(context):
             version, blocks = self.shard.pull(request.min_version)
         items = sorted(blocks.items())
@@ -78,6 +81,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     def CloseRound(  # noqa: N802
         self, request: shard_pb2.CloseRoundRequest, context: grpc.ServicerContext
     ) -> shard_pb2.CloseRoundReply:
+        """Coordinator: stop accepting pushes for a round; reports who contributed."""
         with rpc_errors(context):
             complete = self.shard.close_round(request.round)
         return records.ClosedRound(tuple(complete), len(self.shard.owned_blocks)).to_proto()
@@ -85,6 +89,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     def DiscardRound(  # noqa: N802
         self, request: shard_pb2.CloseRoundRequest, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
+        """Coordinator: drop an abandoned round's sums without ever decrypting them."""
         with rpc_errors(context):
             self.shard.discard_round(request.round)
         return common_pb2.Empty()
@@ -92,6 +97,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     def FetchAggregate(  # noqa: N802
         self, request: shard_pb2.FetchAggregateRequest, context: grpc.ServicerContext
     ) -> Iterator[shard_pb2.FetchAggregateReply]:
+        """Key holder: the closed round's sums of exactly the named contributors, streamed."""
         with rpc_errors(context):
             aggregates, updates = self.shard.aggregates(request.round, request.contributors)
         for chunk in batched(updates, lambda u: 32 * len(u.roots) + 256):
@@ -104,6 +110,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     def TraceBlocks(  # noqa: N802
         self, request: shard_pb2.TraceRequest, context: grpc.ServicerContext
     ) -> Iterator[shard_pb2.TraceReply]:
+        """Key holder, after a failed check: the evidence on some blocks of a closed round."""
         with rpc_errors(context):
             openings, mismatches = self.shard.trace(records.TraceQuery.from_proto(request))
         for batch in batched(openings, lambda o: len(o.c1) + 512):
@@ -114,6 +121,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     def Publish(  # noqa: N802
         self, request_iterator: Iterator[shard_pb2.PublishRequest], context: grpc.ServicerContext
     ) -> shard_pb2.PublishReply:
+        """Key holder: publish a new version of this shard's blocks."""
         with rpc_errors(context):
             blocks: dict[int, np.ndarray] = {}
             signatures: dict[int, bytes] = {}
@@ -135,4 +143,5 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     def GetStatus(  # noqa: N802
         self, request: common_pb2.Empty, context: grpc.ServicerContext
     ) -> shard_pb2.ShardStatus:
+        """What the shard reports to the operator."""
         return self.shard.status().to_proto()

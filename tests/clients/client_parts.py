@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clients.client_session import ClientSession, Uplink, read_enrolment_token
+from clients.client_setup import client_partition
 from clients.client_state import ClientState, data_fingerprint
 from clients.dp_trainer import create_trainer
-from clients.edge_client import client_partition
 from clients.peer_failures import PeerFailures
 from clients.privacy_ledger import PrivacyLedger
 from clients.pusher import Pusher

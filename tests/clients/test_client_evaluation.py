@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from clients.client_eval import ClientEvaluation
-from clients.edge_client import client_partition
+from clients.client_setup import client_partition
 from fedps.config import load_config
 from fedps.learning.tasks import load_task
 from fedps.sharding.blocks import flatten_model

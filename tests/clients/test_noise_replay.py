@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from clients.client_setup import client_partition
 from clients.dp_trainer import DPTrainer
-from clients.edge_client import client_partition
 from fedps.config import FedPSConfig, load_config
 from fedps.learning.models import create_model
 from fedps.sharding.blocks import flatten_model

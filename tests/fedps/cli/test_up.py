@@ -157,6 +157,17 @@ def test_sigterm_stops_up_and_every_role(up: Up) -> None:
     _assert_no_role_left(up, pids)
 
 
+def test_sigkill_of_up_leaves_no_role_running(up: Up) -> None:
+    # Prepare: the cluster up, its coordinator waiting for clients
+    pids = up.wait_up()
+    # Execute: up is killed outright (it can stop nothing itself)
+    up.proc.kill()
+    up.proc.wait(HANG_S)
+    # Assert: each role saw its parent go and stopped, releasing its state folder
+    wait_for(lambda: not any(is_running(pid) for pid in pids.values()), "every role stops")
+    _assert_no_role_left(up, pids)
+
+
 def test_a_role_on_a_port_in_use_stops_up_with_its_line(tmp_path: Path) -> None:
     # Prepare: another program listens on shard-1's port
     path, config = _write_config(tmp_path)

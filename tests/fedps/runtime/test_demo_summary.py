@@ -21,6 +21,10 @@ def test_to_json_writes_every_field_under_its_name_with_tuples_as_arrays() -> No
         round_seconds=(1.0, 1.5),
         push_seconds=(0.25, 0.5),
         round_accuracy=((1.0, None), (1.5, 0.875)),
+        round_contributors=(2, 2),
+        round_phases=({"train": 0.5, "other": 0.5}, {"train": 1.0, "other": 0.5}),
+        round_server_phases=({"commit_wait": 0.75}, {"commit_wait": 1.25}),
+        round_client_phases=({"client-0": {"train": 0.5}}, {"client-0": {"train": 1.0}}),
     )
 
     # Execute
@@ -45,4 +49,8 @@ def test_to_json_writes_every_field_under_its_name_with_tuples_as_arrays() -> No
         "round_seconds": [1.0, 1.5],
         "push_seconds": [0.25, 0.5],
         "round_accuracy": [[1.0, None], [1.5, 0.875]],
+        "round_contributors": [2, 2],
+        "round_phases": [{"train": 0.5, "other": 0.5}, {"train": 1.0, "other": 0.5}],
+        "round_server_phases": [{"commit_wait": 0.75}, {"commit_wait": 1.25}],
+        "round_client_phases": [{"client-0": {"train": 0.5}}, {"client-0": {"train": 1.0}}],
     }

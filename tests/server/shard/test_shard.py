@@ -1046,3 +1046,62 @@ def test_a_smaller_set_is_summed_from_the_log_after_a_restart(durable: Durable) 
     assert all(set(a.contributions) == {"a"} for a in aggregates)
     both = _decrypted_sums(second.aggregates(1, ["a", "b"])[0], keys)
     assert all(abs(v - 3.0) < TOLERANCE for v in both.values())
+
+
+# --------------------------------------------------------------------------- wire forms
+
+
+@pytest.fixture(scope="module")
+def compressed_keys() -> SecretContext:
+    """Keys of the default workload, whose clients send compressed blocks."""
+    params = CkksParams.for_workload(max_clients=100, max_abs_value=1.0, precision=1e-5)
+    assert params.c0_drop_bits and params.c1_drop_bits
+    return SecretContext.generate(params)
+
+
+@pytest.mark.parametrize("form", ["compressed", "full", "compressed-out-of-range"])
+def test_a_push_in_either_form_is_validated_exactly_and_summed(
+    ring: HashRing, owned: list[int], compressed_keys: SecretContext, form: str
+) -> None:
+    # Prepare: "a" pushes as clients do; "b" compressed, in the full form (the same
+    # ciphertext, so the same signed roots), or with a compressed value of c1 that expands
+    # beyond q (its bits fit, its range not)
+    keys = compressed_keys
+    public = keys.public
+    updates = Updates(keys)
+    shard = _published(ring, owned, lambda _: public)
+    shard.open_round(1, 1, updates.members(COHORT), public.context_id)
+    _push_all(shard, "a", updates, owned)
+    encrypted = updates.encrypted["b"]
+    packed = dict(encrypted.packed)
+    compression, n = public.compression, public.params.poly_modulus_degree
+    start = bitpack.packed_size(n, compression.widths[0])
+    end = start + bitpack.packed_size(n, compression.widths[1])
+    for b in owned:
+        if form == "full":
+            packed[b] = bitpack.pack(encrypted.coefficients[b], public.coeff_bits)
+        elif form == "compressed-out-of-range":
+            c1 = bitpack.unpack(packed[b][start:end], n, compression.widths[1])
+            c1[7] = compression.limits[1]
+            packed[b] = (
+                packed[b][:start] + bitpack.pack(c1, compression.widths[1]) + packed[b][end:]
+            )
+    push = updates.signed("b", encrypted=Encrypted(packed, encrypted.coefficients))(owned)
+
+    # Execute
+    if form == "compressed-out-of-range":
+        with pytest.raises(InvalidArgumentError, match="out of range"):
+            shard.push(push)
+    else:
+        shard.push(push)
+    aggregates, _ = shard.aggregates(1, shard.close_round(1))
+
+    # Assert: the bytes counted are the compressed ones; aggregates travel in the full form
+    # and decrypt to the sum of what was accepted
+    accepted = 1.0 if form == "compressed-out-of-range" else 3.0
+    sent = {"compressed": public.block_bytes, "full": public.full_block_bytes}.get(form, 0)
+    assert shard.stats["bytes"] == len(owned) * (public.block_bytes + sent)
+    assert public.block_bytes < public.full_block_bytes
+    assert all(len(agg.ciphertext) == public.full_block_bytes for agg in aggregates)
+    sums = _decrypted_sums(aggregates, keys)
+    assert all(abs(s - accepted) < TOLERANCE for s in sums.values())
