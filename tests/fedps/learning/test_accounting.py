@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 from opacus.accountants import RDPAccountant
 
@@ -23,6 +25,36 @@ def test_opacus_rdp_known_value() -> None:
     # Assert: Opacus 1.6.0 gives 7.3291111714386545.
     assert round(ours, 3) == 7.329
     assert ours == opacus
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        [(1.5, 0.1, 12)],
+        [(0.8, 0.01, 500)],
+        [(1.0, 1.0, 3)],
+        [(2.0, 0.25, 40), (1.5, 0.1, 12), (2.0, 0.25, 7)],  # the noise changed, then back
+        [(0.5, 0.04, 1), (0.5, 0.04, 900)],
+    ],
+)
+@pytest.mark.parametrize("delta", [1e-5, 1e-3])
+def test_rdp_epsilon_is_opacus_accountants_float(
+    history: list[tuple[float, float, int]], delta: float
+) -> None:
+    # Prepare: Opacus's accountant on the same history (its orders, its conversion).
+    accountant = RDPAccountant()
+    accountant.history = list(history)
+
+    # Execute: ours caches one step's RDP curve per (sigma, q) and scales it.
+    ours = epsilon_of_history(history, delta, "rdp")
+    again = epsilon_of_history(list(reversed(history)), delta, "rdp")  # cached curves, reused
+
+    # Assert: the very same float, in any order of the entries.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Opacus's "optimal order is the smallest alpha"
+        opacus = accountant.get_epsilon(delta=delta)
+    assert ours == opacus
+    assert again == pytest.approx(opacus, rel=1e-12)
 
 
 def test_prv_accountant_is_selectable_and_close_to_rdp() -> None:
