@@ -245,15 +245,22 @@ class ClientSession:
             self.run_id = reply.run_id
         return reply
 
-    def poll_task(self, *, retry_s: float | None = None, wait_s: float = 0.0) -> Assignment:
+    def poll_task(
+        self, *, retry_s: float | None = None, wait_s: float = 0.0, committed_round: int = 0
+    ) -> Assignment:
         """One ``GetTask`` call, carrying the spend recorded in the ledger.
 
         Retried while the coordinator is unavailable, up to ``retry_s``. ``wait_s``: while the
         answer would be WAIT, the coordinator may hold the call this long and answer as soon as
         the task changes (a long poll; :data:`LONG_POLL_S` for a client that only waits).
+        ``committed_round``: the round we committed to and wait to push (0: none).
         """
         query = AssignmentQuery(
-            self.client_id, self.ledger.epsilon, self.config.privacy.delta, wait_s=wait_s
+            self.client_id,
+            self.ledger.epsilon,
+            self.config.privacy.delta,
+            wait_s=wait_s,
+            committed_round=committed_round,
         )
         return self.uplink.get_task(query, retry_s=retry_s)
 

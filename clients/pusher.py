@@ -103,7 +103,9 @@ class Pusher:
         """
         until = time.time() + timeout_s
         while time.time() < until:
-            task = self.session.poll_task(retry_s=timeout_s, wait_s=LONG_POLL_S)
+            task = self.session.poll_task(
+                retry_s=timeout_s, wait_s=LONG_POLL_S, committed_round=round_
+            )
             if task.kind == "push" and task.round == round_:
                 return True
             if task.kind == "done" or task.round > round_:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from fedps.proto import common_pb2 as fedps_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66\x65\x64ps/proto/coordinator.proto\x12\x0b\x66\x65\x64ps.proto\x1a\x18\x66\x65\x64ps/proto/common.proto\"\xaa\x01\n\x0fRegisterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0cnum_examples\x18\x02 \x01(\x04\x12\x12\n\nnum_params\x18\x03 \x01(\x04\x12\x11\n\tclient_id\x18\x04 \x01(\t\x12\x13\n\x0bsigning_key\x18\x05 \x01(\x0c\x12\x17\n\x0f\x65nrolment_token\x18\x06 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x07 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x08 \x01(\x01\"1\n\x0cShardAddress\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\xbf\x01\n\rRegisterReply\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x11\n\tkeyholder\x18\x03 \x01(\t\x12)\n\x06shards\x18\x04 \x03(\x0b\x32\x19.fedps.proto.ShardAddress\x12\x15\n\rvirtual_nodes\x18\x05 \x01(\r\x12\x12\n\nnum_params\x18\x06 \x01(\x04\x12\x0e\n\x06rounds\x18\x07 \x01(\r\x12\x12\n\ncredential\x18\x08 \x01(\x0c\"P\n\x0bTaskRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x02 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x01\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\"\xd3\x01\n\x04Task\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.fedps.proto.Task.Kind\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x15\n\rdeadline_unix\x18\x04 \x01(\x01\x12\x13\n\x0bretry_after\x18\x05 \x01(\x01\x12\x14\n\x0cweight_scale\x18\x06 \x01(\x01\x12\x12\n\ncontext_id\x18\x07 \x01(\t\"/\n\x04Kind\x12\x08\n\x04WAIT\x10\x00\x12\t\n\x05TRAIN\x10\x01\x12\x08\n\x04\x44ONE\x10\x02\x12\x08\n\x04PUSH\x10\x03\"\x8c\x03\n\x0cUpdateReport\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0e\n\x06weight\x18\x03 \x01(\x01\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\x12\x14\n\x0c\x62ytes_pushed\x18\x06 \x01(\x04\x12\x18\n\x10\x62udget_exhausted\x18\x07 \x01(\x08\x12\x18\n\x10noise_multiplier\x18\x08 \x01(\x01\x12\x37\n\x07metrics\x18\t \x03(\x0b\x32&.fedps.proto.UpdateReport.MetricsEntry\x12\x42\n\rphase_seconds\x18\n \x03(\x0b\x32+.fedps.proto.UpdateReport.PhaseSecondsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11PhaseSecondsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x9a\x01\n\x0c\x43lientPhases\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x42\n\rphase_seconds\x18\x02 \x03(\x0b\x32+.fedps.proto.ClientPhases.PhaseSecondsEntry\x1a\x33\n\x11PhaseSecondsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xc3\x04\n\x0cRoundSummary\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x14\n\x0c\x63ontributors\x18\x03 \x01(\r\x12\x10\n\x08\x61\x63\x63uracy\x18\x04 \x01(\x01\x12\x0c\n\x04loss\x18\x05 \x01(\x01\x12\x13\n\x0bmax_epsilon\x18\x06 \x01(\x01\x12\x14\n\x0c\x62ytes_pushed\x18\x07 \x01(\x04\x12\x0f\n\x07seconds\x18\x08 \x01(\x01\x12\x11\n\tabandoned\x18\t \x01(\x08\x12\x14\n\x0cpush_seconds\x18\n \x01(\x01\x12\x37\n\x07metrics\x18\x0b \x03(\x0b\x32&.fedps.proto.RoundSummary.MetricsEntry\x12\x35\n\x06phases\x18\x0c \x03(\x0b\x32%.fedps.proto.RoundSummary.PhasesEntry\x12\x42\n\rserver_phases\x18\r \x03(\x0b\x32+.fedps.proto.RoundSummary.ServerPhasesEntry\x12\x30\n\rclient_phases\x18\x0e \x03(\x0b\x32\x19.fedps.proto.ClientPhases\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a-\n\x0bPhasesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11ServerPhasesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x93\x06\n\rClusterStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x12\n\nregistered\x18\x04 \x01(\r\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12*\n\x07history\x18\x06 \x03(\x0b\x32\x19.fedps.proto.RoundSummary\x12\x13\n\x0bmax_epsilon\x18\x07 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x08 \x01(\x01\x12\x14\n\x0c\x62ytes_pushed\x18\t \x01(\x04\x12\x1c\n\x14last_checkpoint_unix\x18\n \x01(\x01\x12G\n\x0f\x63lient_epsilons\x18\x0b \x03(\x0b\x32..fedps.proto.ClusterStatus.ClientEpsilonsEntry\x12\r\n\x05noise\x18\x0c \x01(\t\x12X\n\x18\x63lient_noise_multipliers\x18\r \x03(\x0b\x32\x36.fedps.proto.ClusterStatus.ClientNoiseMultipliersEntry\x12\x43\n\rclient_rounds\x18\x0e \x03(\x0b\x32,.fedps.proto.ClusterStatus.ClientRoundsEntry\x12\x41\n\x0cshard_misses\x18\x0f \x03(\x0b\x32+.fedps.proto.ClusterStatus.ShardMissesEntry\x12\x0f\n\x07stalled\x18\x10 \x03(\t\x1a\x35\n\x13\x43lientEpsilonsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a=\n\x1b\x43lientNoiseMultipliersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11\x43lientRoundsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x32\n\x10ShardMissesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x32\x87\x02\n\x0b\x43oordinator\x12\x44\n\x08Register\x12\x1c.fedps.proto.RegisterRequest\x1a\x1a.fedps.proto.RegisterReply\x12\x36\n\x07GetTask\x12\x18.fedps.proto.TaskRequest\x1a\x11.fedps.proto.Task\x12=\n\x0cReportUpdate\x12\x19.fedps.proto.UpdateReport\x1a\x12.fedps.proto.Empty\x12;\n\tGetStatus\x12\x12.fedps.proto.Empty\x1a\x1a.fedps.proto.ClusterStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x66\x65\x64ps/proto/coordinator.proto\x12\x0b\x66\x65\x64ps.proto\x1a\x18\x66\x65\x64ps/proto/common.proto\"\xaa\x01\n\x0fRegisterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0cnum_examples\x18\x02 \x01(\x04\x12\x12\n\nnum_params\x18\x03 \x01(\x04\x12\x11\n\tclient_id\x18\x04 \x01(\t\x12\x13\n\x0bsigning_key\x18\x05 \x01(\x0c\x12\x17\n\x0f\x65nrolment_token\x18\x06 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x07 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x08 \x01(\x01\"1\n\x0cShardAddress\x12\x10\n\x08shard_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\xbf\x01\n\rRegisterReply\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x11\n\tkeyholder\x18\x03 \x01(\t\x12)\n\x06shards\x18\x04 \x03(\x0b\x32\x19.fedps.proto.ShardAddress\x12\x15\n\rvirtual_nodes\x18\x05 \x01(\r\x12\x12\n\nnum_params\x18\x06 \x01(\x04\x12\x0e\n\x06rounds\x18\x07 \x01(\r\x12\x12\n\ncredential\x18\x08 \x01(\x0c\"i\n\x0bTaskRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x02 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x01\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\x12\x17\n\x0f\x63ommitted_round\x18\x05 \x01(\x04\"\xd3\x01\n\x04Task\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.fedps.proto.Task.Kind\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x15\n\rdeadline_unix\x18\x04 \x01(\x01\x12\x13\n\x0bretry_after\x18\x05 \x01(\x01\x12\x14\n\x0cweight_scale\x18\x06 \x01(\x01\x12\x12\n\ncontext_id\x18\x07 \x01(\t\"/\n\x04Kind\x12\x08\n\x04WAIT\x10\x00\x12\t\n\x05TRAIN\x10\x01\x12\x08\n\x04\x44ONE\x10\x02\x12\x08\n\x04PUSH\x10\x03\"\x8c\x03\n\x0cUpdateReport\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0e\n\x06weight\x18\x03 \x01(\x01\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x05 \x01(\x01\x12\x14\n\x0c\x62ytes_pushed\x18\x06 \x01(\x04\x12\x18\n\x10\x62udget_exhausted\x18\x07 \x01(\x08\x12\x18\n\x10noise_multiplier\x18\x08 \x01(\x01\x12\x37\n\x07metrics\x18\t \x03(\x0b\x32&.fedps.proto.UpdateReport.MetricsEntry\x12\x42\n\rphase_seconds\x18\n \x03(\x0b\x32+.fedps.proto.UpdateReport.PhaseSecondsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11PhaseSecondsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x9a\x01\n\x0c\x43lientPhases\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x42\n\rphase_seconds\x18\x02 \x03(\x0b\x32+.fedps.proto.ClientPhases.PhaseSecondsEntry\x1a\x33\n\x11PhaseSecondsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xc3\x04\n\x0cRoundSummary\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x14\n\x0c\x63ontributors\x18\x03 \x01(\r\x12\x10\n\x08\x61\x63\x63uracy\x18\x04 \x01(\x01\x12\x0c\n\x04loss\x18\x05 \x01(\x01\x12\x13\n\x0bmax_epsilon\x18\x06 \x01(\x01\x12\x14\n\x0c\x62ytes_pushed\x18\x07 \x01(\x04\x12\x0f\n\x07seconds\x18\x08 \x01(\x01\x12\x11\n\tabandoned\x18\t \x01(\x08\x12\x14\n\x0cpush_seconds\x18\n \x01(\x01\x12\x37\n\x07metrics\x18\x0b \x03(\x0b\x32&.fedps.proto.RoundSummary.MetricsEntry\x12\x35\n\x06phases\x18\x0c \x03(\x0b\x32%.fedps.proto.RoundSummary.PhasesEntry\x12\x42\n\rserver_phases\x18\r \x03(\x0b\x32+.fedps.proto.RoundSummary.ServerPhasesEntry\x12\x30\n\rclient_phases\x18\x0e \x03(\x0b\x32\x19.fedps.proto.ClientPhases\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a-\n\x0bPhasesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11ServerPhasesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x93\x06\n\rClusterStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x12\n\nregistered\x18\x04 \x01(\r\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12*\n\x07history\x18\x06 \x03(\x0b\x32\x19.fedps.proto.RoundSummary\x12\x13\n\x0bmax_epsilon\x18\x07 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x08 \x01(\x01\x12\x14\n\x0c\x62ytes_pushed\x18\t \x01(\x04\x12\x1c\n\x14last_checkpoint_unix\x18\n \x01(\x01\x12G\n\x0f\x63lient_epsilons\x18\x0b \x03(\x0b\x32..fedps.proto.ClusterStatus.ClientEpsilonsEntry\x12\r\n\x05noise\x18\x0c \x01(\t\x12X\n\x18\x63lient_noise_multipliers\x18\r \x03(\x0b\x32\x36.fedps.proto.ClusterStatus.ClientNoiseMultipliersEntry\x12\x43\n\rclient_rounds\x18\x0e \x03(\x0b\x32,.fedps.proto.ClusterStatus.ClientRoundsEntry\x12\x41\n\x0cshard_misses\x18\x0f \x03(\x0b\x32+.fedps.proto.ClusterStatus.ShardMissesEntry\x12\x0f\n\x07stalled\x18\x10 \x03(\t\x1a\x35\n\x13\x43lientEpsilonsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a=\n\x1b\x43lientNoiseMultipliersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11\x43lientRoundsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x32\n\x10ShardMissesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x32\x87\x02\n\x0b\x43oordinator\x12\x44\n\x08Register\x12\x1c.fedps.proto.RegisterRequest\x1a\x1a.fedps.proto.RegisterReply\x12\x36\n\x07GetTask\x12\x18.fedps.proto.TaskRequest\x1a\x11.fedps.proto.Task\x12=\n\x0cReportUpdate\x12\x19.fedps.proto.UpdateReport\x1a\x12.fedps.proto.Empty\x12;\n\tGetStatus\x12\x12.fedps.proto.Empty\x1a\x1a.fedps.proto.ClusterStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -59,39 +59,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERREPLY']._serialized_start=297
   _globals['_REGISTERREPLY']._serialized_end=488
   _globals['_TASKREQUEST']._serialized_start=490
-  _globals['_TASKREQUEST']._serialized_end=570
-  _globals['_TASK']._serialized_start=573
-  _globals['_TASK']._serialized_end=784
-  _globals['_TASK_KIND']._serialized_start=737
-  _globals['_TASK_KIND']._serialized_end=784
-  _globals['_UPDATEREPORT']._serialized_start=787
-  _globals['_UPDATEREPORT']._serialized_end=1183
-  _globals['_UPDATEREPORT_METRICSENTRY']._serialized_start=1084
-  _globals['_UPDATEREPORT_METRICSENTRY']._serialized_end=1130
-  _globals['_UPDATEREPORT_PHASESECONDSENTRY']._serialized_start=1132
-  _globals['_UPDATEREPORT_PHASESECONDSENTRY']._serialized_end=1183
-  _globals['_CLIENTPHASES']._serialized_start=1186
-  _globals['_CLIENTPHASES']._serialized_end=1340
-  _globals['_CLIENTPHASES_PHASESECONDSENTRY']._serialized_start=1132
-  _globals['_CLIENTPHASES_PHASESECONDSENTRY']._serialized_end=1183
-  _globals['_ROUNDSUMMARY']._serialized_start=1343
-  _globals['_ROUNDSUMMARY']._serialized_end=1922
-  _globals['_ROUNDSUMMARY_METRICSENTRY']._serialized_start=1084
-  _globals['_ROUNDSUMMARY_METRICSENTRY']._serialized_end=1130
-  _globals['_ROUNDSUMMARY_PHASESENTRY']._serialized_start=1824
-  _globals['_ROUNDSUMMARY_PHASESENTRY']._serialized_end=1869
-  _globals['_ROUNDSUMMARY_SERVERPHASESENTRY']._serialized_start=1871
-  _globals['_ROUNDSUMMARY_SERVERPHASESENTRY']._serialized_end=1922
-  _globals['_CLUSTERSTATUS']._serialized_start=1925
-  _globals['_CLUSTERSTATUS']._serialized_end=2712
-  _globals['_CLUSTERSTATUS_CLIENTEPSILONSENTRY']._serialized_start=2491
-  _globals['_CLUSTERSTATUS_CLIENTEPSILONSENTRY']._serialized_end=2544
-  _globals['_CLUSTERSTATUS_CLIENTNOISEMULTIPLIERSENTRY']._serialized_start=2546
-  _globals['_CLUSTERSTATUS_CLIENTNOISEMULTIPLIERSENTRY']._serialized_end=2607
-  _globals['_CLUSTERSTATUS_CLIENTROUNDSENTRY']._serialized_start=2609
-  _globals['_CLUSTERSTATUS_CLIENTROUNDSENTRY']._serialized_end=2660
-  _globals['_CLUSTERSTATUS_SHARDMISSESENTRY']._serialized_start=2662
-  _globals['_CLUSTERSTATUS_SHARDMISSESENTRY']._serialized_end=2712
-  _globals['_COORDINATOR']._serialized_start=2715
-  _globals['_COORDINATOR']._serialized_end=2978
+  _globals['_TASKREQUEST']._serialized_end=595
+  _globals['_TASK']._serialized_start=598
+  _globals['_TASK']._serialized_end=809
+  _globals['_TASK_KIND']._serialized_start=762
+  _globals['_TASK_KIND']._serialized_end=809
+  _globals['_UPDATEREPORT']._serialized_start=812
+  _globals['_UPDATEREPORT']._serialized_end=1208
+  _globals['_UPDATEREPORT_METRICSENTRY']._serialized_start=1109
+  _globals['_UPDATEREPORT_METRICSENTRY']._serialized_end=1155
+  _globals['_UPDATEREPORT_PHASESECONDSENTRY']._serialized_start=1157
+  _globals['_UPDATEREPORT_PHASESECONDSENTRY']._serialized_end=1208
+  _globals['_CLIENTPHASES']._serialized_start=1211
+  _globals['_CLIENTPHASES']._serialized_end=1365
+  _globals['_CLIENTPHASES_PHASESECONDSENTRY']._serialized_start=1157
+  _globals['_CLIENTPHASES_PHASESECONDSENTRY']._serialized_end=1208
+  _globals['_ROUNDSUMMARY']._serialized_start=1368
+  _globals['_ROUNDSUMMARY']._serialized_end=1947
+  _globals['_ROUNDSUMMARY_METRICSENTRY']._serialized_start=1109
+  _globals['_ROUNDSUMMARY_METRICSENTRY']._serialized_end=1155
+  _globals['_ROUNDSUMMARY_PHASESENTRY']._serialized_start=1849
+  _globals['_ROUNDSUMMARY_PHASESENTRY']._serialized_end=1894
+  _globals['_ROUNDSUMMARY_SERVERPHASESENTRY']._serialized_start=1896
+  _globals['_ROUNDSUMMARY_SERVERPHASESENTRY']._serialized_end=1947
+  _globals['_CLUSTERSTATUS']._serialized_start=1950
+  _globals['_CLUSTERSTATUS']._serialized_end=2737
+  _globals['_CLUSTERSTATUS_CLIENTEPSILONSENTRY']._serialized_start=2516
+  _globals['_CLUSTERSTATUS_CLIENTEPSILONSENTRY']._serialized_end=2569
+  _globals['_CLUSTERSTATUS_CLIENTNOISEMULTIPLIERSENTRY']._serialized_start=2571
+  _globals['_CLUSTERSTATUS_CLIENTNOISEMULTIPLIERSENTRY']._serialized_end=2632
+  _globals['_CLUSTERSTATUS_CLIENTROUNDSENTRY']._serialized_start=2634
+  _globals['_CLUSTERSTATUS_CLIENTROUNDSENTRY']._serialized_end=2685
+  _globals['_CLUSTERSTATUS_SHARDMISSESENTRY']._serialized_start=2687
+  _globals['_CLUSTERSTATUS_SHARDMISSESENTRY']._serialized_end=2737
+  _globals['_COORDINATOR']._serialized_start=2740
+  _globals['_COORDINATOR']._serialized_end=3003
 # @@protoc_insertion_point(module_scope)

@@ -142,6 +142,7 @@ class TaskRequest(_message.Message):
     EPSILON_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
     WAIT_S_FIELD_NUMBER: _builtins.int
+    COMMITTED_ROUND_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     epsilon: _builtins.float
     """The privacy spend the client has recorded (epsilon at delta). Before it trains a round,
@@ -155,6 +156,11 @@ class TaskRequest(_message.Message):
     once): it answers as soon as the client's task changes (a long poll), so a waiting client
     learns of a new round or the push phase without polling. Capped by the coordinator.
     """
+    committed_round: _builtins.int
+    """The round this client has committed to at the key holder and now waits to push (0: none).
+    While that round's commitments come in, its answer is WAIT (held) instead of TRAIN again,
+    so the client learns of the push phase the moment it opens.
+    """
     def __init__(
         self,
         *,
@@ -162,10 +168,11 @@ class TaskRequest(_message.Message):
         epsilon: _builtins.float = ...,
         delta: _builtins.float = ...,
         wait_s: _builtins.float = ...,
+        committed_round: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "delta", b"delta", "epsilon", b"epsilon", "wait_s", b"wait_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "committed_round", b"committed_round", "delta", b"delta", "epsilon", b"epsilon", "wait_s", b"wait_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -99,7 +99,8 @@ class RegistrationReply(WireRecord[coordinator_pb2.RegisterReply]):
 class AssignmentQuery(WireRecord[coordinator_pb2.TaskRequest]):
     """A client asks for its next task, carrying the privacy spend it recorded.
 
-    A waiting client lets the coordinator hold the call up to ``wait_s`` until its task changes.
+    A waiting client lets the coordinator hold the call up to ``wait_s`` until its task changes;
+    one that committed to a round says which (``committed_round``), and waits for its push phase.
     """
 
     wire = coordinator_pb2.TaskRequest
@@ -110,6 +111,9 @@ class AssignmentQuery(WireRecord[coordinator_pb2.TaskRequest]):
     #: how long the coordinator may hold the call while the answer would be WAIT (a long
     #: poll; 0: answer at once)
     wait_s: float = 0.0
+    #: the round the client committed to and now waits to push (0: none): the coordinator
+    #: holds its call until the push phase opens instead of answering TRAIN again
+    committed_round: int = 0
 
 
 @dataclass(frozen=True)

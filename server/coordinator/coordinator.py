@@ -221,6 +221,7 @@ class Coordinator:
         epsilon: float = 0.0,
         delta: float = 0.0,
         wait_s: float = 0.0,
+        committed_round: int = 0,
     ) -> Assignment:
         """The next task for ``client_id`` (authenticated by its credential).
 
@@ -231,7 +232,10 @@ class Coordinator:
         client learns of a new round or of the push phase without polling. At most
         ``settings.max_held_calls`` calls are held at once (each holds a server thread);
         beyond that WAIT is answered at once. A held call that still answers WAIT says to
-        ask again at once (``retry_after`` 0): it has waited already.
+        ask again at once (``retry_after`` 0): it has waited already. A cohort member that says
+        it committed to the open round (``committed_round``) waits for the push phase: its
+        answer is WAIT, not TRAIN again (what it committed is the key holder's to say; the
+        commit phase asks it at once).
 
         Raises
         ------
@@ -253,7 +257,7 @@ class Coordinator:
                 self._changed.notify_all()
             try:
                 while True:
-                    task = self._task_for(client_id)
+                    task = self._task_for(client_id, committed_round)
                     left = until - time.monotonic()
                     if task.kind != "wait" or left <= 0 or self._stop.is_set():
                         break
@@ -269,8 +273,11 @@ class Coordinator:
             return replace(task, retry_after=0.0)
         return task
 
-    def _task_for(self, client_id: str) -> Assignment:
-        """``client_id``'s task now (the caller holds the lock)."""
+    def _task_for(self, client_id: str, committed_round: int = 0) -> Assignment:
+        """``client_id``'s task now (the caller holds the lock).
+
+        ``committed_round``: the round it says it committed to (see :meth:`get_task`).
+        """
         # WAIT and DONE carry the last finished round: at client level every global round
         # counts in a client's spend, the rounds it was not drawn for too.
         if self.finished:
@@ -281,6 +288,8 @@ class Coordinator:
         if current.pushing and client_id in current.committed:
             return Assignment("push", current.round, current.version, current.deadline)
         if not current.pushing and client_id in current.cohort:
+            if committed_round == current.round:  # committed: it waits for the push phase
+                return Assignment("wait", self.round)
             return Assignment(
                 "train",
                 current.round,

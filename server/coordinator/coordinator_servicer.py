@@ -67,6 +67,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 epsilon=query.epsilon,
                 delta=query.delta,
                 wait_s=query.wait_s,
+                committed_round=query.committed_round,
             )
         return task.to_proto()
 

@@ -98,3 +98,29 @@ def test_a_held_call_is_answered_with_the_round_that_opens_meanwhile(tmp_path: P
         assert [(a.kind, a.round) for a in answers] == [("train", 1)]
     finally:
         cluster.stop()
+
+
+def test_a_member_that_committed_waits_for_the_push_phase_instead_of_training_again(
+    tmp_path: Path,
+) -> None:
+    # Prepare: a real in-process cluster with round 1 open for its two registered clients
+    cluster = start_cluster(tmp_path, training={"clients": 2, "min_quorum": 2, "rounds": 1})
+    try:
+        coordinator = cluster.coordinator
+        credential = _register(coordinator, "client-0")
+        _register(coordinator, "client-1")
+        first = coordinator.get_task("client-0", credential, wait_s=MAX_HOLD_S)
+        assert (first.kind, first.round) == ("train", 1)
+
+        # Execute: asked again without and with "I committed to round 1" (nobody has, so the
+        # push phase never opens and the second call is held for its whole wait)
+        again = coordinator.get_task("client-0", credential)
+        committed = coordinator.get_task("client-0", credential, wait_s=0.05, committed_round=1)
+        other_round = coordinator.get_task("client-0", credential, committed_round=7)
+
+        # Assert: TRAIN again only for a client that did not say it committed to this round
+        assert (again.kind, again.round) == ("train", 1)
+        assert (committed.kind, committed.retry_after) == ("wait", 0.0)
+        assert (other_round.kind, other_round.round) == ("train", 1)
+    finally:
+        cluster.stop()
