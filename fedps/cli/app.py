@@ -19,7 +19,7 @@ import typer
 
 from crypto.python_child import watch_parent
 from fedps.config import FedPSConfig, load_config
-from fedps.errors import FedPSError
+from fedps.errors import ConfigError, FedPSError
 from fedps.extras import missing_extra
 
 if TYPE_CHECKING:
@@ -202,6 +202,11 @@ def client(
     """
     _setup_logging(True)
     cfg = _load(config, insecure=insecure)
+    if not 0 <= index < cfg.training.clients:
+        raise ConfigError(
+            f"--index {index} is out of range: training.clients is {cfg.training.clients}, "
+            f"so a client's index is 0 to {cfg.training.clients - 1}"
+        )
     _setup_tls(cfg, f"client-{index}")
 
     import torch
@@ -291,9 +296,11 @@ def up(
     """
     from crypto.tls import OPERATOR_NAME
     from fedps.runtime.deployment import Deployment
+    from fedps.runtime.preflight import check_names
 
     _setup_logging(True)
     cfg = _load(config, insecure=insecure)
+    check_names(cfg)  # before a role starts, not when a client builds its data
     _provision(cfg)
     _setup_tls(cfg, OPERATOR_NAME)  # to read the coordinator's status (and warn if no TLS)
     _stop_as_ctrl_c()

@@ -45,6 +45,7 @@ from pydantic import (
 
 from fedps.config import FedPSConfig, load_config, read_toml
 from fedps.errors import ConfigError
+from fedps.runtime.preflight import check_names
 
 __all__ = [
     "AXES",
@@ -269,7 +270,7 @@ class Grid(BaseModel):
                 if axes.get("centralised"):
                     overrides.setdefault("training", {}).update(self.centralised)
                 try:
-                    load_config(None, **overrides)
+                    check_names(load_config(None, **overrides))
                 except ConfigError as exc:
                     raise ConfigError(f"grid point {key}: {exc}") from None
                 points[key] = Point(key, axes, overrides)

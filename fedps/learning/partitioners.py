@@ -36,6 +36,7 @@ __all__ = [
     "Partitioner",
     "ShardPartitioner",
     "create_partitioner",
+    "partitioner_names",
     "register_partitioner",
 ]
 
@@ -293,6 +294,11 @@ _PARTITIONERS: dict[str, type[Partitioner]] = {
     "iid": IidPartitioner,
     "shard": ShardPartitioner,
 }
+
+
+def partitioner_names() -> list[str]:
+    """The registered partitioners' names, sorted."""
+    return sorted(_PARTITIONERS)
 
 
 def register_partitioner(name: str, partitioner: type[Partitioner]) -> None:

@@ -27,6 +27,7 @@ from fedps.rpc.coordinator_messages import ClusterStatus
 from fedps.rpc.coordinator_stub import CoordinatorStub
 from fedps.runtime.demo_summary import DemoSummary
 from fedps.runtime.deployment import Deployment, local_cluster, write_config
+from fedps.runtime.preflight import check_names
 
 __all__ = ["Watcher", "run_demo"]
 
@@ -75,6 +76,7 @@ def run_demo(
     tls = {**overrides.get("tls", {}), "directory": str(workdir / "certs"), "name": ""}
     merged: dict[str, Mapping[str, object]] = {**overrides, "cluster": cluster, "tls": tls}
     config = load_config(config_path, **merged)
+    check_names(config)  # before a process starts, not when a client builds its data
     provision_cluster(config)
     setup_tls(config.tls, OPERATOR_NAME)  # for the watcher in this process
     path = workdir / "fedps.toml"

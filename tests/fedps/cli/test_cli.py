@@ -53,6 +53,33 @@ def test_demo_with_bad_config_field(tmp_path: Path) -> None:
     assert "Traceback" not in result.stdout
 
 
+def test_demo_with_an_unknown_partition_stops_before_anything_starts(tmp_path: Path) -> None:
+    # Prepare: a name that passes the field's validation but names no partitioner
+    config = tmp_path / "bad.toml"
+    config.write_text('[training]\npartition = "random"\n')
+
+    # Execute
+    result = _run("demo", "--config", str(config), cwd=tmp_path)
+
+    # Assert: one line with the field and the valid names, and no role was started
+    line = _assert_one_error_line(result)
+    assert "training.partition" in line and "'random'" in line
+    assert "dirichlet, iid, shard" in line
+    assert "round" not in result.stdout
+
+
+def test_client_with_an_index_out_of_range_says_so(tmp_path: Path) -> None:
+    # Execute: 2 clients, index 7 (no certificates exist: that is not what it should say)
+    config = tmp_path / "two.toml"
+    config.write_text("[training]\nclients = 2\n")
+    result = _run("client", "--config", str(config), "--index", "7", cwd=tmp_path)
+
+    # Assert
+    line = _assert_one_error_line(result)
+    assert "--index 7 is out of range" in line and "0 to 1" in line
+    assert "certs" not in line
+
+
 def test_status_with_coordinator_down(tmp_path: Path) -> None:
     # Prepare: every address is a loopback port nobody listens on; the operator's
     # certificate (mutual TLS is the default) from `fedps certs`.
