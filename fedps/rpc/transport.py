@@ -558,16 +558,38 @@ def call_until(
     retried = (lambda exc: isinstance(exc, retry_on)) if isinstance(retry_on, type) else retry_on
     until = None if timeout_s is None else time.monotonic() + timeout_s
     backoff = backoff or Backoff()
+    said = ""  # the failure last logged: a peer that stays down is said once, not every pause
     while True:
         try:
-            return call(fn, what)
+            result = call(fn, what)
         except FedPSError as exc:
             if not retried(exc):
                 raise
             if (stop is not None and stop.is_set()) or (until and time.monotonic() > until):
                 raise
-            _log.info("%s: %s; retrying", what, exc)
+            said = _say_waiting(exc, said)
             backoff.pause(stop)
+        else:
+            if said:
+                _log.info("%s: the peer answers again", what)
+            return result
+
+
+def _say_waiting(exc: FedPSError, said: str) -> str:
+    """Log that a call waits for its peer, once per distinct failure; returns what was said.
+
+    The line carries the error (which names the call and, unreachable, the address) and what to
+    do: a peer that cannot be reached may not be started yet.
+    """
+    text = str(exc)
+    if text != said:
+        hint = (
+            "is it started, at this address? (retrying with backoff; said again if it changes)"
+            if isinstance(exc, PeerUnavailableError)
+            else "retrying with backoff"
+        )
+        _log.warning("%s; %s", text, hint)
+    return text
 
 
 def wire_class(cls: type[FedPSError]) -> type[FedPSError]:

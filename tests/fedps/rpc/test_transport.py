@@ -3,6 +3,7 @@ then."""
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -264,3 +265,28 @@ def test_caller_roles_name_existing_rpcs_and_roles() -> None:
         assert roles <= {"client", "coordinator", "keyholder", "shard", "operator"}
     assert certificate_role("shard-12") == "shard"
     assert certificate_role("coordinator") == "coordinator"
+
+
+def test_a_peer_that_stays_down_is_said_once_with_a_hint_and_its_return_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Prepare: a peer down for five attempts
+    attempts: list[str] = []
+
+    def attempt() -> str:
+        attempts.append("call")
+        if len(attempts) < 6:
+            raise _RpcError(grpc.StatusCode.UNAVAILABLE)
+        return "ok"
+
+    # Execute
+    with caplog.at_level(logging.INFO, logger="fedps"):
+        call_until(attempt, "register", timeout_s=30, backoff=Backoff(first_s=0.0))
+
+    # Assert: one warning that asks whether it is started, one line when it answers
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("register:") and "is it started" in warnings[0]
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO] == [
+        "register: the peer answers again"
+    ]
