@@ -15,7 +15,8 @@ one folder per identity (``<cluster.state_dir>/clients/<identity>`` by default, 
     rewritten atomically (:func:`crypto.files.write_atomic`) at every record.
 ``signing.key``
     The Ed25519 key the client signs its updates with (mode 0600): a restarted client's
-    commitments are still its own.
+    commitments are still its own. ``signing.key.sha256`` beside it tells a damaged key
+    (:func:`crypto.files.check_key`).
 ``lock``
     Held (``flock``) while a client uses the folder: two processes on one ledger would each
     spend budget the other does not see.

@@ -21,7 +21,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from crypto.files import private_directory, write_private
+from crypto.files import check_key, private_directory, write_key, write_private
 from fedps.errors import ConfigError, UnauthenticatedError
 
 __all__ = [
@@ -65,7 +65,7 @@ def create_enrolment_key(directory: Path) -> Path:
     private_directory(directory)
     path = directory / ENROLMENT_KEY_FILE
     if not path.exists():
-        write_private(path, secrets.token_bytes(_KEY_BYTES))
+        write_key(path, secrets.token_bytes(_KEY_BYTES))
     return path
 
 
@@ -75,13 +75,15 @@ def load_enrolment_key(directory: Path) -> bytes:
     Raises
     ------
     ConfigError
-        The file is missing (suggesting ``fedps certs``), unreadable, readable by group or
-        others, or not 32 bytes.
+        The file is missing (suggesting ``fedps certs``), unreadable, or readable by group or
+        others.
+    CorruptStateError
+        It is not 32 bytes, or not the key its checksum (``enrolment.key.sha256``) was
+        written for.
     """
     path = directory / ENROLMENT_KEY_FILE
     key = _read_private(path, "enrolment key")
-    if len(key) != _KEY_BYTES:
-        raise ConfigError(f"enrolment key {path} is not {_KEY_BYTES} bytes; recreate it")
+    check_key(path, key, size=_KEY_BYTES, what="enrolment key")
     return key
 
 

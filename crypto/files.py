@@ -58,6 +58,7 @@ from fedps.errors import CorruptStateError
 __all__ = [
     "FAULTS_VARIABLE",
     "atomic_writer",
+    "check_key",
     "fsync_directory",
     "private_directory",
     "private_opener",
@@ -66,6 +67,7 @@ __all__ = [
     "write_all",
     "write_atomic",
     "write_checked",
+    "write_key",
     "write_private",
 ]
 
@@ -222,6 +224,49 @@ def write_private(path: Path, data: bytes, *, exclusive: bool = False) -> None:
     ``exclusive``: only if ``path`` does not exist (:class:`FileExistsError` otherwise).
     """
     write_atomic(path, data, exclusive=exclusive)
+
+
+def _checksum_path(path: Path) -> Path:
+    """Where the checksum of the raw key in ``path`` is kept: beside it, ``NAME.sha256``."""
+    return path.with_name(path.name + ".sha256")
+
+
+def write_key(path: Path, raw: bytes, *, exclusive: bool = False) -> None:
+    """Write a raw key to ``path`` (as :func:`write_private`), and its SHA-256 beside it.
+
+    Raw keys have no structure to tell a damaged one from a good one; the checksum does
+    (:func:`check_key`).
+    """
+    write_private(path, raw, exclusive=exclusive)
+    write_private(_checksum_path(path), hashlib.sha256(raw).hexdigest().encode() + b"\n")
+
+
+def check_key(path: Path, raw: bytes, *, size: int, what: str) -> None:
+    """Check the raw key ``raw`` read from ``path``: its length, and the checksum beside it.
+
+    A key written before checksums were (no ``NAME.sha256``) gets one now.
+
+    Raises
+    ------
+    CorruptStateError
+        The key is not ``size`` bytes, or does not match its checksum: one line naming the file.
+    """
+    if len(raw) != size:
+        raise CorruptStateError(
+            f"{what} {path} is corrupt: {len(raw)} bytes, not {size}; restore it from a backup"
+        )
+    digest = hashlib.sha256(raw).hexdigest()
+    sums = _checksum_path(path)
+    try:
+        kept = sums.read_bytes().decode("ascii", "replace").strip()
+    except FileNotFoundError:
+        write_private(sums, digest.encode() + b"\n")
+        return
+    if not secrets.compare_digest(kept, digest):
+        raise CorruptStateError(
+            f"{what} {path} is corrupt: it does not match its checksum {sums.name}; restore "
+            "both from a backup"
+        )
 
 
 def write_checked(path: Path, data: bytes | memoryview) -> None:

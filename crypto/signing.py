@@ -31,8 +31,8 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from crypto.canary import CanaryOpening
-from crypto.files import private_directory, write_private
-from fedps.errors import ConfigError, InvalidArgumentError
+from crypto.files import check_key, private_directory, write_key
+from fedps.errors import InvalidArgumentError
 
 __all__ = [
     "CHUNKS",
@@ -133,24 +133,21 @@ class BlockSigner:
 
         Raises
         ------
-        ConfigError
-            The file exists but holds no raw 32-byte Ed25519 private key.
+        CorruptStateError
+            The file exists but holds no raw 32-byte Ed25519 private key, or not the one its
+            checksum (``NAME.sha256``, beside it) was written for.
         """
         if not path.exists():
             signer = cls()
             private_directory(path.parent)
             raw = signer._key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
             try:
-                write_private(path, raw, exclusive=True)  # never replaces a key
+                write_key(path, raw, exclusive=True)  # never replaces a key
                 return signer
             except FileExistsError:
                 pass  # another process created it first: use that one
         raw = path.read_bytes()
-        if len(raw) != 32:
-            raise ConfigError(
-                f"signing key {path} is corrupt: {len(raw)} bytes, not a raw 32-byte "
-                "Ed25519 private key"
-            )
+        check_key(path, raw, size=32, what="signing key")
         return cls(Ed25519PrivateKey.from_private_bytes(raw))
 
 

@@ -33,7 +33,13 @@ from pathlib import Path
 import numpy as np
 
 from crypto import CkksParams, SecretContext
-from crypto.files import read_checked, write_atomic, write_checked, write_private
+from crypto.files import (
+    check_key,
+    read_checked,
+    write_atomic,
+    write_checked,
+    write_key,
+)
 from crypto.secret_context import SECRET_KEY_FILE
 from crypto.signing import BlockSigner
 from fedps.errors import CorruptStateError
@@ -299,13 +305,9 @@ def _load_or_create_secret(path: Path) -> bytes:
     """
     if path.exists():
         secret = path.read_bytes()
-        if len(secret) != 32:
-            raise CorruptStateError(
-                f"{path}: the key is corrupt ({len(secret)} bytes, not 32); restore it from a "
-                "backup (docs/operations.md)"
-            )
+        check_key(path, secret, size=32, what="key")
         return secret
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     secret = os.urandom(32)
-    write_private(path, secret, exclusive=True)
+    write_key(path, secret, exclusive=True)
     return secret

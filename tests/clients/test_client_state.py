@@ -21,7 +21,7 @@ from clients.client_state import (
 )
 from clients.dp_trainer import PrivacySpend
 from fedps.config import PrivacyConfig, load_config
-from fedps.errors import ConfigError
+from fedps.errors import ConfigError, CorruptStateError
 from fedps.learning.datasets import Dataset
 
 IDENTITY = "client-3"
@@ -100,6 +100,7 @@ def test_a_failed_write_leaves_the_ledger_as_it_was(
         LEDGER_FILE,
         "lock",
         SIGNING_KEY_FILE,
+        SIGNING_KEY_FILE + ".sha256",
     ]
     state.close()
 
@@ -180,7 +181,7 @@ def test_a_corrupt_signing_key_is_an_error_naming_the_file(tmp_path: Path) -> No
     key.write_bytes(b"\x01" * 7)
 
     # Execute / Assert
-    with pytest.raises(ConfigError, match="corrupt") as caught:
+    with pytest.raises(CorruptStateError, match="corrupt") as caught:
         ClientState.open(tmp_path / "state", identity=IDENTITY)
     assert str(key) in str(caught.value)
 

@@ -19,7 +19,7 @@ from crypto.enrolment import (
     read_token,
     verify_token,
 )
-from fedps.errors import ConfigError, UnauthenticatedError
+from fedps.errors import ConfigError, CorruptStateError, UnauthenticatedError
 
 _KEY = bytes(range(32))
 _names = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}", fullmatch=True)
@@ -142,5 +142,5 @@ def test_missing_or_short_key_is_a_clear_error(tmp_path: Path) -> None:
         load_enrolment_key(tmp_path)
     path = create_enrolment_key(tmp_path)
     path.write_bytes(b"short")
-    with pytest.raises(ConfigError, match="not 32 bytes"):
+    with pytest.raises(CorruptStateError, match="5 bytes, not 32"):
         load_enrolment_key(tmp_path)

@@ -10,7 +10,7 @@ import pytest
 
 from crypto.files import write_atomic
 from crypto.signing import BlockSigner
-from fedps.errors import ConfigError
+from fedps.errors import CorruptStateError
 
 
 def _public_key(path: Path) -> bytes:
@@ -28,7 +28,8 @@ def test_racing_creators_end_with_one_key(tmp_path: Path) -> None:
     # Assert: every process signs with the key on disk, which is private
     assert set(keys) == {BlockSigner.load_or_create(path).public_key}
     assert oct(path.stat().st_mode & 0o777) == "0o600"
-    assert [p.name for p in path.parent.iterdir()] == ["signing.key"]  # no temporary left
+    # no temporary left; the key's checksum beside it
+    assert sorted(p.name for p in path.parent.iterdir()) == ["signing.key", "signing.key.sha256"]
 
 
 def test_an_exclusive_write_never_replaces_a_file(tmp_path: Path) -> None:
@@ -49,5 +50,33 @@ def test_a_corrupt_key_is_an_error_naming_the_file(tmp_path: Path) -> None:
     path.write_bytes(b"short")
 
     # Execute / Assert
-    with pytest.raises(ConfigError, match=r"signing\.key is corrupt"):
+    with pytest.raises(CorruptStateError, match=r"signing\.key is corrupt: 5 bytes"):
         BlockSigner.load_or_create(path)
+
+
+def test_a_key_with_one_bit_flipped_is_refused_and_left_alone(tmp_path: Path) -> None:
+    # Prepare: a key of the right length, one bit flipped after it was written
+    path = tmp_path / "signing.key"
+    BlockSigner.load_or_create(path)
+    damaged = bytearray(path.read_bytes())
+    damaged[7] ^= 0x10
+    path.write_bytes(bytes(damaged))
+
+    # Execute / Assert: the checksum beside it tells; nothing is rewritten
+    with pytest.raises(CorruptStateError, match=r"signing\.key is corrupt: .*signing\.key\.sha256"):
+        BlockSigner.load_or_create(path)
+    assert path.read_bytes() == bytes(damaged)
+
+
+def test_a_key_written_before_checksums_gets_one(tmp_path: Path) -> None:
+    # Prepare: a good key without its checksum file (an older state folder)
+    path = tmp_path / "signing.key"
+    key = BlockSigner.load_or_create(path).public_key
+    (tmp_path / "signing.key.sha256").unlink()
+
+    # Execute
+    reloaded = BlockSigner.load_or_create(path).public_key
+
+    # Assert: the same key, and a checksum that now guards it
+    assert reloaded == key
+    assert (tmp_path / "signing.key.sha256").exists()

@@ -275,10 +275,12 @@ def test_provision_without_tls_makes_only_the_tokens(tmp_path: Path) -> None:
 
 
 def test_role_without_its_certificate_is_one_clear_error(tmp_path: Path) -> None:
-    # Prepare: a CA, but no certificate for client-7.
+    # Prepare: a CA, but no certificate for client-7 (one of 8 clients).
     make_ca(tmp_path / "certs")
     config = tmp_path / "tls.toml"
-    config.write_text(f'[tls]\ndirectory = "{tmp_path / "certs"}"\n')  # TLS: the default
+    config.write_text(  # TLS: the default
+        f'[tls]\ndirectory = "{tmp_path / "certs"}"\n[training]\nclients = 8\n'
+    )
 
     # Execute
     result = subprocess.run(
