@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 
+from clients.client_state import SIGNING_KEY_FILE, ClientState
 from crypto.enrolment import issue_tokens
 from fedps.config import load_config
 from fedps.provisioning import issue_cluster_certificates
@@ -208,6 +209,28 @@ def test_client_with_a_corrupt_privacy_ledger_stops_naming_it(tmp_path: Path) ->
     assert last.startswith("fedps: error: privacy ledger")
     assert str(state / "ledger.json") in last and "corrupt" in last
     assert (state / "ledger.json").read_text() == '{"entries": ['
+
+
+def test_client_with_a_flipped_bit_in_its_signing_key_stops_naming_it(tmp_path: Path) -> None:
+    # Prepare: a client's state folder (ledger and key), then one bit of the key flipped
+    config = tmp_path / "client.toml"
+    config.write_text(f'[tls]\ninsecure = true\ndirectory = "{tmp_path / "certs"}"\n')
+    issue_tokens(tmp_path / "certs", ["client-0"])
+    state = tmp_path / "client-state"
+    ClientState.open(state, identity="client-0").close()
+    key = state / SIGNING_KEY_FILE
+    damaged = bytearray(key.read_bytes())
+    damaged[0] ^= 0x01
+    key.write_bytes(bytes(damaged))
+
+    # Execute
+    result = _run("client", "--config", str(config), "--state-dir", str(state), cwd=tmp_path)
+
+    # Assert: it stops before it connects, naming the key and its checksum
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("fedps: error: signing key")
+    assert str(key) in last and "signing.key.sha256" in last
 
 
 def test_ui_with_a_bad_address(tmp_path: Path) -> None:
