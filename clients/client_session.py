@@ -198,7 +198,8 @@ class ClientSession:
 
         Whatever a peer answers is counted and asked again after a backoff, until ``deadline``
         (``time.time()``). False: the deadline passed first. Raises what the client's own
-        configuration refuses (:meth:`fetch_context`).
+        configuration refuses (the coordinator's TLS certificate, the key holder's context:
+        :meth:`fetch_context`).
         """
         backoff = failure_backoff()
         while (left := deadline - time.time()) > 0:
@@ -206,6 +207,8 @@ class ClientSession:
                 reply = self.register(left)
                 self.connect(reply.keyholder, reply.shards, virtual_nodes=reply.virtual_nodes)
             except FedPSError as exc:
+                if own_fault(exc):  # e.g. our TLS configuration refuses the coordinator
+                    raise
                 self.failures.failed(COORDINATOR, exc)
             else:
                 try:

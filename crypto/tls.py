@@ -98,6 +98,8 @@ class TlsIdentity:
     ca_cert: bytes
     cert: bytes
     key: bytes = field(repr=False)
+    #: the file ``ca_cert`` was read from ("" when it was not read from a file), for errors
+    ca_path: str = field(default="", compare=False)
 
     @classmethod
     def load(cls, directory: Path, name: str) -> TlsIdentity:
@@ -120,7 +122,7 @@ class TlsIdentity:
             raise ConfigError(
                 f"TLS key {key_path} is readable by group or others (mode {mode:o}); chmod 600 it"
             )
-        return cls(ca_cert=ca_cert, cert=cert, key=_read(key_path))
+        return cls(ca_cert=ca_cert, cert=cert, key=_read(key_path), ca_path=str(ca_path))
 
 
 def _key_usage(*, ca: bool) -> x509.KeyUsage:

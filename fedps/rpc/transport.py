@@ -453,11 +453,47 @@ def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -
 
 
 def call(fn: Callable[[], _T], what: str) -> _T:
-    """Run a stub call; map a gRPC error to the matching fedps exception."""
+    """Run a stub call; map a gRPC error to the matching fedps exception.
+
+    A TLS handshake that failed for good (:func:`_untrusted_peer`) is this party's own
+    configuration, not a peer's answer: a :class:`~fedps.errors.ConfigError` with no cause.
+    """
     try:
         return fn()
     except grpc.RpcError as exc:
+        untrusted = _untrusted_peer(exc, what)
+        if untrusted is not None:
+            raise untrusted from None
         raise _from_rpc_error(exc, what) from exc
+
+
+#: Handshake failures no retry changes, as gRPC words them, and what each means.
+_UNTRUSTED = (
+    ("certificate has expired", "its certificate has expired, or the clock here is wrong"),
+    ("CERTIFICATE_VERIFY_FAILED", "its certificate was not issued by the CA this party trusts"),
+    ("Hostname Verification Check failed", "its certificate does not name the address dialled"),
+)
+
+
+def _untrusted_peer(exc: grpc.RpcError, what: str) -> ConfigError | None:
+    """The error for a server whose TLS certificate this party refused, or None.
+
+    The peer is reachable and answered the handshake, and the certificate it showed cannot be
+    verified against this party's CA: every retry fails the same way until the configuration
+    changes. The message names the CA file in use.
+    """
+    if not isinstance(exc, grpc.Call) or exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return None
+    details = exc.details() or ""
+    reason = next((meaning for marker, meaning in _UNTRUSTED if marker in details), None)
+    if reason is None:
+        return None
+    ca_path = getattr(tls_identity(), "ca_path", "") or "ca.crt in tls.directory"
+    return ConfigError(
+        f"{what}: the server's TLS certificate is refused: {reason}; this party trusts "
+        f"{ca_path}: use the CA (and certificates) of the deployment that issued the servers' "
+        "certificates (`fedps certs`), and dial the names they were issued for"
+    )
 
 
 #: The statuses a caller asks again after, with backoff: the peer is unreachable, past the

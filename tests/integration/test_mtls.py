@@ -8,6 +8,8 @@ client still gets an answer.
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,3 +280,69 @@ def test_a_role_rpc_is_refused_to_a_certificate_of_another_role(tls_shard: TlsSh
         grpc.StatusCode.UNAUTHENTICATED,
         grpc.StatusCode.UNAVAILABLE,
     )
+
+
+def _status_call(address: str, identity: TlsIdentity, **options: str) -> None:
+    """Shard.GetStatus through :func:`call`, as every fedps caller makes it."""
+    creds = channel_credentials(identity)
+    with grpc.secure_channel(address, creds, options=list(options.items())) as channel:
+        stub = shard_pb2_grpc.ShardStub(channel)
+        call(lambda: stub.GetStatus(common_pb2.Empty(), timeout=_TIMEOUT_S), "shard status")
+
+
+def test_a_server_from_another_ca_is_a_configuration_error_naming_the_ca_file(
+    tls_shard: TlsShard, pki: Pki, tmp_path: Path
+) -> None:
+    # Prepare: this party trusts another CA (read from a file, as `fedps certs` writes it)
+    ca_file = tmp_path / "ca.crt"
+    ca_file.write_bytes(pki.foreign_ca)
+    stranger = TlsIdentity(pki.foreign_ca, pki.client.cert, pki.client.key, ca_path=str(ca_file))
+    configure_tls(stranger)
+    try:
+        # Execute / Assert: not a peer's transient failure, but this party's configuration
+        with pytest.raises(ConfigError, match="not issued by the CA this party trusts") as caught:
+            _status_call(tls_shard.address, stranger)
+    finally:
+        configure_tls(None)
+    assert str(ca_file) in str(caught.value)
+    assert caught.value.__cause__ is None  # so a client takes it as its own fault and stops
+    _assert_still_serving(tls_shard)
+
+
+def test_a_server_certificate_for_another_name_is_a_configuration_error(
+    tls_shard: TlsShard, pki: Pki
+) -> None:
+    # Execute / Assert
+    with pytest.raises(ConfigError, match="does not name the address dialled"):
+        _status_call(
+            tls_shard.address, pki.client, **{"grpc.ssl_target_name_override": "elsewhere"}
+        )
+    _assert_still_serving(tls_shard)
+
+
+def test_a_client_that_trusts_another_ca_exits_with_one_line(
+    tls_shard: TlsShard, pki: Pki, tmp_path: Path
+) -> None:
+    # Prepare: client-0's certificates from another deployment's CA, its coordinator's address
+    # served with ours
+    theirs = pki.directory.parent / "theirs"
+    config = tmp_path / "client.toml"
+    config.write_text(
+        f'[tls]\ndirectory = "{theirs}"\n'
+        f'[cluster]\ncoordinator = "{tls_shard.address}"\nstate_dir = "{tmp_path / "state"}"\n'
+    )
+
+    # Execute
+    result = subprocess.run(
+        [sys.executable, "-m", "fedps.cli", "client", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    # Assert: exit 2, the last line names the CA file it trusts (no retrying forever)
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("fedps: error: register")
+    assert "not issued by the CA this party trusts" in last and str(theirs / "ca.crt") in last
