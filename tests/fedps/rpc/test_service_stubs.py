@@ -175,8 +175,8 @@ def test_only_servicers_logs_and_service_clients_touch_protobuf() -> None:
 
 @pytest.mark.integration
 def test_service_clients_against_a_running_cluster(cluster: Cluster) -> None:
-    # Prepare: wait for the coordinator to publish version 0
-    wait_for(lambda: bool(cluster.shards[0].owned_blocks), "the first published model")
+    # Prepare: wait for the coordinator to publish version 0 (on every shard)
+    wait_for(lambda: all(s.owned_blocks for s in cluster.shards), "the first published model")
     config = cluster.config.cluster
     keyholder = KeyHolderStub(config.keyholder)
     shards = [ShardStub(s, a) for s, a in zip(config.shard_ids, config.shards, strict=True)]
