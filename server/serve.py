@@ -285,7 +285,7 @@ def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -
     metrics = _metrics(config.metrics.coordinator, "coordinator", CoordinatorMetrics)
     if metrics is not None:
         metrics.version.set_function(lambda: coordinator.version)
-        metrics.buffer_fill.set_function(coordinator.reported_in_open_round)
+        metrics.buffer_fill.set_function(coordinator.desk.reported_in_open_round)
         metrics.track_checkpoint(lambda: coordinator.last_checkpoint)
         coordinator.shard_misses.on_miss = metrics.track_shard_misses()
         metrics.watch(coordinator)

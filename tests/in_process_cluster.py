@@ -114,12 +114,12 @@ def end_commits_once_committed(coordinator: Coordinator, committed: set[str]) ->
     """
 
     def ready() -> bool:
-        opened = coordinator._open
+        opened = coordinator.desk.open_round
         return opened is not None and not opened.pushing and committed <= opened.committed
 
     wait_for(ready, f"{sorted(committed)} committed")
     with coordinator._changed:
-        opened = coordinator._open
+        opened = coordinator.desk.open_round
         assert opened is not None and not opened.pushing, "the commit phase ended already"
         opened.deadline = time.time()
         coordinator._changed.notify_all()

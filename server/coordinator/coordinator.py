@@ -1,6 +1,7 @@
 """The coordinator (chief): the round state machine, orchestrating its parts.
 
-The parts, one module each: the client registry (:mod:`.client_registry`), the round policy
+The parts, one module each: the client registry (:mod:`.client_registry`), the task desk that
+answers the clients' calls for tasks and their reports (:mod:`.task_desk`), the round policy
 that tells synchronous rounds from asynchronous buffers (:mod:`.round_policy`), the calls to
 the key holder and the shards (:mod:`.cluster_peers`), the cohort sampler, the evaluator and
 the checkpoint store (:mod:`.checkpoint_store`).
@@ -37,19 +38,18 @@ it was in instead of starting over.
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedps.errors import FedPSError, PolicyError, QuarantinedError, ShardStalledError
 from fedps.learning.tasks import Task, check_dp_trainable
-from fedps.round_timer import CLIENT_PHASES, KEYHOLDER_PHASES, RoundTimer
+from fedps.round_timer import KEYHOLDER_PHASES, RoundTimer
 from fedps.rpc.coordinator_messages import RETRY_AFTER_S, Assignment, RoundSummary
 from fedps.rpc.keyholder_messages import CommitOpening, CommitSet, RoundApplication
 from fedps.sharding.blocks import BlockLayout
@@ -64,13 +64,13 @@ from server.coordinator.round_record import (
     CLIENT_PHASE_ROUNDS,
     OpenRound,
     RoundRecord,
-    check_metrics,
     check_phase_seconds,
     critical_path,
     known_phases,
     merged_metrics,
     slowest_clients,
 )
+from server.coordinator.task_desk import TaskDesk
 from server.shard_misses import ShardMisses
 
 if TYPE_CHECKING:
@@ -81,8 +81,6 @@ __all__ = ["Assignment", "Coordinator", "RoundRecord"]
 _log = logging.getLogger("fedps")
 
 _WAIT_S = RETRY_AFTER_S
-#: The longest a ``GetTask`` call is held while its answer would be WAIT (a long poll).
-MAX_HOLD_S = 5.0
 
 
 class Coordinator:
@@ -90,14 +88,15 @@ class Coordinator:
 
     The round state machine and its orchestration live here; the parts are a
     :class:`~.client_registry.ClientRegistry` (registration, authentication, liveness,
-    privacy spend), a :class:`~.round_policy.RoundPolicy` picked by ``training.mode``,
+    privacy spend), a :class:`~.task_desk.TaskDesk` (the clients' tasks and reports, shown the
+    round in progress), a :class:`~.round_policy.RoundPolicy` picked by ``training.mode``,
     :class:`~.cluster_peers.ClusterPeers` (every call to the key holder and the shards), a
     :class:`~.checkpoint_store.CheckpointStore` and an :class:`~.evaluator.Evaluator`.
 
     :meth:`run` drives the rounds itself. Another driver (the Flower strategy) uses the public
     steps instead: ``registry.register`` for each client, :meth:`bootstrap` once, then for
-    each round :meth:`run_round` (in a thread), :meth:`get_task`, :meth:`wait_until_pushing`
-    and :meth:`report` for the cohort, and :meth:`pull_model` for the published model.
+    each round :meth:`run_round` (in a thread), ``desk.get_task``, ``desk.wait_until_pushing``
+    and ``desk.report`` for the cohort, and :meth:`pull_model` for the published model.
 
     Build one with :meth:`open`, which does the I/O; the constructor takes what it made.
 
@@ -130,8 +129,6 @@ class Coordinator:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()
-        self._held_calls = 0  # GetTask calls held (a long poll), each holding a server thread
-        self._recheck_commitments = False  # a cohort member asked: it may have committed
         self.evaluator = evaluator
         self._vector: np.ndarray = evaluator.initial_vector()
         self._vector_version = 0  # the version _vector holds
@@ -139,6 +136,14 @@ class Coordinator:
         #: registration and authentication (``registry.register`` is the client's first call)
         self.registry = registry
         registry.on_change = self._notify
+        #: the clients' tasks (``GetTask``, a long poll) and reports (``ReportUpdate``)
+        self.desk = TaskDesk(
+            registry,
+            self._changed,
+            stop=self._stop,
+            max_held_calls=settings.max_held_calls,
+            client_eval=evaluator.client_eval,
+        )
         self._store = store
         self._policy = create_round_policy(self._training.mode, self._training)
         self._sampler = CohortSampler(
@@ -150,15 +155,11 @@ class Coordinator:
         )
         self._peers = ClusterPeers(settings.cluster, stop=self._stop, misses=self.shard_misses)
         self.run_id = secrets.token_hex(8)
-        self.round = 0
         self.version = 0
         self.history: list[RoundRecord] = []
-        self.finished = False
         self.last_checkpoint = 0.0
-        self._open: OpenRound | None = None
         self._resume: OpenRound | None = None  # the round a restarted coordinator continues
         self._keyholder_key: bytes | None = None  # verifies published blocks
-        self._context_id = ""  # the key holder's current CKKS context
         #: the coordinator's own phases of the round in progress (the round loop's thread)
         self._timer = RoundTimer()
         if checkpoint is not None:
@@ -209,147 +210,27 @@ class Coordinator:
             self._changed.notify_all()
 
     @property
+    def round(self) -> int:
+        """The last finished round (the desk's: WAIT and DONE tasks carry it)."""
+        return self.desk.round
+
+    @round.setter
+    def round(self, value: int) -> None:
+        self.desk.round = value
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run is done (the desk's: it answers every task with DONE)."""
+        return self.desk.finished
+
+    @finished.setter
+    def finished(self, value: bool) -> None:
+        self.desk.finished = value
+
+    @property
     def clients(self) -> Mapping[str, RegisteredClient]:
         """The registered clients by client id (a read-only view)."""
         return self.registry.clients
-
-    def get_task(
-        self,
-        client_id: str,
-        credential: bytes = b"",
-        *,
-        epsilon: float = 0.0,
-        delta: float = 0.0,
-        wait_s: float = 0.0,
-        committed_round: int = 0,
-    ) -> Assignment:
-        """The next task for ``client_id`` (authenticated by its credential).
-
-        The client says it has spent ``epsilon`` (at ``delta``) so far.
-
-        While the answer would be WAIT, the call is held up to ``wait_s`` seconds (capped at
-        :data:`MAX_HOLD_S`) and answered as soon as the client's task changes: a waiting
-        client learns of a new round or of the push phase without polling. At most
-        ``settings.max_held_calls`` calls are held at once (each holds a server thread);
-        beyond that WAIT is answered at once. A held call that still answers WAIT says to
-        ask again at once (``retry_after`` 0): it has waited already. A cohort member that says
-        it committed to the open round (``committed_round``) waits for the push phase: its
-        answer is WAIT, not TRAIN again (what it committed is the key holder's to say; the
-        commit phase asks it at once).
-
-        Raises
-        ------
-        InvalidArgumentError
-            An epsilon or delta out of range.
-        UnknownClientError, UnauthenticatedError
-            See :meth:`ClientRegistry.check_in`.
-        """
-        self.registry.check_in(client_id, credential, epsilon=epsilon, delta=delta)
-        hold_s = min(wait_s, MAX_HOLD_S) if math.isfinite(wait_s) and wait_s > 0 else 0.0
-        until = time.monotonic() + hold_s
-        held = False
-        with self._changed:
-            current = self._open
-            if current is not None and not current.pushing and client_id in current.cohort:
-                # A cohort member asks while commitments come in: it may have committed, so
-                # the commit phase asks the key holder again now, not at its next poll.
-                self._recheck_commitments = True
-                self._changed.notify_all()
-            try:
-                while True:
-                    task = self._task_for(client_id, committed_round)
-                    left = until - time.monotonic()
-                    if task.kind != "wait" or left <= 0 or self._stop.is_set():
-                        break
-                    if not held:
-                        if self._held_calls >= self.settings.max_held_calls:
-                            break
-                        self._held_calls, held = self._held_calls + 1, True
-                    self._changed.wait(timeout=left)
-            finally:
-                if held:
-                    self._held_calls -= 1
-        if held and task.kind == "wait":
-            return replace(task, retry_after=0.0)
-        return task
-
-    def _task_for(self, client_id: str, committed_round: int = 0) -> Assignment:
-        """``client_id``'s task now (the caller holds the lock).
-
-        ``committed_round``: the round it says it committed to (see :meth:`get_task`).
-        """
-        # WAIT and DONE carry the last finished round: at client level every global round
-        # counts in a client's spend, the rounds it was not drawn for too.
-        if self.finished:
-            return Assignment("done", self.round)
-        current = self._open
-        if current is None or client_id in current.reported or time.time() >= current.deadline:
-            return Assignment("wait", self.round)
-        if current.pushing and client_id in current.committed:
-            return Assignment("push", current.round, current.version, current.deadline)
-        if not current.pushing and client_id in current.cohort:
-            if committed_round == current.round:  # committed: it waits for the push phase
-                return Assignment("wait", self.round)
-            return Assignment(
-                "train",
-                current.round,
-                current.version,
-                current.deadline,
-                weight_scale=float(self.registry.most_examples(current.cohort)),
-                context_id=self._context_id,
-            )
-        return Assignment("wait", self.round)
-
-    def report(
-        self,
-        client_id: str,
-        round_: int,
-        *,
-        epsilon: float,
-        delta: float,
-        bytes_pushed: int,
-        budget_exhausted: bool,
-        credential: bytes = b"",
-        noise_multiplier: float | None = None,
-        metrics: Mapping[str, float] | None = None,
-        phase_seconds: Mapping[str, float] | None = None,
-    ) -> None:
-        """A client says it pushed its update for ``round_`` (or ran out of budget).
-
-        It trains with DP noise multiplier ``noise_multiplier`` (``None``: not said). ``metrics``:
-        the task's metrics on its own data (``task.client_eval``), kept for the open round's record
-        when the operator holds no evaluation data. ``phase_seconds``: the seconds it spent in
-        each phase of the round (:data:`fedps.round_timer.CLIENT_PHASES`; other names are left
-        out), kept for the open round's record.
-
-        Raises
-        ------
-        InvalidArgumentError, UnknownClientError, UnauthenticatedError
-            See :meth:`ClientRegistry.record_report`; or ``metrics`` not finite, more than
-            16 of them, or a name longer than 64 characters; or ``phase_seconds`` not within
-            [0, a week], more than 32 of them, or a name longer than 32 characters.
-        """
-        if metrics:
-            check_metrics(metrics)
-        if phase_seconds:
-            check_phase_seconds(phase_seconds)
-        self.registry.record_report(
-            client_id,
-            credential,
-            epsilon=epsilon,
-            delta=delta,
-            bytes_pushed=bytes_pushed,
-            budget_exhausted=budget_exhausted,
-            noise_multiplier=noise_multiplier,
-        )
-        with self._changed:
-            if self._open is not None and self._open.round == round_:
-                self._open.reported.add(client_id)
-                if metrics and self.evaluator.client_eval:
-                    self._open.metrics[client_id] = dict(metrics)
-                if phase_seconds:
-                    self._open.phases[client_id] = known_phases(phase_seconds, CLIENT_PHASES)
-            self._changed.notify_all()
 
     @property
     def max_epsilon(self) -> tuple[float, float]:
@@ -370,27 +251,6 @@ class Coordinator:
     def client_noise_multipliers(self) -> dict[str, float]:
         """The noise multiplier each client last reported, by client id."""
         return self.registry.client_noise_multipliers
-
-    def wait_until_pushing(self, round_: int, timeout_s: float) -> bool:
-        """Wait until ``round_``'s commitments are frozen and its shards take pushes.
-
-        False when the round ended first (too few commitments) or ``timeout_s`` passed.
-        """
-        until = time.time() + timeout_s
-        with self._changed:
-            while time.time() < until and not self._stop.is_set():
-                current = self._open
-                if current is not None and current.round == round_ and current.pushing:
-                    return True
-                if self.round >= round_:
-                    return False
-                self._changed.wait(timeout=_WAIT_S)
-        return False
-
-    def reported_in_open_round(self) -> int:
-        """Updates reported so far in the open round or buffer (0 between rounds)."""
-        current = self._open
-        return len(current.reported) if current is not None else 0
 
     # ------------------------------------------------------------------ the round loop
     def stop(self) -> None:
@@ -455,7 +315,7 @@ class Coordinator:
             self.layout, self._vector, self.version, force=not kept
         )
         context = self._peers.public_context()
-        self._context_id = context.context_id
+        self.desk.context_id = context.context_id
         self._keyholder_key = context.signing_key
 
     def pull_model(self) -> np.ndarray:
@@ -494,7 +354,7 @@ class Coordinator:
         Commit, push, close, apply or abandon, evaluate, record it in :attr:`history`.
 
         Blocks until the round ends (run it in a thread and serve the cohort's
-        :meth:`get_task` and :meth:`report` meanwhile), or returns early without a record
+        ``desk.get_task`` and ``desk.report`` meanwhile), or returns early without a record
         when :meth:`stop` is called.
         """
         self._run_round(round_, cohort)
@@ -510,7 +370,7 @@ class Coordinator:
             return
         # The context changes when the key holder rotates keys.
         with self._timer.phase("open"):
-            self._context_id = self._peers.public_context().context_id
+            self.desk.context_id = self._peers.public_context().context_id
         bytes_before = self.bytes_pushed
         opened = OpenRound(round_, self.version, self._policy.commit_deadline(started), cohort)
         if resume is not None:
@@ -590,12 +450,12 @@ class Coordinator:
         The round policy says when it is complete.
         """
         with self._changed:
-            self._open = opened
+            self.desk.open_round = opened
             self._changed.notify_all()
         try:
             while not self._stop.is_set() and time.time() < opened.deadline:
                 with self._changed:
-                    self._recheck_commitments = False
+                    self.desk.recheck_commitments = False
                 commitments = self._peers.commitments(opened.round, freeze=False)
                 with self._changed:
                     opened.committed = frozenset(commitments.client_ids)
@@ -603,11 +463,11 @@ class Coordinator:
                         opened.cohort, opened.committed, opened.reported
                     ):
                         break
-                    if not self._recheck_commitments:  # else a member asked while we did
+                    if not self.desk.recheck_commitments:  # else a member asked while we did
                         self._wait(opened)
         finally:
             with self._changed:
-                self._open = None
+                self.desk.open_round = None
         self._mark_missed(opened, opened.cohort - opened.committed)
 
     def _push_phase(
@@ -655,14 +515,14 @@ class Coordinator:
             opened.round,
             opened.version,
             self.run_id,
-            self._context_id,
+            self.desk.context_id,
             self.registry.signing_keys(members),
         )
 
     def _wait_for_pushes(self, opened: OpenRound, resume: OpenRound | None) -> None:
         """Wait until every committed client reported its push, or the push deadline."""
         with self._changed:
-            self._open = opened
+            self.desk.open_round = opened
             self._changed.notify_all()
             while (
                 not self._stop.is_set()
@@ -671,7 +531,7 @@ class Coordinator:
                 and not opened.committed <= opened.reported
             ):
                 self._wait(opened)
-            self._open = None
+            self.desk.open_round = None
         self._mark_missed(opened, opened.committed)
 
     def _mark_missed(self, opened: OpenRound, expected: frozenset[str]) -> None:

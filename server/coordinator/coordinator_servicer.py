@@ -61,7 +61,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         with rpc_errors(context):
             query = records.AssignmentQuery.from_proto(request)
             require_peer(context, query.client_id)
-            task = self.coordinator.get_task(
+            task = self.coordinator.desk.get_task(
                 query.client_id,
                 _credential(context),
                 epsilon=query.epsilon,
@@ -78,7 +78,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         with rpc_errors(context):
             report = records.UpdateReport.from_proto(request)
             require_peer(context, report.client_id)
-            self.coordinator.report(
+            self.coordinator.desk.report(
                 report.client_id,
                 report.round,
                 epsilon=report.epsilon,

@@ -227,7 +227,7 @@ class FlowerStrategy(Strategy):
         config["server-round"] = server_round
         messages = []
         for node, member in cohort.items():
-            task = coordinator.get_task(member.client_id, member.credential)
+            task = coordinator.desk.get_task(member.client_id, member.credential)
             if task.kind != "train":
                 raise FedPSError(f"round {opened.number}: no task for {member.client_id}")
             opened.tasks[node] = wire.FlowerTask(
@@ -264,7 +264,7 @@ class FlowerStrategy(Strategy):
         if (
             committed
             and grid is not None
-            and self.coordinator.wait_until_pushing(current.number, timeout)
+            and self.coordinator.desk.wait_until_pushing(current.number, timeout)
         ):
             pushes = [
                 self._message(current.tasks[node], node, wire.PUSH_STAGE) for node in committed
@@ -417,7 +417,7 @@ class FlowerStrategy(Strategy):
         thread.start()
         first = next(iter(cohort.values()))
         until = time.time() + self.config.training.deadline_s
-        while self.coordinator.get_task(first.client_id, first.credential).kind != "train":
+        while self.coordinator.desk.get_task(first.client_id, first.credential).kind != "train":
             if not thread.is_alive() or time.time() > until:
                 self.coordinator.stop()  # ends its retries; this run cannot go on
                 thread.join(timeout=5.0)
@@ -450,7 +450,7 @@ class FlowerStrategy(Strategy):
         Which updates count is what the shards accepted, never what a reply claims.
         """
         try:
-            self.coordinator.report(
+            self.coordinator.desk.report(
                 member.client_id,
                 number,
                 epsilon=report.epsilon if report else 0.0,

@@ -23,7 +23,9 @@ caused it:
   bound: the round is refused, nothing is decrypted).
 
 A shard that does not answer is not blamed (that is a miss, not evidence); one that answers
-with something a correct shard never sends is.
+with something a correct shard never sends is. :func:`judge` is the key holder's one call after
+a failed check: it traces the failure, blames the guilty clients in
+:class:`~.suspects.Suspects` and says whether the round is refused or summed again without them.
 """
 
 from __future__ import annotations
@@ -41,11 +43,13 @@ from crypto.sketch import Challenge
 from fedps.errors import FedPSError, InvalidArgumentError, PeerUnavailableError, PolicyError
 from fedps.rpc.shard_messages import TraceEvidence, TraceQuery
 from fedps.rpc.shard_stub import ShardStub
-from server.keyholder.aggregate_verifier import TamperingError
+from server.keyholder.aggregate_verifier import AggregateVerifier, TamperingError
 from server.keyholder.commit_board import CommitPhase
 from server.keyholder.decryptor import CanaryFailureError
+from server.keyholder.shard_peers import ShardPeers
+from server.keyholder.suspects import Suspects
 
-__all__ = ["Tracer", "Verdict"]
+__all__ = ["Tracer", "Verdict", "judge"]
 
 _log = logging.getLogger("fedps")
 
@@ -302,6 +306,52 @@ class Tracer:
                 )
             )
         return verdict
+
+
+def judge(
+    failure: PolicyError,
+    verifier: AggregateVerifier,
+    *,
+    keys: SecretContext,
+    unpack: Callable[[list[bytes]], np.ndarray],
+    shards: ShardPeers,
+    suspects: Suspects,
+    min_quorum: int,
+) -> tuple[PolicyError | None, set[str]]:
+    """Trace the failed check ``failure`` to whoever caused it and blame the guilty clients.
+
+    The guilty clients are blamed in ``suspects``. Then say whether to refuse the round (with
+    which error: a :class:`TamperingError` counts against its shard) or to try again without the
+    guilty clients (None: only clients were guilty, of a canary that nothing revealed, and the
+    rest still make a quorum); with the guilty clients.
+
+    Parameters
+    ----------
+    failure
+        The failed check.
+    verifier
+        The check that failed: the round's frozen commit phase, its contributors (with their
+        staleness multipliers) and its challenge.
+    keys
+        The key holder's secret context (canaries only: nothing is decrypted).
+    unpack
+        Validates packed ciphertext blocks into coefficient rows.
+    shards
+        Every shard, as the key holder calls it (the evidence is asked of them).
+    suspects
+        Where the guilty clients are blamed.
+    min_quorum
+        Fewest contributors a round may be decrypted with.
+    """
+    phase = verifier.phase
+    tracer = Tracer(phase.round, phase, verifier.multipliers, keys, unpack)
+    verdict = tracer.trace(failure, shards.clients, shards.owner, verifier.challenge)
+    for client, why in sorted(verdict.clients.items()):
+        suspects.blame(phase.round, client, why)
+    guilty = set(verdict.clients)
+    left = len(verifier.contributors - guilty)
+    refusal = tracer.refusal(failure, verdict, left=left, min_quorum=min_quorum)
+    return refusal, guilty
 
 
 def _failed_sketch(failure: PolicyError) -> bool:

@@ -22,11 +22,12 @@ then the steps below); :meth:`.Decryptor.average <.decryptor.Decryptor.average>`
 streams each shard's sums in (:class:`~.shard_peers.ShardPeers`), has
 :class:`~.aggregate_verifier.AggregateVerifier` check every block against the commitments, and
 only then checks the canaries, decrypts, floods, bounds and averages (it also rotates the key
-pair every ``rotate_every_rounds`` rounds); :mod:`.blame` after a failed check, with what it
-proved kept by :class:`~.suspects.Suspects`; the server optimizer's step
-(:class:`~.global_model.GlobalModel`); the state, durable before anything is published
-(:class:`~.state_store.StateStore`); the signed publication
-(:meth:`.ShardPeers.publish <.shard_peers.ShardPeers.publish>`).
+pair every ``rotate_every_rounds`` rounds); :mod:`.blame` after a failed check
+(:func:`~.blame.judge`), with what it proved kept by :class:`~.suspects.Suspects`; the server
+optimizer's step (:class:`~.global_model.GlobalModel`); the state, durable before anything is
+published (:class:`~.state_store.StateStore`); the signed publication
+(:class:`~.model_publisher.ModelPublisher`, through :meth:`.ShardPeers.publish
+<.shard_peers.ShardPeers.publish>`).
 
 :meth:`KeyHolder.open` builds a key holder from its settings
 (:class:`~.keyholder_settings.KeyHolderSettings`, which :func:`server.serve.keyholder_settings`
@@ -49,7 +50,6 @@ from crypto.files import private_directory
 from crypto.signing import BlockSigner
 from crypto.sketch import Challenge, sketch_count
 from fedps.errors import (
-    FedPSError,
     InvalidArgumentError,
     NotReadyError,
     PeerUnavailableError,
@@ -63,12 +63,13 @@ from fedps.rpc.shard_stub import ShardStub
 from fedps.sharding.blocks import BlockLayout
 from fedps.sharding.hash_ring import HashRing
 from server.keyholder.aggregate_verifier import AggregateVerifier, TamperingError
-from server.keyholder.blame import Tracer
-from server.keyholder.commit_board import CommitBoard, CommitPhase
+from server.keyholder.blame import judge
+from server.keyholder.commit_board import CommitBoard
 from server.keyholder.decryptor import Decryptor
 from server.keyholder.global_model import GlobalModel
 from server.keyholder.group_policy import GroupPolicy
 from server.keyholder.keyholder_settings import KeyHolderSettings
+from server.keyholder.model_publisher import ModelPublisher
 from server.keyholder.server_optimizer import ServerOptimizer
 from server.keyholder.shard_peers import ShardPeers
 from server.keyholder.state_store import KeyHolderState, RoundResult, StateStore
@@ -135,6 +136,7 @@ class KeyHolder:
         self._shards = shards
         #: the parameters, version and last applied round, with the optimizer that steps them
         self.model = GlobalModel(optimizer, groups)
+        self._publisher = ModelPublisher(self.model, shards, signer)  # every version, signed
         self._decryptor = Decryptor(keys, settings)
         if not settings.encrypted:
             _log.warning("encryption is OFF: updates travel and are summed in plaintext")
@@ -271,12 +273,12 @@ class KeyHolder:
         with self._lock:
             if self.params is not None:
                 _log.info("key holder already has model version %d; keeping it", self.version)
-                self._publish()
+                self._publisher.publish(self.layout)
                 return
             before = self.model.start(vector, version)
             self.commits.num_blocks = self.layout.num_blocks
             try:
-                self._publish()
+                self._publisher.publish(self.layout)
                 self._save_state()
             except Exception as exc:
                 # Nothing changes unless every shard took the new model and it is saved.
@@ -387,7 +389,7 @@ class KeyHolder:
             cached = self._released.get(round_)
             if cached is not None:
                 if round_ == self.last_round:  # the first attempt may not have published
-                    self._publish_applied(round_)
+                    self._publisher.publish_applied(round_, self.layout)
                 return cached
             if round_ in self._refused:
                 raise PolicyError(f"round {round_} was refused before; it is never decrypted")
@@ -441,7 +443,15 @@ class KeyHolder:
                 except ShardStalledError:
                     raise  # no check failed: the round is applied once the shard answers
                 except PolicyError as exc:
-                    refusal, guilty = self._trace(round_, phase, verifier, exc)
+                    refusal, guilty = judge(  # who did it, on evidence (see .blame)
+                        exc,
+                        verifier,
+                        keys=self.keys,
+                        unpack=self._decryptor.unpack,
+                        shards=self._shards,
+                        suspects=self.suspects,
+                        min_quorum=self.settings.min_quorum,
+                    )
                     if refusal is None:  # only contributors, and nothing revealed: again
                         contributors -= guilty
                         continue
@@ -478,7 +488,7 @@ class KeyHolder:
                 with timer.phase("rotate"):
                     self._decryptor.rotate(self.last_round, self._store.save_keys)
             with timer.phase("publish"):
-                self._publish_applied(round_)
+                self._publisher.publish_applied(round_, self.layout)
             _log.info(
                 "applied round %d (%d+ contributors), published version %d",
                 round_,
@@ -486,42 +496,6 @@ class KeyHolder:
                 self.version,
             )
             return result
-
-    def _publish_applied(self, round_: int) -> None:
-        """Publish the version round ``round_`` produced.
-
-        A shard that does not take it leaves the round applied (durably) and unpublished, and the
-        caller is asked to retry: the next :meth:`apply_round` of the same round publishes it again
-        (idempotently).
-        """
-        try:
-            self._publish()
-        except FedPSError as exc:
-            message = (
-                f"round {round_} is applied (version {self.version}) but not yet published to "
-                f"every shard ({exc}); asking again publishes it"
-            )
-            _log.warning("%s", message)
-            raise PeerUnavailableError(message) from exc
-
-    def _trace(
-        self, round_: int, phase: CommitPhase, verifier: AggregateVerifier, exc: PolicyError
-    ) -> tuple[PolicyError | None, set[str]]:
-        """Trace the failed check ``exc`` to whoever caused it and blame the guilty clients.
-
-        See :mod:`.blame`. Then say whether to refuse the round (with which error: a
-        :class:`TamperingError` counts against its shard) or to try again without the guilty clients
-        (None: only clients were guilty, of a canary that nothing revealed, and the rest still make
-        a quorum).
-        """
-        tracer = Tracer(round_, phase, verifier.multipliers, self.keys, self._decryptor.unpack)
-        verdict = tracer.trace(exc, self._shards.clients, self._shards.owner, verifier.challenge)
-        for client, why in sorted(verdict.clients.items()):
-            self.suspects.blame(round_, client, why)
-        guilty = set(verdict.clients)
-        left = len(verifier.contributors - guilty)
-        refusal = tracer.refusal(exc, verdict, left=left, min_quorum=self.settings.min_quorum)
-        return refusal, guilty
 
     def _refuse(self, round_: int, exc: PolicyError) -> None:
         """Never decrypt ``round_``; count a detected tampering against its shard."""
@@ -532,11 +506,6 @@ class KeyHolder:
             self._save_state()
         except OSError as exc:  # the check fails the same way if the round is asked again
             _log.error("round %d: cannot record the refusal (%s)", round_, exc.strerror or exc)
-
-    def _publish(self) -> None:
-        """Publish the current version to the shards, signed."""
-        assert self.params is not None
-        self._shards.publish(self.params, self.version, self.layout, self.signer.sign)
 
     # ------------------------------------------------------------------ durability
     def _save_state(self) -> None:

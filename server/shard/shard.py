@@ -1,15 +1,15 @@
 """A parameter-server shard: plaintext model blocks out, encrypted update blocks in.
 
 The shard owns the blocks the consistent-hash ring gives it. It serves their current
-published values, and for the open round it validates every pushed ciphertext block (exact
-size, every coefficient below q, the key generation's context id, ownership, cohort
-membership, round and version) before adding it into a running sum modulo q. The sum is one
-block per owned block, whatever the number of clients; the manifest records who is in it and
-with what weight, so a client's block is never counted twice. Each client's pushed
-ciphertexts stay in the shard's log (in memory without one) for as long as the round: the
-key holder asks for the sum of exactly the clients the round closed with, and after a
-failed check for the evidence (:mod:`server.shard.evidence`). A shard never holds a secret
-key: it can add ciphertexts, never read them.
+published values (:mod:`server.shard.published_model`), and for the open round it validates
+every pushed ciphertext block (exact size, every coefficient below q, the key generation's
+context id, ownership, cohort membership, round and version) before adding it into a running
+sum modulo q. The sum is one block per owned block, whatever the number of clients; the
+manifest records who is in it and with what weight, so a client's block is never counted twice.
+Each client's pushed ciphertexts stay in the shard's log (in memory without one) for as long as
+the round: the key holder asks for the sum of exactly the clients the round closed with, and
+after a failed check for the evidence (:mod:`server.shard.evidence`). A shard never holds a
+secret key: it can add ciphertexts, never read them.
 
 With a :class:`~server.shard.shard_log.ShardLog`, every accepted change is logged (and by default
 fsynced) before it is acknowledged, and :meth:`Shard.recover` rebuilds the sums, manifests and
@@ -34,7 +34,6 @@ from fedps.errors import (
     CorruptStateError,
     InvalidArgumentError,
     NotReadyError,
-    PeerUnavailableError,
     RateLimitedError,
     RoundClosedError,
     StaleUpdateError,
@@ -42,11 +41,10 @@ from fedps.errors import (
     error_reason,
 )
 from fedps.learning.staleness import multiplier
-from fedps.rpc.messages import Aggregate, Contribution, ParameterBlock
+from fedps.rpc.messages import Aggregate, Contribution
 from fedps.rpc.shard_messages import (
     HeldCiphertext,
     OpenedBlock,
-    Publication,
     PushBatch,
     RoundOpening,
     ShardStatus,
@@ -54,6 +52,7 @@ from fedps.rpc.shard_messages import (
 )
 from fedps.sharding.hash_ring import HashRing
 from server.shard.evidence import HeldRows, answer_trace
+from server.shard.published_model import PublishedModel
 from server.shard.round_state import ROOT_BYTES, ClientEntry, RoundState
 from server.shard.shard_log import ShardLog, ShardLogRecord
 
@@ -62,13 +61,13 @@ __all__ = ["Shard"]
 _log = logging.getLogger("fedps")
 
 _MAX_WEIGHT = 1e6
-#: Bounds on a published model (about 34 G parameters at N = 2048).
-MAX_BLOCKS = 1 << 24
-MAX_BLOCK_VALUES = 1 << 16
 
 
 class Shard:
     """The shard's state and rules, independent of gRPC.
+
+    The rounds live here; the published model the shard serves is :attr:`model`
+    (:class:`~server.shard.published_model.PublishedModel`: publish, pull, signatures).
 
     Parameters
     ----------
@@ -111,17 +110,11 @@ class Shard:
         self._ring = ring
         self._public_context = public_context
         self._max_messages = max_messages_per_round
-        self._verify_model = verify_model  # the key holder's signature check on publishes
         self._staleness = staleness  # None: synchronous rounds
         self._max_staleness = max_staleness
         self._lock = threading.Lock()
-        self._values: dict[int, np.ndarray] = {}
-        self._signatures: dict[int, bytes] = {}
-        self._owned: list[int] = []
-        self._num_blocks = 0
-        self._values_per_block = 0
-        self.version = 0
-        self._published = False
+        #: the published model's blocks this shard serves (the key holder publishes them)
+        self.model = PublishedModel(shard_id, ring, verify_model=verify_model, log=log)
         self._rounds: dict[int, RoundState] = {}
         self._open: RoundState | None = None
         self._log = log
@@ -138,15 +131,7 @@ class Shard:
         """
         if self._log is None:
             return 0
-        saved = self._log.load_model()
-        if saved is not None:
-            self._install(
-                saved.version,
-                saved.num_blocks,
-                saved.values_per_block,
-                {b.block: np.frombuffer(b.values, dtype="<f4") for b in saved.blocks},
-                {b.block: b.signature for b in saved.blocks},
-            )
+        saved = self.model.recover()
         replayed = 0
         self._replaying = True
         try:
@@ -166,7 +151,7 @@ class Shard:
                 replayed += 1
         finally:
             self._replaying = False
-        if replayed or saved is not None:
+        if replayed or saved:
             _log.info(
                 "%s recovered version %d and %d logged changes (rounds %s)",
                 self.shard_id,
@@ -186,110 +171,6 @@ class Shard:
         coefficients = unpack_blocks(public, [data for _, data in push.blocks])
         with self._lock:
             self._add(state, public, push.update, multiplier, push.blocks, coefficients)
-
-    # ------------------------------------------------------------------ model blocks
-    def publish(
-        self,
-        version: int,
-        num_blocks: int,
-        values_per_block: int,
-        blocks: dict[int, np.ndarray],
-        signatures: dict[int, bytes] | None = None,
-    ) -> int:
-        """Install version ``version`` of every block this shard owns."""
-        if not 1 <= num_blocks <= MAX_BLOCKS or not 1 <= values_per_block <= MAX_BLOCK_VALUES:
-            raise InvalidArgumentError(
-                f"a model has 1..{MAX_BLOCKS} blocks of 1..{MAX_BLOCK_VALUES} values"
-            )
-        if self._published and num_blocks != self._num_blocks:
-            raise InvalidArgumentError(
-                f"the model has {self._num_blocks} blocks; a publish cannot change that"
-            )
-        if self._published and not self.version <= version <= self.version + 1:
-            raise InvalidArgumentError(
-                f"version {version} does not follow {self.version} (expected it or the next)"
-            )
-        owned = self._ring_owned(num_blocks)
-        if set(blocks) != set(owned):
-            raise InvalidArgumentError(
-                f"publish must carry exactly this shard's {len(owned)} blocks, got {len(blocks)}"
-            )
-        for b, values in blocks.items():
-            if values.shape != (values_per_block,) or not np.all(np.isfinite(values)):
-                raise InvalidArgumentError(f"published block {b} is malformed")
-            signature = (signatures or {}).get(b, b"")
-            if self._verify_model is not None and not self._verify_model(
-                version, b, values.astype("<f4").tobytes(), signature
-            ):
-                raise InvalidArgumentError(f"published block {b} is not signed by the key holder")
-        if self._log is not None:
-            self._save_model(
-                Publication(
-                    version,
-                    num_blocks,
-                    values_per_block,
-                    tuple(
-                        ParameterBlock(
-                            b, version, v.astype("<f4").tobytes(), (signatures or {}).get(b, b"")
-                        )
-                        for b, v in sorted(blocks.items())
-                    ),
-                )
-            )
-        self._install(version, num_blocks, values_per_block, blocks, signatures or {})
-        _log.info("%s published version %d (%d blocks)", self.shard_id, version, len(owned))
-        return len(owned)
-
-    def _save_model(self, model: Publication) -> None:
-        """Save the published model before installing it.
-
-        A failed write installs nothing and is answered as unavailable (the key holder publishes
-        again).
-        """
-        assert self._log is not None
-        try:
-            self._log.save_model(model)
-        except OSError as exc:
-            message = (
-                f"{self.shard_id} cannot save version {model.version} of the model "
-                f"({exc.strerror or exc}); it keeps version {self.version}"
-            )
-            _log.error("%s", message)
-            raise PeerUnavailableError(message) from exc
-
-    def _install(
-        self,
-        version: int,
-        num_blocks: int,
-        values_per_block: int,
-        blocks: dict[int, np.ndarray],
-        signatures: dict[int, bytes],
-    ) -> None:
-        with self._lock:
-            self._num_blocks, self._values_per_block = num_blocks, values_per_block
-            self._owned = self._ring_owned(num_blocks)
-            self._values = {b: v.astype("<f4") for b, v in blocks.items()}
-            self._signatures = dict(signatures)
-            self.version = version
-            self._published = True
-
-    def pull(self, min_version: int) -> tuple[int, dict[int, bytes]]:
-        """The current version and this shard's blocks as float32 bytes."""
-        with self._lock:
-            if not self._published:
-                raise NotReadyError(f"{self.shard_id} has no model yet")
-            if self.version < min_version:
-                raise RoundClosedError(
-                    f"{self.shard_id} is at version {self.version}, not {min_version} yet"
-                )
-            return self.version, {b: v.tobytes() for b, v in self._values.items()}
-
-    def signature_of(self, block: int) -> bytes:
-        """The key holder's signature of the published block (empty if none)."""
-        return self._signatures.get(block, b"")
-
-    def _ring_owned(self, num_blocks: int) -> list[int]:
-        return [b for b in range(num_blocks) if self._ring.owner(b) == self.shard_id]
 
     # ------------------------------------------------------------------ rounds
     def open_round(
@@ -411,13 +292,13 @@ class Shard:
             )
         update = self._check_signature(state, batch)
         public = self._public_context(state.context_id)
-        owned = set(self._owned)
+        owned = set(self.model.owned)
         seen: set[int] = set()
         for block, _ in batch.blocks:
             if block not in owned:
                 raise InvalidArgumentError(
                     f"block {block} is not owned by {self.shard_id} (owner: "
-                    f"{self._ring.owner(block) if block < self._num_blocks else 'none'})"
+                    f"{self._ring.owner(block) if block < self.model.num_blocks else 'none'})"
                 )
             if block in seen:
                 raise InvalidArgumentError(f"block {block} appears twice in one message")
@@ -511,10 +392,10 @@ class Shard:
                     f"client {batch.client_id!r} sent a second, different update in this round"
                 )
             return update
-        if len(update.roots) != self._num_blocks:
+        if len(update.roots) != self.model.num_blocks:
             raise InvalidArgumentError(
                 f"a signed update commits to {len(update.roots)} blocks; the model has "
-                f"{self._num_blocks}"
+                f"{self.model.num_blocks}"
             )
         if any(len(root) != ROOT_BYTES for root in update.roots):
             raise InvalidArgumentError(f"every chunk root must be {ROOT_BYTES} bytes")
@@ -534,9 +415,9 @@ class Shard:
             if not state.closed:
                 self._append(round_, ShardLogRecord("close", round_))
             state.closed = True
-            if not self._owned:
+            if not self.model.owned:
                 return sorted(state.members)
-            owned = self._owned
+            owned = self.model.owned
             return sorted(
                 c
                 for c, entry in state.entries.items()
@@ -580,11 +461,11 @@ class Shard:
                 raise RoundClosedError(f"round {round_} is still open")
             entries = {c: state.entries.get(c) for c in sorted(wanted)}
             incomplete = [c for c, e in entries.items() if e is None or not e.blocks]
-            if incomplete and self._owned:
+            if incomplete and self.model.owned:
                 raise InvalidArgumentError(
                     f"{self.shard_id} holds no pushes of {incomplete[:5]} in round {round_}"
                 )
-            aggregates = [self._aggregate(state, b, wanted) for b in self._owned]
+            aggregates = [self._aggregate(state, b, wanted) for b in self.model.owned]
             return aggregates, [e.signed(c) for c, e in entries.items() if e is not None]
 
     def _aggregate(self, state: RoundState, block: int, wanted: frozenset[str]) -> Aggregate:
@@ -657,7 +538,7 @@ class Shard:
         state = self._require(round_)
         if not state.closed:
             raise RoundClosedError(f"round {round_} is still open")
-        owned = set(self._owned)
+        owned = set(self.model.owned)
         pairs = []
         for block in sorted(set(blocks)):
             if block not in owned:
@@ -721,6 +602,11 @@ class Shard:
         )
 
     @property
+    def version(self) -> int:
+        """The published model's version (0 before the first)."""
+        return self.model.version
+
+    @property
     def owned_blocks(self) -> list[int]:
         """Blocks this shard owns in the published model."""
-        return list(self._owned)
+        return list(self.model.owned)

@@ -68,12 +68,12 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     ) -> Iterator[shard_pb2.PullReply]:
         """Anyone: the current plaintext blocks this shard owns, streamed."""
         with rpc_errors(context):
-            version, blocks = self.shard.pull(request.min_version)
+            version, blocks = self.shard.model.pull(request.min_version)
         items = sorted(blocks.items())
         for batch in batched(items, lambda item: len(item[1])):
             yield shard_pb2.PullReply(
                 blocks=[
-                    ParameterBlock(b, version, v, self.shard.signature_of(b)).to_proto()
+                    ParameterBlock(b, version, v, self.shard.model.signature_of(b)).to_proto()
                     for b, v in batch
                 ]
             )
@@ -137,7 +137,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                     signatures[block.block] = block.signature
             if header is None:
                 raise InvalidArgumentError("empty publish")
-            count = self.shard.publish(header[0], header[1], header[2], blocks, signatures)
+            count = self.shard.model.publish(header[0], header[1], header[2], blocks, signatures)
         return shard_pb2.PublishReply(blocks=count)
 
     def GetStatus(  # noqa: N802

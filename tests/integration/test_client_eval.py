@@ -77,7 +77,7 @@ def test_the_coordinator_refuses_reported_metrics_that_are_not_a_few_finite_numb
         assert coordinator is not None
         # Execute / Assert: refused before anything else is looked at
         with pytest.raises(InvalidArgumentError, match="metric"):
-            coordinator.report(
+            coordinator.desk.report(
                 "client-0",
                 1,
                 epsilon=0.0,

@@ -65,7 +65,9 @@ def test_killed_client_does_not_stop_the_round(tmp_path: Path) -> None:
         killer_done = threading.Event()
 
         def kill_when_round_opens() -> None:
-            wait_for(lambda: cluster.coordinator._open is not None, "round 1", poll_s=0.02)
+            wait_for(
+                lambda: cluster.coordinator.desk.open_round is not None, "round 1", poll_s=0.02
+            )
             victim.send_signal(signal.SIGKILL)
             end_commits_once_committed(cluster.coordinator, {"client-0", "client-1"})
             killer_done.set()

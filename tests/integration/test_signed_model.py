@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 def _wait_published(cluster: Cluster) -> None:
     shard = cluster.shards[0]
-    wait_for(lambda: shard.version > 0 or bool(shard._published), "the first published model")
+    wait_for(lambda: shard.version > 0 or shard.model.published, "the first published model")
 
 
 def test_pull_verifies_every_block_signature(cluster: Cluster) -> None:
@@ -35,7 +35,7 @@ def test_pull_verifies_every_block_signature(cluster: Cluster) -> None:
     # A shard that alters a block it serves is caught
     shard = next(s for s in cluster.shards if s.owned_blocks)
     block = shard.owned_blocks[0]
-    shard._values[block] = shard._values[block] + np.float32(0.5)
+    shard.model._values[block] = shard.model._values[block] + np.float32(0.5)
     with pytest.raises(InvalidArgumentError, match="signature"):
         client.pull(layout, verify=model_verifier(kh.signer.public_key))
     client.close()

@@ -87,14 +87,14 @@ def test_export_refuses_a_block_a_shard_altered(trained: Cluster, tmp_path: Path
     out = tmp_path / "model.pt"
     shard = next(s for s in trained.shards if s.owned_blocks)
     block = shard.owned_blocks[0]
-    honest = shard._values[block].copy()
-    shard._values[block] = honest + np.float32(0.5)
+    honest = shard.model._values[block].copy()
+    shard.model._values[block] = honest + np.float32(0.5)
 
     # Execute
     try:
         result = run_fedps("export", "-c", str(config), "-o", str(out))
     finally:
-        shard._values[block] = honest
+        shard.model._values[block] = honest
 
     # Assert: one line, exit 2, and no file
     assert result.returncode == 2, result.stderr

@@ -87,7 +87,7 @@ class FuzzCluster:
             "KeyHolder": c.config.cluster.keyholder,
             "Coordinator": c.config.cluster.coordinator,
         }
-        wait_for(lambda: self.kh.params is not None and self.shard._published, "the model")
+        wait_for(lambda: self.kh.params is not None and self.shard.model.published, "the model")
         public = self.kh.keys.public
         self.public = public
         self.n = public.params.values_per_block
@@ -278,7 +278,10 @@ class FuzzCluster:
             "num_blocks": [self.num_blocks, self.num_blocks + 1, self.num_blocks - 1, 0, 1],
             "values_per_block": [self.n, self.n - 1, self.n + 1, 0, 1, 2 * self.n],
         }
-        values = [self.shard._values[b].astype("<f4").tobytes() for b in sorted(self.shard._values)]
+        values = [
+            self.shard.model._values[b].astype("<f4").tobytes()
+            for b in sorted(self.shard.model._values)
+        ]
         nan_block = np.full(self.n, np.nan, dtype="<f4").tobytes()
         inf_block = np.full(self.n, np.inf, dtype="<f4").tobytes()
         self.values_pool = [
@@ -352,7 +355,10 @@ class FuzzCluster:
         self.commit_pools = {**self.cohort_pools, "sketches": self.sketches_pool}
         self.layout_blocks = [
             common_pb2.ParameterBlock(
-                block=b, version=self.kh.version, values=v, signature=self.shard.signature_of(b)
+                block=b,
+                version=self.kh.version,
+                values=v,
+                signature=self.shard.model.signature_of(b),
             )
             for b, v in enumerate(self.values_pool[: self.num_blocks])
         ]
@@ -408,7 +414,7 @@ class FuzzCluster:
             "commitments": dict(state.commitments),
             "shard_rounds": sorted(shard._rounds),
             "shard_version": shard.version,
-            "shard_blocks": {b: v.copy() for b, v in shard._values.items()},
+            "shard_blocks": {b: v.copy() for b, v in shard.model._values.items()},
             "kh_params": None if kh.params is None else kh.params.copy(),
             "kh_version": kh.version,
             "kh_last_round": kh.last_round,

@@ -50,7 +50,7 @@ def _report(
     noise_multiplier: float | None = None,
 ) -> None:
     """``client-0`` reports round 1 (nothing pushed)."""
-    coordinator.report(
+    coordinator.desk.report(
         "client-0",
         1,
         epsilon=epsilon,
@@ -69,13 +69,13 @@ def test_epsilon_from_registration_and_get_task_never_goes_down(coordinator: Coo
 
     # Execute: it records a round (GetTask), reports, then a process that lost its spend
     # (an older client, or one whose GetTask raced) says less
-    coordinator.get_task("client-0", credential, epsilon=2.0, delta=DELTA)
+    coordinator.desk.get_task("client-0", credential, epsilon=2.0, delta=DELTA)
     seen.append(coordinator.client_epsilons["client-0"])
     _report(coordinator, credential, epsilon=2.0)
-    coordinator.get_task("client-0", credential, epsilon=0.5, delta=DELTA)
+    coordinator.desk.get_task("client-0", credential, epsilon=0.5, delta=DELTA)
     seen.append(coordinator.client_epsilons["client-0"])
     credential = _register(coordinator, epsilon=0.0)
-    coordinator.get_task("client-0", credential)  # a caller that sends no spend
+    coordinator.desk.get_task("client-0", credential)  # a caller that sends no spend
     seen.append(coordinator.client_epsilons["client-0"])
 
     # Assert
@@ -94,7 +94,7 @@ def test_a_spend_out_of_range_is_refused(
 
     # Execute / Assert: refused on every path, and nothing recorded
     with pytest.raises(InvalidArgumentError, match="epsilon"):
-        coordinator.get_task("client-0", credential, epsilon=epsilon, delta=delta)
+        coordinator.desk.get_task("client-0", credential, epsilon=epsilon, delta=delta)
     with pytest.raises(InvalidArgumentError, match="epsilon"):
         _register(coordinator, epsilon, delta)
     assert coordinator.client_epsilons == {"client-0": 1.0}
@@ -105,7 +105,7 @@ def test_no_dp_is_an_infinite_epsilon_not_an_error(coordinator: Coordinator) -> 
     credential = _register(coordinator)
 
     # Execute
-    coordinator.get_task("client-0", credential, epsilon=math.inf, delta=DELTA)
+    coordinator.desk.get_task("client-0", credential, epsilon=math.inf, delta=DELTA)
 
     # Assert
     assert coordinator.client_epsilons["client-0"] == math.inf

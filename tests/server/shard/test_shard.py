@@ -162,7 +162,7 @@ def updates(keys: SecretContext) -> Updates:
 
 def _published(ring: HashRing, owned: list[int], lookup: Lookup) -> Shard:
     shard = Shard(SHARD, ring, lookup)
-    shard.publish(1, NUM_BLOCKS, N, {b: np.full(N, float(b)) for b in owned})
+    shard.model.publish(1, NUM_BLOCKS, N, {b: np.full(N, float(b)) for b in owned})
     return shard
 
 
@@ -221,81 +221,6 @@ def _assert_counted_alone(
         agg.contributions == _contributions(updates, agg.block, {client: 1.0}) for agg in aggregates
     )
     assert [u.client_id for u in signed] == [client]
-
-
-# --------------------------------------------------------------------------- model blocks
-
-
-def test_publish_then_pull(ring: HashRing, owned: list[int], lookup: Lookup) -> None:
-    # Prepare
-    shard = Shard(SHARD, ring, lookup)
-    values = {b: np.linspace(-1.0, 1.0, N) * (b + 1) for b in owned}
-
-    # Execute
-    count = shard.publish(3, NUM_BLOCKS, N, values)
-    version, blocks = shard.pull(3)
-
-    # Assert: every owned block, as float32 bytes.
-    assert count == len(owned)
-    assert version == 3
-    assert shard.owned_blocks == owned
-    assert sorted(blocks) == owned
-    for b in owned:
-        np.testing.assert_array_equal(
-            np.frombuffer(blocks[b], dtype="<f4"), values[b].astype(np.float32)
-        )
-    assert shard.pull(1)[0] == 3  # an older minimum is served the newer version
-
-
-def test_pull_before_publish_is_not_ready(ring: HashRing, lookup: Lookup) -> None:
-    # Prepare
-    shard = Shard(SHARD, ring, lookup)
-
-    # Execute / Assert
-    with pytest.raises(NotReadyError):
-        shard.pull(0)
-
-
-def test_pull_of_future_version_is_refused(shard: Shard) -> None:
-    # Prepare / Execute / Assert
-    with pytest.raises(RoundClosedError, match="version 1"):
-        shard.pull(2)
-
-
-@pytest.mark.parametrize("case", ["missing-block", "foreign-block", "bad-shape", "nan"])
-def test_publish_rejects_malformed_blocks(
-    ring: HashRing, owned: list[int], foreign_block: int, lookup: Lookup, case: str
-) -> None:
-    # Prepare
-    shard = _published(ring, owned, lookup)
-    blocks = {b: np.zeros(N) for b in owned}
-    if case == "missing-block":
-        del blocks[owned[0]]
-    elif case == "foreign-block":
-        blocks[foreign_block] = np.zeros(N)
-    elif case == "bad-shape":
-        blocks[owned[0]] = np.zeros(N - 1)
-    else:
-        blocks[owned[0]][7] = np.nan
-
-    # Execute / Assert: refused, and the published version 1 is untouched.
-    with pytest.raises(InvalidArgumentError):
-        shard.publish(2, NUM_BLOCKS, N, blocks)
-    version, pulled = shard.pull(1)
-    assert version == 1
-    assert np.frombuffer(pulled[owned[0]], dtype="<f4")[0] == float(owned[0])
-
-
-def test_publish_refuses_older_version(ring: HashRing, owned: list[int], lookup: Lookup) -> None:
-    # Prepare
-    shard = _published(ring, owned, lookup)
-    shard.publish(2, NUM_BLOCKS, N, {b: np.zeros(N) for b in owned})
-
-    # Execute / Assert: older versions, and jumps past the next one, are refused
-    for version in (1, 4):
-        with pytest.raises(InvalidArgumentError, match="does not follow"):
-            shard.publish(version, NUM_BLOCKS, N, {b: np.zeros(N) for b in owned})
-    assert shard.version == 2
 
 
 def test_shard_not_on_ring_is_refused(ring: HashRing, lookup: Lookup) -> None:
@@ -839,7 +764,7 @@ def test_too_many_messages_in_a_round_are_refused(
     # Prepare: a shard allowing two messages per client and round; "a" sends its first block
     # twice (a duplicate counts as a message).
     shard = Shard(SHARD, ring, lookup, max_messages_per_round=2)
-    shard.publish(1, NUM_BLOCKS, N, {b: np.full(N, float(b)) for b in owned})
+    shard.model.publish(1, NUM_BLOCKS, N, {b: np.full(N, float(b)) for b in owned})
     shard.open_round(1, 1, updates.members(COHORT), keys.public.context_id)
     push_a = updates.signed("a")
     assert shard.push(push_a([owned[0]])) == (1, 0)
@@ -870,7 +795,7 @@ def _publish_and_open(
     shard: Shard, owned: list[int], keys: SecretContext, updates: Updates
 ) -> None:
     """Version 1 published, round 1 open for the cohort."""
-    shard.publish(1, NUM_BLOCKS, N, {b: np.full(N, float(b)) for b in owned})
+    shard.model.publish(1, NUM_BLOCKS, N, {b: np.full(N, float(b)) for b in owned})
     shard.open_round(1, 1, updates.members(COHORT), keys.public.context_id)
 
 
@@ -919,7 +844,7 @@ def test_restarted_shard_continues_the_open_round_and_counts_nothing_twice(
     retried = second.push(push_a)  # the same message again, its acknowledgement was lost
     _push_all(second, "b", updates, owned)
     # Assert: the model and the round survived; a counted once, b added
-    assert second.pull(1)[0] == 1 and second.round_is_open
+    assert second.model.pull(1)[0] == 1 and second.round_is_open
     assert retried == (0, len(owned))
     assert second.close_round(1) == ["a", "b"]
     aggregates, signed = second.aggregates(1, second.close_round(1))

@@ -1,10 +1,10 @@
-"""Tests for the coordinator's long poll: a waiting client's ``GetTask`` is held until its task
-changes (``wait_s``), so it learns of a new round or the push phase without polling; the
-number of held calls is bounded, and a call that asks for no hold is answered at once."""
+"""Tests for server.coordinator.task_desk, the long poll: a waiting client's ``GetTask`` is held
+until its task changes (``wait_s``), so it learns of a new round or the push phase without
+polling; the number of held calls is bounded, and a call that asks for no hold is answered at
+once."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 from pathlib import Path
@@ -14,7 +14,8 @@ import pytest
 from crypto.signing import BlockSigner
 from fedps.config import load_config
 from fedps.rpc.coordinator_messages import RETRY_AFTER_S, Assignment
-from server.coordinator.coordinator import MAX_HOLD_S, Coordinator
+from server.coordinator.coordinator import Coordinator
+from server.coordinator.task_desk import MAX_HOLD_S
 from server.serve import open_coordinator
 from tests.in_process_cluster import start_cluster
 from tests.waiting import HANG_S, wait_for
@@ -41,7 +42,7 @@ def test_a_call_without_a_hold_is_answered_at_once(coordinator: Coordinator, wai
     credential = _register(coordinator)
 
     # Execute
-    task = coordinator.get_task("client-0", credential, wait_s=wait_s)
+    task = coordinator.desk.get_task("client-0", credential, wait_s=wait_s)
 
     # Assert: WAIT, asking the client to come back after the usual pause
     assert task == Assignment("wait", 0, retry_after=RETRY_AFTER_S)
@@ -54,7 +55,7 @@ def test_a_held_call_that_sees_no_change_says_to_ask_again_at_once(
     credential = _register(coordinator)
 
     # Execute: held for its whole wait, nothing changes (no round starts here)
-    task = coordinator.get_task("client-0", credential, wait_s=0.05)
+    task = coordinator.desk.get_task("client-0", credential, wait_s=0.05)
 
     # Assert: it waited already, so no pause before the next call
     assert task.kind == "wait"
@@ -63,11 +64,11 @@ def test_a_held_call_that_sees_no_change_says_to_ask_again_at_once(
 
 def test_calls_beyond_the_bound_are_not_held(coordinator: Coordinator) -> None:
     # Prepare: no call may be held
-    coordinator.settings = dataclasses.replace(coordinator.settings, max_held_calls=0)
+    coordinator.desk.max_held_calls = 0
     credential = _register(coordinator)
 
     # Execute
-    task = coordinator.get_task("client-0", credential, wait_s=MAX_HOLD_S)
+    task = coordinator.desk.get_task("client-0", credential, wait_s=MAX_HOLD_S)
 
     # Assert: answered at once, with the usual pause
     assert task == Assignment("wait", 0, retry_after=RETRY_AFTER_S)
@@ -82,11 +83,11 @@ def test_a_held_call_is_answered_with_the_round_that_opens_meanwhile(tmp_path: P
         answers: list[Assignment] = []
 
         def wait_for_task() -> None:
-            answers.append(coordinator.get_task("client-0", credential, wait_s=MAX_HOLD_S))
+            answers.append(coordinator.desk.get_task("client-0", credential, wait_s=MAX_HOLD_S))
 
         waiter = threading.Thread(target=wait_for_task)
         waiter.start()
-        wait_for(lambda: coordinator._held_calls == 1, "client-0's GetTask held")
+        wait_for(lambda: coordinator.desk._held_calls == 1, "client-0's GetTask held")
 
         # Execute: the second client registers, so the coordinator draws the cohort and
         # opens round 1 while client-0's one call is held
@@ -109,14 +110,16 @@ def test_a_member_that_committed_waits_for_the_push_phase_instead_of_training_ag
         coordinator = cluster.coordinator
         credential = _register(coordinator, "client-0")
         _register(coordinator, "client-1")
-        first = coordinator.get_task("client-0", credential, wait_s=MAX_HOLD_S)
+        first = coordinator.desk.get_task("client-0", credential, wait_s=MAX_HOLD_S)
         assert (first.kind, first.round) == ("train", 1)
 
         # Execute: asked again without and with "I committed to round 1" (nobody has, so the
         # push phase never opens and the second call is held for its whole wait)
-        again = coordinator.get_task("client-0", credential)
-        committed = coordinator.get_task("client-0", credential, wait_s=0.05, committed_round=1)
-        other_round = coordinator.get_task("client-0", credential, committed_round=7)
+        again = coordinator.desk.get_task("client-0", credential)
+        committed = coordinator.desk.get_task(
+            "client-0", credential, wait_s=0.05, committed_round=1
+        )
+        other_round = coordinator.desk.get_task("client-0", credential, committed_round=7)
 
         # Assert: TRAIN again only for a client that did not say it committed to this round
         assert (again.kind, again.round) == ("train", 1)

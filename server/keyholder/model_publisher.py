@@ -1,0 +1,77 @@
+"""The key holder's publication of the global model: each version, signed, to its shards.
+
+The key holder publishes the model whenever a shard may lack its current version: the chief's
+first model (and a model the key holder keeps, republished in case a shard restarted empty),
+and the version each applied round produced. Every block goes to the shard that owns it with
+the key holder's signature of its digest (:meth:`.ShardPeers.publish
+<.shard_peers.ShardPeers.publish>`); clients and the coordinator check it when they pull. A
+shard that does not take the version an applied round produced leaves that round applied and
+durable, and unpublished: the coordinator asks again, and asking again publishes it
+(:meth:`ModelPublisher.publish_applied`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from crypto.signing import BlockSigner
+from fedps.errors import FedPSError, PeerUnavailableError
+from fedps.sharding.blocks import BlockLayout
+from server.keyholder.global_model import GlobalModel
+from server.keyholder.shard_peers import ShardPeers
+
+__all__ = ["ModelPublisher"]
+
+_log = logging.getLogger("fedps")
+
+
+class ModelPublisher:
+    """Publishes the global model's current version to the shards, every block signed.
+
+    Parameters
+    ----------
+    model
+        The global model: its parameters and version.
+    shards
+        Every shard, as the key holder calls it.
+    signer
+        Signs every published block.
+    """
+
+    def __init__(self, model: GlobalModel, shards: ShardPeers, signer: BlockSigner) -> None:
+        self._model = model
+        self._shards = shards
+        self._signer = signer
+
+    def publish(self, layout: BlockLayout) -> None:
+        """Publish the current version to the shards, signed, cut into blocks by ``layout``.
+
+        Raises
+        ------
+        FedPSError
+            A shard did not take it.
+        """
+        assert self._model.params is not None
+        self._shards.publish(self._model.params, self._model.version, layout, self._signer.sign)
+
+    def publish_applied(self, round_: int, layout: BlockLayout) -> None:
+        """Publish the version round ``round_`` produced, cut into blocks by ``layout``.
+
+        A shard that does not take it leaves the round applied (durably) and unpublished, and the
+        caller is asked to retry: the next :meth:`.KeyHolder.apply_round` of the same round
+        publishes it again (idempotently).
+
+        Raises
+        ------
+        PeerUnavailableError
+            A shard did not take it (the round stays applied; asking again publishes it).
+        """
+        try:
+            self.publish(layout)
+        except FedPSError as exc:
+            message = (
+                f"round {round_} is applied (version {self._model.version}) but not yet published "
+                f"to every shard ({exc}); asking again publishes it"
+            )
+            _log.warning("%s", message)
+            raise PeerUnavailableError(message) from exc
