@@ -241,6 +241,8 @@ def _flip_bit(path: Path, at: float = 0.5) -> None:
 DAMAGE = {
     "keyholder-state": ("keyholder", "keyholder/keyholder-state.npz"),
     "signing-key-missing": ("keyholder", "keyholder/keys/signing.key"),
+    "signing-key": ("keyholder", "keyholder/keys/signing.key"),  # raw bytes: its checksum tells
+    "challenge-key": ("keyholder", "keyholder/keys/challenge.key"),
     "shard-model": ("shard-0", "shard-0/model.pb"),
     "shard-log": ("shard-0", "shard-0/log/round-*.wal"),
     "coordinator-checkpoint": ("coordinator", "coordinator/coordinator-checkpoint.npz"),
