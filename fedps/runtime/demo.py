@@ -87,7 +87,7 @@ def run_demo(
         f"{'DP-SGD' if config.privacy.level == 'example' else 'client-level DP (DP-FedAvg)'} "
         f"(target epsilon {config.privacy.target_epsilon}, delta {config.privacy.delta}, "
         f"{config.privacy.noise_mode} noise), "
-        f"CKKS {ckks_params(config) if config.he.enabled else 'OFF'}, "
+        f"CKKS {_ckks_text(config) if config.he.enabled else 'OFF'}, "
         f"{'mutual TLS' if config.tls.enabled else 'TLS OFF (--insecure)'}"
     )
     started = time.time()
@@ -101,7 +101,14 @@ def run_demo(
                 console.print(line, soft_wrap=True, markup=False, highlight=False)
 
             watchers.enter_context(watch(config, echo))
+        console.print(
+            f"starting the key holder (keys), {shards} shard{'s' if shards > 1 else ''} and "
+            "the coordinator ..."
+        )
         deployment.start_servers()
+        console.print(
+            f"servers up after {time.time() - started:.0f} s; starting {t.clients} clients"
+        )
         # The cores go to the clients: one alone (a centralised baseline) trains on all.
         threads = str(max(1, (os.cpu_count() or 1) // t.clients))
         if client_data and len(client_data) != t.clients:
@@ -111,7 +118,7 @@ def run_demo(
             deployment.start(
                 f"client-{i}", "client", "--index", str(i), "--threads", threads, *data
             )
-        status = _watch(deployment, coordinator, t.rounds, console, timeout_s)
+        status = _watch(deployment, coordinator, t.rounds, t.clients, console, timeout_s)
     finally:
         coordinator.close()
         deployment.stop()
@@ -145,22 +152,31 @@ def run_demo(
             {c: dict(p) for c, p in r.client_phases.items()} for r in status.history
         ),
     )
+    accuracy = "-" if summary.final_accuracy is None else f"{summary.final_accuracy:.2%}"
     console.print(
-        f"done in {seconds:.1f}s: accuracy {summary.final_accuracy}, max epsilon "
+        f"done in {seconds:.1f}s: accuracy {accuracy}, max epsilon "
         f"{status.max_epsilon:.3f} (delta {summary.delta:g}, {summary.noise} noise), "
         f"{status.bytes_pushed / 1e6:.2f} MB pushed"
     )
     return summary
 
 
+def _ckks_text(config: FedPSConfig) -> str:
+    """The run's CKKS parameters in a few words (``N 2048, q 45 bits, scale 2^37``)."""
+    p = ckks_params(config)
+    return f"N {p.poly_modulus_degree}, q {p.coeff_modulus_bits} bits, scale 2^{p.scale_bits}"
+
+
 def _watch(
     deployment: Deployment,
     coordinator: CoordinatorStub,
     rounds: int,
+    clients: int,
     console: Console,
     timeout_s: float,
 ) -> ClusterStatus:
     shown = 0
+    joined = 0  # clients registered, said until round 1 is done
     until = time.time() + timeout_s
     columns = (
         TextColumn("[progress.description]{task.description}"),
@@ -178,6 +194,9 @@ def _watch(
                 status = coordinator.get_status()
             except FedPSError:
                 status = _NO_STATUS
+            if not status.history and status.registered > joined:
+                joined = status.registered
+                progress.console.print(f"clients joined {joined}/{clients}")
             for record in status.history[shown:]:
                 acc = f"{record.accuracy:.4f}" if record.accuracy >= 0 else "  -   "
                 note = "  (abandoned: no quorum)" if record.abandoned else ""
@@ -190,8 +209,8 @@ def _watch(
             progress.update(task, completed=status.round)
             if status.finished:
                 return status
-            clients = [p for n, p in deployment.processes.items() if n.startswith("client")]
-            if clients and all(p.poll() is not None for p in clients) and status.round < rounds:
+            processes = [p for n, p in deployment.processes.items() if n.startswith("client")]
+            if processes and all(p.poll() is not None for p in processes) and status.round < rounds:
                 raise PeerUnavailableError(
                     f"every client exited before training finished; see {deployment.log_dir}"
                 )

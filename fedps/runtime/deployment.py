@@ -364,25 +364,27 @@ class Deployment:
         to this process meanwhile is ignored, so no role outlives it.
         """
         with _signals_ignored():
-            groups: dict[str, list[subprocess.Popen[bytes]]] = {}
+            groups: dict[str, dict[str, subprocess.Popen[bytes]]] = {}
             for name in reversed(list(self.processes)):
                 kind = "client" if name not in self.servers else name.split("-")[0]
-                groups.setdefault(kind, []).append(self.processes[name])
+                groups.setdefault(kind, {})[name] = self.processes[name]
             for procs in groups.values():
                 _terminate(procs, grace_s)
 
 
-def _terminate(procs: list[subprocess.Popen[bytes]], grace_s: float) -> None:
-    """SIGTERM ``procs``, wait up to ``grace_s`` for them to exit, SIGKILL the rest."""
-    for proc in procs:
+def _terminate(procs: dict[str, subprocess.Popen[bytes]], grace_s: float) -> None:
+    """SIGTERM ``procs`` (by name), wait up to ``grace_s`` for them to exit, SIGKILL the rest."""
+    for proc in procs.values():
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
     until = time.monotonic() + grace_s
-    for proc in procs:
+    for name, proc in procs.items():
         try:
             proc.wait(timeout=max(0.1, until - time.monotonic()))
         except subprocess.TimeoutExpired:
-            _log.warning("pid %d did not stop within %.0f s; killing it", proc.pid, grace_s)
+            _log.warning(
+                "%s (pid %d) did not stop within %.0f s; killing it", name, proc.pid, grace_s
+            )
             proc.kill()
             proc.wait()
 

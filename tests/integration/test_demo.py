@@ -34,3 +34,11 @@ def test_demo_reaches_target_accuracy_within_budget(tmp_path: Path) -> None:
     assert summary["bytes_pushed"] > 0
     assert summary["abandoned_rounds"] == 0
     assert summary["tls"] is True  # mutual TLS by default, with certificates made for the run
+    # The start-up is said (servers, then each client joining) and the result is in plain
+    # units: no repr, the accuracy as a percentage.
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("servers up after") for line in lines), result.stdout
+    assert "clients joined 4/4" in lines, result.stdout
+    assert "CKKS N 2048, q " in result.stdout and "CkksParams" not in result.stdout
+    done = next(line for line in lines if line.startswith("done in"))
+    assert f"accuracy {summary['final_accuracy']:.2%}" in done
