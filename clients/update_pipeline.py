@@ -120,10 +120,14 @@ class UpdatePipeline:
         for block, data in encrypted.items():
             by_shard.setdefault(ring.owner(block), []).append((block, data))
         context_id = self.session.context_id
+        # One stream per shard: its first message carries the signed commitment, the others
+        # take it from there (the block roots would otherwise cost 0.1 byte a parameter more).
         messages = {
             sid: [
-                PushBatch.carrying(update, round_=round_, context_id=context_id, blocks=batch)
-                for batch in batched(blocks, lambda b: len(b[1]))
+                PushBatch.carrying(
+                    update, round_=round_, context_id=context_id, blocks=batch, signed=i == 0
+                )
+                for i, batch in enumerate(batched(blocks, lambda b: len(b[1])))
             ]
             for sid, blocks in by_shard.items()
         }

@@ -118,7 +118,10 @@ class PushRequest(_message.Message):
     """aggregation weight (plaintext metadata, as in FedAvg)"""
     context_id: _builtins.str
     nonce: _builtins.bytes
-    """The signed commitment to the whole update (same in every message of the update)."""
+    """The signed commitment to the whole update. The first message of a stream carries it; a
+    later message that leaves it empty takes the first one's (same client, round, version,
+    weight and context).
+    """
     signature: _builtins.bytes
     @_builtins.property
     def blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___EncryptedBlock]: ...

@@ -7,7 +7,7 @@ decode into them and encode from them; :class:`server.shard.shard.Shard` never s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import numpy as np
@@ -85,20 +85,38 @@ class PushBatch:
 
     @classmethod
     def carrying(
-        cls, update: SignedUpdate, *, round_: int, context_id: str, blocks: list[tuple[int, bytes]]
+        cls,
+        update: SignedUpdate,
+        *,
+        round_: int,
+        context_id: str,
+        blocks: list[tuple[int, bytes]],
+        signed: bool = True,
     ) -> PushBatch:
-        """A push of ``blocks`` (block, packed ciphertext) that carries ``update``."""
+        """A push of ``blocks`` (block, packed ciphertext) that carries ``update``.
+
+        ``signed=False`` leaves out its commitment (nonce, signature, block roots: 34 bytes a
+        block): a later message of one stream, which takes the stream's first one's
+        (:meth:`inheriting`).
+        """
+        commitment = (update.nonce, update.signature, update.roots) if signed else (b"", b"", ())
         return cls(
-            update.client_id,
-            round_,
-            update.version,
-            update.weight,
-            context_id,
-            blocks,
-            update.nonce,
-            update.signature,
-            update.roots,
+            update.client_id, round_, update.version, update.weight, context_id, blocks, *commitment
         )
+
+    def inheriting(self, first: PushBatch | None) -> PushBatch:
+        """The message, with the commitment of its stream's ``first`` if it carries none.
+
+        Only from a first message of the same client, round, version, weight and context: the
+        commitment is then checked on this message as on that one (a message that inherits none
+        stays unsigned, and is refused as such).
+        """
+        if self.signature or first is None:
+            return self
+        same = (self.client_id, self.round, self.version, self.weight, self.context_id)
+        if same != (first.client_id, first.round, first.version, first.weight, first.context_id):
+            return self
+        return replace(self, nonce=first.nonce, signature=first.signature, roots=first.roots)
 
     def to_proto(self) -> shard_pb2.PushRequest:
         """The wire form."""

@@ -46,12 +46,15 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         """Client: a stream of encrypted blocks for the open round."""
         accepted = duplicates = 0
         metrics = self._metrics
+        first: records.PushBatch | None = None  # later messages take its commitment
         with rpc_errors(context):
             for message in request_iterator:
                 started = time.perf_counter()
                 try:
                     require_peer(context, message.client_id)
-                    a, d = self.shard.push(records.PushBatch.from_proto(message))
+                    batch = records.PushBatch.from_proto(message).inheriting(first)
+                    first = first or batch
+                    a, d = self.shard.push(batch)
                 except (FedPSError, ValueError) as exc:
                     if metrics is not None:
                         metrics.push_refused(exc)

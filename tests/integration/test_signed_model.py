@@ -18,8 +18,11 @@ pytestmark = pytest.mark.integration
 
 
 def _wait_published(cluster: Cluster) -> None:
-    shard = cluster.shards[0]
-    wait_for(lambda: shard.version > 0 or shard.model.published, "the first published model")
+    """Wait until every shard has the first published model (they get it one after another)."""
+    wait_for(
+        lambda: all(s.version > 0 or s.model.published for s in cluster.shards),
+        "the first published model on every shard",
+    )
 
 
 def test_pull_verifies_every_block_signature(cluster: Cluster) -> None:

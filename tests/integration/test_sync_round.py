@@ -9,6 +9,7 @@ import pytest
 
 from clients.edge_client import EdgeClient
 from fedps.errors import InvalidArgumentError
+from fedps.rpc import transport
 from tests.conftest import Cluster, RecordingClient, run_clients, start_cluster
 from tests.waiting import HANG_S
 
@@ -103,5 +104,37 @@ def test_key_rotation_every_round_keeps_training_exact(tmp_path: Path) -> None:
         applied = cluster.keyholder.params
         assert applied is not None
         assert np.linalg.norm(applied - expected) / np.linalg.norm(expected) < 1e-4
+    finally:
+        cluster.stop()
+
+
+def test_a_push_in_many_messages_carries_its_commitment_once_and_is_applied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: messages of about one block each, so every shard gets a stream of several
+    monkeypatch.setattr(transport, "TARGET_MESSAGE_BYTES", 1)
+    cluster = start_cluster(tmp_path, training={"rounds": 1, "clients": 2, "min_quorum": 2})
+    try:
+        clients = [RecordingClient.open(cluster.config, index=i) for i in range(2)]
+        initial = cluster.coordinator.evaluator.initial_vector()
+        # Execute
+        run_clients(clients)
+        # Assert: only each stream's first message carried the signed commitment, and every
+        # block was taken (the round applied the plaintext FedAvg of both updates)
+        streams = []
+        for client in clients:
+            prepared = client.pusher.committed
+            assert prepared is not None
+            streams += list(prepared.messages.values())
+        assert any(len(messages) > 1 for messages in streams)
+        for messages in streams:
+            assert messages[0].roots and messages[0].signature
+            assert all(not m.roots and not m.signature for m in messages[1:])
+        sent = [c.sent[1] for c in clients]
+        expected = initial + sum(w * d for w, d in sent) / sum(w for w, _ in sent)
+        applied = cluster.keyholder.params
+        assert applied is not None
+        rel = np.linalg.norm(applied - expected) / np.linalg.norm(expected)
+        assert rel < 1e-4
     finally:
         cluster.stop()

@@ -4,6 +4,7 @@ touches protobuf."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -134,6 +135,26 @@ def test_a_push_carries_the_update_it_was_built_from() -> None:
     # Assert
     assert batch.update == UPDATE
     assert (batch.client_id, batch.round, batch.context_id) == ("client-0", 4, "ctx")
+
+
+def test_a_later_message_takes_its_streams_commitment_only_from_the_same_update() -> None:
+    # Prepare: a stream's first message, and later ones without the commitment
+    first = sh.PushBatch.carrying(UPDATE, round_=4, context_id="ctx", blocks=[(0, b"a")])
+    later = sh.PushBatch.carrying(
+        UPDATE, round_=4, context_id="ctx", blocks=[(1, b"b")], signed=False
+    )
+    other_weight = dataclasses.replace(later, weight=2.0)
+    other_round = dataclasses.replace(later, round=5)
+
+    # Execute / Assert: the same update's message carries the commitment again
+    assert not later.signature and not later.roots
+    assert later.inheriting(first).update == UPDATE
+    assert later.inheriting(None) == later
+    # another weight or round keeps none: the shard then refuses it as unsigned
+    assert other_weight.inheriting(first) == other_weight
+    assert other_round.inheriting(first) == other_round
+    # a message that carries its own is never changed
+    assert first.inheriting(dataclasses.replace(first, nonce=b"x" * 16)) == first
 
 
 def test_a_wire_record_takes_its_fields_from_a_richer_record() -> None:
