@@ -25,6 +25,7 @@ from clients.dp_trainer import (
     create_trainer,
 )
 from clients.edge_client import EdgeClient, PreparedPush
+from clients.noise_pool import NoisePool
 from crypto.randomness import SeededRandom
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import ConfigError, PeerUnavailableError, PrivacyBudgetExceededError
@@ -633,8 +634,9 @@ def test_opacus_takes_its_noise_and_batches_from_the_source(data: Dataset) -> No
     # Prepare: a trainer whose source never samples an example
     config = _config(noise_multiplier=1.0)
     trainer = _trainer(data, config)
-    trainer.source = trainer.engine.source = trainer.optimizer.source = _NoExamples(1)
-    trainer.loader.batch_sampler.source = trainer.source
+    source = _NoExamples(1)
+    trainer.source = trainer.engine.source = trainer.loader.batch_sampler.source = source
+    trainer.noise_pool = trainer.engine.noise = trainer.optimizer.noise = NoisePool(source)
     start = flatten_model(trainer.model)
 
     # Execute: one round of empty batches
