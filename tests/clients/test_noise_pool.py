@@ -35,8 +35,15 @@ def _filled(pool: NoisePool, draws: list[NoiseDraw]) -> NoisePool:
     return pool
 
 
-def _noise_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "fedps-noise-ahead"]
+def _noise_threads(besides: frozenset[threading.Thread] = frozenset()) -> set[threading.Thread]:
+    """The pools' threads alive now, less ``besides`` (other tests' pools, still alive)."""
+    return {t for t in threading.enumerate() if t.name == "fedps-noise-ahead"} - besides
+
+
+@pytest.fixture
+def others() -> frozenset[threading.Thread]:
+    """The noise threads alive before the test."""
+    return frozenset(_noise_threads())
 
 
 def _moments(x: np.ndarray) -> tuple[float, float, float]:
@@ -111,14 +118,16 @@ def test_another_std_shape_or_dtype_is_drawn_on_demand_and_drops_the_pool(
     assert other_dtype.dtype == np.float32
 
 
-def test_an_empty_pool_draws_on_demand(pool: NoisePool) -> None:
+def test_an_empty_pool_draws_on_demand(
+    pool: NoisePool, others: frozenset[threading.Thread]
+) -> None:
     # Execute
     x = pool.normal(SMALL.std, SMALL.shape, dtype=np.float32)
 
     # Assert
     assert (pool.taken, pool.drawn) == (0, 1)
     assert x.shape == SMALL.shape and x.dtype == np.float32
-    assert not _noise_threads()  # nothing planned: no thread
+    assert not _noise_threads(others)  # nothing planned: no thread
 
 
 def test_a_new_plan_for_other_noise_drops_the_pool(pool: NoisePool) -> None:
@@ -203,28 +212,32 @@ def test_stop_keeps_what_is_ready_and_abandons_the_rest() -> None:
     pool.close()
 
 
-def test_close_ends_the_thread_and_drops_the_pool(pool: NoisePool) -> None:
+def test_close_ends_the_thread_and_drops_the_pool(
+    pool: NoisePool, others: frozenset[threading.Thread]
+) -> None:
     # Prepare
     _filled(pool, [SMALL] * 2)
-    assert len(_noise_threads()) == 1
+    assert len(_noise_threads(others)) == 1
 
     # Execute
     pool.close()
 
     # Assert: no thread left, nothing held; a later fill starts a thread again
-    assert not _noise_threads()
+    assert not _noise_threads(others)
     assert pool.ready(SMALL) == 0 and pool.reserved_bytes == 0
     _filled(pool, [SMALL])
     assert pool.ready(SMALL) == 1
     pool.close()
-    assert not _noise_threads()
+    assert not _noise_threads(others)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's per-thread nice")
-def test_the_thread_runs_at_the_lowest_priority(pool: NoisePool) -> None:
+def test_the_thread_runs_at_the_lowest_priority(
+    pool: NoisePool, others: frozenset[threading.Thread]
+) -> None:
     # Execute
     _filled(pool, [SMALL])
-    (thread,) = _noise_threads()
+    (thread,) = _noise_threads(others)
 
     # Assert: the thread alone, not the process
     assert thread.native_id is not None
@@ -232,7 +245,9 @@ def test_the_thread_runs_at_the_lowest_priority(pool: NoisePool) -> None:
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < 19
 
 
-def test_a_seeded_source_is_never_drawn_ahead_and_stays_reproducible() -> None:
+def test_a_seeded_source_is_never_drawn_ahead_and_stays_reproducible(
+    others: frozenset[threading.Thread],
+) -> None:
     # Prepare
     pool = NoisePool(SeededRandom(5))
     reference = SeededRandom(5)
@@ -242,7 +257,7 @@ def test_a_seeded_source_is_never_drawn_ahead_and_stays_reproducible() -> None:
     drawn = [pool.normal(SMALL.std, SMALL.shape) for _ in range(3)]
 
     # Assert: no thread, nothing pooled; the seeded sequence as drawn on demand
-    assert pool.max_bytes == 0 and not _noise_threads() and pool.ready(SMALL) == 0
+    assert pool.max_bytes == 0 and not _noise_threads(others) and pool.ready(SMALL) == 0
     assert (pool.taken, pool.drawn) == (0, 3)
     for x in drawn:
         np.testing.assert_array_equal(x, reference.normal(SMALL.std, SMALL.shape))
