@@ -71,9 +71,14 @@ class NoiseDraw(NamedTuple):
     dtype: type[np.float32] | type[np.float64]
 
     @property
+    def size(self) -> int:
+        """Its number of values."""
+        return math.prod(self.shape)
+
+    @property
     def nbytes(self) -> int:
         """The bytes its values take."""
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+        return self.size * np.dtype(self.dtype).itemsize
 
 
 class NoisePool:
