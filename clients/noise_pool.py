@@ -30,6 +30,7 @@ is missing itself.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import sys
@@ -43,6 +44,8 @@ import numpy as np
 from crypto.randomness import RandomSource
 
 __all__ = ["DEFAULT_MAX_BYTES", "NoiseDraw", "NoisePool"]
+
+_log = logging.getLogger("fedps")
 
 #: The pool's default bound: 256 MiB, five rounds of DP-SGD noise for a 1M-parameter model
 #: at 12 steps per round (float32).
@@ -113,7 +116,7 @@ class NoisePool:
         self._planned: frozenset[NoiseDraw] = frozenset()
         self._reserved = 0  # bytes ready, to draw and being drawn
         self._generation = 0  # changes when the draw in progress is no longer wanted
-        self._busy = False  # the thread is drawing
+        self._drawing: tuple[NoiseDraw, int] | None = None  # being drawn, for that generation
         self._closing = False
         self._thread: threading.Thread | None = None
 
@@ -131,8 +134,8 @@ class NoisePool:
         """Start drawing ``draws`` in the background, less what is ready; returns at once.
 
         ``draws`` is the next round's noise in the order it will be asked for; what would take
-        the pool past ``max_bytes`` is left to be drawn on demand. A pool drawn for other
-        draws (another std or shape) is dropped first.
+        the pool past ``max_bytes`` is left to be drawn on demand, and so is noise of std 0
+        (zeros). A pool drawn for other draws (another std or shape) is dropped first.
         """
         if self.max_bytes <= 0:
             return
@@ -141,12 +144,14 @@ class NoisePool:
                 self._discard()
                 self._planned = frozenset(draws)
             have = {draw: len(ready) for draw, ready in self._ready.items()}
-            for draw in self._todo:
+            drawing = self._drawing
+            wanted = [drawing[0]] if drawing and drawing[1] == self._generation else []
+            for draw in [*self._todo, *wanted]:
                 have[draw] = have.get(draw, 0) + 1
             for draw in draws:
                 if have.get(draw, 0) > 0:
                     have[draw] -= 1
-                elif self._reserved + draw.nbytes <= self.max_bytes:
+                elif draw.std > 0 and self._reserved + draw.nbytes <= self.max_bytes:
                     self._todo.append(draw)
                     self._reserved += draw.nbytes
             if self._todo and self._thread is None:
@@ -190,7 +195,7 @@ class NoisePool:
     def wait(self, timeout_s: float) -> bool:
         """Wait until nothing is left to draw, at most ``timeout_s``; whether so."""
         with self._cond:
-            return self._cond.wait_for(lambda: not self._todo and not self._busy, timeout_s)
+            return self._cond.wait_for(lambda: not self._todo and self._drawing is None, timeout_s)
 
     def close(self) -> None:
         """End the thread and drop the pool; a later :meth:`fill` starts a new thread."""
@@ -219,11 +224,15 @@ class NoisePool:
                 self._cond.wait_for(lambda: bool(self._todo) or self._closing)
                 if self._closing:
                     return
-                draw = self._todo.popleft()
-                generation, self._busy = self._generation, True
-            values = self._draw(draw, generation)
+                draw, generation = self._todo.popleft(), self._generation
+                self._drawing = draw, generation
+            try:
+                values = self._draw(draw, generation)
+            except Exception as exc:  # the trainer draws it on demand instead
+                _log.warning("drawing DP noise ahead failed (%s); drawn on demand", exc)
+                values = None
             with self._cond:
-                self._busy = False
+                self._drawing = None
                 if values is not None and generation == self._generation:
                     self._ready.setdefault(draw, deque()).append(values)
                 else:  # stopped or dropped while it was drawn

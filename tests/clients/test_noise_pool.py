@@ -212,6 +212,26 @@ def test_stop_keeps_what_is_ready_and_abandons_the_rest() -> None:
     pool.close()
 
 
+def test_the_same_plan_while_drawing_counts_the_draw_in_progress() -> None:
+    # Prepare: one array of three ready, the second being drawn
+    source = _Gated(1)
+    pool = NoisePool(source)
+    pool.fill([SMALL] * 3)
+    assert source.waiting.wait(WAIT_S)
+
+    # Execute: the plan again, then the draws let go
+    pool.fill([SMALL] * 3)
+    reserved = pool.reserved_bytes
+    for _ in range(3):
+        source.permits.release()
+    done = pool.wait(WAIT_S)
+
+    # Assert: three arrays, not four
+    assert reserved == 3 * SMALL.nbytes
+    assert done and pool.ready(SMALL) == 3
+    pool.close()
+
+
 def test_close_ends_the_thread_and_drops_the_pool(
     pool: NoisePool, others: frozenset[threading.Thread]
 ) -> None:
