@@ -40,6 +40,7 @@ from opacus.optimizers.optimizer import DPOptimizer, _check_processed_flag, _mar
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
+from clients.noise_pool import NoiseDraw, NoisePool
 from crypto.randomness import RandomSource, random_source
 from fedps._registry import add_entry
 from fedps.config import PrivacyConfig, TrainingConfig
@@ -128,42 +129,58 @@ class PoissonBatches(Sampler[list[int]]):
 
 
 class _SourcedDPOptimizer(DPOptimizer):  # type: ignore[misc]  # Opacus is untyped
-    """Opacus's DP optimizer with its Gaussian noise drawn from a :class:`RandomSource`.
+    """Opacus's DP optimizer with its Gaussian noise from a :class:`RandomSource`.
 
-    The source is hardened as Opacus's ``secure_mode`` hardens it, and replaces torch's generator.
-    The drawing is timed as the ``noise`` phase of ``timer``.
+    The noise comes through ``noise`` (:class:`clients.noise_pool.NoisePool`: drawn ahead, or
+    now from its source). The source is hardened as Opacus's ``secure_mode`` hardens it, and
+    replaces torch's generator. What the noise costs the step is timed as the ``noise`` phase
+    of ``timer``.
     """
 
-    def __init__(self, *, source: RandomSource, timer: RoundTimer, **kwargs: Any) -> None:
+    def __init__(self, *, noise: NoisePool, timer: RoundTimer, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.source = source
+        self.noise = noise
         self.timer = timer
 
+    @property
+    def noise_std(self) -> float:
+        """The std of the noise added to each summed gradient: sigma times the clipping norm."""
+        return float(self.noise_multiplier * self.max_grad_norm)
+
+    def noise_draws(self) -> list[NoiseDraw]:
+        """The noise one step adds, parameter by parameter."""
+        return [NoiseDraw(self.noise_std, tuple(p.shape), _noise_dtype(p)) for p in self.params]
+
     def add_noise(self) -> None:
-        std = self.noise_multiplier * self.max_grad_norm
-        with self.timer.phase("noise"):
-            for p in self.params:
-                _check_processed_flag(p.summed_grad)
-                summed = p.summed_grad
-                # float32 gradients take float32 noise: each value the float64 sum rounded once
-                dtype = np.float32 if summed.dtype == torch.float32 else np.float64
-                noise = torch.from_numpy(self.source.normal(std, tuple(summed.shape), dtype=dtype))
-                p.grad = (summed + noise.to(dtype=summed.dtype, device=summed.device)).view_as(p)
-                _mark_as_processed(p.summed_grad)
+        std = self.noise_std
+        for p in self.params:
+            _check_processed_flag(p.summed_grad)
+            summed = p.summed_grad
+            with self.timer.phase("noise"):  # drawn now, or taken as drawn ahead
+                values = self.noise.normal(std, tuple(summed.shape), dtype=_noise_dtype(summed))
+            noise = torch.from_numpy(values).to(dtype=summed.dtype, device=summed.device)
+            p.grad = (summed + noise).view_as(p)
+            _mark_as_processed(p.summed_grad)
+
+
+def _noise_dtype(tensor: torch.Tensor) -> type[np.float32] | type[np.float64]:
+    """The noise a tensor takes: float32 for float32 (the float64 value rounded once)."""
+    return np.float32 if tensor.dtype == torch.float32 else np.float64
 
 
 class _SourcedPrivacyEngine(PrivacyEngine):  # type: ignore[misc]  # Opacus is untyped
-    """A ``PrivacyEngine`` whose noise and Poisson sampling come from ``source``.
+    """A ``PrivacyEngine`` whose noise and Poisson sampling come from ``noise.source``.
 
     Opacus's own ``secure_mode`` needs ``torchcsprng``, which has no build for current torch;
-    this engine overrides the two places Opacus draws randomness: the optimizer's noise and
-    the data loader's Poisson sampler. Only flat clipping in one process is supported (what
-    fedps uses). ``timer`` times the drawing of the noise.
+    this engine overrides the two places Opacus draws randomness: the optimizer's noise (through
+    ``noise``, which may have drawn it ahead) and the data loader's Poisson sampler. Only flat
+    clipping in one process is supported (what fedps uses). ``timer`` times the noise.
     """
 
-    def __init__(self, *, accountant: str, source: RandomSource, timer: RoundTimer) -> None:
+    def __init__(self, *, accountant: str, noise: NoisePool, timer: RoundTimer) -> None:
         super().__init__(accountant=accountant)
-        self.source = source
+        self.noise = noise
+        self.source = noise.source
         self.timer = timer
 
     def _prepare_optimizer(
@@ -188,7 +205,7 @@ class _SourcedPrivacyEngine(PrivacyEngine):  # type: ignore[misc]  # Opacus is u
             max_grad_norm=max_grad_norm,
             expected_batch_size=expected_batch_size,
             loss_reduction=loss_reduction,
-            source=self.source,
+            noise=self.noise,
             timer=self.timer,
             **kwargs,
         )
@@ -220,7 +237,11 @@ class Trainer(abc.ABC):
 
     Subclasses set up their training and noise in :meth:`_prepare`, which the constructor
     calls last, and implement :meth:`history`, :meth:`history_after_next_round`,
-    :meth:`restore` and :meth:`_train_locally`.
+    :meth:`restore`, :meth:`noise_of_next_round` and :meth:`_train_locally`.
+
+    The noise a round adds can be drawn ahead of it, while the client waits
+    (:meth:`draw_noise_ahead`, :class:`clients.noise_pool.NoisePool`): a round takes what is
+    ready and draws the rest itself. :meth:`close` ends the drawing.
 
     Parameters
     ----------
@@ -242,8 +263,11 @@ class Trainer(abc.ABC):
     Attributes
     ----------
     timer
-        Times the drawing of the DP noise as its ``noise`` phase (the client's round timer:
-        the noise drawn while training counts for ``noise``, not ``train``).
+        Times the DP noise as its ``noise`` phase (the client's round timer: what the noise
+        costs the training, drawn then or taken as drawn ahead, counts for ``noise``, not
+        ``train``).
+    noise_pool
+        The noise drawn ahead (:meth:`draw_noise_ahead`), from :attr:`source`.
     """
 
     model: torch.nn.Module
@@ -253,6 +277,7 @@ class Trainer(abc.ABC):
     budget: float | None
     privacy: PrivacyConfig
     source: RandomSource
+    noise_pool: NoisePool
     run_id: str = ""  # the run the trainer counts global rounds in (see set_run)
 
     def __init__(
@@ -282,9 +307,9 @@ class Trainer(abc.ABC):
     def _prepare(self, data: Dataset, training: TrainingConfig, seed: int) -> None:
         """Set up training on ``data``.
 
-        Draw :attr:`source` from ``seed`` (see :func:`_source`; after the subclass's own checks, so
-        that a refused configuration warns of no insecure seed), and set :attr:`noise_multiplier`
-        and :attr:`sample_rate`.
+        Set :attr:`source` and :attr:`noise_pool` from ``seed`` (see :func:`_randomness`; after
+        the subclass's own checks, so that a refused configuration warns of no insecure seed),
+        and set :attr:`noise_multiplier` and :attr:`sample_rate`.
         """
 
     @abc.abstractmethod
@@ -307,8 +332,25 @@ class Trainer(abc.ABC):
         """
 
     @abc.abstractmethod
+    def noise_of_next_round(self) -> list[NoiseDraw]:
+        """The noise the next round will add, in the order it adds it."""
+
+    @abc.abstractmethod
     def _train_locally(self) -> None:
         """Train ``self.model`` in place for one round."""
+
+    def draw_noise_ahead(self) -> None:
+        """Start drawing the next round's noise in the background; returns at once.
+
+        At low priority, for the time the client waits for its next round (see
+        :class:`clients.noise_pool.NoisePool`); :meth:`train_round` stops it and takes what is
+        ready. Nothing is drawn ahead from a reproducible source.
+        """
+        self.noise_pool.fill(self.noise_of_next_round())
+
+    def close(self) -> None:
+        """Stop drawing noise ahead and drop what was drawn (no thread is left)."""
+        self.noise_pool.close()
 
     def epsilon(self) -> float:
         """Epsilon spent so far (at ``privacy.delta``), over everything recorded."""
@@ -362,11 +404,15 @@ class Trainer(abc.ABC):
     def train_round(self, global_params: np.ndarray) -> np.ndarray:
         """Train locally from ``global_params``; return the update (new - old).
 
+        The noise drawn ahead is used where it is ready; nothing more is drawn ahead while
+        the round trains.
+
         Raises
         ------
         PrivacyBudgetExceededError
             If the round would exceed the epsilon budget.
         """
+        self.noise_pool.stop()
         if not self.can_train_round():
             raise PrivacyBudgetExceededError(
                 f"one more round would spend epsilon {self.epsilon_after_next_round():.3f} "
@@ -393,7 +439,7 @@ class DPTrainer(Trainer):
     def _prepare(self, data: Dataset, training: TrainingConfig, seed: int) -> None:
         model, privacy = self.model, self.privacy
         check_dp_trainable(model, self.task.name)
-        self.source = _source(privacy, seed)
+        self.source, self.noise_pool = _randomness(privacy, seed)
         loader = _loader(data, training.batch_size, self.source.seed(), shuffle=False)
         # Poisson sampling takes each example at rate 1 / len(loader) but draws
         # int(1 / (1 / len(loader))) batches per epoch (as Opacus's loader does), which
@@ -418,7 +464,7 @@ class DPTrainer(Trainer):
             # Opacus warns that its own secure_mode is off: the source replaces it.
             warnings.filterwarnings("ignore", message=".*[Ss]ecure.*")
             self.engine = _SourcedPrivacyEngine(
-                accountant=privacy.accountant, source=self.source, timer=self.timer
+                accountant=privacy.accountant, noise=self.noise_pool, timer=self.timer
             )
             self.module, self.optimizer, self.loader = self.engine.make_private(
                 module=model,
@@ -443,6 +489,11 @@ class DPTrainer(Trainer):
     def steps_per_round(self) -> int:
         """Optimizer steps one round takes (each is one Poisson-sampled batch)."""
         return self._epochs * len(self.loader)
+
+    def noise_of_next_round(self) -> list[NoiseDraw]:
+        """Every step's noise: one array per trainable parameter, of its shape."""
+        draws: list[NoiseDraw] = self.optimizer.noise_draws()
+        return draws * self.steps_per_round
 
     def history(self) -> History:
         """The Opacus accountant's history: every DP-SGD step taken (and restored)."""
@@ -521,13 +572,14 @@ class ClientLevelTrainer(Trainer):
         privacy = self.privacy
         if training.mode != "sync":
             raise ConfigError("privacy.level = 'client' needs training.mode = 'sync' (cohorts)")
-        self.source = _source(privacy, seed)
+        self.source, self.noise_pool = _randomness(privacy, seed)
         self.noise = client_level_noise(training, privacy)
         self.cohort_size = self.noise.cohort
         self.sample_rate = self.noise.sample_rate
         self.clip_norm = privacy.clip_norm
         self.noise_multiplier = self.noise.noise_multiplier
         self.noise_std = self.noise.share_std
+        self._num_params = flatten_model(self.model).size
         self._loader = _loader(data, training.batch_size, self.source.seed(), shuffle=True)
         self._optimizer = self.task.create_optimizer(self.model.parameters(), training)
         self._round = 0  # the global round announced by set_round
@@ -593,6 +645,10 @@ class ClientLevelTrainer(Trainer):
             self._prior, self._rounds_spent = entries, 0
         self.run_id = run_id
 
+    def noise_of_next_round(self) -> list[NoiseDraw]:
+        """One share of the noise, over the whole update."""
+        return [NoiseDraw(self.noise_std, (self._num_params,), np.float64)]
+
     def clip(self, update: np.ndarray) -> np.ndarray:
         """Scale ``update`` down to L2 norm at most ``clip_norm``."""
         norm = float(np.linalg.norm(update))
@@ -602,7 +658,7 @@ class ClientLevelTrainer(Trainer):
     def add_noise(self, update: np.ndarray) -> np.ndarray:
         """Add this client's share of the noise: N(0, (sigma * C)^2 / n) per coordinate."""
         with self.timer.phase("noise"):
-            noised: np.ndarray = update + self.source.normal(self.noise_std, update.shape)
+            noised: np.ndarray = update + self.noise_pool.normal(self.noise_std, update.shape)
         return noised
 
     def _train_locally(self) -> None:
@@ -626,9 +682,14 @@ class ClientLevelTrainer(Trainer):
         return released
 
 
-def _source(privacy: PrivacyConfig, seed: int) -> RandomSource:
-    """The trainer's randomness: a CSPRNG, or ``seed`` behind the insecure setting."""
-    return random_source(seed if privacy.insecure_reproducible else None, role="client")
+def _randomness(privacy: PrivacyConfig, seed: int) -> tuple[RandomSource, NoisePool]:
+    """The trainer's randomness, and its noise drawn ahead from it.
+
+    A CSPRNG, or ``seed`` behind the insecure setting (then nothing is drawn ahead); the pool
+    holds at most ``privacy.noise_ahead_mib``.
+    """
+    source = random_source(seed if privacy.insecure_reproducible else None, role="client")
+    return source, NoisePool(source, max_bytes=privacy.noise_ahead_mib << 20)
 
 
 _TRAINERS: dict[str, type[DPTrainer] | type[ClientLevelTrainer]] = {

@@ -21,6 +21,10 @@ One round as the client sees it:
    (:class:`clients.pusher.Pusher`), and report to the coordinator (epsilon spent, bytes
    pushed).
 
+While it waits for its next round, the client draws at low priority what that round will
+need and what does not depend on the model: the encryptions of zero (the offline half of
+encryption) and the DP noise (:class:`clients.noise_pool.NoisePool`).
+
 :class:`EdgeClient` is the run loop that composes those parts: :meth:`EdgeClient.run` loops
 over the coordinator's tasks with :meth:`EdgeClient.run_task`; steps 2 to 5 are
 :meth:`EdgeClient.train_round`, the part a Flower node runs too
@@ -328,9 +332,11 @@ class EdgeClient:
         try:
             if self.session.start(deadline):
                 _log.info("%s registered as %s", self.name, self.client_id)
+                self.trainer.draw_noise_ahead()  # while it waits for its first round
                 self._run_tasks(deadline)
         finally:
             self.session.shutdown()
+            self.trainer.close()
         return ClientSummary(
             self.client_id,
             self.rounds_trained,
@@ -404,7 +410,11 @@ class EdgeClient:
         return True
 
     def close(self) -> None:
-        """Release the state folder (another process may then use it) and close the uplink."""
+        """Release the state folder (another process may then use it) and close the uplink.
+
+        The noise drawn ahead is dropped and its thread ended.
+        """
+        self.trainer.close()
         self.state.close()
         self.uplink.close()
 
@@ -438,8 +448,10 @@ class EdgeClient:
         else:
             self.pusher.keep(outcome.prepared)  # kept through a failure of what follows
             self._deliver(outcome.prepared)
-        # Offline half of encryption, at low priority while we wait for the next round.
+        # Offline half of encryption and the next round's DP noise, at low priority while we
+        # wait for the next round.
         self.session.precompute(background=True)
+        self.trainer.draw_noise_ahead()
         return True
 
     def train_round(
@@ -482,6 +494,7 @@ class EdgeClient:
             Whether it trained, the committed update (None when the round's commitments had
             closed) and the round it committed to, or whether the budget is spent.
         """
+        self.trainer.noise_pool.stop()  # the wait is over: nothing more drawn ahead
         if not self.session.adopt_context(context_id):
             return RoundOutcome(round_)
         self.trainer.set_round(round_)

@@ -230,6 +230,12 @@ class PrivacyConfig(_Section):
         description="draw DP noise, Poisson and cohort sampling from training.seed: anyone "
         "holding the configuration can regenerate and remove the noise (debugging only; warns)",
     )
+    noise_ahead_mib: int = Field(
+        256,
+        ge=0,
+        description="memory a client may hold of the DP noise it draws ahead of its next round "
+        "while it waits (0: drawn only as it is added; never with insecure_reproducible)",
+    )
 
     @property
     def noise_mode(self) -> str:

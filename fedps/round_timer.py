@@ -40,9 +40,11 @@ _T = TypeVar("_T")
 #: An edge client's phases of a round, in order: the model pulled from the shards, its own
 #: evaluation (``task.client_eval``), the round's spend recorded in its privacy ledger (the
 #: accountant's epsilon, written durably) and announced to the coordinator, local training
-#: (its DP noise apart), the encryptions of zero it drew in the round (offline half) and the
-#: encoding into them (online half), the commitment at the key holder (challenge, sketches,
-#: signature), the wait for the push phase (the commit barrier) and the push to the shards.
+#: (its DP noise apart: ``noise`` is what getting the noise cost the training, drawn then or
+#: taken as drawn ahead while the client waited, which no phase counts), the encryptions of
+#: zero it drew in the round (offline half) and the encoding into them (online half), the
+#: commitment at the key holder (challenge, sketches, signature), the wait for the push phase
+#: (the commit barrier) and the push to the shards.
 CLIENT_PHASES = (
     "pull",
     "client_eval",

@@ -2,6 +2,9 @@
 
 - Crypto micro-benchmarks (:mod:`crypto.benchmark`) on 100k, 1M and 10M parameters: fedps's
   packed format, TenSEAL's default CKKS vectors (the NVIDIA FLARE path) and plaintext.
+- DP noise: the hardened CSPRNG Gaussian against ``torch.normal``, and one client's DP-SGD
+  round on the 1M-parameter model with its noise drawn ahead against drawn on demand
+  (:mod:`fedps.bench.noise_ahead`).
 - End to end: the same rounds (same clients, same DP) with encryption on and off, as separate
   processes on loopback, for the demo model and a 1M-parameter model, with where their rounds
   go, phase by phase (:func:`fedps.bench.round_profile.phase_profile`).
@@ -47,6 +50,7 @@ from crypto.params import CANARIES
 from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner, context_digest, verify_block
 from crypto.sketch import Challenge
+from fedps.bench.noise_ahead import measure_noise_ahead
 from fedps.bench.round_profile import phase_profile
 from fedps.ckks_params import ckks_params
 from fedps.config import load_config
@@ -120,6 +124,8 @@ def run_bench(
     results["crypto"] = crypto
     console.print("DP noise: CSPRNG (hardened) vs torch.normal ...")
     results["noise"] = measure_noise(max(sizes))
+    console.print("DP noise drawn ahead vs on demand, one client's DP-SGD round of mlp1m ...")
+    results["noise_ahead"] = measure_noise_ahead("mlp1m")
     e2e: dict[str, Any] = {}
     for model in e2e_models:
         console.print(f"end-to-end rounds, model {model} ...")

@@ -62,6 +62,15 @@ def render_table(results: dict[str, Any]) -> str:
             f"{_m(n['secure_float32_values_per_s'])} as float32 "
             f"({n['slowdown_float32']:.1f}x); torch.normal {_m(n['torch_values_per_s'])}"
         )
+    if "noise_ahead" in results:
+        a = results["noise_ahead"]
+        lines.append(
+            f"One client's DP-SGD round, {int(a['values']):,} noise values: "
+            f"{a['round_s_ahead']:.2f} s with its noise drawn ahead (noise "
+            f"{a['noise_s_ahead'] * 1000:.0f} ms) vs {a['round_s_on_demand']:.2f} s on demand "
+            f"({a['noise_s_on_demand'] * 1000:.0f} ms): {a['ratio']:.2f}x; drawn ahead in "
+            f"{a['fill_s']:.2f} s at low priority"
+        )
     lines += ["", "| model | secure round | plaintext round | ratio |", "|---|---:|---:|---:|"]
     for model, r in results["e2e"].items():
         lines.append(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from clients.dp_trainer import (
     create_trainer,
 )
 from clients.edge_client import EdgeClient, PreparedPush
+from clients.noise_pool import NoisePool
 from crypto.randomness import SeededRandom
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import ConfigError, PeerUnavailableError, PrivacyBudgetExceededError
@@ -169,6 +171,72 @@ def test_noise_multiplier_mode_has_no_budget(data: Dataset) -> None:
     assert trainer.budget is None
     assert trainer.noise_multiplier == 1.0
     assert all(b > a for a, b in itertools.pairwise(spent))
+
+
+WAIT_S = 60.0  # a bound on waiting for the noise thread, never a measurement
+
+
+def test_a_round_takes_the_noise_drawn_ahead_then_draws_on_demand(data: Dataset) -> None:
+    # Prepare: the next round's noise drawn ahead
+    trainer = _trainer(data, _config(noise_multiplier=1.0))
+    plan = trainer.noise_of_next_round()
+    trainer.draw_noise_ahead()
+    assert trainer.noise_pool.wait(WAIT_S)
+    params = flatten_model(trainer.model)
+
+    # Execute: a round with it, a round without
+    first = trainer.train_round(params)
+    pool_after_first = (trainer.noise_pool.taken, trainer.noise_pool.drawn)
+    trainer.train_round(params)
+    trainer.close()
+
+    # Assert: one array per step and trainable parameter, of its shape, at std sigma * C,
+    # all taken from the pool, then all drawn on demand; the noise is timed
+    params_per_step = [tuple(p.shape) for p in trainer.model.parameters()]
+    assert [d.shape for d in plan] == params_per_step * trainer.steps_per_round
+    assert {(d.std, d.dtype) for d in plan} == {(1.0 * 1.0, np.float32)}
+    assert pool_after_first == (len(plan), 0)
+    assert (trainer.noise_pool.taken, trainer.noise_pool.drawn) == (len(plan), len(plan))
+    assert np.all(np.isfinite(first)) and "noise" in trainer.timer.seconds()
+
+
+def test_client_level_noise_is_drawn_ahead_too(data: Dataset) -> None:
+    # Prepare
+    trainer = _client_trainer(data, _client_config(noise_multiplier=1.0))
+    trainer.draw_noise_ahead()
+    assert trainer.noise_pool.wait(WAIT_S)
+
+    # Execute
+    released = trainer.train_round(flatten_model(trainer.model))
+    trainer.close()
+
+    # Assert: the one share of the round, over the whole update
+    (draw,) = trainer.noise_of_next_round()
+    assert draw.shape == released.shape and draw.std == trainer.noise_std
+    assert (trainer.noise_pool.taken, trainer.noise_pool.drawn) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    "privacy",
+    [{"insecure_reproducible": True}, {"noise_ahead_mib": 0}],
+    ids=["seeded", "no-memory"],
+)
+def test_a_seeded_or_unbounded_trainer_draws_nothing_ahead(
+    data: Dataset, privacy: dict[str, object]
+) -> None:
+    # Prepare: two trainers of the same configuration, one told to draw ahead
+    config = _config(None, noise_multiplier=1.0, **privacy)
+    ahead, on_demand = _trainer(data, config), _trainer(data, config)
+    ahead.draw_noise_ahead()
+
+    # Execute
+    updates = [t.train_round(flatten_model(t.model)) for t in (ahead, on_demand)]
+    ahead.close()
+
+    # Assert: nothing was drawn ahead; seeded, the updates are the same
+    assert (ahead.noise_pool.taken, ahead.noise_pool.drawn) == (0, len(ahead.noise_of_next_round()))
+    if config.privacy.insecure_reproducible:
+        np.testing.assert_array_equal(updates[0], updates[1])
 
 
 def test_target_epsilon_is_calibrated_by_the_accounting_module(budgeted: BudgetedRun) -> None:
@@ -557,6 +625,29 @@ def test_edge_client_records_the_round_before_it_trains(
     client.close()
 
 
+def test_edge_client_draws_the_next_rounds_noise_and_close_ends_it(tmp_path: Path) -> None:
+    # Prepare
+    client = _OfflineClient.offline(_config(noise_multiplier=1.0), index=0, state_dir=tmp_path)
+    pool = client.trainer.noise_pool
+    others = _noise_threads()  # other clients' (tests that did not close theirs)
+
+    # Execute: a round, then the wait for the next one, then the client closes
+    assert client.train(1)
+    assert pool.wait(WAIT_S)
+    plan = client.trainer.noise_of_next_round()
+    ready = [pool.ready(d) for d in set(plan)]
+    threads = _noise_threads() - others
+    client.close()
+
+    # Assert: the whole next round was drawn ahead; no thread is left after close, nor noise
+    assert sum(ready) == len(plan) and len(threads) == 1
+    assert not _noise_threads() - others and pool.reserved_bytes == 0
+
+
+def _noise_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "fedps-noise-ahead"}
+
+
 def test_a_round_the_coordinator_cannot_hear_of_is_recorded_once_and_not_trained(
     tmp_path: Path,
 ) -> None:
@@ -633,8 +724,9 @@ def test_opacus_takes_its_noise_and_batches_from_the_source(data: Dataset) -> No
     # Prepare: a trainer whose source never samples an example
     config = _config(noise_multiplier=1.0)
     trainer = _trainer(data, config)
-    trainer.source = trainer.engine.source = trainer.optimizer.source = _NoExamples(1)
-    trainer.loader.batch_sampler.source = trainer.source
+    source = _NoExamples(1)
+    trainer.source = trainer.engine.source = trainer.loader.batch_sampler.source = source
+    trainer.noise_pool = trainer.engine.noise = trainer.optimizer.noise = NoisePool(source)
     start = flatten_model(trainer.model)
 
     # Execute: one round of empty batches
