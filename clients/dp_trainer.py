@@ -28,19 +28,15 @@ import abc
 import logging
 import math
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
-from opacus import PrivacyEngine
-from opacus.data_loader import wrap_collate_with_empty
-from opacus.optimizers.optimizer import DPOptimizer, _check_processed_flag, _mark_as_processed
-from torch.utils.data import DataLoader, Sampler, TensorDataset
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import DataLoader, TensorDataset
 
 from clients.noise_pool import NoiseDraw, NoisePool
+from clients.private_engine import SourcedPrivacyEngine
 from crypto.randomness import RandomSource, random_source
 from fedps._registry import add_entry
 from fedps.config import PrivacyConfig, TrainingConfig
@@ -55,7 +51,6 @@ __all__ = [
     "ClientLevelTrainer",
     "DPTrainer",
     "History",
-    "PoissonBatches",
     "PrivacySpend",
     "Trainer",
     "create_trainer",
@@ -101,135 +96,6 @@ def _loader(data: Dataset, batch_size: int, seed: int, *, shuffle: bool) -> Data
         shuffle=shuffle,
         generator=torch.Generator().manual_seed(seed),
     )
-
-
-class PoissonBatches(Sampler[list[int]]):
-    """Poisson sampling for DP-SGD.
-
-    Each of ``steps`` batches takes every example independently with probability ``sample_rate``,
-    drawn from ``source`` (Opacus's ``UniformWithReplacementSampler`` draws from torch's generator
-    instead).
-    """
-
-    def __init__(
-        self, num_samples: int, sample_rate: float, steps: int, source: RandomSource
-    ) -> None:
-        self.num_samples = num_samples
-        self.sample_rate = sample_rate
-        self.steps = steps
-        self.source = source
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for _ in range(self.steps):
-            mask = self.source.bernoulli(self.num_samples, self.sample_rate)
-            yield [int(i) for i in np.flatnonzero(mask)]
-
-
-class _SourcedDPOptimizer(DPOptimizer):  # type: ignore[misc]  # Opacus is untyped
-    """Opacus's DP optimizer with its Gaussian noise from a :class:`RandomSource`.
-
-    The noise comes through ``noise`` (:class:`clients.noise_pool.NoisePool`: drawn ahead, or
-    now from its source). The source is hardened as Opacus's ``secure_mode`` hardens it, and
-    replaces torch's generator. What the noise costs the step is timed as the ``noise`` phase
-    of ``timer``.
-    """
-
-    def __init__(self, *, noise: NoisePool, timer: RoundTimer, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.noise = noise
-        self.timer = timer
-
-    @property
-    def noise_std(self) -> float:
-        """The std of the noise added to each summed gradient: sigma times the clipping norm."""
-        return float(self.noise_multiplier * self.max_grad_norm)
-
-    def noise_draws(self) -> list[NoiseDraw]:
-        """The noise one step adds, parameter by parameter."""
-        return [NoiseDraw(self.noise_std, tuple(p.shape), _noise_dtype(p)) for p in self.params]
-
-    def add_noise(self) -> None:
-        std = self.noise_std
-        for p in self.params:
-            _check_processed_flag(p.summed_grad)
-            summed = p.summed_grad
-            with self.timer.phase("noise"):  # drawn now, or taken as drawn ahead
-                values = self.noise.normal(std, tuple(summed.shape), dtype=_noise_dtype(summed))
-            noise = torch.from_numpy(values).to(dtype=summed.dtype, device=summed.device)
-            p.grad = (summed + noise).view_as(p)
-            _mark_as_processed(p.summed_grad)
-
-
-def _noise_dtype(tensor: torch.Tensor) -> type[np.float32] | type[np.float64]:
-    """The noise a tensor takes: float32 for float32 (the float64 value rounded once)."""
-    return np.float32 if tensor.dtype == torch.float32 else np.float64
-
-
-class _SourcedPrivacyEngine(PrivacyEngine):  # type: ignore[misc]  # Opacus is untyped
-    """A ``PrivacyEngine`` whose noise and Poisson sampling come from ``noise.source``.
-
-    Opacus's own ``secure_mode`` needs ``torchcsprng``, which has no build for current torch;
-    this engine overrides the two places Opacus draws randomness: the optimizer's noise (through
-    ``noise``, which may have drawn it ahead) and the data loader's Poisson sampler. Only flat
-    clipping in one process is supported (what fedps uses). ``timer`` times the noise.
-    """
-
-    def __init__(self, *, accountant: str, noise: NoisePool, timer: RoundTimer) -> None:
-        super().__init__(accountant=accountant)
-        self.noise = noise
-        self.source = noise.source
-        self.timer = timer
-
-    def _prepare_optimizer(
-        self,
-        *,
-        optimizer: torch.optim.Optimizer,
-        noise_multiplier: float,
-        max_grad_norm: float,
-        expected_batch_size: int,
-        loss_reduction: str = "mean",
-        distributed: bool = False,
-        clipping: str = "flat",
-        grad_sample_mode: str = "hooks",
-        **kwargs: Any,
-    ) -> DPOptimizer:
-        if distributed or clipping != "flat" or grad_sample_mode != "hooks":
-            raise ConfigError("fedps's DP-SGD supports flat clipping in one process only")
-        kwargs.pop("noise_generator", None)  # the source replaces torch's generator
-        return _SourcedDPOptimizer(
-            optimizer=optimizer,
-            noise_multiplier=noise_multiplier,
-            max_grad_norm=max_grad_norm,
-            expected_batch_size=expected_batch_size,
-            loss_reduction=loss_reduction,
-            noise=self.noise,
-            timer=self.timer,
-            **kwargs,
-        )
-
-    def _prepare_data_loader(
-        self, data_loader: DataLoader[Any], *, poisson_sampling: bool, **kwargs: Any
-    ) -> DataLoader[Any]:
-        if not poisson_sampling:
-            raise ConfigError("fedps's DP-SGD always samples batches by Poisson sampling")
-        dataset = data_loader.dataset
-        sample_rate = 1 / len(data_loader)
-        first = dataset[0]
-        sampler = PoissonBatches(
-            len(dataset),  # type: ignore[arg-type]
-            sample_rate,
-            int(1 / sample_rate),  # as many batches as Opacus's Poisson loader draws
-            self.source,
-        )
-        collate = wrap_collate_with_empty(
-            collate_fn=default_collate,
-            sample_empty_shapes=[(0, *x.shape) for x in first],
-            dtypes=[x.dtype for x in first],
-        )
-        return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate)
 
 
 class Trainer(abc.ABC):
@@ -463,7 +329,7 @@ class DPTrainer(Trainer):
         with warnings.catch_warnings():
             # Opacus warns that its own secure_mode is off: the source replaces it.
             warnings.filterwarnings("ignore", message=".*[Ss]ecure.*")
-            self.engine = _SourcedPrivacyEngine(
+            self.engine = SourcedPrivacyEngine(
                 accountant=privacy.accountant, noise=self.noise_pool, timer=self.timer
             )
             self.module, self.optimizer, self.loader = self.engine.make_private(

@@ -300,11 +300,6 @@ class EdgeClient:
         return self.session.client_id
 
     @property
-    def run_id(self) -> str:
-        """The run it joined (empty before)."""
-        return self.session.run_id
-
-    @property
     def bytes_pushed(self) -> int:
         """What the shards took over the run."""
         return self.pusher.bytes_pushed
@@ -410,10 +405,7 @@ class EdgeClient:
         return True
 
     def close(self) -> None:
-        """Release the state folder (another process may then use it) and close the uplink.
-
-        The noise drawn ahead is dropped and its thread ended.
-        """
+        """Release the state folder and close the uplink; drop the noise drawn ahead."""
         self.trainer.close()
         self.state.close()
         self.uplink.close()

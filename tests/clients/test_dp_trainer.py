@@ -21,12 +21,12 @@ from clients.client_state import LEDGER_FILE
 from clients.dp_trainer import (
     ClientLevelTrainer,
     DPTrainer,
-    PoissonBatches,
     Trainer,
     create_trainer,
 )
 from clients.edge_client import EdgeClient, PreparedPush
 from clients.noise_pool import NoisePool
+from clients.private_engine import PoissonBatches
 from crypto.randomness import SeededRandom
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import ConfigError, PeerUnavailableError, PrivacyBudgetExceededError
