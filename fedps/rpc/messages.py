@@ -54,8 +54,7 @@ def to_message(message_type: type[_M], record: Any, **converted: Any) -> _M:
     Each of its fields that ``message_type`` has, by name; ``converted`` gives the fields that need
     converting first (nested messages).
     """
-    names = message_type.DESCRIPTOR.fields_by_name
-    values = {f.name: getattr(record, f.name) for f in fields(record) if f.name in names}
+    values = {name: getattr(record, name) for name in _shared_fields(type(record), message_type)}
     return message_type(**(values | converted))
 
 
@@ -65,13 +64,30 @@ def from_message(cls: type[_R], message: Message, **converted: Any) -> _R:
     Each of its fields that ``message`` has, by name (repeated fields as tuples, maps as dicts);
     ``converted`` gives the fields that need converting first (nested messages).
     """
-    names = message.DESCRIPTOR.fields_by_name
     values = {
-        f.name: _plain(getattr(message, f.name))
-        for f in fields(cast(Any, cls))
-        if f.name in names and f.name not in converted
+        name: _plain(getattr(message, name))
+        for name in _shared_fields(cls, type(message))
+        if name not in converted
     }
     return cls(**(values | converted))
+
+
+_SHARED_FIELDS: dict[tuple[type[Any], type[Message]], tuple[str, ...]] = {}
+
+
+def _shared_fields(record_type: type[Any], message_type: type[Message]) -> tuple[str, ...]:
+    """The fields of the dataclass ``record_type`` that ``message_type`` has too, by name.
+
+    Worked out once per pair: records cross the wire by the thousand (a manifest entry per
+    contributor and block).
+    """
+    key = (record_type, message_type)
+    shared = _SHARED_FIELDS.get(key)
+    if shared is None:
+        names = message_type.DESCRIPTOR.fields_by_name
+        shared = tuple(f.name for f in fields(record_type) if f.name in names)
+        _SHARED_FIELDS[key] = shared
+    return shared
 
 
 #: How one field crosses the wire: (to the wire, from the wire).

@@ -128,13 +128,16 @@ class ShardStub:
         """The closed round's encrypted sums of exactly ``contributors``, as they stream in.
 
         With manifests and signed updates, message by message (the key holder checks each before it
-        reads the next).
+        reads the next). The call starts now, not at the first read: the key holder starts every
+        shard's fetch at once, and each shard sums while the key holder reads another's.
         """
         request = shard_pb2.FetchAggregateRequest(round=round_, contributors=sorted(contributors))
         what = f"fetch from {self.shard_id}"
         replies = invoke(lambda: self._stub.FetchAggregate(request, timeout=timeout_s), what)
-        for reply in stream_replies(replies, what, timeout_s=timeout_s):
-            yield AggregatePart.from_proto(reply)
+        return (
+            AggregatePart.from_proto(reply)
+            for reply in stream_replies(replies, what, timeout_s=timeout_s)
+        )
 
     def trace_blocks(
         self, query: TraceQuery, *, max_items: int, timeout_s: float = PUSH_S

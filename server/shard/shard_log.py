@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -55,6 +55,17 @@ class ShardLogRecord:
     push: PushBatch | None = None
     multiplier: int = 1
 
+    def serialize(self) -> bytes:
+        """The on-disk bytes: :meth:`to_proto`, serialised.
+
+        A push's record is assembled around its ciphertexts (:func:`_push_record`) rather than
+        copied into protobuf messages block by block and serialised again: the same message to
+        every reader.
+        """
+        if self.push is not None:
+            return _push_record(self.push, self.multiplier)
+        return bytes(self.to_proto().SerializeToString())
+
     def to_proto(self) -> shard_pb2.ShardLogRecord:
         """The on-disk form."""
         if self.opening is not None:
@@ -81,6 +92,37 @@ class ShardLogRecord:
         return cls("close", record.close.round)
 
 
+def _push_record(push: PushBatch, multiplier: int) -> bytes:
+    """The serialised ``ShardLogRecord`` of ``push``'s added blocks, ciphertexts copied once.
+
+    Protobuf parses encodings written one after the other as one message, repeated fields
+    appended, so the ``PushRequest`` is its other fields (encoded by protobuf) followed by one
+    ``blocks`` field per block, framed here; ``LoggedPush`` and ``ShardLogRecord`` frame it in
+    turn (field numbers and wire types from ``shard.proto``).
+    """
+    header = replace(push, blocks=[]).to_proto().SerializeToString()
+    parts = [header]
+    for block, ciphertext in push.blocks:
+        # EncryptedBlock: block (1, varint), ciphertext (2, length-delimited)
+        head = b"\x08" + _varint(block) + b"\x12" + _varint(len(ciphertext))
+        parts += [b"\x32", _varint(len(head) + len(ciphertext)), head, ciphertext]  # blocks (6)
+    request = b"".join(parts)
+    logged = b"\x0a" + _varint(len(request))  # LoggedPush.push (1)
+    tail = b"\x10" + _varint(multiplier)  # LoggedPush.multiplier (2)
+    size = len(logged) + len(request) + len(tail)
+    return b"".join([b"\x12", _varint(size), logged, request, tail])  # ShardLogRecord.push (2)
+
+
+def _varint(value: int) -> bytes:
+    """``value`` (>= 0) as a protobuf varint: 7 bits a byte, least significant first."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 class ShardLog:
     """One shard's logs and snapshots.
 
@@ -99,7 +141,7 @@ class ShardLog:
 
     def append(self, round_: int, record: ShardLogRecord) -> None:
         """Append one record to ``round_``'s log; durable when this returns."""
-        self._log.append(round_, record.to_proto().SerializeToString())
+        self._log.append(round_, record.serialize())
 
     def records(self) -> Iterator[tuple[int, ShardLogRecord]]:
         """Every logged record, in round order then write order (a torn tail cut off).
