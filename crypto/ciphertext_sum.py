@@ -106,8 +106,10 @@ class CiphertextSum:
             # c < q < 2**bits and m < 2**(64 - bits): the product fits in 64 bits.
             coeffs = (coeffs * np.uint64(multiplier)) % self._q
         acc = self._acc
-        np.add(acc, coeffs, out=acc)
-        np.subtract(acc, self._q, out=acc, where=acc >= self._q)
+        np.add(acc, coeffs, out=acc)  # below 2q < 2**64
+        # acc - q wraps around (past every value below 2q) exactly where acc < q: the smaller of
+        # the two is acc mod q, without a masked subtraction
+        np.minimum(acc, acc - self._q, out=acc)
 
     def add_packed(self, data: bytes) -> None:
         """Validate a packed block and add it."""
