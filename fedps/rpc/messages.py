@@ -31,6 +31,7 @@ __all__ = [
     "MalformedReplyError",
     "ParameterBlock",
     "WireRecord",
+    "framed",
     "from_message",
     "members_from_proto",
     "members_to_proto",
@@ -38,6 +39,7 @@ __all__ = [
     "signed_update_from_proto",
     "signed_update_to_proto",
     "to_message",
+    "varint_field",
 ]
 
 _M = TypeVar("_M", bound=Message)
@@ -88,6 +90,32 @@ def _shared_fields(record_type: type[Any], message_type: type[Message]) -> tuple
         shared = tuple(f.name for f in fields(record_type) if f.name in names)
         _SHARED_FIELDS[key] = shared
     return shared
+
+
+def varint_field(field: int, value: int) -> bytes:
+    """Protobuf field number ``field`` holding the integer ``value`` (>= 0), encoded."""
+    return _varint(field << 3) + _varint(value)
+
+
+def framed(field: int, *parts: bytes) -> list[bytes]:
+    """Protobuf field number ``field`` holding ``parts`` joined (bytes, or an encoded message).
+
+    Its key and length, then the parts themselves: joined with what comes before and after, an
+    encoded message around a large payload without copying the payload into protobuf. Protobuf
+    reads encodings written one after the other as one message (repeated fields appended), so a
+    message's small fields can be encoded by protobuf and its large ones framed here.
+    """
+    return [_varint(field << 3 | 2), _varint(sum(len(p) for p in parts)), *parts]
+
+
+def _varint(value: int) -> bytes:
+    """``value`` (>= 0) as a protobuf varint: 7 bits a byte, least significant first."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 #: How one field crosses the wire: (to the wire, from the wire).

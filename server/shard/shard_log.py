@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from crypto.files import private_directory, read_checked, write_checked
 from fedps.proto import shard_pb2
+from fedps.rpc.messages import framed, varint_field
 from fedps.rpc.shard_messages import Publication, PushBatch, RoundOpening
 from fedps.storage.record_log import RecordLog
 
@@ -58,7 +59,7 @@ class ShardLogRecord:
     def serialize(self) -> bytes:
         """The on-disk bytes: :meth:`to_proto`, serialised.
 
-        A push's record is assembled around its ciphertexts (:func:`_push_record`) rather than
+        A push's record is framed around its ciphertexts (:func:`_push_record`) rather than
         copied into protobuf messages block by block and serialised again: the same message to
         every reader.
         """
@@ -93,34 +94,14 @@ class ShardLogRecord:
 
 
 def _push_record(push: PushBatch, multiplier: int) -> bytes:
-    """The serialised ``ShardLogRecord`` of ``push``'s added blocks, ciphertexts copied once.
+    """The serialised ``ShardLogRecord`` of ``push``'s added blocks, ciphertexts copied twice.
 
-    Protobuf parses encodings written one after the other as one message, repeated fields
-    appended, so the ``PushRequest`` is its other fields (encoded by protobuf) followed by one
-    ``blocks`` field per block, framed here; ``LoggedPush`` and ``ShardLogRecord`` frame it in
-    turn (field numbers and wire types from ``shard.proto``).
+    The push's wire bytes (:meth:`~fedps.rpc.shard_messages.PushBatch.serialize`), framed as
+    ``LoggedPush.push`` (1) beside its ``multiplier`` (2), framed as ``ShardLogRecord.push``
+    (2): field numbers from ``shard.proto``.
     """
-    header = replace(push, blocks=[]).to_proto().SerializeToString()
-    parts = [header]
-    for block, ciphertext in push.blocks:
-        # EncryptedBlock: block (1, varint), ciphertext (2, length-delimited)
-        head = b"\x08" + _varint(block) + b"\x12" + _varint(len(ciphertext))
-        parts += [b"\x32", _varint(len(head) + len(ciphertext)), head, ciphertext]  # blocks (6)
-    request = b"".join(parts)
-    logged = b"\x0a" + _varint(len(request))  # LoggedPush.push (1)
-    tail = b"\x10" + _varint(multiplier)  # LoggedPush.multiplier (2)
-    size = len(logged) + len(request) + len(tail)
-    return b"".join([b"\x12", _varint(size), logged, request, tail])  # ShardLogRecord.push (2)
-
-
-def _varint(value: int) -> bytes:
-    """``value`` (>= 0) as a protobuf varint: 7 bits a byte, least significant first."""
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    logged = [*framed(1, push.serialize()), varint_field(2, multiplier)]
+    return b"".join(framed(2, *logged))
 
 
 class ShardLog:

@@ -14,7 +14,7 @@ from crypto.enrolment import read_token
 from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner, context_digest, verify_block
 from fedps.errors import FedPSError, RoundClosedError, UnauthenticatedError
-from fedps.proto import common_pb2
+from fedps.proto import common_pb2, shard_pb2
 from fedps.rpc import coordinator_messages as co
 from fedps.rpc import keyholder_messages as kh
 from fedps.rpc import shard_messages as sh
@@ -126,6 +126,23 @@ def test_signed_update_round_trip_and_push_bytes() -> None:
     # Assert
     assert back == UPDATE
     assert sh.PushBatch.from_bytes(batch.serialize()) == batch
+
+
+@pytest.mark.parametrize(
+    "blocks",
+    [[], [(0, b"")], [(0, b"\1" * 300), (127, b"\2" * 19_996), (128, b"")], [(5, b"\3" * 70_000)]],
+)
+def test_a_push_framed_around_its_ciphertexts_is_protobuf_s_message(
+    blocks: list[tuple[int, bytes]],
+) -> None:
+    # Prepare
+    batch = sh.PushBatch("client-0", 4, 3, 0.5, "ctx", blocks, b"n" * 16, b"s" * 64, (b"r" * 32,))
+    # Execute
+    wire = batch.serialize()
+    # Assert: the same message, as many bytes as protobuf's own encoding
+    message = batch.to_proto()
+    assert shard_pb2.PushRequest.FromString(wire) == message
+    assert len(wire) == message.ByteSize()
 
 
 def test_a_push_carries_the_update_it_was_built_from() -> None:
