@@ -11,12 +11,10 @@ clients to the tracer (:mod:`.blame`), which asks a shard for evidence after a f
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
-from functools import partial
 
 import numpy as np
 
 from crypto.signing import model_block_digest
-from fedps.rpc.fan_out import fan_out
 from fedps.rpc.messages import ParameterBlock
 from fedps.rpc.shard_messages import AggregatePart, Publication
 from fedps.rpc.shard_stub import ShardStub
@@ -78,8 +76,7 @@ class ShardPeers:
     ) -> None:
         """Publish model ``version`` (``params``, cut by ``layout``) to the shards.
 
-        Each block goes to its owner with its signature (``sign`` of its digest), every shard at
-        once; each shard's call runs to its end before the first failure is raised.
+        Each block goes to its owner with its signature (``sign`` of its digest).
 
         Raises
         ------
@@ -92,16 +89,9 @@ class ShardPeers:
             values = layout.block_of(params, b).astype("<f4").tobytes()
             signature = sign(model_block_digest(version, b, values))
             per_shard[self.owner(b)].append(ParameterBlock(b, version, values, signature))
-        calls = {
-            sid: partial(
-                self.clients[sid].publish,
-                [
-                    Publication(version, layout.num_blocks, n, tuple(batch))
-                    for batch in batched(blocks, lambda p: len(p.values))
-                ]
-                or [Publication(version, layout.num_blocks, n)],
-                timeout_s=PUBLISH_S,
-            )
-            for sid, blocks in per_shard.items()
-        }
-        fan_out(calls)
+        for sid, blocks in per_shard.items():
+            messages = [
+                Publication(version, layout.num_blocks, n, tuple(batch))
+                for batch in batched(blocks, lambda p: len(p.values))
+            ] or [Publication(version, layout.num_blocks, n)]
+            self.clients[sid].publish(messages, timeout_s=PUBLISH_S)
