@@ -2,12 +2,12 @@
 
 An update goes to the shards only once the round's commitments are frozen and the shards have
 opened the round (:meth:`Pusher.push_when_open` asks the coordinator until it says so).
-Each shard gets the signed messages of the blocks it owns (:meth:`Pusher.send`); a shard that
-refuses, whatever it answers, or keeps failing is counted and skipped, and the others still
-get theirs: the round's close decides. The last committed update is kept, so that a
-coordinator that asks for it again (after a failure cut the wait short, or after it restarted
-before it saw the report) gets the same signed messages (:meth:`Pusher.resend`), which the
-shards acknowledge as duplicates and count once.
+Each shard gets the signed messages of the blocks it owns, every shard at once
+(:meth:`Pusher.send`); a shard that refuses, whatever it answers, or keeps failing is counted
+and skipped, and the others still get theirs: the round's close decides. The last committed
+update is kept, so that a coordinator that asks for it again (after a failure cut the wait
+short, or after it restarted before it saw the report) gets the same signed messages
+(:meth:`Pusher.resend`), which the shards acknowledge as duplicates and count once.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 
 from clients.client_session import LONG_POLL_S, ClientSession, pause
 from clients.peer_failures import PeerFailures
@@ -22,6 +23,7 @@ from clients.update_pipeline import PreparedPush
 from fedps.errors import FedPSError
 from fedps.round_timer import RoundTimer
 from fedps.rpc.coordinator_messages import Assignment
+from fedps.rpc.fan_out import fan_out
 from fedps.rpc.shard_messages import PushBatch
 
 __all__ = ["Pusher"]
@@ -49,7 +51,7 @@ class Pusher:
         What the last push took.
     on_acknowledged
         Called with ``(round, shard id)`` each time a shard acknowledged its messages of a
-        round (None: nothing is called).
+        round, from the thread that pushed to that shard (None: nothing is called).
     """
 
     def __init__(
@@ -144,15 +146,26 @@ class Pusher:
     def push_all(self, prepared: PreparedPush) -> int:
         """Push to every shard that owns a block; returns the bytes the shards took.
 
-        A shard that refuses, whatever it answers, or keeps failing is counted, logged and skipped:
-        the others still get theirs, and the round's close decides.
+        Every shard is pushed to at once (:func:`~fedps.rpc.fan_out.fan_out`). A shard that
+        refuses, whatever it answers, or keeps failing is counted, logged and skipped: the others
+        still get theirs, and the round's close decides.
         """
-        total = 0
-        for sid, messages in prepared.messages.items():
+
+        def attempt(sid: str, messages: list[PushBatch]) -> int | FedPSError:
             try:
-                total += self.push_to(sid, messages)
+                return self.push_to(sid, messages)
             except FedPSError as exc:
-                self.failures.failed(sid, exc)
+                return exc
+
+        outcomes = fan_out(
+            {sid: partial(attempt, sid, messages) for sid, messages in prepared.messages.items()}
+        )
+        total = 0
+        for sid, outcome in outcomes.items():
+            if isinstance(outcome, FedPSError):
+                self.failures.failed(sid, outcome)
+            else:
+                total += outcome
         return total
 
     def push_to(self, sid: str, messages: list[PushBatch]) -> int:

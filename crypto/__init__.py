@@ -6,7 +6,14 @@ packed blocks with :class:`CiphertextSum` without ever touching a secret key.
 """
 
 from crypto.block_encryptor import BlockEncryptor, num_blocks
-from crypto.ciphertext_sum import CiphertextSum, PlainSum, new_sum, unpack_block, unpack_blocks
+from crypto.ciphertext_sum import (
+    CiphertextSum,
+    PlainSum,
+    new_sum,
+    pack_sums,
+    unpack_block,
+    unpack_blocks,
+)
 from crypto.params import CkksParams
 from crypto.plain_context import PLAINTEXT_CONTEXT_ID, PlainContext
 from crypto.public_context import PublicContext
@@ -23,6 +30,7 @@ __all__ = [
     "SecretContext",
     "new_sum",
     "num_blocks",
+    "pack_sums",
     "unpack_block",
     "unpack_blocks",
 ]

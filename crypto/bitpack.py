@@ -198,31 +198,36 @@ def pack(values: npt.NDArray[np.uint64], bits: int) -> bytes:
 
 
 def _pack_columns(rows: npt.NDArray[np.uint64], bits: int) -> npt.NDArray[np.uint64]:
-    """Pack each column of a (64, M) array of values into a column of ``bits`` words."""
-    columns = rows.shape[1]
-    words = np.empty((bits, columns), dtype=_UINT64)
-    scratch = np.empty(columns, dtype=_UINT64)
-    for word, contributions in zip(words, _pack_plan(bits), strict=True):
+    """Pack each column of a (..., 64, M) array of values into a column of ``bits`` words.
+
+    Returns (..., bits, M) words: leading axes (one per block) are packed side by side.
+    """
+    *lead, _, columns = rows.shape
+    words = np.empty((*lead, bits, columns), dtype=_UINT64)
+    scratch = np.empty((*lead, columns), dtype=_UINT64)
+    for w, contributions in enumerate(_pack_plan(bits)):
+        word = words[..., w, :]
         for index, contribution in enumerate(contributions):
             # The first contribution initialises the word; the others are ORed into it.
             shift_op = np.left_shift if contribution.left else np.right_shift
             target = word if index == 0 else scratch
-            shift_op(rows[contribution.row], contribution.shift, out=target)
+            shift_op(rows[..., contribution.row, :], contribution.shift, out=target)
             if index:
                 np.bitwise_or(word, scratch, out=word)
     return words
 
 
 def _unpack_columns(words: npt.NDArray[np.uint64], bits: int) -> npt.NDArray[np.uint64]:
-    """Inverse of :func:`_pack_columns`: (bits, M) words to (64, M) values."""
-    columns = words.shape[1]
-    rows = np.empty((_GROUP, columns), dtype=_UINT64)
-    scratch = np.empty(columns, dtype=_UINT64)
+    """Inverse of :func:`_pack_columns`: (..., bits, M) words to (..., 64, M) values."""
+    *lead, _, columns = words.shape
+    rows = np.empty((*lead, _GROUP, columns), dtype=_UINT64)
+    scratch = np.empty((*lead, columns), dtype=_UINT64)
     mask = np.uint64((1 << bits) - 1)
-    for row, extraction in zip(rows, _unpack_plan(bits), strict=True):
-        np.right_shift(words[extraction.first], extraction.shift, out=row)
+    for j, extraction in enumerate(_unpack_plan(bits)):
+        row = rows[..., j, :]
+        np.right_shift(words[..., extraction.first, :], extraction.shift, out=row)
         if extraction.spills:
-            np.left_shift(words[extraction.first + 1], extraction.spill_shift, out=scratch)
+            np.left_shift(words[..., extraction.first + 1, :], extraction.spill_shift, out=scratch)
             np.bitwise_or(row, scratch, out=row)
         if extraction.masked:
             np.bitwise_and(row, mask, out=row)
@@ -245,10 +250,9 @@ def pack_rows(values: npt.NDArray[np.uint64], bits: int) -> list[bytes]:
     if bits < _WORD_BITS and int(values.max()) >> bits:
         raise InvalidArgumentError(f"a value does not fit in {bits} bits")
     groups = count // _GROUP
-    columns = values.reshape(blocks, _GROUP, groups).transpose(1, 0, 2).reshape(_GROUP, -1)
-    words = _pack_columns(np.ascontiguousarray(columns), bits)
-    per_block = np.ascontiguousarray(words.reshape(bits, blocks, groups).transpose(1, 0, 2))
-    wire = per_block.astype(_WIRE_DTYPE, copy=False)
+    # Block b's values form the (64, groups) array of its own layout: packed side by side.
+    words = _pack_columns(values.reshape(blocks, _GROUP, groups), bits)
+    wire = words.astype(_WIRE_DTYPE, copy=False)
     return [wire[b].tobytes() for b in range(blocks)]
 
 
@@ -267,13 +271,8 @@ def unpack_rows(data: list[bytes], count: int, bits: int) -> npt.NDArray[np.uint
         return np.empty((blocks, count), dtype=_UINT64)
     groups = count // _GROUP
     words = np.frombuffer(b"".join(data), dtype=_WIRE_DTYPE).astype(_UINT64, copy=False)
-    columns = np.ascontiguousarray(
-        words.reshape(blocks, bits, groups).transpose(1, 0, 2).reshape(bits, -1)
-    )
-    rows = _unpack_columns(columns, bits)
-    return np.ascontiguousarray(
-        rows.reshape(_GROUP, blocks, groups).transpose(1, 0, 2).reshape(blocks, count)
-    )
+    # Each block's (bits, groups) words unpack to its (64, groups) values: side by side.
+    return _unpack_columns(words.reshape(blocks, bits, groups), bits).reshape(blocks, count)
 
 
 def unpack(data: bytes | memoryview, count: int, bits: int) -> npt.NDArray[np.uint64]:

@@ -62,6 +62,7 @@ __all__ = [
     "CanaryOpening",
     "canary_bound",
     "failing_rows",
+    "opening_roots",
 ]
 
 _ROOT_DOMAIN = b"fedps-root-v2"
@@ -156,6 +157,42 @@ class CanaryOpening:
         out.update(hashlib.sha256(self.c0_canaries.astype("<u8").tobytes()).digest())
         out.update(self.rest_digest)
         return out.digest()
+
+
+def opening_roots(rows: np.ndarray) -> list[bytes]:
+    """:meth:`CanaryOpening.root` of each ciphertext of ``rows``, without making the openings.
+
+    ``rows`` are ``(B, 2N)`` raw coefficients (uint64). The same bytes are hashed in the same
+    order as :meth:`CanaryOpening.of` and :meth:`CanaryOpening.root` hash them, from views of
+    one little-endian copy of ``rows``: four digests per ciphertext.
+
+    Parameters
+    ----------
+    rows
+        The ciphertexts, one per row.
+
+    Returns
+    -------
+    list of bytes
+        The root of each row.
+    """
+    if rows.ndim != 2:
+        raise InvalidArgumentError("ciphertexts are (B, 2N) uint64 coefficients")
+    if not len(rows):
+        return []
+    n = _degree(rows[0])
+    step = n // CANARIES
+    data = np.ascontiguousarray(rows, dtype="<u8")
+    c0 = data[:, :n].reshape(len(data), CANARIES, step)
+    canaries = np.ascontiguousarray(c0[:, :, 0])
+    rests = np.ascontiguousarray(c0[:, :, 1:]).reshape(len(data), -1)
+    roots = []
+    for c1, canary, rest in zip(data[:, n:], canaries, rests, strict=True):
+        out = hashlib.sha256(_ROOT_DOMAIN)
+        for part in (c1, canary, rest):
+            out.update(hashlib.sha256(part.data).digest())
+        roots.append(out.digest())
+    return roots
 
 
 def _degree(row: np.ndarray) -> int:

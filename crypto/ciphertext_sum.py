@@ -14,6 +14,8 @@ reader accepts both, validates either exactly and works on the coefficients they
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from crypto import bitpack
@@ -21,7 +23,7 @@ from crypto.plain_context import PlainContext
 from crypto.public_context import PublicContext
 from fedps.errors import InvalidArgumentError
 
-__all__ = ["CiphertextSum", "PlainSum", "new_sum", "unpack_block", "unpack_blocks"]
+__all__ = ["CiphertextSum", "PlainSum", "new_sum", "pack_sums", "unpack_block", "unpack_blocks"]
 
 
 def unpack_block(public: PublicContext, data: bytes) -> np.ndarray:
@@ -104,8 +106,10 @@ class CiphertextSum:
             # c < q < 2**bits and m < 2**(64 - bits): the product fits in 64 bits.
             coeffs = (coeffs * np.uint64(multiplier)) % self._q
         acc = self._acc
-        np.add(acc, coeffs, out=acc)
-        np.subtract(acc, self._q, out=acc, where=acc >= self._q)
+        np.add(acc, coeffs, out=acc)  # below 2q < 2**64
+        # acc - q wraps around (past every value below 2q) exactly where acc < q: the smaller of
+        # the two is acc mod q, without a masked subtraction
+        np.minimum(acc, acc - self._q, out=acc)
 
     def add_packed(self, data: bytes) -> None:
         """Validate a packed block and add it."""
@@ -142,6 +146,30 @@ class PlainSum:
     def packed(self) -> bytes:
         """The sum as float64 bytes."""
         return self._acc.astype("<f8").tobytes()
+
+
+def pack_sums(sums: Sequence[CiphertextSum | PlainSum]) -> list[bytes]:
+    """What :meth:`CiphertextSum.packed` gives for each of ``sums``, in one vectorised pass.
+
+    Ciphertext sums of one coefficient width are packed together
+    (:func:`crypto.bitpack.pack_rows`, the same bytes as one at a time); anything else one by
+    one.
+
+    Parameters
+    ----------
+    sums
+        Running sums, of ciphertexts or of plaintext values.
+
+    Returns
+    -------
+    list of bytes
+        Each sum's packed form, in order.
+    """
+    widths = {s._public.coeff_bits for s in sums if isinstance(s, CiphertextSum)}
+    if len(widths) != 1 or not all(isinstance(s, CiphertextSum) for s in sums):
+        return [s.packed() for s in sums]
+    rows = np.stack([s._acc for s in sums if isinstance(s, CiphertextSum)])
+    return bitpack.pack_rows(rows, widths.pop())
 
 
 def new_sum(context: PublicContext | PlainContext) -> CiphertextSum | PlainSum:

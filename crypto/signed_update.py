@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crypto.signing import BlockSigner, chunk_root, update_digest, verify_block
+from crypto.signing import BlockSigner, chunk_roots, update_digest, verify_block
 
 __all__ = ["SignedUpdate"]
 
@@ -64,7 +64,7 @@ class SignedUpdate:
             weight,
             os.urandom(16),
             b"",
-            tuple(chunk_root(row) for row in coefficients),
+            tuple(chunk_roots(coefficients)),
             version,
         )
         digest = unsigned.digest(run_id=run_id, round_=round_, context_id=context_id)

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
-from crypto.canary import CanaryOpening
+from crypto.canary import CanaryOpening, opening_roots
 from crypto.files import check_key, private_directory, write_key
 from fedps.errors import InvalidArgumentError
 
@@ -40,6 +40,7 @@ __all__ = [
     "chunk_commitment",
     "chunk_hashes",
     "chunk_root",
+    "chunk_roots",
     "context_digest",
     "is_weak_key",
     "model_block_digest",
@@ -81,6 +82,24 @@ def chunk_root(coeffs: np.ndarray) -> bytes:
     if coeffs.dtype == np.uint64:
         return CanaryOpening.of(coeffs).root()
     return chunk_commitment(chunk_hashes(coeffs))
+
+
+def chunk_roots(coeffs: np.ndarray) -> list[bytes]:
+    """:func:`chunk_root` of each row of ``coeffs``; ciphertexts (uint64) in one pass.
+
+    Parameters
+    ----------
+    coeffs
+        ``(B, 2N)`` ciphertext coefficients (uint64), or ``(B, N)`` plaintext values (float64).
+
+    Returns
+    -------
+    list of bytes
+        The commitment to each row.
+    """
+    if coeffs.dtype == np.uint64:
+        return opening_roots(coeffs)
+    return [chunk_root(row) for row in coeffs]
 
 
 def update_digest(

@@ -31,6 +31,7 @@ __all__ = [
     "MalformedReplyError",
     "ParameterBlock",
     "WireRecord",
+    "framed",
     "from_message",
     "members_from_proto",
     "members_to_proto",
@@ -38,6 +39,7 @@ __all__ = [
     "signed_update_from_proto",
     "signed_update_to_proto",
     "to_message",
+    "varint_field",
 ]
 
 _M = TypeVar("_M", bound=Message)
@@ -54,8 +56,7 @@ def to_message(message_type: type[_M], record: Any, **converted: Any) -> _M:
     Each of its fields that ``message_type`` has, by name; ``converted`` gives the fields that need
     converting first (nested messages).
     """
-    names = message_type.DESCRIPTOR.fields_by_name
-    values = {f.name: getattr(record, f.name) for f in fields(record) if f.name in names}
+    values = {name: getattr(record, name) for name in _shared_fields(type(record), message_type)}
     return message_type(**(values | converted))
 
 
@@ -65,13 +66,56 @@ def from_message(cls: type[_R], message: Message, **converted: Any) -> _R:
     Each of its fields that ``message`` has, by name (repeated fields as tuples, maps as dicts);
     ``converted`` gives the fields that need converting first (nested messages).
     """
-    names = message.DESCRIPTOR.fields_by_name
     values = {
-        f.name: _plain(getattr(message, f.name))
-        for f in fields(cast(Any, cls))
-        if f.name in names and f.name not in converted
+        name: _plain(getattr(message, name))
+        for name in _shared_fields(cls, type(message))
+        if name not in converted
     }
     return cls(**(values | converted))
+
+
+_SHARED_FIELDS: dict[tuple[type[Any], type[Message]], tuple[str, ...]] = {}
+
+
+def _shared_fields(record_type: type[Any], message_type: type[Message]) -> tuple[str, ...]:
+    """The fields of the dataclass ``record_type`` that ``message_type`` has too, by name.
+
+    Worked out once per pair: records cross the wire by the thousand (a manifest entry per
+    contributor and block).
+    """
+    key = (record_type, message_type)
+    shared = _SHARED_FIELDS.get(key)
+    if shared is None:
+        names = message_type.DESCRIPTOR.fields_by_name
+        shared = tuple(f.name for f in fields(record_type) if f.name in names)
+        _SHARED_FIELDS[key] = shared
+    return shared
+
+
+def varint_field(field: int, value: int) -> bytes:
+    """Protobuf field number ``field`` holding the integer ``value`` (>= 0), encoded."""
+    return _varint(field << 3) + _varint(value)
+
+
+def framed(field: int, *parts: bytes) -> list[bytes]:
+    """Protobuf field number ``field`` holding ``parts`` joined (bytes, or an encoded message).
+
+    Its key and length, then the parts themselves: joined with what comes before and after, an
+    encoded message around a large payload without copying the payload into protobuf. Protobuf
+    reads encodings written one after the other as one message (repeated fields appended), so a
+    message's small fields can be encoded by protobuf and its large ones framed here.
+    """
+    return [_varint(field << 3 | 2), _varint(sum(len(p) for p in parts)), *parts]
+
+
+def _varint(value: int) -> bytes:
+    """``value`` (>= 0) as a protobuf varint: 7 bits a byte, least significant first."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 #: How one field crosses the wire: (to the wire, from the wire).

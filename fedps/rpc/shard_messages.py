@@ -24,9 +24,11 @@ from fedps.rpc.messages import (
     MalformedReplyError,
     ParameterBlock,
     WireRecord,
+    framed,
     from_message,
     records_of,
     to_message,
+    varint_field,
 )
 
 __all__ = [
@@ -130,8 +132,18 @@ class PushBatch:
         return from_message(cls, message, blocks=blocks)
 
     def serialize(self) -> bytes:
-        """The wire bytes (to keep a prepared push outside the process)."""
-        return bytes(self.to_proto().SerializeToString())
+        """The wire bytes: what is sent, what a shard logs, what a prepared push is kept as.
+
+        The message :meth:`to_proto` gives, as long as protobuf's own encoding of it (its
+        fields in another order): the fields but the blocks encoded by protobuf, then each
+        block's field framed around its ciphertext, which is copied once, into the result.
+        """
+        parts = [replace(self, blocks=[]).to_proto().SerializeToString()]
+        for block, ciphertext in self.blocks:  # EncryptedBlock: block (1), ciphertext (2)
+            number = varint_field(1, block) if block else b""  # proto3 leaves zeros out
+            data = framed(2, ciphertext) if ciphertext else []
+            parts += framed(6, number, *data)  # PushRequest.blocks (6)
+        return b"".join(parts)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> PushBatch:

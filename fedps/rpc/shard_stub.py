@@ -57,6 +57,12 @@ class ShardStub:
         self.shard_id = shard_id
         self._channel = create_channel(address)
         self._stub = shard_pb2_grpc.ShardStub(self._channel)
+        # PushBlocks with messages already encoded (the generated stub encodes them itself)
+        self._push = self._channel.stream_unary(
+            "/fedps.proto.Shard/PushBlocks",
+            request_serializer=bytes,
+            response_deserializer=shard_pb2.PushReply.FromString,
+        )
 
     def close(self) -> None:
         """Close the channel."""
@@ -80,14 +86,18 @@ class ShardStub:
         timeout_s: float = PUSH_S,
         retry_s: float | None = None,
     ) -> PushReceipt:
-        """Stream one client's push messages; the receipt counts the bytes sent."""
-        messages = [b.to_proto() for b in batches]
+        """Stream one client's push messages; the receipt counts the bytes sent.
+
+        Each message is sent as :meth:`~fedps.rpc.shard_messages.PushBatch.serialize` encodes
+        it (its ciphertexts copied once), not built block by block into protobuf and encoded.
+        """
+        messages = [b.serialize() for b in batches]
         reply = invoke(
-            lambda: self._stub.PushBlocks(iter(messages), timeout=timeout_s),
+            lambda: self._push(iter(messages), timeout=timeout_s),
             f"push to {self.shard_id}",
             retry_s,
         )
-        return PushReceipt.from_proto(reply, sum(m.ByteSize() for m in messages))
+        return PushReceipt.from_proto(reply, sum(len(m) for m in messages))
 
     def pull_blocks(
         self, min_version: int = 0, *, timeout_s: float = PULL_S
@@ -128,13 +138,16 @@ class ShardStub:
         """The closed round's encrypted sums of exactly ``contributors``, as they stream in.
 
         With manifests and signed updates, message by message (the key holder checks each before it
-        reads the next).
+        reads the next). The call starts now, not at the first read: the key holder starts every
+        shard's fetch at once, and each shard sums while the key holder reads another's.
         """
         request = shard_pb2.FetchAggregateRequest(round=round_, contributors=sorted(contributors))
         what = f"fetch from {self.shard_id}"
         replies = invoke(lambda: self._stub.FetchAggregate(request, timeout=timeout_s), what)
-        for reply in stream_replies(replies, what, timeout_s=timeout_s):
-            yield AggregatePart.from_proto(reply)
+        return (
+            AggregatePart.from_proto(reply)
+            for reply in stream_replies(replies, what, timeout_s=timeout_s)
+        )
 
     def trace_blocks(
         self, query: TraceQuery, *, max_items: int, timeout_s: float = PUSH_S

@@ -9,7 +9,8 @@ stops; a shard that refuses to open or close a round (it answers, with an error)
 :data:`REFUSALS` times, then the round is abandoned with that error. A shard that does not
 answer opening or closing a round within ``security.shard_deadline_s`` misses its deadline
 (:class:`~server.shard_misses.ShardMisses`); after ``security.max_shard_misses`` misses in
-a row it is not asked again: :class:`~fedps.errors.ShardStalledError` names it.
+a row it is not asked again: :class:`~fedps.errors.ShardStalledError` names it. A round is
+opened and closed on every shard at once, each shard's call run to its end.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import TypeVar
 
 import numpy as np
@@ -25,10 +27,12 @@ from crypto.signing import model_verifier
 from fedps.config import ClusterConfig
 from fedps.errors import FedPSError, PeerUnavailableError, PolicyError, ShardStalledError
 from fedps.rpc import keyholder_messages as records
+from fedps.rpc.fan_out import fan_out
 from fedps.rpc.keyholder_stub import KeyHolderStub
 from fedps.rpc.messages import ParameterBlock
 from fedps.rpc.model_reader import ModelReader
-from fedps.rpc.shard_messages import RoundOpening
+from fedps.rpc.shard_messages import ClosedRound, RoundOpening
+from fedps.rpc.shard_stub import ShardStub
 from fedps.rpc.transport import call_until
 from fedps.sharding.blocks import BlockLayout
 from server.shard_misses import ShardMisses
@@ -188,13 +192,18 @@ class ClusterPeers:
             opening.run_id,
             {u.client_id: u for u in commitments.updates if u.client_id in members},
         )
-        for sid, shard in self._params.shards.items():
-            self._bounded(
-                sid,
-                "OpenRound",
-                lambda deadline_s: shard.open_round(round_opening, timeout_s=deadline_s),  # noqa: B023
-                f"open round on {sid}",
-            )
+        fan_out(
+            {
+                sid: partial(
+                    self._bounded,
+                    sid,
+                    "OpenRound",
+                    partial(_open_round, shard, round_opening),
+                    f"open round on {sid}",
+                )
+                for sid, shard in self._params.shards.items()
+            }
+        )
 
     def close_round(self, round_: int, cohort: frozenset[str]) -> set[str]:
         """Close ``round_`` on every shard; returns the clients whose pushes are complete.
@@ -209,14 +218,20 @@ class ClusterPeers:
         FedPSError
             A shard refused it :data:`REFUSALS` times, or the coordinator stopped.
         """
+        closings = fan_out(
+            {
+                sid: partial(
+                    self._bounded,
+                    sid,
+                    "CloseRound",
+                    partial(_close_round, shard, round_),
+                    f"close round on {sid}",
+                )
+                for sid, shard in self._params.shards.items()
+            }
+        )
         accepted = set(cohort)
-        for sid, shard in self._params.shards.items():
-            closed = self._bounded(
-                sid,
-                "CloseRound",
-                lambda deadline_s: shard.close_round(round_, timeout_s=deadline_s),  # noqa: B023
-                f"close round on {sid}",
-            )
+        for closed in closings.values():
             if closed.blocks:
                 accepted &= set(closed.complete_clients)
         return accepted
@@ -239,3 +254,13 @@ class ClusterPeers:
         verify = model_verifier(signing_key) if signing_key is not None else None
         vector, _ = self._params.pull(layout, min_version, verify=verify)
         return vector
+
+
+def _open_round(shard: ShardStub, opening: RoundOpening, deadline_s: float) -> None:
+    """Open a round on ``shard`` within ``deadline_s``."""
+    shard.open_round(opening, timeout_s=deadline_s)
+
+
+def _close_round(shard: ShardStub, round_: int, deadline_s: float) -> ClosedRound:
+    """Close ``round_`` on ``shard`` within ``deadline_s``."""
+    return shard.close_round(round_, timeout_s=deadline_s)

@@ -165,14 +165,13 @@ class Decryptor:
                 raise PolicyError("client-level DP sums unweighted updates; a weight is not 1")
             top_up = noise.top_up_std(len(effective))
             total = float(noise.cohort)
-        with timer.phase("decrypt"):
-            opened = self._open(round_, blocks, rows, multipliers)
-            averaged: dict[int, np.ndarray] = {}
-            for block, values in zip(blocks, opened, strict=True):
-                summed = self._release(values, multipliers, block)
-                if top_up > 0:  # after the bound check, which covers the clients' values only
-                    summed = summed + self._noise.normal(top_up, summed.shape)
-                averaged[block] = summed / total
+        with timer.phase("decrypt"):  # every block at once: one draw of noise, one check
+            summed = self._release(
+                self._open(round_, blocks, rows, multipliers), multipliers, blocks
+            )
+            if top_up > 0:  # after the bound check, which covers the clients' values only
+                summed = summed + self._noise.normal(top_up, summed.shape)
+            averaged = dict(zip(blocks, summed / total, strict=True))
         manifests = {b: dict(effective) for b in averaged}
         return layout.join(averaged), manifests, top_up
 
@@ -214,10 +213,13 @@ class Decryptor:
         except InvalidArgumentError as exc:
             raise PolicyError(f"round {round_} cannot be decrypted: {exc}") from exc
 
-    def _release(self, summed: np.ndarray, multipliers: Sequence[int], block: int) -> np.ndarray:
-        """Flood and round a decrypted sum, then refuse it if it breaks the clipping bound.
+    def _release(
+        self, summed: np.ndarray, multipliers: Sequence[int], blocks: Sequence[int]
+    ) -> np.ndarray:
+        """Flood and round decrypted sums, then refuse them if one breaks the clipping bound.
 
-        The sum is of ciphertexts weighted by integer ``multipliers`` (all 1 in sync rounds).
+        ``summed`` holds one row per block of ``blocks``, each a sum of ciphertexts weighted by
+        integer ``multipliers`` (all 1 in sync rounds).
         """
         settings = self._settings
         margin = 0.0
@@ -230,11 +232,13 @@ class Decryptor:
             summed = flood_and_round(summed, sigma)
             margin = 8 * released_std(sigma)
         bound = contributors * settings.max_abs_value * (1 + 1e-6) + margin
-        if float(np.abs(summed).max()) > bound:
+        over = np.flatnonzero(np.abs(summed).max(axis=1, initial=0.0) > bound)
+        if over.size:
             # (the decrypted value stays here: the message reaches the coordinator's logs)
             raise PolicyError(
-                f"block {block}: a decrypted sum exceeds the bound that {contributors} clients "
-                f"clipped to {settings.max_abs_value:g} allow; refusing to apply"
+                f"block {blocks[int(over[0])]}: a decrypted sum exceeds the bound that "
+                f"{contributors} clients clipped to {settings.max_abs_value:g} allow; refusing "
+                "to apply"
             )
         return summed
 

@@ -58,7 +58,8 @@ class ShardPeers:
     ) -> dict[str, Iterable[AggregatePart]]:
         """Each shard's sums of ``round_`` for exactly ``contributors``, as they stream in.
 
-        With manifests and signed updates; read them to count the shard's answer.
+        With manifests and signed updates; read them to count the shard's answer. Every shard's
+        call starts here, at once: each shard sums while the key holder reads another's reply.
         """
         deadline_s = self.misses.deadline_s
         return {

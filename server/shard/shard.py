@@ -27,9 +27,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from crypto import PlainContext, PublicContext, new_sum, unpack_blocks
+from crypto import PlainContext, PublicContext, new_sum, pack_sums, unpack_blocks
 from crypto.signed_update import SignedUpdate
-from crypto.signing import chunk_root, is_weak_key
+from crypto.signing import chunk_roots, is_weak_key
 from fedps.errors import (
     CorruptStateError,
     InvalidArgumentError,
@@ -304,8 +304,8 @@ class Shard:
                 raise InvalidArgumentError(f"block {block} appears twice in one message")
             seen.add(block)
         coefficients = unpack_blocks(public, [data for _, data in batch.blocks])
-        for (block, _), coeffs in zip(batch.blocks, coefficients, strict=True):
-            if chunk_root(coeffs) != update.roots[block]:
+        for (block, _), root in zip(batch.blocks, chunk_roots(coefficients), strict=True):
+            if root != update.roots[block]:
                 raise InvalidArgumentError(
                     f"block {block} does not match the client's signed commitment"
                 )
@@ -348,7 +348,10 @@ class Shard:
         if entry is None:
             entry = state.entries[update.client_id] = ClientEntry.of(update, multiplier)
         for (block, data), coeffs in zip(blocks, coefficients, strict=True):
-            state.sums.setdefault(block, new_sum(public)).add(coeffs, multiplier)
+            total = state.sums.get(block)
+            if total is None:
+                total = state.sums[block] = new_sum(public)
+            total.add(coeffs, multiplier)
             entry.blocks |= 1 << block
             if self._log is None:  # else the log holds it (Shard.trace reads it back)
                 entry.data[block] = data
@@ -465,20 +468,45 @@ class Shard:
                 raise InvalidArgumentError(
                     f"{self.shard_id} holds no pushes of {incomplete[:5]} in round {round_}"
                 )
-            aggregates = [self._aggregate(state, b, wanted) for b in self.model.owned]
+            holders = {b: self._holders(state, b, wanted) for b in self.model.owned}
+            # the usual case, every block summed over exactly the contributors: packed at once
+            exact = [b for b in self.model.owned if set(holders[b]) == wanted]
+            packed = dict(zip(exact, pack_sums([state.sums[b] for b in exact]), strict=True))
+            aggregates = [
+                self._aggregate(state, b, wanted, holders[b], packed.get(b))
+                for b in self.model.owned
+            ]
             return aggregates, [e.signed(c) for c, e in entries.items() if e is not None]
 
-    def _aggregate(self, state: RoundState, block: int, wanted: frozenset[str]) -> Aggregate:
-        """Block ``block``'s sum over ``wanted`` (the caller holds the lock)."""
+    def _holders(
+        self, state: RoundState, block: int, wanted: frozenset[str]
+    ) -> dict[str, ClientEntry]:
+        """The clients whose block ``block`` is in the sum, every one of ``wanted`` among them.
+
+        The caller holds the lock.
+        """
         holders = {c: e for c, e in state.entries.items() if e.has(block)}
         missing = sorted(wanted - set(holders))
         if missing:
             raise InvalidArgumentError(
                 f"{self.shard_id} holds no push of block {block} from {missing[:5]}"
             )
-        if set(holders) == wanted:
-            packed = state.sums[block].packed()
-        else:  # rarely: someone else's pushes were incomplete; sum exactly the set
+        return holders
+
+    def _aggregate(
+        self,
+        state: RoundState,
+        block: int,
+        wanted: frozenset[str],
+        holders: dict[str, ClientEntry],
+        packed: bytes | None,
+    ) -> Aggregate:
+        """Block ``block``'s sum over ``wanted``, with its manifest (the caller holds the lock).
+
+        ``packed`` is the running sum, packed, when ``holders`` are exactly ``wanted``; None:
+        the sum of exactly ``wanted`` is computed again from their pushes.
+        """
+        if packed is None:  # rarely: someone else's pushes were incomplete; sum exactly the set
             public = self._public_context(state.context_id)
             total = new_sum(public)
             clients = sorted(wanted)

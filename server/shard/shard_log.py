@@ -25,6 +25,7 @@ from typing import Literal
 
 from crypto.files import private_directory, read_checked, write_checked
 from fedps.proto import shard_pb2
+from fedps.rpc.messages import framed, varint_field
 from fedps.rpc.shard_messages import Publication, PushBatch, RoundOpening
 from fedps.storage.record_log import RecordLog
 
@@ -55,6 +56,17 @@ class ShardLogRecord:
     push: PushBatch | None = None
     multiplier: int = 1
 
+    def serialize(self) -> bytes:
+        """The on-disk bytes: :meth:`to_proto`, serialised.
+
+        A push's record is framed around its ciphertexts (:func:`_push_record`) rather than
+        copied into protobuf messages block by block and serialised again: the same message to
+        every reader.
+        """
+        if self.push is not None:
+            return _push_record(self.push, self.multiplier)
+        return bytes(self.to_proto().SerializeToString())
+
     def to_proto(self) -> shard_pb2.ShardLogRecord:
         """The on-disk form."""
         if self.opening is not None:
@@ -81,6 +93,17 @@ class ShardLogRecord:
         return cls("close", record.close.round)
 
 
+def _push_record(push: PushBatch, multiplier: int) -> bytes:
+    """The serialised ``ShardLogRecord`` of ``push``'s added blocks, ciphertexts copied twice.
+
+    The push's wire bytes (:meth:`~fedps.rpc.shard_messages.PushBatch.serialize`), framed as
+    ``LoggedPush.push`` (1) beside its ``multiplier`` (2), framed as ``ShardLogRecord.push``
+    (2): field numbers from ``shard.proto``.
+    """
+    logged = [*framed(1, push.serialize()), varint_field(2, multiplier)]
+    return b"".join(framed(2, *logged))
+
+
 class ShardLog:
     """One shard's logs and snapshots.
 
@@ -99,7 +122,7 @@ class ShardLog:
 
     def append(self, round_: int, record: ShardLogRecord) -> None:
         """Append one record to ``round_``'s log; durable when this returns."""
-        self._log.append(round_, record.to_proto().SerializeToString())
+        self._log.append(round_, record.serialize())
 
     def records(self) -> Iterator[tuple[int, ShardLogRecord]]:
         """Every logged record, in round order then write order (a torn tail cut off).

@@ -6,16 +6,23 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import numpy as np
 import pytest
 
+from clients.client_session import ClientSession
+from clients.peer_failures import PeerFailures
+from clients.pusher import Pusher
 from clients.update_pipeline import PreparedPush
 from crypto import BlockEncryptor
+from fedps.errors import FedPSError, InvalidArgumentError
 from fedps.rpc.coordinator_messages import Assignment
+from fedps.rpc.shard_messages import PushBatch, PushReceipt
 from tests.clients.client_parts import ClientParts, client_parts
 from tests.conftest import Cluster, start_cluster
 from tests.round_driver import HandClient, RoundDriver, TaskPoller
@@ -172,3 +179,43 @@ def test_a_round_that_ends_before_its_push_phase_pushes_nothing(tmp_path: Path) 
             polling.join(HANG_S)  # before its coordinator goes
         parts.close()
         cluster.stop()
+
+
+class _MeetingShard:
+    """A shard that takes a push only once every shard is being pushed to (``meeting``), then
+    acknowledges it or answers ``refusal``."""
+
+    def __init__(self, meeting: threading.Barrier, refusal: FedPSError | None = None) -> None:
+        self.meeting = meeting
+        self.refusal = refusal
+
+    def push_blocks(
+        self, batches: Sequence[PushBatch], *, retry_s: float | None = None
+    ) -> PushReceipt:
+        self.meeting.wait()
+        if self.refusal is not None:
+            raise self.refusal
+        return PushReceipt(len(batches), 0, sent_bytes=100 * len(batches))
+
+
+def test_every_shard_is_pushed_to_at_once_and_a_refusal_costs_only_its_own(
+    tmp_path: Path,
+) -> None:
+    # Prepare: two shards that wait for each other (pushed one after the other, neither answers)
+    meeting = threading.Barrier(2, timeout=HANG_S)
+    shards = {
+        "shard-0": _MeetingShard(meeting),
+        "shard-1": _MeetingShard(meeting, InvalidArgumentError("refused")),
+    }
+    session = SimpleNamespace(shards=SimpleNamespace(shards=shards), peer_wait_s=0.0)
+    failures = PeerFailures("edge-0", identity="client-0", tls_directory=tmp_path)
+    pusher = Pusher(cast(ClientSession, session), failures)
+    acknowledged: list[tuple[int, str]] = []
+    pusher.on_acknowledged = lambda round_, sid: acknowledged.append((round_, sid))
+    batch = PushBatch("client-0", 1, 0, 1.0, "ctx", [(0, b"x")])
+    # Execute
+    pushed = pusher.push_all(PreparedPush(1, 0, {"shard-0": [batch], "shard-1": [batch]}))
+    # Assert
+    assert pushed == 100
+    assert acknowledged == [(1, "shard-0")]
+    assert failures.total == 1 and all(k.startswith("shard-1: ") for k in failures.counts)

@@ -28,11 +28,14 @@ from crypto import (
     BlockEncryptor,
     CiphertextSum,
     CkksParams,
+    PlainContext,
     PublicContext,
     SecretContext,
     _seal_io,
     bitpack,
+    new_sum,
     num_blocks,
+    pack_sums,
     unpack_block,
 )
 from crypto.files import FAULTS_VARIABLE
@@ -588,3 +591,16 @@ def test_other_key_pair_decrypts_to_garbage(keys: SecretContext, other_keys: Sec
     # Assert
     np.testing.assert_allclose(right, values, atol=ERROR_PER_CIPHERTEXT)
     assert np.median(np.abs(wrong - values)) > 1.0
+
+
+def test_sums_packed_at_once_are_the_sums_packed_one_by_one(keys: SecretContext) -> None:
+    # Prepare: three running sums of random coefficients below q
+    rng = np.random.default_rng(11)
+    sums = [new_sum(keys.public) for _ in range(3)]
+    for total in sums:
+        total.add(rng.integers(0, keys.public.modulus, size=2 * N, dtype=np.uint64))
+    plain = [new_sum(PlainContext(V)) for _ in range(2)]
+    # Execute / Assert
+    assert pack_sums(sums) == [total.packed() for total in sums]
+    assert pack_sums(plain) == [total.packed() for total in plain]
+    assert pack_sums([]) == []

@@ -7,15 +7,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from crypto.enrolment import read_token
 from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner, context_digest, verify_block
 from fedps.errors import FedPSError, RoundClosedError, UnauthenticatedError
-from fedps.proto import common_pb2
+from fedps.proto import common_pb2, shard_pb2
 from fedps.rpc import coordinator_messages as co
 from fedps.rpc import keyholder_messages as kh
 from fedps.rpc import shard_messages as sh
@@ -30,9 +34,10 @@ from fedps.rpc.messages import (
     signed_update_to_proto,
 )
 from fedps.rpc.shard_stub import ShardStub
+from fedps.rpc.transport import bind, create_server
 from server.keyholder.keyholder import RoundResult
 from tests.conftest import Cluster
-from tests.waiting import wait_for
+from tests.waiting import HANG_S, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 KEY = BlockSigner().public_key
@@ -127,6 +132,23 @@ def test_signed_update_round_trip_and_push_bytes() -> None:
     # Assert
     assert back == UPDATE
     assert sh.PushBatch.from_bytes(batch.serialize()) == batch
+
+
+@pytest.mark.parametrize(
+    "blocks",
+    [[], [(0, b"")], [(0, b"\1" * 300), (127, b"\2" * 19_996), (128, b"")], [(5, b"\3" * 70_000)]],
+)
+def test_a_push_framed_around_its_ciphertexts_is_protobuf_s_message(
+    blocks: list[tuple[int, bytes]],
+) -> None:
+    # Prepare
+    batch = sh.PushBatch("client-0", 4, 3, 0.5, "ctx", blocks, b"n" * 16, b"s" * 64, (b"r" * 32,))
+    # Execute
+    wire = batch.serialize()
+    # Assert: the same message, as many bytes as protobuf's own encoding
+    message = batch.to_proto()
+    assert shard_pb2.PushRequest.FromString(wire) == message
+    assert len(wire) == message.ByteSize()
 
 
 def test_a_push_carries_the_update_it_was_built_from() -> None:
@@ -268,3 +290,39 @@ def test_coordinator_client_against_a_running_cluster(cluster: Cluster) -> None:
     finally:
         coordinator.close()
         stranger.close()
+
+
+def _fetch_seen(fetched: threading.Event) -> grpc.GenericRpcHandler[Any, Any]:
+    """A shard's FetchAggregate that only notes that a fetch reached it, and answers nothing."""
+
+    def fetch(
+        request: shard_pb2.FetchAggregateRequest, context: grpc.ServicerContext
+    ) -> Iterator[shard_pb2.FetchAggregateReply]:
+        fetched.set()
+        return iter(())
+
+    handler = grpc.unary_stream_rpc_method_handler(
+        fetch,
+        request_deserializer=shard_pb2.FetchAggregateRequest.FromString,
+        response_serializer=shard_pb2.FetchAggregateReply.SerializeToString,
+    )
+    return grpc.method_handlers_generic_handler("fedps.proto.Shard", {"FetchAggregate": handler})
+
+
+def test_a_fetch_reaches_the_shard_before_its_reply_is_read() -> None:
+    # Prepare
+    fetched = threading.Event()
+    server = create_server()
+    server.add_generic_rpc_handlers((_fetch_seen(fetched),))
+    port = bind(server, "127.0.0.1:0")
+    server.start()
+    stub = ShardStub("shard-0", f"127.0.0.1:{port}")
+    try:
+        # Execute: the reply is not read yet
+        reply = stub.fetch_aggregate(3, ["client-0"])
+        # Assert
+        assert fetched.wait(HANG_S)
+        assert list(reply) == []
+    finally:
+        stub.close()
+        server.stop(grace=None)

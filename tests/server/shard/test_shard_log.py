@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from fedps.errors import CorruptStateError
+from fedps.proto import shard_pb2
+from fedps.rpc.shard_messages import PushBatch
 from server.shard.shard_log import ShardLog, ShardLogRecord
 
 
@@ -36,3 +38,29 @@ def test_a_saved_context_round_trips_and_a_damaged_one_is_refused(tmp_path: Path
         log.load_context("ctx-1")
     assert saved == b"public context bytes"
     assert log.load_context("ctx-2") is None
+
+
+@pytest.mark.parametrize(
+    ("blocks", "multiplier"),
+    [
+        ([], 1),
+        ([(0, b"")], 1),
+        ([(0, b"\x01" * 300), (127, b"\x02" * 19_996), (128, b"\x03" * 70_000)], 1),
+        ([(5, b"\x04" * 20)], 300),
+    ],
+)
+def test_a_logged_push_reads_back_as_its_protobuf_record(
+    tmp_path: Path, blocks: list[tuple[int, bytes]], multiplier: int
+) -> None:
+    # Prepare: the record assembled around the ciphertexts, and the one protobuf makes
+    roots = (b"r" * 32, b"t" * 32)
+    push = PushBatch("client-0", 3, 2, 0.5, "ctx", blocks, b"n" * 16, b"s" * 64, roots)
+    record = ShardLogRecord("push", 3, push=push, multiplier=multiplier)
+    log = ShardLog(tmp_path, fsync=False)
+    # Execute
+    log.append(3, record)
+    # Assert
+    assert shard_pb2.ShardLogRecord.FromString(record.serialize()) == record.to_proto()
+    assert [rec for _, rec in ShardLog(tmp_path).records()] == [record]
+    wanted = {("client-0", b) for b, _ in blocks}
+    assert log.pushed(3, wanted) == {("client-0", b): data for b, data in blocks}
