@@ -441,9 +441,10 @@ class EdgeClient:
             self.pusher.keep(outcome.prepared)  # kept through a failure of what follows
             self._deliver(outcome.prepared)
         # Offline half of encryption and the next round's DP noise, at low priority while we
-        # wait for the next round.
+        # wait for the next round (no noise after the run's last round).
         self.session.precompute(background=True)
-        self.trainer.draw_noise_ahead()
+        if task.round < self.config.training.rounds:
+            self.trainer.draw_noise_ahead()
         return True
 
     def train_round(

@@ -644,6 +644,19 @@ def test_edge_client_draws_the_next_rounds_noise_and_close_ends_it(tmp_path: Pat
     assert not _noise_threads() - others and pool.reserved_bytes == 0
 
 
+def test_edge_client_draws_no_noise_after_the_runs_last_round(tmp_path: Path) -> None:
+    # Prepare
+    client = _OfflineClient.offline(_config(noise_multiplier=1.0), index=0, state_dir=tmp_path)
+
+    # Execute
+    assert client.train(ROUNDS)
+    reserved = client.trainer.noise_pool.reserved_bytes
+    client.close()
+
+    # Assert
+    assert reserved == 0
+
+
 def _noise_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name == "fedps-noise-ahead"}
 
