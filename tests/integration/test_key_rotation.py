@@ -157,9 +157,11 @@ def test_a_key_holder_restarted_after_a_rotation_loads_the_new_keys(every_two: C
     assert kh.context_id == rotated
     assert sorted(p.name for p in keys.iterdir()) == [
         "challenge.key",
+        "challenge.key.sha256",
         "public.ctx",
         "secret.key",
         "signing.key",
+        "signing.key.sha256",
         "signing.pub",
     ]
     assert (keys / "secret.key").stat().st_mode & 0o777 == 0o600
