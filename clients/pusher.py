@@ -51,7 +51,7 @@ class Pusher:
         What the last push took.
     on_acknowledged
         Called with ``(round, shard id)`` each time a shard acknowledged its messages of a
-        round, from the thread that pushed to that shard (None: nothing is called).
+        round, in the pushing thread once every shard answered (None: nothing is called).
     """
 
     def __init__(
@@ -146,9 +146,10 @@ class Pusher:
     def push_all(self, prepared: PreparedPush) -> int:
         """Push to every shard that owns a block; returns the bytes the shards took.
 
-        Every shard is pushed to at once (:func:`~fedps.rpc.fan_out.fan_out`). A shard that
-        refuses, whatever it answers, or keeps failing is counted, logged and skipped: the others
-        still get theirs, and the round's close decides.
+        Every shard is pushed to at once (:func:`~fedps.rpc.fan_out.fan_out`); once all have
+        answered, :attr:`on_acknowledged` hears of each shard that acknowledged, one after the
+        other, in this thread. A shard that refuses, whatever it answers, or keeps failing is
+        counted, logged and skipped: the others still get theirs, and the round's close decides.
         """
 
         def attempt(sid: str, messages: list[PushBatch]) -> int | FedPSError:
@@ -164,8 +165,10 @@ class Pusher:
         for sid, outcome in outcomes.items():
             if isinstance(outcome, FedPSError):
                 self.failures.failed(sid, outcome)
-            else:
-                total += outcome
+                continue
+            total += outcome
+            if self.on_acknowledged is not None and prepared.messages[sid]:
+                self.on_acknowledged(prepared.messages[sid][0].round, sid)
         return total
 
     def push_to(self, sid: str, messages: list[PushBatch]) -> int:
@@ -175,7 +178,4 @@ class Pusher:
         counted once.
         """
         shard = self.session.shards.shards[sid]
-        sent = shard.push_blocks(messages, retry_s=self.session.peer_wait_s).sent_bytes
-        if self.on_acknowledged is not None and messages:
-            self.on_acknowledged(messages[0].round, sid)
-        return sent
+        return shard.push_blocks(messages, retry_s=self.session.peer_wait_s).sent_bytes

@@ -210,12 +210,14 @@ def test_every_shard_is_pushed_to_at_once_and_a_refusal_costs_only_its_own(
     session = SimpleNamespace(shards=SimpleNamespace(shards=shards), peer_wait_s=0.0)
     failures = PeerFailures("edge-0", identity="client-0", tls_directory=tmp_path)
     pusher = Pusher(cast(ClientSession, session), failures)
-    acknowledged: list[tuple[int, str]] = []
-    pusher.on_acknowledged = lambda round_, sid: acknowledged.append((round_, sid))
+    acknowledged: list[tuple[int, str, threading.Thread]] = []
+    pusher.on_acknowledged = lambda round_, sid: acknowledged.append(
+        (round_, sid, threading.current_thread())
+    )
     batch = PushBatch("client-0", 1, 0, 1.0, "ctx", [(0, b"x")])
     # Execute
     pushed = pusher.push_all(PreparedPush(1, 0, {"shard-0": [batch], "shard-1": [batch]}))
     # Assert
     assert pushed == 100
-    assert acknowledged == [(1, "shard-0")]
+    assert acknowledged == [(1, "shard-0", threading.current_thread())]  # heard in this thread
     assert failures.total == 1 and all(k.startswith("shard-1: ") for k in failures.counts)

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from crypto.bitpack import pack, packed_size, unpack
+from crypto.bitpack import pack, pack_rows, packed_size, unpack, unpack_rows
 from fedps.errors import InvalidArgumentError
 
 
@@ -200,3 +200,14 @@ def test_pack_accepts_strided_input() -> None:
     # Assert
     assert data == pack(values.copy(), 9)
     np.testing.assert_array_equal(unpack(data, 128, 9), values)
+
+
+@pytest.mark.parametrize("count", [64 * 32, 64 * 64, 64 * 65])  # transposed, side by side
+def test_many_rows_pack_as_each_row_alone_on_both_layouts(count: int) -> None:
+    # Prepare
+    values = np.random.default_rng(count).integers(0, 1 << 46, size=(5, count), dtype=np.uint64)
+    # Execute
+    packed = pack_rows(values, 46)
+    # Assert
+    assert packed == [pack(row, 46) for row in values]
+    np.testing.assert_array_equal(unpack_rows(packed, count, 46), values)
