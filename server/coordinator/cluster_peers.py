@@ -81,6 +81,20 @@ class ClusterPeers:
         """
         return call_until(fn, what, retry_on=retry_on, stop=self._stop)
 
+    def _on_every_shard(
+        self, call: str, fn: Callable[[ShardStub, float], _T], what: str
+    ) -> dict[str, _T]:
+        """``fn(shard, deadline_s)``, the RPC ``call``, on every shard at once (:meth:`_bounded`).
+
+        Returns each shard's answer by shard id.
+        """
+        return fan_out(
+            {
+                sid: partial(self._bounded, sid, call, partial(fn, shard), f"{what} on {sid}")
+                for sid, shard in self._params.shards.items()
+            }
+        )
+
     def _bounded(self, shard: str, call: str, fn: Callable[[float], _T], what: str) -> _T:
         """Call ``fn(deadline_s)``, the RPC ``call`` to ``shard``, until it succeeds.
 
@@ -192,18 +206,7 @@ class ClusterPeers:
             opening.run_id,
             {u.client_id: u for u in commitments.updates if u.client_id in members},
         )
-        fan_out(
-            {
-                sid: partial(
-                    self._bounded,
-                    sid,
-                    "OpenRound",
-                    partial(_open_round, shard, round_opening),
-                    f"open round on {sid}",
-                )
-                for sid, shard in self._params.shards.items()
-            }
-        )
+        self._on_every_shard("OpenRound", partial(_open_round, opening=round_opening), "open round")
 
     def close_round(self, round_: int, cohort: frozenset[str]) -> set[str]:
         """Close ``round_`` on every shard; returns the clients whose pushes are complete.
@@ -218,17 +221,8 @@ class ClusterPeers:
         FedPSError
             A shard refused it :data:`REFUSALS` times, or the coordinator stopped.
         """
-        closings = fan_out(
-            {
-                sid: partial(
-                    self._bounded,
-                    sid,
-                    "CloseRound",
-                    partial(_close_round, shard, round_),
-                    f"close round on {sid}",
-                )
-                for sid, shard in self._params.shards.items()
-            }
+        closings = self._on_every_shard(
+            "CloseRound", partial(_close_round, round_=round_), "close round"
         )
         accepted = set(cohort)
         for closed in closings.values():
@@ -256,11 +250,11 @@ class ClusterPeers:
         return vector
 
 
-def _open_round(shard: ShardStub, opening: RoundOpening, deadline_s: float) -> None:
+def _open_round(shard: ShardStub, deadline_s: float, *, opening: RoundOpening) -> None:
     """Open a round on ``shard`` within ``deadline_s``."""
     shard.open_round(opening, timeout_s=deadline_s)
 
 
-def _close_round(shard: ShardStub, round_: int, deadline_s: float) -> ClosedRound:
+def _close_round(shard: ShardStub, deadline_s: float, *, round_: int) -> ClosedRound:
     """Close ``round_`` on ``shard`` within ``deadline_s``."""
     return shard.close_round(round_, timeout_s=deadline_s)
