@@ -8,6 +8,7 @@ import fedps  # noqa: F401  # first: its import quiets gRPC core's logging befor
 # isort: on
 import fcntl
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -44,6 +45,19 @@ def _plaintext_after_each_test() -> Iterator[None]:
     without one (in-process clusters cannot give each role its own certificate)."""
     yield
     reset_tls()
+
+
+@pytest.fixture(autouse=True)
+def _no_user_modules_after_each_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A task a test imported from its temporary project (``task.dir`` joins ``sys.path``)
+    is forgotten after it: the next test's project may have a module of the same name."""
+    path = list(sys.path)
+    yield
+    sys.path[:] = path
+    base = str(tmp_path_factory.getbasetemp())
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", None) or "").startswith(base):
+            del sys.modules[name]
 
 
 @pytest.fixture
