@@ -382,7 +382,9 @@ class EdgeClient:
 
         ``TRAIN``: :meth:`train_round`, then push the update once the round's commitments
         are frozen and report to the coordinator. ``PUSH``: push again what was pushed for
-        that round (the coordinator restarted before it saw the report). ``WAIT`` and
+        that round (the coordinator restarted before it saw the report) and report; a client
+        restarted since it committed has nothing to push and reports at once, so the round
+        closes without it instead of at its deadline. ``WAIT`` and
         ``DONE``: count the rounds that went on without this client (client-level DP), then
         wait ``task.retry_after`` or stop.
 
@@ -398,8 +400,10 @@ class EdgeClient:
         if task.kind == "train":
             return self._train(task)
         if task.kind == "push":
-            if self.pusher.resend(task):
-                self._report(task.round, 0, budget_exhausted=False)
+            # Pushed again, or nothing of ours to push (a restart lost what this client
+            # committed): either way the report tells the round not to wait for us.
+            self.pusher.resend(task)
+            self._report(task.round, 0, budget_exhausted=False)
         else:
             pause(task)
         return True

@@ -134,11 +134,17 @@ class Pusher:
         We are asked after a failure cut our wait for the push phase short, or again (the
         coordinator restarted before it saw our report). Push the same signed messages (shards
         acknowledge a repeat as a duplicate and count it once); returns True then, for the caller to
-        report. False: nothing of ours in that round (after waiting ``task.retry_after``).
+        report. False: nothing of ours in that round (what we committed was lost with a
+        restart of this client).
         """
         committed = self.committed
         if committed is None or committed.round != task.round:
-            pause(task)
+            _log.info(
+                "%s: nothing to push for round %d (a restart lost what was committed); "
+                "the round goes on without this client",
+                self.session.name,
+                task.round,
+            )
             return False
         self.push_all(committed)
         return True

@@ -23,9 +23,10 @@ from typing import IO
 import pytest
 
 from clients.client_state import LEDGER_FILE
+from clients.edge_client import EdgeClient
 from fedps.runtime.deployment import write_config
 from server.coordinator.coordinator import Coordinator
-from tests.conftest import start_cluster
+from tests.conftest import run_clients, start_cluster
 from tests.waiting import HANG_S, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.privacy]
@@ -156,3 +157,47 @@ def test_client_sigkilled_mid_run_keeps_its_id_and_never_trains_past_its_budget(
     # The coordinator's figure is what the data spent
     assert coordinator.client_epsilons[CLIENT] == final[1]
     assert coordinator.max_epsilon[0] == final[1]
+
+
+def test_a_client_restarted_after_committing_lets_its_round_close_without_it(
+    tmp_path: Path,
+) -> None:
+    # Prepare: two clients, one round; its deadline is far past the hang guard, so only the
+    # restarted client's report can close the round before the guard fails the test
+    cluster = start_cluster(
+        tmp_path,
+        training={"rounds": 1, "clients": 2, "min_quorum": 1, "deadline_s": 10 * HANG_S},
+    )
+    try:
+        other = EdgeClient.open(cluster.config, index=1, state_dir=tmp_path / "client-1")
+        assert other.session.start(time.time() + HANG_S)
+        lost = EdgeClient.open(cluster.config, index=0, state_dir=tmp_path / "client-0")
+        assert lost.session.start(time.time() + HANG_S)
+        task = lost.session.next_train_task(0, HANG_S)
+        assert task is not None
+        outcome = lost.train_round(
+            task.round, task.version, weight_scale=task.weight_scale, context_id=task.context_id
+        )
+        assert outcome.prepared is not None  # committed at the key holder, never pushed
+        lost.session.shutdown()  # the process dies: what it committed is gone with it
+        lost.close()
+        others: list[object] = []
+        trains = threading.Thread(target=lambda: others.extend(run_clients([other])))
+        trains.start()
+        desk = cluster.coordinator.desk
+        wait_for(
+            lambda: desk.open_round is not None and desk.open_round.pushing,
+            "the round's push phase (the other client committed)",
+        )
+
+        # Execute: the client starts again once the round takes pushes
+        restarted = EdgeClient.open(cluster.config, index=0, state_dir=tmp_path / "client-0")
+        summaries = [*run_clients([restarted])]
+        trains.join(HANG_S)
+        history = cluster.coordinator.history
+    finally:
+        cluster.stop()
+
+    # Assert: the round closed with the other client's update alone, nothing trained twice
+    assert [(r.round, r.contributors, r.abandoned) for r in history] == [(1, 1, False)]
+    assert [s.rounds_trained for s in [*others, *summaries]] == [1, 0]  # type: ignore[attr-defined]
