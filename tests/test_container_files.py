@@ -116,7 +116,11 @@ def test_roles_are_dialed_by_service_name_on_the_port_they_listen_on_and_expose(
         assert listen_host == "0.0.0.0"
         assert listen_port == dial_port
         assert [str(p) for p in service["expose"]] == [listen_port]
-        assert listen_port in " ".join(service["healthcheck"]["test"]) or role == "coordinator"
+        # ... and healthy once its port takes a TCP connection: a plain socket connect from
+        # the container, no RPC and no fedps import that a busy host could starve
+        check = service["healthcheck"]["test"]
+        assert check[:3] == ["CMD", "python3", "-c"], check
+        assert f"socket.create_connection(('127.0.0.1', {listen_port})" in check[3], check
 
 
 def test_clients_have_distinct_indexes_one_per_configured_client() -> None:
