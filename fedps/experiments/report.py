@@ -298,6 +298,17 @@ def _over_seeds(records: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
 
 
+def _task_words(record: Mapping[str, object]) -> str:
+    """What a point trained, in words.
+
+    A built-in dataset with its model, or the user's task (``task.app``), which brings its own.
+    """
+    dataset, task = record.get("dataset", "?"), record.get("task")
+    if task and task != dataset:
+        return f"task {task}"
+    return f"{dataset}, model {record.get('model', '?')}"
+
+
 def render_report(results_path: Path, out_dir: Path) -> Path:
     """Write ``report.md`` and its plots for a results file; return the report's path.
 
@@ -327,10 +338,10 @@ def render_report(results_path: Path, out_dir: Path) -> Path:
         "# Privacy-accuracy sweep",
         "",
         f"From `{results_path.name}`: {len(records)} points ({failed} failed), "
-        f"{first.get('dataset', '?')}, model {first.get('model', '?')}, "
-        f"{first.get('rounds', '?')} rounds, {minutes:.1f} min of runs in all.",
+        f"{_task_words(first)}, {first.get('rounds', '?')} rounds, {minutes:.1f} min of runs "
+        "in all.",
         "",
-        "ε target ∞ means no DP (a negligible noise multiplier, 1e-3, stands in for 0: see "
+        "ε target ∞ means no DP (clipping only, noise multiplier 0: see "
         "docs/privacy-accuracy.md). ε spent is the largest epsilon any "
         "client reported, at δ; noise mult. is the noise multiplier (mean over clients when it is "
         "calibrated to the target). Time is the whole run of the point: processes starting, "

@@ -428,6 +428,23 @@ def test_report_lists_every_point_sorted_and_draws_plots(tmp_path: Path) -> None
         assert f"]({name})" in text
 
 
+@pytest.mark.parametrize(
+    ("task", "words"),
+    [("digits", "digits, model mlp,"), ("wine_task.classify", "task wine_task.classify,")],
+)
+def test_report_names_the_task_it_trained(tmp_path: Path, task: str, words: str) -> None:
+    # Prepare: a built-in dataset's point, or a user's task (which brings its own model)
+    results = _results_file(tmp_path, [_record("epsilon=inf", task=task, epsilon=math.inf)])
+
+    # Execute
+    text = render_report(results, tmp_path / "report").read_text()
+
+    # Assert: the task in words, and no DP said as what it is (noise 0, no stand-in)
+    assert f"1 points (0 failed), {words} 10 rounds" in text
+    assert "model mlp" not in text or task == "digits"
+    assert "noise multiplier 0" in text and "1e-3" not in text
+
+
 def test_report_summarises_seeds_and_shows_dropout(tmp_path: Path) -> None:
     # Prepare: two seeds with and without dropouts, one of them failed
     records = [
