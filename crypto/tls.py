@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Protocol
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -122,7 +123,46 @@ class TlsIdentity:
             raise ConfigError(
                 f"TLS key {key_path} is readable by group or others (mode {mode:o}); chmod 600 it"
             )
+        _check_own_certificate(ca_path, ca_cert, cert_path, cert)
         return cls(ca_cert=ca_cert, cert=cert, key=_read(key_path), ca_path=str(ca_path))
+
+
+def _check_own_certificate(ca_path: Path, ca_pem: bytes, cert_path: Path, cert_pem: bytes) -> None:
+    """Refuse a party's own certificate that its peers would refuse.
+
+    Its peers trust the CA in ``ca_path`` (the deployment's): a certificate another CA issued,
+    or one outside its validity, is refused in every handshake, and the party sees only the
+    connection closed. Said here, once, naming the file.
+
+    Raises
+    ------
+    ConfigError
+        A file is not a PEM certificate, ``cert_pem`` was not issued by ``ca_pem``'s CA, or it
+        is not valid now.
+    """
+    try:
+        ca = x509.load_pem_x509_certificate(ca_pem)
+        own = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError:
+        raise ConfigError(
+            f"TLS file {ca_path} or {cert_path} is not a PEM certificate; create the "
+            "certificates with `fedps certs`"
+        ) from None
+    try:
+        own.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        raise ConfigError(
+            f"TLS certificate {cert_path} was not issued by the CA in {ca_path}, which every "
+            "peer of this deployment trusts (they would refuse it); use the certificate "
+            "`fedps certs` issued with that CA"
+        ) from None
+    now = datetime.datetime.now(datetime.UTC)
+    if not own.not_valid_before_utc <= now <= own.not_valid_after_utc:
+        raise ConfigError(
+            f"TLS certificate {cert_path} is valid from {own.not_valid_before_utc:%Y-%m-%d %H:%M} "
+            f"to {own.not_valid_after_utc:%Y-%m-%d %H:%M} UTC, not now; issue a new one with "
+            "`fedps certs` (its CA is reused)"
+        )
 
 
 def _key_usage(*, ca: bool) -> x509.KeyUsage:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import stat
 import subprocess
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from typer.testing import CliRunner
 
@@ -147,6 +150,54 @@ def test_identity_load_refuses_a_readable_key(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="chmod 600"):
         TlsIdentity.load(tmp_path, "keyholder")
+
+
+def test_identity_load_refuses_its_own_certificate_from_another_ca(tmp_path: Path) -> None:
+    # Prepare: our CA beside a certificate another CA issued under the same name
+    make_ca(tmp_path / "ours")
+    make_ca(tmp_path / "theirs")
+    theirs = issue_certificate(tmp_path / "theirs", "client-0", hosts=[], client=True, server=False)
+    for path in (theirs.cert, theirs.key):
+        (tmp_path / "ours" / path.name).write_bytes(path.read_bytes())
+        (tmp_path / "ours" / path.name).chmod(0o600)
+
+    # Execute
+    with pytest.raises(ConfigError) as excinfo:
+        TlsIdentity.load(tmp_path / "ours", "client-0")
+
+    # Assert: the file to replace, and the CA its peers trust
+    message = str(excinfo.value)
+    assert f"{tmp_path / 'ours' / 'client-0.crt'} was not issued by the CA in " in message
+    assert str(tmp_path / "ours" / CA_CERT_FILE) in message
+
+
+def test_identity_load_refuses_its_own_expired_certificate(tmp_path: Path) -> None:
+    # Prepare: a certificate our CA signed, valid until yesterday
+    make_ca(tmp_path)
+    paths = issue_certificate(tmp_path, "shard-0", hosts=[], client=True, server=True)
+    ca_key = serialization.load_pem_private_key((tmp_path / "ca.key").read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    issued = _cert(paths.cert)
+    now = datetime.datetime.now(datetime.UTC)
+    expired = (
+        x509.CertificateBuilder()
+        .subject_name(issued.subject)
+        .issuer_name(issued.issuer)
+        .public_key(issued.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=30))
+        .not_valid_after(now - datetime.timedelta(days=1))
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths.cert.write_bytes(expired.public_bytes(serialization.Encoding.PEM))
+
+    # Execute
+    with pytest.raises(ConfigError) as excinfo:
+        TlsIdentity.load(tmp_path, "shard-0")
+
+    # Assert
+    message = str(excinfo.value)
+    assert str(paths.cert) in message and "not now" in message and "fedps certs" in message
 
 
 def test_cluster_certificates_cover_every_party(tmp_path: Path) -> None:

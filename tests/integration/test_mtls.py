@@ -346,3 +346,36 @@ def test_a_client_that_trusts_another_ca_exits_with_one_line(
     last = result.stderr.splitlines()[-1]
     assert last.startswith("fedps: error: register")
     assert "not issued by the CA this party trusts" in last and str(theirs / "ca.crt") in last
+
+
+def test_a_client_whose_certificate_another_ca_issued_exits_with_one_line(
+    tls_shard: TlsShard, pki: Pki, tmp_path: Path
+) -> None:
+    # Prepare: client-0 trusts our CA, but its own certificate and key are another CA's (every
+    # server would close the handshake, which the client sees only as "Socket closed")
+    certs = tmp_path / "certs"
+    certs.mkdir(mode=0o700)
+    (certs / "ca.crt").write_bytes(pki.client.ca_cert)
+    (certs / "client-0.crt").write_bytes(pki.foreign_client.cert)
+    (certs / "client-0.key").write_bytes(pki.foreign_client.key)
+    (certs / "client-0.key").chmod(0o600)
+    config = tmp_path / "client.toml"
+    config.write_text(
+        f'[tls]\ndirectory = "{certs}"\n'
+        f'[cluster]\ncoordinator = "{tls_shard.address}"\nstate_dir = "{tmp_path / "state"}"\n'
+    )
+
+    # Execute
+    result = subprocess.run(
+        [sys.executable, "-m", "fedps.cli", "client", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    # Assert: exit 2 before any connection, one line naming its certificate and the CA
+    assert result.returncode == 2, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith("fedps: error: TLS certificate ")
+    assert f"{certs / 'client-0.crt'} was not issued by the CA in {certs / 'ca.crt'}" in line
