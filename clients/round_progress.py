@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from clients.peer_failures import failures_text
+from fedps.units import size_text
 
 __all__ = ["ClientSummary", "RoundProgress"]
 
@@ -66,7 +67,7 @@ class RoundProgress:
             parts.append(f"loss {self.loss:.3g}")
         parts.append(f"epsilon {self.epsilon:.2f} (delta {self.delta:g})")
         if self.bytes_pushed:
-            parts.append(f"pushed {self.bytes_pushed / 1e6:.1f} MB in {self.push_seconds:.1f} s")
+            parts.append(f"pushed {size_text(self.bytes_pushed)} in {self.push_seconds:.1f} s")
         elif self.refused:
             parts.append("nothing pushed")
         else:

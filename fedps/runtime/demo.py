@@ -28,6 +28,7 @@ from fedps.rpc.coordinator_stub import CoordinatorStub
 from fedps.runtime.demo_summary import DemoSummary
 from fedps.runtime.deployment import Deployment, local_cluster, write_config
 from fedps.runtime.preflight import check_names
+from fedps.units import size_text
 
 __all__ = ["Watcher", "run_demo"]
 
@@ -156,7 +157,7 @@ def run_demo(
     console.print(
         f"done in {seconds:.1f}s: accuracy {accuracy}, max epsilon "
         f"{status.max_epsilon:.3f} (delta {summary.delta:g}, {summary.noise} noise), "
-        f"{status.bytes_pushed / 1e6:.2f} MB pushed"
+        f"{size_text(status.bytes_pushed)} pushed"
     )
     return summary
 
@@ -202,7 +203,7 @@ def _watch(
                 note = "  (abandoned: no quorum)" if record.abandoned else ""
                 progress.console.print(
                     f"round {record.round:3d}  acc {acc}  eps {record.max_epsilon:5.2f}  "
-                    f"clients {record.contributors}  {record.bytes_pushed / 1e3:6.1f} kB  "
+                    f"clients {record.contributors}  {size_text(record.bytes_pushed):>9}  "
                     f"{record.seconds:4.1f}s{note}"
                 )
             shown = len(status.history)

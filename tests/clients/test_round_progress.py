@@ -36,7 +36,7 @@ def _progress(**fields: object) -> RoundProgress:
 def test_the_line_of_a_round() -> None:
     assert _progress().line() == (
         "client-0 round 3/20: 412 samples, loss 0.412, epsilon 1.84 (delta 1e-05), "
-        "pushed 1.2 MB in 0.8 s"
+        "pushed 1.235 MB in 0.8 s"
     )
 
 
@@ -73,7 +73,7 @@ def test_fedps_client_prints_one_line_per_round(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     pattern = (
         r"client-0 round (\d)/2: \d+ samples, loss [0-9.e+-]+, epsilon [0-9.]+ "
-        r"\(delta 1e-05\), pushed [0-9.]+ MB in [0-9.]+ s"
+        r"\(delta 1e-05\), pushed [0-9.]+ [kMG]?B in [0-9.]+ s"
     )
     matches = [re.fullmatch(pattern, line) for line in result.stdout.splitlines()]
     assert [int(m.group(1)) for m in matches if m] == [1, 2], result.stdout
@@ -90,7 +90,7 @@ def test_a_refused_push_is_named_and_counted() -> None:
     # Assert
     assert line == (
         "client-0 round 3/20: 412 samples, loss 0.412, epsilon 1.84 (delta 1e-05), "
-        "pushed 1.2 MB in 0.8 s; refused by shard-1 (invalid_argument), 1 peer failure so far"
+        "pushed 1.235 MB in 0.8 s; refused by shard-1 (invalid_argument), 1 peer failure so far"
     )
 
 
@@ -111,7 +111,7 @@ def test_earlier_failures_are_counted_in_a_clean_round() -> None:
     line = _progress(failures=2).line()
 
     # Assert
-    assert line.endswith("pushed 1.2 MB in 0.8 s; 2 peer failures so far")
+    assert line.endswith("pushed 1.235 MB in 0.8 s; 2 peer failures so far")
 
 
 def test_a_summary_without_failures_counts_none() -> None:
