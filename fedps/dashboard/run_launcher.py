@@ -274,6 +274,8 @@ class RunLauncher:
             cluster.export_model(cluster.config.cluster.state_dir / MODEL_FILE)
         except FedPSError as exc:
             _log.warning("run %d: its model was not exported: %s", number, exc)
+        else:
+            self._record(number, model=MODEL_FILE)
 
     def stop_run(self, number: int) -> None:
         """Stop run ``number``, in progress here, with every process it started.

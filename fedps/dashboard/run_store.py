@@ -138,12 +138,13 @@ class RunStore:
             return None if record is None else json.loads(json.dumps(record))
 
     def summaries(self) -> list[dict[str, Any]]:
-        """One line per run, the latest started first (:func:`_summary`)."""
+        """One line per run, the latest started first (:func:`_summary`), with its ``files``."""
         with self._lock:
             records = sorted(
                 self._records.values(), key=lambda r: (r.get("started_unix") or 0, r["id"])
             )
-            return [_summary(r) for r in reversed(records)]
+            lines = [_summary(r) for r in reversed(records)]
+        return [{**line, "files": self.files(line["id"])} for line in lines]
 
     def update(self, run_id: str, **fields: Any) -> dict[str, Any]:
         """Merge ``fields`` into the record of ``run_id`` (created if new) and write it.
