@@ -146,10 +146,11 @@ class RunStore:
             lines = [_summary(r) for r in reversed(records)]
         return [{**line, "files": self.files(line["id"])} for line in lines]
 
-    def update(self, run_id: str, **fields: Any) -> dict[str, Any]:
+    def update(self, run_id: str, /, **fields: Any) -> dict[str, Any]:
         """Merge ``fields`` into the record of ``run_id`` (created if new) and write it.
 
-        Nothing is written when nothing changed. Returns the record (a copy).
+        Nothing is written when nothing changed. Returns the record (a copy). ``run_id`` names
+        the record; a field ``run_id`` is the coordinator's id of the run.
 
         Raises
         ------
@@ -161,7 +162,7 @@ class RunStore:
         return self._merge(run_id, fields, {})
 
     def progress(
-        self, run_id: str, status: str, ended: dict[str, Any], **fields: Any
+        self, run_id: str, status: str, ended: dict[str, Any], /, **fields: Any
     ) -> dict[str, Any]:
         """As :meth:`update`, and ``status`` with ``ended`` only while the run has not ended.
 
