@@ -126,6 +126,7 @@ class RunLauncher:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._cluster: LocalCluster | None = None
+        self._serving = False  # the run's processes have all started
         self._stopping = threading.Event()
         self._state: dict[str, Any] = {"number": 0, "running": False, "error": "", "message": ""}
 
@@ -239,8 +240,10 @@ class RunLauncher:
                 self._set(message="training")
             else:
                 self._set(message="waiting for the deployment's clients to register")
-            if stopping.is_set():  # stopped while its processes started: some may not have been
-                raise FedPSError("stopped while starting")
+            with self._lock:  # from now on stop() stops the processes itself
+                self._serving = True
+                if stopping.is_set():  # stopped while they started: stop() left them to us
+                    raise FedPSError("stopped while starting")
             self._end_starting(number)
             history = cluster.wait_finished(math.inf)  # a run takes what it takes; stop() ends it
             self._set(message=f"finished after {len(history.rounds)} rounds")
@@ -259,6 +262,7 @@ class RunLauncher:
             cluster.stop()
             with self._lock:
                 self._cluster = None
+                self._serving = False
                 self._state = {**self._state, "running": False}
             if self.on_change is not None:
                 self.on_change(config, str(number))
@@ -292,9 +296,14 @@ class RunLauncher:
         self.stop()
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop the run in progress, if any (every process it started)."""
+        """Stop the run in progress, if any (every process it started).
+
+        A run still starting its processes stops them itself once they have started (stopping
+        a cluster while it starts could leave the ones started last).
+        """
         with self._lock:
-            cluster, thread = self._cluster, self._thread
+            cluster = self._cluster if self._serving else None
+            thread = self._thread
             self._stopping.set()
         if cluster is not None:
             cluster.stop()

@@ -41,10 +41,10 @@ function svgEl(tag, attrs, text) {
   return node;
 }
 
-// Round ticks from 0 to at least max: about count steps of 1, 2, 2.5 or 5 times a power of ten.
+// Round ticks from 0 to at least max: about count steps of 1, 2 or 5 times a power of ten.
 function niceTicks(max, count) {
   const raw = Math.max(max, 1e-9) / count, mag = 10 ** Math.floor(Math.log10(raw));
-  const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((st) => st >= raw - 1e-12);
+  const step = [1, 2, 5, 10].map((m) => m * mag).find((st) => st >= raw - 1e-12);
   const top = Math.ceil(max / step - 1e-9) * step || step;
   const values = [];
   for (let v = 0; v <= top + step / 2; v += step) values.push(v);
@@ -58,7 +58,7 @@ function drawChart(svgId, lineId, points, opts) {
   const xs = points.map((p) => p[0]);
   const xMin = xs.length ? Math.min(...xs) : 1, xMax = xs.length ? Math.max(...xs) : 1;
   const highest = Math.max(0, ...points.map((p) => p[1]), opts.budget || 0);
-  const y_ = niceTicks(opts.yMax || highest * 1.05 || 1, 4);
+  const y_ = niceTicks(opts.yMax || highest * 1.05 || 1, 5);
   const x = (v) => PAD.l + ((v - xMin) / Math.max(1, xMax - xMin)) * (W - PAD.l - PAD.r);
   const y = (v) => H - PAD.b - (v / y_.top) * (H - PAD.t - PAD.b);
   grid.replaceChildren();
