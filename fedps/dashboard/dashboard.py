@@ -23,6 +23,19 @@ Every request first passes the Host check (:class:`~fedps.dashboard.host_guard.H
     run with the JSON body's settings (``{"training.rounds": "5", ...}``). 422 with
     ``{"errors": {field: message}}`` for invalid settings, 409 while a run is in progress,
     202 with the run's state folder once started.
+``GET /api/runs``
+    Readers: ``{"runs": [...]}``, one line per run of the dashboard's state folder, the latest
+    first (:meth:`~fedps.dashboard.run_store.RunStore.summaries`).
+``GET /api/runs/{id}``
+    Readers: the run's record (what the page shows of it) with ``files``, what of it can be
+    downloaded. 400 for an id that cannot name a run, 404 for an unknown one.
+``POST /api/runs/{id}/stop``
+    Operator only (403 otherwise): stop run ``id``, in progress from this dashboard, with
+    every process it started; 200 once stopped, 404 for an unknown run, 409 for a run not in
+    progress here.
+``GET /api/runs/{id}/model`` and ``GET /api/runs/{id}/logs/{name}``
+    Operator only (403 otherwise): the model the run exported (``model.pt``, a ``state_dict``),
+    and one of its processes' logs (a name ``files`` lists; 404 otherwise).
 
 The run (the configuration, which holds addresses and paths but never a key; the client ids
 with their epsilon; the detections) is read by the holders of the operator's or the viewer's
@@ -51,6 +64,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import (
+    FileResponse,
     HTMLResponse,
     JSONResponse,
     PlainTextResponse,
@@ -64,7 +78,8 @@ from starlette.types import ASGIApp
 
 from fedps.config import FedPSConfig, is_loopback
 from fedps.dashboard.host_guard import HostGuard
-from fedps.dashboard.run_launcher import RunInProgressError, RunLauncher
+from fedps.dashboard.run_launcher import RunInProgressError, RunLauncher, RunNotInProgressError
+from fedps.dashboard.run_store import RunStore
 from fedps.dashboard.status_collector import StatusCollector
 from fedps.errors import ConfigError, FedPSError
 
@@ -142,6 +157,7 @@ def create_app(
     launcher: RunLauncher | None = None,
     public: bool = False,
     allowed_hosts: Sequence[str] = (),
+    store: RunStore | None = None,
 ) -> ASGIApp:
     """The dashboard of ``collector``'s cluster, behind its Host check.
 
@@ -152,6 +168,7 @@ def create_app(
     ``public``: everyone who reaches the port reads the run, without a token.
     ``allowed_hosts``: names (``NAME`` or ``NAME:PORT``) served besides the address reached,
     such as a proxy's (:class:`~fedps.dashboard.host_guard.HostGuard`).
+    ``store``: the runs of the dashboard's state folder (``None``: none are listed).
 
     Raises
     ------
@@ -178,6 +195,36 @@ def create_app(
 
     def is_operator(request: Request) -> bool:
         return any(_same(offered, token) for offered in presented(request))
+
+    def operator_only(
+        what: str,
+    ) -> Callable[
+        [Callable[[Request], Awaitable[Response]]], Callable[[Request], Awaitable[Response]]
+    ]:
+        """Answer 403 with ``only the operator WHAT`` to anyone but the operator."""
+
+        def wrap(
+            handler: Callable[[Request], Awaitable[Response]],
+        ) -> Callable[[Request], Awaitable[Response]]:
+            async def guarded(request: Request) -> Response:
+                if not is_operator(request):
+                    return _error(f"only the operator {what}: present the operator token", 403)
+                return await handler(request)
+
+            return guarded
+
+        return wrap
+
+    def run_of(request: Request) -> tuple[str, Response | None]:
+        """The run the path names, or the answer that refuses it (400, 404)."""
+        run_id = request.path_params["run_id"]
+        try:
+            RunStore.check_id(run_id)
+        except ValueError as exc:
+            return run_id, _error(str(exc), 400)
+        if store is None or store.get(run_id) is None:
+            return run_id, _error(f"no run {run_id} in this dashboard's state folder", 404)
+        return run_id, None
 
     def read_refusal(request: Request) -> Response | None:
         """``None`` if the request may read the run, else the answer that refuses it."""
@@ -288,12 +335,8 @@ def create_app(
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
         return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
 
+    @operator_only("starts runs")
     async def start_run(request: Request) -> Response:
-        if not is_operator(request):
-            return JSONResponse(
-                {"error": "only the operator starts runs: present the operator token"},
-                status_code=403,
-            )
         if launcher is None:
             return JSONResponse(
                 {"error": "this dashboard starts no runs (it watches fedps demo or up)"},
@@ -317,12 +360,63 @@ def create_app(
         collector.poke()
         return JSONResponse({"state_dir": str(config.cluster.state_dir)}, status_code=202)
 
+    @readers_only
+    async def list_runs(request: Request) -> Response:
+        return JSONResponse({"runs": [] if store is None else store.summaries()})
+
+    @readers_only
+    async def one_run(request: Request) -> Response:
+        run_id, refusal = run_of(request)
+        if refusal is not None or store is None:
+            return refusal or _error("no runs here", 404)
+        return JSONResponse({**(store.get(run_id) or {}), "files": store.files(run_id)})
+
+    @operator_only("stops runs")
+    async def stop_run(request: Request) -> Response:
+        run_id, refusal = run_of(request)
+        if refusal is not None:
+            return refusal
+        if launcher is None:
+            return _error("this dashboard stops no runs (it watches fedps demo or up)", 403)
+        try:
+            if not run_id.isdigit():
+                raise RunNotInProgressError(f"run {run_id} was not started from this dashboard")
+            await asyncio.to_thread(launcher.stop_run, int(run_id))
+        except RunNotInProgressError as exc:
+            return _error(str(exc), 409)
+        collector.poke()
+        return JSONResponse({"stopped": run_id})
+
+    @operator_only("downloads a run's files")
+    async def model(request: Request) -> Response:
+        run_id, refusal = run_of(request)
+        path = None if store is None else store.model_path(run_id)
+        if refusal is not None or path is None:
+            return refusal or _error(f"run {run_id} exported no model", 404)
+        return FileResponse(path, filename=f"fedps-run-{run_id}-model.pt")
+
+    @operator_only("downloads a run's files")
+    async def log(request: Request) -> Response:
+        run_id, refusal = run_of(request)
+        name = request.path_params["name"]
+        path = None if store is None else store.log_path(run_id, name)
+        if refusal is not None or path is None:
+            return refusal or _error(f"run {run_id} has no log {name!r}", 404)
+        return FileResponse(
+            path, media_type="text/plain; charset=utf-8", filename=f"fedps-run-{run_id}-{name}"
+        )
+
     routes = [
         Route("/", index),
         Route("/api/snapshot", snapshot),
         Route("/api/session", session),
         Route("/api/events", events),
         Route("/api/runs", start_run, methods=["POST"]),
+        Route("/api/runs", list_runs, methods=["GET"]),
+        Route("/api/runs/{run_id}", one_run, methods=["GET"]),
+        Route("/api/runs/{run_id}/stop", stop_run, methods=["POST"]),
+        Route("/api/runs/{run_id}/model", model, methods=["GET"]),
+        Route("/api/runs/{run_id}/logs/{name}", log, methods=["GET"]),
         Mount("/static", app=StaticFiles(directory=str(_STATIC)), name="static"),
     ]
     return HostGuard(Starlette(routes=routes), allowed_hosts)
@@ -386,6 +480,11 @@ class DashboardServer:
         self._thread.join(10)
 
 
+def _error(message: str, status: int) -> JSONResponse:
+    """A refusal the page shows: ``{"error": message}`` with HTTP ``status``."""
+    return JSONResponse({"error": message}, status_code=status)
+
+
 def _is_name(host: str) -> bool:
     """Whether ``host`` is a name (not an IP address, nor empty: every address)."""
     try:
@@ -407,6 +506,28 @@ def _training_elsewhere(collector: StatusCollector) -> str:
     return ""
 
 
+def _open_store(config: FedPSConfig | None, launcher: RunLauncher | None) -> RunStore | None:
+    """The runs of the dashboard's state folder (``None``: it has none, no configuration).
+
+    Raises
+    ------
+    FedPSError
+        The folder cannot be created.
+    """
+    root = launcher.state_root if launcher is not None else None
+    if root is None and config is not None:
+        root = config.cluster.state_dir
+    if root is None:
+        return None
+    try:
+        return RunStore.open(root / "dashboard")
+    except OSError as exc:
+        raise FedPSError(
+            f"cannot create the dashboard's state folder {root / 'dashboard'}: "
+            f"{exc.strerror or exc}"
+        ) from None
+
+
 @contextmanager
 def serve_dashboard(
     config: FedPSConfig | None,
@@ -421,7 +542,10 @@ def serve_dashboard(
     """Serve the dashboard of ``config``'s cluster on ``bind`` (``HOST:PORT``) inside the block.
 
     Poll the cluster, serve the page, ``echo`` its links once, and stop both at the end. Yields the
-    collector (``follow`` switches cluster). A launcher's runs are followed as they start.
+    collector (``follow`` switches cluster). A launcher's runs are followed as they start. The
+    runs seen are kept in the dashboard's state folder, ``dashboard/`` in the launcher's state
+    root (else in ``config``'s state folder): one JSON record each
+    (:class:`~fedps.dashboard.run_store.RunStore`).
 
     The run is read with a viewer token (derived from ``token``, else new at each start),
     whose link is echoed, beside the operator's link with ``token``; ``public``: by everyone
@@ -433,16 +557,18 @@ def serve_dashboard(
     ConfigError
         ``bind`` is not ``HOST:PORT``, or an allowed host is not ``NAME[:PORT]``.
     FedPSError
-        The address cannot be bound.
+        The address cannot be bound, or the dashboard's state folder cannot be created.
     """
     host, port = parse_bind(bind)
     viewer = None if public else _viewer_token(token) if token else new_token()
     names = [*allowed_hosts, *([host] if _is_name(host) else [])]
+    store = _open_store(config, launcher)
     extra = launcher.state if launcher is not None else None
-    collector = StatusCollector(config, extra=extra)
+    collector = StatusCollector(config, extra=extra, store=store)
     if launcher is not None:
         launcher.on_change = collector.follow
         launcher.busy = lambda: _training_elsewhere(collector)
+        launcher.store = store
     app = create_app(
         collector,
         token=token,
@@ -450,6 +576,7 @@ def serve_dashboard(
         launcher=launcher,
         public=public,
         allowed_hosts=names,
+        store=store,
     )
     server = DashboardServer(app, host, port)
     collector.start()

@@ -9,6 +9,11 @@ local clients, starts ``training.clients`` edge clients as processes on this mac
 ``fedps demo`` does. With remote clients nothing else is started: the clients of the
 deployment register with the coordinator themselves (``fedps client`` on their machines) and
 train in the new run.
+
+With a :class:`~fedps.dashboard.run_store.RunStore`, each run has a record there named after its
+number (``N``): its settings and state folder when it starts, then how it ended (``finished``,
+``stopped`` by the operator, ``failed`` with the error), and the model it trained, exported to
+``runs/N/model.pt`` once it has finished.
 """
 
 from __future__ import annotations
@@ -22,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from fedps.config import FedPSConfig, load_config
+from fedps.dashboard.run_store import MODEL_FILE, RunStore, settings_view
 from fedps.errors import ConfigError, FedPSError
 from fedps.runtime.local_cluster import LocalCluster
 
-__all__ = ["FORM_FIELDS", "RunInProgressError", "RunLauncher"]
+__all__ = ["FORM_FIELDS", "RunInProgressError", "RunLauncher", "RunNotInProgressError"]
 
 _log = logging.getLogger("fedps")
 
@@ -49,6 +55,10 @@ LINGER_S = 3.0
 
 class RunInProgressError(FedPSError):
     """A run is in progress: the next one starts once it has finished."""
+
+
+class RunNotInProgressError(FedPSError):
+    """The run to stop is not in progress (it has ended, or another one runs)."""
 
 
 def _overrides(form: Mapping[str, object]) -> dict[str, dict[str, object]]:
@@ -89,7 +99,10 @@ class RunLauncher:
         Start the run's clients as processes here (``False``: the deployment's own clients
         join the run).
     on_change
-        Called when a run starts or ends, with its configuration (the dashboard follows it).
+        Called when a run starts or ends, with its configuration and its number as a string
+        (the dashboard follows it and keeps its progress in the record of that name).
+    store
+        Where each run's record is kept (``None``: nowhere).
     """
 
     def __init__(
@@ -99,18 +112,21 @@ class RunLauncher:
         base_overrides: Mapping[str, Mapping[str, object]] | None = None,
         state_root: Path,
         local_clients: bool = True,
-        on_change: Callable[[FedPSConfig], None] | None = None,
+        on_change: Callable[[FedPSConfig, str], None] | None = None,
+        store: RunStore | None = None,
     ) -> None:
         self.config_path = config_path
         self.base_overrides = {k: dict(v) for k, v in (base_overrides or {}).items()}
         self.state_root = state_root
         self.local_clients = local_clients
         self.on_change = on_change
+        self.store = store
         self.busy: Callable[[], str] = lambda: ""
         """Another reason no run may start now (a run of another process in progress)."""
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._cluster: LocalCluster | None = None
+        self._serving = False  # the run's processes have all started
         self._stopping = threading.Event()
         self._state: dict[str, Any] = {"number": 0, "running": False, "error": "", "message": ""}
 
@@ -177,23 +193,45 @@ class RunLauncher:
             number = self._next_number()
             config = self.validate(form, number=number)
             config.cluster.state_dir.mkdir(parents=True)
+            self._record(
+                number,
+                status="starting",
+                started_unix=time.time(),
+                state_dir=str(config.cluster.state_dir),
+                settings=settings_view(config),
+            )
             self._state = {"number": number, "running": True, "error": "", "message": "starting"}
+            self._stopping = threading.Event()
             self._thread = threading.Thread(
-                target=self._run, args=(config, number), name=f"fedps-run-{number}", daemon=True
+                target=self._run,
+                args=(config, number, self._stopping),
+                name=f"fedps-run-{number}",
+                daemon=True,
             )
             self._thread.start()
         return config
+
+    def _record(self, number: int, **fields: Any) -> None:
+        """Write ``fields`` into run ``number``'s record, if runs are recorded."""
+        if self.store is not None:
+            self.store.update(str(number), **fields)
+
+    def _end(self, number: int, status: str, error: str = "") -> None:
+        """Record that run ``number`` ended with ``status`` (unless it had ended already)."""
+        if self.store is not None:
+            ended = {"ended_unix": time.time(), "error": error}
+            self.store.progress(str(number), status, ended)
 
     def _set(self, **values: Any) -> None:
         with self._lock:
             self._state = {**self._state, **values}
 
-    def _run(self, config: FedPSConfig, number: int) -> None:
+    def _run(self, config: FedPSConfig, number: int, stopping: threading.Event) -> None:
         cluster = LocalCluster(config)
         with self._lock:
             self._cluster = cluster
         if self.on_change is not None:
-            self.on_change(config)
+            self.on_change(config, str(number))
         try:
             cluster.start()
             if self.local_clients:
@@ -202,26 +240,71 @@ class RunLauncher:
                 self._set(message="training")
             else:
                 self._set(message="waiting for the deployment's clients to register")
+            with self._lock:  # from now on stop() stops the processes itself
+                self._serving = True
+                if stopping.is_set():  # stopped while they started: stop() left them to us
+                    raise FedPSError("stopped while starting")
+            self._end_starting(number)
             history = cluster.wait_finished(math.inf)  # a run takes what it takes; stop() ends it
             self._set(message=f"finished after {len(history.rounds)} rounds")
-            self._stopping.wait(LINGER_S)
+            self._export(cluster, number)
+            self._end(number, "finished")
+            stopping.wait(LINGER_S)
         except FedPSError as exc:
-            if not self._stopping.is_set():
+            if stopping.is_set():
+                self._set(message="stopped by the operator")
+                self._end(number, "stopped")
+            else:
                 _log.warning("run %d stopped: %s", number, exc)
                 self._set(error=str(exc), message="failed")
+                self._end(number, "failed", str(exc))
         finally:
             cluster.stop()
             with self._lock:
                 self._cluster = None
+                self._serving = False
                 self._state = {**self._state, "running": False}
             if self.on_change is not None:
-                self.on_change(config)
+                self.on_change(config, str(number))
+
+    def _end_starting(self, number: int) -> None:
+        """Record that run ``number``'s servers serve (it trains, unless it ended already)."""
+        if self.store is not None:
+            self.store.progress(str(number), "training", {})
+
+    def _export(self, cluster: LocalCluster, number: int) -> None:
+        """Export the model run ``number`` trained into its state folder (a WARNING if not)."""
+        try:
+            cluster.export_model(cluster.config.cluster.state_dir / MODEL_FILE)
+        except FedPSError as exc:
+            _log.warning("run %d: its model was not exported: %s", number, exc)
+        else:
+            self._record(number, model=MODEL_FILE)
+
+    def stop_run(self, number: int) -> None:
+        """Stop run ``number``, in progress here, with every process it started.
+
+        Raises
+        ------
+        RunNotInProgressError
+            Run ``number`` is not in progress here (it has ended, or was not started here).
+        """
+        with self._lock:
+            current = self._state["number"]
+            if current != number or self._thread is None or not self._thread.is_alive():
+                raise RunNotInProgressError(f"run {number} is not in progress")
+        self.stop()
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """Stop the run in progress, if any (every process it started)."""
-        self._stopping.set()
+        """Stop the run in progress, if any (every process it started).
+
+        A run still starting its processes stops them itself once they have started (stopping
+        a cluster while it starts could leave the ones started last).
+        """
         with self._lock:
-            cluster, thread = self._cluster, self._thread
+            cluster = self._cluster if self._serving else None
+            thread = self._thread
+            self._stopping.set()
         if cluster is not None:
             cluster.stop()
         if thread is not None:

@@ -3,6 +3,10 @@
 Every browser reads the same snapshot: the roles are asked once per ``poll_s`` whatever the
 number of viewers, each call with a short deadline, so a role that is down shows as down and
 no page waits on it. The snapshot is JSON-ready (see :meth:`StatusCollector.snapshot`).
+
+With a :class:`~fedps.dashboard.run_store.RunStore`, the progress of the run followed is kept
+in its record there at each poll, and the snapshot carries that record (``record``): the page
+draws a live run and a finished one from the same record, which stays once the cluster stops.
 """
 
 from __future__ import annotations
@@ -10,11 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from fedps.config import FedPSConfig
+from fedps.dashboard.run_store import RunStore, settings_view
 from fedps.errors import FedPSError
 from fedps.rpc.coordinator_messages import ClusterStatus, RoundSummary
 from fedps.rpc.coordinator_stub import CoordinatorStub
@@ -57,6 +63,12 @@ def _round_view(record: RoundSummary) -> dict[str, Any]:
 
 def _run_view(status: ClusterStatus) -> dict[str, Any]:
     clients = sorted(set(status.client_epsilons) | set(status.client_rounds))
+    history = [_round_view(r) for r in status.history]
+    if status.finished and history:
+        # a client reports its epsilon once it has pushed, so reports that came after the
+        # last round closed are that round's: once no round is left, they count in its row
+        last = history[-1]
+        last["max_epsilon"] = max(last["max_epsilon"], status.max_epsilon)
     return {
         "run_id": status.run_id,
         "round": status.round,
@@ -68,7 +80,7 @@ def _run_view(status: ClusterStatus) -> dict[str, Any]:
         "bytes_pushed": status.bytes_pushed,
         "noise": status.noise or "secure",
         "last_checkpoint_unix": status.last_checkpoint_unix,
-        "history": [_round_view(r) for r in status.history],
+        "history": history,
         "clients": [
             {
                 "id": c,
@@ -95,6 +107,9 @@ class StatusCollector:
     extra
         Called at each poll for more JSON-ready entries of the snapshot (the run launcher's
         state).
+    store
+        Where the followed run's record is kept (``None``: nowhere; the snapshot has no
+        record).
     """
 
     def __init__(
@@ -104,11 +119,15 @@ class StatusCollector:
         poll_s: float = 1.0,
         call_s: float = 0.8,
         extra: Callable[[], dict[str, Any]] | None = None,
+        store: RunStore | None = None,
     ) -> None:
         self.poll_s = poll_s
         self.call_s = call_s
         self.extra = extra
+        self.store = store
         self._config = config
+        self._record_id: str | None = None
+        self._seen_id: str | None = None  # the coordinator's last run, without a record id
         self._lock = threading.Condition()
         self._snapshot: Snapshot = self._empty()
         self._serial = 0  # changes whenever the snapshot does
@@ -135,10 +154,16 @@ class StatusCollector:
         """Whether :meth:`stop` was called."""
         return self._stop.is_set()
 
-    def follow(self, config: FedPSConfig) -> None:
-        """Watch the cluster of ``config`` from the next poll on."""
+    def follow(self, config: FedPSConfig, record_id: str | None = None) -> None:
+        """Watch the cluster of ``config`` from the next poll on.
+
+        Its progress goes to the record ``record_id`` of the store (``None``: the record named
+        after the coordinator's run id).
+        """
         with self._lock:
             self._config = config
+            self._record_id = record_id
+            self._seen_id = None
         self.poke()
 
     def poke(self) -> None:
@@ -175,6 +200,10 @@ class StatusCollector:
         snapshot = self._empty() if config is None else self._collect(config)
         if self.extra is not None:
             snapshot.update(self.extra())
+        if self.store is not None:
+            record_id = self._keep(config, snapshot["run"]) if config is not None else None
+            snapshot["record"] = None if record_id is None else self.store.get(record_id)
+            snapshot["runs_serial"] = self.store.serial
         with self._lock:
             # compare without the clock: a snapshot changes when what it shows does
             if json.dumps(snapshot, sort_keys=True) != json.dumps(self._snapshot, sort_keys=True):
@@ -182,6 +211,39 @@ class StatusCollector:
                 self._snapshot = snapshot
                 self._lock.notify_all()
         return snapshot
+
+    def _keep(self, config: FedPSConfig, run: dict[str, Any] | None) -> str | None:
+        """Keep ``run``'s progress in its record; returns the record's id (``None``: none).
+
+        ``run``: the coordinator's view (``None``: it did not answer, the record stays as it
+        was). A run the launcher did not start is named after its coordinator's run id.
+        """
+        assert self.store is not None
+        with self._lock:
+            record_id = self._record_id
+        if run is None:
+            return record_id or self._seen_id
+        if record_id is None:
+            try:
+                record_id = self._seen_id = RunStore.check_id(run["run_id"])
+            except ValueError:
+                return None
+        record = self.store.get(record_id) or {}
+        if record.get("run_id") not in (None, "", run["run_id"]):
+            return record_id  # another run answers at that address: not this record's
+        now = time.time()
+        fields: dict[str, Any] = {
+            "run_id": run["run_id"],
+            "run": run,
+            "settings": settings_view(config),
+            "state_dir": str(config.cluster.state_dir),
+        }
+        if not record:  # first seen: it started when its rounds did
+            fields["started_unix"] = now - sum(r["seconds"] for r in run["history"])
+        status = "finished" if run["finished"] else "training"
+        ended = {"ended_unix": now} if run["finished"] else {}
+        self.store.progress(record_id, status, ended, **fields)
+        return record_id
 
     @staticmethod
     def _empty() -> Snapshot:

@@ -1,10 +1,14 @@
-"""The dashboard in headless Chromium during a real run (real gRPC servers on loopback,
+"""The dashboard in headless Chromium during real runs (real gRPC servers on loopback,
 real encryption): the operator starts a run from the form, the page follows its rounds and
 curves, a bad field shows its error next to it, a viewer with the printed read-only link
-follows the run but cannot start anything, and a page opened without a link reads nothing.
+follows the run but can neither start nor stop anything, and a page opened without a link
+reads nothing. Once the run has finished and its servers have stopped, the page still shows
+it with its final numbers; the operator starts a second run and stops it from the page, and
+opens the first one again from the run list.
 
-Set ``FEDPS_SCREENSHOT=PATH`` to save a screenshot of the page during the run (how
-docs/images/dashboard.png is made).
+Set ``FEDPS_SCREENSHOTS=DIR`` to save screenshots of the page there: during the run
+(``dashboard.png``), the finished run (``dashboard-finished.png``) and the run list with an
+earlier run opened (``dashboard-runs.png``), as in docs/images.
 """
 
 from __future__ import annotations
@@ -88,6 +92,19 @@ def _round(page: Any) -> int:
     return int(text.split("/")[0]) if "/" in text else 0
 
 
+def _screenshot(page: Any, name: str) -> None:
+    """Save the whole page as ``FEDPS_SCREENSHOTS/NAME`` when that is set."""
+    folder = os.environ.get("FEDPS_SCREENSHOTS")
+    if folder:
+        page.screenshot(path=str(Path(folder) / name), full_page=True)
+
+
+def _last_row(page: Any) -> list[str]:
+    """The cells of the last round's row of the rounds table (the table's first row)."""
+    cells: list[str] = page.locator("#rounds tbody tr").first.locator("td").all_text_contents()
+    return cells
+
+
 def test_dashboard_follows_a_run_the_operator_starts(ui: Ui) -> None:
     # Prepare: the operator opens the token link (the cookie is set, the token leaves the URL)
     operator = ui.browser.new_page()
@@ -115,8 +132,7 @@ def test_dashboard_follows_a_run_the_operator_starts(ui: Ui) -> None:
     wait_for(lambda: _round(operator) >= 2, "round 2 on the page", poll_s=0.2)
     first = (_round(operator), _points(operator, "acc-line"), _points(operator, "eps-line"))
     wait_for(lambda: _round(operator) >= first[0] + 2, "two more rounds on the page", poll_s=0.2)
-    if os.environ.get("FEDPS_SCREENSHOT"):
-        operator.screenshot(path=os.environ["FEDPS_SCREENSHOT"], full_page=True)
+    _screenshot(operator, "dashboard.png")
     second = (_round(operator), _points(operator, "acc-line"), _points(operator, "eps-line"))
 
     # Assert: the rounds advance and both curves grow with them
@@ -138,6 +154,7 @@ def test_dashboard_follows_a_run_the_operator_starts(ui: Ui) -> None:
     assert viewer.url == ui.url
     assert viewer.text_content("#viewer") == "read-only"
     assert viewer.locator("#start").count() == 0
+    assert viewer.is_hidden("#stop")
     assert viewer.is_disabled("#f-training-rounds")
     assert "only the operator" in (viewer.text_content("#form-note") or "")
     assert refused.status_code == 403
@@ -152,9 +169,60 @@ def test_dashboard_follows_a_run_the_operator_starts(ui: Ui) -> None:
     assert _round(stranger) == 0
     assert "link" in (stranger.text_content("#form-note") or "")
 
-    # Execute: the run ends
+    # Execute: the run ends and its servers stop
     wait_for(lambda: not ui.launcher.running, "the run finished")
+    wait_for(lambda: operator.locator("#roles .up").count() == 0, "the roles down", poll_s=0.2)
+    operator.hover("#eps-chart")
+    _screenshot(operator, "dashboard-finished.png")
 
-    # Assert
+    # Assert: the finished run stays with its final numbers, the tiles as its last row says
     assert ui.launcher.state()["launch"]["error"] == ""
     assert "finished" in ui.launcher.state()["launch"]["message"]
+    assert operator.text_content("#round") == f"{ROUNDS} / {ROUNDS}"
+    assert operator.text_content("#phase") == "finished"
+    assert operator.text_content("#remaining") == "done"
+    row = _last_row(operator)
+    assert row[0] == str(ROUNDS)
+    assert operator.text_content("#accuracy") == row[1]
+    assert operator.text_content("#epsilon") == row[3]
+    assert _points(operator, "acc-line") == ROUNDS
+    assert _points(operator, "eps-line") == ROUNDS
+    assert operator.locator("#clients tbody tr").count() == 3
+    # the budget on the epsilon chart, ticks on its axes, the value under the pointer
+    assert operator.get_attribute("#eps-budget", "data-value") == "7.5"
+    assert operator.locator("#eps-chart .xtick").count() >= 2
+    assert "round" in (operator.text_content("#eps-hover") or "")
+    # the files to download: the exported model and the logs
+    assert operator.locator("#download-model").count() == 1
+    assert operator.locator("#downloads .download-log").count() >= 4
+
+    # Execute: a second, long run, stopped by the operator from the page
+    operator.fill("#f-training-rounds", "50")
+    operator.click("#start")
+    operator.wait_for_selector("#phase:text-is('training')", timeout=120_000)
+    assert operator.is_visible("#stop")
+    operator.on("dialog", lambda dialog: dialog.accept())
+    operator.click("#stop")
+    wait_for(lambda: not ui.launcher.running, "the second run stopped")
+    operator.wait_for_selector("#phase:text-is('stopped')")
+    wait_for(lambda: operator.locator("#roles .up").count() == 0, "its roles down", poll_s=0.2)
+
+    # Assert: stopped, listed above the first run
+    assert operator.is_hidden("#stop")
+    assert ui.launcher.state()["launch"]["error"] == ""
+    wait_for(lambda: operator.locator("#runs tbody tr").count() == 2, "two runs listed")
+    statuses = operator.locator("#runs tbody tr td:nth-child(2)").all_text_contents()
+    assert statuses == ["stopped", "finished"]
+
+    # Execute: open the first run from the list
+    operator.click("#runs tr[data-run='1'] button.open")
+    operator.wait_for_selector("#shown:has-text('opened: run 1')")
+    _screenshot(operator, "dashboard-runs.png")
+
+    # Assert: its final numbers, while the live run stays a click away
+    assert operator.text_content("#round") == f"{ROUNDS} / {ROUNDS}"
+    assert operator.text_content("#phase") == "finished"
+    assert _last_row(operator) == row
+    assert operator.is_visible("#live")
+    operator.click("#live")
+    operator.wait_for_selector("#shown:has-text('live: run 2')")

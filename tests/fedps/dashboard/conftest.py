@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fedps.config import FedPSConfig, load_config
-from fedps.dashboard import RunLauncher, StatusCollector
+from fedps.dashboard import RunLauncher, RunStore, StatusCollector
 from fedps.runtime.deployment import local_cluster
 
 INSECURE = {"tls": {"insecure": True, "enabled": False}}
@@ -31,3 +31,9 @@ def collector(config: FedPSConfig) -> Iterator[StatusCollector]:
 @pytest.fixture
 def launcher(tmp_path: Path) -> RunLauncher:
     return RunLauncher(None, base_overrides=INSECURE, state_root=tmp_path / "ui")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> RunStore:
+    """An empty run store in the dashboard's state folder."""
+    return RunStore.open(tmp_path / "ui" / "dashboard")
