@@ -204,3 +204,20 @@ def test_docker_compose_accepts_the_file() -> None:
 
     # Assert
     assert result.returncode == 0, result.stderr
+
+
+def test_the_dashboard_service_shows_the_cluster_to_viewers_on_this_host_only() -> None:
+    # Prepare
+    services = _services()
+    dashboard = services["dashboard"]
+
+    # Execute
+    context = _parse(dashboard["command"])
+
+    # Assert: view-only (the roles are other services), published on the host's loopback,
+    # started once the coordinator is up, with the operator's certificate to read the roles
+    assert context.params["view_only"] is True
+    assert context.params["public"] is False
+    assert dashboard["ports"] == ["127.0.0.1:8765:8765"]
+    assert "coordinator" in _depends_on(services, "dashboard")
+    assert _mounts(dashboard)["/certs"] == "certs"

@@ -573,12 +573,20 @@ def ui(
             "repeatable): requests for any other name than its address are refused (421).",
         ),
     ] = None,
+    view_only: Annotated[
+        bool,
+        typer.Option(
+            "--view-only",
+            help="Only show the configured cluster: no operator link, nobody starts or stops "
+            "a run from the page (roles started elsewhere, e.g. by Compose).",
+        ),
+    ] = False,
     insecure: InsecureOpt = False,
 ) -> None:
     """Serve the web dashboard of the configured cluster to the holders of the printed links.
 
     It shows live rounds, privacy, participation and the roles' health; the operator (who holds the
-    operator's link) starts the next run.
+    operator's link) starts and stops runs, unless ``--view-only``.
     """
     from crypto.tls import OPERATOR_NAME
     from fedps.dashboard import (
@@ -595,6 +603,16 @@ def ui(
     _provision(cfg)
     _setup_tls(cfg, OPERATOR_NAME)  # to read the roles' status
     state_root = cfg.cluster.state_dir
+    if view_only:
+        _stop_as_ctrl_c()
+        try:
+            with serve_dashboard(
+                cfg, bind, echo=typer.echo, public=public, allowed_hosts=allowed_host or ()
+            ):
+                signal.pause()
+        except KeyboardInterrupt:
+            typer.echo("stopping...")
+        return
     if token_file is not None:
         try:
             token = token_file.read_text().strip()

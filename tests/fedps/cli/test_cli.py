@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -270,3 +271,34 @@ def test_ui_prints_the_operator_link_once_and_keeps_the_token_private(tmp_path: 
     assert page.status_code == 200
     assert "fedps dashboard" in page.text
     assert token not in out + err  # printed once, in the line read above
+
+
+def test_ui_view_only_prints_a_viewer_link_and_starts_no_run(tmp_path: Path) -> None:
+    # Prepare: as Compose runs it beside roles it did not start
+    command = [sys.executable, "-m", "fedps.cli", "ui", "--view-only", "--insecure"]
+    command += ["--bind", "127.0.0.1:0"]
+
+    # Execute
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env=_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = ""
+        while "dashboard" not in line:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, proc.stderr and proc.stderr.read()
+        url = re.findall(r"http://\S+", line)[0]
+        with httpx.Client() as browser:
+            opened = browser.get(url, follow_redirects=True)
+            start = browser.post(url.split("?")[0] + "api/runs", json={"training.rounds": "1"})
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=_TIMEOUT_S)
+
+    # Assert: one read-only link, no operator; the page opens, a run cannot be started
+    assert "read-only" in line and "operator" not in line, line
+    assert opened.status_code == 200
+    assert start.status_code == 403
+    assert proc.returncode == 0
+    assert not (tmp_path / "fedps-state" / "ui.token").exists()
