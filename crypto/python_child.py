@@ -52,21 +52,23 @@ def child_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return child
 
 
-def watch_parent(*, poll_s: float = 0.5) -> None:
+def watch_parent(*, poll_s: float = 0.5, grace_s: float = 3.0) -> None:
     """Stop this process once the fedps process that started it is gone.
 
     A child started with :func:`child_environment` knows its parent's id; a daemon thread
     checks every ``poll_s`` seconds that the parent is still the one, and once it is not
     (SIGKILL, a crash, ``timeout``), sends this process SIGTERM, so it stops the way its
-    operator's SIGTERM stops it (a role finishes its last write and exits). The variable is
-    removed from this process's environment, so what it starts in turn is watched against it,
-    not against its parent. Without the variable (a process started by hand) nothing is
-    watched.
+    operator's SIGTERM stops it (a role finishes its last write and exits), and SIGKILL if it
+    still runs ``grace_s`` seconds later. The variable is removed from this process's
+    environment, so what it starts in turn is watched against it, not against its parent.
+    Without the variable (a process started by hand) nothing is watched.
 
     Parameters
     ----------
     poll_s
         How often the parent is checked.
+    grace_s
+        How long this process may take to stop once its parent is gone.
     """
     value = os.environ.pop(PARENT_VARIABLE, "")
     if not value.isdigit():
@@ -77,5 +79,7 @@ def watch_parent(*, poll_s: float = 0.5) -> None:
         while os.getppid() == parent:
             time.sleep(poll_s)
         os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)  # a process that stopped in time ends this thread with it
+        os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()

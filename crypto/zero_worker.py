@@ -97,11 +97,8 @@ class ZeroWorker:
         if self._proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self._proc.stdin.close()
-        try:
-            self._proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        self._proc.terminate()  # not after the draw in progress: nobody waits for it
+        self._proc.wait()
         if self._proc.stdout is not None:
             self._proc.stdout.close()
 

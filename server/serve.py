@@ -297,7 +297,7 @@ def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -
 def serve_forever(
     role: str, config: FedPSConfig, *, index: int = 0, clear_detections: bool = False
 ) -> None:
-    """Run one role until SIGINT/SIGTERM, then stop gracefully.
+    """Run one role until SIGINT, SIGTERM or SIGHUP, then stop gracefully.
 
     One instance per role: the role's state directory is locked
     (:class:`~fedps.storage.state_lock.StateLock`) before anything in it is read or written, and its
@@ -338,7 +338,7 @@ def serve_forever(
         server.start()
         _log.info("%s listening on %s", role, address)
         stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, lambda *_: stop.set())
         stop.wait()
         if coordinator is not None:

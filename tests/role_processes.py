@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 
+from crypto.python_child import child_environment
 from fedps.config import FedPSConfig, load_config
 from fedps.provisioning import provision_cluster
 from fedps.runtime.deployment import local_cluster, write_config
@@ -24,7 +25,9 @@ from fedps.storage.state_lock import LOCK_FILE
 #: Upper bound of any wait here: it only catches a hang, nothing should take this long.
 HANG_S = 300.0
 
-_ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", "NO_COLOR": "1"}
+#: This fedps first on the path, whatever the working directory (a test's folder); the process
+#: stops once the test's is gone (crypto.python_child.watch_parent).
+_ENV = child_environment({**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", "NO_COLOR": "1"})
 
 
 def write_local_config(
@@ -42,15 +45,18 @@ def write_local_config(
     return path, config
 
 
-def start_fedps(*args: str, log: Path) -> subprocess.Popen[bytes]:
+def start_fedps(
+    *args: str, log: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
     """``python -m fedps.cli ARGS``, stdout and stderr into ``log`` (its own session, so a
-    signal meant for the test never reaches it)."""
+    signal meant for the test never reaches it), with ``env`` over the test's environment."""
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "fedps.cli", *args],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=_ENV,
+            env={**_ENV, **(env or {})},
+            cwd=cwd,
             start_new_session=True,
         )
 

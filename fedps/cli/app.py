@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
-import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 
 import typer
 
@@ -84,6 +84,19 @@ def _stop_as_ctrl_c() -> None:
         signal.signal(sig, signal.default_int_handler)
 
 
+def _end_now() -> NoReturn:
+    """End this role or client at once (exit 0): it stopped, or its training is over.
+
+    What it keeps is written already (atomically, synced); the interpreter's teardown of torch's
+    and gRPC's modules would only keep whoever stops it waiting for seconds more on a loaded
+    machine (10 s, then it is killed).
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _load(config: Path | None, *, insecure: bool = False) -> FedPSConfig:
     if insecure:  # the command line wins over the file's [tls] enabled
         return load_config(config, tls={"insecure": True, "enabled": False})
@@ -143,6 +156,7 @@ def keyholder(
     cfg = _load(config, insecure=insecure)
     _setup_tls(cfg, "keyholder")
     serve_forever("keyholder", cfg, clear_detections=clear_detections)
+    _end_now()
 
 
 @app.command()
@@ -158,6 +172,7 @@ def shard(
     cfg = _load(config, insecure=insecure)
     _setup_tls(cfg, f"shard-{index}")
     serve_forever("shard", cfg, index=index)
+    _end_now()
 
 
 @app.command()
@@ -169,6 +184,7 @@ def coordinator(config: ConfigOpt = None, insecure: InsecureOpt = False) -> None
     cfg = _load(config, insecure=insecure)
     _setup_tls(cfg, "coordinator")
     serve_forever("coordinator", cfg)
+    _end_now()
 
 
 @app.command()
@@ -200,6 +216,10 @@ def client(
 
     A restarted client resumes its privacy budget from its state folder.
     """
+    # SIGTERM (from `fedps demo`/`up` or an operator) and SIGHUP (its terminal closed) unwind
+    # normally, as Ctrl-C does, so helpers stop too.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: sys.exit(0))
     _setup_logging(True)
     cfg = _load(config, insecure=insecure)
     if not 0 <= index < cfg.training.clients:
@@ -215,8 +235,6 @@ def client(
     from clients.simulation import SimulatedDevice
 
     torch.set_num_threads(max(1, threads))
-    # SIGTERM (from `fedps demo`/`up` or an operator) unwinds normally, so helpers stop too.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # The configured slow devices and dropouts (training.slow_fraction, dropout), if any.
     device = SimulatedDevice(cfg.training, index=index)
     # No peer's answer ends a client (EdgeClient.run counts and survives them); only its own
@@ -235,6 +253,8 @@ def client(
         summary = client.run()
     except OSError as exc:
         raise FedPSError(f"client-{index}: {exc}") from None
+    except (SystemExit, KeyboardInterrupt):  # SIGTERM, SIGHUP, Ctrl-C: its helpers stopped
+        _end_now()
     _log.info(
         "client %s done: %d rounds, epsilon %.3f (delta %g), %d bytes pushed",
         summary.client_id,
@@ -243,6 +263,7 @@ def client(
         summary.delta,
         summary.bytes_pushed,
     )
+    _end_now()
 
 
 @app.command()
@@ -364,7 +385,8 @@ def demo(
 
     Under mutual TLS, with certificates made for the run.
     """
-    from fedps.runtime.demo import run_demo
+    from fedps.runtime.demo import DEMO_LOGS, run_demo
+    from fedps.runtime.sweeper import temporary_folder
 
     _setup_logging(False)
     _stop_as_ctrl_c()
@@ -380,10 +402,16 @@ def demo(
         training["mode"] = mode
     if training:
         overrides["training"] = training
-    with tempfile.TemporaryDirectory(prefix="fedps-demo-") as tmp:
-        summary = run_demo(
-            config, Path(tmp), overrides, watch=_demo_dashboard(ui, ui_allowed_host or [])
-        )
+    # removed at the end (after SIGKILL too); on an error, only the run's logs are kept
+    with temporary_folder("fedps-demo-", keep_on_error=DEMO_LOGS) as tmp:
+        try:
+            summary = run_demo(
+                config, tmp, overrides, watch=_demo_dashboard(ui, ui_allowed_host or [])
+            )
+        except FedPSError:
+            if (tmp / DEMO_LOGS).is_dir():
+                typer.echo(f"the run's logs are kept in {tmp / DEMO_LOGS}")
+            raise
     _write_json(json_out, summary.to_json(), "summary")
 
 

@@ -44,7 +44,8 @@ from fedps.experiments.grid import (
     load_grid,
     partition_name,
 )
-from fedps.runtime.demo import run_demo
+from fedps.runtime.demo import DEMO_LOGS, run_demo
+from fedps.runtime.sweeper import temporary_folder
 from server.coordinator.checkpoint_store import CheckpointStore
 
 __all__ = ["read_results", "run_experiment"]
@@ -232,7 +233,7 @@ def _run_point(point: Point, grid: Grid, root: Path, timeout_s: float) -> dict[s
         record["error"] = f"{type(exc).__name__}: {exc}"[:4000]
         record["seconds"] = round(time.time() - started, 2)
         record["workdir"] = str(workdir)
-        record["log_tail"] = _failure_log(workdir / "state" / "logs")
+        record["log_tail"] = _failure_log(workdir / DEMO_LOGS)
     else:
         # as each client last reported them to the coordinator (the demo's summary); the
         # noise multipliers only when every client reported one
@@ -295,12 +296,12 @@ def _round_metrics(state_dir: Path) -> list[dict[str, float]]:
 
 @contextlib.contextmanager
 def _root(workdir: Path | None) -> Iterator[Path]:
-    """``workdir`` (kept, for the logs), or a temporary directory removed afterwards."""
+    """``workdir`` (kept, for the logs), or a temporary folder removed afterwards (SIGKILL too)."""
     if workdir is not None:
         yield private_directory(workdir)
         return
-    with tempfile.TemporaryDirectory(prefix="fedps-experiment-") as tmp:
-        yield Path(tmp)
+    with temporary_folder("fedps-experiment-") as tmp:
+        yield tmp
 
 
 def _summary_line(record: Mapping[str, Any]) -> str:

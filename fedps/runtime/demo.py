@@ -30,7 +30,11 @@ from fedps.runtime.deployment import Deployment, local_cluster, write_config
 from fedps.runtime.preflight import check_names
 from fedps.units import size_text
 
-__all__ = ["Watcher", "run_demo"]
+__all__ = ["DEMO_LOGS", "Watcher", "run_demo"]
+
+_STATE = "state"
+#: Where a run's logs are (each process's ``NAME.log``), relative to its workdir.
+DEMO_LOGS = f"{_STATE}/logs"
 
 #: What watches a demo run besides its console: given the run's configuration and a way to print
 #: a line, a context entered before the servers start and left after they stop.
@@ -72,7 +76,7 @@ def run_demo(
     """
     console = console or Console(stderr=False, quiet=quiet)
     shards = len(load_config(config_path, **overrides).cluster.shards)
-    cluster = local_cluster(workdir / "state", shards)
+    cluster = local_cluster(workdir / _STATE, shards)
     # A fresh CA, certificates and enrolment tokens for this run's parties.
     tls = {**overrides.get("tls", {}), "directory": str(workdir / "certs"), "name": ""}
     merged: dict[str, Mapping[str, object]] = {**overrides, "cluster": cluster, "tls": tls}

@@ -31,6 +31,7 @@ from fedps.errors import FedPSError, PeerUnavailableError
 from fedps.rpc.coordinator_messages import ClusterStatus, RoundSummary
 from fedps.rpc.coordinator_stub import CoordinatorStub
 from fedps.rpc.transport import channel_credentials
+from fedps.runtime.sweeper import sweep_after_exit
 
 __all__ = [
     "CONFIG_ERROR_EXIT",
@@ -153,14 +154,21 @@ class Deployment:
         #: the server roles (key holder, shards, coordinator), in start order
         self.servers: list[str] = []
         self._args: dict[str, tuple[str, ...]] = {}
+        self._lock = threading.Lock()  # a stop from another thread sees every process started
+        self._stopped = False
 
     def start(self, name: str, *args: str) -> None:
         """Start ``fedps ARGS --config CONFIG`` as process ``name``.
 
-        With ``--insecure`` when the configuration turned TLS off, whatever the file says.
+        With ``--insecure`` when the configuration turned TLS off, whatever the file says. Once
+        this process has ended, however it ended, a sweeper stops whatever it left running
+        (:func:`~fedps.runtime.sweeper.sweep_after_exit`).
+
+        Raises
+        ------
+        FedPSError
+            The deployment is stopped (:meth:`stop`, from another thread).
         """
-        # the child owns it (hence no with); 0600, as everything in the state folder
-        log = open(self.log_dir / f"{name}.log", "ab", opener=private_opener)  # noqa: SIM115
         # python -P, this fedps first on the path: nothing of the working directory (a user's
         # ``server.py``) shadows fedps's packages in a role; the task loader puts the task's
         # folder on the path.
@@ -168,10 +176,14 @@ class Deployment:
         if self.config.tls.insecure:
             cmd.append("--insecure")
         env = child_environment({**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.processes[name] = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        log.close()
+        sweep_after_exit()
+        # 0600, as everything in the state folder; the child writes to it
+        with self._lock, open(self.log_dir / f"{name}.log", "ab", opener=private_opener) as log:
+            if self._stopped:
+                raise FedPSError(f"{name} not started: the cluster is stopped")
+            self.processes[name] = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         self._args[name] = args
 
     def start_servers(self) -> None:
@@ -234,12 +246,15 @@ class Deployment:
         return grpc.secure_channel(address, channel_credentials(operator))
 
     def check_alive(self, names: list[str] | None = None) -> None:
-        """Raise if a server process (or one of ``names``) exited with an error.
+        """Raise if a server process (or one of ``names``) exited with an error, or on a stop.
 
         The error carries the process's one-line error if it stopped on one
-        (:data:`CONFIG_ERROR_EXIT`), else the end of its log.
+        (:data:`CONFIG_ERROR_EXIT`), else the end of its log; after :meth:`stop` (from another
+        thread: a wait for the cluster ends with it), that the cluster is stopped.
         """
-        for name, proc in self.processes.items():
+        if self._stopped:
+            raise FedPSError("the cluster is stopped")
+        for name, proc in list(self.processes.items()):
             if names is not None and name not in names:
                 continue
             code = proc.poll()
@@ -364,10 +379,13 @@ class Deployment:
         to this process meanwhile is ignored, so no role outlives it.
         """
         with _signals_ignored():
+            with self._lock:
+                self._stopped = True
+                processes = dict(self.processes)
             groups: dict[str, dict[str, subprocess.Popen[bytes]]] = {}
-            for name in reversed(list(self.processes)):
+            for name in reversed(list(processes)):
                 kind = "client" if name not in self.servers else name.split("-")[0]
-                groups.setdefault(kind, {})[name] = self.processes[name]
+                groups.setdefault(kind, {})[name] = processes[name]
             for procs in groups.values():
                 _terminate(procs, grace_s)
 
