@@ -40,18 +40,46 @@ class _Saveable(Protocol):
     def save(self, path: str) -> None: ...
 
 
+_PREFIX = "fedps-seal-"
+
+
 def scratch_root() -> str:
-    """The scratch directory of this process (mode 0700), made on first use, removed at exit."""
+    """The scratch directory of this process (mode 0700), made on first use, removed at exit.
+
+    Its name carries the process id (``fedps-seal-PID-...``): a process killed with SIGKILL
+    cannot remove its own, so the next one to make its directory removes those of this user's
+    processes that no longer exist.
+    """
     pid = os.getpid()
     with _roots_lock:
         root = _roots.get(pid)
         if root is None:
-            root = tempfile.mkdtemp(
-                prefix="fedps-seal-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
-            )
+            parent = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+            _remove_orphans(parent)
+            root = tempfile.mkdtemp(prefix=f"{_PREFIX}{pid}-", dir=parent)
             _roots[pid] = root
             atexit.register(_remove_root, pid, root)
     return root
+
+
+def _remove_orphans(parent: str) -> None:
+    """Remove the scratch directories in ``parent`` of this user's processes that are gone."""
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return
+    for entry in entries:
+        owner, _, _ = entry.name.removeprefix(_PREFIX).partition("-")
+        if not entry.name.startswith(_PREFIX) or not owner.isdigit():
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            os.kill(int(owner), 0)  # raises once that process is gone
+        except ProcessLookupError:
+            shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:  # another user's process, or the entry went meanwhile
+            continue
 
 
 def _remove_root(pid: int, root: str) -> None:

@@ -5,6 +5,7 @@ This is the only module of ``fedps`` that imports ``clients`` and ``server``.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -89,9 +90,10 @@ def _end_now() -> NoReturn:
 
     What it keeps is written already (atomically, synced); the interpreter's teardown of torch's
     and gRPC's modules would only keep whoever stops it waiting for seconds more on a loaded
-    machine (10 s, then it is killed).
+    machine (10 s, then it is killed). The exit handlers still run (they flush the logs and
+    remove this process's private SEAL folder).
     """
-    logging.shutdown()
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

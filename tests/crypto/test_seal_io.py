@@ -59,3 +59,35 @@ def test_scratch_directory_is_removed_at_exit() -> None:
     assert survived_child == "True"
     assert Path(root).name.startswith("fedps-seal-")
     assert not Path(root).exists()
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_directory_of_a_killed_process_goes_with_the_next_process_start() -> None:
+    # Prepare: a process makes its directory and is SIGKILLed (no exit handler runs)
+    killed = _python(
+        "import os, signal; from crypto import _seal_io; "
+        "print(_seal_io.scratch_root(), flush=True); os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    orphan = Path(killed.stdout.strip())
+    ours = Path(_seal_io.scratch_root())  # a live process's directory stays
+    assert killed.returncode == -9 and orphan.is_dir(), killed.stderr[-2000:]
+    assert orphan.name.startswith("fedps-seal-") and orphan.name.split("-")[2].isdigit()
+
+    # Execute: the next process makes its own directory
+    result = _python("from crypto import _seal_io; print(_seal_io.scratch_root())")
+
+    # Assert: the killed one's is gone, the live one's is not
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not orphan.exists()
+    assert ours.is_dir()
