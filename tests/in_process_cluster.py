@@ -12,7 +12,7 @@ import fedps  # noqa: F401  # first: its import quiets gRPC core's logging befor
 
 # isort: on
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,12 +24,19 @@ from fedps.config import FedPSConfig, load_config
 from fedps.provisioning import client_identities
 from fedps.rpc.transport import bind, create_server
 from server.coordinator.coordinator import Coordinator
+from server.coordinator.round_record import OpenRound
 from server.keyholder.keyholder import KeyHolder
 from server.serve import add_coordinator, add_keyholder, add_shard
 from server.shard.shard import Shard
 from tests.waiting import wait_for
 
-__all__ = ["Cluster", "end_commits_once_committed", "start_cluster", "start_coordinator"]
+__all__ = [
+    "Cluster",
+    "end_commit_phase_if",
+    "end_commits_once_committed",
+    "start_cluster",
+    "start_coordinator",
+]
 
 
 @dataclass
@@ -112,14 +119,22 @@ def end_commits_once_committed(coordinator: Coordinator, committed: set[str]) ->
     through a deadline chosen long enough for a loaded machine's clients (it can be a hang
     guard), and a slow machine cannot close the round before the others committed.
     """
+    wait_for(
+        lambda: end_commit_phase_if(coordinator, lambda opened: committed <= opened.committed),
+        f"{sorted(committed)} committed",
+    )
 
-    def ready() -> bool:
-        opened = coordinator.desk.open_round
-        return opened is not None and not opened.pushing and committed <= opened.committed
 
-    wait_for(ready, f"{sorted(committed)} committed")
+def end_commit_phase_if(coordinator: Coordinator, ready: Callable[[OpenRound], bool]) -> bool:
+    """End the open round's commit phase as its deadline does (the deadline becomes now) if
+    ``ready(open round)`` holds; ``ready`` is called holding the coordinator's lock.
+
+    Returns whether it did: False while no round is in its commit phase, or ``ready`` is false.
+    """
     with coordinator._changed:
         opened = coordinator.desk.open_round
-        assert opened is not None and not opened.pushing, "the commit phase ended already"
+        if opened is None or opened.pushing or not ready(opened):
+            return False
         opened.deadline = time.time()
         coordinator._changed.notify_all()
+        return True
