@@ -32,8 +32,9 @@ from tests.waiting import wait_for
 
 __all__ = [
     "Cluster",
+    "commit_phase_over",
     "end_commit_phase_if",
-    "end_commits_once_committed",
+    "end_commits_once_in",
     "start_cluster",
     "start_coordinator",
 ]
@@ -110,18 +111,26 @@ def start_coordinator(cluster: Cluster) -> Coordinator:
     return cluster.coordinator
 
 
-def end_commits_once_committed(coordinator: Coordinator, committed: set[str]) -> None:
-    """Wait until ``committed`` (client ids) have all committed to the open round, then end
-    its commit phase as its deadline does: the deadline becomes now.
+def end_commits_once_in(coordinator: Coordinator, members: set[str], round_: int = 1) -> None:
+    """Wait until each of ``members`` (client ids) has committed to round ``round_`` or said
+    it has nothing to send, then end the round's commit phase as its deadline does: the
+    deadline becomes now.
 
     For a test whose cohort holds a member that will never commit (killed, silent): the
     round then closes as it would at ``training.deadline_s``, but the test need not sit
     through a deadline chosen long enough for a loaded machine's clients (it can be a hang
-    guard), and a slow machine cannot close the round before the others committed.
+    guard), and a slow machine cannot close the round before the others committed. Returns
+    at once if the commit phase ended first (its deadline passed).
     """
+
+    def everyone_in(opened: OpenRound) -> bool:
+        return opened.round == round_ and members <= opened.committed | opened.reported
+
     wait_for(
-        lambda: end_commit_phase_if(coordinator, lambda opened: committed <= opened.committed),
-        f"{sorted(committed)} committed",
+        lambda: (
+            end_commit_phase_if(coordinator, everyone_in) or commit_phase_over(coordinator, round_)
+        ),
+        f"{sorted(members)} in round {round_}",
     )
 
 
@@ -138,3 +147,11 @@ def end_commit_phase_if(coordinator: Coordinator, ready: Callable[[OpenRound], b
         opened.deadline = time.time()
         coordinator._changed.notify_all()
         return True
+
+
+def commit_phase_over(coordinator: Coordinator, round_: int) -> bool:
+    """Whether round ``round_``'s commit phase is over: it pushes, or the round has ended."""
+    opened = coordinator.desk.open_round
+    if opened is not None and opened.round >= round_:
+        return opened.pushing or opened.round > round_
+    return coordinator.round >= round_

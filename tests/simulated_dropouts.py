@@ -20,7 +20,7 @@ import numpy as np
 from clients.simulation import SimulatedDevice
 from clients.train_step import TrainFn, TrainMod, TrainStep
 from server.coordinator.round_record import OpenRound
-from tests.in_process_cluster import Cluster, end_commit_phase_if
+from tests.in_process_cluster import Cluster, commit_phase_over, end_commit_phase_if
 from tests.waiting import wait_for
 
 __all__ = ["SimulatedDropouts"]
@@ -74,5 +74,4 @@ class SimulatedDropouts:
             )
 
         end_commit_phase_if(coordinator, everyone_in)
-        opened = coordinator.desk.open_round
-        return opened is None or opened.round != round_ or opened.pushing
+        return commit_phase_over(coordinator, round_)

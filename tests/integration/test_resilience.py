@@ -19,7 +19,7 @@ from fedps.rpc.transport import bind, create_server
 from fedps.runtime.cluster_status import print_status
 from fedps.runtime.deployment import write_config
 from server.serve import add_keyholder, add_shard, open_coordinator
-from tests.conftest import Cluster, end_commits_once_committed, run_clients, start_cluster
+from tests.conftest import Cluster, end_commits_once_in, run_clients, start_cluster
 from tests.simulated_dropouts import SimulatedDropouts
 from tests.waiting import HANG_S, wait_for
 
@@ -69,7 +69,7 @@ def test_killed_client_does_not_stop_the_round(tmp_path: Path) -> None:
                 lambda: cluster.coordinator.desk.open_round is not None, "round 1", poll_s=0.02
             )
             victim.send_signal(signal.SIGKILL)
-            end_commits_once_committed(cluster.coordinator, {"client-0", "client-1"})
+            end_commits_once_in(cluster.coordinator, {"client-0", "client-1"})
             killer_done.set()
 
         threading.Thread(target=kill_when_round_opens, daemon=True).start()
