@@ -28,7 +28,7 @@ from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fedps.provisioning import reset_tls
 from fedps.rpc.transport import call, create_channel
 from tests.in_process_cluster import Cluster as Cluster
-from tests.in_process_cluster import end_commits_once_committed as end_commits_once_committed
+from tests.in_process_cluster import end_commits_once_in as end_commits_once_in
 from tests.in_process_cluster import start_cluster as start_cluster
 from tests.in_process_cluster import start_coordinator as start_coordinator
 from tests.waiting import HANG_S

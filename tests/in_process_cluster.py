@@ -12,7 +12,7 @@ import fedps  # noqa: F401  # first: its import quiets gRPC core's logging befor
 
 # isort: on
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,12 +24,20 @@ from fedps.config import FedPSConfig, load_config
 from fedps.provisioning import client_identities
 from fedps.rpc.transport import bind, create_server
 from server.coordinator.coordinator import Coordinator
+from server.coordinator.round_record import OpenRound
 from server.keyholder.keyholder import KeyHolder
 from server.serve import add_coordinator, add_keyholder, add_shard
 from server.shard.shard import Shard
 from tests.waiting import wait_for
 
-__all__ = ["Cluster", "end_commits_once_committed", "start_cluster", "start_coordinator"]
+__all__ = [
+    "Cluster",
+    "commit_phase_over",
+    "end_commit_phase_if",
+    "end_commits_once_in",
+    "start_cluster",
+    "start_coordinator",
+]
 
 
 @dataclass
@@ -103,23 +111,47 @@ def start_coordinator(cluster: Cluster) -> Coordinator:
     return cluster.coordinator
 
 
-def end_commits_once_committed(coordinator: Coordinator, committed: set[str]) -> None:
-    """Wait until ``committed`` (client ids) have all committed to the open round, then end
-    its commit phase as its deadline does: the deadline becomes now.
+def end_commits_once_in(coordinator: Coordinator, members: set[str], round_: int = 1) -> None:
+    """Wait until each of ``members`` (client ids) has committed to round ``round_`` or said
+    it has nothing to send, then end the round's commit phase as its deadline does: the
+    deadline becomes now.
 
     For a test whose cohort holds a member that will never commit (killed, silent): the
     round then closes as it would at ``training.deadline_s``, but the test need not sit
     through a deadline chosen long enough for a loaded machine's clients (it can be a hang
-    guard), and a slow machine cannot close the round before the others committed.
+    guard), and a slow machine cannot close the round before the others committed. Returns
+    at once if the commit phase ended first (its deadline passed).
     """
 
-    def ready() -> bool:
-        opened = coordinator.desk.open_round
-        return opened is not None and not opened.pushing and committed <= opened.committed
+    def everyone_in(opened: OpenRound) -> bool:
+        return opened.round == round_ and members <= opened.committed | opened.reported
 
-    wait_for(ready, f"{sorted(committed)} committed")
+    wait_for(
+        lambda: (
+            end_commit_phase_if(coordinator, everyone_in) or commit_phase_over(coordinator, round_)
+        ),
+        f"{sorted(members)} in round {round_}",
+    )
+
+
+def end_commit_phase_if(coordinator: Coordinator, ready: Callable[[OpenRound], bool]) -> bool:
+    """End the open round's commit phase as its deadline does (the deadline becomes now) if
+    ``ready(open round)`` holds; ``ready`` is called holding the coordinator's lock.
+
+    Returns whether it did: False while no round is in its commit phase, or ``ready`` is false.
+    """
     with coordinator._changed:
         opened = coordinator.desk.open_round
-        assert opened is not None and not opened.pushing, "the commit phase ended already"
+        if opened is None or opened.pushing or not ready(opened):
+            return False
         opened.deadline = time.time()
         coordinator._changed.notify_all()
+        return True
+
+
+def commit_phase_over(coordinator: Coordinator, round_: int) -> bool:
+    """Whether round ``round_``'s commit phase is over: it pushes, or the round has ended."""
+    opened = coordinator.desk.open_round
+    if opened is not None and opened.round >= round_:
+        return opened.pushing or opened.round > round_
+    return coordinator.round >= round_

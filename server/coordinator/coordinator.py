@@ -159,6 +159,7 @@ class Coordinator:
         self.history: list[RoundRecord] = []
         self.last_checkpoint = 0.0
         self._resume: OpenRound | None = None  # the round a restarted coordinator continues
+        self._last_live: frozenset[str] | None = None  # live at the last draw (None: none yet)
         self._keyholder_key: bytes | None = None  # verifies published blocks
         #: the coordinator's own phases of the round in progress (the round loop's thread)
         self._timer = RoundTimer()
@@ -331,14 +332,24 @@ class Coordinator:
         return self._peers.pull_model(self.layout, self.version, self._keyholder_key)
 
     def _wait_for_cohort(self) -> frozenset[str] | None:
+        """Wait for the clients the next round expects, then draw its cohort from the live ones.
+
+        The first draw expects every provisioned client (``training.clients``); a later one the
+        clients that were live at the previous draw (one that died or restarted is given the
+        time to come back), not those gone longer: a client that stays away costs one grace,
+        not one in every round. Without all of them, the draw goes on once ``deadline_s`` of
+        grace has passed and at least ``min_quorum`` clients are live. None: stopping, or
+        fewer than ``min_quorum`` clients have privacy budget left.
+        """
         expected = self._training.clients
         grace_until = time.time() + self._training.deadline_s
         with self._changed:
             while not self._stop.is_set():
                 live = self.registry.live()
-                if len(live) >= expected or (
+                if self._all_back(live) or (
                     len(live) >= self._training.min_quorum and time.time() > grace_until
                 ):
+                    self._last_live = frozenset(live)
                     return self._sampler.draw(live)
                 usable = self.registry.usable()
                 if len(self.registry) >= expected and usable < self._training.min_quorum:
@@ -347,6 +358,12 @@ class Coordinator:
                     return None
                 self._changed.wait(timeout=_WAIT_S)
         return None
+
+    def _all_back(self, live: list[str]) -> bool:
+        """Whether the clients the next draw expects are all ``live`` (see _wait_for_cohort)."""
+        if self._last_live is None:
+            return len(live) >= self._training.clients
+        return self._last_live <= frozenset(live)
 
     def run_round(self, round_: int, cohort: frozenset[str]) -> None:
         """Run round ``round_`` with ``cohort`` (client ids) to its end.

@@ -14,7 +14,13 @@ import pytest
 from clients.edge_client import ClientSummary, EdgeClient
 from fedps.rpc.transport import bind, create_server
 from server.serve import add_keyholder, add_shard
-from tests.conftest import Cluster, run_clients, start_cluster, start_coordinator
+from tests.conftest import (
+    Cluster,
+    end_commits_once_in,
+    run_clients,
+    start_cluster,
+    start_coordinator,
+)
 from tests.round_driver import TaskPoller
 
 pytestmark = pytest.mark.integration
@@ -131,7 +137,8 @@ def test_a_cohort_member_that_never_reports_is_not_drawn_until_it_asks_again(
     tmp_path: Path,
 ) -> None:
     # Prepare: three registered clients that answer every TRAIN with an empty report, but
-    # client-2 registers and is never heard from again
+    # client-2 registers and is never heard from again. Round 1 ends as at its deadline once
+    # the two others reported; round 2 waits its 5 s of grace for client-2 before drawing.
     training = {"rounds": 2, "clients": 3, "min_quorum": 2, "deadline_s": 5.0}
     cluster = start_cluster(tmp_path, coordinator=False, training=training)
     stop = threading.Event()
@@ -144,6 +151,7 @@ def test_a_cohort_member_that_never_reports_is_not_drawn_until_it_asks_again(
             thread.start()
 
         # Execute: two rounds; then the silent client asks for a task
+        end_commits_once_in(coordinator, {"client-0", "client-1"})
         _wait_for(lambda: coordinator.finished, "the run to finish")
         missing = "client-2" not in coordinator.registry.live()
         pollers[2].run(stop)  # one GetTask: DONE

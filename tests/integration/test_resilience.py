@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from clients.edge_client import EdgeClient
-from clients.simulation import SimulatedDevice
 from crypto import _seal_io
 from fedps.errors import FedPSError
 from fedps.rpc.transport import bind, create_server
 from fedps.runtime.cluster_status import print_status
 from fedps.runtime.deployment import write_config
 from server.serve import add_keyholder, add_shard, open_coordinator
-from tests.conftest import Cluster, end_commits_once_committed, run_clients, start_cluster
+from tests.conftest import Cluster, end_commits_once_in, run_clients, start_cluster
+from tests.simulated_dropouts import SimulatedDropouts
 from tests.waiting import HANG_S, wait_for
 
 pytestmark = pytest.mark.integration
@@ -69,7 +69,7 @@ def test_killed_client_does_not_stop_the_round(tmp_path: Path) -> None:
                 lambda: cluster.coordinator.desk.open_round is not None, "round 1", poll_s=0.02
             )
             victim.send_signal(signal.SIGKILL)
-            end_commits_once_committed(cluster.coordinator, {"client-0", "client-1"})
+            end_commits_once_in(cluster.coordinator, {"client-0", "client-1"})
             killer_done.set()
 
         threading.Thread(target=kill_when_round_opens, daemon=True).start()
@@ -152,14 +152,14 @@ def test_lost_secret_key_is_reported_not_replaced(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_thirty_percent_dropout_still_trains_the_model(tmp_path: Path) -> None:
     # Prepare: the demo's training (4 clients, 30 rounds, target epsilon 7.5); in every
-    # round each client dies mid-round with probability 0.3 (trains, never pushes)
-    cluster = start_cluster(tmp_path, training={"dropout": 0.3, "deadline_s": 3.0})
+    # round each client dies mid-round with probability 0.3 (trains, never pushes). The
+    # deadline is a hang guard: a round with a death closes as at its deadline, once the
+    # others have committed (SimulatedDropouts), however long a loaded machine takes.
+    cluster = start_cluster(tmp_path, training={"dropout": 0.3, "deadline_s": 60.0})
     try:
+        dropouts = SimulatedDropouts(cluster)
         clients = [
-            EdgeClient.open(
-                cluster.config, index=i, mods=[SimulatedDevice(cluster.config.training, index=i)]
-            )
-            for i in range(4)
+            EdgeClient.open(cluster.config, index=i, mods=dropouts.mods(i)) for i in range(4)
         ]
         # Execute
         run_clients(clients, timeout_s=2 * HANG_S)

@@ -1,9 +1,11 @@
 """Tests for server.coordinator.coordinator's privacy bookkeeping: the epsilon a client says it
-spent arrives at registration, with every GetTask and with every report, and never goes down."""
+spent arrives at registration, with every GetTask and with every report, and never goes down;
+and for its wait for a round's clients."""
 
 from __future__ import annotations
 
 import math
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -28,14 +30,16 @@ def coordinator(tmp_path: Path) -> Coordinator:
     return open_coordinator(config, tmp_path / "coordinator")
 
 
-def _register(coordinator: Coordinator, epsilon: float = 0.0, delta: float = DELTA) -> bytes:
-    """Register ``client-0`` (as mutual TLS proves it); returns its credential."""
+def _register(
+    coordinator: Coordinator, epsilon: float = 0.0, delta: float = DELTA, *, index: int = 0
+) -> bytes:
+    """Register ``client-{index}`` (as mutual TLS proves it); returns its credential."""
     _, credential = coordinator.registry.register(
-        "edge-0",
+        f"edge-{index}",
         100,
         coordinator.layout.num_params,
         BlockSigner().public_key,
-        identity="client-0",
+        identity=f"client-{index}",
         epsilon=epsilon,
         delta=delta,
     )
@@ -170,3 +174,30 @@ def test_client_level_dp_takes_a_batchnorm_model(tmp_path: Path) -> None:
 
     # Assert
     assert coordinator.layout.num_params > 0
+
+
+def test_a_client_away_past_one_grace_is_not_waited_for_in_every_round(tmp_path: Path) -> None:
+    # Prepare: 3 clients provisioned, 2 of them registered; the first draw waits its grace
+    # (short here) for the third, then goes on with the two
+    config = load_config(
+        None,
+        cluster={"state_dir": str(tmp_path)},
+        training={"clients": 3, "min_quorum": 2, "deadline_s": 0.05},
+    )
+    coordinator = open_coordinator(config, tmp_path / "coordinator")
+    for index in range(2):
+        _register(coordinator, index=index)
+    first = coordinator._wait_for_cohort()
+    # ... and the next rounds' grace would outlast the test: only a hang guard stops it
+    coordinator._training = coordinator._training.model_copy(update={"deadline_s": 3600.0})
+    guard = threading.Timer(60.0, coordinator.stop)
+    guard.start()
+
+    # Execute: the next draw, the third client still away
+    try:
+        second = coordinator._wait_for_cohort()
+    finally:
+        guard.cancel()
+
+    # Assert: the two live clients are drawn at once (None: the guard stopped a wait)
+    assert first == second == frozenset({"client-0", "client-1"})
