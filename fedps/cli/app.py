@@ -5,6 +5,7 @@ This is the only module of ``fedps`` that imports ``clients`` and ``server``.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import signal
@@ -675,6 +676,18 @@ def export(
 def main() -> None:
     """Console-script entry point: expected errors become one line on stderr, exit 2."""
     watch_parent()  # started by another fedps process: stop once it is gone
+    try:
+        _run()
+    finally:
+        # The interpreter's exit collects garbage across every object left, the hundreds of
+        # thousands of torch's and Opacus's modules included: seconds of CPU (a client's exit
+        # took 2 s of CPU, 15 s on a loaded machine) to free memory the process gives back
+        # anyway. Frozen objects are left out of that collection; atexit handlers still run.
+        gc.freeze()
+
+
+def _run() -> None:
+    """The command; expected errors become one line on stderr, exit 2."""
     try:
         app()
     except FedPSError as exc:
