@@ -289,7 +289,8 @@ class Deployment:
     ) -> ClusterStatus:
         """Keep the server roles up until the coordinator reports training finished.
 
-        And ``linger_s`` seconds more, so that polling clients hear it and exit cleanly.
+        And until every registered client was told so (at most ``linger_s`` seconds more: a
+        client that is gone never asks), so that polling clients hear it and exit cleanly.
 
         Every ``poll_s`` seconds: restart a role that exited (after the policy's backoff,
         logged with its exit code and last log line), ask the coordinator for its status (as
@@ -333,9 +334,10 @@ class Deployment:
                         finished_at = now
                         echo(
                             f"training finished after {status.round} rounds; stopping the "
-                            f"cluster in {linger_s:.0f} s"
+                            f"cluster once every client has heard (at most {linger_s:.0f} s)"
                         )
-                    if finished_at is not None and now - finished_at >= linger_s:
+                    heard = status.told_done >= status.registered
+                    if finished_at is not None and (heard or now - finished_at >= linger_s):
                         return status
                 time.sleep(poll_s)
         finally:
