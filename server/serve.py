@@ -28,6 +28,7 @@ from fedps.proto import common_pb2, coordinator_pb2_grpc, keyholder_pb2_grpc, sh
 from fedps.rpc.transport import bind, call, create_channel, create_server
 from fedps.sharding.blocks import group_mask
 from fedps.sharding.hash_ring import HashRing
+from fedps.startup import loading
 from fedps.storage.state_lock import StateLock
 from server.keyholder.group_policy import GroupPolicy
 from server.keyholder.keyholder import KeyHolder
@@ -320,21 +321,22 @@ def serve_forever(
         raise InvalidArgumentError(str(exc)) from None
     name = cluster.shard_ids[index] if role == "shard" else role
     with StateLock(cluster.state_dir / name):  # held until this process stops serving
-        server = create_server(_server_threads(role))
-        try:
-            bind(server, address, role=name)
-        except BaseException:
-            server.stop(None)  # an unstarted server left to the interpreter's exit can hang it
-            raise
-        coordinator: Coordinator | None = None
-        if role == "keyholder":
-            keyholder = add_keyholder(server, config, cluster.state_dir / "keyholder")
-            if clear_detections:
-                keyholder.clear_detections()
-        elif role == "shard":
-            add_shard(server, config, index)
-        else:
-            coordinator = add_coordinator(server, config, cluster.state_dir / "coordinator")
+        with loading():  # the role's modules and state (the coordinator's: torch, its task)
+            server = create_server(_server_threads(role))
+            try:
+                bind(server, address, role=name)
+            except BaseException:
+                server.stop(None)  # an unstarted server left to the interpreter's exit can hang it
+                raise
+            coordinator: Coordinator | None = None
+            if role == "keyholder":
+                keyholder = add_keyholder(server, config, cluster.state_dir / "keyholder")
+                if clear_detections:
+                    keyholder.clear_detections()
+            elif role == "shard":
+                add_shard(server, config, index)
+            else:
+                coordinator = add_coordinator(server, config, cluster.state_dir / "coordinator")
         server.start()
         _log.info("%s listening on %s", role, address)
         stop = threading.Event()

@@ -19,7 +19,7 @@ import grpc
 from crypto.python_child import child_environment
 from fedps.config import FedPSConfig, load_config
 from fedps.provisioning import provision_cluster
-from fedps.runtime.deployment import local_cluster, write_config
+from fedps.runtime.deployment import PROBE_OPTIONS, local_cluster, write_config
 from fedps.storage.state_lock import LOCK_FILE
 
 #: Upper bound of any wait here: it only catches a hang, nothing should take this long.
@@ -77,25 +77,15 @@ def run_fedps(*args: str) -> subprocess.CompletedProcess[str]:
         raise AssertionError(f"fedps {' '.join(args)} hung; its stderr:\n{printed}") from exc
 
 
-#: A probe's channel tries to connect again every 0.1 s. gRPC's default waits 1 s after the
-#: first refused attempt and 1.6 times longer after each next one, so a role that starts in
-#: 6 s on a loaded machine would be seen serving at 9 s.
-_PROBE_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 100),
-]
-
-
 def wait_serving(
     address: str, alive: Callable[[], None], credentials: grpc.ChannelCredentials | None = None
 ) -> None:
     """Block until ``address`` accepts a gRPC connection (under TLS with ``credentials``, if
     given), calling ``alive`` (which raises if the server's process died) between attempts."""
     with (
-        grpc.insecure_channel(address, options=_PROBE_OPTIONS)
+        grpc.insecure_channel(address, options=PROBE_OPTIONS)
         if credentials is None
-        else grpc.secure_channel(address, credentials, options=_PROBE_OPTIONS)
+        else grpc.secure_channel(address, credentials, options=PROBE_OPTIONS)
     ) as channel:
         until = time.monotonic() + HANG_S
         while True:

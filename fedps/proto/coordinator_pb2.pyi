@@ -621,6 +621,7 @@ class ClusterStatus(_message.Message):
     CLIENT_ROUNDS_FIELD_NUMBER: _builtins.int
     SHARD_MISSES_FIELD_NUMBER: _builtins.int
     STALLED_FIELD_NUMBER: _builtins.int
+    TOLD_DONE_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     round: _builtins.int
     version: _builtins.int
@@ -632,6 +633,10 @@ class ClusterStatus(_message.Message):
     last_checkpoint_unix: _builtins.float
     noise: _builtins.str
     """Where the DP noise comes from: "secure" (a CSPRNG) or "insecure-reproducible"."""
+    told_done: _builtins.int
+    """How many registered clients were told the run is done (a DONE task): once all were,
+    nobody needs the cluster any more.
+    """
     @_builtins.property
     def history(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoundSummary]: ...
     @_builtins.property
@@ -677,10 +682,11 @@ class ClusterStatus(_message.Message):
         client_rounds: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         shard_misses: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         stalled: _abc.Iterable[_builtins.str] | None = ...,
+        told_done: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "client_epsilons", b"client_epsilons", "client_noise_multipliers", b"client_noise_multipliers", "client_rounds", b"client_rounds", "delta", b"delta", "finished", b"finished", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "noise", b"noise", "registered", b"registered", "round", b"round", "run_id", b"run_id", "shard_misses", b"shard_misses", "stalled", b"stalled", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "client_epsilons", b"client_epsilons", "client_noise_multipliers", b"client_noise_multipliers", "client_rounds", b"client_rounds", "delta", b"delta", "finished", b"finished", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "noise", b"noise", "registered", b"registered", "round", b"round", "run_id", b"run_id", "shard_misses", b"shard_misses", "stalled", b"stalled", "told_done", b"told_done", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -244,3 +244,5 @@ class ClusterStatus(WireRecord[coordinator_pb2.ClusterStatus]):
     shard_misses: dict[str, int] = field(default_factory=dict)
     #: the shards that missed ``security.max_shard_misses`` in a row, not answered since
     stalled: tuple[str, ...] = ()
+    #: how many registered clients were told the run is done (a ``DONE`` task)
+    told_done: int = 0

@@ -35,6 +35,7 @@ from fedps.runtime.sweeper import sweep_after_exit
 
 __all__ = [
     "CONFIG_ERROR_EXIT",
+    "PROBE_OPTIONS",
     "Deployment",
     "RestartPolicy",
     "free_port",
@@ -51,6 +52,15 @@ CONFIG_ERROR_EXIT = 2
 _ERROR_PREFIX = "fedps: error: "
 
 _log = logging.getLogger("fedps")
+
+#: The options of a channel that waits for a role to serve: it tries to connect again every
+#: 0.1 s. gRPC's default waits 1 s after the first refused attempt and 1.6 times longer after
+#: each next one, so a role that starts in 6 s on a loaded machine would be seen serving at 9 s.
+PROBE_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 100),
+]
 
 
 def free_port() -> int:
@@ -241,9 +251,9 @@ class Deployment:
     def _probe_channel(self, address: str) -> grpc.Channel:
         tls = self.config.tls
         if not tls.enabled:
-            return grpc.insecure_channel(address)
+            return grpc.insecure_channel(address, options=PROBE_OPTIONS)
         operator = TlsIdentity.load(tls.directory, OPERATOR_NAME)
-        return grpc.secure_channel(address, channel_credentials(operator))
+        return grpc.secure_channel(address, channel_credentials(operator), options=PROBE_OPTIONS)
 
     def check_alive(self, names: list[str] | None = None) -> None:
         """Raise if a server process (or one of ``names``) exited with an error, or on a stop.
@@ -294,7 +304,8 @@ class Deployment:
     ) -> ClusterStatus:
         """Keep the server roles up until the coordinator reports training finished.
 
-        And ``linger_s`` seconds more, so that polling clients hear it and exit cleanly.
+        And until every registered client was told so (at most ``linger_s`` seconds more: a
+        client that is gone never asks), so that polling clients hear it and exit cleanly.
 
         Every ``poll_s`` seconds: restart a role that exited (after the policy's backoff,
         logged with its exit code and last log line), ask the coordinator for its status (as
@@ -338,9 +349,10 @@ class Deployment:
                         finished_at = now
                         echo(
                             f"training finished after {status.round} rounds; stopping the "
-                            f"cluster in {linger_s:.0f} s"
+                            f"cluster once every client has heard (at most {linger_s:.0f} s)"
                         )
-                    if finished_at is not None and now - finished_at >= linger_s:
+                    heard = status.told_done >= status.registered
+                    if finished_at is not None and (heard or now - finished_at >= linger_s):
                         return status
                 time.sleep(poll_s)
         finally:

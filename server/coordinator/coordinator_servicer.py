@@ -115,6 +115,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             client_rounds=c.registry.client_rounds,
             shard_misses=c.shard_misses.totals(),
             stalled=tuple(c.shard_misses.stalled),
+            told_done=len(c.desk.told_done),
         ).to_proto()
 
 

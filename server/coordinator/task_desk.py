@@ -78,6 +78,7 @@ class TaskDesk:
         self.open_round: OpenRound | None = None
         self.round = 0  # the last finished round (WAIT and DONE carry it)
         self.finished = False  # the run is done: every task is DONE
+        self.told_done: set[str] = set()  # the clients whose task was DONE
         self.context_id = ""  # the key holder's current CKKS context (TRAIN tasks name it)
 
     def get_task(
@@ -136,6 +137,8 @@ class TaskDesk:
             finally:
                 if held:
                     self._held_calls -= 1
+            if task.kind == "done":
+                self.told_done.add(client_id)
         if held and task.kind == "wait":
             return replace(task, retry_after=0.0)
         return task

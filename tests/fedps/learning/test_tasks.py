@@ -20,9 +20,11 @@ from fedps.config import FedPSConfig, load_config
 from fedps.errors import ConfigError
 from fedps.learning.datasets import Dataset
 from fedps.learning.tasks import (
+    PLAIN_LAYERS,
     ClientData,
     DataLike,
     Task,
+    check_dp_trainable,
     evaluate_model,
     load_task,
     register_task,
@@ -387,3 +389,36 @@ def test_a_registered_dataset_is_a_task(project: Path) -> None:
     assert task.create_model()(torch.from_numpy(rows[:2])).shape == (2, 2)
     assert 0 < len(own) < 40
     assert task.eval_data() is split
+
+
+# The DP-SGD check of a model (check_dp_trainable): plain layers pass without Opacus, whose
+# validators still judge everything else (tests/clients/test_dp_trainer.py: BatchNorm refused).
+
+
+def test_opacus_validates_none_of_the_plain_layers() -> None:
+    # Prepare
+    from opacus.validators import ModuleValidator
+
+    # Execute / Assert: the layers passed without asking Opacus are none it would judge
+    assert not PLAIN_LAYERS & set(ModuleValidator.VALIDATORS)
+
+
+def test_a_model_of_plain_layers_passes_without_opacus(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: Opacus's validators cannot be imported
+    monkeypatch.setitem(sys.modules, "opacus.validators", None)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3),
+        torch.nn.GroupNorm(2, 4),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4, 2),
+    )
+    # Execute / Assert: nothing raised, Opacus not asked
+    check_dp_trainable(model, "plain")
+
+
+def test_a_model_in_evaluation_mode_is_still_refused() -> None:
+    # Prepare: plain layers, but not in training mode
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2)).eval()
+    # Execute / Assert: Opacus's verdict
+    with pytest.raises(ConfigError, match="training mode"):
+        check_dp_trainable(model, "evaluating")

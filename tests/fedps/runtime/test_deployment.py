@@ -1,5 +1,5 @@
 """Tests for fedps.runtime.deployment's supervision rules: restart backoff, the restart limit,
-and the progress line of a round."""
+when a finished run stops, and the progress line of a round."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from fedps.config import load_config
-from fedps.rpc.coordinator_messages import RoundSummary
+from fedps.rpc.coordinator_messages import ClusterStatus, RoundSummary
+from fedps.runtime import deployment as deployment_module
 from fedps.runtime.deployment import (
     Deployment,
     RestartPolicy,
@@ -51,6 +52,46 @@ def test_restart_limit_counts_only_the_window() -> None:
     assert policy.delay([10.0, 20.0], now=30.0) is None
     # ... but once the first is older than the window, one more is allowed
     assert policy.delay([10.0, 20.0], now=75.0) == pytest.approx(2.0)
+
+
+class _FinishedCoordinator:
+    """A coordinator stub whose run is finished, with ``told_done`` of its 3 clients told so
+    (more each call, up to ``told_done[-1]``)."""
+
+    def __init__(self, told_done: list[int]) -> None:
+        self.told_done = told_done
+        self.calls = 0
+
+    def get_status(self, timeout_s: float) -> ClusterStatus:
+        del timeout_s
+        self.calls += 1
+        assert self.calls < 1000, "hang guard: supervise never stopped"
+        told = self.told_done[min(self.calls, len(self.told_done)) - 1]
+        return ClusterStatus("run", 2, 2, 3, True, (), 1.0, 1e-5, 0, 0.0, told_done=told)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("told_done", [[3], [1, 2, 3]])
+def test_a_finished_run_stops_once_every_client_was_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, told_done: list[int]
+) -> None:
+    # Prepare: a finished run whose clients hear it at once, or one after the other
+    config = load_config(None, cluster=local_cluster(tmp_path / "state"))
+    coordinator = _FinishedCoordinator(told_done)
+    monkeypatch.setattr(deployment_module, "CoordinatorStub", lambda address: coordinator)
+    lines: list[str] = []
+    # Execute: a linger far beyond any test's time, not waited out
+    status = Deployment(tmp_path / "fedps.toml", config).supervise(
+        echo=lines.append, poll_s=0.0, linger_s=3600.0
+    )
+    # Assert: stopped at the poll that saw the last client told
+    assert status.told_done == 3 and coordinator.calls == len(told_done)
+    assert lines == [
+        "training finished after 2 rounds; stopping the cluster once every client has heard "
+        "(at most 3600 s)"
+    ]
 
 
 def test_round_line_of_an_applied_round() -> None:

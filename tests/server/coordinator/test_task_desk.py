@@ -62,6 +62,20 @@ def test_a_held_call_that_sees_no_change_says_to_ask_again_at_once(
     assert task.retry_after == 0.0
 
 
+def test_the_clients_told_the_run_is_done_are_counted_once(coordinator: Coordinator) -> None:
+    # Prepare: two clients, the run finished
+    credential = _register(coordinator)
+    _register(coordinator, "client-1")
+    coordinator.finished = True
+
+    # Execute: one of them asks, twice
+    tasks = [coordinator.desk.get_task("client-0", credential) for _ in range(2)]
+
+    # Assert: DONE, and one client told so (the other never asked)
+    assert {t.kind for t in tasks} == {"done"}
+    assert coordinator.desk.told_done == {"client-0"}
+
+
 def test_calls_beyond_the_bound_are_not_held(coordinator: Coordinator) -> None:
     # Prepare: no call may be held
     coordinator.desk.max_held_calls = 0
