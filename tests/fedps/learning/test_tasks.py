@@ -20,9 +20,11 @@ from fedps.config import FedPSConfig, load_config
 from fedps.errors import ConfigError
 from fedps.learning.datasets import Dataset
 from fedps.learning.tasks import (
+    _PLAIN_LAYERS,
     ClientData,
     DataLike,
     Task,
+    check_dp_trainable,
     evaluate_model,
     load_task,
     register_task,
@@ -387,3 +389,33 @@ def test_a_registered_dataset_is_a_task(project: Path) -> None:
     assert task.create_model()(torch.from_numpy(rows[:2])).shape == (2, 2)
     assert 0 < len(own) < 40
     assert task.eval_data() is split
+
+
+def test_the_layers_passed_without_opacus_are_none_that_it_validates() -> None:
+    # Prepare: Opacus's validators, one per layer type
+    from opacus.validators import ModuleValidator
+
+    # Execute
+    validated = set(ModuleValidator.VALIDATORS)
+
+    # Assert: none of the layers check_dp_trainable passes without asking Opacus
+    assert not validated & set(_PLAIN_LAYERS)
+
+
+@pytest.mark.parametrize(
+    ("model", "error"),
+    [
+        (torch.nn.Sequential(torch.nn.Linear(4, 3)).eval(), "training mode"),
+        (torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)), "BatchNorm1d"),
+        (torch.nn.Sequential(torch.nn.Conv1d(1, 2, 3), torch.nn.LSTM(2, 2)), "LSTM"),
+    ],
+)
+def test_a_model_opacus_refuses_is_refused_beside_plain_layers(
+    model: torch.nn.Module, error: str
+) -> None:
+    # Prepare: a plain model passes
+    check_dp_trainable(torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.Linear(2, 3)), "ok")
+
+    # Execute / Assert
+    with pytest.raises(ConfigError, match=error):
+        check_dp_trainable(model, "refused")
