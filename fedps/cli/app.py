@@ -5,15 +5,17 @@ This is the only module of ``fedps`` that imports ``clients`` and ``server``.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import os
 import signal
 import sys
 import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 
 import typer
 
@@ -84,6 +86,21 @@ def _stop_as_ctrl_c() -> None:
         signal.signal(sig, signal.default_int_handler)
 
 
+def _exit_stopped() -> NoReturn:
+    """End a role (or a client) that stopped cleanly at once: exit 0 without the teardown.
+
+    Its state is on disk (a role survives SIGKILL at any moment), so tearing the interpreter
+    down, freeing torch's, NumPy's and gRPC's objects one by one, serves nothing: it cost a
+    coordinator about a second of CPU and a shard a quarter of one. The exit functions still
+    run (``atexit``: SEAL's scratch folder, logging's last flush) and the standard streams
+    are flushed.
+    """
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _load(config: Path | None, *, insecure: bool = False) -> FedPSConfig:
     if insecure:  # the command line wins over the file's [tls] enabled
         return load_config(config, tls={"insecure": True, "enabled": False})
@@ -143,6 +160,7 @@ def keyholder(
     cfg = _load(config, insecure=insecure)
     _setup_tls(cfg, "keyholder")
     serve_forever("keyholder", cfg, clear_detections=clear_detections)
+    _exit_stopped()
 
 
 @app.command()
@@ -158,6 +176,7 @@ def shard(
     cfg = _load(config, insecure=insecure)
     _setup_tls(cfg, f"shard-{index}")
     serve_forever("shard", cfg, index=index)
+    _exit_stopped()
 
 
 @app.command()
@@ -169,6 +188,7 @@ def coordinator(config: ConfigOpt = None, insecure: InsecureOpt = False) -> None
     cfg = _load(config, insecure=insecure)
     _setup_tls(cfg, "coordinator")
     serve_forever("coordinator", cfg)
+    _exit_stopped()
 
 
 @app.command()
@@ -243,6 +263,7 @@ def client(
         summary.delta,
         summary.bytes_pushed,
     )
+    _exit_stopped()
 
 
 @app.command()

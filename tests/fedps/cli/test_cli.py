@@ -270,3 +270,31 @@ def test_ui_prints_the_operator_link_once_and_keeps_the_token_private(tmp_path: 
     assert page.status_code == 200
     assert "fedps dashboard" in page.text
     assert token not in out + err  # printed once, in the line read above
+
+
+def test_a_stopped_role_exits_0_after_its_exit_functions_its_output_flushed(
+    tmp_path: Path,
+) -> None:
+    # Prepare: a process with an exit function and output still in its buffers
+    done = tmp_path / "exit-function-ran"
+    script = (
+        "import atexit, pathlib, sys\n"
+        "from fedps.cli.app import _exit_stopped\n"
+        f"atexit.register(pathlib.Path({str(done)!r}).touch)\n"
+        "sys.stdout = open(sys.stdout.fileno(), 'w', buffering=1 << 16, closefd=False)\n"
+        "print('the last line')\n"
+        "_exit_stopped()\n"
+    )
+    # Execute: it ends the way a role that stopped does (without the interpreter's teardown)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT_S,
+        env=_ENV,
+        check=False,
+    )
+    # Assert
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "the last line\n"
+    assert done.exists()
