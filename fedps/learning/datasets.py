@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import gzip
 import importlib.resources
+import importlib.util
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -123,25 +124,68 @@ class Dataset:
         return int(self.y.shape[0])
 
 
+def _approximate_mode(
+    counts: npt.NDArray[np.int64], draws: int, rng: np.random.RandomState
+) -> npt.NDArray[np.int64]:
+    """How many of ``draws`` rows to take from each class of ``counts`` rows.
+
+    Each class its floored share, the rows left over to the largest remainders, ties broken
+    by ``rng``: scikit-learn's ``_approximate_mode``, draw for draw.
+    """
+    continuous = counts / counts.sum() * draws
+    floored: npt.NDArray[np.float64] = np.floor(continuous)
+    need = int(draws - floored.sum())
+    remainder = continuous - floored
+    for value in np.sort(np.unique(remainder))[::-1]:
+        if need <= 0:
+            break
+        (tied,) = np.where(remainder == value)
+        now = min(len(tied), need)
+        floored[rng.choice(tied, size=now, replace=False)] += 1
+        need -= now
+    return floored.astype(np.int64)
+
+
+def _split_rows(
+    y: npt.NDArray[np.int64], test_fraction: float, seed: int
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """The train and test rows of a split stratified by label ``y``.
+
+    The same rows as scikit-learn's ``train_test_split(..., test_size=test_fraction,
+    stratify=y, random_state=seed)`` (its ``StratifiedShuffleSplit``, draw for draw), without
+    importing scikit-learn: that import (SciPy, pandas) cost every process that loads the data
+    seconds of CPU at its start.
+    """
+    n_test = math.ceil(test_fraction * len(y))
+    _, inverse, counts = np.unique(y, return_inverse=True, return_counts=True)
+    by_class = np.split(np.argsort(inverse, kind="stable"), np.cumsum(counts)[:-1])
+    rng = np.random.RandomState(seed)
+    n_train = _approximate_mode(counts, len(y) - n_test, rng)
+    n_tested = _approximate_mode(counts - n_train, n_test, rng)
+    train: list[np.intp] = []
+    test: list[np.intp] = []
+    for rows, k, t in zip(by_class, n_train, n_tested, strict=True):
+        shuffled = rows[rng.permutation(len(rows))]
+        train.extend(shuffled[:k])
+        test.extend(shuffled[k : k + t])
+    return rng.permutation(np.array(train)), rng.permutation(np.array(test))
+
+
 def _stratified_split(
     x: npt.NDArray[np.float32], y: npt.NDArray[np.int64], num_classes: int, name: str
 ) -> tuple[Dataset, Dataset]:
     """Split rows 80/20, stratified by label, with the fixed seed 0."""
-    from sklearn.model_selection import train_test_split
-
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, y, test_size=_TEST_FRACTION, stratify=y, random_state=_SPLIT_SEED
-    )
+    train, test = _split_rows(y, _TEST_FRACTION, _SPLIT_SEED)
     return (
         Dataset(
-            x=np.ascontiguousarray(x_train, dtype=np.float32),
-            y=np.ascontiguousarray(y_train, dtype=np.int64),
+            x=np.ascontiguousarray(x[train], dtype=np.float32),
+            y=np.ascontiguousarray(y[train], dtype=np.int64),
             num_classes=num_classes,
             name=f"{name}/train",
         ),
         Dataset(
-            x=np.ascontiguousarray(x_test, dtype=np.float32),
-            y=np.ascontiguousarray(y_test, dtype=np.int64),
+            x=np.ascontiguousarray(x[test], dtype=np.float32),
+            y=np.ascontiguousarray(y[test], dtype=np.int64),
             num_classes=num_classes,
             name=f"{name}/test",
         ),
@@ -149,13 +193,20 @@ def _stratified_split(
 
 
 def _load_digits(data_dir: str | None) -> tuple[Dataset, Dataset]:
-    """Load scikit-learn's 8x8 digits, pixels divided by 16."""
-    del data_dir  # ships with scikit-learn
-    from sklearn.datasets import load_digits
+    """Load scikit-learn's 8x8 digits, pixels divided by 16.
 
-    bunch: Any = load_digits()
-    x = (np.asarray(bunch.data, dtype=np.float32) / np.float32(16.0)).astype(np.float32, copy=False)
-    y = np.asarray(bunch.target, dtype=np.int64)
+    Read from the file scikit-learn ships (what its ``load_digits`` reads), without importing
+    scikit-learn.
+    """
+    del data_dir  # ships with scikit-learn
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("No module named 'sklearn'", name="sklearn")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    with gzip.open(path, "rt") as text:
+        table = np.loadtxt(text, delimiter=",", ndmin=2)
+    x = (table[:, :-1].astype(np.float32) / np.float32(16.0)).astype(np.float32, copy=False)
+    y = table[:, -1].astype(np.int64)
     return _stratified_split(x, y, 10, "digits")
 
 

@@ -302,3 +302,31 @@ def test_ui_view_only_prints_a_viewer_link_and_starts_no_run(tmp_path: Path) -> 
     assert start.status_code == 403
     assert proc.returncode == 0
     assert not (tmp_path / "fedps-state" / "ui.token").exists()
+
+
+def test_a_stopped_role_exits_0_after_its_exit_functions_its_output_flushed(
+    tmp_path: Path,
+) -> None:
+    # Prepare: a process with an exit function and output still in its buffers
+    done = tmp_path / "exit-function-ran"
+    script = (
+        "import atexit, pathlib, sys\n"
+        "from fedps.cli.app import _end_now\n"
+        f"atexit.register(pathlib.Path({str(done)!r}).touch)\n"
+        "sys.stdout = open(sys.stdout.fileno(), 'w', buffering=1 << 16, closefd=False)\n"
+        "print('the last line')\n"
+        "_end_now()\n"
+    )
+    # Execute: it ends the way a role that stopped does (without the interpreter's teardown)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT_S,
+        env=_ENV,
+        check=False,
+    )
+    # Assert
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "the last line\n"
+    assert done.exists()

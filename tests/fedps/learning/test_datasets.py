@@ -9,9 +9,19 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
 
 from fedps.errors import ConfigError
-from fedps.learning.datasets import DEFAULT_FASHION_MNIST_DIR, Dataset, image_shape, load_dataset
+from fedps.learning.datasets import (
+    DEFAULT_FASHION_MNIST_DIR,
+    Dataset,
+    _split_rows,
+    image_shape,
+    load_dataset,
+)
 
 IMAGES_MAGIC = 0x00000803
 LABELS_MAGIC = 0x00000801
@@ -174,6 +184,54 @@ def test_digits_split_is_deterministic(digits: tuple[Dataset, Dataset]) -> None:
     np.testing.assert_array_equal(train.x, train_again.x)
     np.testing.assert_array_equal(train.y, train_again.y)
     np.testing.assert_array_equal(test.y, test_again.y)
+
+
+def test_digits_are_scikit_learns_split_as_it_splits_them(
+    digits: tuple[Dataset, Dataset],
+) -> None:
+    # Prepare: scikit-learn's digits and its stratified 80/20 split with seed 0
+    bunch = load_digits()
+    x = np.asarray(bunch.data, dtype=np.float32) / np.float32(16.0)
+    y = np.asarray(bunch.target, dtype=np.int64)
+
+    # Execute
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=0.2, stratify=y, random_state=0
+    )
+
+    # Assert: the very rows, in the very order (every figure measured on digits holds)
+    train, test = digits
+    np.testing.assert_array_equal(train.x, x_train)
+    np.testing.assert_array_equal(train.y, y_train)
+    np.testing.assert_array_equal(test.x, x_test)
+    np.testing.assert_array_equal(test.y, y_test)
+
+
+@given(
+    labels=st.lists(st.integers(0, 6), min_size=12, max_size=300),
+    test_fraction=st.sampled_from([0.2, 0.25, 1 / 3]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_the_split_draws_scikit_learns_rows(
+    labels: list[int], test_fraction: float, seed: int
+) -> None:
+    # Prepare: labels whose every class has two rows at least, as stratification needs
+    y = np.array(labels, dtype=np.int64)
+    counts = np.bincount(y)
+    if counts[counts > 0].min() < 2:
+        y = np.concatenate([y, y])
+    rows = np.arange(len(y))
+
+    # Execute
+    try:
+        expected = train_test_split(rows, test_size=test_fraction, stratify=y, random_state=seed)
+    except ValueError:  # fewer test (or train) rows than classes: nothing to compare
+        return
+    train, test = _split_rows(y, test_fraction, seed)
+
+    # Assert
+    np.testing.assert_array_equal(train, expected[0])
+    np.testing.assert_array_equal(test, expected[1])
 
 
 def test_mnist5k_shapes_ranges_and_stratification(mnist5k: tuple[Dataset, Dataset]) -> None:
