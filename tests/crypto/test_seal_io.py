@@ -31,6 +31,18 @@ print(root, os.path.isdir(root))
 """
 
 
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def test_scratch_directory_is_private_and_per_process() -> None:
     # Execute
     root = Path(_seal_io.scratch_root())
@@ -43,15 +55,7 @@ def test_scratch_directory_is_private_and_per_process() -> None:
 
 def test_scratch_directory_is_removed_at_exit() -> None:
     # Execute
-    result = subprocess.run(
-        [sys.executable, "-c", _SCRIPT],
-        cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = _python(_SCRIPT)
 
     # Assert: the child left its parent's directory alone; the parent's exit removed it
     assert result.returncode == 0, result.stderr[-2000:]
@@ -59,18 +63,6 @@ def test_scratch_directory_is_removed_at_exit() -> None:
     assert survived_child == "True"
     assert Path(root).name.startswith("fedps-seal-")
     assert not Path(root).exists()
-
-
-def _python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def test_the_directory_of_a_killed_process_goes_with_the_next_process_start() -> None:

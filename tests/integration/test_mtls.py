@@ -320,6 +320,17 @@ def test_a_server_certificate_for_another_name_is_a_configuration_error(
     _assert_still_serving(tls_shard)
 
 
+def _run_client(config: Path) -> subprocess.CompletedProcess[str]:
+    """``fedps client --config CONFIG`` as a process (a hang guard of 120 s)."""
+    return subprocess.run(
+        [sys.executable, "-m", "fedps.cli", "client", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def test_a_client_that_trusts_another_ca_exits_with_one_line(
     tls_shard: TlsShard, pki: Pki, tmp_path: Path
 ) -> None:
@@ -333,13 +344,7 @@ def test_a_client_that_trusts_another_ca_exits_with_one_line(
     )
 
     # Execute
-    result = subprocess.run(
-        [sys.executable, "-m", "fedps.cli", "client", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = _run_client(config)
 
     # Assert: exit 2, the last line names the CA file it trusts (no retrying forever)
     assert result.returncode == 2, result.stderr
@@ -366,13 +371,7 @@ def test_a_client_whose_certificate_another_ca_issued_exits_with_one_line(
     )
 
     # Execute
-    result = subprocess.run(
-        [sys.executable, "-m", "fedps.cli", "client", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = _run_client(config)
 
     # Assert: exit 2 before any connection, one line naming its certificate and the CA
     assert result.returncode == 2, result.stderr
