@@ -23,7 +23,8 @@ import ipaddress
 import secrets
 import stat
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -49,6 +50,7 @@ __all__ = [
     "issue_certificate",
     "issue_certificates",
     "make_ca",
+    "thread_tls",
     "tls_identity",
 ]
 
@@ -391,6 +393,32 @@ def configure_tls(identity: TlsMaterial | None) -> None:
         _tls = identity
 
 
+# An identity for the channels one thread creates, over the process's (see thread_tls).
+_thread_tls = threading.local()
+
+
+@contextmanager
+def thread_tls(identity: TlsMaterial) -> Iterator[None]:
+    """Present ``identity`` on the channels this thread creates inside the block.
+
+    Over the process's identity (:func:`configure_tls`), for this thread only: a process that
+    hosts many clients (the replaying clients of ``fedps bench --scale``) runs each on its
+    own thread under its own certificate, as if each were a process of its own. Channels
+    keep the credentials they were created with, so a client's channels must be created
+    inside its block; a channel another thread creates gets the process's identity.
+    """
+    before: TlsMaterial | None = getattr(_thread_tls, "identity", None)
+    _thread_tls.identity = identity
+    try:
+        yield
+    finally:
+        _thread_tls.identity = before
+
+
 def tls_identity() -> TlsMaterial | None:
-    """The identity configured with :func:`configure_tls`, or ``None``."""
-    return _tls
+    """This thread's identity (:func:`thread_tls`), else the process's, else ``None``.
+
+    The process's is the one configured with :func:`configure_tls`.
+    """
+    own: TlsMaterial | None = getattr(_thread_tls, "identity", None)
+    return own if own is not None else _tls

@@ -7,6 +7,7 @@ import ipaddress
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,12 @@ from crypto.tls import (
     CA_CERT_FILE,
     CA_KEY_FILE,
     TlsIdentity,
+    TlsMaterial,
+    configure_tls,
     issue_certificate,
     make_ca,
+    thread_tls,
+    tls_identity,
 )
 from fedps.cli import app
 from fedps.config import load_config
@@ -130,6 +135,35 @@ def test_identity_load_and_repr_hides_the_key(tmp_path: Path) -> None:
     assert identity.key == (tmp_path / "coordinator.key").read_bytes()
     assert b"PRIVATE KEY" in identity.key
     assert "PRIVATE" not in repr(identity)
+
+
+def test_thread_identity_overrides_the_process_identity_in_its_thread_only(
+    tmp_path: Path,
+) -> None:
+    # Prepare: the process presents one certificate, a thread another
+    make_ca(tmp_path)
+    for name in ("client-0", "client-1"):
+        issue_certificate(tmp_path, name, hosts=[], client=True, server=False)
+    process, own = TlsIdentity.load(tmp_path, "client-0"), TlsIdentity.load(tmp_path, "client-1")
+    seen: dict[str, TlsMaterial | None] = {}
+
+    def other_thread() -> None:
+        seen["other"] = tls_identity()
+
+    configure_tls(process)
+    try:
+        # Execute
+        with thread_tls(own):
+            seen["inside"] = tls_identity()
+            thread = threading.Thread(target=other_thread)
+            thread.start()
+            thread.join()
+        seen["after"] = tls_identity()
+    finally:
+        configure_tls(None)
+
+    # Assert
+    assert seen == {"inside": own, "other": process, "after": process}
 
 
 def test_identity_load_missing_file_names_it(tmp_path: Path) -> None:
