@@ -31,6 +31,17 @@ def _mlp1m(num_features: int, num_classes: int) -> nn.Module:
     )
 
 
+def _mlp10m(num_features: int, num_classes: int) -> nn.Module:
+    """A wide MLP of about ten million parameters (one round at scale)."""
+    return nn.Sequential(
+        nn.Linear(num_features, 3150),
+        nn.ReLU(),
+        nn.Linear(3150, 3150),
+        nn.ReLU(),
+        nn.Linear(3150, num_classes),
+    )
+
+
 def _logreg(num_features: int, num_classes: int) -> nn.Module:
     return nn.Sequential(nn.Linear(num_features, num_classes))
 
@@ -74,6 +85,7 @@ _MODELS: dict[str, Callable[[int, int], nn.Module]] = {
     "logreg": _logreg,
     "mlp": _mlp,
     "mlp1m": _mlp1m,
+    "mlp10m": _mlp10m,
 }
 
 

@@ -17,7 +17,16 @@ def test_registry_names() -> None:
     names = model_names()
 
     # Assert
-    assert names == ["cnn", "logreg", "mlp", "mlp1m"]
+    assert names == ["cnn", "logreg", "mlp", "mlp10m", "mlp1m"]
+
+
+@pytest.mark.parametrize(("name", "size"), [("mlp1m", 1_076_010), ("mlp10m", 10_161_910)])
+def test_wide_models_have_their_size(name: str, size: int) -> None:
+    # Prepare / Execute
+    model = create_model(name, num_features=64, num_classes=10)
+
+    # Assert
+    assert flatten_model(model).size == size
 
 
 def test_unknown_name_raises_config_error_listing_choices() -> None:
