@@ -416,7 +416,7 @@ def thread_tls(identity: TlsMaterial) -> Iterator[None]:
 
 
 def tls_identity() -> TlsMaterial | None:
-    """This thread's identity (:func:`thread_tls`), else the process's, else ``None``.
+    """The calling thread's identity (:func:`thread_tls`), else the process's, else ``None``.
 
     The process's is the one configured with :func:`configure_tls`.
     """

@@ -270,6 +270,42 @@ def client(
     _end_now()
 
 
+@app.command("replay-clients", hidden=True)
+def replay_clients(
+    config: ConfigOpt = None,
+    first: Annotated[int, typer.Option(help="The first client's number.")] = 0,
+    count: Annotated[int, typer.Option(help="How many clients, numbered from --first.")] = 1,
+    insecure: InsecureOpt = False,
+) -> None:
+    """Run clients FIRST..FIRST+COUNT-1 in this process, replaying one update (no training).
+
+    Each is a real edge client on its own thread, under its own certificate
+    (:mod:`clients.replay`); ``fedps bench --scale`` starts a few of these processes.
+    """
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: sys.exit(0))
+    _setup_logging(False)
+    cfg = _load(config, insecure=insecure)
+    if first < 0 or count < 1 or first + count > cfg.training.clients:
+        raise ConfigError(
+            f"--first {first} --count {count}: clients are numbered 0 to "
+            f"{cfg.training.clients - 1} (training.clients)"
+        )
+    if not cfg.tls.enabled:  # under TLS each client presents its own; the process none
+        _setup_tls(cfg, "replay-clients")  # warns that traffic is plaintext
+    try:
+        with loading():  # torch, Opacus and the task
+            import torch
+
+            from clients.replay import run_replaying_clients
+
+            torch.set_num_threads(1)
+        run_replaying_clients(cfg, range(first, first + count))
+    except (SystemExit, KeyboardInterrupt):
+        _end_now()
+    _end_now()
+
+
 @app.command()
 def certs(
     config: ConfigOpt = None,
@@ -465,17 +501,47 @@ def bench(
     repeats: Annotated[
         int, typer.Option(help="Runs of each system for each job (--against, --profile).")
     ] = 1,
+    scale: Annotated[
+        str,
+        typer.Option(
+            help="Client counts for the scale runs, comma-separated: each runs that many "
+            "clients that replay one update through the real protocol, and measures every "
+            "role (instead of the default suite).",
+        ),
+    ] = "",
+    scale_model: Annotated[str, typer.Option(help="The model of the --scale runs.")] = "mlp1m",
+    scale_rounds: Annotated[int, typer.Option(help="Rounds of each --scale run.")] = 4,
+    scale_hosts: Annotated[
+        int, typer.Option(help="Processes the clients of a --scale run are spread over.")
+    ] = 2,
 ) -> None:
     """Measure encryption cost against TenSEAL's default and plaintext, in one run.
 
     With --against flower or --profile: the same job on Flower and fedps, and where its rounds
-    go.
+    go. With --scale: many clients through the real protocol, and what each role costs.
     """
     from rich.console import Console
 
     _setup_logging(False)
     _stop_as_ctrl_c()
     console = Console()
+    if scale:
+        from fedps.bench.scale_bench import render_scale, run_scale_bench
+
+        runs = [
+            run_scale_bench(
+                clients=int(n),
+                model=scale_model,
+                rounds=scale_rounds,
+                hosts=scale_hosts,
+                console=console,
+            )
+            for n in scale.split(",")
+            if n
+        ]
+        console.print(render_scale(runs), markup=False, highlight=False, soft_wrap=True)
+        _write_json(json_out, json.dumps(runs, indent=2) + "\n", "results")
+        return
     if against is not None or profile:
         from fedps.bench.flower_comparison import compare, job_named
         from fedps.bench.report import render_comparison

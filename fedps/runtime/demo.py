@@ -23,14 +23,14 @@ from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import ConfigError, FedPSError, PeerUnavailableError
 from fedps.provisioning import provision_cluster, setup_tls
-from fedps.rpc.coordinator_messages import ClusterStatus
+from fedps.rpc.coordinator_messages import ClusterStatus, RoundSummary
 from fedps.rpc.coordinator_stub import CoordinatorStub
 from fedps.runtime.demo_summary import DemoSummary
 from fedps.runtime.deployment import Deployment, local_cluster, write_config
 from fedps.runtime.preflight import check_names
 from fedps.units import size_text
 
-__all__ = ["DEMO_LOGS", "Watcher", "run_demo"]
+__all__ = ["DEMO_LOGS", "ClientStarter", "Watcher", "run_demo"]
 
 _STATE = "state"
 #: Where a run's logs are (each process's ``NAME.log``), relative to its workdir.
@@ -39,6 +39,9 @@ DEMO_LOGS = f"{_STATE}/logs"
 #: What watches a demo run besides its console: given the run's configuration and a way to print
 #: a line, a context entered before the servers start and left after they stop.
 Watcher = Callable[[FedPSConfig, Callable[[str], None]], AbstractContextManager[object]]
+#: What starts a demo run's clients once its servers are up, in its deployment (by default
+#: one ``fedps client`` process each).
+ClientStarter = Callable[[Deployment], None]
 
 #: What the watcher shows while the coordinator does not answer: nothing yet.
 _NO_STATUS = ClusterStatus(
@@ -65,6 +68,8 @@ def run_demo(
     quiet: bool = False,
     client_data: Sequence[Path] = (),
     watch: Watcher | None = None,
+    start_clients: ClientStarter | None = None,
+    on_round: Callable[[RoundSummary], None] | None = None,
 ) -> DemoSummary:
     """Run the demo; returns its summary (rounds, final accuracy, max epsilon, ...).
 
@@ -72,7 +77,9 @@ def run_demo(
     order; empty: none (a built-in task's clients are partitions of one dataset).
     ``watch``: entered once the run is configured and left when it stops, with the run's
     configuration and a function that prints one line (``fedps demo --ui`` serves the web
-    dashboard this way).
+    dashboard this way). ``start_clients``: starts the clients instead of one ``fedps client``
+    process each (``fedps bench --scale`` starts a few processes of many clients).
+    ``on_round``: called with each finished round as the watcher sees it.
     """
     console = console or Console(stderr=False, quiet=quiet)
     shards = len(load_config(config_path, **overrides).cluster.shards)
@@ -114,16 +121,11 @@ def run_demo(
         console.print(
             f"servers up after {time.time() - started:.0f} s; starting {t.clients} clients"
         )
-        # The cores go to the clients: one alone (a centralised baseline) trains on all.
-        threads = str(max(1, (os.cpu_count() or 1) // t.clients))
-        if client_data and len(client_data) != t.clients:
-            raise ConfigError(f"{len(client_data)} client data paths for {t.clients} clients")
-        for i in range(t.clients):
-            data = ("--data", str(client_data[i])) if client_data else ()
-            deployment.start(
-                f"client-{i}", "client", "--index", str(i), "--threads", threads, *data
-            )
-        status = _watch(deployment, coordinator, t.rounds, t.clients, console, timeout_s)
+        if start_clients is None:
+            _start_clients(deployment, client_data)
+        else:
+            start_clients(deployment)
+        status = _watch(deployment, coordinator, t.rounds, t.clients, console, timeout_s, on_round)
     finally:
         coordinator.close()
         deployment.stop()
@@ -172,6 +174,18 @@ def _ckks_text(config: FedPSConfig) -> str:
     return f"N {p.poly_modulus_degree}, q {p.coeff_modulus_bits} bits, scale 2^{p.scale_bits}"
 
 
+def _start_clients(deployment: Deployment, client_data: Sequence[Path]) -> None:
+    """One ``fedps client`` process per client, each with its data in ``client_data``, if any."""
+    t = deployment.config.training
+    # The cores go to the clients: one alone (a centralised baseline) trains on all.
+    threads = str(max(1, (os.cpu_count() or 1) // t.clients))
+    if client_data and len(client_data) != t.clients:
+        raise ConfigError(f"{len(client_data)} client data paths for {t.clients} clients")
+    for i in range(t.clients):
+        data = ("--data", str(client_data[i])) if client_data else ()
+        deployment.start(f"client-{i}", "client", "--index", str(i), "--threads", threads, *data)
+
+
 def _watch(
     deployment: Deployment,
     coordinator: CoordinatorStub,
@@ -179,6 +193,7 @@ def _watch(
     clients: int,
     console: Console,
     timeout_s: float,
+    on_round: Callable[[RoundSummary], None] | None,
 ) -> ClusterStatus:
     shown = 0
     joined = 0  # clients registered, said until round 1 is done
@@ -210,6 +225,8 @@ def _watch(
                     f"clients {record.contributors}  {size_text(record.bytes_pushed):>9}  "
                     f"{record.seconds:4.1f}s{note}"
                 )
+                if on_round is not None:
+                    on_round(record)
             shown = len(status.history)
             progress.update(task, completed=status.round)
             if status.finished:
