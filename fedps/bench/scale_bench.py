@@ -10,10 +10,10 @@ encrypt, commit and push real CKKS ciphertexts and report, every round. Each cli
 draws its next round's encryptions of zero in a worker process of its own, as a real client
 does, so a host has up to N / hosts children.
 
-At the end of every round (as the coordinator's history shows it) the CPU seconds of every
-process tree (the process, its children, and the children it reaped) and the peak resident
-memory (VmHWM) of every role are read from ``/proc``; a round's CPU is the difference with the
-end of the round before (round 1's, with the start of the clients: it includes their setup).
+Every second, and at the end of every round (as the coordinator's history shows it), the CPU
+seconds and resident memory of every role's process tree are read from ``/proc``; a round's
+CPU is the difference with the end of the round before (round 1's, with the start of the
+clients: it includes their setup), and a role's memory is its tree's peak.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import itertools
 import os
 import statistics
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -98,15 +99,18 @@ def run_scale_bench(
         "he": {"max_clients": max(100, clients)},
     }
     with tempfile.TemporaryDirectory(prefix="fedps-scale-") as tmp:
-        run_demo(
-            None,
-            Path(tmp),
-            overrides,
-            console=console,
-            timeout_s=_DEADLINE_S * (rounds + 1),
-            start_clients=start_clients,
-            on_round=on_round,
-        )
+        try:
+            run_demo(
+                None,
+                Path(tmp),
+                overrides,
+                console=console,
+                timeout_s=_DEADLINE_S * (rounds + 1),
+                start_clients=start_clients,
+                on_round=on_round,
+            )
+        finally:
+            meter.stop()
     steady = records[1:] if len(records) >= 3 else records
     return {
         "machine": machine_description(),
@@ -166,53 +170,78 @@ def _load_average() -> float:
 
 
 class _RoleMeter:
-    """CPU seconds and peak memory of each role of a deployment, read from ``/proc``.
+    """CPU seconds and peak memory of each role of a deployment, sampled from ``/proc``.
 
     A role is a server (``keyholder``, ``shard-0``, ...) or all the client hosts together
-    (``clients``); its CPU counts its process tree.
+    (``clients``), each with its process tree (the clients' encryption workers). Sampled every
+    ``every_s`` seconds by a thread of its own, and at every :meth:`cpu_since_last`: a
+    process's CPU (user and system) counts as last seen, so one that exited (a client host at
+    the end of the run) keeps what it had spent; one that lived less than ``every_s`` is
+    missed. A role's memory is the sum over its tree of the resident memory, at its peak over
+    the samples (a server's own peak, VmHWM, between samples).
     """
 
-    def __init__(self) -> None:
-        self.pids: dict[str, list[int]] = {}
+    def __init__(self, every_s: float = 1.0) -> None:
+        self.every_s = every_s
         self.roles: list[str] = []
         self.most_children: dict[str, int] = {}
-        self._last: dict[str, float] = {}
+        self._roots: dict[str, list[int]] = {}
+        self._cpu_seen: dict[str, dict[int, float]] = {}
         self._peak: dict[str, float] = {}
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def watch(self, deployment: Deployment) -> None:
-        """Measure from now on the processes ``deployment`` started."""
+        """Measure from now on the processes ``deployment`` started, until :meth:`stop`."""
         for name, process in deployment.processes.items():
             role = "clients" if name.startswith("client") else name
-            self.pids.setdefault(role, []).append(process.pid)
-        self.roles = sorted(self.pids)
-        self._last = self._cpu()
+            self._roots.setdefault(role, []).append(process.pid)
+        self.roles = sorted(self._roots)
+        self._last = self._sample()
+        self._thread = threading.Thread(target=self._run, name="role-meter", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop sampling."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
 
     def cpu_since_last(self) -> dict[str, float]:
         """CPU seconds of each role since the last call (or :meth:`watch`)."""
-        now = self._cpu()
+        now = self._sample()
         spent = {role: now[role] - self._last.get(role, 0.0) for role in self.roles}
         self._last = now
         return spent
 
     def peak_rss_mib(self) -> dict[str, float]:
-        """Each role's peak resident memory seen so far: a server's VmHWM, the client hosts' sum.
+        """Each role's peak resident memory (its process tree's) seen so far, in MiB."""
+        with self._lock:
+            return dict(self._peak)
 
-        A client host's worker processes are counted at the end of each round, with their
-        resident memory then.
-        """
-        return dict(self._peak)
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sample()
 
-    def _cpu(self) -> dict[str, float]:
+    def _sample(self) -> dict[str, float]:
+        """Sample every role now; returns each role's CPU seconds so far."""
         children = _children()
-        out: dict[str, float] = {}
-        for role, pids in self.pids.items():
-            tree = _descendants(pids, children)
-            out[role] = sum(_cpu_seconds(pid) for pid in tree)
-            self.most_children[role] = max(self.most_children.get(role, 0), len(tree) - len(pids))
-            own = sum(_status_mib(pid, "VmHWM") for pid in pids)
-            workers = sum(_status_mib(pid, "VmRSS") for pid in tree if pid not in pids)
-            self._peak[role] = max(self._peak.get(role, 0.0), own + workers)
-        return out
+        with self._lock:
+            out: dict[str, float] = {}
+            for role, roots in self._roots.items():
+                tree = _descendants(roots, children)
+                seen = self._cpu_seen.setdefault(role, {})
+                for pid in tree:
+                    seen[pid] = max(seen.get(pid, 0.0), _cpu_seconds(pid))
+                out[role] = sum(seen.values())
+                workers = len(tree) - len([pid for pid in roots if pid in tree])
+                self.most_children[role] = max(self.most_children.get(role, 0), workers)
+                own_peak = max((_status_mib(pid, "VmHWM") for pid in roots), default=0.0)
+                rss = sum(_status_mib(pid, "VmRSS") for pid in tree)
+                self._peak[role] = max(self._peak.get(role, 0.0), rss, own_peak)
+            return out
 
 
 def _children() -> dict[int, list[int]]:
@@ -247,10 +276,10 @@ def _stat_fields(pid: int) -> list[str]:
 
 
 def _cpu_seconds(pid: int) -> float:
-    """User and system CPU of ``pid`` and of the children it reaped (0 if it is gone)."""
+    """User and system CPU of ``pid`` itself (0 if it is gone)."""
     fields = _stat_fields(pid)
-    # utime, stime, cutime, cstime: fields 14-17 of stat, 11-14 after the command name
-    return sum(int(f) for f in fields[11:15]) / _TICKS if fields else 0.0
+    # utime, stime: fields 14 and 15 of stat, 11 and 12 after the command name
+    return sum(int(f) for f in fields[11:13]) / _TICKS if fields else 0.0
 
 
 def _status_mib(pid: int, key: str) -> float:
