@@ -33,7 +33,7 @@ from fedps.rpc.messages import ParameterBlock
 from fedps.rpc.model_reader import ModelReader
 from fedps.rpc.shard_messages import ClosedRound, RoundOpening
 from fedps.rpc.shard_stub import ShardStub
-from fedps.rpc.transport import call_until
+from fedps.rpc.transport import batched, call_until
 from fedps.sharding.blocks import BlockLayout
 from server.shard_misses import ShardMisses
 
@@ -132,14 +132,19 @@ class ClusterPeers:
     ) -> int:
         """Give the key holder the model ``vector`` at ``version`` (``force``: replace its own).
 
-        Returns the version it publishes.
+        Streamed in messages of about :data:`~fedps.rpc.transport.TARGET_MESSAGE_BYTES`, each
+        naming the model's size: a model larger than gRPC's largest message (10M parameters
+        are 40 MB) goes through too. Returns the version it publishes.
         """
-        blocks = tuple(
+        blocks = [
             ParameterBlock(b, version, layout.block_of(vector, b).astype("<f4").tobytes())
             for b in range(layout.num_blocks)
-        )
-        upload = records.ModelUpload(layout.num_params, blocks, force=force, version=version)
-        state = self.retry(lambda: self._keyholder.initialize_model([upload]), "initialise model")
+        ]
+        uploads = [
+            records.ModelUpload(layout.num_params, tuple(batch), force=force, version=version)
+            for batch in batched(blocks, lambda block: len(block.values))
+        ]
+        state = self.retry(lambda: self._keyholder.initialize_model(uploads), "initialise model")
         return state.version
 
     def open_commits(self, opening: records.CommitOpening) -> None:
