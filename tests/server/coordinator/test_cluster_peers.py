@@ -4,12 +4,18 @@ once, and the clients complete on every shard holding blocks are the round's."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import cast
+
+import numpy as np
 
 from fedps.config import load_config
 from fedps.rpc import keyholder_messages as records
+from fedps.rpc.keyholder_stub import KeyHolderStub
 from fedps.rpc.shard_messages import ClosedRound, RoundOpening
 from fedps.rpc.shard_stub import ShardStub
+from fedps.rpc.transport import MAX_MESSAGE_BYTES
+from fedps.sharding.blocks import BlockLayout
 from server.coordinator.cluster_peers import ClusterPeers
 from server.shard_misses import ShardMisses
 from tests.waiting import HANG_S
@@ -52,3 +58,39 @@ def test_a_round_opens_and_closes_on_every_shard_at_once() -> None:
     # Assert
     assert accepted == {"b"}
     assert all([o.round for o in fake.opened] == [7] for fake in fakes)
+
+
+class _UploadKeyHolder:
+    """A key holder that keeps the messages of the initial model."""
+
+    def __init__(self) -> None:
+        self.uploads: list[records.ModelUpload] = []
+
+    def initialize_model(self, uploads: Sequence[records.ModelUpload]) -> records.ModelState:
+        self.uploads.extend(uploads)
+        return records.ModelState(version=0, num_params=0, initialized=True, last_round=0)
+
+
+def test_a_model_larger_than_a_message_goes_to_the_key_holder_in_several() -> None:
+    # Prepare: 3M parameters (12 MB), more than gRPC's largest message
+    config = load_config(None)
+    peers = ClusterPeers(
+        config.cluster, stop=threading.Event(), misses=ShardMisses(limit=3, deadline_s=60.0)
+    )
+    keyholder = _UploadKeyHolder()
+    peers._keyholder = cast(KeyHolderStub, keyholder)
+    layout = BlockLayout(3_000_000, 2048)
+    vector = np.arange(layout.num_params, dtype=np.float32)
+
+    # Execute
+    peers.initialize(layout, vector, 0, force=False)
+
+    # Assert
+    uploads = keyholder.uploads
+    assert len(uploads) > 1
+    assert all(u.num_params == layout.num_params for u in uploads)
+    assert all(u.to_proto().ByteSize() < MAX_MESSAGE_BYTES for u in uploads)
+    blocks = {b.block: b.values for u in uploads for b in u.blocks}
+    assert sorted(blocks) == list(range(layout.num_blocks))
+    joined = layout.join({b: np.frombuffer(v, "<f4") for b, v in blocks.items()})
+    np.testing.assert_array_equal(joined, vector)
