@@ -62,7 +62,7 @@ from fedps.runtime.demo import run_demo
 from fedps.runtime.demo_summary import DemoSummary
 from fedps.runtime.deployment import Deployment, local_cluster, write_config
 
-__all__ = ["machine_description", "run_bench", "time_to_accuracy"]
+__all__ = ["machine_description", "run_bench", "status_mib", "time_to_accuracy"]
 
 _log = logging.getLogger("fedps")
 
@@ -445,10 +445,19 @@ def _push_updates(keyholder: str, shard: str, clients: int, num_params: int) -> 
 
 
 def _vm_hwm_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM"):
+    return status_mib(pid, "VmHWM") or float("nan")
+
+
+def status_mib(pid: int, key: str) -> float:
+    """A memory line of ``/proc/PID/status`` (``VmRSS``, ``VmHWM``) in MiB; 0 if none (gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return 0.0
+    for line in lines:
+        if line.startswith(f"{key}:"):
             return int(line.split()[1]) / 1024
-    return float("nan")
+    return 0.0
 
 
 def time_to_accuracy(

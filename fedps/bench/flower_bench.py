@@ -30,7 +30,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from crypto.enrolment import issue_tokens
-from fedps.bench.benchmark import machine_description
+from fedps.bench.benchmark import machine_description, status_mib
 from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig, load_config
 from fedps.provisioning import client_identities
@@ -150,13 +150,7 @@ def bench_config(
 
 def _memory_mib(pid: int) -> dict[str, float]:
     """Current (VmRSS) and peak (VmHWM) resident memory of a process, in MiB."""
-    fields = {"VmRSS": "rss_mib", "VmHWM": "peak_rss_mib"}
-    out: dict[str, float] = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key = line.split(":", 1)[0]
-        if key in fields:
-            out[fields[key]] = int(line.split()[1]) / 1024
-    return out
+    return {"rss_mib": status_mib(pid, "VmRSS"), "peak_rss_mib": status_mib(pid, "VmHWM")}
 
 
 def _run_size(

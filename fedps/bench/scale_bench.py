@@ -29,7 +29,7 @@ from typing import Any
 
 from rich.console import Console
 
-from fedps.bench.benchmark import machine_description
+from fedps.bench.benchmark import machine_description, status_mib
 from fedps.rpc.coordinator_messages import RoundSummary
 from fedps.runtime.demo import run_demo
 from fedps.runtime.deployment import Deployment
@@ -238,8 +238,8 @@ class _RoleMeter:
                 out[role] = sum(seen.values())
                 workers = len(tree) - len([pid for pid in roots if pid in tree])
                 self.most_children[role] = max(self.most_children.get(role, 0), workers)
-                own_peak = max((_status_mib(pid, "VmHWM") for pid in roots), default=0.0)
-                rss = sum(_status_mib(pid, "VmRSS") for pid in tree)
+                own_peak = max((status_mib(pid, "VmHWM") for pid in roots), default=0.0)
+                rss = sum(status_mib(pid, "VmRSS") for pid in tree)
                 self._peak[role] = max(self._peak.get(role, 0.0), rss, own_peak)
             return out
 
@@ -280,18 +280,6 @@ def _cpu_seconds(pid: int) -> float:
     fields = _stat_fields(pid)
     # utime, stime: fields 14 and 15 of stat, 11 and 12 after the command name
     return sum(int(f) for f in fields[11:13]) / _TICKS if fields else 0.0
-
-
-def _status_mib(pid: int, key: str) -> float:
-    """A ``/proc/PID/status`` memory line in MiB (0 if the process is gone)."""
-    try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return 0.0
-    for line in lines:
-        if line.startswith(f"{key}:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def render_scale(results: Sequence[dict[str, Any]]) -> str:
