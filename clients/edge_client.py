@@ -76,8 +76,8 @@ from clients.client_eval import ClientEvaluation
 from clients.client_session import LONG_POLL_S, ClientSession, Uplink, pause
 from clients.client_setup import ClientSetup, open_setup
 from clients.client_state import data_fingerprint
-from clients.error_feedback import ErrorFeedback
 from clients.dp_trainer import PrivacySpend, Trainer
+from clients.error_feedback import ErrorFeedback
 from clients.peer_failures import (
     COORDINATOR,
     PAUSE_S,

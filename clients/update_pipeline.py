@@ -193,10 +193,10 @@ class UpdatePipeline:
 
         The commitment is the signed block roots (then the seed of ``mask``, the round's, when
         ``values`` are the coordinates it picked) and the sketches of the blocks under the
-        round's challenge. Returns the round it committed to, the signed update and the encrypted blocks, or
-        None when the round's commitments had closed (async: after trying the next buffers too, as a
-        stale update; a buffer under a new key, the key holder having rotated its keys since, gets
-        the values encrypted again under it).
+        round's challenge. Returns the round it committed to, the signed update and the encrypted
+        blocks, or None when the round's commitments had closed (async: after trying the next
+        buffers too, as a stale update; a buffer under a new key, the key holder having rotated
+        its keys since, gets the values encrypted again under it).
         """
         session = self.session
         keyholder = session.keyholder

@@ -136,7 +136,8 @@ class SparseMask:
             raise InvalidArgumentError(
                 f"an update has {self.layout.num_params} values, got {vector.shape}"
             )
-        return vector[self.indices()]
+        sent: np.ndarray = vector[self.indices()]
+        return sent
 
     def scatter(self, packed: np.ndarray) -> np.ndarray:
         """A whole vector holding ``packed`` at the coordinates sent, zero elsewhere.

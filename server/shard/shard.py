@@ -93,8 +93,9 @@ class Shard:
         The shard's durable log (None: nothing survives a restart).
     density
         Shared random-k sparsification (``compression.density``, 1: whole updates): an update
-        is the first ``ceil(density x blocks)`` blocks (:func:`fedps.sharding.sparse_mask.sent_blocks`)
-        and its signed commitment ends with its round's mask seed, one more root.
+        is the first ``ceil(density x blocks)`` blocks
+        (:func:`fedps.sharding.sparse_mask.sent_blocks`) and its signed commitment ends with its
+        round's mask seed, one more root.
     """
 
     def __init__(
