@@ -10,12 +10,12 @@ the challenge, and what it reveals (the mask, public by design) says nothing of 
 The positions depend on the seed only, never on any client's data.
 
 A round sends ``ceil(density x blocks)`` ciphertexts (:attr:`SparseMask.sent_blocks`, which a
-shard computes from the published model's block count alone), filled: as many values as they
-hold, ``min(num_params, sent blocks x values_per_block)`` (:attr:`SparseMask.size`; a
+shard computes from the published model's block count alone), filled with as many values as
+they hold, ``min(num_params, sent blocks x values_per_block)`` (:attr:`SparseMask.size`; a
 ciphertext costs the same bytes full or not, so the coordinates sent are a slightly larger
-fraction than ``density`` when ``density x blocks`` is not whole): the coordinates with the smallest keys of a keystream seeded by
-the mask seed, in increasing order, packed densely and laid out in blocks as a full update is
-(:attr:`SparseMask.packed`). The key holder decrypts that packed sum and scatters it back
+fraction than ``density`` when ``density x blocks`` is not whole). They are the coordinates
+with the smallest keys of a keystream seeded by the mask seed, in increasing order, packed
+densely and laid out in blocks as a full update is (:attr:`SparseMask.packed`). The key holder decrypts that packed sum and scatters it back
 (:meth:`SparseMask.scatter`). A client's signed commitment ends with the mask seed as one more
 root (:meth:`SparseMask.root`), so a commitment under another mask is refused by name.
 """

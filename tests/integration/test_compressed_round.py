@@ -74,7 +74,7 @@ def test_error_feedback_carries_what_a_round_did_not_send(tmp_path: Path) -> Non
         residuals: list[np.ndarray] = []
         totals: list[tuple[float, np.ndarray]] = []
         for client in clients:
-            weight, delta = client.sent[1]
+            _, delta = client.sent[1]
             left = delta.copy()
             left[first.indices()] = 0.0
             weight2, delta2 = client.sent[2]
