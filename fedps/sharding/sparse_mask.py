@@ -15,9 +15,10 @@ they hold, ``min(num_params, sent blocks x values_per_block)`` (:attr:`SparseMas
 ciphertext costs the same bytes full or not, so the coordinates sent are a slightly larger
 fraction than ``density`` when ``density x blocks`` is not whole). They are the coordinates
 with the smallest keys of a keystream seeded by the mask seed, in increasing order, packed
-densely and laid out in blocks as a full update is (:attr:`SparseMask.packed`). The key holder decrypts that packed sum and scatters it back
-(:meth:`SparseMask.scatter`). A client's signed commitment ends with the mask seed as one more
-root (:meth:`SparseMask.root`), so a commitment under another mask is refused by name.
+densely and laid out in blocks as a full update is (:attr:`SparseMask.packed`). The key
+holder decrypts that packed sum and scatters it back (:meth:`SparseMask.scatter`). A client's
+signed commitment ends with the mask seed as one more root (:meth:`SparseMask.root`), so a
+commitment under another mask is refused by name.
 """
 
 from __future__ import annotations
