@@ -23,6 +23,13 @@ def _masks(keyholder: KeyHolder, rounds: int) -> list[SparseMask]:
     return [m for m in masks if m is not None]
 
 
+def _average(sent: list[tuple[float, np.ndarray]]) -> np.ndarray:
+    """The weighted average of ``(weight, update)`` pairs."""
+    weights = np.array([w for w, _ in sent])
+    average: np.ndarray = weights @ np.stack([d for _, d in sent]) / weights.sum()
+    return average
+
+
 def test_a_compressed_round_applies_the_selected_coordinates_of_every_update(
     tmp_path: Path,
 ) -> None:
@@ -40,8 +47,7 @@ def test_a_compressed_round_applies_the_selected_coordinates_of_every_update(
         masks = _masks(cluster.keyholder, 2)
         expected = initial.copy()
         for round_, mask in enumerate(masks, start=1):
-            sent = [c.sent[round_] for c in clients]
-            average = sum(w * d for w, d in sent) / sum(w for w, _ in sent)
+            average = _average([c.sent[round_] for c in clients])
             expected = expected + mask.scatter(mask.gather(average))
         applied = cluster.keyholder.params
         assert applied is not None
@@ -91,13 +97,8 @@ def test_error_feedback_carries_what_a_round_did_not_send(tmp_path: Path) -> Non
             np.testing.assert_array_equal(
                 ErrorFeedback(residual.size, directory).residual, residual
             )
-        round1 = [c.sent[1] for c in clients]
-        expected = expected + first.scatter(
-            first.gather(sum(w * d for w, d in round1) / sum(w for w, _ in round1))
-        )
-        expected = expected + second.scatter(
-            second.gather(sum(w * t for w, t in totals) / sum(w for w, _ in totals))
-        )
+        expected = expected + first.scatter(first.gather(_average([c.sent[1] for c in clients])))
+        expected = expected + second.scatter(second.gather(_average(totals)))
         applied = cluster.keyholder.params
         assert applied is not None
         np.testing.assert_allclose(applied, expected, atol=1e-4)

@@ -63,7 +63,7 @@ def test_a_compressed_round_applies_exactly_the_selected_coordinates(arena: Aren
     chosen = np.zeros(PARAMS, dtype=bool)
     chosen[mask.indices()] = True
     assert not applied[~chosen].any()
-    expected = sum(whole) / len(whole)
+    expected = np.mean(whole, axis=0)
     np.testing.assert_allclose(applied[chosen], expected[chosen], atol=1e-4)
 
 
