@@ -22,7 +22,9 @@ then the steps below); :meth:`.Decryptor.average <.decryptor.Decryptor.average>`
 streams each shard's sums in (:class:`~.shard_peers.ShardPeers`), has
 :class:`~.aggregate_verifier.AggregateVerifier` check every block against the commitments, and
 only then checks the canaries, decrypts, floods, bounds and averages (it also rotates the key
-pair every ``rotate_every_rounds`` rounds); :mod:`.blame` after a failed check
+pair every ``rotate_every_rounds`` rounds); with ``compression.density`` below 1 the aggregate
+is the packed coordinates of the round's mask (:meth:`KeyHolder.mask`), scattered back into the
+whole vector afterwards (docs/compression.md); :mod:`.blame` after a failed check
 (:func:`~.blame.judge`), with what it proved kept by :class:`~.suspects.Suspects`; the server
 optimizer's step (:class:`~.global_model.GlobalModel`); the state, durable before anything is
 published (:class:`~.state_store.StateStore`); the signed publication
@@ -202,14 +204,11 @@ class KeyHolder:
         saved = state.model.params if state is not None else None
         values_per_block = keys.public.params.values_per_block
         modulus = keys.public.modulus if settings.encrypted else 0
+        model_blocks = 0 if saved is None else BlockLayout(saved.size, values_per_block).num_blocks
         commits = CommitBoard(
             state_dir / "commits",
             secret=challenge_secret,
-            num_blocks=0
-            if saved is None
-            else sent_blocks(
-                BlockLayout(saved.size, values_per_block).num_blocks, settings.density
-            ),
+            num_blocks=sent_blocks(model_blocks, settings.density),
             modulus=modulus,
             sketch_count=sketch_count(modulus) if modulus else 0,
             max_staleness=settings.max_staleness if settings.staleness is not None else 0,
