@@ -15,9 +15,11 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import ValidationError
 from rich.console import Console
 
 from fedps.bench.flower_comparison import Job, run_fedps
+from fedps.config import CompressionConfig
 from fedps.errors import ConfigError, FedPSError
 
 __all__ = ["compare_compression", "parse_settings", "render_compression"]
@@ -31,15 +33,24 @@ def parse_settings(text: str) -> list[dict[str, object]]:
     Raises
     ------
     ConfigError
-        A setting that is not ``DENSITY`` or ``DENSITY+ef``, or no setting.
+        A setting that is not ``DENSITY`` or ``DENSITY+ef``, a density outside (0, 1], or no
+        setting.
     """
     settings: list[dict[str, object]] = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         match = _SETTING.match(part)
         if match is None:
             raise ConfigError(f"--compression {part!r}: give DENSITY or DENSITY+ef, e.g. 0.1+ef")
-        density = float(match["density"])
-        settings.append({"density": density, "error_feedback": match["ef"] is not None})
+        setting: dict[str, object] = {
+            "density": float(match["density"]),
+            "error_feedback": match["ef"] is not None,
+        }
+        try:
+            CompressionConfig.model_validate(setting)
+        except ValidationError as exc:
+            why = exc.errors()[0]["msg"]
+            raise ConfigError(f"--compression {part!r}: {why}") from None
+        settings.append(setting)
     if not settings:
         raise ConfigError("--compression needs at least one setting")
     return settings
