@@ -404,12 +404,16 @@ class Shard:
                     f"client {batch.client_id!r} sent a second, different update in this round"
                 )
             return update
-        sent = sent_blocks(self.model.num_blocks, self._density)
-        masked = self._density < 1  # the last root is the round's mask seed
-        if len(update.roots) != sent + masked:
-            what = f"{sent} blocks and a mask" if masked else f"{sent} blocks"
+        if self._density >= 1 and len(update.roots) != self.model.num_blocks:
             raise InvalidArgumentError(
-                f"a signed update commits to {len(update.roots)} roots; an update here has {what}"
+                f"a signed update commits to {len(update.roots)} blocks; the model has "
+                f"{self.model.num_blocks}"
+            )
+        sent = sent_blocks(self.model.num_blocks, self._density)
+        if self._density < 1 and len(update.roots) != sent + 1:  # the last: the mask seed
+            raise InvalidArgumentError(
+                f"a signed update commits to {len(update.roots)} roots; a sparsified update "
+                f"has {sent} blocks and its round's mask seed"
             )
         if any(len(root) != ROOT_BYTES for root in update.roots):
             raise InvalidArgumentError(f"every chunk root must be {ROOT_BYTES} bytes")
