@@ -23,6 +23,7 @@ commitment under another mask is refused by name.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass
@@ -113,17 +114,23 @@ class SparseMask:
         return self.seed
 
     def indices(self) -> np.ndarray:
-        """The coordinates sent, increasing (int64, :attr:`size` of them).
+        """The coordinates sent, increasing (int64, :attr:`size` of them; read-only).
 
         The :attr:`size` coordinates with the smallest keys of a Philox keystream keyed by the
         seed (a bit stream numpy keeps stable across releases), ties broken by position.
+        Computed once per mask.
         """
+        return self._chosen
+
+    @functools.cached_property
+    def _chosen(self) -> np.ndarray:
         key = int.from_bytes(self.seed[:16], "little")
         counter = int.from_bytes(self.seed[16:], "little")
         generator = np.random.Philox(key=key, counter=counter)
         keys = generator.random_raw(self.layout.num_params)
-        chosen = np.argsort(keys, kind="stable")[: self.size]
-        return np.sort(chosen).astype(np.int64)
+        chosen = np.sort(np.argsort(keys, kind="stable")[: self.size]).astype(np.int64)
+        chosen.flags.writeable = False
+        return chosen
 
     def gather(self, vector: np.ndarray) -> np.ndarray:
         """The coordinates of ``vector`` (a whole update) that are sent, packed.
