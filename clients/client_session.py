@@ -51,6 +51,7 @@ from fedps.rpc.keyholder_stub import KeyHolderStub, verified_signing_key
 from fedps.rpc.model_reader import ModelReader
 from fedps.sharding.blocks import BlockLayout, flatten_model
 from fedps.sharding.hash_ring import HashRing
+from fedps.sharding.sparse_mask import sent_blocks
 
 __all__ = ["LONG_POLL_S", "ClientSession", "Uplink", "pause", "read_enrolment_token"]
 
@@ -497,11 +498,15 @@ class ClientSession:
         Now or (``background``) in a low-priority process; nothing without encryption.
         """
         if isinstance(self._encryptor, BlockEncryptor):
-            blocks = self.layout.num_blocks
+            blocks = self._update_blocks(self.layout.num_blocks)
             if background:
                 self._encryptor.precompute_in_background(blocks)
             else:
                 self._encryptor.precompute(blocks)
+
+    def _update_blocks(self, num_blocks: int) -> int:
+        """The blocks an update of a model of ``num_blocks`` blocks sends (fewer, sparsified)."""
+        return sent_blocks(num_blocks, self.config.compression.density)
 
     def _make_encryptor(self, context: bytes, context_id: str) -> BlockEncryptor | PlainContext:
         """An encryptor for the key holder's public context (plaintext only if we agreed)."""
@@ -519,7 +524,7 @@ class ClientSession:
             raise InvalidArgumentError("public context does not match its id")
         self._values_per_block = public.params.values_per_block
         encryptor = BlockEncryptor(public)
-        encryptor.precompute(-(-self.num_params // self._values_per_block))
+        encryptor.precompute(self._update_blocks(-(-self.num_params // self._values_per_block)))
         return encryptor
 
 

@@ -77,6 +77,7 @@ from clients.client_session import LONG_POLL_S, ClientSession, Uplink, pause
 from clients.client_setup import ClientSetup, open_setup
 from clients.client_state import data_fingerprint
 from clients.dp_trainer import PrivacySpend, Trainer
+from clients.error_feedback import ErrorFeedback
 from clients.peer_failures import (
     COORDINATOR,
     PAUSE_S,
@@ -215,7 +216,15 @@ class EdgeClient:
         #: the seconds of each phase of the round in progress (:mod:`fedps.round_timer`),
         #: reported with the round; the trainer's own timer, which times its DP noise
         self.timer = trainer.timer
-        self.pipeline = UpdatePipeline(self.session, self._peers, timer=self.timer)
+        compression = config.compression
+        feedback = (
+            ErrorFeedback(self.session.num_params, state.directory)
+            if compression.enabled and compression.error_feedback
+            else None
+        )
+        self.pipeline = UpdatePipeline(
+            self.session, self._peers, timer=self.timer, feedback=feedback
+        )
         self.pusher = Pusher(self.session, self._peers, timer=self.timer)
         self.state, self.uplink, self.peer_wait_s = state, self.session.uplink, peer_wait_s
         self.num_params, self.signing_key = self.session.num_params, state.signer.public_key

@@ -4,6 +4,10 @@ Weighted, clipped, encrypted, committed and cut into signed push messages.
 
 :class:`UpdatePipeline` takes a trained update (the model's delta) and
 
+0. with ``compression.density`` below 1, keeps only the coordinates of the round's shared
+   mask (:class:`fedps.sharding.sparse_mask.SparseMask`, from the seed the key holder releases
+   with the round's challenge), packed densely, after adding what earlier rounds did not send
+   (``compression.error_feedback``, :class:`clients.error_feedback.ErrorFeedback`);
 1. weights it (:func:`aggregation_weight`: 1 with ``security.weighting = "uniform"``, the
    default; otherwise ``num_examples / weight_scale``, the cohort's largest ``num_examples``,
    at least ``security.min_weight``);
@@ -12,7 +16,7 @@ Weighted, clipped, encrypted, committed and cut into signed push messages.
 4. commits to it at the key holder: the signed root of every encrypted block
    (:class:`crypto.signed_update.SignedUpdate`) and the sketch of every block under the
    round's secret challenge (:class:`crypto.sketch.Challenge`), before any ciphertext of the
-   round reaches a shard;
+   round reaches a shard (a sparsified update's commitment names its mask too);
 5. returns the signed push messages per owning shard (:class:`PreparedPush`), which
    :class:`clients.pusher.Pusher` sends once the round's commitments are frozen.
 
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from clients.client_session import ClientSession
+from clients.error_feedback import ErrorFeedback
 from clients.peer_failures import KEY_HOLDER, PeerFailures
 from crypto import BlockEncryptor
 from crypto.signed_update import SignedUpdate
@@ -39,6 +44,7 @@ from fedps.round_timer import RoundTimer
 from fedps.rpc.keyholder_messages import UpdateCommitment
 from fedps.rpc.shard_messages import PushBatch
 from fedps.rpc.transport import batched
+from fedps.sharding.sparse_mask import SparseMask, mask_seed
 
 __all__ = ["PreparedPush", "UpdatePipeline", "aggregation_weight"]
 
@@ -80,14 +86,24 @@ class UpdatePipeline:
     timer
         Times the encryption (``encrypt_offline``: the encryptions of zero drawn in the round;
         ``encrypt_online``: the encoding into them) and the commitment (``commit``).
+    feedback
+        The residual of sparsified updates (``compression.error_feedback``); None: the unsent
+        coordinates are dropped.
     """
 
     def __init__(
-        self, session: ClientSession, failures: PeerFailures, *, timer: RoundTimer | None = None
+        self,
+        session: ClientSession,
+        failures: PeerFailures,
+        *,
+        timer: RoundTimer | None = None,
+        feedback: ErrorFeedback | None = None,
     ) -> None:
         self.session = session
         self.failures = failures
         self.timer = timer or RoundTimer()
+        self.feedback = feedback
+        self._seeds: dict[int, bytes] = {}  # the challenge seed of the last round asked
 
     def prepare(
         self, round_: int, version: int, delta: np.ndarray, *, weight: float
@@ -98,6 +114,15 @@ class UpdatePipeline:
         the key holder refused).
         """
         he = self.session.config.he
+        self._seeds = {}  # asked afresh: a reopened round has another challenge
+        mask: SparseMask | None = None
+        total = delta
+        if self.session.config.compression.enabled:
+            mask = self._mask(round_)
+            if mask is None:
+                return None
+            total = delta if self.feedback is None else self.feedback.add(delta)
+            delta = mask.gather(total)
         weighted = delta * weight
         clipped = np.clip(weighted, -he.max_abs_value, he.max_abs_value)
         if not np.array_equal(clipped, weighted):
@@ -105,11 +130,34 @@ class UpdatePipeline:
                 "%s: update clipped to +-%g for encryption", self.session.name, he.max_abs_value
             )
         with self.timer.phase("commit"):  # the encryption inside is timed apart
-            committed = self._commit(round_, version, weight, clipped)
+            committed = self._commit(round_, version, weight, clipped, mask)
         if committed is None:
             return None
+        if mask is not None and self.feedback is not None:
+            self.feedback.keep(total, mask.indices())  # sent: the rest waits for the next
         round_, update, encrypted = committed
         return self._messages(round_, version, update, encrypted)
+
+    def _mask(self, round_: int) -> SparseMask | None:
+        """The shared mask of ``round_`` (None: the key holder did not give its seed)."""
+        try:
+            seed = self._challenge_seed(round_)
+        except FedPSError as exc:
+            self.failures.failed(KEY_HOLDER, exc, expected=isinstance(exc, RoundClosedError))
+            return None
+        density = self.session.config.compression.density
+        return SparseMask(self.session.layout, density, mask_seed(seed))
+
+    def _challenge_seed(self, round_: int) -> bytes:
+        """``round_``'s challenge seed from the key holder (asked once per round)."""
+        seed = self._seeds.get(round_)
+        if seed is None:
+            session = self.session
+            seed = session.keyholder.get_challenge(
+                round_, session.client_id, retry_s=session.peer_wait_s
+            )
+            self._seeds = {round_: seed}
+        return seed
 
     def _messages(
         self, round_: int, version: int, update: SignedUpdate, encrypted: dict[int, bytes]
@@ -134,15 +182,21 @@ class UpdatePipeline:
         return PreparedPush(round_, version, messages)
 
     def _commit(
-        self, round_: int, version: int, weight: float, values: np.ndarray
+        self,
+        round_: int,
+        version: int,
+        weight: float,
+        values: np.ndarray,
+        mask: SparseMask | None = None,
     ) -> tuple[int, SignedUpdate, dict[int, bytes]] | None:
         """Encrypt the update's ``values`` and commit to them at the key holder.
 
-        The commitment is the signed block roots and the sketches of the blocks under the round's
-        challenge. Returns the round it committed to, the signed update and the encrypted blocks, or
-        None when the round's commitments had closed (async: after trying the next buffers too, as a
-        stale update; a buffer under a new key, the key holder having rotated its keys since, gets
-        the values encrypted again under it).
+        The commitment is the signed block roots (then the seed of ``mask``, the round's, when
+        ``values`` are the coordinates it picked) and the sketches of the blocks under the
+        round's challenge. Returns the round it committed to, the signed update and the encrypted
+        blocks, or None when the round's commitments had closed (async: after trying the next
+        buffers too, as a stale update; a buffer under a new key, the key holder having rotated
+        its keys since, gets the values encrypted again under it).
         """
         session = self.session
         keyholder = session.keyholder
@@ -158,6 +212,7 @@ class UpdatePipeline:
                 context_id=session.context_id,
                 weight=weight,
                 version=version,
+                mask=b"" if mask is None else mask.root,
             )
             try:
                 sketches = self._sketches(round_, coefficients)
@@ -207,9 +262,7 @@ class UpdatePipeline:
         encryptor = session.encryptor
         if not isinstance(encryptor, BlockEncryptor):
             return b""
-        seed = session.keyholder.get_challenge(
-            round_, session.client_id, retry_s=session.peer_wait_s
-        )
+        seed = self._challenge_seed(round_)
         public = encryptor.public
         challenge = Challenge(
             seed, modulus=public.modulus, coeffs_per_block=public.coeffs_per_block

@@ -57,16 +57,15 @@ class SignedUpdate:
         context_id: str,
         weight: float,
         version: int = 0,
+        mask: bytes = b"",
     ) -> SignedUpdate:
-        """Commit to every block (one row of ``coefficients`` each) of an update and sign."""
-        unsigned = cls(
-            client_id,
-            weight,
-            os.urandom(16),
-            b"",
-            tuple(chunk_roots(coefficients)),
-            version,
-        )
+        """Commit to every block (one row of ``coefficients`` each) of an update and sign.
+
+        A sparsified update (:mod:`fedps.sharding.sparse_mask`) names its round's ``mask``
+        (32 bytes) as one more root after the blocks', so the signature covers it too.
+        """
+        roots = [*chunk_roots(coefficients), *([mask] if mask else [])]
+        unsigned = cls(client_id, weight, os.urandom(16), b"", tuple(roots), version)
         digest = unsigned.digest(run_id=run_id, round_=round_, context_id=context_id)
         return cls(client_id, weight, unsigned.nonce, signer.sign(digest), unsigned.roots, version)
 

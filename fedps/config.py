@@ -32,6 +32,7 @@ from fedps.errors import ConfigError
 
 __all__ = [
     "ClusterConfig",
+    "CompressionConfig",
     "FedPSConfig",
     "GroupsConfig",
     "HEConfig",
@@ -445,6 +446,40 @@ class MetricsConfig(_Section):
         return self
 
 
+class CompressionConfig(_Section):
+    """Shared random-k sparsification of the clients' updates (see docs/compression.md).
+
+    Each round every client sends the same ``ceil(density x blocks)`` ciphertexts, filled with
+    the coordinates a mask picks (the same for every client, from a seed the key holder
+    releases with the round); the key holder scatters the decrypted sum back. Off by default
+    (``density = 1``: every coordinate, no mask). A quantized packing (``bits``) is not
+    built yet and is refused by name.
+    """
+
+    density: float = Field(
+        1.0, gt=0, le=1, description="fraction of the update's values sent each round (1: all)"
+    )
+    error_feedback: bool = Field(
+        False,
+        description="clients keep the unsent part of each (noised) update and add it to the "
+        "next one",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bits_yet(cls, data: object) -> object:
+        if isinstance(data, Mapping) and "bits" in data:
+            raise ValueError(
+                "bits (quantized packing) is not supported yet; only density and error_feedback are"
+            )
+        return data
+
+    @property
+    def enabled(self) -> bool:
+        """Whether updates are sparsified (``density`` below 1)."""
+        return self.density < 1.0
+
+
 class TaskConfig(_Section):
     """The task: the user's model, data loading, loss and metrics (:mod:`fedps.learning.tasks`).
 
@@ -481,9 +516,17 @@ class FedPSConfig(_Section):
     tls: TlsConfig = Field(default_factory=TlsConfig)
     groups: GroupsConfig = Field(default_factory=GroupsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    compression: CompressionConfig = Field(default_factory=CompressionConfig)
 
     @model_validator(mode="after")
     def _check(self) -> FedPSConfig:
+        if self.compression.enabled and self.training.mode != "sync":
+            raise ValueError(
+                'compression.density below 1 needs training.mode = "sync": an async buffer '
+                "sums updates trained for different rounds, each sent under its round's mask, "
+                "and shards add ciphertexts slot by slot, so every update of one sum must share "
+                "one mask"
+            )
         if self.metrics.shards and len(self.metrics.shards) != len(self.cluster.shards):
             raise ValueError("metrics.shards needs one address per shard (or none)")
         if self.privacy.level == "client" and self.training.mode != "sync":

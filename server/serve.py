@@ -136,6 +136,7 @@ def keyholder_settings(config: FedPSConfig) -> KeyHolderSettings:
         client_noise=(
             client_level_noise(t, config.privacy) if config.privacy.level == "client" else None
         ),
+        density=config.compression.density,
     )
 
 
@@ -221,6 +222,7 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
         max_staleness=t.max_staleness,
         verify_model=verify_model,
         log=log,
+        density=config.compression.density,
     )
     shard.recover()
     address = config.metrics.shards[index] if config.metrics.shards else ""

@@ -55,6 +55,7 @@ class HandClient:
     coefficients: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.uint64))
     signed: common_pb2.SignedUpdate = field(default_factory=common_pb2.SignedUpdate)
     signed_round: int = -1
+    mask: bytes = b""  # the mask seed a sparsified update names (fedps.sharding.sparse_mask)
 
     @property
     def member(self) -> common_pb2.CohortMember:
@@ -150,6 +151,7 @@ class RoundDriver:
             context_id=self.public.context_id,
             weight=client.weight,
             version=client.version,
+            mask=client.mask,
         )
         client.signed = signed_update_to_proto(signed)
         client.signed_round = round_

@@ -44,7 +44,7 @@ from fedps.runtime.demo import run_demo
 from fedps.runtime.demo_summary import DemoSummary
 from fedps.runtime.deployment import write_config
 
-__all__ = ["JOBS", "SYSTEMS", "Job", "compare", "job_named", "run_flower"]
+__all__ = ["JOBS", "SYSTEMS", "Job", "compare", "job_named", "run_fedps", "run_flower"]
 
 _log = logging.getLogger("fedps")
 
@@ -167,9 +167,34 @@ def _num_params(job: Job) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _fedps_run(job: Job, *, encrypted: bool) -> tuple[dict[str, Any], DemoSummary]:
-    """One fedps run of ``job`` (secure or plaintext): its rounds and its summary."""
+def run_fedps(
+    job: Job, *, encrypted: bool, compression: Mapping[str, object] | None = None
+) -> tuple[dict[str, Any], DemoSummary]:
+    """One fedps run of ``job`` (secure or plaintext): its rounds and its summary.
+
+    Parameters
+    ----------
+    job
+        The job.
+    encrypted
+        Secure (``he.enabled``) or the plaintext baseline.
+    compression
+        The ``[compression]`` section (None: the default, whole updates).
+
+    Returns
+    -------
+    tuple
+        The run's figures (seconds of each round, final accuracy, largest epsilon, bytes per
+        parameter each client pushed per round) and the demo's summary.
+
+    Raises
+    ------
+    FedPSError
+        The run did not finish every round with every client.
+    """
     sections: dict[str, Mapping[str, object]] = {**job.sections(), "he": {"enabled": encrypted}}
+    if compression is not None:
+        sections["compression"] = compression
     with tempfile.TemporaryDirectory(prefix="fedps-bench-") as tmp:
         summary = run_demo(None, Path(tmp), sections, quiet=True)
     # Every round waits for every client's commitment (or the deadline): a round with fewer
@@ -284,7 +309,7 @@ def _compare_job(
                 if system == "flower":
                     result, load, wall = _timed(functools.partial(run_flower, job))
                 else:
-                    run = functools.partial(_fedps_run, job, encrypted=system == "secure")
+                    run = functools.partial(run_fedps, job, encrypted=system == "secure")
                     (result, summary), load, wall = _timed(run)
                     summaries[system].append(summary)
             except FedPSError as exc:  # one failed run: the others still compare

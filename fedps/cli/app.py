@@ -499,7 +499,11 @@ def bench(
         int, typer.Option(help="Rounds of each job (0: its own: digits 40, mlp1m 10).")
     ] = 0,
     repeats: Annotated[
-        int, typer.Option(help="Runs of each system for each job (--against, --profile).")
+        int,
+        typer.Option(
+            help="Runs of each system (or setting) for each job (--against, --profile, "
+            "--compression)."
+        ),
     ] = 1,
     scale: Annotated[
         str,
@@ -514,11 +518,22 @@ def bench(
     scale_hosts: Annotated[
         int, typer.Option(help="Processes the clients of a --scale run are spread over.")
     ] = 2,
+    compression: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--compression",
+            metavar="1,0.1,0.1+ef",
+            help="Run --jobs secure at these compression settings (DENSITY, +ef: error "
+            "feedback), alternating: bytes per parameter and accuracy (instead of the default "
+            "suite).",
+        ),
+    ] = None,
 ) -> None:
     """Measure encryption cost against TenSEAL's default and plaintext, in one run.
 
     With --against flower or --profile: the same job on Flower and fedps, and where its rounds
     go. With --scale: many clients through the real protocol, and what each role costs.
+    With --compression: the same job at several compression settings.
     """
     from rich.console import Console
 
@@ -541,6 +556,21 @@ def bench(
         ]
         console.print(render_scale(runs), markup=False, highlight=False, soft_wrap=True)
         _write_json(json_out, json.dumps(runs, indent=2) + "\n", "results")
+        return
+    if compression is not None:
+        from fedps.bench.compression_bench import (
+            compare_compression,
+            parse_settings,
+            render_compression,
+        )
+        from fedps.bench.flower_comparison import job_named
+
+        chosen_jobs = [job_named(name, job_rounds) for name in jobs.split(",") if name]
+        measured = compare_compression(
+            chosen_jobs, parse_settings(compression), repeats=repeats, console=console
+        )
+        console.print(render_compression(measured), markup=False, highlight=False, soft_wrap=True)
+        _write_json(json_out, json.dumps(measured, indent=2) + "\n", "results")
         return
     if against is not None or profile:
         from fedps.bench.flower_comparison import compare, job_named

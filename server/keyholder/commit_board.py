@@ -41,6 +41,7 @@ from fedps.errors import (
     UnknownClientError,
 )
 from fedps.rpc.keyholder_messages import CommitClosing, CommitOpening, UpdateCommitment
+from fedps.sharding.sparse_mask import mask_seed
 from server.keyholder.commit_log import CommitLog, CommitRecord
 
 __all__ = ["CommitBoard", "CommitPhase", "Commitment"]
@@ -82,7 +83,8 @@ class CommitBoard:
     secret
         32 bytes only the key holder knows; each round's challenge seed is derived from it.
     num_blocks
-        Blocks of the model (every commitment has one root and one sketch per block).
+        Blocks of an update (every commitment has one root and one sketch per block): the
+        model's, or the blocks a sparsified update sends.
     modulus
         The ciphertext modulus q (sketches are below it); 0 without encryption.
     sketch_count
@@ -93,6 +95,9 @@ class CommitBoard:
         The closed range every declared aggregation weight must lie in.
     fsync
         Flush every record of the commitment log to disk before it is acknowledged.
+    masked
+        Updates are sparsified (:mod:`fedps.sharding.sparse_mask`): every commitment ends with
+        one more root, its round's mask seed (:meth:`mask_seed`).
     """
 
     def __init__(
@@ -106,8 +111,10 @@ class CommitBoard:
         max_staleness: int = 0,
         weight_bounds: tuple[float, float] = (1.0, 1.0),
         fsync: bool = True,
+        masked: bool = False,
     ) -> None:
         self._secret = secret
+        self.masked = masked
         self.num_blocks = num_blocks
         self.modulus = modulus
         self.sketch_count = sketch_count
@@ -193,6 +200,10 @@ class CommitBoard:
         with self._lock:
             return self._seed(self._require(round_))
 
+    def mask_seed(self, round_: int) -> bytes:
+        """The mask seed of ``round_``'s sparsified updates (derived from its challenge seed)."""
+        return mask_seed(self.seed(round_))
+
     def _seed(self, phase: CommitPhase) -> bytes:
         """HMAC of everything that defines the phase.
 
@@ -242,9 +253,17 @@ class CommitBoard:
             phase.commitments[client_id] = Commitment(update, values)
 
     def _check(self, phase: CommitPhase, update: SignedUpdate, sketches: bytes) -> np.ndarray:
-        if len(update.roots) != self.num_blocks or any(len(r) != _ROOT_BYTES for r in update.roots):
+        roots = self.num_blocks + int(self.masked)
+        if len(update.roots) != roots or any(len(r) != _ROOT_BYTES for r in update.roots):
+            mask = " and the round's mask seed" if self.masked else ""
             raise InvalidArgumentError(
                 f"a commitment has one {_ROOT_BYTES}-byte root per block ({self.num_blocks})"
+                f"{mask}, got {len(update.roots)}"
+            )
+        if self.masked and update.roots[-1] != mask_seed(self._seed(phase)):
+            raise InvalidArgumentError(
+                f"the update of {update.client_id!r} was sparsified under another mask than "
+                f"round {phase.round}'s"
             )
         low, high = self.weight_bounds
         if not (math.isfinite(update.weight) and low <= update.weight <= high):

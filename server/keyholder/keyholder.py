@@ -22,7 +22,9 @@ then the steps below); :meth:`.Decryptor.average <.decryptor.Decryptor.average>`
 streams each shard's sums in (:class:`~.shard_peers.ShardPeers`), has
 :class:`~.aggregate_verifier.AggregateVerifier` check every block against the commitments, and
 only then checks the canaries, decrypts, floods, bounds and averages (it also rotates the key
-pair every ``rotate_every_rounds`` rounds); :mod:`.blame` after a failed check
+pair every ``rotate_every_rounds`` rounds); with ``compression.density`` below 1 the aggregate
+is the packed coordinates of the round's mask (:meth:`KeyHolder.mask`), scattered back into the
+whole vector afterwards (docs/compression.md); :mod:`.blame` after a failed check
 (:func:`~.blame.judge`), with what it proved kept by :class:`~.suspects.Suspects`; the server
 optimizer's step (:class:`~.global_model.GlobalModel`); the state, durable before anything is
 published (:class:`~.state_store.StateStore`); the signed publication
@@ -62,6 +64,7 @@ from fedps.rpc.keyholder_messages import ModelState
 from fedps.rpc.shard_stub import ShardStub
 from fedps.sharding.blocks import BlockLayout
 from fedps.sharding.hash_ring import HashRing
+from fedps.sharding.sparse_mask import SparseMask, sent_blocks
 from server.keyholder.aggregate_verifier import AggregateVerifier, TamperingError
 from server.keyholder.blame import judge
 from server.keyholder.commit_board import CommitBoard
@@ -201,14 +204,16 @@ class KeyHolder:
         saved = state.model.params if state is not None else None
         values_per_block = keys.public.params.values_per_block
         modulus = keys.public.modulus if settings.encrypted else 0
+        model_blocks = 0 if saved is None else BlockLayout(saved.size, values_per_block).num_blocks
         commits = CommitBoard(
             state_dir / "commits",
             secret=challenge_secret,
-            num_blocks=0 if saved is None else BlockLayout(saved.size, values_per_block).num_blocks,
+            num_blocks=sent_blocks(model_blocks, settings.density),
             modulus=modulus,
             sketch_count=sketch_count(modulus) if modulus else 0,
             max_staleness=settings.max_staleness if settings.staleness is not None else 0,
             weight_bounds=settings.weight_bounds,
+            masked=settings.density < 1,
         )
         return cls(
             settings,
@@ -262,6 +267,15 @@ class KeyHolder:
             raise NotReadyError("the key holder has no model yet")
         return BlockLayout(self.params.size, self.keys.public.params.values_per_block)
 
+    def mask(self, round_: int) -> SparseMask | None:
+        """The mask ``round_``'s updates are sparsified under (None: whole updates).
+
+        Its seed comes from the round's challenge seed (:meth:`.CommitBoard.mask_seed`).
+        """
+        if self.settings.density >= 1:
+            return None
+        return SparseMask(self.layout, self.settings.density, self.commits.mask_seed(round_))
+
     # ------------------------------------------------------------------ model
     def initialize(self, vector: np.ndarray, *, version: int = 0, force: bool = False) -> None:
         """Set the initial model (the chief's job) and publish it.
@@ -276,7 +290,7 @@ class KeyHolder:
                 self._publisher.publish(self.layout)
                 return
             before = self.model.start(vector, version)
-            self.commits.num_blocks = self.layout.num_blocks
+            self.commits.num_blocks = sent_blocks(self.layout.num_blocks, self.settings.density)
             try:
                 self._publisher.publish(self.layout)
                 self._save_state()
@@ -420,6 +434,7 @@ class KeyHolder:
                     f"round {round_} was committed to for another run, version or key generation"
                 )
             layout = self.layout
+            mask = self.mask(round_)
             contributors = set(members or {})
             while True:  # a request the policy refuses raises here, refusing nothing
                 verifier = AggregateVerifier(
@@ -436,7 +451,7 @@ class KeyHolder:
                         verifier,
                         self._shards.fetch_aggregates(round_, verifier.contributors),
                         owner=self._shards.owner,
-                        layout=layout,
+                        layout=layout if mask is None else mask.packed,
                         timer=timer,
                     )
                     break
@@ -457,6 +472,8 @@ class KeyHolder:
                         continue
                     self._refuse(round_, refusal)
                     raise refusal from exc
+            if mask is not None:  # the packed average, back to the coordinates sent
+                delta = mask.scatter(delta)
             before = self.model.snapshot()
             with timer.phase("apply"):
                 round_closed = self.model.step(round_, delta, manifests, layout)

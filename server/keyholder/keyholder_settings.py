@@ -58,11 +58,15 @@ class KeyHolderSettings:
         Client-level DP (:func:`fedps.learning.accounting.client_level_noise`, the clients' own
         calibration): top each round's sum up to the full noise and divide by the fixed cohort
         size. None at example level.
+    density
+        Shared random-k sparsification (``compression.density``): the fraction of each update
+        sent under the round's mask (:class:`fedps.sharding.sparse_mask.SparseMask`); 1: all.
 
     Raises
     ------
     InvalidArgumentError
-        A quorum below 1, or client-level noise with asynchronous updates.
+        A quorum below 1, client-level noise or sparsified updates with asynchronous updates,
+        or a density outside (0, 1].
     """
 
     params: CkksParams
@@ -79,9 +83,14 @@ class KeyHolderSettings:
     max_shard_misses: int = 3
     shard_deadline_s: float = 60.0  # a restarting shard fails a fetch, then a retry
     client_noise: ClientLevelNoise | None = None
+    density: float = 1.0
 
     def __post_init__(self) -> None:
         if self.min_quorum < 1:
             raise InvalidArgumentError("min_quorum must be at least 1")
         if self.client_noise is not None and self.staleness is not None:
             raise InvalidArgumentError("client-level noise needs synchronous rounds")
+        if not 0 < self.density <= 1:
+            raise InvalidArgumentError(f"density must be in (0, 1], got {self.density}")
+        if self.density < 1 and self.staleness is not None:
+            raise InvalidArgumentError("sparsified updates need synchronous rounds")

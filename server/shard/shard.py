@@ -51,6 +51,7 @@ from fedps.rpc.shard_messages import (
     TraceQuery,
 )
 from fedps.sharding.hash_ring import HashRing
+from fedps.sharding.sparse_mask import sent_blocks
 from server.shard.evidence import HeldRows, answer_trace
 from server.shard.published_model import PublishedModel
 from server.shard.round_state import ROOT_BYTES, ClientEntry, RoundState
@@ -90,6 +91,11 @@ class Shard:
         signature)``; None: publishes are not checked.
     log
         The shard's durable log (None: nothing survives a restart).
+    density
+        Shared random-k sparsification (``compression.density``, 1: whole updates): an update
+        is the first ``ceil(density x blocks)`` blocks
+        (:func:`fedps.sharding.sparse_mask.sent_blocks`) and its signed commitment ends with its
+        round's mask seed, one more root.
     """
 
     def __init__(
@@ -103,6 +109,7 @@ class Shard:
         max_staleness: int = 0,
         verify_model: Callable[[int, int, bytes, bytes], bool] | None = None,
         log: ShardLog | None = None,
+        density: float = 1.0,
     ) -> None:
         if shard_id not in ring.nodes:
             raise InvalidArgumentError(f"{shard_id} is not on the ring {ring.nodes}")
@@ -112,6 +119,8 @@ class Shard:
         self._max_messages = max_messages_per_round
         self._staleness = staleness  # None: synchronous rounds
         self._max_staleness = max_staleness
+        self._density = density
+        sent_blocks(1, density)  # checks it
         self._lock = threading.Lock()
         #: the published model's blocks this shard serves (the key holder publishes them)
         self.model = PublishedModel(shard_id, ring, verify_model=verify_model, log=log)
@@ -292,7 +301,7 @@ class Shard:
             )
         update = self._check_signature(state, batch)
         public = self._public_context(state.context_id)
-        owned = set(self.model.owned)
+        owned = set(self.update_blocks)
         seen: set[int] = set()
         for block, _ in batch.blocks:
             if block not in owned:
@@ -395,10 +404,16 @@ class Shard:
                     f"client {batch.client_id!r} sent a second, different update in this round"
                 )
             return update
-        if len(update.roots) != self.model.num_blocks:
+        if self._density >= 1 and len(update.roots) != self.model.num_blocks:
             raise InvalidArgumentError(
                 f"a signed update commits to {len(update.roots)} blocks; the model has "
                 f"{self.model.num_blocks}"
+            )
+        sent = sent_blocks(self.model.num_blocks, self._density)
+        if self._density < 1 and len(update.roots) != sent + 1:  # the last: the mask seed
+            raise InvalidArgumentError(
+                f"a signed update commits to {len(update.roots)} roots; a sparsified update "
+                f"has {sent} blocks and its round's mask seed"
             )
         if any(len(root) != ROOT_BYTES for root in update.roots):
             raise InvalidArgumentError(f"every chunk root must be {ROOT_BYTES} bytes")
@@ -418,9 +433,9 @@ class Shard:
             if not state.closed:
                 self._append(round_, ShardLogRecord("close", round_))
             state.closed = True
-            if not self.model.owned:
+            owned = self.update_blocks
+            if not owned:
                 return sorted(state.members)
-            owned = self.model.owned
             return sorted(
                 c
                 for c, entry in state.entries.items()
@@ -464,17 +479,17 @@ class Shard:
                 raise RoundClosedError(f"round {round_} is still open")
             entries = {c: state.entries.get(c) for c in sorted(wanted)}
             incomplete = [c for c, e in entries.items() if e is None or not e.blocks]
-            if incomplete and self.model.owned:
+            owned = self.update_blocks
+            if incomplete and owned:
                 raise InvalidArgumentError(
                     f"{self.shard_id} holds no pushes of {incomplete[:5]} in round {round_}"
                 )
-            holders = {b: self._holders(state, b, wanted) for b in self.model.owned}
+            holders = {b: self._holders(state, b, wanted) for b in owned}
             # the usual case, every block summed over exactly the contributors: packed at once
-            exact = [b for b in self.model.owned if set(holders[b]) == wanted]
+            exact = [b for b in owned if set(holders[b]) == wanted]
             packed = dict(zip(exact, pack_sums([state.sums[b] for b in exact]), strict=True))
             aggregates = [
-                self._aggregate(state, b, wanted, holders[b], packed.get(b))
-                for b in self.model.owned
+                self._aggregate(state, b, wanted, holders[b], packed.get(b)) for b in owned
             ]
             return aggregates, [e.signed(c) for c, e in entries.items() if e is not None]
 
@@ -566,7 +581,7 @@ class Shard:
         state = self._require(round_)
         if not state.closed:
             raise RoundClosedError(f"round {round_} is still open")
-        owned = set(self.model.owned)
+        owned = set(self.update_blocks)
         pairs = []
         for block in sorted(set(blocks)):
             if block not in owned:
@@ -638,3 +653,12 @@ class Shard:
     def owned_blocks(self) -> list[int]:
         """Blocks this shard owns in the published model."""
         return list(self.model.owned)
+
+    @property
+    def update_blocks(self) -> list[int]:
+        """Blocks of an update this shard owns: the model's, or a sparsified update's.
+
+        A sparsified update is the first ``ceil(density x blocks)`` blocks.
+        """
+        sent = sent_blocks(self.model.num_blocks, self._density)
+        return [b for b in self.model.owned if b < sent]

@@ -87,7 +87,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         """Coordinator: stop accepting pushes for a round; reports who contributed."""
         with rpc_errors(context):
             complete = self.shard.close_round(request.round)
-        return records.ClosedRound(tuple(complete), len(self.shard.owned_blocks)).to_proto()
+        return records.ClosedRound(tuple(complete), len(self.shard.update_blocks)).to_proto()
 
     def DiscardRound(  # noqa: N802
         self, request: shard_pb2.CloseRoundRequest, context: grpc.ServicerContext

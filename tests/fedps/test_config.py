@@ -117,6 +117,10 @@ def test_overrides_merge_over_the_file(tmp_path: Path) -> None:
         ({"security": {"min_weight": 0}}, "security.min_weight: "),
         ({"security": {"max_shard_misses": 0}}, "security.max_shard_misses: "),
         ({"security": {"shard_deadline_s": 0}}, "security.shard_deadline_s: "),
+        ({"compression": {"density": 0}}, "compression.density: "),
+        ({"compression": {"density": 1.5}}, "compression.density: "),
+        ({"compression": {"bits": 8}}, "compression: "),
+        ({"compression": {"error_feedback": "sometimes"}}, "compression.error_feedback: "),
         (
             {"training": {"mode": "async", "clients": 4, "cohort_size": 2, "buffer_size": 3}},
             "could never flush",
@@ -360,6 +364,22 @@ def test_sync_groups_need_async_mode() -> None:
         load_config(None, groups={"sync": ["2.*"]})
     mixed = load_config(None, training={"mode": "async"}, groups={"sync": ["2.*"]})
     assert mixed.groups.buffers_per_round(mixed.training) == 2  # ceil(4 clients / K = 3)
+
+
+def test_compression_is_off_by_default_and_refuses_what_it_cannot_do() -> None:
+    # Prepare / Execute
+    default = load_config(None).compression
+    sparse = load_config(None, compression={"density": 0.1, "error_feedback": True})
+
+    # Assert: off by default; a quantized packing is not accepted until it exists; async
+    # buffers cannot share one mask
+    assert (default.density, default.error_feedback, default.enabled) == (1.0, False, False)
+    assert sparse.compression.enabled and sparse.compression.error_feedback
+    with pytest.raises(ConfigError, match=r"bits .*not supported yet"):
+        load_config(None, compression={"density": 0.1, "bits": 8})
+    with pytest.raises(ConfigError, match=r'training\.mode = "sync".*one mask'):
+        load_config(None, compression={"density": 0.1}, training={"mode": "async"})
+    assert load_config(None, training={"mode": "async"}).compression.density == 1.0
 
 
 def test_client_level_dp_settings() -> None:

@@ -3,7 +3,7 @@ of decryptions (sync rounds and async buffers of three model versions)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from server.shard.shard import Shard
 from tests.conftest import Cluster, start_cluster
 from tests.round_driver import HandClient, RoundDriver
 
-__all__ = ["PARAMS", "RUN", "TAMPER", "TRAINED", "VERSION", "Arena", "arena"]
+__all__ = ["PARAMS", "RUN", "TAMPER", "TRAINED", "VERSION", "Arena", "arena", "open_arena"]
 
 RUN = "attack-run"
 PARAMS = 5000  # three blocks of 2016 values
@@ -89,7 +89,14 @@ class Arena:
 
 @pytest.fixture(params=["sync", "async"])
 def arena(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Arena]:
-    mode: str = request.param
+    arena = open_arena(tmp_path, request.param)
+    yield arena
+    arena.cluster.stop()
+
+
+def open_arena(tmp_path: Path, mode: str, **sections: Mapping[str, object]) -> Arena:
+    """An arena in ``mode`` (sync or async), with more configuration ``sections``; the caller
+    stops its cluster."""
     training: dict[str, object] = {"clients": 3, "min_quorum": 2, "mode": mode}
     if mode == "async":
         training.update({"buffer_size": 2, "max_staleness": 2})
@@ -99,6 +106,7 @@ def arena(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Arena]:
         coordinator=False,
         training=training,
         security={"max_detections": 100_000},  # the attacker may retry as often as it likes
+        **sections,
     )
     kh = cluster.keyholder
     kh.initialize(np.zeros(PARAMS), version=VERSION)
@@ -112,5 +120,4 @@ def arena(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Arena]:
 
     kh.keys.open = counting  # type: ignore[method-assign]
     driver = RoundDriver(cluster.config, kh.keys.public, run_id=RUN)
-    yield Arena(cluster, driver, mode, decryptions, np.random.default_rng(7))
-    cluster.stop()
+    return Arena(cluster, driver, mode, decryptions, np.random.default_rng(7))

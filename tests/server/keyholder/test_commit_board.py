@@ -18,20 +18,34 @@ BLOCKS = 3
 RUN, CONTEXT = "run", "ctx"
 
 
-def _board(directory: Path, bounds: tuple[float, float] = (0.1, 1.0)) -> CommitBoard:
+def _board(
+    directory: Path,
+    bounds: tuple[float, float] = (0.1, 1.0),
+    *,
+    masked: bool = False,
+    secret: bytes = b"s" * 32,
+) -> CommitBoard:
     return CommitBoard(
         directory,
-        secret=b"s" * 32,
+        secret=secret,
         num_blocks=BLOCKS,
         modulus=Q,
         sketch_count=1,
         weight_bounds=bounds,
         fsync=False,
+        masked=masked,
     )
 
 
-def _update(signer: BlockSigner, client: str, round_: int = 1, weight: float = 0.5) -> SignedUpdate:
-    roots = [os.urandom(32) for _ in range(BLOCKS)]
+def _update(
+    signer: BlockSigner,
+    client: str,
+    round_: int = 1,
+    weight: float = 0.5,
+    *,
+    mask: tuple[bytes, ...] = (),
+) -> SignedUpdate:
+    roots = [os.urandom(32) for _ in range(BLOCKS)] + list(mask)
     nonce = os.urandom(16)
     digest = update_digest(
         run_id=RUN,
@@ -113,3 +127,35 @@ def test_the_challenge_changes_with_the_cohort(tmp_path: Path) -> None:
     assert board.challenge_seed(1, "bob") != first
     with pytest.raises(UnknownClientError):
         board.challenge_seed(1, "alice")
+
+
+def test_a_masked_board_takes_only_commitments_under_the_rounds_mask(tmp_path: Path) -> None:
+    # Prepare: sparsified updates; round 1 open for alice
+    alice = BlockSigner()
+    board = _board(tmp_path, masked=True)
+    board.open(1, 0, RUN, CONTEXT, {"alice": alice.public_key})
+    mask = board.mask_seed(1)
+
+    # Execute / Assert: no mask, another mask, then the round's
+    with pytest.raises(InvalidArgumentError, match="mask seed"):
+        board.commit(1, _update(alice, "alice"), _sketches())
+    with pytest.raises(InvalidArgumentError, match="another mask"):
+        board.commit(1, _update(alice, "alice", mask=(os.urandom(32),)), _sketches())
+    board.commit(1, _update(alice, "alice", mask=(mask,)), _sketches())
+    assert board.close(1, freeze=True) == (["alice"], True)
+
+
+def test_the_mask_seed_is_fresh_every_round_and_keyed_by_the_secret(tmp_path: Path) -> None:
+    # Prepare: the same cohort on two boards of other secrets
+    alice = BlockSigner()
+    boards = [_board(tmp_path / name, masked=True, secret=os.urandom(32)) for name in ("a", "b")]
+    for board in boards:
+        for round_ in (1, 2):
+            board.open(round_, 0, RUN, CONTEXT, {"alice": alice.public_key})
+
+    # Execute
+    seeds = {board.mask_seed(r) for board in boards for r in (1, 2)}
+
+    # Assert: four rounds, four seeds; none is the challenge it comes from
+    assert len(seeds) == 4
+    assert not seeds & {board.seed(r) for board in boards for r in (1, 2)}

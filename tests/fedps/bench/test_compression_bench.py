@@ -1,0 +1,55 @@
+"""Tests for fedps.bench.compression_bench: its settings and its table (no runs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedps.bench.compression_bench import parse_settings, render_compression
+from fedps.errors import ConfigError
+
+
+def test_settings_are_densities_with_or_without_error_feedback() -> None:
+    # Execute
+    settings = parse_settings("1, 0.1,0.1+ef,.25")
+
+    # Assert
+    assert settings == [
+        {"density": 1.0, "error_feedback": False},
+        {"density": 0.1, "error_feedback": False},
+        {"density": 0.1, "error_feedback": True},
+        {"density": 0.25, "error_feedback": False},
+    ]
+    for bad in ("", "0.1+feedback", "a", "0.1,-1", "0", "1.5+ef"):
+        with pytest.raises(ConfigError, match="--compression"):
+            parse_settings(bad)
+
+
+def test_the_table_compares_each_setting_with_the_first() -> None:
+    # Prepare
+    def summary(bytes_per_param: float, accuracy: list[float]) -> dict[str, object]:
+        return {
+            "bytes_per_param": bytes_per_param,
+            "final_accuracy": accuracy,
+            "max_epsilon": [7.21] * len(accuracy),
+            "median_round_s": 0.5,
+            "num_params": 4810,
+            "runs": [],
+        }
+
+    results = {
+        "jobs": {
+            "digits": {
+                "job": {},
+                "failed": [{"setting": "0.5", "repeat": 1}],
+                "settings": {"1": summary(12.0, [0.9, 0.92]), "0.1": summary(4.0, [0.88])},
+            }
+        }
+    }
+
+    # Execute
+    table = render_compression(results).splitlines()
+
+    # Assert
+    assert "| 1 | 12.00 | 1.00x smaller | 90.0%, 92.0% | 91.0% | +0.0 pt |" in table[2]
+    assert "| 0.1 | 4.00 | 3.00x smaller | 88.0% | 88.0% | -3.0 pt |" in table[3]
+    assert "failed (repeat 1)" in table[4]

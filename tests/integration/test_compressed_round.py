@@ -1,0 +1,106 @@
+"""Sparsified rounds end to end on loopback: real clients (Opacus), real CKKS, real servers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clients.error_feedback import RESIDUAL_FILE, ErrorFeedback
+from fedps.sharding.sparse_mask import SparseMask
+from server.keyholder.keyholder import KeyHolder
+from tests.conftest import RecordingClient, run_clients, start_cluster
+
+pytestmark = pytest.mark.integration
+
+_TRAINING = {"rounds": 2, "clients": 2, "min_quorum": 2, "deadline_s": 30.0, "lr": 0.3}
+
+
+def _masks(keyholder: KeyHolder, rounds: int) -> list[SparseMask]:
+    """The masks of rounds 1..``rounds`` (the key holder keeps their commit phases)."""
+    masks = [keyholder.mask(r) for r in range(1, rounds + 1)]
+    return [m for m in masks if m is not None]
+
+
+def _average(sent: list[tuple[float, np.ndarray]]) -> np.ndarray:
+    """The weighted average of ``(weight, update)`` pairs."""
+    weights = np.array([w for w, _ in sent])
+    average: np.ndarray = weights @ np.stack([d for _, d in sent]) / weights.sum()
+    return average
+
+
+def test_a_compressed_round_applies_the_selected_coordinates_of_every_update(
+    tmp_path: Path,
+) -> None:
+    # Prepare
+    cluster = start_cluster(tmp_path, training=_TRAINING, compression={"density": 0.1})
+    try:
+        clients = [RecordingClient.open(cluster.config, index=i) for i in range(2)]
+        initial = cluster.coordinator.evaluator.initial_vector()
+
+        # Execute
+        run_clients(clients)
+
+        # Assert: each round moved the coordinates of its mask by the average of what the
+        # clients trained there, and no other coordinate
+        masks = _masks(cluster.keyholder, 2)
+        expected = initial.copy()
+        for round_, mask in enumerate(masks, start=1):
+            average = _average([c.sent[round_] for c in clients])
+            expected = expected + mask.scatter(mask.gather(average))
+        applied = cluster.keyholder.params
+        assert applied is not None
+        touched = np.zeros(applied.size, dtype=bool)
+        for mask in masks:
+            touched[mask.indices()] = True
+        assert np.array_equal(applied[~touched], initial[~touched])
+        np.testing.assert_allclose(applied, expected, atol=1e-4)
+        assert not np.array_equal(masks[0].indices(), masks[1].indices())
+        assert all(m.size < applied.size for m in masks)
+    finally:
+        cluster.stop()
+
+
+def test_error_feedback_carries_what_a_round_did_not_send(tmp_path: Path) -> None:
+    # Prepare
+    compression = {"density": 0.1, "error_feedback": True}
+    cluster = start_cluster(tmp_path, training=_TRAINING, compression=compression)
+    try:
+        clients = [RecordingClient.open(cluster.config, index=i) for i in range(2)]
+        initial = cluster.coordinator.evaluator.initial_vector()
+
+        # Execute
+        run_clients(clients)
+
+        # Assert: round 2 sent its own update plus round 1's unsent part; the residual is what
+        # round 2 left, kept in the client's state folder
+        first, second = _masks(cluster.keyholder, 2)
+        expected = initial.copy()
+        residuals: list[np.ndarray] = []
+        totals: list[tuple[float, np.ndarray]] = []
+        for client in clients:
+            _, delta = client.sent[1]
+            left = delta.copy()
+            left[first.indices()] = 0.0
+            weight2, delta2 = client.sent[2]
+            total = delta2 + left
+            totals.append((weight2, total))
+            residual = total.copy()
+            residual[second.indices()] = 0.0
+            residuals.append(residual)
+            feedback = client.pipeline.feedback
+            assert feedback is not None
+            np.testing.assert_array_equal(feedback.residual, residual)
+            directory = client.state.directory
+            assert directory is not None and (directory / RESIDUAL_FILE).exists()
+            np.testing.assert_array_equal(
+                ErrorFeedback(residual.size, directory).residual, residual
+            )
+        expected = expected + first.scatter(first.gather(_average([c.sent[1] for c in clients])))
+        expected = expected + second.scatter(second.gather(_average(totals)))
+        applied = cluster.keyholder.params
+        assert applied is not None
+        np.testing.assert_allclose(applied, expected, atol=1e-4)
+    finally:
+        cluster.stop()
