@@ -206,8 +206,13 @@ def render_comparison(results: Mapping[str, Any]) -> str:
     and the bytes per parameter a client sends per round; then each job's phase profile.
     """
     jobs = results["jobs"]
-    systems = ("flower", "plaintext", "secure")
-    names = {"flower": "Flower plain", "plaintext": "fedps plaintext", "secure": "fedps secure"}
+    systems = ("flower", "flower-ghost", "plaintext", "secure")
+    names = {
+        "flower": "Flower plain",
+        "flower-ghost": "Flower + Opacus ghost",
+        "plaintext": "fedps plaintext",
+        "secure": "fedps secure",
+    }
     lines = [
         "| job | system | s/round (median r2..R) | vs Flower | accuracy | epsilon |"
         " bytes/param (up) | load (1 min) |",
