@@ -6,9 +6,11 @@
     DP-SGD through Opacus. ``PrivacyEngine.make_private`` is called once per client, at the
     start of the run: the model, optimizer and Poisson-sampled data loader are wrapped once
     and reused every round, so the accountant accumulates every step the client ever takes (a
-    new engine per round would reset epsilon). With a target epsilon the noise multiplier is
-    calibrated for the whole run (``rounds x local_epochs`` epochs at the client's own
-    sampling rate) by :func:`fedps.learning.accounting.calibrate_noise`, which never overshoots.
+    new engine per round would reset epsilon). Per-sample gradients are clipped by Opacus's
+    ghost clipping or its hooks (``privacy.clipping``, :mod:`clients.private_engine`): the same
+    sum. With a target epsilon the noise multiplier is calibrated for the whole run
+    (``rounds x local_epochs`` epochs at the client's own sampling rate) by
+    :func:`fedps.learning.accounting.calibrate_noise`, which never overshoots.
 ``"client"`` (:class:`ClientLevelTrainer`)
     Plain local SGD; the whole update is clipped and noised, and the accountant counts rounds
     at the cohort sampling rate.
