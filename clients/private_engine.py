@@ -251,7 +251,8 @@ def dp_backward(
     Raises
     ------
     ConfigError
-        With ghost clipping, if the module's output is not one tensor.
+        With ghost clipping, if the module's output is not one tensor or it uses a Linear or
+        Embedding layer twice in one forward pass (parameter tying).
     """
     ghost = isinstance(module, GradSampleModuleFastGradientClipping)
     loss: torch.Tensor
@@ -260,7 +261,10 @@ def dp_backward(
             loss = module(x).sum() * 0.0
             loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch
         return loss
-    output = module(x)
+    try:
+        output = module(x)
+    except NotImplementedError as exc:  # ghost clipping: a Linear or Embedding used twice
+        raise ConfigError(f'{exc}: use privacy.clipping = "per_sample"') from exc
     loss = loss_fn(output, y)
     if ghost:
         _clipped_backward(module, output, loss)

@@ -199,3 +199,24 @@ def test_ghost_clipping_refuses_a_model_of_several_outputs() -> None:
     # Execute / Assert: the fix is named
     with pytest.raises(ConfigError, match=re.escape('privacy.clipping = "per_sample"')):
         dp_backward(module, loss, x, torch.zeros(4, dtype=torch.long))
+
+
+def test_ghost_clipping_refuses_a_layer_used_twice_and_names_the_fix() -> None:
+    # Prepare: one Linear applied twice (tied parameters), which per-sample hooks accumulate
+    class Twice(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(5, 5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.fc(self.fc(x))
+            return out
+
+    x, y = torch.randn(4, 5), torch.zeros(4, dtype=torch.long)
+    ghost, _ = _private(Twice(), x, "ghost", 1.0, SeededRandom(0))
+    per_sample, _ = _private(Twice(), x, "per_sample", 1.0, SeededRandom(0))
+
+    # Execute / Assert
+    with pytest.raises(ConfigError, match=re.escape('privacy.clipping = "per_sample"')):
+        dp_backward(ghost, torch.nn.functional.cross_entropy, x, y)
+    dp_backward(per_sample, torch.nn.functional.cross_entropy, x, y)
