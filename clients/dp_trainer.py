@@ -6,9 +6,11 @@
     DP-SGD through Opacus. ``PrivacyEngine.make_private`` is called once per client, at the
     start of the run: the model, optimizer and Poisson-sampled data loader are wrapped once
     and reused every round, so the accountant accumulates every step the client ever takes (a
-    new engine per round would reset epsilon). With a target epsilon the noise multiplier is
-    calibrated for the whole run (``rounds x local_epochs`` epochs at the client's own
-    sampling rate) by :func:`fedps.learning.accounting.calibrate_noise`, which never overshoots.
+    new engine per round would reset epsilon). Per-sample gradients are clipped by Opacus's
+    ghost clipping or its hooks (``privacy.clipping``, :mod:`clients.private_engine`): the same
+    sum. With a target epsilon the noise multiplier is calibrated for the whole run
+    (``rounds x local_epochs`` epochs at the client's own sampling rate) by
+    :func:`fedps.learning.accounting.calibrate_noise`, which never overshoots.
 ``"client"`` (:class:`ClientLevelTrainer`)
     Plain local SGD; the whole update is clipped and noised, and the accountant counts rounds
     at the cohort sampling rate.
@@ -36,7 +38,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from clients.noise_pool import NoiseDraw, NoisePool
-from clients.private_engine import SourcedPrivacyEngine
+from clients.private_engine import CLIPPING, SourcedPrivacyEngine, dp_backward
 from crypto.randomness import RandomSource, random_source
 from fedps._registry import add_entry
 from fedps.config import PrivacyConfig, TrainingConfig
@@ -332,23 +334,27 @@ class DPTrainer(Trainer):
             self.engine = SourcedPrivacyEngine(
                 accountant=privacy.accountant, noise=self.noise_pool, timer=self.timer
             )
-            self.module, self.optimizer, self.loader = self.engine.make_private(
+            private = self.engine.make_private(
                 module=model,
                 optimizer=optimizer,
                 data_loader=loader,
                 noise_multiplier=sigma,
                 max_grad_norm=privacy.max_grad_norm,
                 poisson_sampling=True,
+                grad_sample_mode=CLIPPING[privacy.clipping],
             )
+        # ghost clipping also returns Opacus's loss wrapper, which dp_backward does without
+        self.module, self.optimizer, self.loader = private[0], private[1], private[-1]
         if len(self.loader) != steps_per_epoch:  # calibrated for a different step count
             raise RuntimeError(f"Opacus draws {len(self.loader)} batches, not {steps_per_epoch}")
         self.noise_multiplier = float(self.optimizer.noise_multiplier)
         _log.info(
-            "DP-SGD: %d examples, sample rate %.4f, noise multiplier %.3f, %s noise",
+            "DP-SGD: %d examples, sample rate %.4f, noise multiplier %.3f, %s noise, %s clipping",
             self.num_examples,
             self.sample_rate,
             self.noise_multiplier,
             privacy.noise_mode,
+            privacy.clipping,
         )
 
     @property
@@ -393,8 +399,7 @@ class DPTrainer(Trainer):
             for _ in range(self._epochs):
                 for x, y in self.loader:
                     self.optimizer.zero_grad()
-                    loss = loss_fn(self.module(x), y) if len(y) else self.module(x).sum() * 0.0
-                    loss.backward()
+                    loss = dp_backward(self.module, loss_fn, x, y)
                     self.optimizer.step()
                     if len(y):
                         losses.append(float(loss.detach()))

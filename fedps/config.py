@@ -226,6 +226,12 @@ class PrivacyConfig(_Section):
         description="protect one example (DP-SGD) or one client's data (DP-FedAvg): a trainer",
     )
     clip_norm: float = Field(0.5, gt=0, description="client level: L2 clip of each update")
+    clipping: Literal["ghost", "per_sample"] = Field(
+        "ghost",
+        description="example level: how per-sample gradients are clipped, ghost (Opacus's fast "
+        "gradient clipping: norms without the per-sample gradients, a second backward pass) or "
+        "per_sample (Opacus's hooks materialise them); the same clipped sum, the same accounting",
+    )
     insecure_reproducible: bool = Field(
         False,
         description="draw DP noise, Poisson and cohort sampling from training.seed: anyone "

@@ -5,6 +5,8 @@
 - DP noise: the hardened CSPRNG Gaussian against ``torch.normal``, and one client's DP-SGD
   round on the 1M-parameter model with its noise drawn ahead against drawn on demand
   (:mod:`fedps.bench.noise_ahead`).
+- DP-SGD clipping: the same client's round with ghost clipping against Opacus's per-sample
+  gradients (:mod:`fedps.bench.clipping_modes`).
 - End to end: the same rounds (same clients, same DP) with encryption on and off, as separate
   processes on loopback, for the demo model and a 1M-parameter model, with where their rounds
   go, phase by phase (:func:`fedps.bench.round_profile.phase_profile`).
@@ -50,6 +52,7 @@ from crypto.params import CANARIES
 from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner, context_digest, verify_block
 from crypto.sketch import Challenge
+from fedps.bench.clipping_modes import measure_clipping
 from fedps.bench.noise_ahead import measure_noise_ahead
 from fedps.bench.round_profile import phase_profile
 from fedps.ckks_params import ckks_params
@@ -126,6 +129,8 @@ def run_bench(
     results["noise"] = measure_noise(max(sizes))
     console.print("DP noise drawn ahead vs on demand, one client's DP-SGD round of mlp1m ...")
     results["noise_ahead"] = measure_noise_ahead("mlp1m")
+    console.print("DP-SGD clipping, ghost vs per-sample, one client's round of mlp1m ...")
+    results["clipping"] = measure_clipping("mlp1m")
     e2e: dict[str, Any] = {}
     for model in e2e_models:
         console.print(f"end-to-end rounds, model {model} ...")

@@ -11,17 +11,20 @@ round's model as fedps's coordinator does (:func:`fedps.learning.tasks.evaluate_
 task's held-out split). The training is plain Opacus: a ``PrivacyEngine`` with Poisson
 sampling and its own (torch) noise, its accountant's history kept in the node's
 ``Context.state`` across rounds (the ClientApp is built again for every message), each
-client's epsilon reported and the largest one kept (FedAvg would average it).
+client's epsilon reported and the largest one kept (FedAvg would average it). Opacus's
+per-sample gradients by default, or, with ``--clipping ghost``, Opacus's ghost clipping as its
+documentation shows it (``make_private(..., grad_sample_mode="ghost", criterion=...)`` and the
+loss wrapper it returns): a second baseline, Flower with the same clipping as fedps's default.
 
 A round's seconds run from the end of one server-side evaluation to the end of the next (the
 training messages, the aggregation and the evaluation), as a fedps round runs from its
 opening to its evaluated record. Bytes per parameter are those of the model each node sends
 back (its ``ArrayRecord``), per parameter.
 
-``python -m fedps.bench.flower_baseline CONFIG.toml RESULT.json`` runs the job of a fedps
-configuration file and writes :func:`run_flower_fedavg`'s result; ``fedps bench --against
-flower`` starts it so, as a process group of its own that it ends afterwards, Ray's
-processes included.
+``python -m fedps.bench.flower_baseline CONFIG.toml RESULT.json [--clipping ghost]`` runs the
+job of a fedps configuration file and writes :func:`run_flower_fedavg`'s result; ``fedps
+bench --against flower`` starts it so, as a process group of its own that it ends
+afterwards, Ray's processes included.
 """
 
 from __future__ import annotations
@@ -121,10 +124,26 @@ def _keep_history(context: Context, history: Sequence[tuple[float, float, int]])
     )
 
 
-def _train(config_path: str, threads: int, message: Message, context: Context) -> Message:
+def _criterion(task: Task, data: Dataset) -> torch.nn.Module:
+    """The loss module Opacus's ghost clipping needs (it switches its ``reduction`` off).
+
+    Raises
+    ------
+    ConfigError
+        The task has a loss of its own, or regression targets.
+    """
+    if task.loss is not None or data.is_regression:
+        raise ConfigError("the Flower ghost baseline trains classification with cross-entropy")
+    return torch.nn.CrossEntropyLoss()
+
+
+def _train(
+    config_path: str, threads: int, clipping: str, message: Message, context: Context
+) -> Message:
     """One node's round: DP-SGD with Opacus from the received model.
 
-    The model goes back with the node's example count and epsilon.
+    Per-sample gradients, or ghost clipping (``clipping``). The model goes back with the
+    node's example count and epsilon.
     """
     torch.set_num_threads(threads)
     config, task = _job(config_path)
@@ -142,15 +161,20 @@ def _train(config_path: str, threads: int, message: Message, context: Context) -
     )
     engine = PrivacyEngine(accountant=privacy.accountant)
     engine.accountant.history = _history(context)
-    module, optimizer, private_loader = engine.make_private(
+    ghost = clipping == "ghost"
+    criterion = _criterion(task, data) if ghost else None
+    private = engine.make_private(
         module=model,
         optimizer=task.create_optimizer(model.parameters(), training),
         data_loader=loader,
         noise_multiplier=_noise_multiplier(config),
         max_grad_norm=privacy.max_grad_norm,
         poisson_sampling=True,
+        **({"grad_sample_mode": "ghost", "criterion": criterion} if ghost else {}),
     )
-    loss_fn = task.loss_fn(data.is_regression)
+    # ghost: (module, optimizer, the loss wrapper that runs both backward passes, loader)
+    module, optimizer, private_loader = private[0], private[1], private[-1]
+    loss_fn = private[2] if ghost else task.loss_fn(data.is_regression)
     module.train()
     for _ in range(training.local_epochs):
         for x, y in private_loader:
@@ -174,14 +198,17 @@ def _train(config_path: str, threads: int, message: Message, context: Context) -
     return Message(reply, reply_to=message)
 
 
-def create_client_app(config_path: Path, *, threads: int = 1) -> ClientApp:
+def create_client_app(
+    config_path: Path, *, threads: int = 1, clipping: str = "per_sample"
+) -> ClientApp:
     """The Flower ``ClientApp`` of the job in ``config_path``.
 
     Each node trains its partition (its ``partition-id``) with Opacus DP-SGD on ``threads``
-    torch threads.
+    torch threads, its per-sample gradients clipped as ``clipping`` says (``"per_sample"``
+    or ``"ghost"``).
     """
     app = ClientApp()
-    train = functools.partial(_train, str(config_path), max(1, threads))
+    train = functools.partial(_train, str(config_path), max(1, threads), clipping)
 
     @app.train()
     def node_train(message: Message, context: Context) -> Message:
@@ -290,10 +317,13 @@ def _summary(outcome: Any, marks: Sequence[float], params: int) -> dict[str, Any
     }
 
 
-def run_flower_fedavg(config_path: Path, *, threads: int = 1, workers: int = 2) -> dict[str, Any]:
+def run_flower_fedavg(
+    config_path: Path, *, threads: int = 1, workers: int = 2, clipping: str = "per_sample"
+) -> dict[str, Any]:
     """Run the job of ``config_path`` with Flower's plain FedAvg in its simulation runtime.
 
-    ``workers`` Ray actors of one CPU each, ``threads`` torch threads per node.
+    ``workers`` Ray actors of one CPU each, ``threads`` torch threads per node, Opacus's
+    per-sample gradients or its ghost clipping (``clipping``: ``"per_sample"``, ``"ghost"``).
 
     Returns
     -------
@@ -315,7 +345,7 @@ def run_flower_fedavg(config_path: Path, *, threads: int = 1, workers: int = 2) 
     _noise_multiplier(config)
     result: dict[str, Any] = {}
     server_app = create_server_app(config_path, result)
-    client_app = create_client_app(config_path, threads=threads)
+    client_app = create_client_app(config_path, threads=threads, clipping=clipping)
     simulate(server_app, client_app, nodes=config.training.clients, workers=workers)
     if len(result.get("rounds", ())) != config.training.rounds:
         raise RuntimeError(
@@ -328,17 +358,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the job of a configuration file and write its result as JSON.
 
     ``python -m fedps.bench.flower_baseline CONFIG.toml RESULT.json [--threads N]
-    [--workers N]``.
+    [--workers N] [--clipping per_sample|ghost]``.
     """
     parser = argparse.ArgumentParser(prog="fedps.bench.flower_baseline")
     parser.add_argument("config", type=Path)
     parser.add_argument("result", type=Path)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--clipping", choices=("per_sample", "ghost"), default="per_sample")
     args = parser.parse_args(argv)
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # offline: no telemetry events
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # no GPUs, no warning
-    result = run_flower_fedavg(args.config, threads=args.threads, workers=args.workers)
+    result = run_flower_fedavg(
+        args.config, threads=args.threads, workers=args.workers, clipping=args.clipping
+    )
     args.result.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 

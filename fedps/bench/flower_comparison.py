@@ -49,7 +49,9 @@ __all__ = ["JOBS", "SYSTEMS", "Job", "compare", "job_named", "run_fedps", "run_f
 _log = logging.getLogger("fedps")
 
 #: The systems a comparison runs, in the order each repeat runs them.
-SYSTEMS = ("flower", "secure", "plaintext")
+SYSTEMS = ("flower", "flower-ghost", "secure", "plaintext")
+#: How each Flower system clips its per-sample gradients (Opacus's hooks, or ghost clipping).
+_FLOWER_CLIPPING = {"flower": "per_sample", "flower-ghost": "ghost"}
 #: How often the load average is sampled while a run lasts (seconds).
 _LOAD_EVERY_S = 5.0
 #: How long the Flower process may run (a hang guard), and its grace to stop on SIGTERM.
@@ -219,9 +221,10 @@ def run_fedps(
     return result, summary
 
 
-def run_flower(job: Job) -> dict[str, Any]:
+def run_flower(job: Job, *, clipping: str = "per_sample") -> dict[str, Any]:
     """One Flower run of ``job``, in a process group of its own.
 
+    Opacus clips per-sample gradients as ``clipping`` says (``"per_sample"``, ``"ghost"``).
     The group is ended afterwards (whatever Ray left in it too), also when the run fails.
     """
     with tempfile.TemporaryDirectory(prefix="fedps-bench-flower-") as tmp:
@@ -238,6 +241,8 @@ def run_flower(job: Job) -> dict[str, Any]:
             str(_threads(job.clients)),
             "--workers",
             str(os.cpu_count() or 1),
+            "--clipping",
+            clipping,
         )
         env = child_environment(
             {
@@ -306,8 +311,9 @@ def _compare_job(
         for system in systems:
             console.print(f"{job.name}: {system}, repeat {repeat} of {repeats} ...")
             try:
-                if system == "flower":
-                    result, load, wall = _timed(functools.partial(run_flower, job))
+                if system in _FLOWER_CLIPPING:
+                    run_job = functools.partial(run_flower, job, clipping=_FLOWER_CLIPPING[system])
+                    result, load, wall = _timed(run_job)
                 else:
                     run = functools.partial(run_fedps, job, encrypted=system == "secure")
                     (result, summary), load, wall = _timed(run)
@@ -333,7 +339,7 @@ def _compare_job(
             out[system] = _system_summary(results)
     if "flower" in out:
         flower = out["flower"]["median_round_s"]
-        for system in ("secure", "plaintext"):
+        for system in ("flower-ghost", "secure", "plaintext"):
             if system in out:
                 out[system]["vs_flower"] = out[system]["median_round_s"] / flower
     out["profile"] = {s: phase_profile(summaries[s]) for s in summaries if summaries[s]}
@@ -372,8 +378,9 @@ def compare(
     jobs
         The jobs (:data:`JOBS`, :func:`job_named`).
     flower
-        Run Flower's plain FedAvg too (``--against flower``); otherwise fedps secure and
-        plaintext only (``--profile``).
+        Run Flower's plain FedAvg too (``--against flower``), with Opacus's per-sample
+        gradients and with its ghost clipping; otherwise fedps secure and plaintext only
+        (``--profile``).
     repeats
         How many times each system runs each job.
     console
@@ -397,7 +404,7 @@ def compare(
     """
     if repeats < 1:
         raise ConfigError("repeats must be at least 1")
-    systems = [s for s in SYSTEMS if flower or s != "flower"]
+    systems = [s for s in SYSTEMS if flower or s not in _FLOWER_CLIPPING]
     results: dict[str, Any] = {"load_before": os.getloadavg(), "jobs": {}}
     for job in jobs:
         results["jobs"][job.name] = _compare_job(job, systems, repeats, console)

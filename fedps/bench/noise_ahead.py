@@ -14,14 +14,32 @@ import time
 from typing import Any
 
 from clients.client_setup import client_partition
-from clients.dp_trainer import create_trainer
+from clients.dp_trainer import Trainer, create_trainer
 from fedps.config import load_config
 from fedps.learning.tasks import load_task
 from fedps.sharding.blocks import flatten_model
 
-__all__ = ["measure_noise_ahead"]
+__all__ = ["client_trainer", "measure_noise_ahead"]
 
 _FILL_TIMEOUT_S = 600.0  # a hang guard: the pool fills in seconds
+
+
+def client_trainer(model: str, **privacy: object) -> Trainer:
+    """Client 0 of 4's trainer on digits with ``model`` and the ``privacy`` settings given.
+
+    The job's defaults otherwise (for ``mlp1m``: 1,076,010 parameters, 12 steps a round).
+    """
+    config = load_config(
+        None, training={"dataset": "digits", "model": model, "clients": 4}, privacy=privacy
+    )
+    task = load_task(config)
+    return create_trainer(
+        task.create_model(config.training.seed),
+        client_partition(config, 0, task=task),
+        training=config.training,
+        privacy=config.privacy,
+        task=task,
+    )
 
 
 def measure_noise_ahead(
@@ -52,20 +70,7 @@ def measure_noise_ahead(
         rounds with noise drawn ahead that came from the pool (1: all); ``rounds_s``, every
         round's seconds of each kind, in order.
     """
-    config = load_config(
-        None,
-        training={"dataset": "digits", "model": model, "clients": 4},
-        privacy={"noise_multiplier": noise_multiplier},
-    )
-    task = load_task(config)
-    own = client_partition(config, 0, task=task)
-    trainer = create_trainer(
-        task.create_model(config.training.seed),
-        own,
-        training=config.training,
-        privacy=config.privacy,
-        task=task,
-    )
+    trainer = client_trainer(model, noise_multiplier=noise_multiplier)
     start = flatten_model(trainer.model)
     plan = trainer.noise_of_next_round()
     times: dict[str, list[float]] = {"on_demand": [], "ahead": [], "fill": []}

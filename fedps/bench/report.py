@@ -71,6 +71,13 @@ def render_table(results: dict[str, Any]) -> str:
             f"({a['noise_s_on_demand'] * 1000:.0f} ms): {a['ratio']:.2f}x; drawn ahead in "
             f"{a['fill_s']:.2f} s at low priority"
         )
+    if "clipping" in results:
+        c = results["clipping"]
+        lines.append(
+            f"One client's DP-SGD round, ghost clipping {c['ghost']['round_s']:.2f} s vs "
+            f"per-sample gradients {c['per_sample']['round_s']:.2f} s: {c['ratio']:.2f}x "
+            f"({c['train_ratio']:.2f}x without the noise)"
+        )
     lines += ["", "| model | secure round | plaintext round | ratio |", "|---|---:|---:|---:|"]
     for model, r in results["e2e"].items():
         lines.append(
@@ -206,8 +213,13 @@ def render_comparison(results: Mapping[str, Any]) -> str:
     and the bytes per parameter a client sends per round; then each job's phase profile.
     """
     jobs = results["jobs"]
-    systems = ("flower", "plaintext", "secure")
-    names = {"flower": "Flower plain", "plaintext": "fedps plaintext", "secure": "fedps secure"}
+    systems = ("flower", "flower-ghost", "plaintext", "secure")
+    names = {
+        "flower": "Flower plain",
+        "flower-ghost": "Flower + Opacus ghost",
+        "plaintext": "fedps plaintext",
+        "secure": "fedps secure",
+    }
     lines = [
         "| job | system | s/round (median r2..R) | vs Flower | accuracy | epsilon |"
         " bytes/param (up) | load (1 min) |",

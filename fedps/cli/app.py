@@ -480,8 +480,9 @@ def bench(
         typer.Option(
             "--against",
             metavar="flower",
-            help="Run --jobs on Flower's plain FedAvg with Opacus too, alternating with fedps "
-            "secure and plaintext; report the ratio per round (instead of the default suite).",
+            help="Run --jobs on Flower's plain FedAvg with Opacus too (per-sample gradients, "
+            "and ghost clipping), alternating with fedps secure and plaintext; report the "
+            "ratio per round (instead of the default suite).",
         ),
     ] = None,
     profile: Annotated[

@@ -733,9 +733,10 @@ class _NoExamples(SeededRandom):
         return np.zeros(count, dtype=bool)
 
 
-def test_opacus_takes_its_noise_and_batches_from_the_source(data: Dataset) -> None:
+@pytest.mark.parametrize("clipping", ["ghost", "per_sample"])
+def test_opacus_takes_its_noise_and_batches_from_the_source(data: Dataset, clipping: str) -> None:
     # Prepare: a trainer whose source never samples an example
-    config = _config(noise_multiplier=1.0)
+    config = _config(noise_multiplier=1.0, clipping=clipping)
     trainer = _trainer(data, config)
     source = _NoExamples(1)
     trainer.source = trainer.engine.source = trainer.loader.batch_sampler.source = source
@@ -754,6 +755,25 @@ def test_opacus_takes_its_noise_and_batches_from_the_source(data: Dataset) -> No
     ]
     assert np.count_nonzero(update) > 0.99 * update.size
     assert trainer.module.grad_accumulation_allowed is False  # Poisson: one pass per step
+
+
+@pytest.mark.privacy
+def test_ghost_and_per_sample_clipping_release_the_same_update(data: Dataset) -> None:
+    # Prepare: two seeded trainers, the same Poisson batches and noise, clipped each way
+    trainers = {
+        clipping: _trainer(
+            data, _config(noise_multiplier=1.0, insecure_reproducible=True, clipping=clipping)
+        )
+        for clipping in ("ghost", "per_sample")
+    }
+    start = flatten_model(trainers["ghost"].model)
+
+    # Execute
+    updates = {clipping: t.train_round(start) for clipping, t in trainers.items()}
+
+    # Assert: the same update to float32 rounding, the same spend
+    np.testing.assert_allclose(updates["ghost"], updates["per_sample"], rtol=1e-4, atol=1e-6)
+    assert trainers["ghost"].history() == trainers["per_sample"].history()
 
 
 def _normed_task(model: Callable[[], torch.nn.Module]) -> Task:

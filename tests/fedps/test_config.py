@@ -112,6 +112,7 @@ def test_overrides_merge_over_the_file(tmp_path: Path) -> None:
         ({"he": {"coeff_modulus_bits": 61}}, "he.coeff_modulus_bits: "),
         ({"privacy": {"delta": 1.5}}, "privacy.delta: "),
         ({"privacy": {"accountant": "moments"}}, "privacy.accountant: "),
+        ({"privacy": {"clipping": "hooks"}}, "privacy.clipping: Input should be 'ghost' or"),
         ({"training": {"dataset": ""}}, "training.dataset: "),
         ({"security": {"weighting": "declared"}}, "security.weighting: "),
         ({"security": {"min_weight": 0}}, "security.min_weight: "),

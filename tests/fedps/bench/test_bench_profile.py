@@ -89,8 +89,8 @@ class _FakeRuns:
     def __init__(self) -> None:
         self.order: list[str] = []
 
-    def flower(self, job: Job) -> dict[str, Any]:
-        self.order.append("flower")
+    def flower(self, job: Job, *, clipping: str) -> dict[str, Any]:
+        self.order.append({"per_sample": "flower", "ghost": "flower-ghost"}[clipping])
         return {
             "system": "flower",
             "num_params": 100,
@@ -123,16 +123,18 @@ def test_a_comparison_alternates_the_systems_and_reports_fedps_over_flower(
     # Execute
     results = compare([job], flower=True, repeats=2, console=Console(quiet=True))
     # Assert
-    assert fake.order == ["flower", "secure", "plaintext"] * 2
+    assert fake.order == ["flower", "flower-ghost", "secure", "plaintext"] * 2
     tiny = results["jobs"]["tiny"]
     assert tiny["secure"]["vs_flower"] == 2.0
     assert tiny["plaintext"]["vs_flower"] == 1.5
+    assert tiny["flower-ghost"]["vs_flower"] == 1.0  # a second baseline, beside the first
     assert tiny["secure"]["max_epsilon"] == [2.0, 2.0]
     assert tiny["secure"]["bytes_per_param"] == 1000 / 2 / tiny["secure"]["num_params"]
     assert tiny["profile"]["secure"]["rounds"] == 4  # rounds 2..3 of both repeats
     assert all(run["load"]["max"] >= run["load"]["min"] for run in tiny["flower"]["runs"])
     table = render_comparison(results)
     assert "| fedps secure | 1.000 | **2.00x** |" in table
+    assert "| Flower + Opacus ghost | 0.500 | **1.00x** |" in table
     assert "Where a round of tiny goes" in table
 
 
