@@ -5,7 +5,8 @@ every fedps command and role the same way: it stops what it started and removes 
 folders, runs its exit functions, and then ends *by that signal*, its default handler restored
 and the signal raised again, as a process without handlers would. A shell sees 128+N (143 after
 SIGTERM, 130 after Ctrl-C), a parent sees ``-N`` in ``returncode``, and systemd counts a SIGTERM
-as a clean stop. A process that stopped for any other reason exits with its own status.
+as a clean stop. A container's first process, which its own signal cannot end, exits 128+N
+instead. A process that stopped for any other reason exits with its own status.
 """
 
 from __future__ import annotations
@@ -68,4 +69,6 @@ def end_by_stop_signal() -> None:
     signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
     signal.raise_signal(sig)
-    os._exit(128 + sig)  # not reached: the signal's default action ends the process
+    # Reached only where the signal's default action is ignored: a container's first process
+    # (PID 1 of its namespace) cannot be ended by its own signal; it exits as a shell says.
+    os._exit(128 + sig)
