@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import gc
+import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 
-from fedps.startup import loading
+from fedps.startup import loading, root_logging_kept
 
 
 @pytest.fixture(autouse=True)
@@ -41,3 +44,38 @@ def test_a_paused_collector_stays_paused_and_an_error_still_freezes() -> None:
         raise RuntimeError("a role that fails to start")
     # Assert
     assert not gc.isenabled() and gc.get_freeze_count() > 0
+
+
+def test_root_logging_kept_removes_the_handlers_the_block_added() -> None:
+    # Prepare: the root logger with a handler of its application
+    root = logging.getLogger()
+    ours = logging.NullHandler()
+    root.addHandler(ours)
+    try:
+        # Execute: the block configures logging, as Opacus's import does
+        with root_logging_kept():
+            logging.basicConfig(force=False)
+            added = logging.StreamHandler()
+            root.addHandler(added)
+        # Assert
+        assert ours in root.handlers
+        assert added not in root.handlers
+    finally:
+        root.removeHandler(ours)
+
+
+def test_a_client_imports_opacus_without_configuring_the_root_logger() -> None:
+    # Prepare: a fresh process, as a Flower app's, whose logging is not configured
+    script = (
+        "import logging, sys\n"
+        "import clients.flower.flower_client\n"
+        "assert 'opacus' in sys.modules\n"
+        "print(len(logging.getLogger().handlers))\n"
+    )
+    # Execute
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    # Assert: no handler of Opacus's, so Flower's records are printed once, by Flower
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "0\n"
