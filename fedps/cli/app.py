@@ -205,8 +205,11 @@ def client(
         ),
     ] = 0,
     data: Annotated[
-        Optional[Path],  # noqa: UP045 - typer needs Optional here
-        typer.Option(help="This client's own data, given to the task's load_data."),
+        Optional[list[Path]],  # noqa: UP045 - typer needs Optional here
+        typer.Option(
+            help="This client's own data, given to the task's load_data. Repeated: the files "
+            "are pooled, each loaded as client 0, 1, ... of as many would load it."
+        ),
     ] = None,
     name: Annotated[str, typer.Option(help="A display name.")] = "",
     threads: Annotated[int, typer.Option(help="Torch CPU threads for local training.")] = 1,
@@ -253,7 +256,7 @@ def client(
                 name=name,
                 state_dir=state_dir,
                 mods=[device],
-                data=data,
+                data=data[0] if data and len(data) == 1 else data or None,
                 on_round=lambda progress: typer.echo(progress.line()),  # one line per round
             )
         summary = client.run()

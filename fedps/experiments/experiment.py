@@ -225,7 +225,7 @@ def _run_point(point: Point, grid: Grid, root: Path, timeout_s: float) -> dict[s
     workdir = Path(tempfile.mkdtemp(prefix=f"{slug}-", dir=root))
     started = time.time()
     overrides = _checkpoint_last_round(point.overrides)
-    data = grid.client_data(int(record["clients"]))
+    data = grid.point_data(point)
     extra: dict[str, Any] = {"client_data": data} if data else {}
     try:
         summary = run_demo(None, workdir, overrides, quiet=True, timeout_s=timeout_s, **extra)

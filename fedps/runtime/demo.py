@@ -63,13 +63,14 @@ def run_demo(
     console: Console | None = None,
     timeout_s: float = 1800.0,
     quiet: bool = False,
-    client_data: Sequence[Path] = (),
+    client_data: Sequence[Path | Sequence[Path]] = (),
     watch: Watcher | None = None,
 ) -> DemoSummary:
     """Run the demo; returns its summary (rounds, final accuracy, max epsilon, ...).
 
-    ``client_data``: each client's own data (``fedps client --data``), one path per client in
-    order; empty: none (a built-in task's clients are partitions of one dataset).
+    ``client_data``: each client's own data (``fedps client --data``), one path (or several,
+    pooled) per client in order; empty: none (a built-in task's clients are partitions of one
+    dataset).
     ``watch``: entered once the run is configured and left when it stops, with the run's
     configuration and a function that prints one line (``fedps demo --ui`` serves the web
     dashboard this way).
@@ -119,7 +120,7 @@ def run_demo(
         if client_data and len(client_data) != t.clients:
             raise ConfigError(f"{len(client_data)} client data paths for {t.clients} clients")
         for i in range(t.clients):
-            data = ("--data", str(client_data[i])) if client_data else ()
+            data = _data_options(client_data[i]) if client_data else []
             deployment.start(
                 f"client-{i}", "client", "--index", str(i), "--threads", threads, *data
             )
@@ -164,6 +165,12 @@ def run_demo(
         f"{size_text(status.bytes_pushed)} pushed"
     )
     return summary
+
+
+def _data_options(data: Path | Sequence[Path]) -> list[str]:
+    """``fedps client``'s options for its own data: ``--data PATH`` for each file."""
+    files = [data] if isinstance(data, Path) else list(data)
+    return [option for path in files for option in ("--data", str(path))]
 
 
 def _ckks_text(config: FedPSConfig) -> str:

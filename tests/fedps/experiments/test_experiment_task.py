@@ -109,17 +109,51 @@ def test_a_data_pattern_must_name_the_client(tmp_path: Path, data: str, message:
         load_grid(grid_path)
 
 
-@pytest.mark.parametrize(
-    "axis", ["centralised = [true, false]", 'partition = ["iid", "dirichlet"]']
-)
-def test_own_files_leave_no_partition_or_centralised_axis(tmp_path: Path, axis: str) -> None:
+def test_own_files_leave_no_partition_axis(tmp_path: Path) -> None:
     # Prepare: each client has its file, and the grid would also re-deal the data
     grid_path = _project(tmp_path)
-    grid_path.write_text(grid_path.read_text().replace("[grid]\n", f"[grid]\n{axis}\n"))
+    text = grid_path.read_text().replace("[grid]\n", '[grid]\npartition = ["iid", "dirichlet"]\n')
+    grid_path.write_text(text)
 
     # Execute / Assert
     with pytest.raises(ConfigError, match="cannot change who holds what"):
         load_grid(grid_path)
+
+
+@pytest.mark.parametrize(
+    ("axis", "expected"),
+    [
+        ("", {"centralised=true,epsilon=4": [[0, 1]], "centralised=false,epsilon=4": [0, 1]}),
+        (
+            "clients = [1, 3]\n",
+            {
+                "centralised=true,clients=1,epsilon=4": [[0, 1, 2]],
+                "centralised=false,clients=1,epsilon=4": [0],
+                "centralised=false,clients=3,epsilon=4": [0, 1, 2],
+            },
+        ),
+    ],
+)
+def test_the_centralised_point_pools_every_clients_file(
+    tmp_path: Path, axis: str, expected: dict[str, list[int | list[int]]]
+) -> None:
+    # Prepare: the baseline beside the federated points (of 2 clients, or of 1 and 3)
+    grid_path = _project(tmp_path)
+    grid_path.write_text(
+        grid_path.read_text().replace("[grid]\n", f"[grid]\ncentralised = [true, false]\n{axis}")
+    )
+    grid = load_grid(grid_path)
+
+    # Execute
+    data = {point.key: grid.point_data(point) for point in grid.points()}
+
+    # Assert: a federated point's clients hold a file each; the centralised point's one client
+    # holds the files of every client of the largest federated point
+    files = grid.client_data(3)
+    assert data == {
+        key: [[files[i] for i in c] if isinstance(c, list) else files[c] for c in clients]
+        for key, clients in expected.items()
+    }
 
 
 @pytest.mark.integration
