@@ -38,14 +38,19 @@ def loading() -> Iterator[None]:
 
 @contextmanager
 def root_logging_kept() -> Iterator[None]:
-    """Run the block (an import) and put the root logger's handlers back as they were after it.
+    """Run the block (an import) with the root logger's handlers kept as they were.
 
     Opacus calls :func:`logging.basicConfig` when it is imported: in a process whose application
     configures logging itself (a Flower app: Flower's logger has its own handler and propagates),
-    every record would then be printed a second time, DEBUG ones included.
+    every record would then be printed a second time, DEBUG ones included. While the block runs
+    (an import can take seconds, while other threads log) the root logger has a handler that
+    prints nothing, so that ``basicConfig`` does nothing; whatever handler the block added is
+    removed after it.
     """
     root = logging.getLogger()
     handlers = list(root.handlers)
+    if not handlers:
+        root.addHandler(logging.NullHandler())
     try:
         yield
     finally:
