@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -78,6 +79,16 @@ def _project(root: Path) -> Path:
     grid = root / "grid.toml"
     grid.write_text(_GRID)
     return grid
+
+
+def _sweep(grid_path: Path, results: Path) -> list[dict[str, Any]]:
+    """Run the grid's sweep on the real platform."""
+    return run_experiment(
+        grid_path,
+        results,
+        console=Console(file=io.StringIO()),
+        point_timeout_s=HANG_S,  # a hang guard, not a pace
+    )
 
 
 def test_grid_resolves_the_task_and_client_files_beside_it(tmp_path: Path) -> None:
@@ -160,17 +171,10 @@ def test_the_centralised_point_pools_every_clients_file(
 @pytest.mark.slow  # about a minute: two points of the whole platform
 def test_sweep_over_epsilon_trains_the_users_task_on_each_clients_file(tmp_path: Path) -> None:
     # Prepare
-    (tmp_path / "project").mkdir()
-    grid_path = _project(tmp_path / "project")
-    results = tmp_path / "results.jsonl"
+    grid_path, results = _project(tmp_path), tmp_path / "results.jsonl"
 
     # Execute
-    records = run_experiment(
-        grid_path,
-        results,
-        console=Console(file=io.StringIO()),
-        point_timeout_s=HANG_S,  # a hang guard, not a pace
-    )
+    records = _sweep(grid_path, results)
 
     # Assert: the task's metrics of the last round, no accuracy for regression
     assert [r["key"] for r in records] == ["epsilon=4"]
@@ -187,3 +191,22 @@ def test_sweep_over_epsilon_trains_the_users_task_on_each_clients_file(tmp_path:
     assert [float(row["final_mae"]) for row in rows] == pytest.approx(
         [r["final_metrics"]["mae"] for r in records]
     )
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # about a minute: one point of the whole platform
+def test_the_centralised_baseline_trains_on_every_clients_file(tmp_path: Path) -> None:
+    # Prepare: the baseline point alone
+    grid_path = _project(tmp_path)
+    grid_path.write_text(
+        grid_path.read_text().replace("[grid]\n", "[grid]\ncentralised = [true]\n")
+    )
+
+    # Execute
+    records = _sweep(grid_path, tmp_path / "results.jsonl")
+
+    # Assert: one client, which trained on both files (fedps client --data twice)
+    assert [r["key"] for r in records] == ["centralised=true,epsilon=4"]
+    assert "error" not in records[0], records[0]
+    assert records[0]["clients"] == 1
+    assert 0 < records[0]["final_metrics"]["mae"] < 5
