@@ -17,7 +17,13 @@ import signal
 import sys
 from collections.abc import Callable
 
-__all__ = ["STOP_SIGNALS", "end_by_stop_signal", "interrupt_on_stop_signals", "on_stop_signals"]
+__all__ = [
+    "STOP_SIGNALS",
+    "end_by_stop_signal",
+    "interrupt_on_stop_signals",
+    "on_stop_signals",
+    "stopped_cleanly",
+]
 
 #: The signals that ask a fedps process to stop (SIGKILL cannot be handled).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -43,6 +49,19 @@ def on_stop_signals(stop: Callable[[], None]) -> None:
 
     for sig in STOP_SIGNALS:
         signal.signal(sig, handle)
+
+
+def stopped_cleanly(returncode: int) -> bool:
+    """Whether a child process that ended with ``returncode`` stopped cleanly.
+
+    Exit 0, or ended by one of :data:`STOP_SIGNALS` (after its clean-up, when it is fedps's).
+
+    Parameters
+    ----------
+    returncode
+        Its :attr:`subprocess.Popen.returncode` (``-N``: ended by signal N).
+    """
+    return returncode == 0 or -returncode in STOP_SIGNALS
 
 
 def _raise_keyboard_interrupt() -> None:

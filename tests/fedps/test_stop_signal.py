@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedps.stop_signal import STOP_SIGNALS
+from fedps.stop_signal import STOP_SIGNALS, stopped_cleanly
 
 _TIMEOUT_S = 60.0
 
@@ -61,3 +61,11 @@ def test_a_process_that_got_no_signal_goes_on(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout == "not ended by a signal\n"
     assert done.exists()
+
+
+def test_a_child_stopped_by_a_stop_signal_stopped_cleanly() -> None:
+    # Execute / Assert: exit 0 or a stop signal; not an error exit, not SIGKILL or a crash
+    assert all(
+        stopped_cleanly(code) for code in (0, -signal.SIGTERM, -signal.SIGHUP, -signal.SIGINT)
+    )
+    assert not any(stopped_cleanly(code) for code in (1, 2, -signal.SIGKILL, -signal.SIGSEGV))
