@@ -6,6 +6,7 @@ Who it is, its state, its task, its trainer and its own data, opened from the co
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from clients.dp_trainer import Trainer, create_trainer
 from crypto.signing import BlockSigner
 from fedps.config import FedPSConfig
 from fedps.errors import InvalidArgumentError
-from fedps.learning.datasets import Dataset
+from fedps.learning.datasets import Dataset, pool
 from fedps.learning.tasks import ClientData, Task, load_task
 
 __all__ = ["ClientSetup", "client_partition", "open_setup"]
@@ -56,7 +57,7 @@ def open_setup(
     state_dir: Path | None = None,
     signer: BlockSigner | None = None,
     token_required: bool = False,
-    data: Path | None = None,
+    data: Path | Sequence[Path] | None = None,
     task: Task | None = None,
     trainer: Trainer | None = None,
 ) -> ClientSetup:
@@ -84,7 +85,8 @@ def open_setup(
         Insist on the enrolment token even under mutual TLS (a Flower node is registered by
         its token whatever the transport).
     data
-        The client's own data, passed to the task's ``load_data`` (``fedps client --data``).
+        The client's own data, passed to the task's ``load_data`` (``fedps client --data``);
+        several files are pooled (:func:`client_partition`).
     task
         The task to train (default: the configured one, :func:`fedps.learning.tasks.load_task`).
     trainer
@@ -120,25 +122,39 @@ def open_setup(
 
 
 def client_partition(
-    config: FedPSConfig, index: int, *, data: Path | None = None, task: Task | None = None
+    config: FedPSConfig,
+    index: int,
+    *,
+    data: Path | Sequence[Path] | None = None,
+    task: Task | None = None,
 ) -> Dataset:
     """Client ``index``'s own training data.
 
     ``task``'s (default: the configured task's) ``load_data`` for the file or folder ``data``; for
-    a built-in dataset, partition ``index`` under the configured partitioner.
+    a built-in dataset, partition ``index`` under the configured partitioner. Several files are
+    pooled (the centralised baseline of a task whose clients each hold a file): the i-th is
+    loaded as client i of ``len(data)`` would load it, and their rows are concatenated.
     """
     t = config.training
     if not 0 <= index < t.clients:
         raise InvalidArgumentError(f"client index {index} out of range [0, {t.clients})")
     task = task or load_task(config)
-    return task.client_data(ClientData(data, index=index, num_clients=t.clients, seed=t.seed))
+    if data is None or isinstance(data, Path):
+        return task.client_data(ClientData(data, index=index, num_clients=t.clients, seed=t.seed))
+    files = list(data)
+    return pool(
+        [
+            task.client_data(ClientData(path, index=i, num_clients=len(files), seed=t.seed))
+            for i, path in enumerate(files)
+        ]
+    )
 
 
 def _local_training(
     config: FedPSConfig,
     index: int,
     *,
-    data: Path | None,
+    data: Path | Sequence[Path] | None,
     task: Task | None,
     trainer: Trainer | None,
 ) -> tuple[Task, Trainer, Dataset | None]:

@@ -244,7 +244,7 @@ class EdgeClient:
         signer: BlockSigner | None = None,
         token_required: bool = False,
         mods: Sequence[TrainMod] = (),
-        data: Path | None = None,
+        data: Path | Sequence[Path] | None = None,
         task: Task | None = None,
         trainer: Trainer | None = None,
         on_round: Callable[[RoundProgress], None] | None = None,

@@ -23,11 +23,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from opacus import PrivacyEngine
-from opacus.data_loader import wrap_collate_with_empty
-from opacus.grad_sample import GradSampleModuleFastGradientClipping
-from opacus.optimizers import DPOptimizerFastGradientClipping
-from opacus.optimizers.optimizer import DPOptimizer, _check_processed_flag, _mark_as_processed
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
@@ -35,6 +30,18 @@ from clients.noise_pool import NoiseDraw, NoisePool
 from crypto.randomness import RandomSource
 from fedps.errors import ConfigError
 from fedps.round_timer import RoundTimer
+from fedps.startup import root_logging_kept
+
+with root_logging_kept():  # Opacus configures the root logger when imported: not ours to keep
+    from opacus import PrivacyEngine
+    from opacus.data_loader import wrap_collate_with_empty
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+    from opacus.optimizers import DPOptimizerFastGradientClipping
+    from opacus.optimizers.optimizer import (
+        DPOptimizer,
+        _check_processed_flag,
+        _mark_as_processed,
+    )
 
 __all__ = [
     "CLIPPING",

@@ -11,10 +11,11 @@ exit included (``fedps``'s entry point freezes the rest before it exits).
 from __future__ import annotations
 
 import gc
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["loading"]
+__all__ = ["loading", "root_logging_kept"]
 
 
 @contextmanager
@@ -33,3 +34,25 @@ def loading() -> Iterator[None]:
         gc.freeze()
         if enabled:
             gc.enable()
+
+
+@contextmanager
+def root_logging_kept() -> Iterator[None]:
+    """Run the block (an import) with the root logger's handlers kept as they were.
+
+    Opacus calls :func:`logging.basicConfig` when it is imported: in a process whose application
+    configures logging itself (a Flower app: Flower's logger has its own handler and propagates),
+    every record would then be printed a second time, DEBUG ones included. While the block runs
+    (an import can take seconds, while other threads log) the root logger has a handler that
+    prints nothing, so that ``basicConfig`` does nothing; whatever handler the block added is
+    removed after it.
+    """
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    if not handlers:
+        root.addHandler(logging.NullHandler())
+    try:
+        yield
+    finally:
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)

@@ -8,7 +8,6 @@ the bound ports). :func:`serve_forever` is what ``fedps keyholder|shard|coordina
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from fedps.rpc.transport import bind, call, create_channel, create_server
 from fedps.sharding.blocks import group_mask
 from fedps.sharding.hash_ring import HashRing
 from fedps.startup import loading
+from fedps.stop_signal import on_stop_signals
 from fedps.storage.state_lock import StateLock
 from server.keyholder.group_policy import GroupPolicy
 from server.keyholder.keyholder import KeyHolder
@@ -342,8 +342,7 @@ def serve_forever(
         server.start()
         _log.info("%s listening on %s", role, address)
         stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, lambda *_: stop.set())
+        on_stop_signals(stop.set)  # the command ends by the signal once this returns
         stop.wait()
         if coordinator is not None:
             coordinator.stop()

@@ -54,13 +54,16 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
-from opacus import PrivacyEngine
 from torch.utils.data import DataLoader, TensorDataset
 
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import ConfigError
 from fedps.learning.datasets import Dataset
 from fedps.learning.tasks import ClientData, Task, evaluate_model, load_task
+from fedps.startup import root_logging_kept
+
+with root_logging_kept():  # Opacus configures the root logger when imported: not ours to keep
+    from opacus import PrivacyEngine
 
 __all__ = ["create_client_app", "create_server_app", "main", "run_flower_fedavg"]
 

@@ -24,6 +24,7 @@ from fedps.config import FedPSConfig, load_config
 from fedps.errors import ConfigError, FedPSError
 from fedps.extras import missing_extra
 from fedps.startup import loading
+from fedps.stop_signal import end_by_stop_signal, interrupt_on_stop_signals
 
 if TYPE_CHECKING:
     from fedps.runtime.demo import Watcher
@@ -78,23 +79,25 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _stop_as_ctrl_c() -> None:
-    """SIGTERM and SIGHUP stop this command as Ctrl-C does.
+    """SIGTERM and SIGHUP stop this command as Ctrl-C does, and it then ends by the signal.
 
     The roles it started are stopped in order and its temporary folders removed (``timeout``,
-    CI, systemd and a closed terminal stop a command with these).
+    CI, systemd and a closed terminal stop a command with these); :func:`main` then ends it by
+    the signal it got (:mod:`fedps.stop_signal`).
     """
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.default_int_handler)
+    interrupt_on_stop_signals()
 
 
 def _end_now() -> NoReturn:
-    """End this role or client at once (exit 0): it stopped, or its training is over.
+    """End this role or client at once: it stopped, or its training is over.
 
+    By the signal that stopped it, if one did (:mod:`fedps.stop_signal`), else with exit 0.
     What it keeps is written already (atomically, synced); the interpreter's teardown of torch's
     and gRPC's modules would only keep whoever stops it waiting for seconds more on a loaded
     machine (10 s, then it is killed). The exit handlers still run (they flush the logs and
     remove this process's private SEAL folder).
     """
+    end_by_stop_signal()
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -202,8 +205,11 @@ def client(
         ),
     ] = 0,
     data: Annotated[
-        Optional[Path],  # noqa: UP045 - typer needs Optional here
-        typer.Option(help="This client's own data, given to the task's load_data."),
+        Optional[list[Path]],  # noqa: UP045 - typer needs Optional here
+        typer.Option(
+            help="This client's own data, given to the task's load_data. Repeated: the files "
+            "are pooled, each loaded as client 0, 1, ... of as many would load it."
+        ),
     ] = None,
     name: Annotated[str, typer.Option(help="A display name.")] = "",
     threads: Annotated[int, typer.Option(help="Torch CPU threads for local training.")] = 1,
@@ -221,9 +227,8 @@ def client(
     A restarted client resumes its privacy budget from its state folder.
     """
     # SIGTERM (from `fedps demo`/`up` or an operator) and SIGHUP (its terminal closed) unwind
-    # normally, as Ctrl-C does, so helpers stop too.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda *_: sys.exit(0))
+    # normally, as Ctrl-C does, so helpers stop too; then it ends by the signal (_end_now).
+    _stop_as_ctrl_c()
     _setup_logging(True)
     cfg = _load(config, insecure=insecure)
     if not 0 <= index < cfg.training.clients:
@@ -251,7 +256,7 @@ def client(
                 name=name,
                 state_dir=state_dir,
                 mods=[device],
-                data=data,
+                data=data[0] if data and len(data) == 1 else data or None,
                 on_round=lambda progress: typer.echo(progress.line()),  # one line per round
             )
         summary = client.run()
@@ -820,7 +825,11 @@ def export(
 
 
 def main() -> None:
-    """Console-script entry point: expected errors become one line on stderr, exit 2."""
+    """Console-script entry point: expected errors become one line on stderr, exit 2.
+
+    A command stopped by SIGTERM, SIGHUP or SIGINT ends by that signal once it has cleaned up
+    (:mod:`fedps.stop_signal`).
+    """
     watch_parent()  # started by another fedps process: stop once it is gone
     try:
         _run()
@@ -831,6 +840,7 @@ def main() -> None:
         # anyway. Frozen objects are left out of that collection (fedps.startup); atexit
         # handlers still run.
         gc.freeze()
+        end_by_stop_signal()
 
 
 def _run() -> None:

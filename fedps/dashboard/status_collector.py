@@ -62,6 +62,13 @@ def _round_view(record: RoundSummary) -> dict[str, Any]:
 
 
 def _run_view(status: ClusterStatus) -> dict[str, Any]:
+    """The run as the page shows it.
+
+    Its ``max_epsilon`` (the page's tile) is the last round's row of ``history`` (the page's
+    table), ``None`` before a round closed: the coordinator's running maximum also holds the
+    spends that clients reported for the round still open, so the tile would run ahead of the
+    table.
+    """
     clients = sorted(set(status.client_epsilons) | set(status.client_rounds))
     history = [_round_view(r) for r in status.history]
     if status.finished and history:
@@ -75,7 +82,7 @@ def _run_view(status: ClusterStatus) -> dict[str, Any]:
         "version": status.version,
         "registered": status.registered,
         "finished": status.finished,
-        "max_epsilon": status.max_epsilon,
+        "max_epsilon": history[-1]["max_epsilon"] if history else None,
         "delta": status.delta,
         "bytes_pushed": status.bytes_pushed,
         "noise": status.noise or "secure",

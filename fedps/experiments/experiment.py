@@ -24,14 +24,15 @@ import math
 import re
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.text import Text
 
 from crypto.files import private_directory
 from fedps.config import load_config
@@ -224,7 +225,7 @@ def _run_point(point: Point, grid: Grid, root: Path, timeout_s: float) -> dict[s
     workdir = Path(tempfile.mkdtemp(prefix=f"{slug}-", dir=root))
     started = time.time()
     overrides = _checkpoint_last_round(point.overrides)
-    data = grid.client_data(int(record["clients"]))
+    data = grid.point_data(point)
     extra: dict[str, Any] = {"client_data": data} if data else {}
     try:
         summary = run_demo(None, workdir, overrides, quiet=True, timeout_s=timeout_s, **extra)
@@ -322,6 +323,32 @@ def _summary_line(record: Mapping[str, Any]) -> str:
     )
 
 
+#: The bar's width: with its counter and times it fits an 80-column terminal.
+_BAR_WIDTH = 40
+
+
+class _SweepProgress(Progress):
+    """A progress bar with the running point's label on a line of its own above it.
+
+    A label can be longer than a terminal is wide; in the bar's row it pushed the bar off the
+    line. On its own line, one longer than the terminal ends in an ellipsis.
+    """
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        """The label of each task, then the bars' table.
+
+        Yields
+        ------
+        RenderableType
+            What the live display shows, line by line.
+        """
+        for task in self.tasks:
+            yield Text(
+                task.description, style="progress.description", no_wrap=True, overflow="ellipsis"
+            )
+        yield self.make_tasks_table(self.tasks)
+
+
 def run_experiment(
     grid_path: Path,
     results_path: Path,
@@ -376,13 +403,15 @@ def run_experiment(
     )
     results_path.parent.mkdir(parents=True, exist_ok=True)
     columns = (
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
+        BarColumn(bar_width=_BAR_WIDTH),
         TextColumn("{task.completed}/{task.total} points"),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
-    with _root(workdir) as root, Progress(*columns, console=console, transient=True) as progress:
+    with (
+        _root(workdir) as root,
+        _SweepProgress(*columns, console=console, transient=True) as progress,
+    ):
         task = progress.add_task("sweep", total=len(pending))
         for point in pending:
             progress.update(task, description=point.key)

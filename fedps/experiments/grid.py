@@ -218,11 +218,10 @@ class Grid(BaseModel):
 
     @model_validator(mode="after")
     def _own_files_fix_the_data(self) -> Grid:
-        fixed = [axis for axis in ("centralised", "partition") if axis in self.axes.given]
-        if self.task.get("data") and fixed:
+        if self.task.get("data") and "partition" in self.axes.given:
             raise ValueError(
-                f"[task] data gives each client its own file, so the {' and '.join(fixed)} "
-                "axes cannot change who holds what; drop them from [grid]"
+                "[task] data gives each client its own file, so the partition axis cannot "
+                "change who holds what; drop it from [grid]"
             )
         return self
 
@@ -240,6 +239,18 @@ class Grid(BaseModel):
         """
         pattern = self.task.get("data")
         return [Path(str(pattern).format(index=i)) for i in range(clients)] if pattern else []
+
+    def point_data(self, point: Point) -> list[Path | list[Path]]:
+        """The data of each client of ``point``: a file each, empty when the grid gives none.
+
+        A centralised point's one client pools the files of every client of the federated
+        points (``training.clients``, or the largest of the ``clients`` axis).
+        """
+        if point.axes.get("centralised"):
+            clients = self.axes.clients or [load_config(None, **self.base).training.clients]
+            files = self.client_data(max(clients))
+            return [files] if files else []
+        return list(self.client_data(load_config(None, **point.overrides).training.clients))
 
     @property
     def digest(self) -> str:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from fedps.config import PrivacyConfig, TrainingConfig
 from fedps.errors import ConfigError
+from fedps.startup import root_logging_kept
 
 __all__ = [
     "ACCOUNTANTS",
@@ -79,7 +80,8 @@ def _rdp_per_step(sigma: float, q: float) -> tuple[float, ...]:
     entry's step count; they depend on sigma and q only, and are most of its cost (about 0.1 s
     for the 150 orders), so they are computed once per (sigma, q).
     """
-    from opacus.accountants.analysis import rdp
+    with root_logging_kept():
+        from opacus.accountants.analysis import rdp
 
     orders = _rdp_orders()
     return tuple(
@@ -89,7 +91,8 @@ def _rdp_per_step(sigma: float, q: float) -> tuple[float, ...]:
 
 @functools.cache
 def _rdp_orders() -> tuple[float, ...]:
-    from opacus.accountants import RDPAccountant
+    with root_logging_kept():
+        from opacus.accountants import RDPAccountant
 
     return tuple(RDPAccountant.DEFAULT_ALPHAS)
 
@@ -103,7 +106,9 @@ def _rdp_epsilon(history: tuple[tuple[float, float, int], ...], delta: float) ->
     product, so the result is the same float (a test compares them).
     """
     import numpy as np
-    from opacus.accountants.analysis import rdp
+
+    with root_logging_kept():
+        from opacus.accountants.analysis import rdp
 
     curves = [np.array(_rdp_per_step(sigma, q)) * steps for sigma, q, steps in history]
     eps, _ = rdp.get_privacy_spent(orders=list(_rdp_orders()), rdp=sum(curves), delta=delta)
@@ -116,7 +121,8 @@ def _compute(history: tuple[tuple[float, float, int], ...], delta: float, name: 
     if name == "gdp":
         _warn_gdp()
     # imported here: Opacus pulls in torch, which a shard or the key holder never needs
-    from opacus.accountants import create_accountant
+    with root_logging_kept():
+        from opacus.accountants import create_accountant
 
     with warnings.catch_warnings():
         # gdp's "experimental" warning (logged once instead), prv's alpha-range and overflow

@@ -21,7 +21,7 @@ import importlib.util
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +36,7 @@ __all__ = [
     "dataset_names",
     "image_shape",
     "load_dataset",
+    "pool",
     "register_dataset",
 ]
 
@@ -122,6 +123,40 @@ class Dataset:
     def __len__(self) -> int:
         """Number of rows."""
         return int(self.y.shape[0])
+
+
+def pool(parts: Sequence[Dataset]) -> Dataset:
+    """The rows of ``parts``, one after the other, as one dataset (several clients' data pooled).
+
+    Parameters
+    ----------
+    parts
+        The datasets, all of one kind: rows of one shape, classification or regression alike.
+
+    Returns
+    -------
+    Dataset
+        Their rows in order, with the largest number of classes among them.
+
+    Raises
+    ------
+    ConfigError
+        If there is nothing to pool, or the parts' rows or targets differ in shape or kind.
+    """
+    if not parts:
+        raise ConfigError("no data to pool")
+    kinds = {(p.x.shape[1:], p.y.shape[1:], p.is_regression) for p in parts}
+    if len(kinds) > 1:
+        raise ConfigError(
+            f"cannot pool {', '.join(p.name for p in parts)}: their rows or targets differ in "
+            "shape or kind"
+        )
+    return Dataset(
+        np.concatenate([p.x for p in parts]),
+        np.concatenate([p.y for p in parts]),
+        max(p.num_classes for p in parts),
+        " + ".join(p.name for p in parts),
+    )
 
 
 def _approximate_mode(

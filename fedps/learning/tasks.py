@@ -47,6 +47,7 @@ from fedps._registry import add_entry
 from fedps.config import FedPSConfig, TrainingConfig
 from fedps.errors import ConfigError, FedPSError
 from fedps.learning.datasets import Dataset, dataset_names, load_dataset
+from fedps.startup import root_logging_kept
 
 __all__ = [
     "PLAIN_LAYERS",
@@ -467,8 +468,8 @@ def check_dp_trainable(model: torch.nn.Module, task: str) -> None:
     ]
     if model.training and all(type(m) in PLAIN_LAYERS for m in trainable):
         return
-    # imported here: Opacus configures the root logger when first imported
-    from opacus.validators import ModuleValidator
+    with root_logging_kept():  # here: Opacus pulls in torch, and configures the root logger
+        from opacus.validators import ModuleValidator
 
     errors = ModuleValidator.validate(model, strict=False)
     if errors:

@@ -66,15 +66,16 @@ def run_demo(
     console: Console | None = None,
     timeout_s: float = 1800.0,
     quiet: bool = False,
-    client_data: Sequence[Path] = (),
+    client_data: Sequence[Path | Sequence[Path]] = (),
     watch: Watcher | None = None,
     start_clients: ClientStarter | None = None,
     on_round: Callable[[RoundSummary], None] | None = None,
 ) -> DemoSummary:
     """Run the demo; returns its summary (rounds, final accuracy, max epsilon, ...).
 
-    ``client_data``: each client's own data (``fedps client --data``), one path per client in
-    order; empty: none (a built-in task's clients are partitions of one dataset).
+    ``client_data``: each client's own data (``fedps client --data``), one path (or several,
+    pooled) per client in order; empty: none (a built-in task's clients are partitions of one
+    dataset).
     ``watch``: entered once the run is configured and left when it stops, with the run's
     configuration and a function that prints one line (``fedps demo --ui`` serves the web
     dashboard this way). ``start_clients``: starts the clients instead of one ``fedps client``
@@ -168,13 +169,19 @@ def run_demo(
     return summary
 
 
+def _data_options(data: Path | Sequence[Path]) -> list[str]:
+    """``fedps client``'s options for its own data: ``--data PATH`` for each file."""
+    files = [data] if isinstance(data, Path) else list(data)
+    return [option for path in files for option in ("--data", str(path))]
+
+
 def _ckks_text(config: FedPSConfig) -> str:
     """The run's CKKS parameters in a few words (``N 2048, q 45 bits, scale 2^37``)."""
     p = ckks_params(config)
     return f"N {p.poly_modulus_degree}, q {p.coeff_modulus_bits} bits, scale 2^{p.scale_bits}"
 
 
-def _start_clients(deployment: Deployment, client_data: Sequence[Path]) -> None:
+def _start_clients(deployment: Deployment, client_data: Sequence[Path | Sequence[Path]]) -> None:
     """One ``fedps client`` process per client, each with its data in ``client_data``, if any."""
     t = deployment.config.training
     # The cores go to the clients: one alone (a centralised baseline) trains on all.
@@ -182,7 +189,7 @@ def _start_clients(deployment: Deployment, client_data: Sequence[Path]) -> None:
     if client_data and len(client_data) != t.clients:
         raise ConfigError(f"{len(client_data)} client data paths for {t.clients} clients")
     for i in range(t.clients):
-        data = ("--data", str(client_data[i])) if client_data else ()
+        data = _data_options(client_data[i]) if client_data else []
         deployment.start(f"client-{i}", "client", "--index", str(i), "--threads", threads, *data)
 
 

@@ -32,6 +32,7 @@ from fedps.rpc.coordinator_messages import ClusterStatus, RoundSummary
 from fedps.rpc.coordinator_stub import CoordinatorStub
 from fedps.rpc.transport import channel_credentials
 from fedps.runtime.sweeper import sweep_after_exit
+from fedps.stop_signal import stopped_cleanly
 
 __all__ = [
     "CONFIG_ERROR_EXIT",
@@ -270,7 +271,7 @@ class Deployment:
             code = proc.poll()
             if code == CONFIG_ERROR_EXIT:
                 raise FedPSError(f"{name} stopped: {self.last_log_line(name)}")
-            if code not in (None, 0):
+            if code is not None and not stopped_cleanly(code):  # stopped on a signal: clean
                 tail = self._log_tail(name)
                 raise PeerUnavailableError(f"{name} exited with code {code}; its log ends:\n{tail}")
 

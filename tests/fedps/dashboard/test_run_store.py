@@ -233,6 +233,26 @@ def test_a_live_round_keeps_the_epsilon_the_coordinator_recorded(config: FedPSCo
     assert [r["max_epsilon"] for r in view["history"]] == [1.0, 2.0]
 
 
+def test_the_tile_and_the_table_show_the_same_rounds_epsilon_while_a_round_is_open(
+    config: FedPSConfig, store: RunStore
+) -> None:
+    # Prepare: two rounds closed, spends of round 3 already reported (2.5)
+    from fedps.dashboard.status_collector import _run_view
+
+    collector = StatusCollector(config, store=store)
+    starting = {**_run_view(_status(0, finished=False, max_epsilon=0.4)), "rounds": 3}
+    training = {**_run_view(_status(2, finished=False, max_epsilon=2.5)), "rounds": 3}
+
+    # Execute: what the page gets
+    before = _polled(collector, starting)["record"]["run"]
+    shown = _polled(collector, training)["record"]["run"]
+
+    # Assert: the tile is the last row's figure (none before a round closed)
+    assert shown["history"][-1]["max_epsilon"] == 2.0
+    assert shown["max_epsilon"] == 2.0
+    assert before["history"] == [] and before["max_epsilon"] is None
+
+
 def test_the_collector_writes_into_the_record_the_launcher_named(
     config: FedPSConfig, store: RunStore
 ) -> None:

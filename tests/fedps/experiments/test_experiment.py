@@ -13,6 +13,7 @@ import dataclasses
 import io
 import json
 import math
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -525,3 +526,33 @@ def test_infinite_epsilon_is_written_as_inf(sweep: Sweep) -> None:
     assert record["epsilon"] == "inf" == line["epsilon"]
     assert line["max_epsilon"] == "inf"
     assert "Infinity" not in sweep.results.read_text()
+
+
+#: A grid whose point labels are longer than a terminal is wide.
+WIDE = TINY.replace(
+    "[grid]\n",
+    '[grid]\npartition = ["dirichlet:0.5"]\nnoise_multiplier = [1.25]\nseed = [12345, 67890]\n'
+    "clients = [2]\ndropout = [0.3]\n",
+)
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def test_progress_fits_an_80_column_terminal(sweep: Sweep, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: a terminal 80 columns wide, points labelled with more than 80 characters
+    sweep.grid.write_text(WIDE)
+    monkeypatch.setenv("COLUMNS", "80")
+    screen = io.StringIO()
+    monkeypatch.setattr(experiment, "run_demo", FakeDemo())
+
+    # Execute: every point's summary line redraws the bar with the point's label
+    run_experiment(sweep.grid, sweep.results, console=Console(file=screen, force_terminal=True))
+
+    # Assert: no line is wider than the terminal; the bar and its counter stay in view, below
+    # the last point's label (cut short)
+    lines = [_ANSI.sub("", line) for line in re.split(r"[\r\n]", screen.getvalue())]
+    last = read_results(sweep.results)[-1]["key"]
+    assert len(last) > 80
+    assert max(len(line) for line in lines) <= 80, "\n".join(lines)
+    shown = lines.index(next(line for line in lines if re.search(r" 4/4 points \S+ \S+$", line)))
+    assert lines[shown].startswith("━" * 40), lines[shown]
+    assert lines[shown - 1] == last[:79] + "…"

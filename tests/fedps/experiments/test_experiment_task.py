@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -80,6 +81,16 @@ def _project(root: Path) -> Path:
     return grid
 
 
+def _sweep(grid_path: Path, results: Path) -> list[dict[str, Any]]:
+    """Run the grid's sweep on the real platform."""
+    return run_experiment(
+        grid_path,
+        results,
+        console=Console(file=io.StringIO()),
+        point_timeout_s=HANG_S,  # a hang guard, not a pace
+    )
+
+
 def test_grid_resolves_the_task_and_client_files_beside_it(tmp_path: Path) -> None:
     # Prepare
     grid_path = _project(tmp_path)
@@ -109,34 +120,61 @@ def test_a_data_pattern_must_name_the_client(tmp_path: Path, data: str, message:
         load_grid(grid_path)
 
 
-@pytest.mark.parametrize(
-    "axis", ["centralised = [true, false]", 'partition = ["iid", "dirichlet"]']
-)
-def test_own_files_leave_no_partition_or_centralised_axis(tmp_path: Path, axis: str) -> None:
+def test_own_files_leave_no_partition_axis(tmp_path: Path) -> None:
     # Prepare: each client has its file, and the grid would also re-deal the data
     grid_path = _project(tmp_path)
-    grid_path.write_text(grid_path.read_text().replace("[grid]\n", f"[grid]\n{axis}\n"))
+    text = grid_path.read_text().replace("[grid]\n", '[grid]\npartition = ["iid", "dirichlet"]\n')
+    grid_path.write_text(text)
 
     # Execute / Assert
     with pytest.raises(ConfigError, match="cannot change who holds what"):
         load_grid(grid_path)
 
 
+@pytest.mark.parametrize(
+    ("axis", "expected"),
+    [
+        ("", {"centralised=true,epsilon=4": [[0, 1]], "centralised=false,epsilon=4": [0, 1]}),
+        (
+            "clients = [1, 3]\n",
+            {
+                "centralised=true,clients=1,epsilon=4": [[0, 1, 2]],
+                "centralised=false,clients=1,epsilon=4": [0],
+                "centralised=false,clients=3,epsilon=4": [0, 1, 2],
+            },
+        ),
+    ],
+)
+def test_the_centralised_point_pools_every_clients_file(
+    tmp_path: Path, axis: str, expected: dict[str, list[int | list[int]]]
+) -> None:
+    # Prepare: the baseline beside the federated points (of 2 clients, or of 1 and 3)
+    grid_path = _project(tmp_path)
+    grid_path.write_text(
+        grid_path.read_text().replace("[grid]\n", f"[grid]\ncentralised = [true, false]\n{axis}")
+    )
+    grid = load_grid(grid_path)
+
+    # Execute
+    data = {point.key: grid.point_data(point) for point in grid.points()}
+
+    # Assert: a federated point's clients hold a file each; the centralised point's one client
+    # holds the files of every client of the largest federated point
+    files = grid.client_data(3)
+    assert data == {
+        key: [[files[i] for i in c] if isinstance(c, list) else files[c] for c in clients]
+        for key, clients in expected.items()
+    }
+
+
 @pytest.mark.integration
 @pytest.mark.slow  # about a minute: two points of the whole platform
 def test_sweep_over_epsilon_trains_the_users_task_on_each_clients_file(tmp_path: Path) -> None:
     # Prepare
-    (tmp_path / "project").mkdir()
-    grid_path = _project(tmp_path / "project")
-    results = tmp_path / "results.jsonl"
+    grid_path, results = _project(tmp_path), tmp_path / "results.jsonl"
 
     # Execute
-    records = run_experiment(
-        grid_path,
-        results,
-        console=Console(file=io.StringIO()),
-        point_timeout_s=HANG_S,  # a hang guard, not a pace
-    )
+    records = _sweep(grid_path, results)
 
     # Assert: the task's metrics of the last round, no accuracy for regression
     assert [r["key"] for r in records] == ["epsilon=4"]
@@ -153,3 +191,22 @@ def test_sweep_over_epsilon_trains_the_users_task_on_each_clients_file(tmp_path:
     assert [float(row["final_mae"]) for row in rows] == pytest.approx(
         [r["final_metrics"]["mae"] for r in records]
     )
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # about a minute: one point of the whole platform
+def test_the_centralised_baseline_trains_on_every_clients_file(tmp_path: Path) -> None:
+    # Prepare: the baseline point alone
+    grid_path = _project(tmp_path)
+    grid_path.write_text(
+        grid_path.read_text().replace("[grid]\n", "[grid]\ncentralised = [true]\n")
+    )
+
+    # Execute
+    records = _sweep(grid_path, tmp_path / "results.jsonl")
+
+    # Assert: one client, which trained on both files (fedps client --data twice)
+    assert [r["key"] for r in records] == ["centralised=true,epsilon=4"]
+    assert "error" not in records[0], records[0]
+    assert records[0]["clients"] == 1
+    assert 0 < records[0]["final_metrics"]["mae"] < 5
