@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-import json
 import logging
 import os
 import signal
@@ -20,11 +19,21 @@ from typing import TYPE_CHECKING, Annotated, NoReturn, Optional
 import typer
 
 from crypto.python_child import watch_parent
+from fedps.cli.measure import bench, experiment
+from fedps.cli.options import (
+    ConfigOpt,
+    InsecureOpt,
+    UiAllowedHostOpt,
+    UiOpt,
+    setup_logging,
+    stop_as_ctrl_c,
+    write_json,
+)
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import ConfigError, FedPSError
 from fedps.extras import missing_extra
 from fedps.startup import loading
-from fedps.stop_signal import end_by_stop_signal, interrupt_on_stop_signals
+from fedps.stop_signal import end_by_stop_signal
 
 if TYPE_CHECKING:
     from fedps.runtime.demo import Watcher
@@ -38,54 +47,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-ConfigOpt = Annotated[
-    Optional[Path],  # noqa: UP045 - typer needs Optional here
-    typer.Option("--config", "-c", help="TOML configuration (default: built-in defaults)."),
-]
-InsecureOpt = Annotated[
-    bool,
-    typer.Option(
-        "--insecure",
-        help="Turn mutual TLS off: plaintext gRPC, clients admitted by enrolment token (warns).",
-    ),
-]
-UiOpt = Annotated[
-    Optional[str],  # noqa: UP045 - typer needs Optional here
-    typer.Option(
-        "--ui",
-        metavar="HOST:PORT",
-        help="Serve the read-only web dashboard on HOST:PORT beside the run (port 0: any); "
-        "it prints the link that opens it, with a viewer token.",
-    ),
-]
-UiAllowedHostOpt = Annotated[
-    Optional[list[str]],  # noqa: UP045 - typer needs Optional here
-    typer.Option(
-        "--ui-allowed-host",
-        metavar="NAME",
-        help="Serve the --ui dashboard under this name too (a proxy's; repeatable): requests "
-        "for any other name than its address are refused.",
-    ),
-]
 _log = logging.getLogger("fedps")
-
-
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        force=True,  # a dependency may have configured the root logger on import
-    )
-
-
-def _stop_as_ctrl_c() -> None:
-    """SIGTERM and SIGHUP stop this command as Ctrl-C does, and it then ends by the signal.
-
-    The roles it started are stopped in order and its temporary folders removed (``timeout``,
-    CI, systemd and a closed terminal stop a command with these); :func:`main` then ends it by
-    the signal it got (:mod:`fedps.stop_signal`).
-    """
-    interrupt_on_stop_signals()
 
 
 def _end_now() -> NoReturn:
@@ -108,13 +70,6 @@ def _load(config: Path | None, *, insecure: bool = False) -> FedPSConfig:
     if insecure:  # the command line wins over the file's [tls] enabled
         return load_config(config, tls={"insecure": True, "enabled": False})
     return load_config(config)
-
-
-def _write_json(path: Path | None, text: str, what: str) -> None:
-    """``--json``: write ``text`` (``what``, JSON) to ``path``, if one was given."""
-    if path is not None:
-        path.write_text(text)
-        typer.echo(f"{what} written to {path}")
 
 
 def _setup_tls(cfg: FedPSConfig, name: str) -> None:
@@ -159,7 +114,7 @@ def keyholder(
     """Run the key holder (generates the CKKS keys on first start)."""
     from server.serve import serve_forever
 
-    _setup_logging(True)
+    setup_logging(True)
     cfg = _load(config, insecure=insecure)
     _setup_tls(cfg, "keyholder")
     serve_forever("keyholder", cfg, clear_detections=clear_detections)
@@ -175,7 +130,7 @@ def shard(
     """Run one parameter-server shard."""
     from server.serve import serve_forever
 
-    _setup_logging(True)
+    setup_logging(True)
     cfg = _load(config, insecure=insecure)
     _setup_tls(cfg, f"shard-{index}")
     serve_forever("shard", cfg, index=index)
@@ -187,7 +142,7 @@ def coordinator(config: ConfigOpt = None, insecure: InsecureOpt = False) -> None
     """Run the coordinator (chief): rounds, evaluation, checkpoints."""
     from server.serve import serve_forever
 
-    _setup_logging(True)
+    setup_logging(True)
     cfg = _load(config, insecure=insecure)
     _setup_tls(cfg, "coordinator")
     serve_forever("coordinator", cfg)
@@ -228,8 +183,8 @@ def client(
     """
     # SIGTERM (from `fedps demo`/`up` or an operator) and SIGHUP (its terminal closed) unwind
     # normally, as Ctrl-C does, so helpers stop too; then it ends by the signal (_end_now).
-    _stop_as_ctrl_c()
-    _setup_logging(True)
+    stop_as_ctrl_c()
+    setup_logging(True)
     cfg = _load(config, insecure=insecure)
     if not 0 <= index < cfg.training.clients:
         raise ConfigError(
@@ -289,7 +244,7 @@ def replay_clients(
     """
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: sys.exit(0))
-    _setup_logging(False)
+    setup_logging(False)
     cfg = _load(config, insecure=insecure)
     if first < 0 or count < 1 or first + count > cfg.training.clients:
         raise ConfigError(
@@ -364,12 +319,12 @@ def up(
     from fedps.runtime.deployment import Deployment
     from fedps.runtime.preflight import check_names
 
-    _setup_logging(True)
+    setup_logging(True)
     cfg = _load(config, insecure=insecure)
     check_names(cfg)  # before a role starts, not when a client builds its data
     _provision(cfg)
     _setup_tls(cfg, OPERATOR_NAME)  # to read the coordinator's status (and warn if no TLS)
-    _stop_as_ctrl_c()
+    stop_as_ctrl_c()
     deployment = Deployment(config, cfg)
     try:
         with _dashboard(cfg, ui, ui_allowed_host or []):
@@ -433,8 +388,8 @@ def demo(
     from fedps.runtime.demo import DEMO_LOGS, run_demo
     from fedps.runtime.sweeper import temporary_folder
 
-    _setup_logging(False)
-    _stop_as_ctrl_c()
+    setup_logging(False)
+    stop_as_ctrl_c()
     overrides: dict[str, dict[str, object]] = {}
     if insecure:
         overrides["tls"] = {"insecure": True, "enabled": False}
@@ -457,215 +412,11 @@ def demo(
             if (tmp / DEMO_LOGS).is_dir():
                 typer.echo(f"the run's logs are kept in {tmp / DEMO_LOGS}")
             raise
-    _write_json(json_out, summary.to_json(), "summary")
+    write_json(json_out, summary.to_json(), "summary")
 
 
-@app.command()
-def bench(
-    json_out: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option("--json", help="Write the results as JSON to this file."),
-    ] = None,
-    sizes: Annotated[
-        str, typer.Option(help="Model sizes (parameters) for the crypto paths, comma-separated.")
-    ] = "100000,1000000,10000000",
-    models: Annotated[
-        str, typer.Option(help="Models for the end-to-end secure vs plaintext rounds.")
-    ] = "mlp,mlp1m",
-    memory_clients: Annotated[
-        str, typer.Option(help="Client counts for the shard memory measurement.")
-    ] = "10,200",
-    rounds: Annotated[int, typer.Option(help="Rounds per end-to-end run.")] = 6,
-    async_target: Annotated[
-        float,
-        typer.Option(help="Also time sync vs async to this digits accuracy (0: skip)."),
-    ] = 0.0,
-    against: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--against",
-            metavar="flower",
-            help="Run --jobs on Flower's plain FedAvg with Opacus too (per-sample gradients, "
-            "and ghost clipping), alternating with fedps secure and plaintext; report the "
-            "ratio per round (instead of the default suite).",
-        ),
-    ] = None,
-    profile: Annotated[
-        bool,
-        typer.Option(
-            "--profile",
-            help="Run --jobs on fedps secure and plaintext and print where their rounds go, "
-            "phase by phase (instead of the default suite).",
-        ),
-    ] = False,
-    jobs: Annotated[
-        str, typer.Option(help="Jobs for --against and --profile, comma-separated.")
-    ] = "digits,mlp1m",
-    job_rounds: Annotated[
-        int, typer.Option(help="Rounds of each job (0: its own: digits 40, mlp1m 10).")
-    ] = 0,
-    repeats: Annotated[
-        int,
-        typer.Option(
-            help="Runs of each system (or setting) for each job (--against, --profile, "
-            "--compression)."
-        ),
-    ] = 1,
-    scale: Annotated[
-        str,
-        typer.Option(
-            help="Client counts for the scale runs, comma-separated: each runs that many "
-            "clients that replay one update through the real protocol, and measures every "
-            "role (instead of the default suite).",
-        ),
-    ] = "",
-    scale_model: Annotated[str, typer.Option(help="The model of the --scale runs.")] = "mlp1m",
-    scale_rounds: Annotated[int, typer.Option(help="Rounds of each --scale run.")] = 4,
-    scale_hosts: Annotated[
-        int, typer.Option(help="Processes the clients of a --scale run are spread over.")
-    ] = 2,
-    compression: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--compression",
-            metavar="1,0.1,0.1+ef",
-            help="Run --jobs secure at these compression settings (DENSITY, +ef: error "
-            "feedback), alternating: bytes per parameter and accuracy (instead of the default "
-            "suite).",
-        ),
-    ] = None,
-) -> None:
-    """Measure encryption cost against TenSEAL's default and plaintext, in one run.
-
-    With --against flower or --profile: the same job on Flower and fedps, and where its rounds
-    go. With --scale: many clients through the real protocol, and what each role costs.
-    With --compression: the same job at several compression settings.
-    """
-    from rich.console import Console
-
-    _setup_logging(False)
-    _stop_as_ctrl_c()
-    console = Console()
-    if scale:
-        from fedps.bench.scale_bench import render_scale, run_scale_bench
-
-        runs = [
-            run_scale_bench(
-                clients=int(n),
-                model=scale_model,
-                rounds=scale_rounds,
-                hosts=scale_hosts,
-                console=console,
-            )
-            for n in scale.split(",")
-            if n
-        ]
-        console.print(render_scale(runs), markup=False, highlight=False, soft_wrap=True)
-        _write_json(json_out, json.dumps(runs, indent=2) + "\n", "results")
-        return
-    if compression is not None:
-        from fedps.bench.compression_bench import (
-            compare_compression,
-            parse_settings,
-            render_compression,
-        )
-        from fedps.bench.flower_comparison import job_named
-
-        chosen_jobs = [job_named(name, job_rounds) for name in jobs.split(",") if name]
-        measured = compare_compression(
-            chosen_jobs, parse_settings(compression), repeats=repeats, console=console
-        )
-        console.print(render_compression(measured), markup=False, highlight=False, soft_wrap=True)
-        _write_json(json_out, json.dumps(measured, indent=2) + "\n", "results")
-        return
-    if against is not None or profile:
-        from fedps.bench.flower_comparison import compare, job_named
-        from fedps.bench.report import render_comparison
-
-        if against not in (None, "flower"):
-            raise FedPSError(f"--against {against}: only flower is supported")
-        chosen = [job_named(name, job_rounds) for name in jobs.split(",") if name]
-
-        def save(so_far: dict[str, object]) -> None:  # after each job: a failure keeps the rest
-            if json_out is not None:
-                json_out.write_text(json.dumps(so_far, indent=2) + "\n")
-
-        compared = compare(
-            chosen, flower=against is not None, repeats=repeats, console=console, on_job=save
-        )
-        console.print(render_comparison(compared), markup=False, highlight=False, soft_wrap=True)
-        _write_json(json_out, json.dumps(compared, indent=2) + "\n", "results")
-        return
-    from fedps.bench.benchmark import run_bench, time_to_accuracy
-    from fedps.bench.report import render_table
-
-    results = run_bench(
-        sizes=[int(s) for s in sizes.split(",") if s],
-        e2e_models=[m for m in models.split(",") if m],
-        memory_clients=[int(c) for c in memory_clients.split(",") if c],
-        rounds=rounds,
-        console=console,
-    )
-    if async_target > 0:
-        console.print("sync vs async with one client in four 5x slower ...")
-        results["async_vs_sync"] = time_to_accuracy(
-            target=async_target, slow_fraction=0.25, slow_factor=5.0, rounds=20
-        )
-    console.print(render_table(results))
-    _write_json(json_out, json.dumps(results, indent=2) + "\n", "results")
-
-
-@app.command()
-def experiment(
-    args: Annotated[
-        list[str],
-        typer.Argument(
-            help="GRID.toml to run a sweep, or `report RESULTS.jsonl` to render its report.",
-            metavar="GRID.toml | report RESULTS.jsonl",
-        ),
-    ],
-    results: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option(
-            "--results", "-r", help="Results file (JSON lines; default GRID-results.jsonl)."
-        ),
-    ] = None,
-    out: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option("--out", "-o", help="Report directory (default RESULTS-report)."),
-    ] = None,
-    workdir: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option(help="Keep each point's state and logs here (default: a temporary dir)."),
-    ] = None,
-) -> None:
-    """Privacy-accuracy sweep: one real platform run per grid point, resumable."""
-    _setup_logging(False)
-    _stop_as_ctrl_c()
-    if args[0] == "report":
-        from fedps.experiments.report import render_report
-
-        if len(args) != 2 or results is not None or workdir is not None:
-            raise FedPSError("usage: fedps experiment report RESULTS.jsonl [--out DIR]")
-        path = Path(args[1])
-        report = render_report(path, out or path.with_name(f"{path.stem}-report"))
-        typer.echo(f"report written to {report}")
-        return
-    from fedps.experiments.experiment import run_experiment
-
-    if len(args) != 1 or out is not None:
-        raise FedPSError("usage: fedps experiment GRID.toml [--results FILE] [--workdir DIR]")
-    grid = Path(args[0])
-    results = results or Path(f"{grid.stem}-results.jsonl")
-    records = run_experiment(grid, results, workdir=workdir)
-    failed = sum(1 for r in records if "error" in r)
-    typer.echo(f"{len(records)} points in {results} (and {results.with_suffix('.csv')})")
-    if failed:
-        raise FedPSError(
-            f"{failed} of {len(records)} points failed (see their error in {results}); "
-            "run the same command again to retry them"
-        )
-    typer.echo(f"report: fedps experiment report {results}")
+app.command()(bench)
+app.command()(experiment)
 
 
 @app.command()
@@ -731,14 +482,14 @@ def ui(
         write_token,
     )
 
-    _setup_logging(False)
+    setup_logging(False)
     parse_bind(bind)  # a bad address fails before anything is written
     cfg = _load(config, insecure=insecure)
     _provision(cfg)
     _setup_tls(cfg, OPERATOR_NAME)  # to read the roles' status
     state_root = cfg.cluster.state_dir
     if view_only:
-        _stop_as_ctrl_c()
+        stop_as_ctrl_c()
         try:
             with serve_dashboard(
                 cfg, bind, echo=typer.echo, public=public, allowed_hosts=allowed_host or ()
@@ -761,7 +512,7 @@ def ui(
     launcher = RunLauncher(
         config, base_overrides=base, state_root=state_root, local_clients=not remote_clients
     )
-    _stop_as_ctrl_c()
+    stop_as_ctrl_c()
     try:
         with serve_dashboard(
             cfg,
@@ -798,7 +549,7 @@ def status(
     cfg = _load(config, insecure=insecure)
     _setup_tls(cfg, OPERATOR_NAME)
     status = print_status(cfg)
-    _write_json(json_out, status_json(status), "status")
+    write_json(json_out, status_json(status), "status")
 
 
 @app.command()
@@ -817,7 +568,7 @@ def export(
     from crypto.tls import OPERATOR_NAME
     from fedps.runtime.export import export_model
 
-    _setup_logging(False)
+    setup_logging(False)
     cfg = _load(config, insecure=insecure)
     _setup_tls(cfg, OPERATOR_NAME)
     version = export_model(cfg, out)
