@@ -129,7 +129,6 @@ class AggregateVerifier:
         num_blocks: int,
         block_sizes: Collection[int],
         unpack: Callable[[list[bytes]], np.ndarray],
-        then: Callable[[list[int], np.ndarray], None] | None = None,
     ) -> tuple[list[int], np.ndarray]:
         """Check a whole round as each shard's reply streams in.
 
@@ -143,11 +142,8 @@ class AggregateVerifier:
 
         Once a shard's reply has arrived, its blocks are unpacked and sketched on a worker
         thread while the next shard's reply streams in (one thread per shard, as many as the
-        machine has cores). A shard whose own blocks pass both checks is handed to ``then``
-        (``then(blocks, rows)``, on the worker) at once: the caller may start working on those
-        blocks before the other shards' replies are checked, and must keep what it made to
-        itself until this call returns. Which check fails first, and the error raised, are
-        those of checking every shard one after the other (:meth:`_check_all`).
+        machine has cores); nothing is decrypted here. Which check fails first, and the error
+        raised, are those of checking every shard one after the other (:meth:`_check_all`).
 
         Raises
         ------
@@ -163,7 +159,7 @@ class AggregateVerifier:
             for sid, parts in fetched.items():
                 received[sid] = aggs = self._receive(sid, parts, owner, num_blocks, block_sizes)
                 if aggs:
-                    early[sid] = pool.submit(self._check_shard, aggs, unpack, expected, then)
+                    early[sid] = pool.submit(self._check_shard, aggs, unpack, expected)
             owners = [sid for sid, aggs in received.items() for _ in aggs]
             blocks = [agg.block for aggs in received.values() for agg in aggs]
             missing = sorted(set(range(num_blocks)) - set(blocks))
@@ -183,25 +179,21 @@ class AggregateVerifier:
         aggs: list[Aggregate],
         unpack: Callable[[list[bytes]], np.ndarray],
         expected: np.ndarray | None,
-        then: Callable[[list[int], np.ndarray], None] | None,
     ) -> np.ndarray | None:
         """One shard's validated coefficients, if its blocks pass both checks; else None.
 
         The checks are unpacking and the sketch against ``expected`` (every block's combined
-        sketch); ``then`` is called with the shard's blocks and rows once they pass. A failure
-        is named later, in shard order, by :meth:`_check_all`.
+        sketch). A failure is named later, in shard order, by :meth:`_check_all`.
         """
         try:
             rows = unpack([agg.ciphertext for agg in aggs])
         except InvalidArgumentError:
             return None
-        blocks = [agg.block for agg in aggs]
         if expected is not None:
             assert self.challenge is not None
+            blocks = [agg.block for agg in aggs]
             if np.any(self.challenge.sketch(rows) != expected[:, blocks]):
                 return None
-        if then is not None:
-            then(blocks, rows)
         return rows
 
     def _check_all(

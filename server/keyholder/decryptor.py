@@ -2,14 +2,12 @@
 
 :meth:`Decryptor.average` has :class:`~.aggregate_verifier.AggregateVerifier` check every
 block of a round's aggregates against the commitments as they stream in from the shards, and
-only then releases anything (a shard's blocks that passed their own checks are opened while
-the other shards' are checked, and kept inside until every check passed: :class:`_EarlyOpening`
-says why that is safe):
+only then
 
-1. checks every zero canary of every block against the noise bound before it is decrypted
-   (:meth:`crypto.SecretContext.open`, :mod:`crypto.canary`): a change to ``c1`` anywhere, by
-   a client on its own ciphertext or by a shard, and nothing of the round is released
-   (:class:`CanaryFailureError` carries the failing rows to trace);
+1. checks every zero canary of every block against the noise bound before anything is
+   decrypted (:meth:`crypto.SecretContext.open`, :mod:`crypto.canary`): a change to ``c1``
+   anywhere, by a client on its own ciphertext or by a shard, and nothing of the round is
+   decrypted (:class:`CanaryFailureError` carries the failing rows to trace);
 2. floods and rounds each decrypted sum (:func:`crypto.release.flood_and_round`, the IND-CPA^D
    mitigation for CKKS) and refuses it if it exceeds what its contributors' clipping allows;
 3. at client level (DP-FedAvg), adds the missing shares of the noise when fewer than the
@@ -29,7 +27,6 @@ and a key leaked by other means opens the ciphertexts of one period only.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -130,13 +127,11 @@ class Decryptor:
         total is their sum); the noise is the std of the client-level top-up noise added to each
         value of the sum (0 without).
 
-        Nothing decrypted is released before every block of every shard (``fetched``: each
-        shard's reply; ``owner``: the shard of each block) passed every check of ``verifier``;
-        no block is decrypted before its own checks passed (:class:`_EarlyOpening`). At
+        Nothing is decrypted before every block of every shard (``fetched``: each shard's
+        reply; ``owner``: the shard of each block) passed every check of ``verifier``. At
         client level the average divides the topped-up sum by the fixed cohort size.
         ``timer`` counts the wait for the shards' messages as ``fetch``, the checks as
-        ``verify`` (with the wait for the blocks opened early), and the rest of the canaries
-        and decryption, the flooding and averaging as ``decrypt``.
+        ``verify``, and the canaries, decryption, flooding and averaging as ``decrypt``.
 
         Raises
         ------
@@ -150,36 +145,30 @@ class Decryptor:
         round_ = verifier.phase.round
         timer = timer or RoundTimer()
         streams = {sid: timer.iterate("fetch", parts) for sid, parts in fetched.items()}
-        multipliers = list(verifier.multipliers.values())
-        effective = {
-            c: verifier.weights[c] * verifier.multipliers[c] for c in verifier.contributors
-        }
-        noise = self._settings.client_noise
-        unweighted = all(w == 1.0 for w in effective.values())
-        early = None
-        if self._settings.encrypted and (noise is None or unweighted):
-            early = _EarlyOpening(self.keys, sum(m * m for m in multipliers))
-        with timer.phase("verify"):  # with the early opening of the shards that passed
+        with timer.phase("verify"):
             blocks, rows = verifier.verify(
                 streams,
                 owner=owner,
                 num_blocks=layout.num_blocks,
                 block_sizes=self.block_sizes(),
                 unpack=self.unpack,
-                then=early.open if early is not None else None,
             )
+        multipliers = list(verifier.multipliers.values())
+        effective = {
+            c: verifier.weights[c] * verifier.multipliers[c] for c in verifier.contributors
+        }
         total = sum(effective.values())
         top_up = 0.0
+        noise = self._settings.client_noise
         if noise is not None:  # the sum of m shares: every weight and multiplier is 1
-            if not unweighted:
+            if any(w != 1.0 for w in effective.values()):
                 raise PolicyError("client-level DP sums unweighted updates; a weight is not 1")
             top_up = noise.top_up_std(len(effective))
             total = float(noise.cohort)
         with timer.phase("decrypt"):  # every block at once: one draw of noise, one check
-            opened = early.take(blocks) if early is not None else None
-            if opened is None:  # not opened early, or a canary failed: the error in order
-                opened = self._open(round_, blocks, rows, multipliers)
-            summed = self._release(opened, multipliers, blocks)
+            summed = self._release(
+                self._open(round_, blocks, rows, multipliers), multipliers, blocks
+            )
             if top_up > 0:  # after the bound check, which covers the clients' values only
                 summed = summed + self._noise.normal(top_up, summed.shape)
             averaged = dict(zip(blocks, summed / total, strict=True))
@@ -313,56 +302,3 @@ class Decryptor:
             budget,
             advice,
         )
-
-
-class _EarlyOpening:
-    """Each shard's blocks decrypted as soon as they pass their own checks, kept here.
-
-    :meth:`AggregateVerifier.verify <.aggregate_verifier.AggregateVerifier.verify>` hands a
-    shard's blocks to :meth:`open` (on its worker thread) once they unpacked and their sketches
-    matched, while the other shards' replies are still arriving or being checked; the canaries
-    and the decryption of those blocks then overlap the rest of the checks.
-
-    Why it is safe: nothing opened here leaves the key holder before every check of every
-    shard passed. :meth:`Decryptor.average` reads it (:meth:`take`) only after ``verify``
-    returned, that is after every block of every shard passed; any failure raises before, and
-    this object, with what it decrypted, is dropped unread. The key-recovery attack on a
-    tampered ciphertext needs its decryption released; a decryption that is never released
-    tells nobody anything. Every block opened here has already matched its contributors'
-    committed sketches, and its canaries are checked before it is decrypted, as always
-    (:meth:`crypto.SecretContext.open`). A canary that fails here decrypts nothing of that
-    shard and makes :meth:`take` return None: the caller then checks every block at once,
-    which fails with the same error as before the early opening.
-
-    Parameters
-    ----------
-    keys
-        The key pair that decrypts.
-    noise_weight
-        ``sum m_i^2`` of the round's multipliers (the canaries' bound).
-    """
-
-    def __init__(self, keys: SecretContext, noise_weight: float) -> None:
-        self._keys = keys
-        self._noise_weight = noise_weight
-        self._lock = threading.Lock()
-        self._values: dict[int, np.ndarray] = {}
-        self._failed = False
-
-    def open(self, blocks: list[int], rows: np.ndarray) -> None:
-        """Check the canaries of ``blocks`` (coefficients ``rows``) and decrypt them, kept here."""
-        try:
-            values = self._keys.open(rows, noise_weight=self._noise_weight)
-        except (CanaryError, InvalidArgumentError):  # named in order by Decryptor._open
-            with self._lock:
-                self._failed = True
-            return
-        with self._lock:
-            self._values.update(zip(blocks, values, strict=True))
-
-    def take(self, blocks: list[int]) -> np.ndarray | None:
-        """The decrypted sums of ``blocks``, one row each; None if one was not opened here."""
-        with self._lock:
-            if self._failed or any(b not in self._values for b in blocks):
-                return None
-            return np.stack([self._values[b] for b in blocks])
