@@ -682,6 +682,7 @@ class Coordinator:
             evaluation = BackgroundEvaluation(
                 record, partial(self._evaluate, self.version), self._record
             )
+            self._timer.add("evaluate", 0.0)  # the round does not wait for it
         elif evaluate and self.evaluator.has_data:  # the caller reads the record on return
             with self._timer.phase("evaluate"):
                 self._vector, metrics = self._evaluate(self.version)
