@@ -68,7 +68,8 @@ KEYHOLDER_PHASES = ("fetch", "verify", "decrypt", "apply", "save", "rotate", "pu
 #: The coordinator's own phases of a round, which partition it: opening (the key holder's
 #: context, the checkpoint, the commit phase), waiting for the commitments, freezing them,
 #: opening the round on the shards, waiting for the pushes, closing it on the shards, the key
-#: holder's ``ApplyRound`` call, evaluating the published model.
+#: holder's ``ApplyRound`` call, evaluating the published model (when the round waits for it:
+#: the coordinator's own round loop evaluates while the next round runs, off the critical path).
 COORDINATOR_PHASES = (
     "open",
     "commit_wait",

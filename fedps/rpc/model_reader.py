@@ -7,11 +7,13 @@ arrived at one version and assembles the flat vector.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
 
 from fedps.errors import InvalidArgumentError, RoundClosedError
+from fedps.rpc.fan_out import fan_out
 from fedps.rpc.shard_stub import PULL_S, ShardStub
 from fedps.sharding.blocks import BlockLayout
 
@@ -55,21 +57,49 @@ class ModelReader:
             If a shard has not published ``min_version`` yet, or shards disagree on the
             version (a publish is in flight); retry shortly.
         """
-        blocks: dict[int, np.ndarray] = {}
-        versions: set[int] = set()
-        for sid, shard in self.shards.items():
-            for block in shard.pull_blocks(min_version, timeout_s=PULL_S):
-                values = np.frombuffer(block.values, dtype="<f4")
-                if values.size != layout.values_per_block:
-                    raise InvalidArgumentError(f"{sid} sent block {block.block} of bad size")
-                if verify is not None and not verify(
-                    block.version, block.block, block.values, block.signature
-                ):
-                    raise InvalidArgumentError(
-                        f"{sid} served block {block.block} without a valid key-holder signature"
-                    )
-                blocks[block.block] = values.astype(np.float64)
-                versions.add(block.version)
+        # Every shard is read at once, one thread each: the pull waits for the slowest shard,
+        # not for the sum of them. The first failure in shard order is raised, as one shard
+        # after the other would have raised it.
+        pulled = fan_out(
+            {
+                sid: functools.partial(_read, sid, shard, layout, min_version, verify)
+                for sid, shard in self.shards.items()
+            }
+        )
+        blocks = {b: read for part in pulled.values() for b, read in part.items()}
+        versions = {version for part in pulled.values() for version, _ in part.values()}
         if len(versions) > 1:
             raise RoundClosedError(f"shards are at different versions {sorted(versions)}")
-        return layout.join(blocks), (versions.pop() if versions else 0)
+        vector = layout.join({b: values for b, (_, values) in blocks.items()})
+        return vector, (versions.pop() if versions else 0)
+
+
+def _read(
+    sid: str,
+    shard: ShardStub,
+    layout: BlockLayout,
+    min_version: int,
+    verify: Callable[[int, int, bytes, bytes], bool] | None,
+) -> dict[int, tuple[int, np.ndarray]]:
+    """Shard ``sid``'s blocks of ``min_version`` or later, each checked.
+
+    Returns ``{block: (version, values)}``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        A block of the wrong size, or without a valid signature (with ``verify``).
+    """
+    blocks: dict[int, tuple[int, np.ndarray]] = {}
+    for block in shard.pull_blocks(min_version, timeout_s=PULL_S):
+        values = np.frombuffer(block.values, dtype="<f4")
+        if values.size != layout.values_per_block:
+            raise InvalidArgumentError(f"{sid} sent block {block.block} of bad size")
+        if verify is not None and not verify(
+            block.version, block.block, block.values, block.signature
+        ):
+            raise InvalidArgumentError(
+                f"{sid} served block {block.block} without a valid key-holder signature"
+            )
+        blocks[block.block] = (block.version, values.astype(np.float64))
+    return blocks

@@ -43,6 +43,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -53,6 +54,7 @@ from fedps.round_timer import KEYHOLDER_PHASES, RoundTimer
 from fedps.rpc.coordinator_messages import RETRY_AFTER_S, Assignment, RoundSummary
 from fedps.rpc.keyholder_messages import CommitOpening, CommitSet, RoundApplication
 from fedps.sharding.blocks import BlockLayout
+from server.coordinator.background_evaluation import BackgroundEvaluation
 from server.coordinator.checkpoint_store import Checkpoint, CheckpointStore
 from server.coordinator.client_registry import ClientRegistry, RegisteredClient
 from server.coordinator.cluster_peers import ClusterPeers
@@ -163,6 +165,12 @@ class Coordinator:
         self._keyholder_key: bytes | None = None  # verifies published blocks
         #: the coordinator's own phases of the round in progress (the round loop's thread)
         self._timer = RoundTimer()
+        #: the last applied round's model, evaluated while the next round runs (:meth:`run`)
+        self._evaluation: BackgroundEvaluation | None = None
+        self._unevaluated: int | None = None  # a round a restart must evaluate (checkpoint)
+        #: whether the round loop evaluates in the background (:meth:`run`; not
+        #: :meth:`run_round`, whose caller reads the round's record when it returns)
+        self._background = False
         if checkpoint is not None:
             self._restore(checkpoint)
 
@@ -220,6 +228,15 @@ class Coordinator:
         self.desk.round = value
 
     @property
+    def recorded_round(self) -> int:
+        """The last finished round that :attr:`history` records (its evaluation ended)."""
+        evaluation = self._evaluation
+        with self._lock:
+            if evaluation is not None and all(r is not evaluation.record for r in self.history):
+                return evaluation.record.round - 1
+        return self.round
+
+    @property
     def finished(self) -> bool:
         """Whether the run is done (the desk's: it answers every task with DONE)."""
         return self.desk.finished
@@ -260,9 +277,19 @@ class Coordinator:
         self._notify()
 
     def run(self) -> None:
-        """Run rounds until ``training.rounds`` are done or :meth:`stop` is called."""
+        """Run rounds until ``training.rounds`` are done or :meth:`stop` is called.
+
+        Each applied round's published model is evaluated while the next round runs
+        (:mod:`.background_evaluation`); the history records every round once its evaluation
+        ended, in round order, and the run ends (or stops) once the last evaluation did.
+        """
+        self._background = True
         try:
-            self._run()
+            try:
+                self._run()
+            finally:
+                self._background = False
+                self._settle_evaluation(stopping=True)
         except FedPSError:
             if not self._stop.is_set():
                 _log.exception("the round loop stopped")
@@ -271,6 +298,7 @@ class Coordinator:
     def _run(self) -> None:
         checkpointed = self.round
         self.bootstrap()  # the round and version follow the key holder's
+        self._evaluate_restored()
         resume, self._resume = self._resume, None
         if resume is not None and checkpointed < resume.round <= self.round:
             # The key holder applied the round before we restarted: record its result.
@@ -285,6 +313,7 @@ class Coordinator:
             if cohort is None:
                 break
             self._run_round(self.round + 1, cohort)
+        self._settle_evaluation()  # the history is complete before the run says it is done
         with self._changed:
             self.finished = not self._stop.is_set()
             self._changed.notify_all()  # waiting clients learn at once that the run is done
@@ -370,9 +399,9 @@ class Coordinator:
 
         Commit, push, close, apply or abandon, evaluate, record it in :attr:`history`.
 
-        Blocks until the round ends (run it in a thread and serve the cohort's
-        ``desk.get_task`` and ``desk.report`` meanwhile), or returns early without a record
-        when :meth:`stop` is called.
+        Blocks until the round ends, evaluated and recorded (run it in a thread and serve the
+        cohort's ``desk.get_task`` and ``desk.report`` meanwhile), or returns early without a
+        record when :meth:`stop` is called.
         """
         self._run_round(round_, cohort)
 
@@ -640,33 +669,105 @@ class Coordinator:
     def _finish_round(self, record: RoundRecord, started: float, bytes_before: int) -> None:
         round_ = record.round
         self.round = round_
-        if not record.abandoned and (
+        evaluate = not record.abandoned and (
             round_ % self._training.eval_every == 0 or round_ == self._training.rounds
-        ):
-            if self.evaluator.has_data:  # else the clients' metrics, if any (client_eval)
-                with self._timer.phase("evaluate"):
-                    self._vector = self._peers.retry(self.pull_model, "pull model")
-                    self._vector_version = self.version
-                    record.metrics = self.evaluator.evaluate(self._vector)
-            record.accuracy = record.metrics.get("accuracy", -1.0)
-            record.loss = record.metrics.get("loss", -1.0)
+        )
+        if evaluate and not self.evaluator.has_data:  # the clients' metrics, if any
+            record.take_metrics(record.metrics)
         record.max_epsilon = self.max_epsilon[0]
         record.bytes_pushed = self.bytes_pushed - bytes_before
+        self._settle_evaluation()  # the round before is recorded first
+        evaluation = None
+        if evaluate and self.evaluator.has_data and self._background:
+            evaluation = BackgroundEvaluation(
+                record, partial(self._evaluate, self.version), self._record
+            )
+            self._timer.add("evaluate", 0.0)  # the round does not wait for it
+        elif evaluate and self.evaluator.has_data:  # the caller reads the record on return
+            with self._timer.phase("evaluate"):
+                self._vector, metrics = self._evaluate(self.version)
+                self._vector_version = self.version
+            record.take_metrics(metrics)
         record.seconds = time.time() - started
         record.server_phases = self._timer.take()
         record.phases = critical_path(record.seconds, record.server_phases, record.client_phases)
         record.client_phases = slowest_clients(record.client_phases)
+        if evaluation is None:
+            self._record(record)
+        else:  # the next round starts now; the record follows its evaluation
+            self._evaluation = evaluation
+            evaluation.start()
+        # A round evaluated in the background is checkpointed, evaluated, by the next
+        # checkpoint that waits for its evaluation (the next round's freeze, end, or the run's).
+        due = round_ % self._training.checkpoint_every == 0
+        if record.abandoned or (due and evaluation is None):
+            self._checkpoint()
+
+    def _record(self, record: RoundRecord) -> None:
+        """Add ``record`` to the history (from the round loop or its evaluation's thread)."""
         with self._lock:
             self.history.append(record)
             if len(self.history) > CLIENT_PHASE_ROUNDS:  # the status and checkpoint stay small
                 self.history[-CLIENT_PHASE_ROUNDS - 1].client_phases = {}
         _log.info("%s", RoundSummary.of(record).line(self._training.rounds))
-        if round_ % self._training.checkpoint_every == 0 or record.abandoned:
-            self._checkpoint()
+
+    def _evaluate(self, version: int) -> tuple[np.ndarray, dict[str, float]]:
+        """The published model of ``version``, pulled until it arrives, and its metrics."""
+        vector = self._peers.retry(
+            lambda: self._peers.pull_model(self.layout, version, self._keyholder_key),
+            "pull model",
+        )
+        return vector, self.evaluator.evaluate(vector)
+
+    def _settle_evaluation(self, *, stopping: bool = False) -> None:
+        """Wait for the evaluation in progress, if any: its round is recorded once it returns.
+
+        ``stopping``: the run is ending on an error or a stop, and an evaluation that failed
+        (a stop ends its pull) leaves its round unrecorded, as a stop during the evaluation
+        always did; otherwise its error is raised.
+        """
+        evaluation, self._evaluation = self._evaluation, None
+        if evaluation is None:
+            return
+        try:
+            vector = evaluation.wait()
+        except FedPSError:
+            if stopping:
+                return
+            raise
+        self._vector, self._vector_version = vector, evaluation.record.version
+
+    def _evaluate_restored(self) -> None:
+        """Evaluate the round a checkpoint kept while its evaluation was in progress.
+
+        It is the last round the checkpoint recorded; the key holder cannot have applied a
+        later round, whose commitments freeze only once the evaluation ended.
+        """
+        unevaluated, self._unevaluated = self._unevaluated, None
+        if unevaluated is None or not self.history or self.history[-1].round != unevaluated:
+            return
+        record = self.history[-1]
+        if record.metrics or record.version != self.version:
+            _log.warning("round %d was not evaluated before a restart", unevaluated)
+            return
+        self._vector, metrics = self._evaluate(record.version)
+        self._vector_version = record.version
+        with self._lock:
+            record.take_metrics(metrics)
+        _log.info("%s", RoundSummary.of(record).line(self._training.rounds))
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint(self, open_round: OpenRound | None = None) -> None:
-        """Write the state atomically; ``open_round``: the round in progress, if any."""
+        """Write the state atomically; ``open_round``: the round in progress, if any.
+
+        Every checkpoint but that of a round's commit phase waits for the evaluation in
+        progress first (:meth:`_settle_evaluation`): a round's commitments freeze, and the key
+        holder can apply it, only once the round before is recorded with its metrics. A round
+        still being evaluated is kept with the checkpoint (as ``evaluating``), and a restart
+        evaluates it (:meth:`_evaluate_restored`).
+        """
+        if open_round is None or open_round.pushing:
+            self._settle_evaluation()
         if open_round is None and self._vector_version != self.version:
             try:
                 self._vector = self.pull_model()
@@ -677,10 +778,16 @@ class Coordinator:
             "run_id": self.run_id,
             "round": self.round,
             "version": self.version,
-            "history": [asdict(r) for r in self.history],
             "clients": self.registry.state_dict(),
             "open": open_round.to_json() if open_round is not None else None,
         }
+        with self._lock:  # an evaluation's thread records its round meanwhile
+            history = list(self.history)
+            evaluation = self._evaluation
+            if evaluation is not None and all(r is not evaluation.record for r in history):
+                history.append(evaluation.record)  # once: the restart evaluates it
+                state["evaluating"] = evaluation.record.round
+            state["history"] = [asdict(r) for r in history]
         if not self._store.save_until_written(self._vector, state, stop=self._stop):
             return  # stopping (e.g. disk full: the round waits until it is written)
         self.last_checkpoint = time.time()
@@ -697,5 +804,7 @@ class Coordinator:
         self.registry.load_state_dict(state["clients"])
         if state.get("open"):
             self._resume = OpenRound.from_json(state["open"])
+        if state.get("evaluating") is not None:
+            self._unevaluated = int(state["evaluating"])
         self.last_checkpoint = checkpoint.saved_at
         _log.info("resumed from checkpoint: round %d, version %d", self.round, self.version)

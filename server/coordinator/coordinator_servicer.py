@@ -101,7 +101,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         return records.ClusterStatus(
             noise=c.settings.privacy.noise_mode,
             run_id=c.run_id,
-            round=c.round,
+            round=c.recorded_round,  # with its record in the history
             version=c.version,
             registered=len(c.clients),
             finished=c.finished,

@@ -64,6 +64,18 @@ class RoundRecord:
     server_phases: dict[str, float] = field(default_factory=dict)
     client_phases: dict[str, dict[str, float]] = field(default_factory=dict)
 
+    def take_metrics(self, metrics: Mapping[str, float]) -> None:
+        """Keep ``metrics`` of the round's model, with its accuracy and loss (-1: not among them).
+
+        Parameters
+        ----------
+        metrics
+            The task's metrics (``loss`` among them, where it has one).
+        """
+        self.metrics = dict(metrics)
+        self.accuracy = metrics.get("accuracy", -1.0)
+        self.loss = metrics.get("loss", -1.0)
+
 
 @dataclass
 class OpenRound:

@@ -23,7 +23,9 @@ reason; the key holder then never decrypts that round.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Collection, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -138,21 +140,80 @@ class AggregateVerifier:
         checked before the next message is read, so a shard cannot make the key holder hold
         more than one small aggregate per block.
 
+        Once a shard's reply has arrived, its blocks are unpacked and sketched on a worker
+        thread while the next shard's reply streams in (one thread per shard, as many as the
+        machine has cores); nothing is decrypted here. Which check fails first, and the error
+        raised, are those of checking every shard one after the other (:meth:`_check_all`).
+
         Raises
         ------
         TamperingError
             Anything a correct shard would not send: nothing is to be decrypted.
         """
+        expected = self.expected_sketches() if self.challenge is not None else None
         received: dict[str, list[Aggregate]] = {}
-        for sid, parts in fetched.items():
-            received[sid] = self._receive(sid, parts, owner, num_blocks, block_sizes)
-        owners = [sid for sid, aggs in received.items() for _ in aggs]
-        blocks = [agg.block for aggs in received.values() for agg in aggs]
-        missing = sorted(set(range(num_blocks)) - set(blocks))
-        if missing:
-            raise TamperingError(
-                owner(missing[0]), "missing-block", f"no aggregate for blocks {missing[:10]}"
-            )
+        early: dict[str, Future[np.ndarray | None]] = {}
+        workers = max(1, min(len(fetched), os.cpu_count() or 1))
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="verify")
+        try:
+            for sid, parts in fetched.items():
+                received[sid] = aggs = self._receive(sid, parts, owner, num_blocks, block_sizes)
+                if aggs:
+                    early[sid] = pool.submit(self._check_shard, aggs, unpack, expected)
+            owners = [sid for sid, aggs in received.items() for _ in aggs]
+            blocks = [agg.block for aggs in received.values() for agg in aggs]
+            missing = sorted(set(range(num_blocks)) - set(blocks))
+            if missing:
+                raise TamperingError(
+                    owner(missing[0]), "missing-block", f"no aggregate for blocks {missing[:10]}"
+                )
+            rows = [future.result() for future in early.values()]
+        finally:  # nothing runs on after a failure: the caller may trace it at once
+            pool.shutdown(wait=True, cancel_futures=True)
+        if any(r is None for r in rows):  # a shard failed a check: name it as in order
+            return blocks, self._check_all(received, owners, blocks, unpack, expected)
+        return blocks, np.concatenate([r for r in rows if r is not None])
+
+    def _check_shard(
+        self,
+        aggs: list[Aggregate],
+        unpack: Callable[[list[bytes]], np.ndarray],
+        expected: np.ndarray | None,
+    ) -> np.ndarray | None:
+        """One shard's validated coefficients, if its blocks pass both checks; else None.
+
+        The checks are unpacking and the sketch against ``expected`` (every block's combined
+        sketch). A failure is named later, in shard order, by :meth:`_check_all`.
+        """
+        try:
+            rows = unpack([agg.ciphertext for agg in aggs])
+        except InvalidArgumentError:
+            return None
+        if expected is not None:
+            assert self.challenge is not None
+            blocks = [agg.block for agg in aggs]
+            if np.any(self.challenge.sketch(rows) != expected[:, blocks]):
+                return None
+        return rows
+
+    def _check_all(
+        self,
+        received: Mapping[str, list[Aggregate]],
+        owners: list[str],
+        blocks: list[int],
+        unpack: Callable[[list[bytes]], np.ndarray],
+        expected: np.ndarray | None,
+    ) -> np.ndarray:
+        """Every shard's blocks unpacked, then every sketch checked, one shard after the other.
+
+        Returns the validated coefficients; ``owners[i]`` sent ``blocks[i]``.
+
+        Raises
+        ------
+        TamperingError
+            The first shard, in order, that sent a malformed block; else the shard of the first
+            block whose sketch is wrong.
+        """
         # Validate and unpack each shard's aggregates at once (vectorised; a malformed block
         # is blamed on the shard that sent it).
         rows: list[np.ndarray] = []
@@ -164,9 +225,9 @@ class AggregateVerifier:
             except InvalidArgumentError as exc:
                 raise TamperingError(sid, "malformed", f"malformed aggregate: {exc}") from exc
         coefficients = np.concatenate(rows)
-        if self.challenge is not None:
-            self.check_aggregates(owners, blocks, coefficients, self.expected_sketches())
-        return blocks, coefficients
+        if expected is not None:
+            self.check_aggregates(owners, blocks, coefficients, expected)
+        return coefficients
 
     def _receive(
         self,

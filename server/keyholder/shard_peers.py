@@ -10,11 +10,13 @@ clients to the tracer (:mod:`.blame`), which asks a shard for evidence after a f
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Iterable, Mapping
 
 import numpy as np
 
 from crypto.signing import model_block_digest
+from fedps.rpc.fan_out import fan_out
 from fedps.rpc.messages import ParameterBlock
 from fedps.rpc.shard_messages import AggregatePart, Publication
 from fedps.rpc.shard_stub import ShardStub
@@ -76,22 +78,45 @@ class ShardPeers:
     ) -> None:
         """Publish model ``version`` (``params``, cut by ``layout``) to the shards.
 
-        Each block goes to its owner with its signature (``sign`` of its digest).
+        Each block goes to its owner with its signature (``sign`` of its digest). Every shard's
+        blocks are signed and sent from a thread of their own, all shards at once
+        (:func:`~fedps.rpc.fan_out.fan_out`): one shard installs its blocks while the next
+        shard's are signed, and a round's publication waits for the slowest shard, not the sum.
 
         Raises
         ------
         FedPSError
-            A shard did not take it.
+            A shard did not take it (every shard's call has ended by then).
         """
-        n = layout.values_per_block
-        per_shard: dict[str, list[ParameterBlock]] = {s: [] for s in self.clients}
+        per_shard: dict[str, list[int]] = {s: [] for s in self.clients}
         for b in range(layout.num_blocks):
+            per_shard[self.owner(b)].append(b)
+        fan_out(
+            {
+                sid: functools.partial(self._publish_to, sid, blocks, params, version, layout, sign)
+                for sid, blocks in per_shard.items()
+            }
+        )
+
+    def _publish_to(
+        self,
+        sid: str,
+        blocks: list[int],
+        params: np.ndarray,
+        version: int,
+        layout: BlockLayout,
+        sign: Callable[[bytes], bytes],
+    ) -> None:
+        """Sign ``blocks`` of model ``version`` and publish them to shard ``sid``."""
+        signed = []
+        for b in blocks:
             values = layout.block_of(params, b).astype("<f4").tobytes()
-            signature = sign(model_block_digest(version, b, values))
-            per_shard[self.owner(b)].append(ParameterBlock(b, version, values, signature))
-        for sid, blocks in per_shard.items():
-            messages = [
-                Publication(version, layout.num_blocks, n, tuple(batch))
-                for batch in batched(blocks, lambda p: len(p.values))
-            ] or [Publication(version, layout.num_blocks, n)]
-            self.clients[sid].publish(messages, timeout_s=PUBLISH_S)
+            signed.append(
+                ParameterBlock(b, version, values, sign(model_block_digest(version, b, values)))
+            )
+        n = layout.values_per_block
+        messages = [
+            Publication(version, layout.num_blocks, n, tuple(batch))
+            for batch in batched(signed, lambda p: len(p.values))
+        ] or [Publication(version, layout.num_blocks, n)]
+        self.clients[sid].publish(messages, timeout_s=PUBLISH_S)
