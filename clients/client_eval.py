@@ -12,6 +12,7 @@ import logging
 
 import numpy as np
 
+from fedps.config import FedPSConfig
 from fedps.learning.datasets import Dataset
 from fedps.learning.tasks import Task, evaluate_model
 from fedps.sharding.blocks import load_flat
@@ -48,6 +49,19 @@ class ClientEvaluation:
             "coordinator every round, outside the DP guarantee",
             name,
         )
+
+    @classmethod
+    def configured(
+        cls, config: FedPSConfig, task: Task, data: Dataset | None, *, name: str
+    ) -> ClientEvaluation | None:
+        """The client's evaluation under ``task.client_eval`` (None: it evaluates nothing).
+
+        Only for a task without the operator's evaluation data (else none would be used), and a
+        client with data of its own.
+        """
+        if not config.task.client_eval or task.load_eval_data is not None or data is None:
+            return None
+        return cls(task, data, seed=config.training.seed, name=name)
 
     def evaluate(self, round_: int, vector: np.ndarray) -> dict[str, float]:
         """The metrics of the model ``vector`` (flat parameters) that round ``round_`` starts from.

@@ -188,14 +188,7 @@ class EdgeClient:
         self.mods = tuple(mods)
         self.on_round = on_round
         self.task, self.trainer = setup.task, trainer
-        # task.client_eval, only for a task without the operator's evaluation data (else
-        # none would be used)
-        client_eval = config.task.client_eval and setup.task.load_eval_data is None
-        self._evaluation = (
-            ClientEvaluation(setup.task, own_data, seed=config.training.seed, name=name)
-            if client_eval and own_data is not None
-            else None
-        )
+        self._evaluation = ClientEvaluation.configured(config, setup.task, own_data, name=name)
         fingerprint = EXTERNAL_DATA if own_data is None else data_fingerprint(own_data)
         self.ledger = PrivacyLedger(
             state, trainer, data=fingerprint, privacy=config.privacy, name=name
@@ -216,11 +209,8 @@ class EdgeClient:
         #: the seconds of each phase of the round in progress (:mod:`fedps.round_timer`),
         #: reported with the round; the trainer's own timer, which times its DP noise
         self.timer = trainer.timer
-        compression = config.compression
-        feedback = (
-            ErrorFeedback(self.session.num_params, state.directory)
-            if compression.enabled and compression.error_feedback
-            else None
+        feedback = ErrorFeedback.configured(
+            config.compression, self.session.num_params, state.directory
         )
         self.pipeline = UpdatePipeline(
             self.session, self._peers, timer=self.timer, feedback=feedback
@@ -560,10 +550,7 @@ class EdgeClient:
         return self.pusher.send(prepared)
 
     def _deliver(self, prepared: PreparedPush) -> None:
-        """Push a committed update once its round's push phase opens.
-
-        Then report it, and tell ``on_round``.
-        """
+        """Push a committed update once its round's push phase opens, then report it."""
         self._conclude(prepared.round, self.pusher.push_when_open(prepared))
 
     def _conclude(self, round_: int, pushed: int) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from crypto.files import read_checked, write_checked
+from fedps.config import CompressionConfig
 
 __all__ = ["RESIDUAL_FILE", "ErrorFeedback"]
 
@@ -44,6 +45,15 @@ class ErrorFeedback:
         saved = self._load()
         if saved is not None:
             self.residual = saved
+
+    @classmethod
+    def configured(
+        cls, compression: CompressionConfig, num_params: int, directory: Path | None
+    ) -> ErrorFeedback | None:
+        """The residual a client keeps under ``compression`` (None: no error feedback)."""
+        if compression.enabled and compression.error_feedback:
+            return cls(num_params, directory)
+        return None
 
     def _load(self) -> np.ndarray | None:
         """The residual saved in the state folder (None: none, or of another model)."""

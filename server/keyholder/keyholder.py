@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -255,10 +255,6 @@ class KeyHolder:
     def context_id(self) -> str:
         """The id clients must encrypt under (or the plaintext id, encryption off)."""
         return self._decryptor.context_id
-
-    @property
-    def _staleness(self) -> Callable[[int], float] | None:
-        return self.settings.staleness
 
     @property
     def layout(self) -> BlockLayout:
