@@ -324,10 +324,13 @@ def _compare_job(
                 continue
             result.update(load=load, wall_s=wall, repeat=repeat)
             runs[system].append(result)
+            accuracy = result["final_accuracy"]
             console.print(
                 f"  median round {result['median_round_s']:.3f} s, accuracy "
-                f"{result['final_accuracy']}, epsilon {result['max_epsilon']:.2f}, load "
-                f"{load['min']:.2f}-{load['max']:.2f}"
+                f"{'-' if accuracy is None else f'{accuracy:.1%}'}, epsilon "
+                f"{result['max_epsilon']:.2f}, load {load['min']:.1f}-{load['max']:.1f}",
+                markup=False,
+                soft_wrap=True,
             )
     out: dict[str, Any] = {
         "job": job.__dict__,
