@@ -15,10 +15,8 @@ policy's ``min_quorum`` pushed all their blocks, the key holder checks and decry
 aggregate of exactly those clients, applies it and publishes the next version; otherwise the
 round is abandoned and its sums are discarded, never decrypted.
 
-Each client's privacy spend (epsilon at delta) arrives with its registration, with every
-``GetTask`` call (a client records what a round will spend, and says so, before it trains)
-and with its report; the registry keeps the largest it was told, so the maximum over
-clients it reports never goes down and counts rounds whose update never arrived.
+Each client's privacy spend arrives with its calls (a client records what a round will spend,
+and says so, before it trains); the registry keeps the largest each client reported.
 Every ``eval_every`` rounds the published model is pulled from the shards and evaluated on the
 held-out split. The state is checkpointed (atomically) when a round opens (with its cohort
 and deadline), when its commitments freeze, when it starts closing, every
@@ -432,40 +430,20 @@ class Coordinator:
             return
         if self._stop.is_set():
             return
-        with self._timer.phase("freeze"):  # none accepted after this
-            commitments = self._peers.commitments(round_, freeze=True)
-        self.registry.exclude(commitments.excluded)  # blamed on evidence by the key holder
-        committed = frozenset(commitments.client_ids) & cohort
+        committed, commitments = self._phases.freeze(opened)
         record = RoundRecord(round_, opened.version, 0, cohort=len(cohort))
-        min_quorum = self._policy.min_quorum
-        accepted: set[str] = set()
-        if len(committed) >= min_quorum:
-            try:
-                pushed = self._phases.push(
-                    opened, committed, commitments, run_id=self.run_id, resume=resume, record=record
-                )
-            except ShardStalledError as exc:  # the round waits in the checkpoint for a restart
-                self._halt(exc)
-                return
-            if pushed is None:
-                return  # stopping
-            accepted = pushed
-        record.contributors = len(accepted)
-        if len(accepted) < min_quorum:
-            _log.warning(
-                "round %d abandoned: %d of %d clients committed, %d complete, quorum is %d",
-                round_,
-                len(committed),
-                len(cohort),
-                len(accepted),
-                min_quorum,
+        try:
+            accepted = self._phases.push(
+                opened, committed, commitments, run_id=self.run_id, resume=resume, record=record
             )
-            if opened.pushing:
-                self._peers.discard_round(round_)
-            record.abandoned = True
-        elif not self._apply(opened, frozenset(accepted), record):
-            return  # stopping, not refused: a restart continues the round
-        else:
+        except ShardStalledError as exc:  # the round waits in the checkpoint for a restart
+            self._halt(exc)
+            return
+        if accepted is None:
+            return  # stopping
+        if not record.abandoned:  # a quorum pushed
+            if not self._apply(opened, frozenset(accepted), record):
+                return  # stopping, not refused: a restart continues the round
             record.metrics = merged_metrics(
                 [opened.metrics[c] for c in accepted if c in opened.metrics]
             )

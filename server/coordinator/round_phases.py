@@ -52,7 +52,7 @@ class RoundPhases:
     registry
         The clients: their signing keys, and who missed a deadline.
     policy
-        Says when a commit phase is complete.
+        Says when a commit phase is complete, and how many clients a push phase needs.
     timer
         The coordinator's phases of the round in progress.
     checkpoint
@@ -145,6 +145,26 @@ class RoundPhases:
                 self._desk.open_round = None
         self._mark_missed(opened, opened.cohort - opened.committed)
 
+    def freeze(self, opened: OpenRound) -> tuple[frozenset[str], CommitSet]:
+        """End ``opened``'s commit phase: no commitment is accepted after this.
+
+        The clients the key holder blamed on evidence are excluded from the run.
+
+        Parameters
+        ----------
+        opened
+            The round at the end of its commit phase.
+
+        Returns
+        -------
+        tuple[frozenset[str], CommitSet]
+            The members of the cohort that committed, and the frozen commitments.
+        """
+        with self._timer.phase("freeze"):
+            commitments = self._peers.commitments(opened.round, freeze=True)
+        self._registry.exclude(commitments.excluded)  # blamed on evidence by the key holder
+        return frozenset(commitments.client_ids) & opened.cohort, commitments
+
     def push(
         self,
         opened: OpenRound,
@@ -155,7 +175,12 @@ class RoundPhases:
         resume: OpenRound | None,
         record: RoundRecord,
     ) -> set[str] | None:
-        """Open the round on the shards for the ``committed`` clients, wait for pushes, close it.
+        """Run the push phase for the ``committed`` clients; abandon the round short of quorum.
+
+        The round is opened on the shards, the pushes are waited for, and the round is closed;
+        there is no push phase when fewer than the policy's ``min_quorum`` committed. When
+        fewer than ``min_quorum`` pushed all their blocks, the round is abandoned and the
+        shards discard its sums: it is never decrypted.
 
         Parameters
         ----------
@@ -170,7 +195,8 @@ class RoundPhases:
         resume
             The round as a restarted coordinator found it in its checkpoint, if it is that one.
         record
-            The round's record: its push phase's length is set.
+            The round's record: its contributors, its push phase's length, and whether it is
+            abandoned are set.
 
         Returns
         -------
@@ -182,6 +208,38 @@ class RoundPhases:
         ShardStalledError
             A shard stalls the round: it waits in the checkpoint for a restart.
         """
+        min_quorum = self._policy.min_quorum
+        accepted: set[str] = set()
+        if len(committed) >= min_quorum:
+            pushed = self._push(opened, committed, commitments, run_id, resume, record)
+            if pushed is None:
+                return None  # stopping
+            accepted = pushed
+        record.contributors = len(accepted)
+        if len(accepted) < min_quorum:
+            _log.warning(
+                "round %d abandoned: %d of %d clients committed, %d complete, quorum is %d",
+                opened.round,
+                len(committed),
+                len(opened.cohort),
+                len(accepted),
+                min_quorum,
+            )
+            if opened.pushing:
+                self._peers.discard_round(opened.round)
+            record.abandoned = True
+        return accepted
+
+    def _push(
+        self,
+        opened: OpenRound,
+        committed: frozenset[str],
+        commitments: CommitSet,
+        run_id: str,
+        resume: OpenRound | None,
+        record: RoundRecord,
+    ) -> set[str] | None:
+        """Open the round on the shards, wait for the pushes, close it (see :meth:`push`)."""
         opened.committed, opened.pushing = committed, True
         if resume is None or not resume.pushing:
             opened.deadline = time.time() + self._deadline_s
