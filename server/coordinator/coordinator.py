@@ -2,32 +2,21 @@
 
 The parts, one module each: the client registry (:mod:`.client_registry`), the task desk that
 answers the clients' calls for tasks and their reports (:mod:`.task_desk`), the round policy
-that tells synchronous rounds from asynchronous buffers (:mod:`.round_policy`), the calls to
-the key holder and the shards (:mod:`.cluster_peers`), the cohort sampler, the evaluator and
-the checkpoint store (:mod:`.checkpoint_store`).
+that tells synchronous rounds from asynchronous buffers (:mod:`.round_policy`), a round's
+commit and push phases (:mod:`.round_phases`), the calls to the key holder and the shards
+(:mod:`.cluster_peers`), the cohort sampler, the evaluator (in the background:
+:mod:`.background_evaluation`) and the checkpoint store (:mod:`.checkpoint_store`).
 
-One round, in two phases:
+One round: draw a cohort of live clients (:class:`~.cohort_sampler.CohortSampler`: Poisson at
+client level, so a round can be skipped for a cohort smaller than ``min_quorum``), collect
+their commitments at the key holder and freeze them, then have exactly the committed clients
+push their ciphertexts to the shards (:class:`~.round_phases.RoundPhases`). If at least the
+policy's ``min_quorum`` pushed all their blocks, the key holder checks and decrypts the
+aggregate of exactly those clients, applies it and publishes the next version; otherwise the
+round is abandoned and its sums are discarded, never decrypted.
 
-1. **Commit.** Draw a cohort of live clients (:class:`~.cohort_sampler.CohortSampler`:
-   Poisson at client level, so a round can be skipped for a cohort smaller than
-   ``min_quorum``), open the round's commit phase at the key holder
-   with the current model version, and hand ``TRAIN`` tasks to the cohort. Each client trains,
-   encrypts and commits its signed update (and its ciphertexts' sketches) at the key holder.
-   When the round policy says the commit phase is complete (sync: every member has committed
-   or said it has nothing to send; async: ``buffer_size`` updates are committed), or at its
-   deadline (sync only), the commitments are frozen.
-2. **Push.** Only then is the round opened on every shard, for exactly the committed clients
-   and their commitments; they push their ciphertexts and report. The round closes when all of
-   them reported or the push deadline passes. Shards report which clients pushed all their
-   blocks; if at least the policy's ``min_quorum`` did, the key holder checks and decrypts
-   the aggregate of exactly those clients, applies it and publishes the next version;
-   otherwise the round is abandoned and its sums are discarded, never decrypted.
-
-No client's ciphertext can thus depend on another's of the same round (docs/security.md).
-Each client's privacy spend (epsilon at delta) arrives with its registration, with every
-``GetTask`` call (a client records what a round will spend, and says so, before it trains)
-and with its report; the registry keeps the largest it was told, so the maximum over
-clients it reports never goes down and counts rounds whose update never arrived.
+Each client's privacy spend arrives with its calls (a client records what a round will spend,
+and says so, before it trains); the registry keeps the largest each client reported.
 Every ``eval_every`` rounds the published model is pulled from the shards and evaluated on the
 held-out split. The state is checkpointed (atomically) when a round opens (with its cohort
 and deadline), when its commitments freeze, when it starts closing, every
@@ -52,7 +41,7 @@ from fedps.errors import FedPSError, PolicyError, QuarantinedError, ShardStalled
 from fedps.learning.tasks import Task, check_dp_trainable
 from fedps.round_timer import KEYHOLDER_PHASES, RoundTimer
 from fedps.rpc.coordinator_messages import RETRY_AFTER_S, Assignment, RoundSummary
-from fedps.rpc.keyholder_messages import CommitOpening, CommitSet, RoundApplication
+from fedps.rpc.keyholder_messages import RoundApplication
 from fedps.sharding.blocks import BlockLayout
 from server.coordinator.background_evaluation import BackgroundEvaluation
 from server.coordinator.checkpoint_store import Checkpoint, CheckpointStore
@@ -61,6 +50,7 @@ from server.coordinator.cluster_peers import ClusterPeers
 from server.coordinator.cohort_sampler import CohortSampler
 from server.coordinator.coordinator_settings import CoordinatorSettings
 from server.coordinator.evaluator import Evaluator
+from server.coordinator.round_phases import RoundPhases
 from server.coordinator.round_policy import create_round_policy
 from server.coordinator.round_record import (
     CLIENT_PHASE_ROUNDS,
@@ -92,6 +82,7 @@ class Coordinator:
     :class:`~.client_registry.ClientRegistry` (registration, authentication, liveness,
     privacy spend), a :class:`~.task_desk.TaskDesk` (the clients' tasks and reports, shown the
     round in progress), a :class:`~.round_policy.RoundPolicy` picked by ``training.mode``,
+    :class:`~.round_phases.RoundPhases` (a round's commit and push phases),
     :class:`~.cluster_peers.ClusterPeers` (every call to the key holder and the shards), a
     :class:`~.checkpoint_store.CheckpointStore` and an :class:`~.evaluator.Evaluator`.
 
@@ -165,6 +156,17 @@ class Coordinator:
         self._keyholder_key: bytes | None = None  # verifies published blocks
         #: the coordinator's own phases of the round in progress (the round loop's thread)
         self._timer = RoundTimer()
+        self._phases = RoundPhases(
+            peers=self._peers,
+            desk=self.desk,
+            registry=registry,
+            policy=self._policy,
+            timer=self._timer,
+            checkpoint=self._checkpoint,
+            changed=self._changed,
+            stop=self._stop,
+            deadline_s=self._training.deadline_s,
+        )
         #: the last applied round's model, evaluated while the next round runs (:meth:`run`)
         self._evaluation: BackgroundEvaluation | None = None
         self._unevaluated: int | None = None  # a round a restart must evaluate (checkpoint)
@@ -421,41 +423,27 @@ class Coordinator:
         opened = OpenRound(round_, self.version, self._policy.commit_deadline(started), cohort)
         if resume is not None:
             opened.deadline, opened.pushing = resume.deadline, resume.pushing
-        if not opened.pushing and not self._commit_phase(opened):
+        if not opened.pushing and not self._phases.commit(opened, self.run_id):
             if not self._stop.is_set():
                 record = RoundRecord(round_, opened.version, 0, abandoned=True)
                 self._finish_round(record, started, bytes_before)
             return
         if self._stop.is_set():
             return
-        with self._timer.phase("freeze"):  # none accepted after this
-            commitments = self._peers.commitments(round_, freeze=True)
-        self.registry.exclude(commitments.excluded)  # blamed on evidence by the key holder
-        committed = frozenset(commitments.client_ids) & cohort
+        committed, commitments = self._phases.freeze(opened)
         record = RoundRecord(round_, opened.version, 0, cohort=len(cohort))
-        min_quorum = self._policy.min_quorum
-        accepted: set[str] = set()
-        if len(committed) >= min_quorum:
-            pushed = self._push_phase(opened, committed, commitments, resume, record)
-            if pushed is None:
-                return  # stopping
-            accepted = pushed
-        record.contributors = len(accepted)
-        if len(accepted) < min_quorum:
-            _log.warning(
-                "round %d abandoned: %d of %d clients committed, %d complete, quorum is %d",
-                round_,
-                len(committed),
-                len(cohort),
-                len(accepted),
-                min_quorum,
+        try:
+            accepted = self._phases.push(
+                opened, committed, commitments, run_id=self.run_id, resume=resume, record=record
             )
-            if opened.pushing:
-                self._peers.discard_round(round_)
-            record.abandoned = True
-        elif not self._apply(opened, frozenset(accepted), record):
-            return  # stopping, not refused: a restart continues the round
-        else:
+        except ShardStalledError as exc:  # the round waits in the checkpoint for a restart
+            self._halt(exc)
+            return
+        if accepted is None:
+            return  # stopping
+        if not record.abandoned:  # a quorum pushed
+            if not self._apply(opened, frozenset(accepted), record):
+                return  # stopping, not refused: a restart continues the round
             record.metrics = merged_metrics(
                 [opened.metrics[c] for c in accepted if c in opened.metrics]
             )
@@ -470,128 +458,6 @@ class Coordinator:
         record = RoundRecord(opened.round, opened.version, 0, cohort=len(opened.cohort))
         if self._apply(opened, opened.committed, record):
             self._finish_round(record, time.time(), self.bytes_pushed)
-
-    def _commit_phase(self, opened: OpenRound) -> bool:
-        """Open the commit phase at the key holder and collect commitments.
-
-        False when the key holder refused to open it (or the coordinator stopped meanwhile).
-        """
-        try:
-            with self._timer.phase("open"):
-                self._checkpoint(opened)  # the cohort and deadline survive a restart
-                self._peers.open_commits(self._opening(opened, opened.cohort))
-        except FedPSError as exc:
-            if not self._stop.is_set():
-                # e.g. the key holder froze this round number for another cohort before a
-                # restart lost our checkpoint: it can never take commitments again
-                _log.warning("round %d cannot open: %s; abandoned", opened.round, exc)
-            return False
-        with self._timer.phase("commit_wait"):
-            self._collect_commitments(opened)
-        return True
-
-    def _collect_commitments(self, opened: OpenRound) -> None:
-        """Hand out TRAIN tasks and wait until the commit phase is complete, or its deadline.
-
-        The round policy says when it is complete.
-        """
-        with self._changed:
-            self.desk.open_round = opened
-            self._changed.notify_all()
-        try:
-            while not self._stop.is_set() and time.time() < opened.deadline:
-                with self._changed:
-                    self.desk.recheck_commitments = False
-                commitments = self._peers.commitments(opened.round, freeze=False)
-                with self._changed:
-                    opened.committed = frozenset(commitments.client_ids)
-                    if commitments.frozen or self._policy.commitments_complete(  # frozen: restart
-                        opened.cohort, opened.committed, opened.reported
-                    ):
-                        break
-                    if not self.desk.recheck_commitments:  # else a member asked while we did
-                        self._wait(opened)
-        finally:
-            with self._changed:
-                self.desk.open_round = None
-        self._mark_missed(opened, opened.cohort - opened.committed)
-
-    def _push_phase(
-        self,
-        opened: OpenRound,
-        committed: frozenset[str],
-        commitments: CommitSet,
-        resume: OpenRound | None,
-        record: RoundRecord,
-    ) -> set[str] | None:
-        """Open the round on the shards for the ``committed`` clients, wait for pushes, close it.
-
-        Returns the clients whose pushes are complete (None: stopping).
-        """
-        opened.committed, opened.pushing = committed, True
-        if resume is None or not resume.pushing:
-            opened.deadline = time.time() + self._training.deadline_s
-        self._checkpoint(opened)
-        frozen_at = time.time()
-        try:
-            with self._timer.phase("shard_open"):
-                self._peers.open_round(self._opening(opened, committed), commitments)
-            with self._timer.phase("push_wait"):
-                self._wait_for_pushes(opened, resume)
-            if self._stop.is_set():
-                return None
-            with self._timer.phase("close"):
-                opened.closing = True
-                self._checkpoint(opened)
-                accepted = self._peers.close_round(opened.round, committed)
-        except ShardStalledError as exc:  # the round waits in the checkpoint for a restart
-            self._halt(exc)
-            return None
-        except FedPSError as exc:
-            if self._stop.is_set():
-                return None
-            _log.error("round %d: a shard keeps refusing it (%s); abandoned", opened.round, exc)
-            return set()
-        record.push_seconds = time.time() - frozen_at
-        return accepted
-
-    def _opening(self, opened: OpenRound, members: frozenset[str]) -> CommitOpening:
-        """``opened`` as the key holder or the shards open it, for ``members``."""
-        return CommitOpening(
-            opened.round,
-            opened.version,
-            self.run_id,
-            self.desk.context_id,
-            self.registry.signing_keys(members),
-        )
-
-    def _wait_for_pushes(self, opened: OpenRound, resume: OpenRound | None) -> None:
-        """Wait until every committed client reported its push, or the push deadline."""
-        with self._changed:
-            self.desk.open_round = opened
-            self._changed.notify_all()
-            while (
-                not self._stop.is_set()
-                and time.time() < opened.deadline
-                and not (resume is not None and resume.closing)
-                and not opened.committed <= opened.reported
-            ):
-                self._wait(opened)
-            self.desk.open_round = None
-        self._mark_missed(opened, opened.committed)
-
-    def _mark_missed(self, opened: OpenRound, expected: frozenset[str]) -> None:
-        """Leave the members of ``expected`` that did not report out of cohorts.
-
-        Once ``opened``'s deadline passed, they stay out until they ask for a task again (a dead
-        client).
-        """
-        if not self._stop.is_set() and time.time() >= opened.deadline:
-            self.registry.mark_missed(expected - opened.reported, deadline=opened.deadline)
-
-    def _wait(self, opened: OpenRound) -> None:
-        """Wait for a change (holding the lock), at most until ``opened``'s deadline."""
-        self._changed.wait(timeout=min(_WAIT_S, max(0.0, opened.deadline - time.time())))
 
     def _apply(self, opened: OpenRound, accepted: frozenset[str], record: RoundRecord) -> bool:
         """Have the key holder check, decrypt and apply exactly ``accepted``'s sum.
