@@ -99,7 +99,7 @@ def _recovered(
 
 def _multiplier(arena: Arena, client: HandClient) -> float:
     """The staleness multiplier of ``client``'s update (1 in sync rounds)."""
-    staleness = arena.keyholder._staleness
+    staleness = arena.keyholder.settings.staleness
     if staleness is None:
         return 1.0
     return float(multiplier(staleness, arena.keyholder.version - client.version))
