@@ -111,9 +111,13 @@ _RETRY_POLICY = {
     ]
 }
 
+# Each channel keeps its own connections (gRPC shares them process-wide by default): a new
+# channel to a peer restarted on an address must not inherit a dead connection's backoff and
+# fail at once with its "connection refused".
 _OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 # A server closes a connection idle this long: a shard's memory then follows the clients
