@@ -1,0 +1,85 @@
+"""The epsilon the cluster reports is the server's: a client cannot reset it.
+
+A client that starts again mid-run on a fresh state folder (same identity, same data) has a
+ledger that says 0. Its released rounds are what the key holder applied with it: the test
+recomputes their epsilon with the accountant and compares it with what the coordinator
+reports. Used to report the largest figure either process said (a client that reset its state
+folder under-reported by the rounds it trained before).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from clients.edge_client import EdgeClient
+from fedps.learning.accounting import epsilon
+from tests.conftest import run_clients, start_cluster
+from tests.in_process_cluster import Cluster
+from tests.waiting import HANG_S
+
+pytestmark = [pytest.mark.integration, pytest.mark.privacy]
+
+CLIENT = "client-0"
+NOISE = 1.0
+ROUNDS = 8  # the run
+FIRST_LIFE = 3  # rounds the client trains on its first state folder
+
+
+def _train_until(client: EdgeClient, cluster: Cluster, round_: int) -> None:
+    """Run ``client``'s tasks until the coordinator finished ``round_``, then drop it."""
+    assert client.session.start(time.time() + HANG_S)
+    until = time.monotonic() + HANG_S
+    try:
+        while cluster.coordinator.round < round_:
+            assert time.monotonic() < until, f"hang guard: round {round_} never finished"
+            task = client.session.poll_task(retry_s=HANG_S, wait_s=0.5)
+            assert client.run_task(task)
+    finally:
+        client.session.shutdown()
+        client.close()
+
+
+def _released_epsilon(cluster: Cluster, steps_per_round: int, sample_rate: float) -> float:
+    """Epsilon of the rounds the key holder applied with ``CLIENT``, recomputed."""
+    released = [r for r in cluster.keyholder.released.values() if CLIENT in r.contributors]
+    delta = cluster.config.privacy.delta
+    return epsilon(NOISE, sample_rate, steps_per_round * len(released), delta)
+
+
+def test_a_client_on_a_fresh_state_folder_cannot_lower_the_reported_epsilon(
+    tmp_path: Path,
+) -> None:
+    # Prepare: one client, a run of ROUNDS rounds at a fixed noise multiplier (no budget)
+    cluster = start_cluster(
+        tmp_path,
+        training={"rounds": ROUNDS, "clients": 1, "min_quorum": 1, "deadline_s": 10.0},
+        privacy={"noise_multiplier": NOISE},
+    )
+    try:
+        first = EdgeClient.open(cluster.config, index=0, state_dir=tmp_path / "first")
+        steps_per_round = first.trainer.steps_per_round  # type: ignore[attr-defined]
+        sample_rate = first.trainer.sample_rate
+        _train_until(first, cluster, FIRST_LIFE)
+
+        # Execute: the same identity and data start again on a fresh state folder
+        fresh = EdgeClient.open(cluster.config, index=0, state_dir=tmp_path / "fresh")
+        (summary,) = run_clients([fresh])
+        reported = cluster.coordinator.client_epsilons[CLIENT]
+        largest = cluster.coordinator.max_epsilon[0]
+        history = list(cluster.coordinator.history)
+        recomputed = _released_epsilon(cluster, steps_per_round, sample_rate)
+    finally:
+        cluster.stop()
+
+    # Assert: the rounds were applied with the client (the one open while it came back may
+    # be abandoned: it was opened for its old signing key), and the cluster reports what the
+    # released rounds spent, not what the fresh folder says
+    assert len([r for r in history if not r.abandoned]) >= ROUNDS - 1
+    assert summary.epsilon < 0.9 * recomputed  # type: ignore[attr-defined]  # the fresh ledger
+    print(f"reported {reported:.4f}, recomputed from the released rounds {recomputed:.4f}")
+    assert reported == pytest.approx(recomputed, rel=0.01)
+    assert largest == pytest.approx(recomputed, rel=0.01)
+    assert history[-1].max_epsilon == pytest.approx(recomputed, rel=0.01)
