@@ -224,7 +224,10 @@ class ClientSession:
         return False
 
     def register(self, timeout_s: float) -> RegistrationReply:
-        """Register with the coordinator, carrying the recorded spend.
+        """Register with the coordinator, carrying the recorded spend and what it trains.
+
+        What it trains (its data's fingerprint, one round's DP-SGD) is what the coordinator's
+        privacy ledger records for each round released with it.
 
         It waits out the coordinator's restarts up to ``timeout_s``. A coordinator that runs another
         run than the one joined (it lost its state) is warned about, and its run is taken.
@@ -238,6 +241,10 @@ class ClientSession:
             enrolment_token=self.enrolment_token,
             epsilon=self.ledger.epsilon,
             delta=self.config.privacy.delta,
+            data_source=self.ledger.data,
+            noise_multiplier=trainer.noise_multiplier,
+            sample_rate=trainer.sample_rate,
+            steps_per_round=self._steps_per_round(),
         )
         reply = self.uplink.register(registration, retry_s=timeout_s)
         self.client_id = reply.client_id
@@ -248,6 +255,17 @@ class ClientSession:
             )
             self.run_id = reply.run_id
         return reply
+
+    def _steps_per_round(self) -> int:
+        """DP-SGD steps one round takes (example level; 0 otherwise: a global round is one).
+
+        What the coordinator's privacy ledger records for each round released with us.
+        """
+        if self.config.privacy.level != "example":
+            return 0
+        trainer = self.ledger.trainer
+        after = sum(n for _, _, n in trainer.history_after_next_round())
+        return max(0, after - sum(n for _, _, n in trainer.history()))
 
     def poll_task(
         self, *, retry_s: float | None = None, wait_s: float = 0.0, committed_round: int = 0

@@ -31,6 +31,10 @@ class RegisterRequest(_message.Message):
     ENROLMENT_TOKEN_FIELD_NUMBER: _builtins.int
     EPSILON_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
+    DATA_SOURCE_FIELD_NUMBER: _builtins.int
+    NOISE_MULTIPLIER_FIELD_NUMBER: _builtins.int
+    SAMPLE_RATE_FIELD_NUMBER: _builtins.int
+    STEPS_PER_ROUND_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     num_examples: _builtins.int
     num_params: _builtins.int
@@ -47,6 +51,14 @@ class RegisterRequest(_message.Message):
     resumes its budget): epsilon at delta. The coordinator keeps the largest it was told.
     """
     delta: _builtins.float
+    data_source: _builtins.str
+    """What the client declares of its training, for the coordinator's privacy ledger: the
+    fingerprint of its data source, and one round's DP-SGD (noise multiplier, Poisson sample
+    rate, optimizer steps; 0 steps: not declared).
+    """
+    noise_multiplier: _builtins.float
+    sample_rate: _builtins.float
+    steps_per_round: _builtins.int
     def __init__(
         self,
         *,
@@ -58,10 +70,14 @@ class RegisterRequest(_message.Message):
         enrolment_token: _builtins.str = ...,
         epsilon: _builtins.float = ...,
         delta: _builtins.float = ...,
+        data_source: _builtins.str = ...,
+        noise_multiplier: _builtins.float = ...,
+        sample_rate: _builtins.float = ...,
+        steps_per_round: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "delta", b"delta", "enrolment_token", b"enrolment_token", "epsilon", b"epsilon", "name", b"name", "num_examples", b"num_examples", "num_params", b"num_params", "signing_key", b"signing_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "data_source", b"data_source", "delta", b"delta", "enrolment_token", b"enrolment_token", "epsilon", b"epsilon", "name", b"name", "noise_multiplier", b"noise_multiplier", "num_examples", b"num_examples", "num_params", b"num_params", "sample_rate", b"sample_rate", "signing_key", b"signing_key", "steps_per_round", b"steps_per_round"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -605,6 +621,26 @@ class ClusterStatus(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class ClientReportedEpsilonsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     RUN_ID_FIELD_NUMBER: _builtins.int
     ROUND_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
@@ -622,6 +658,9 @@ class ClusterStatus(_message.Message):
     SHARD_MISSES_FIELD_NUMBER: _builtins.int
     STALLED_FIELD_NUMBER: _builtins.int
     TOLD_DONE_FIELD_NUMBER: _builtins.int
+    CLIENT_REPORTED_EPSILONS_FIELD_NUMBER: _builtins.int
+    PRIVACY_WARNINGS_FIELD_NUMBER: _builtins.int
+    SPENT_CLIENTS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     round: _builtins.int
     version: _builtins.int
@@ -663,6 +702,22 @@ class ClusterStatus(_message.Message):
         answered since (the run stopped on them).
         """
 
+    @_builtins.property
+    def client_reported_epsilons(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """client_epsilons is the server's figure (its privacy ledger of the released rounds, or the
+        client's own where larger); this is the largest each client reported itself.
+        """
+
+    @_builtins.property
+    def privacy_warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The privacy warnings the operator should see (a client below the server's figure, a
+        known identity with a new signing key), oldest first.
+        """
+
+    @_builtins.property
+    def spent_clients(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Clients the server's ledger stopped: one more round would pass the target epsilon."""
+
     def __init__(
         self,
         *,
@@ -683,10 +738,13 @@ class ClusterStatus(_message.Message):
         shard_misses: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         stalled: _abc.Iterable[_builtins.str] | None = ...,
         told_done: _builtins.int = ...,
+        client_reported_epsilons: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        privacy_warnings: _abc.Iterable[_builtins.str] | None = ...,
+        spent_clients: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "client_epsilons", b"client_epsilons", "client_noise_multipliers", b"client_noise_multipliers", "client_rounds", b"client_rounds", "delta", b"delta", "finished", b"finished", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "noise", b"noise", "registered", b"registered", "round", b"round", "run_id", b"run_id", "shard_misses", b"shard_misses", "stalled", b"stalled", "told_done", b"told_done", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "client_epsilons", b"client_epsilons", "client_noise_multipliers", b"client_noise_multipliers", "client_reported_epsilons", b"client_reported_epsilons", "client_rounds", b"client_rounds", "delta", b"delta", "finished", b"finished", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "noise", b"noise", "privacy_warnings", b"privacy_warnings", "registered", b"registered", "round", b"round", "run_id", b"run_id", "shard_misses", b"shard_misses", "spent_clients", b"spent_clients", "stalled", b"stalled", "told_done", b"told_done", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -488,6 +488,7 @@ class ApplyRoundReply(_message.Message):
     NOISE_MULTIPLIER_FIELD_NUMBER: _builtins.int
     TOP_UP_STD_FIELD_NUMBER: _builtins.int
     PHASE_SECONDS_FIELD_NUMBER: _builtins.int
+    CONTRIBUTORS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """the new published version"""
     fewest_contributors: _builtins.int
@@ -506,6 +507,12 @@ class ApplyRoundReply(_message.Message):
         (fedps/round_timer.py: fetch, verify, decrypt, apply, save, rotate, publish).
         """
 
+    @_builtins.property
+    def contributors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The clients the round was applied with (every block held exactly these), sorted: the
+        coordinator's privacy ledger records the round for each of them.
+        """
+
     def __init__(
         self,
         *,
@@ -516,10 +523,11 @@ class ApplyRoundReply(_message.Message):
         noise_multiplier: _builtins.float = ...,
         top_up_std: _builtins.float = ...,
         phase_seconds: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        contributors: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fewest_contributors", b"fewest_contributors", "noise_multiplier", b"noise_multiplier", "phase_seconds", b"phase_seconds", "top_up_std", b"top_up_std", "total_weight", b"total_weight", "update_norm", b"update_norm", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["contributors", b"contributors", "fewest_contributors", b"fewest_contributors", "noise_multiplier", b"noise_multiplier", "phase_seconds", b"phase_seconds", "top_up_std", b"top_up_std", "total_weight", b"total_weight", "update_norm", b"update_norm", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

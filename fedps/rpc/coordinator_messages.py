@@ -59,8 +59,8 @@ _CLIENT_PHASES: Converter = (
 class ClientRegistration(WireRecord[coordinator_pb2.RegisterRequest]):
     """A client's registration.
 
-    Its name, data size, model size, Ed25519 key, enrolment token (without TLS) and the privacy it
-    has spent so far (epsilon at delta).
+    Its name, data size, model size, Ed25519 key, enrolment token (without TLS), the privacy it
+    has spent so far (epsilon at delta) and what it declares of its training.
     """
 
     wire = coordinator_pb2.RegisterRequest
@@ -72,6 +72,12 @@ class ClientRegistration(WireRecord[coordinator_pb2.RegisterRequest]):
     enrolment_token: str = ""
     epsilon: float = 0.0
     delta: float = 0.0
+    #: what the client declares of its training (the coordinator's privacy ledger records it
+    #: for each round released with it): its data's fingerprint, one round's DP-SGD
+    data_source: str = ""
+    noise_multiplier: float = 0.0
+    sample_rate: float = 0.0
+    steps_per_round: int = 0
 
 
 @dataclass(frozen=True)
@@ -246,3 +252,9 @@ class ClusterStatus(WireRecord[coordinator_pb2.ClusterStatus]):
     stalled: tuple[str, ...] = ()
     #: how many registered clients were told the run is done (a ``DONE`` task)
     told_done: int = 0
+    #: the largest epsilon each client reported itself (``client_epsilons`` is the server's)
+    client_reported_epsilons: dict[str, float] = field(default_factory=dict)
+    #: privacy warnings for the operator (a client below the server's figure, a new key)
+    privacy_warnings: tuple[str, ...] = ()
+    #: clients the server's ledger stopped (one more round would pass the target)
+    spent_clients: tuple[str, ...] = ()

@@ -181,3 +181,5 @@ class AppliedRound(WireRecord[keyholder_pb2.ApplyRoundReply]):
     noise_multiplier: float = 0.0
     top_up_std: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    #: the clients the round was applied with, sorted (empty from an older key holder)
+    contributors: tuple[str, ...] = ()

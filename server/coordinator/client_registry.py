@@ -8,13 +8,19 @@ id and replaces the credential and the signing key.
 
 Each client's privacy spend (epsilon at delta) arrives with its registration, with every
 ``GetTask`` and with every report; the registry keeps the largest it was told, so the maximum
-over clients never goes down and counts rounds whose update never arrived.
+over clients never goes down and counts rounds whose update never arrived. That is the client's
+own figure, a second opinion: with the server's privacy ledger
+(:class:`~.privacy_ledger.PrivacyLedger`, of the rounds the key holder released with each
+identity) the figure reported for a client is the ledger's, or the client's own where that is
+larger; a client whose own figure is lower, or that registers again with a new signing key, is
+a WARNING the operator sees (:attr:`ClientRegistry.warnings`), and a client the ledger says is
+out of budget is not live, whatever it says.
 
-A client is live, and may be drawn for a cohort, while it has budget left and has been heard
-from within ``liveness_s``. A cohort member that let a round's deadline pass without
-reporting (:meth:`ClientRegistry.mark_missed`) is not live until it asks for a task or
-registers again: a dead client leaves the next draw at once, instead of staying in cohorts
-for ``liveness_s``.
+A client is live, and may be drawn for a cohort, while it has budget left (by its own word and
+by the server's ledger) and has been heard from within ``liveness_s``. A cohort member that
+let a round's deadline pass without reporting (:meth:`ClientRegistry.mark_missed`) is not live
+until it asks for a task or registers again: a dead client leaves the next draw at once,
+instead of staying in cohorts for ``liveness_s``.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from crypto.enrolment import ENROLMENT_KEY_FILE, load_enrolment_key, verify_toke
 from crypto.signing import is_weak_key
 from fedps.config import TlsConfig
 from fedps.errors import InvalidArgumentError, UnauthenticatedError, UnknownClientError
+from server.coordinator.privacy_ledger import Declaration, PrivacyLedger
 
 __all__ = ["ClientRegistry", "RegisteredClient"]
 
@@ -58,6 +65,20 @@ class RegisteredClient:
     noise_multiplier: float | None = None  # as the client last reported it
     rounds: int = 0  # rounds it reported an update for
     excluded: bool = False  # blamed on evidence by the key holder: in no cohort again
+    #: what it declared at its last registration (see :class:`.privacy_ledger.Declaration`)
+    source: str = ""
+    declared_noise: float = 0.0
+    sample_rate: float = 0.0
+    steps: int = 0
+
+    def declaration(self) -> Declaration:
+        """What the client declared of its training at its last registration."""
+        return Declaration(self.source, self.declared_noise, self.sample_rate, self.steps)
+
+    def declare(self, declared: Declaration) -> None:
+        """Keep ``declared`` (a registration's)."""
+        self.source, self.declared_noise = declared.source, declared.noise_multiplier
+        self.sample_rate, self.steps = declared.sample_rate, declared.steps
 
     def spent(self, epsilon: float, delta: float) -> None:
         """The client says it has spent ``epsilon`` (at ``delta``): keep the largest."""
@@ -93,6 +114,8 @@ class ClientRegistry:
         A client not heard from for this long is not live (not drawn for a cohort).
     on_change
         Called after each registration (the coordinator wakes its cohort wait).
+    ledger
+        The server's privacy ledger (None: the clients' own figures only).
 
     Raises
     ------
@@ -107,7 +130,10 @@ class ClientRegistry:
         num_params: int,
         liveness_s: float,
         on_change: Callable[[], None] | None = None,
+        ledger: PrivacyLedger | None = None,
     ) -> None:
+        #: the server's privacy ledger: the authority for each identity's epsilon
+        self.ledger = ledger
         self._tls_directory = tls.directory
         # Checks the enrolment tokens of clients that have no certificate (TLS off, Flower).
         self._enrolment_key: bytes | None = None
@@ -141,6 +167,7 @@ class ClientRegistry:
         enrolment_token: str = "",
         epsilon: float = 0.0,
         delta: float = 0.0,
+        declared: Declaration | None = None,
     ) -> tuple[str, bytes]:
         """Register a client; returns its client id and a fresh credential.
 
@@ -149,17 +176,25 @@ class ClientRegistry:
         the name that ``enrolment_token`` proves (:mod:`crypto.enrolment`). Registering an
         identity again (a restarted client) returns the same id with a new credential, and
         ``signing_key`` (the client's Ed25519 public key) replaces the one registered before.
-        ``epsilon`` (at ``delta``) is what the client's ledger says it has spent already.
+        ``epsilon`` (at ``delta``) is what the client's ledger says it has spent already, and
+        ``declared`` its data source and one round's DP-SGD (what the server's ledger records
+        for each round released with it). A new signing key for a known identity, or a spend
+        below the server's figure, is a WARNING (the server's figure stands).
 
         Raises
         ------
         UnauthenticatedError
             Neither a certificate identity nor a valid enrolment token.
         InvalidArgumentError
-            A weak signing key, another model size, no training examples, or an epsilon or
-            delta out of range.
+            A weak signing key, another model size, no training examples, an epsilon or
+            delta out of range, or a declaration no accountant can compose.
         """
         _check_spend(epsilon, delta)
+        declared = declared or Declaration()
+        try:
+            declared.check()
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from None
         if is_weak_key(signing_key):
             raise InvalidArgumentError("registration needs a valid 32-byte Ed25519 signing key")
         if num_params != self._num_params:
@@ -178,6 +213,7 @@ class ClientRegistry:
                 known.signing_key = signing_key.hex()
                 known.credential_hash = hashlib.sha256(issued).hexdigest()
                 known.last_seen = time.time()
+                known.declare(declared)
                 self._missed.discard(client_id)
             else:
                 self._clients[client_id] = RegisteredClient(
@@ -186,7 +222,9 @@ class ClientRegistry:
                     signing_key=signing_key.hex(),
                     credential_hash=hashlib.sha256(issued).hexdigest(),
                 )
+                self._clients[client_id].declare(declared)
             self._clients[client_id].spent(epsilon, delta)
+        self._second_opinion(client_id, signing_key, epsilon)
         if self.on_change is not None:
             self.on_change()
         _log.info(
@@ -215,6 +253,8 @@ class ClientRegistry:
             client.last_seen = time.time()
             self._missed.discard(client_id)
             client.spent(epsilon, delta)
+        if self.ledger is not None:
+            self.ledger.second_opinion(client_id, epsilon)
 
     def record_report(
         self,
@@ -251,6 +291,22 @@ class ClientRegistry:
             client.bytes_pushed += bytes_pushed
             client.rounds += 1
             client.exhausted = client.exhausted or budget_exhausted
+        if self.ledger is not None:
+            self.ledger.second_opinion(client_id, epsilon)
+
+    def _second_opinion(self, client_id: str, signing_key: bytes, epsilon: float) -> None:
+        """A registration's warnings: a new signing key, a spend below the server's figure."""
+        if self.ledger is None:
+            return
+        replaced = self.ledger.note_key(client_id, signing_key.hex())
+        if replaced is not None:
+            self.ledger.warn(
+                client_id,
+                f"{client_id} registered with a new signing key (a new state folder?); the "
+                f"server's ledger of its released rounds stands (epsilon "
+                f"{self.ledger.epsilon(client_id):.4f})",
+            )
+        self.ledger.second_opinion(client_id, epsilon, when="registered with")
 
     def _identify(self, identity: str | None, enrolment_token: str) -> tuple[str, str]:
         """The client id of a registration and how it was proven (certificate or token)."""
@@ -285,14 +341,29 @@ class ClientRegistry:
         """
         now = time.time()
         with self._lock:
-            return [
-                cid
+            heard = [
+                (cid, c.declaration())
                 for cid, c in self._clients.items()
                 if not c.exhausted
                 and not c.excluded
                 and now - c.last_seen < self._liveness_s
                 and cid not in self._missed
             ]
+        return [cid for cid, declared in heard if not self._spent_by_ledger(cid, declared)]
+
+    def _spent_by_ledger(self, client_id: str, declared: Declaration) -> bool:
+        return self.ledger is not None and self.ledger.spent_out(client_id, declared)
+
+    def spent_out(self, client_id: str) -> bool:
+        """Whether the server's ledger says one more round takes ``client_id`` past the target."""
+        with self._lock:
+            client = self._clients.get(client_id)
+            declared = client.declaration() if client is not None else None
+        return declared is not None and self._spent_by_ledger(client_id, declared)
+
+    def spent_clients(self) -> list[str]:
+        """The registered clients the server's ledger stopped: out of budget, whatever they say."""
+        return [cid for cid in sorted(self.clients) if self.spent_out(cid)]
 
     def mark_missed(self, client_ids: Iterable[str], *, deadline: float) -> None:
         """Leave ``client_ids``, who did not report by ``deadline``, out of :meth:`live`.
@@ -329,9 +400,19 @@ class ClientRegistry:
             )
 
     def usable(self) -> int:
-        """How many registered clients still have privacy budget."""
+        """How many registered clients still have privacy budget (theirs and the ledger's)."""
         with self._lock:
-            return sum(1 for c in self._clients.values() if not (c.exhausted or c.excluded))
+            left = [
+                (cid, c.declaration())
+                for cid, c in self._clients.items()
+                if not (c.exhausted or c.excluded)
+            ]
+        return sum(1 for cid, declared in left if not self._spent_by_ledger(cid, declared))
+
+    def declarations(self, client_ids: Iterable[str]) -> dict[str, Declaration]:
+        """What each registered one of ``client_ids`` declared, by client id."""
+        with self._lock:
+            return {c: self._clients[c].declaration() for c in client_ids if c in self._clients}
 
     def most_examples(self, cohort: Iterable[str]) -> int:
         """The largest example count among the registered members of ``cohort``."""
@@ -348,16 +429,39 @@ class ClientRegistry:
     # ------------------------------------------------------------------ privacy and traffic
     @property
     def max_epsilon(self) -> tuple[float, float]:
-        """The largest epsilon any client reported, with its delta."""
-        with self._lock:
-            worst = max(self._clients.values(), key=lambda c: c.epsilon, default=None)
-            return (worst.epsilon, worst.delta) if worst else (0.0, 0.0)
+        """The largest epsilon of any client (:attr:`client_epsilons`), with its delta."""
+        if self.ledger is None:
+            with self._lock:
+                worst = max(self._clients.values(), key=lambda c: c.epsilon, default=None)
+                return (worst.epsilon, worst.delta) if worst else (0.0, 0.0)
+        return max(self.client_epsilons.values(), default=0.0), self.ledger.delta
 
     @property
     def client_epsilons(self) -> dict[str, float]:
-        """The largest epsilon each registered client reported, by client id."""
+        """Each client's epsilon, by client id: the figure every report shows.
+
+        The server's ledger's (its released rounds, every identity it recorded), or the
+        largest the client reported where that is more; without a ledger the client's own.
+        """
+        reported = self.reported_epsilons
+        if self.ledger is None:
+            return reported
+        server = self.ledger.epsilons()
+        return {
+            cid: max(server.get(cid, 0.0), reported.get(cid, 0.0))
+            for cid in sorted({*server, *reported})
+        }
+
+    @property
+    def reported_epsilons(self) -> dict[str, float]:
+        """The largest epsilon each registered client reported itself, by client id."""
         with self._lock:
             return {cid: c.epsilon for cid, c in self._clients.items()}
+
+    @property
+    def warnings(self) -> list[str]:
+        """The privacy warnings the operator should see (the latest), oldest first."""
+        return list(self.ledger.warnings) if self.ledger is not None else []
 
     @property
     def client_noise_multipliers(self) -> dict[str, float]:

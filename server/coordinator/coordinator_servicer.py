@@ -15,6 +15,7 @@ from fedps.rpc import coordinator_messages as records
 from fedps.rpc.coordinator_messages import CREDENTIAL_HEADER
 from fedps.rpc.transport import peer_common_name, require_peer, rpc_errors
 from server.coordinator.coordinator import Coordinator
+from server.coordinator.privacy_ledger import Declaration
 
 __all__ = ["CREDENTIAL_HEADER", "CoordinatorServicer"]
 
@@ -41,6 +42,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 enrolment_token=r.enrolment_token,
                 epsilon=r.epsilon,
                 delta=r.delta,
+                declared=Declaration(
+                    r.data_source, r.noise_multiplier, r.sample_rate, r.steps_per_round
+                ),
             )
         cluster = c.settings.cluster
         return records.RegistrationReply(
@@ -116,6 +120,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             shard_misses=c.shard_misses.totals(),
             stalled=tuple(c.shard_misses.stalled),
             told_done=len(c.desk.told_done),
+            client_reported_epsilons=c.registry.reported_epsilons,
+            privacy_warnings=tuple(c.registry.warnings),
+            spent_clients=tuple(c.registry.spent_clients()),
         ).to_proto()
 
 

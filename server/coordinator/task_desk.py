@@ -153,6 +153,11 @@ class TaskDesk:
         if self.finished:
             return Assignment("done", self.round)
         current = self.open_round
+        in_round = current is not None and client_id in current.cohort
+        if not in_round and self.registry.spent_out(client_id):
+            # the server's ledger says one more round takes it past the target: it is done,
+            # whatever its own state folder says
+            return Assignment("done", self.round)
         if current is None or client_id in current.reported or time.time() >= current.deadline:
             return Assignment("wait", self.round)
         if current.pushing and client_id in current.committed:

@@ -91,7 +91,9 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
                 raise
         if self._metrics is not None:
             self._metrics.latency.labels("apply").observe(time.perf_counter() - started)
-        applied = records.AppliedRound.taken_from(result, phase_seconds=timer.seconds())
+        applied = records.AppliedRound.taken_from(
+            result, phase_seconds=timer.seconds(), contributors=tuple(sorted(result.contributors))
+        )
         return applied.to_proto()
 
     def OpenCommits(  # noqa: N802
