@@ -13,7 +13,7 @@ several roles can share a process (as in the tests).
   of the servers and of the clients: ``fedps_round_phase_seconds{scope="critical",
   phase="train"}``, and the last round's critical path), and what the operator asks about a
   run: the last evaluated accuracy, loss and task metrics, the largest epsilon with its delta,
-  and each client's epsilon. They are read from the coordinator when Prometheus scrapes, so
+  and each client's epsilon (the server's figure: :mod:`server.coordinator.privacy_ledger`). They are read from the coordinator when Prometheus scrapes, so
   nothing is pushed.
 
 Every role shows its model version; the key holder and the coordinator the age of their last
@@ -271,12 +271,15 @@ class _RunCollector(Collector):
         yield from _evaluation(history)
         epsilon, delta = self._run.max_epsilon
         yield GaugeMetricFamily(
-            "fedps_epsilon_max", "The largest epsilon any client reported", value=epsilon
+            "fedps_epsilon_max",
+            "The largest client epsilon (the server's privacy ledger, or a client's own if larger)",
+            value=epsilon,
         )
         yield GaugeMetricFamily("fedps_delta", "The delta of the largest epsilon", value=delta)
         clients = GaugeMetricFamily(
             "fedps_client_epsilon",
-            "The largest epsilon each client reported, by its pseudonymous client id",
+            "Each client's epsilon (the server's privacy ledger, or its own if larger), by its "
+            "pseudonymous client id",
             labels=["client"],
         )
         for client, value in sorted(self._run.client_epsilons.items()):

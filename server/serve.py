@@ -264,27 +264,31 @@ def coordinator_settings(config: FedPSConfig) -> CoordinatorSettings:
 
 
 def open_coordinator(
-    config: FedPSConfig, state_dir: Path, *, task: Task | None = None
+    config: FedPSConfig, state_dir: Path, *, task: Task | None = None, new_ledger: bool = False
 ) -> Coordinator:
     """The coordinator of ``config`` on its state folder ``state_dir`` (:meth:`Coordinator.open`).
 
-    Running ``task`` (default: the configured one).
+    Running ``task`` (default: the configured one); ``new_ledger``: with a new privacy ledger.
     """
     from fedps.learning.tasks import load_task
     from server.coordinator.coordinator import Coordinator
 
     settings = coordinator_settings(config)
-    return Coordinator.open(state_dir, settings, task=task or load_task(config))
+    return Coordinator.open(
+        state_dir, settings, task=task or load_task(config), new_ledger=new_ledger
+    )
 
 
-def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> Coordinator:
+def add_coordinator(
+    server: grpc.Server, config: FedPSConfig, state_dir: Path, *, new_ledger: bool = False
+) -> Coordinator:
     """Open the coordinator (:func:`open_coordinator`), register its servicer, start its round loop.
 
-    The loop runs in a thread.
+    The loop runs in a thread; ``new_ledger``: with a new privacy ledger.
     """
     from server.coordinator.coordinator_servicer import CoordinatorServicer
 
-    coordinator = open_coordinator(config, state_dir)
+    coordinator = open_coordinator(config, state_dir, new_ledger=new_ledger)
     metrics = _metrics(config.metrics.coordinator, "coordinator", CoordinatorMetrics)
     if metrics is not None:
         metrics.version.set_function(lambda: coordinator.version)
@@ -298,13 +302,20 @@ def add_coordinator(server: grpc.Server, config: FedPSConfig, state_dir: Path) -
 
 
 def serve_forever(
-    role: str, config: FedPSConfig, *, index: int = 0, clear_detections: bool = False
+    role: str,
+    config: FedPSConfig,
+    *,
+    index: int = 0,
+    clear_detections: bool = False,
+    new_ledger: bool = False,
 ) -> None:
     """Run one role until SIGINT, SIGTERM or SIGHUP, then stop gracefully.
 
     One instance per role: the role's state directory is locked
     (:class:`~fedps.storage.state_lock.StateLock`) before anything in it is read or written, and its
-    port is not shared; a second instance raises instead of serving.
+    port is not shared; a second instance raises instead of serving. ``clear_detections`` (key
+    holder): forget the tampering detected so far; ``new_ledger`` (coordinator): start a new
+    privacy ledger with a new run.
 
     Raises
     ------
@@ -338,7 +349,9 @@ def serve_forever(
             elif role == "shard":
                 add_shard(server, config, index)
             else:
-                coordinator = add_coordinator(server, config, cluster.state_dir / "coordinator")
+                coordinator = add_coordinator(
+                    server, config, cluster.state_dir / "coordinator", new_ledger=new_ledger
+                )
         server.start()
         _log.info("%s listening on %s", role, address)
         stop = threading.Event()

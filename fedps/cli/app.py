@@ -23,6 +23,7 @@ from fedps.cli.measure import bench, experiment
 from fedps.cli.options import (
     ConfigOpt,
     InsecureOpt,
+    NewLedgerOpt,
     UiAllowedHostOpt,
     UiOpt,
     setup_logging,
@@ -138,14 +139,16 @@ def shard(
 
 
 @app.command()
-def coordinator(config: ConfigOpt = None, insecure: InsecureOpt = False) -> None:
-    """Run the coordinator (chief): rounds, evaluation, checkpoints."""
+def coordinator(
+    config: ConfigOpt = None, insecure: InsecureOpt = False, new_ledger: NewLedgerOpt = False
+) -> None:
+    """Run the coordinator (chief): rounds, evaluation, checkpoints, the privacy ledger."""
     from server.serve import serve_forever
 
     setup_logging(True)
     cfg = _load(config, insecure=insecure)
     _setup_tls(cfg, "coordinator")
-    serve_forever("coordinator", cfg)
+    serve_forever("coordinator", cfg, new_ledger=new_ledger)
     _end_now()
 
 
@@ -307,6 +310,7 @@ def up(
     insecure: InsecureOpt = False,
     ui: UiOpt = None,
     ui_allowed_host: UiAllowedHostOpt = None,
+    new_ledger: NewLedgerOpt = False,
 ) -> None:
     """Start key holder, shards and coordinator as processes and keep them up until training ends.
 
@@ -325,6 +329,8 @@ def up(
     _provision(cfg)
     _setup_tls(cfg, OPERATOR_NAME)  # to read the coordinator's status (and warn if no TLS)
     stop_as_ctrl_c()
+    if new_ledger:  # here, once: a coordinator restarted later keeps the new ledger
+        _start_new_ledger(cfg.cluster.state_dir / "coordinator")
     deployment = Deployment(config, cfg)
     try:
         with _dashboard(cfg, ui, ui_allowed_host or []):
@@ -339,6 +345,17 @@ def up(
         typer.echo("stopping...")
     finally:
         deployment.stop()
+
+
+def _start_new_ledger(state_dir: Path) -> None:
+    """Set the coordinator's privacy ledger in ``state_dir`` aside (between runs only)."""
+    from fedps.errors import FedPSError
+    from server.coordinator.privacy_ledger import start_new_ledger
+
+    try:
+        start_new_ledger(state_dir)
+    except FedPSError as exc:
+        typer.echo(f"--new-ledger ignored: {exc}", err=True)
 
 
 def _dashboard(

@@ -13,6 +13,7 @@ from fedps.stop_signal import interrupt_on_stop_signals
 __all__ = [
     "ConfigOpt",
     "InsecureOpt",
+    "NewLedgerOpt",
     "UiAllowedHostOpt",
     "UiOpt",
     "setup_logging",
@@ -29,6 +30,15 @@ InsecureOpt = Annotated[
     typer.Option(
         "--insecure",
         help="Turn mutual TLS off: plaintext gRPC, clients admitted by enrolment token (warns).",
+    ),
+]
+NewLedgerOpt = Annotated[
+    bool,
+    typer.Option(
+        "--new-ledger",
+        help="Start a new server-side privacy ledger with a new run: every client's epsilon "
+        "starts again from 0 (warns; the old ledger is kept aside). Ignored while a run is in "
+        "progress.",
     ),
 ]
 UiOpt = Annotated[

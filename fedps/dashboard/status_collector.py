@@ -70,6 +70,7 @@ def _run_view(status: ClusterStatus) -> dict[str, Any]:
     table.
     """
     clients = sorted(set(status.client_epsilons) | set(status.client_rounds))
+    spent, warnings = set(status.spent_clients), list(status.privacy_warnings)
     history = [_round_view(r) for r in status.history]
     if status.finished and history:
         # a client reports its epsilon once it has pushed, so reports that came after the
@@ -94,9 +95,15 @@ def _run_view(status: ClusterStatus) -> dict[str, Any]:
                 "epsilon": status.client_epsilons.get(c, 0.0),
                 "rounds": status.client_rounds.get(c, 0),
                 "noise_multiplier": status.client_noise_multipliers.get(c),
+                # the client's own figure (epsilon is the server's), whether the server's
+                # ledger stopped it, whether a privacy warning names it
+                "reported_epsilon": status.client_reported_epsilons.get(c),
+                "spent": c in spent,
+                "warned": any(w.startswith(f"{c} ") for w in warnings),
             }
             for c in clients
         ],
+        "privacy_warnings": warnings,
     }
 
 

@@ -23,7 +23,7 @@ from fedps.rpc.coordinator_stub import CoordinatorStub
 from fedps.rpc.keyholder_stub import KeyHolderStub
 from fedps.rpc.shard_stub import ShardStub
 
-__all__ = ["phase_line", "print_status", "status_json"]
+__all__ = ["client_lines", "phase_line", "print_status", "status_json"]
 
 
 def status_json(status: ClusterStatus) -> str:
@@ -45,6 +45,25 @@ def phase_line(record: RoundSummary) -> str:
     ranked = sorted(record.phases.items(), key=lambda item: -item[1])
     parts = ", ".join(f"{name} {seconds:.3g}" for name, seconds in ranked if seconds > 0)
     return f"round {record.round}, {record.seconds:.2f} s: {parts}"
+
+
+def client_lines(status: ClusterStatus) -> list[str]:
+    """One line per client: the server's epsilon, and what the client says where it differs.
+
+    Such as ``client-0: epsilon 2.889 (it reports 2.165), SPENT: the server's ledger stops
+    it`` (``client_epsilons`` is the server's figure).
+    """
+    spent = set(status.spent_clients)
+    lines = []
+    for client_id, figure in sorted(status.client_epsilons.items()):
+        line = f"{client_id}: epsilon {figure:.3f}"
+        own = status.client_reported_epsilons.get(client_id)
+        if own is not None and f"{own:.3f}" != f"{figure:.3f}":
+            line += f" (it reports {own:.3f})"
+        if client_id in spent:
+            line += ", SPENT: the server's ledger stops it at the target"
+        lines.append(line)
+    return lines
 
 
 def print_status(config: FedPSConfig) -> ClusterStatus:
@@ -71,8 +90,10 @@ def print_status(config: FedPSConfig) -> ClusterStatus:
     typer.echo(f"  DP noise: {noise}{warning}")
     if status.history and (line := phase_line(status.history[-1])):
         typer.echo(f"  critical path of {line}")
-    for client_id in sorted(status.client_epsilons):
-        typer.echo(f"  {client_id}: epsilon {status.client_epsilons[client_id]:.3f}")
+    for line in client_lines(status):
+        typer.echo(f"  {line}")
+    for warning in status.privacy_warnings:
+        typer.echo(f"  PRIVACY WARNING: {warning}")
     keyholder = KeyHolderStub(cluster.keyholder)
     detections: dict[str, int] = {}
     quarantined: set[str] = set()

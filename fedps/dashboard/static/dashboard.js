@@ -158,9 +158,13 @@ function renderRecord() {
   const clients = run ? run.clients : [];
   const most = Math.max(1, ...clients.map((c) => c.rounds));
   $("clients").tBodies[0].replaceChildren(...clients.map((c) =>
-    el("tr", {}, el("td", {}, c.id), el("td", {}, fmt.num(c.epsilon, 2)), el("td", {}, c.rounds),
-      el("td", {}, fmt.num(c.noise_multiplier, 2)),
+    el("tr", {}, el("td", {}, c.id + (c.spent ? " (spent)" : "") + (c.warned ? " \u26a0" : "")),
+      el("td", {}, fmt.num(c.epsilon, 2)), el("td", {}, fmt.num(c.reported_epsilon, 2)),
+      el("td", {}, c.rounds), el("td", {}, fmt.num(c.noise_multiplier, 2)),
       el("td", {}, el("div", { class: "bar", style: `width:${(100 * c.rounds) / most}%` })))));
+  const warnings = run && run.privacy_warnings ? run.privacy_warnings : [];
+  $("privacy-warnings").replaceChildren(...(warnings.length ? warnings.map((w) => el("li", {}, w))
+    : [el("li", {}, "none")]));
   renderRunBar(rec);
 }
 

@@ -66,7 +66,9 @@ RECORDS = [
     kh.RoundApplication(4, 3, "run", {"client-0": KEY}),
     kh.AppliedRound(4, 3, 2.0, 0.25, 1.1, 0.01),
     kh.AppliedRound(4, 3, 2.0, 0.25, phase_seconds={"fetch": 0.25, "verify": 0.125}),
+    kh.AppliedRound(4, 3, 2.0, 0.25, contributors=("client-0", "client-1")),
     co.ClientRegistration("edge-0", 60, 40, KEY, "client-0.ab", 1.5, 1e-5),
+    co.ClientRegistration("edge-0", 60, 40, KEY, "", 1.5, 1e-5, "ab" * 32, 1.1, 0.05, 20),
     co.RegistrationReply("client-0", "run", "kh:1", {"shard-1": "s:2", "shard-0": "s:1"}, 8, 40, 5),
     co.AssignmentQuery("client-0", 1.5, 1e-5),
     *(
@@ -108,6 +110,22 @@ RECORDS = [
         {"client-0": 3},
         {"shard-1": 2},
         ("shard-1",),
+    ),
+    co.ClusterStatus(
+        "run",
+        4,
+        3,
+        1,
+        False,
+        (),
+        2.5,
+        1e-5,
+        0,
+        0.0,
+        {"client-0": 2.5},
+        client_reported_epsilons={"client-0": 0.5},
+        privacy_warnings=("client-0 registered with a new signing key",),
+        spent_clients=("client-0",),
     ),
 ]
 
@@ -181,12 +199,14 @@ def test_a_later_message_takes_its_streams_commitment_only_from_the_same_update(
 
 def test_a_wire_record_takes_its_fields_from_a_richer_record() -> None:
     # Prepare: the key holder's result of a round has more than its reply carries, and less:
-    # the call's phases are given apart
+    # the call's phases are given apart, and its contributors by id only
     result = RoundResult(5, 8, 3, 3.0, 0.25, contributors={"client-0": 1.0}, top_up_std=0.5)
     # Execute
-    applied = kh.AppliedRound.taken_from(result, phase_seconds={"fetch": 0.5})
+    applied = kh.AppliedRound.taken_from(
+        result, phase_seconds={"fetch": 0.5}, contributors=("client-0",)
+    )
     # Assert
-    assert applied == kh.AppliedRound(8, 3, 3.0, 0.25, 0.0, 0.5, {"fetch": 0.5})
+    assert applied == kh.AppliedRound(8, 3, 3.0, 0.25, 0.0, 0.5, {"fetch": 0.5}, ("client-0",))
 
 
 def test_a_manifest_that_lists_a_client_twice_is_malformed() -> None:
