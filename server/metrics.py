@@ -13,8 +13,8 @@ several roles can share a process (as in the tests).
   of the servers and of the clients: ``fedps_round_phase_seconds{scope="critical",
   phase="train"}``, and the last round's critical path), and what the operator asks about a
   run: the last evaluated accuracy, loss and task metrics, the largest epsilon with its delta,
-  and each client's epsilon (the server's figure: :mod:`server.coordinator.privacy_ledger`). They are read from the coordinator when Prometheus scrapes, so
-  nothing is pushed.
+  and each client's epsilon (the server's figure: :mod:`server.coordinator.privacy_ledger`).
+  They are read from the coordinator when Prometheus scrapes, so nothing is pushed.
 
 Every role shows its model version; the key holder and the coordinator the age of their last
 checkpoint and the calls to each shard that missed their deadline

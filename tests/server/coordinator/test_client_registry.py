@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -10,10 +11,12 @@ import pytest
 
 from crypto.enrolment import create_enrolment_key, issue_token, load_enrolment_key
 from crypto.signing import BlockSigner
-from fedps.config import TlsConfig, load_config
+from fedps.config import PrivacyConfig, TlsConfig, TrainingConfig, load_config
 from fedps.errors import ConfigError, InvalidArgumentError, UnauthenticatedError, UnknownClientError
+from fedps.learning.accounting import epsilon
 from server.coordinator import client_registry
 from server.coordinator.client_registry import ClientRegistry
+from server.coordinator.privacy_ledger import Declaration, PrivacyLedger
 
 NUM_PARAMS = 10
 DELTA = 1e-5
@@ -219,3 +222,88 @@ def test_a_missed_deadline_is_forgiven_by_a_registration_and_not_held_against_th
     assert heard_after == ["client-0", "client-1"]
     assert missing == ["client-1"]
     assert sorted(registry.live()) == ["client-0", "client-1"]
+
+
+A = Declaration("source-a", 1.1, 0.05, 20)
+
+
+def _with_ledger(tls: TlsConfig, state_dir: Path, target: float | None = None) -> ClientRegistry:
+    privacy = PrivacyConfig(target_epsilon=target, noise_multiplier=None if target else 1.0)
+    ledger = PrivacyLedger.open(state_dir, privacy=privacy, training=TrainingConfig(), fsync=False)
+    return ClientRegistry(tls, num_params=NUM_PARAMS, liveness_s=60.0, ledger=ledger)
+
+
+def _released(registry: ClientRegistry, round_: int, *who: str) -> None:
+    assert registry.ledger is not None
+    declared = registry.declarations(who)
+    registry.ledger.record_round("run", round_, contributors=declared, members=declared)
+
+
+@pytest.mark.privacy
+def test_with_the_server_ledger_a_client_cannot_lower_its_figure(
+    tls: TlsConfig, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: client-0 declared A and took part in three released rounds
+    registry = _with_ledger(tls, tmp_path / "coordinator")
+    registry.register(
+        "edge", 100, NUM_PARAMS, BlockSigner().public_key, identity="client-0", declared=A
+    )
+    for round_ in (1, 2, 3):
+        _released(registry, round_, "client-0")
+    server = epsilon(1.1, 0.05, 60, DELTA)
+
+    # Execute: it registers again with a new key, on a fresh ledger of its own (epsilon 0)
+    with caplog.at_level(logging.WARNING, logger="fedps"):
+        _register(registry, "client-0", epsilon=0.0)
+
+    # Assert: the server's figure stands; the operator is told twice (key, lower spend)
+    assert registry.client_epsilons == {"client-0": server}
+    assert registry.max_epsilon == (server, DELTA)
+    assert registry.reported_epsilons == {"client-0": 0.0}
+    assert [w.split(" ", 3)[:3] for w in registry.warnings] == [
+        ["client-0", "registered", "with"],
+        ["client-0", "registered", "with"],
+    ]
+    assert "new signing key" in registry.warnings[0]
+    assert "epsilon 0.0000" in registry.warnings[1] and len(caplog.records) == 2
+    # a client that says more than the server's ledger is reported with its own figure
+    registry.check_in(
+        "client-0", _register(registry, "client-0", epsilon=9.0)[1], epsilon=9.0, delta=DELTA
+    )
+    assert registry.client_epsilons == {"client-0": 9.0}
+
+
+@pytest.mark.privacy
+def test_a_client_the_server_ledger_says_is_spent_is_not_live(
+    tls: TlsConfig, tmp_path: Path
+) -> None:
+    # Prepare: a target two rounds of A stay under and three do not
+    target = (epsilon(1.1, 0.05, 40, DELTA) + epsilon(1.1, 0.05, 60, DELTA)) / 2
+    registry = _with_ledger(tls, tmp_path / "coordinator", target)
+    for identity in ("client-0", "client-1"):
+        registry.register(
+            "edge", 100, NUM_PARAMS, BlockSigner().public_key, identity=identity, declared=A
+        )
+
+    # Execute
+    _released(registry, 1, "client-0", "client-1")
+    before = (sorted(registry.live()), registry.usable())
+    _released(registry, 2, "client-0")
+
+    # Assert: client-0's own figure says nothing (0), the server's ledger stops it
+    assert before == (["client-0", "client-1"], 2)
+    assert registry.live() == ["client-1"] and registry.usable() == 1
+    assert registry.spent_clients() == ["client-0"]
+    assert registry.spent_out("client-0") and not registry.spent_out("client-9")
+
+
+def test_a_declaration_no_accountant_can_compose_is_refused(registry: ClientRegistry) -> None:
+    with pytest.raises(InvalidArgumentError, match="declared"):
+        registry.register(
+            "edge",
+            100,
+            NUM_PARAMS,
+            BlockSigner().public_key,
+            identity="client-0",
+            declared=Declaration("s", -1.0, 0.1, 3),
+        )
