@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import stat
@@ -275,3 +276,26 @@ def test_the_collector_writes_into_the_record_the_launcher_named(
     assert ours["record"]["started_unix"] == 5.0
     assert theirs["record"]["run_id"] == "0123abcd"
     assert store.get("ffff0000") is None
+
+
+def test_the_clients_table_shows_the_servers_figure_the_clients_own_and_the_warnings() -> None:
+    # Prepare: the server's ledger says 2.5 for c0, which reports 0.5 and is spent
+    from fedps.dashboard.status_collector import _run_view
+
+    status = dataclasses.replace(
+        _status(2, finished=False, max_epsilon=2.5),
+        client_reported_epsilons={"c0": 0.5, "c1": 1.0},
+        privacy_warnings=("c0 registered with epsilon 0.5000, below 2.5000",),
+        spent_clients=("c0",),
+    )
+
+    # Execute
+    view = _run_view(status)
+
+    # Assert
+    rows = {
+        c["id"]: (c["epsilon"], c["reported_epsilon"], c["spent"], c["warned"])
+        for c in view["clients"]
+    }
+    assert rows == {"c0": (2.5, 0.5, True, True), "c1": (1.0, 1.0, False, False)}
+    assert view["privacy_warnings"] == list(status.privacy_warnings)
