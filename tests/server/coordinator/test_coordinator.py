@@ -17,7 +17,9 @@ from fedps.config import load_config
 from fedps.errors import ConfigError, InvalidArgumentError
 from fedps.learning.tasks import ClientData
 from fedps.learning.tasks import Task as UserTask
+from server.coordinator.checkpoint_store import CHECKPOINT_FILE, CheckpointStore
 from server.coordinator.coordinator import Coordinator
+from server.coordinator.privacy_ledger import Declaration
 from server.serve import open_coordinator
 
 DELTA = 1e-5
@@ -201,3 +203,33 @@ def test_a_client_away_past_one_grace_is_not_waited_for_in_every_round(tmp_path:
 
     # Assert: the two live clients are drawn at once (None: the guard stopped a wait)
     assert first == second == frozenset({"client-0", "client-1"})
+
+
+@pytest.mark.privacy
+def test_the_privacy_ledger_outlives_the_run_unless_a_new_one_is_started_between_runs(
+    tmp_path: Path,
+) -> None:
+    # Prepare: a coordinator recorded a round of client-0; its run is in progress
+    config = load_config(None, cluster={"state_dir": str(tmp_path)})
+    state_dir = tmp_path / "coordinator"
+    first = open_coordinator(config, state_dir)
+    ledger = first.registry.ledger
+    assert ledger is not None
+    declared = {"client-0": Declaration("data", 1.0, 0.1, 10)}
+    ledger.record_round(first.run_id, 1, contributors=declared, members=declared)
+    ledger.close()
+    spent = first.client_epsilons["client-0"]
+    state = {"run_id": first.run_id, "round": 1, "version": 1, "history": [], "clients": {}}
+    CheckpointStore(state_dir).save(first.evaluator.initial_vector(), state)
+
+    # Execute: restarted with --new-ledger while the run is in progress, then a new run
+    restarted = open_coordinator(config, state_dir, new_ledger=True)
+    (state_dir / CHECKPOINT_FILE).unlink()  # the operator moves the finished run aside
+    next_run = open_coordinator(config, state_dir)
+    new_ledger = open_coordinator(config, state_dir, new_ledger=True)
+
+    # Assert
+    assert spent > 0
+    assert restarted.client_epsilons == {"client-0": spent}  # ignored: the run keeps it
+    assert next_run.client_epsilons == {"client-0": spent}  # a new run continues it
+    assert new_ledger.client_epsilons == {}
