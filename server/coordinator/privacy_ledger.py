@@ -167,6 +167,29 @@ def _merged(entries: Iterable[tuple[float, float, int]]) -> _History:
     return tuple(merged)
 
 
+class _Account:
+    """One identity's releases, with its history at the ledger's level merged as they come.
+
+    And the epsilons of that history computed so far (a cache, cleared by each release).
+    """
+
+    def __init__(self, level: str) -> None:
+        self.level = level
+        self.releases: list[Release] = []
+        self.history: _History = ()
+        self.before_last: _History = ()  # the history without its latest round
+        self.last_step: tuple[float, float, int] | None = None
+        self.figures: dict[_History, float] = {}
+
+    def add(self, release: Release) -> None:
+        self.releases.append(release)
+        if release.level == self.level and release.steps > 0:
+            step = (release.noise_multiplier, release.sample_rate, release.steps)
+            self.before_last, self.history = self.history, _merged([*self.history, step])
+            self.last_step = step
+            self.figures = {}
+
+
 class PrivacyLedger:
     """The coordinator's durable record of what each client identity's data has spent.
 
@@ -203,7 +226,7 @@ class PrivacyLedger:
         self._client_step = client_step
         self._lock = threading.Lock()
         self._rounds: set[tuple[str, int]] = set()  # (run id, round) recorded
-        self._releases: dict[str, list[Release]] = {}  # by identity, in record order
+        self._accounts: dict[str, _Account] = {}  # by identity
         self._keys: dict[str, str] = {}  # the last signing key (hex) each identity registered
         self._disagreed: dict[str, float] = {}  # the server figure each warning was given at
         #: the warnings the operator should see (the latest :data:`_WARNINGS_KEPT`)
@@ -264,7 +287,7 @@ class PrivacyLedger:
 
     def _add(self, releases: Iterable[Release]) -> None:
         for release in releases:
-            self._releases.setdefault(release.identity, []).append(release)
+            self._accounts.setdefault(release.identity, _Account(self.level)).add(release)
 
     def _append(self, record: dict[str, object]) -> None:
         """Write ``record`` (durable when this returns; a failed write raises, nothing kept)."""
@@ -364,12 +387,17 @@ class PrivacyLedger:
         return known
 
     # ------------------------------------------------------------------ composition
-    def _history(self, identity: str, *, before_last: bool = False) -> _History:
-        releases = [r for r in self._releases.get(identity, ()) if r.level == self.level]
-        if before_last and releases:
-            last = releases[-1]
-            releases = [r for r in releases if (r.run_id, r.round) != (last.run_id, last.round)]
-        return _merged((r.noise_multiplier, r.sample_rate, r.steps) for r in releases)
+    def _account(self, identity: str) -> _Account:
+        with self._lock:
+            return self._accounts.get(identity) or _Account(self.level)
+
+    def _figure(self, account: _Account, history: _History) -> float:
+        """The epsilon of ``history`` (one of ``account``'s), computed once per history."""
+        figures = account.figures
+        figure = figures.get(history)
+        if figure is None:
+            figure = figures[history] = self._epsilon_of(history)
+        return figure
 
     def _epsilon_of(self, history: _History) -> float:
         if any(sigma == 0 for sigma, _, _ in history):
@@ -378,26 +406,28 @@ class PrivacyLedger:
 
     def history(self, identity: str) -> _History:
         """Everything recorded for ``identity`` at the run's level, as ``(sigma, q, steps)``."""
-        with self._lock:
-            return self._history(identity)
+        return self._account(identity).history
 
     def epsilon(self, identity: str) -> float:
         """``identity``'s epsilon at the run's delta: its released rounds composed."""
-        return self._epsilon_of(self.history(identity))
+        account = self._account(identity)
+        return self._figure(account, account.history)
 
     def epsilons(self) -> dict[str, float]:
         """Every recorded identity's epsilon (:meth:`epsilon`), by identity."""
         with self._lock:
-            identities = sorted(self._releases)
+            identities = sorted(self._accounts)
         return {identity: self.epsilon(identity) for identity in identities}
 
     def sources(self, identity: str) -> dict[str, float]:
         """The breakdown of ``identity``'s epsilon: each declared data source's own."""
-        with self._lock:
-            releases = [r for r in self._releases.get(identity, ()) if r.level == self.level]
+        account = self._account(identity)
         by_source: dict[str, list[tuple[float, float, int]]] = {}
-        for r in releases:
-            by_source.setdefault(r.source, []).append((r.noise_multiplier, r.sample_rate, r.steps))
+        for r in account.releases:
+            if r.level == self.level:
+                by_source.setdefault(r.source, []).append(
+                    (r.noise_multiplier, r.sample_rate, r.steps)
+                )
         return {s: self._epsilon_of(_merged(entries)) for s, entries in sorted(by_source.items())}
 
     def spent_out(self, identity: str, next_round: Declaration | None = None) -> bool:
@@ -409,18 +439,16 @@ class PrivacyLedger:
         """
         if self.target is None:
             return False
-        with self._lock:
-            history = self._history(identity)
-            mine = [r for r in self._releases.get(identity, ()) if r.level == self.level]
+        account = self._account(identity)
         if self._client_step is not None:
             step = (*self._client_step, 1)
         elif next_round is not None and next_round.steps > 0:
             step = (next_round.noise_multiplier, next_round.sample_rate, next_round.steps)
-        elif mine:
-            step = (mine[-1].noise_multiplier, mine[-1].sample_rate, mine[-1].steps)
+        elif account.last_step is not None:
+            step = account.last_step
         else:
             return False
-        return self._epsilon_of(_merged([*history, step])) > self.target
+        return self._figure(account, _merged([*account.history, step])) > self.target
 
     # ------------------------------------------------------------------ second opinions
     def second_opinion(self, identity: str, reported: float, *, when: str = "reports") -> None:
@@ -439,9 +467,9 @@ class PrivacyLedger:
         when
             What it did, for the message (``"reports"``, ``"re-registered with"``).
         """
-        with self._lock:
-            history = self._history(identity, before_last=True)
-        server = self._epsilon_of(history)
+        account = self._account(identity)
+        history = account.before_last
+        server = self._figure(account, history)
         if not history or math.isinf(reported) or reported >= server * (1 - _TOLERANCE):
             with self._lock:
                 self._disagreed.pop(identity, None)
