@@ -1,6 +1,6 @@
 """A client's privacy budget belongs to its data: when the data it is given changes (a file
-that grew, other preprocessing), the spend recorded on the earlier data is composed with the
-new, never forgotten."""
+that grew, other preprocessing), the largest spend recorded on data that shares rows with it
+counts, never forgotten; data that shares no row starts from zero."""
 
 from __future__ import annotations
 
@@ -34,9 +34,10 @@ TASK = Task(
 
 
 def _write(path: Path, rows: int) -> Path:
-    rng = np.random.default_rng(rows)
-    table = np.column_stack([rng.normal(size=(rows, 4)), rng.integers(0, 2, rows)])
-    np.savetxt(path, table, delimiter=",")
+    """The first ``rows`` rows of one table (a file that grows keeps its earlier rows)."""
+    rng = np.random.default_rng(0)
+    table = np.column_stack([rng.normal(size=(100, 4)), rng.integers(0, 2, 100)])
+    np.savetxt(path, table[:rows], delimiter=",")
     return path
 
 

@@ -4,6 +4,7 @@ atomically, and refuses (naming the file) to be reset by a corrupt or foreign fi
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 from collections.abc import Callable
@@ -14,6 +15,7 @@ import pytest
 
 from clients.client_state import (
     LEDGER_FILE,
+    LEDGER_KEY_FILE,
     SIGNING_KEY_FILE,
     ClientState,
     data_fingerprint,
@@ -36,6 +38,11 @@ def _recorded(directory: Path) -> ClientState:
     state.record(DATA, SPEND, privacy=PRIVACY)
     state.close()
     return state
+
+
+def _canonical(document: dict[str, object]) -> bytes:
+    """The bytes a ledger's checksum covers."""
+    return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _rewrite(path: Path, change: Callable[[dict[str, object]], None]) -> None:
@@ -98,6 +105,8 @@ def test_a_failed_write_leaves_the_ledger_as_it_was(
     assert entry is not None and entry.spend == SPEND
     assert sorted(p.name for p in (tmp_path / "state").iterdir()) == [
         LEDGER_FILE,
+        LEDGER_KEY_FILE,
+        LEDGER_KEY_FILE + ".sha256",
         "lock",
         SIGNING_KEY_FILE,
         SIGNING_KEY_FILE + ".sha256",
@@ -140,10 +149,10 @@ def test_an_invalid_entry_with_a_valid_checksum_is_refused(tmp_path: Path) -> No
     _recorded(tmp_path / "state")
     ledger = tmp_path / "state" / LEDGER_FILE
     document = json.loads(ledger.read_text())
-    del document["sha256"]
+    del document["hmac_sha256"]
     document["entries"][0]["history"] = [[1.0, 2.0, 3]]
-    canonical = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
-    document["sha256"] = hashlib.sha256(canonical).hexdigest()
+    key = (tmp_path / "state" / LEDGER_KEY_FILE).read_bytes()
+    document["hmac_sha256"] = hmac.new(key, _canonical(document), hashlib.sha256).hexdigest()
     ledger.write_text(json.dumps(document))
 
     # Execute / Assert
