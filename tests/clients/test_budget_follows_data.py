@@ -15,9 +15,9 @@ from clients.edge_client import EdgeClient
 from crypto.enrolment import issue_tokens
 from fedps.config import FedPSConfig, load_config
 from fedps.learning.accounting import epsilon_of_history
-from fedps.sharding.blocks import flatten_model
 from fedps.learning.tasks import ClientData, Task
 from fedps.provisioning import client_identities
+from fedps.sharding.blocks import flatten_model
 
 
 def _rows(client: ClientData) -> tuple[np.ndarray, np.ndarray]:
