@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from clients.dp_trainer import History, PrivacySpend
@@ -128,7 +129,7 @@ def _fingerprint_of_rows(rows: bytes) -> str:
     return hashlib.sha256(_DATA_DOMAIN + rows).hexdigest()
 
 
-def _unordered_fingerprint(data: Dataset) -> str:
+def _fingerprint_v1(data: Dataset) -> str:
     """The previous version's fingerprint, which depended on the order of the rows."""
     digest = hashlib.sha256(b"fedps-data-v1")
     for array in (data.x, data.y):
@@ -162,7 +163,7 @@ class DataSource:
     def of(cls, data: Dataset) -> DataSource:
         """The source of a training set whose rows fedps holds."""
         rows = row_digests(data)
-        return cls(_fingerprint_of_rows(rows), rows, _unordered_fingerprint(data))
+        return cls(_fingerprint_of_rows(rows), rows, _fingerprint_v1(data))
 
     def overlaps(self, rows: bytes | None) -> bool:
         """Whether a source of row digests ``rows`` (None: unknown) may share a row with this one.
@@ -171,8 +172,16 @@ class DataSource:
         """
         if rows is None or self.rows is None:
             return True
-        mine, theirs = (np.frombuffer(r, dtype=">u8")[::4] for r in (self.rows, rows))
-        return bool(np.isin(theirs, mine).any())
+        mine, theirs = (_prefixes(r) for r in (self.rows, rows))
+        if not len(mine):
+            return False
+        at = np.searchsorted(mine, theirs).clip(max=len(mine) - 1)
+        return bool((mine[at] == theirs).any())
+
+
+def _prefixes(rows: bytes) -> npt.NDArray[np.uint64]:
+    """The first 8 bytes of each of the sorted row digests ``rows``, as sorted integers."""
+    return np.frombuffer(rows, dtype=">u8")[::4].astype(np.uint64)
 
 
 class LedgerEntry(BaseModel):
