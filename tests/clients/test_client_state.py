@@ -397,3 +397,23 @@ def test_a_changed_rows_file_is_refused_naming_it(tmp_path: Path) -> None:
         state.overlapping(_rows_source(range(10)), "example")
     assert str(rows) in str(caught.value)
     state.close()
+
+
+def test_a_folder_killed_while_it_was_created_opens(tmp_path: Path) -> None:
+    # Prepare: the ledger key written, then the process killed before the first ledger
+    ClientState.open(tmp_path / "state", identity=IDENTITY).close()
+    for name in (LEDGER_FILE, SIGNING_KEY_FILE, SIGNING_KEY_FILE + ".sha256"):
+        (tmp_path / "state" / name).unlink()
+    key = (tmp_path / "state" / LEDGER_KEY_FILE).read_bytes()
+
+    # Execute
+    state = ClientState.open(tmp_path / "state", identity=IDENTITY)
+    state.record(DATA, SPEND, privacy=PRIVACY)
+    state.close()
+
+    # Assert: the key it had is kept, and the ledger written under it reads back
+    assert (tmp_path / "state" / LEDGER_KEY_FILE).read_bytes() == key
+    reopened = ClientState.open(tmp_path / "state", identity=IDENTITY)
+    entry = reopened.spent(DATA, "example")
+    assert entry is not None and entry.spend == SPEND
+    reopened.close()
