@@ -75,16 +75,17 @@ class PrivacyLedger:
         self.privacy = privacy
         self.name = name
         self.state = state
-        self.recorded = self.reopen(state)
+        self.recorded = self.reopen(state, quiet=False)
 
-    def reopen(self, state: ClientState) -> PrivacySpend:
+    def reopen(self, state: ClientState, *, quiet: bool = True) -> PrivacySpend:
         """Keep the spend in ``state`` from now on, and resume from it (:meth:`resume`).
 
-        For a client whose state folder is opened again (a Flower node, for each message).
+        For a client whose state folder is opened again (a Flower node, for each message);
+        ``quiet``: a resumed spend is logged at DEBUG, not INFO.
         """
         self.state = state
         state.remember(self.source)
-        self.recorded = self.resume()
+        self.recorded = self.resume(quiet=quiet)
         return self.recorded
 
     @property
@@ -92,19 +93,21 @@ class PrivacyLedger:
         """The recorded epsilon (at ``privacy.delta``)."""
         return self.recorded.epsilon
 
-    def resume(self) -> PrivacySpend:
+    def resume(self, *, quiet: bool = False) -> PrivacySpend:
         """Resume the trainer's accountant from the ledger; returns the spend restored.
 
         The largest spend (:func:`largest`) recorded on this data or on any data that shares a
         row with it: data the ledger has not seen (a file that grew, other preprocessing) starts
-        from what was spent on its rows before, never from zero.
+        from what was spent on its rows before, never from zero (a WARNING says so). ``quiet``:
+        the spend resumed from the data's own entry is logged at DEBUG, not INFO.
         """
         entries = self.state.overlapping(self.source, self.privacy.level)
         if not entries:
             return self.trainer.spend()
         history, run_id = largest([e.spend for e in entries])
         self.trainer.restore(history, run_id=run_id)
-        own = self.state.spent(self.data, self.privacy.level)
+        level = self.privacy.level
+        own = self.state.spent(self.data, level) or self.state.spent(self.source.earlier, level)
         if own is None or own.history != history:
             _log.warning(
                 "%s: its data changed since it last trained; the largest spend recorded on data "
@@ -116,7 +119,8 @@ class PrivacyLedger:
                 self.privacy.delta,
             )
         else:
-            _log.info(
+            _log.log(
+                logging.DEBUG if quiet else logging.INFO,
                 "%s: resumes its privacy budget from %s: epsilon %.3f spent (delta %g)",
                 self.name,
                 self.state.ledger_path,
