@@ -78,9 +78,10 @@ def open_setup(
         The folder of its signing key and privacy ledger
         (default ``<cluster.state_dir>/clients/<identity>``).
     signer
-        The client's signing key when it is kept elsewhere (a Flower node keeps it in its
-        ``Context.state``): the client then keeps no state folder, and its ledger lives in
-        memory. Default: the key in the state folder.
+        The client's signing key when its caller keeps the state folder (a Flower node opens
+        its folder for each message and hands it to the client's ledger,
+        :meth:`clients.privacy_ledger.PrivacyLedger.reopen`): the ledger lives in memory until
+        then. Default: the key in the state folder.
     token_required
         Insist on the enrolment token even under mutual TLS (a Flower node is registered by
         its token whatever the transport).

@@ -75,7 +75,7 @@ import numpy as np
 from clients.client_eval import ClientEvaluation
 from clients.client_session import LONG_POLL_S, ClientSession, Uplink, pause
 from clients.client_setup import ClientSetup, open_setup
-from clients.client_state import data_fingerprint
+from clients.client_state import DataSource
 from clients.dp_trainer import PrivacySpend, Trainer
 from clients.error_feedback import ErrorFeedback
 from clients.peer_failures import (
@@ -189,10 +189,8 @@ class EdgeClient:
         self.on_round = on_round
         self.task, self.trainer = setup.task, trainer
         self._evaluation = ClientEvaluation.configured(config, setup.task, own_data, name=name)
-        fingerprint = EXTERNAL_DATA if own_data is None else data_fingerprint(own_data)
-        self.ledger = PrivacyLedger(
-            state, trainer, data=fingerprint, privacy=config.privacy, name=name
-        )
+        source = DataSource(EXTERNAL_DATA) if own_data is None else DataSource.of(own_data)
+        self.ledger = PrivacyLedger(state, trainer, data=source, privacy=config.privacy, name=name)
         self._peers = PeerFailures(
             name, identity=setup.identity, tls_directory=config.tls.directory
         )
@@ -218,7 +216,7 @@ class EdgeClient:
         self.pusher = Pusher(self.session, self._peers, timer=self.timer)
         self.state, self.uplink, self.peer_wait_s = state, self.session.uplink, peer_wait_s
         self.num_params, self.signing_key = self.session.num_params, state.signer.public_key
-        self.data_fingerprint, self.enrolment_token = fingerprint, setup.enrolment_token
+        self.data_fingerprint, self.enrolment_token = source.fingerprint, setup.enrolment_token
         self.peer_failures = self._peers.counts
         self.rounds_trained = 0
         self.weight = 1.0  # num_examples / the round's weight_scale

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from tests.in_process_cluster import Cluster as Cluster
 from tests.in_process_cluster import end_commits_once_in as end_commits_once_in
 from tests.in_process_cluster import start_cluster as start_cluster
 from tests.in_process_cluster import start_coordinator as start_coordinator
+from tests.security.test_fuzz import SERVICES as FUZZ_SERVICES
 from tests.waiting import HANG_S
 
 # Hypothesis checks a fixed number of examples, never a pace: its per-example deadline
@@ -90,7 +92,28 @@ def faults(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     reset_faults()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+#: Each fuzz smoke run (200 inputs per RPC or path), the full run that starts with the same
+#: inputs (tests/security/test_fuzz.py: one generator per RPC or path, seeded by its name), and
+#: how many full tests that run takes (one per service for the RPCs).
+_FUZZ_SMOKE = {
+    "test_rpc_fuzz_smoke": ("test_rpc_fuzz", len(FUZZ_SERVICES)),
+    "test_deser_fuzz_smoke": ("test_deser_fuzz", 1),
+}
+
+
+def _drop_fuzz_smoke(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A fuzz smoke run is left out when the whole of its full run is selected too: its
+    inputs are the first of the full run's (the quick run, ``-m "not slow"``, keeps it)."""
+    names = Counter(getattr(item, "originalname", item.name) for item in items)
+    covered = {smoke for smoke, (full, count) in _FUZZ_SMOKE.items() if names[full] == count}
+    dropped = [item for item in items if getattr(item, "originalname", item.name) in covered]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item not in dropped]
+
+
+@pytest.hookimpl(trylast=True)  # after ``-m`` and ``-k`` chose the tests
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the ``slow`` tests first (in collection order, then the rest): with the test
     command's one-test-at-a-time scheduling (``-n 2 --maxschedchunk 1``) the long ones then
     share the workers instead of one of them ending the run alone.
@@ -99,6 +122,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     spread over the slow ones, the first at their start and the last at their end: side by
     side, both workers would start one, and one worker would sit out the other's (half a
     minute and more)."""
+    _drop_fuzz_smoke(config, items)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     slow = [item for item in items if item.get_closest_marker("slow") is not None]
     turns = [item for item in slow if "one_ray_node" in getattr(item, "fixturenames", ())]

@@ -23,17 +23,18 @@ whose ``"fedps"`` ConfigRecord names its stage (:mod:`fedps.rpc.flower_messages`
    kept to the shards that own the blocks and replies with the bytes pushed.
 
 Flower rebuilds the ``ClientApp`` for every message and may run a node's messages in
-different processes, so everything a node must keep lives in its ``Context.state``: its
-signing key (the node's secret; ``Context.state`` stays on the SuperNode) and its privacy
-accountant's history (and, at client level, the run its rounds count in), which is restored
-before every round. A node therefore keeps no state folder of its own
-(:class:`clients.client_state.ClientState` in memory only): its budget lasts as long as the
-SuperNode's ``Context.state``. The noise and Poisson sampling come from the CSPRNG
+different processes. A node keeps its signing key and its privacy ledger in the same state
+folder as an edge client (:class:`clients.client_state.ClientState`,
+``<cluster.state_dir>/clients/<identity>``, the identity being ``tls.name`` or
+``client-PARTITION``), on the SuperNode's disk: each message opens (and locks) the folder, and
+the node's accountant resumes from the ledger before it does anything, so a SuperNode restarted
+mid-run (its ``Context.state`` gone) signs with the same key and resumes its spend. Its
+``Context.state`` keeps only the last round it trained and the push messages it committed,
+until the push stage. The noise and Poisson sampling come from the CSPRNG
 (:class:`crypto.randomness.SecureRandom`), fresh at every draw; only with
 ``privacy.insecure_reproducible`` are they seeded, from (``training.seed``, partition, round),
 so that a rebuilt client never replays an earlier round's noise. Built clients are kept in a
-small per-process cache purely as a speed-up; the state restored from the context is
-authoritative.
+small per-process cache purely as a speed-up; the ledger and the context are authoritative.
 """
 
 from __future__ import annotations
@@ -43,13 +44,11 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, closing, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, Protocol
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from flwr.app import (
     ConfigRecord,
     ConfigRecordValues,
@@ -61,6 +60,7 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
+from clients.client_state import ClientState, default_state_dir
 from clients.dp_trainer import Trainer
 from clients.edge_client import EdgeClient, PreparedPush
 from clients.flower.wrapped_trainer import LocalTrain, WrappedTrainer
@@ -153,7 +153,7 @@ class FlowerClient:
     index
         The node's data partition (Flower's ``partition-id``).
     signer
-        The node's Ed25519 key, kept in its ``Context.state`` across messages.
+        The node's Ed25519 key, from its state folder.
     mods
         Wrap the node's training (:data:`clients.train_step.TrainMod`), outside the
         simulated slow devices and dropouts of the configuration
@@ -192,8 +192,8 @@ class FlowerClient:
         self.config = config
         self.index = index
         device = SimulatedDevice(config.training, index=index)
-        # No state folder: the node's key and accountant live in its Context.state. The
-        # strategy registers the node by its token, whatever the transport.
+        # Its ledger is in memory until a message opens the node's state folder (use_state).
+        # The strategy registers the node by its token, whatever the transport.
         self.edge = EdgeClient.open(
             config,
             index=index,
@@ -258,23 +258,16 @@ class FlowerClient:
         self.edge.session.shutdown()
 
     # ------------------------------------------------------------------ privacy state
+    def use_state(self, state: ClientState) -> None:
+        """Keep the node's ledger in ``state`` and resume its accountant from it.
+
+        ``state`` is the node's state folder, open (and locked) for one message.
+        """
+        self.edge.ledger.reopen(state)
+
     def accountant_history(self) -> list[tuple[float, float, int]]:
         """Every (noise multiplier, sample rate, steps or rounds) this node's DP has taken."""
         return list(self.edge.trainer.history())
-
-    @property
-    def accountant_run(self) -> str:
-        """The run whose global rounds the accountant's last entry counts (client level)."""
-        return self.edge.trainer.run_id
-
-    def restore_accountant(
-        self, history: Sequence[tuple[float, float, int]], *, run_id: str = ""
-    ) -> None:
-        """Continue from ``history``, whatever was here.
-
-        The history is the one in ``Context.state``, its rounds counted in run ``run_id``.
-        """
-        self.edge.trainer.restore(history, run_id=run_id)
 
     def reseed(self, round_: int) -> None:
         """Seed this round's DP noise and Poisson sampling from (seed, partition, round).
@@ -378,10 +371,7 @@ class ClientFactory(Protocol):
 class _NodeState:
     """What a node keeps in ``Context.state["fedps"]`` between messages."""
 
-    signing_key: bytes  # Ed25519 private key, raw 32 bytes
     last_round: int = 0
-    history: tuple[tuple[float, float, int], ...] = ()
-    run_id: str = ""  # the run the history's last entry counts global rounds in
     # The committed update's push messages, until the push stage (serialised PushBatches)
     pending_round: int = 0
     pending_version: int = 0
@@ -409,27 +399,13 @@ class _NodeState:
     def load(cls, context: Context) -> _NodeState:
         record = context.state.config_records.get(RECORD_KEY)
         if record is None:
-            raw = Ed25519PrivateKey.generate().private_bytes(
-                Encoding.Raw, PrivateFormat.Raw, NoEncryption()
-            )
-            state = cls(signing_key=raw)
-            state.save(context)
-            return state
-        sigmas = _numbers(record.get("accountant-sigma", []))
-        rates = _numbers(record.get("accountant-rate", []))
-        steps = [int(n) for n in _numbers(record.get("accountant-steps", []))]
-        key = record["signing-key"]
-        if not isinstance(key, bytes):
-            raise InvalidArgumentError("Context.state holds no valid fedps signing key")
+            return cls()
         shards = record.get("pending-shards", [])
         messages = record.get("pending-messages", [])
         if not isinstance(shards, list) or not isinstance(messages, list):
             raise InvalidArgumentError("Context.state holds malformed pending pushes")
         return cls(
-            signing_key=key,
             last_round=int(_float(record.get("last-round", 0))),
-            history=tuple(zip(sigmas, rates, steps, strict=True)),
-            run_id=str(record.get("accountant-run", "")),
             pending_round=int(_float(record.get("pending-round", 0))),
             pending_version=int(_float(record.get("pending-version", 0))),
             pending_shards=tuple(str(s) for s in shards),
@@ -439,12 +415,7 @@ class _NodeState:
     def save(self, context: Context) -> None:
         context.state.config_records[RECORD_KEY] = ConfigRecord(
             {
-                "signing-key": self.signing_key,
                 "last-round": self.last_round,
-                "accountant-sigma": [float(s) for s, _, _ in self.history],
-                "accountant-rate": [float(q) for _, q, _ in self.history],
-                "accountant-steps": [int(n) for _, _, n in self.history],
-                "accountant-run": self.run_id,
                 "pending-round": self.pending_round,
                 "pending-version": self.pending_version,
                 "pending-shards": list(self.pending_shards),
@@ -452,20 +423,11 @@ class _NodeState:
             }
         )
 
-    def signer(self) -> BlockSigner:
-        return BlockSigner(Ed25519PrivateKey.from_private_bytes(self.signing_key))
-
 
 def _float(value: object) -> float:
     if not isinstance(value, int | float):
         raise InvalidArgumentError(f"expected a number in the fedps record, got {value!r}")
     return float(value)
-
-
-def _numbers(value: object) -> list[float]:
-    if not isinstance(value, list):
-        raise InvalidArgumentError(f"expected a list in the fedps record, got {value!r}")
-    return [_float(v) for v in value]
 
 
 class _ClientCache:
@@ -477,9 +439,8 @@ class _ClientCache:
         self._clients: OrderedDict[tuple[int, int], FlowerClient] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, config: FedPSConfig, context: Context, state: _NodeState) -> FlowerClient:
+    def get(self, config: FedPSConfig, context: Context, signer: BlockSigner) -> FlowerClient:
         key = (context.run_id, context.node_id)
-        signer = state.signer()
         with self._lock:
             client = self._clients.pop(key, None)
         if client is None or client.signing_key != signer.public_key or client.config != config:
@@ -580,30 +541,33 @@ class FlowerNode:
             return _reply(self._push(task, context), message)
         return _reply(self._train(task, context, local), message)
 
-    def _prepare(self, context: Context) -> tuple[_NodeState, FlowerClient]:
-        config = self._config
-        resolved = config if isinstance(config, FedPSConfig) else (config or _config_of)(context)
-        state = _NodeState.load(context)
-        return state, self._cache.get(resolved, context, state)
-
     @contextmanager
     def _session(self, context: Context) -> Iterator[tuple[_NodeState, FlowerClient]]:
         """The node's state and client for one message.
 
-        The client is released after it (a cached node keeps no connection between messages).
+        The node's state folder is open (and locked) for the message, and its client resumes its
+        accountant from the ledger there; the client is released after it (a cached node keeps no
+        connection between messages).
         """
-        state, client = self._prepare(context)
-        try:
-            yield state, client
-        finally:
-            if self._cache_size == 0:
-                client.shutdown()
-            else:
-                client.detach()
+        config = self._config
+        resolved = config if isinstance(config, FedPSConfig) else (config or _config_of)(context)
+        index = _partition(context)
+        identity = resolved.tls.name or f"client-{index}"
+        folder = ClientState.open(default_state_dir(resolved, identity), identity=identity)
+        with closing(folder):
+            client = self._cache.get(resolved, context, folder.signer)
+            try:
+                client.use_state(folder)
+                yield _NodeState.load(context), client
+            finally:
+                if self._cache_size == 0:
+                    client.shutdown()
+                else:
+                    client.detach()
 
     def _register(self, message: Message, context: Context) -> Message:
-        _, client = self._prepare(context)
-        values: dict[str, ConfigRecordValues] = {**client.registration().to_record()}
+        with self._session(context) as (_, client):
+            values: dict[str, ConfigRecordValues] = {**client.registration().to_record()}
         return Message(RecordDict({RECORD_KEY: ConfigRecord(values)}), reply_to=message)
 
     def _train(self, task: FlowerTask, context: Context, local: LocalTrain | None) -> RoundReport:
@@ -620,8 +584,6 @@ class FlowerNode:
             if prepared is None:
                 _log.info("%s: nothing committed for round %d", client.name, task.round)
                 return client.idle_report(task.round)
-            # the epsilon it reports
-            client.restore_accountant(state.history, run_id=state.run_id)
             report = client.push_task(task, prepared, timeout_s=self._timeout_s)
             state.keep(None)
             state.save(context)
@@ -636,22 +598,20 @@ def _train_round(
     timeout_s: float,
     local: LocalTrain | None,
 ) -> RoundReport:
-    """Train one round from the accountant in ``state``.
+    """Train one round from the accountant the node's ledger resumed.
 
-    Whatever happens, every DP step taken is written back to ``Context.state`` (a failed push still
-    spent the privacy).
+    Whatever happens, the round is marked trained in ``Context.state`` once it took a DP step
+    (the ledger recorded the spend before the round trained).
     """
-    before = state.history
-    client.restore_accountant(before, run_id=state.run_id)
+    before = client.accountant_history()
     report: RoundReport | None = None
     try:
         report = client.train_task(task, timeout_s=timeout_s, local=local)
         state.keep(client.pending)
         return report
     finally:
-        state.history = tuple(client.accountant_history())
-        state.run_id = client.accountant_run
-        if state.history != before or (report is not None and report.budget_exhausted):
+        spent = client.accountant_history() != before
+        if spent or (report is not None and report.budget_exhausted):
             state.last_round = task.round
         state.save(context)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from clients.client_session import ClientSession, Uplink, read_enrolment_token
 from clients.client_setup import client_partition
-from clients.client_state import ClientState, data_fingerprint
+from clients.client_state import ClientState, DataSource
 from clients.dp_trainer import create_trainer
 from clients.peer_failures import PeerFailures
 from clients.privacy_ledger import PrivacyLedger
@@ -52,7 +52,7 @@ def client_parts(
     ledger = PrivacyLedger(
         ClientState.in_memory(identity),
         trainer,
-        data=data_fingerprint(own),
+        data=DataSource.of(own),
         privacy=config.privacy,
         name=f"edge-{index}",
     )

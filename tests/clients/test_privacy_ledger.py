@@ -1,6 +1,7 @@
 """A client's privacy spend kept in step with its ledger (clients/privacy_ledger.py): recorded
-before a round trains, resumed after a restart and across changed data, and counted for the
-rounds a client-level client sat out. Real trainers, real state folders."""
+before a round trains, resumed after a restart and across changed data that shares rows (not
+across data that shares none), and counted for the rounds a client-level client sat out. Real
+trainers, real state folders."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from clients.client_state import ClientState
-from clients.dp_trainer import ClientLevelTrainer, Trainer, create_trainer
-from clients.privacy_ledger import EXTERNAL_DATA, PrivacyLedger
+from clients.client_state import ClientState, DataSource
+from clients.dp_trainer import ClientLevelTrainer, PrivacySpend, Trainer, create_trainer
+from clients.privacy_ledger import EXTERNAL_DATA, PrivacyLedger, largest
 from fedps.config import FedPSConfig, load_config
 from fedps.learning.datasets import Dataset, load_dataset
 from fedps.learning.models import create_model
@@ -36,7 +37,9 @@ def _trainer(data: Dataset, config: FedPSConfig) -> Trainer:
     return create_trainer(model, data, training=config.training, privacy=config.privacy)
 
 
-def _ledger(folder: Path, trainer: Trainer, config: FedPSConfig, data: str) -> PrivacyLedger:
+def _ledger(
+    folder: Path, trainer: Trainer, config: FedPSConfig, data: DataSource | str
+) -> PrivacyLedger:
     state = ClientState.open(folder, identity="client-0")
     return PrivacyLedger(state, trainer, data=data, privacy=config.privacy, name="edge-0")
 
@@ -114,3 +117,59 @@ def test_rounds_sat_out_count_at_client_level_only(tmp_path: Path, data: Dataset
     entry = per_client.state.spent(EXTERNAL_DATA, "client")
     assert entry is not None and entry.spend == per_client.recorded
     assert per_client.recorded.history[-1][2] == 2 and per_client.epsilon > 0
+
+
+def test_the_previous_versions_entry_for_the_same_data_is_resumed_and_taken_over(
+    tmp_path: Path, data: Dataset
+) -> None:
+    # Prepare: a spend recorded under the previous version's fingerprint of the same data
+    config = _config()
+    source = DataSource.of(data)
+    first = _ledger(tmp_path, _trainer(data, config), config, source.earlier)
+    first.record_next_round()
+    spent = first.recorded
+    first.state.close()
+
+    # Execute: the upgraded client on the same data, which then records a round
+    second = _ledger(tmp_path, _trainer(data, config), config, source)
+    resumed = second.recorded
+    second.record_next_round()
+
+    # Assert: nothing of the spend is lost, and the old entry is replaced by the new one
+    assert resumed == spent
+    assert second.state.spent(source.earlier, "example") is None
+    entry = second.state.spent(source.fingerprint, "example")
+    assert entry is not None and entry.epsilon > spent.epsilon
+    second.state.close()
+
+
+def test_data_that_shares_no_row_with_earlier_data_starts_from_zero(
+    tmp_path: Path, data: Dataset
+) -> None:
+    # Prepare: a round spent on the first 50 rows
+    config = _config()
+    low, high = (Dataset(data.x[s], data.y[s], data.num_classes, "d") for s in _HALVES)
+    first = _ledger(tmp_path, _trainer(low, config), config, DataSource.of(low))
+    first.record_next_round()
+    first.state.close()
+
+    # Execute: the client comes back with the other 50
+    second = _ledger(tmp_path, _trainer(high, config), config, DataSource.of(high))
+
+    # Assert
+    assert first.epsilon > 0 and second.epsilon == 0.0
+    second.state.close()
+
+
+_HALVES = (slice(0, 50), slice(50, 100))
+
+
+def test_the_largest_spend_covers_each_one() -> None:
+    # Prepare: one spend that covers another, and one that neither covers nor is covered by
+    small = PrivacySpend(((1.0, 0.1, 10),), 1.0, "run-1")
+    large = PrivacySpend(((1.0, 0.1, 10), (1.0, 0.2, 5), (1.0, 0.1, 5)), 2.0, "run-2")
+    other = PrivacySpend(((2.0, 0.1, 40),), 1.5, "run-3")
+
+    # Execute / Assert: the covering one as it is, with its run; else the largest stretches
+    assert largest([small, large]) == (large.history, "run-2")
+    assert largest([small, large, other]) == (((1.0, 0.1, 15), (1.0, 0.2, 5), (2.0, 0.1, 40)), "")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import signal
@@ -12,8 +14,9 @@ from pathlib import Path
 import httpx
 
 from clients.client_state import SIGNING_KEY_FILE, ClientState
+from clients.dp_trainer import PrivacySpend
 from crypto.enrolment import issue_tokens
-from fedps.config import load_config
+from fedps.config import PrivacyConfig, load_config
 from fedps.provisioning import issue_cluster_certificates
 from fedps.runtime.deployment import free_port
 
@@ -210,6 +213,36 @@ def test_client_with_a_corrupt_privacy_ledger_stops_naming_it(tmp_path: Path) ->
     assert last.startswith("fedps: error: privacy ledger")
     assert str(state / "ledger.json") in last and "corrupt" in last
     assert (state / "ledger.json").read_text() == '{"entries": ['
+
+
+def test_client_with_an_edited_ledger_and_a_recomputed_sha256_stops_naming_it(
+    tmp_path: Path,
+) -> None:
+    # Prepare: a client's state folder whose recorded spend was edited down, its checksum
+    # recomputed as a plain SHA-256 (without the folder's ledger key)
+    config = tmp_path / "client.toml"
+    config.write_text(f'[tls]\ninsecure = true\ndirectory = "{tmp_path / "certs"}"\n')
+    issue_tokens(tmp_path / "certs", ["client-0"])
+    state = tmp_path / "client-state"
+    folder = ClientState.open(state, identity="client-0")
+    folder.record("ab" * 32, PrivacySpend(((1.0, 0.1, 400),), 3.0), privacy=PrivacyConfig())
+    folder.close()
+    ledger = state / "ledger.json"
+    document = json.loads(ledger.read_text())
+    del document["hmac_sha256"]
+    document["entries"][0]["history"] = [[1.0, 0.1, 1]]
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+    document["hmac_sha256"] = hashlib.sha256(canonical).hexdigest()
+    ledger.write_text(json.dumps(document))
+
+    # Execute
+    result = _run("client", "--config", str(config), "--state-dir", str(state), cwd=tmp_path)
+
+    # Assert: refused as a damaged ledger is: one line that names the file
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("fedps: error: privacy ledger")
+    assert str(ledger) in last and "checksum mismatch" in last
 
 
 def test_client_with_a_flipped_bit_in_its_signing_key_stops_naming_it(tmp_path: Path) -> None:
