@@ -70,7 +70,7 @@ def _run_view(status: ClusterStatus) -> dict[str, Any]:
     table.
     """
     clients = sorted(set(status.client_epsilons) | set(status.client_rounds))
-    spent, warnings = set(status.spent_clients), list(status.privacy_warnings)
+    spent, flagged = set(status.spent_clients), set(status.flagged_clients)
     history = [_round_view(r) for r in status.history]
     if status.finished and history:
         # a client reports its epsilon once it has pushed, so reports that came after the
@@ -99,11 +99,11 @@ def _run_view(status: ClusterStatus) -> dict[str, Any]:
                 # ledger stopped it, whether a privacy warning names it
                 "reported_epsilon": status.client_reported_epsilons.get(c),
                 "spent": c in spent,
-                "warned": any(w.startswith(f"{c} ") for w in warnings),
+                "warned": c in flagged,
             }
             for c in clients
         ],
-        "privacy_warnings": warnings,
+        "privacy_warnings": list(status.privacy_warnings),
     }
 
 

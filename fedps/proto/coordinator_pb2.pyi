@@ -661,6 +661,7 @@ class ClusterStatus(_message.Message):
     CLIENT_REPORTED_EPSILONS_FIELD_NUMBER: _builtins.int
     PRIVACY_WARNINGS_FIELD_NUMBER: _builtins.int
     SPENT_CLIENTS_FIELD_NUMBER: _builtins.int
+    FLAGGED_CLIENTS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     round: _builtins.int
     version: _builtins.int
@@ -718,6 +719,10 @@ class ClusterStatus(_message.Message):
     def spent_clients(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Clients the server's ledger stopped: one more round would pass the target epsilon."""
 
+    @_builtins.property
+    def flagged_clients(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Clients a privacy warning names (their own figure below the server's, a new signing key)."""
+
     def __init__(
         self,
         *,
@@ -741,10 +746,11 @@ class ClusterStatus(_message.Message):
         client_reported_epsilons: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         privacy_warnings: _abc.Iterable[_builtins.str] | None = ...,
         spent_clients: _abc.Iterable[_builtins.str] | None = ...,
+        flagged_clients: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "client_epsilons", b"client_epsilons", "client_noise_multipliers", b"client_noise_multipliers", "client_reported_epsilons", b"client_reported_epsilons", "client_rounds", b"client_rounds", "delta", b"delta", "finished", b"finished", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "noise", b"noise", "privacy_warnings", b"privacy_warnings", "registered", b"registered", "round", b"round", "run_id", b"run_id", "shard_misses", b"shard_misses", "spent_clients", b"spent_clients", "stalled", b"stalled", "told_done", b"told_done", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "client_epsilons", b"client_epsilons", "client_noise_multipliers", b"client_noise_multipliers", "client_reported_epsilons", b"client_reported_epsilons", "client_rounds", b"client_rounds", "delta", b"delta", "finished", b"finished", "flagged_clients", b"flagged_clients", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "noise", b"noise", "privacy_warnings", b"privacy_warnings", "registered", b"registered", "round", b"round", "run_id", b"run_id", "shard_misses", b"shard_misses", "spent_clients", b"spent_clients", "stalled", b"stalled", "told_done", b"told_done", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

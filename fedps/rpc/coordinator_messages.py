@@ -258,3 +258,5 @@ class ClusterStatus(WireRecord[coordinator_pb2.ClusterStatus]):
     privacy_warnings: tuple[str, ...] = ()
     #: clients the server's ledger stopped (one more round would pass the target)
     spent_clients: tuple[str, ...] = ()
+    #: clients a privacy warning names
+    flagged_clients: tuple[str, ...] = ()

@@ -51,9 +51,10 @@ def client_lines(status: ClusterStatus) -> list[str]:
     """One line per client: the server's epsilon, and what the client says where it differs.
 
     Such as ``client-0: epsilon 2.889 (it reports 2.165), SPENT: the server's ledger stops
-    it`` (``client_epsilons`` is the server's figure).
+    it at the target, WARNED (see the privacy warnings)`` (``client_epsilons`` is the server's
+    figure).
     """
-    spent = set(status.spent_clients)
+    spent, flagged = set(status.spent_clients), set(status.flagged_clients)
     lines = []
     for client_id, figure in sorted(status.client_epsilons.items()):
         line = f"{client_id}: epsilon {figure:.3f}"
@@ -62,6 +63,8 @@ def client_lines(status: ClusterStatus) -> list[str]:
             line += f" (it reports {own:.3f})"
         if client_id in spent:
             line += ", SPENT: the server's ledger stops it at the target"
+        if client_id in flagged:
+            line += ", WARNED (see the privacy warnings)"
         lines.append(line)
     return lines
 

@@ -461,7 +461,11 @@ class ClientRegistry:
     @property
     def warnings(self) -> list[str]:
         """The privacy warnings the operator should see (the latest), oldest first."""
-        return list(self.ledger.warnings) if self.ledger is not None else []
+        return self.ledger.warned()[0] if self.ledger is not None else []
+
+    def flagged_clients(self) -> list[str]:
+        """The clients a privacy warning named, sorted."""
+        return self.ledger.warned()[1] if self.ledger is not None else []
 
     @property
     def client_noise_multipliers(self) -> dict[str, float]:

@@ -123,6 +123,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             client_reported_epsilons=c.registry.reported_epsilons,
             privacy_warnings=tuple(c.registry.warnings),
             spent_clients=tuple(c.registry.spent_clients()),
+            flagged_clients=tuple(c.registry.flagged_clients()),
         ).to_proto()
 
 

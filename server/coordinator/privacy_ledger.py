@@ -229,10 +229,8 @@ class PrivacyLedger:
         self._accounts: dict[str, _Account] = {}  # by identity
         self._keys: dict[str, str] = {}  # the last signing key (hex) each identity registered
         self._disagreed: dict[str, float] = {}  # the server figure each warning was given at
-        #: the warnings the operator should see (the latest :data:`_WARNINGS_KEPT`)
-        self.warnings: deque[str] = deque(maxlen=_WARNINGS_KEPT)
-        #: identities whose client's figure is below the server's (the last warning's)
-        self.flagged: dict[str, str] = {}
+        self._warnings: deque[str] = deque(maxlen=_WARNINGS_KEPT)  # the latest, oldest first
+        self._flagged: set[str] = set()  # the identities a warning named
         for _, payload in log.records():
             self._replay(payload)
 
@@ -488,8 +486,16 @@ class PrivacyLedger:
         """Log ``message`` about ``identity`` as a WARNING and keep it for the operator."""
         _log.warning("%s", message)
         with self._lock:
-            self.warnings.append(message)
-            self.flagged[identity] = message
+            self._warnings.append(message)
+            self._flagged.add(identity)
+
+    def warned(self) -> tuple[list[str], list[str]]:
+        """The warnings the operator should see, and the identities any warning named.
+
+        The latest 64 warnings, oldest first; the identities sorted.
+        """
+        with self._lock:
+            return list(self._warnings), sorted(self._flagged)
 
     def close(self) -> None:
         """Close the ledger's file."""

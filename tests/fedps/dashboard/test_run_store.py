@@ -287,6 +287,7 @@ def test_the_clients_table_shows_the_servers_figure_the_clients_own_and_the_warn
         client_reported_epsilons={"c0": 0.5, "c1": 1.0},
         privacy_warnings=("c0 registered with epsilon 0.5000, below 2.5000",),
         spent_clients=("c0",),
+        flagged_clients=("c0",),
     )
 
     # Execute

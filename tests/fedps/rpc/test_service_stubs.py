@@ -126,6 +126,7 @@ RECORDS = [
         client_reported_epsilons={"client-0": 0.5},
         privacy_warnings=("client-0 registered with a new signing key",),
         spent_clients=("client-0",),
+        flagged_clients=("client-0",),
     ),
 ]
 

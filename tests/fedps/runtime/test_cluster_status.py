@@ -22,6 +22,7 @@ def test_a_client_line_gives_the_servers_figure_and_what_the_client_says_where_i
         client_epsilons={"client-0": 2.889, "client-1": 1.5},
         client_reported_epsilons={"client-0": 2.165, "client-1": 1.5},
         spent_clients=("client-0",),
+        flagged_clients=("client-0",),
     )
 
     # Execute
@@ -30,6 +31,6 @@ def test_a_client_line_gives_the_servers_figure_and_what_the_client_says_where_i
     # Assert
     assert lines == [
         "client-0: epsilon 2.889 (it reports 2.165), SPENT: the server's ledger stops it at "
-        "the target",
+        "the target, WARNED (see the privacy warnings)",
         "client-1: epsilon 1.500",
     ]

@@ -186,8 +186,7 @@ def test_a_client_below_the_server_figure_is_warned_about_once_per_change(
     assert lines[0].startswith("client-0 registered with epsilon 0.0000, below ")
     assert f"below {epsilon(1.1, 0.05, 40, DELTA):.4f}" in lines[0]  # its last round aside
     assert lines[1].startswith("client-0 reports epsilon 0.2000")
-    assert list(ledger.warnings) == lines
-    assert set(ledger.flagged) == {"client-0"}
+    assert ledger.warned() == (lines, ["client-0"])
 
 
 def test_a_damaged_ledger_stops_the_coordinator(tmp_path: Path) -> None:
