@@ -39,7 +39,12 @@ from types import MappingProxyType
 from crypto.enrolment import ENROLMENT_KEY_FILE, load_enrolment_key, verify_token
 from crypto.signing import is_weak_key
 from fedps.config import TlsConfig
-from fedps.errors import InvalidArgumentError, UnauthenticatedError, UnknownClientError
+from fedps.errors import (
+    InvalidArgumentError,
+    PeerUnavailableError,
+    UnauthenticatedError,
+    UnknownClientError,
+)
 from server.coordinator.privacy_ledger import Declaration, PrivacyLedger
 
 __all__ = ["ClientRegistry", "RegisteredClient"]
@@ -413,6 +418,41 @@ class ClientRegistry:
         """What each registered one of ``client_ids`` declared, by client id."""
         with self._lock:
             return {c: self._clients[c].declaration() for c in client_ids if c in self._clients}
+
+    def record_released(
+        self,
+        run_id: str,
+        round_: int,
+        contributors: Iterable[str],
+        noise_multiplier: float = 0.0,
+        *,
+        stop: threading.Event,
+    ) -> bool:
+        """Record round ``round_`` in the privacy ledger, retried until written.
+
+        ``contributors``: who the key holder applied it with (none: nothing released), each
+        with what it declared; at client level every registered client counts the round.
+        Returns False only if ``stop`` is set first (a restarted coordinator records the round:
+        the key holder repeats its answer).
+        """
+        if self.ledger is None:  # no server-side ledger: the clients' own figures only
+            return True
+        delay = 0.5
+        while True:
+            try:
+                self.ledger.record_round(
+                    run_id,
+                    round_,
+                    contributors=self.declarations(contributors),
+                    members=self.declarations(self.clients),
+                    noise_multiplier=noise_multiplier,
+                )
+                return True
+            except PeerUnavailableError as exc:  # e.g. a full disk: nothing was recorded
+                _log.error("round %d: %s; retrying in %.1f s", round_, exc, delay)
+                if stop.wait(delay):
+                    return False
+                delay = min(2 * delay, 30.0)
 
     def most_examples(self, cohort: Iterable[str]) -> int:
         """The largest example count among the registered members of ``cohort``."""

@@ -16,11 +16,9 @@ aggregate of exactly those clients, applies it and publishes the next version; o
 round is abandoned and its sums are discarded, never decrypted.
 
 Each client's privacy spend arrives with its calls (a client records what a round will spend,
-and says so, before it trains); the registry keeps the largest each client reported. The
-server's own figure comes from its privacy ledger (:mod:`.privacy_ledger`): each applied
-round is recorded there, with the exact contributor set the key holder applied it with, before
-the round counts as applied (at client level every finished global round, for every
-registered client); a client the ledger says is out of budget is not drawn.
+and says so, before it trains), a second opinion: the server's privacy ledger
+(:mod:`.privacy_ledger`) records each applied round with its exact contributors before the round
+counts, and a client it says is out of budget is not drawn.
 Every ``eval_every`` rounds the published model is pulled from the shards and evaluated on the
 held-out split. The state is checkpointed (atomically) when a round opens (with its cohort
 and deadline), when its commitments freeze, when it starts closing, every
@@ -34,20 +32,14 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict
 from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedps.errors import (
-    FedPSError,
-    PeerUnavailableError,
-    PolicyError,
-    QuarantinedError,
-    ShardStalledError,
-)
+from fedps.errors import FedPSError, PolicyError, QuarantinedError, ShardStalledError
 from fedps.learning.tasks import Task, check_dp_trainable
 from fedps.round_timer import KEYHOLDER_PHASES, RoundTimer
 from fedps.rpc.coordinator_messages import RETRY_AFTER_S, Assignment, RoundSummary
@@ -60,7 +52,7 @@ from server.coordinator.cluster_peers import ClusterPeers
 from server.coordinator.cohort_sampler import CohortSampler
 from server.coordinator.coordinator_settings import CoordinatorSettings
 from server.coordinator.evaluator import Evaluator
-from server.coordinator.privacy_ledger import PrivacyLedger, start_new_ledger
+from server.coordinator.privacy_ledger import open_ledger
 from server.coordinator.round_phases import RoundPhases
 from server.coordinator.round_policy import create_round_policy
 from server.coordinator.round_record import (
@@ -82,8 +74,6 @@ if TYPE_CHECKING:
 __all__ = ["Assignment", "Coordinator", "RoundRecord"]
 
 _log = logging.getLogger("fedps")
-
-_WAIT_S = RETRY_AFTER_S
 
 
 class Coordinator:
@@ -211,9 +201,8 @@ class Coordinator:
             The task: its model's initial parameters start the run, and its evaluation data,
             if any, evaluates every published model.
         new_ledger
-            Start a new privacy ledger (the old one is set aside, with a WARNING): every
-            client's epsilon starts again from 0. Only for a new run; ignored, with a
-            WARNING, while a run is in progress (its checkpoint is in ``state_dir``).
+            Start a new privacy ledger, every client's epsilon from 0: only for a new run
+            (:func:`~.privacy_ledger.open_ledger`).
 
         Raises
         ------
@@ -232,20 +221,11 @@ class Coordinator:
         num_params = evaluator.initial_vector().size
         store = CheckpointStore(state_dir)
         checkpoint = store.load(num_params=num_params)
-        if new_ledger:
-            try:
-                start_new_ledger(state_dir)
-            except FedPSError as exc:
-                _log.warning("--new-ledger ignored: %s", exc)
-        ledger = PrivacyLedger.open(
-            state_dir,
-            privacy=settings.privacy,
-            training=settings.training,
-            fsync=settings.cluster.fsync,
-        )
-        liveness_s = max(30.0, 3 * settings.training.deadline_s)
         registry = ClientRegistry(
-            settings.tls, num_params=num_params, liveness_s=liveness_s, ledger=ledger
+            settings.tls,
+            num_params=num_params,
+            liveness_s=max(30.0, 3 * settings.training.deadline_s),
+            ledger=open_ledger(state_dir, settings, new=new_ledger),
         )
         return cls(
             settings, evaluator=evaluator, registry=registry, store=store, checkpoint=checkpoint
@@ -424,7 +404,7 @@ class Coordinator:
                     _log.warning("fewer than min_quorum clients have privacy budget left")
                     self._stop.set()
                     return None
-                self._changed.wait(timeout=_WAIT_S)
+                self._changed.wait(timeout=RETRY_AFTER_S)
         return None
 
     def _all_back(self, live: list[str]) -> bool:
@@ -526,7 +506,8 @@ class Coordinator:
         except FedPSError:  # only once stopping: every other answer is asked again
             return False
         contributors = applied.contributors or tuple(sorted(accepted))  # an older key holder
-        if not self._record_released(opened.round, contributors, applied.noise_multiplier):
+        released = (opened.round, contributors, applied.noise_multiplier)
+        if not self.registry.record_released(self.run_id, *released, stop=self._stop):
             return False  # stopping: a restart records the round (the key holder repeats it)
         self.version = applied.version
         record.version = applied.version
@@ -540,34 +521,6 @@ class Coordinator:
             for name, seconds in known_phases(applied.phase_seconds, KEYHOLDER_PHASES).items():
                 self._timer.add(name, seconds)
         return True
-
-    def _record_released(
-        self, round_: int, contributors: Iterable[str], noise_multiplier: float = 0.0
-    ) -> bool:
-        """Record round ``round_`` in the privacy ledger, retried until written; False: stopping.
-
-        ``contributors``: who the key holder applied it with (none: nothing released); at
-        client level every registered client counts the round.
-        """
-        registry, ledger = self.registry, self.registry.ledger
-        if ledger is None:  # no server-side ledger: the clients' own figures only
-            return True
-        delay = 0.5
-        while True:
-            try:
-                ledger.record_round(
-                    self.run_id,
-                    round_,
-                    contributors=registry.declarations(contributors),
-                    members=registry.declarations(registry.clients),
-                    noise_multiplier=noise_multiplier,
-                )
-                return True
-            except PeerUnavailableError as exc:  # e.g. a full disk: nothing was recorded
-                _log.error("round %d: %s; retrying in %.1f s", round_, exc, delay)
-                if self._stop.wait(delay):
-                    return False
-                delay = min(2 * delay, 30.0)
 
     def _refused(self, opened: OpenRound, record: RoundRecord, exc: PolicyError) -> None:
         """The key holder refused ``opened``.
@@ -604,7 +557,7 @@ class Coordinator:
         round_ = record.round
         if record.abandoned and self.settings.privacy.level == "client":
             # every global round counts at client level, released or not
-            self._record_released(round_, ())
+            self.registry.record_released(self.run_id, round_, (), stop=self._stop)
         self.round = round_
         evaluate = not record.abandoned and (
             round_ % self._training.eval_every == 0 or round_ == self._training.rounds

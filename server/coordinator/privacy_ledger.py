@@ -40,12 +40,14 @@ from fedps.config import PrivacyConfig, TrainingConfig
 from fedps.errors import CorruptStateError, FedPSError
 from fedps.learning.accounting import client_level_noise, epsilon_of_history
 from fedps.storage.record_log import RecordLog
+from server.coordinator.coordinator_settings import CoordinatorSettings
 
 __all__ = [
     "LEDGER_DIR",
     "Declaration",
     "PrivacyLedger",
     "Release",
+    "open_ledger",
     "start_new_ledger",
 ]
 
@@ -152,6 +154,39 @@ def start_new_ledger(state_dir: Path) -> Path | None:
         aside,
     )
     return aside
+
+
+def open_ledger(state_dir: Path, settings: CoordinatorSettings, *, new: bool) -> PrivacyLedger:
+    """The coordinator's ledger (:meth:`PrivacyLedger.open`), a new one first if ``new``.
+
+    A new ledger sets the old one aside (:func:`start_new_ledger`); asked for while a run is in
+    progress, it is not started, with a WARNING.
+
+    Parameters
+    ----------
+    state_dir
+        The coordinator's state folder.
+    settings
+        The coordinator's settings (the run's privacy and training, whether to fsync).
+    new
+        Start a new ledger (``--new-ledger``).
+
+    Returns
+    -------
+    PrivacyLedger
+        The ledger, with every record replayed.
+    """
+    if new:
+        try:
+            start_new_ledger(state_dir)
+        except FedPSError as exc:
+            _log.warning("--new-ledger ignored: %s", exc)
+    return PrivacyLedger.open(
+        state_dir,
+        privacy=settings.privacy,
+        training=settings.training,
+        fsync=settings.cluster.fsync,
+    )
 
 
 def _merged(entries: Iterable[tuple[float, float, int]]) -> _History:

@@ -37,8 +37,6 @@ __all__ = ["RoundPhases"]
 
 _log = logging.getLogger("fedps")
 
-_WAIT_S = RETRY_AFTER_S
-
 
 class RoundPhases:
     """Runs a round's commit and push phases with the key holder, the shards and the cohort.
@@ -302,4 +300,4 @@ class RoundPhases:
 
     def _wait(self, opened: OpenRound) -> None:
         """Wait for a change (holding the lock), at most until ``opened``'s deadline."""
-        self._changed.wait(timeout=min(_WAIT_S, max(0.0, opened.deadline - time.time())))
+        self._changed.wait(timeout=min(RETRY_AFTER_S, max(0.0, opened.deadline - time.time())))

@@ -30,7 +30,6 @@ from server.coordinator.round_record import (
 
 __all__ = ["MAX_HOLD_S", "TaskDesk"]
 
-_WAIT_S = RETRY_AFTER_S
 #: The longest a ``GetTask`` call is held while its answer would be WAIT (a long poll).
 MAX_HOLD_S = 5.0
 
@@ -239,7 +238,7 @@ class TaskDesk:
                     return True
                 if self.round >= round_:
                     return False
-                self._changed.wait(timeout=_WAIT_S)
+                self._changed.wait(timeout=RETRY_AFTER_S)
         return False
 
     def reported_in_open_round(self) -> int:
