@@ -358,12 +358,6 @@ class KeyHolder:
                 self._save_state()
 
     @property
-    def released(self) -> dict[int, RoundResult]:
-        """What each applied round released, by round (a copy)."""
-        with self._lock:
-            return dict(self._released)
-
-    @property
     def quarantined(self) -> list[str]:
         """Shards caught tampering ``max_detections`` times or more."""
         return self.suspects.quarantined

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from clients.edge_client import EdgeClient
 from fedps.learning.accounting import epsilon
+from server.keyholder.keyholder import KeyHolder
+from server.keyholder.state_store import RoundResult
 from tests.conftest import run_clients, start_cluster
 from tests.in_process_cluster import Cluster
 from tests.waiting import HANG_S
@@ -46,11 +49,24 @@ def _train_until(client: EdgeClient, cluster: Cluster, round_: int) -> None:
         client.close()
 
 
-def _released_epsilon(cluster: Cluster, steps_per_round: int, sample_rate: float) -> float:
-    """Epsilon of the rounds the key holder applied with ``CLIENT``, recomputed."""
-    released = [r for r in cluster.keyholder.released.values() if CLIENT in r.contributors]
-    assert cluster.config.privacy.delta == DELTA
-    return epsilon(NOISE, sample_rate, steps_per_round * len(released), DELTA)
+def _releases(keyholder: KeyHolder) -> dict[int, RoundResult]:
+    """What each round the key holder applies from now on released, by round (filled as
+    the rounds are applied)."""
+    released: dict[int, RoundResult] = {}
+    apply_round = keyholder.apply_round
+
+    def recording(round_: int, *args: Any, **kwargs: Any) -> RoundResult:
+        result = apply_round(round_, *args, **kwargs)
+        released.setdefault(round_, result)
+        return result
+
+    keyholder.apply_round = recording  # type: ignore[method-assign]
+    return released
+
+
+def _with_client(released: dict[int, RoundResult]) -> list[RoundResult]:
+    """The released rounds that ``CLIENT`` contributed to."""
+    return [r for r in released.values() if CLIENT in r.contributors]
 
 
 def test_a_client_on_a_fresh_state_folder_cannot_lower_the_reported_epsilon(
@@ -62,6 +78,7 @@ def test_a_client_on_a_fresh_state_folder_cannot_lower_the_reported_epsilon(
         training=_TRAINING,
         privacy={"noise_multiplier": NOISE},
     )
+    released = _releases(cluster.keyholder)
     try:
         first = EdgeClient.open(cluster.config, index=0, state_dir=tmp_path / "first")
         steps_per_round = first.trainer.steps_per_round  # type: ignore[attr-defined]
@@ -74,7 +91,9 @@ def test_a_client_on_a_fresh_state_folder_cannot_lower_the_reported_epsilon(
         reported = cluster.coordinator.client_epsilons[CLIENT]
         largest = cluster.coordinator.max_epsilon[0]
         history = list(cluster.coordinator.history)
-        recomputed = _released_epsilon(cluster, steps_per_round, sample_rate)
+        assert cluster.config.privacy.delta == DELTA
+        rounds = len(_with_client(released))
+        recomputed = epsilon(NOISE, sample_rate, steps_per_round * rounds, DELTA)
         warnings = cluster.coordinator.registry.warnings
     finally:
         cluster.stop()
@@ -107,6 +126,7 @@ def test_a_client_on_a_fresh_state_folder_is_stopped_at_its_target_by_the_server
     )
     training = cluster.config.training.model_copy(update={"rounds": budget})
     own = cluster.config.model_copy(update={"training": training})
+    applied = _releases(cluster.keyholder)
     try:
         first = EdgeClient.open(own, index=0, state_dir=tmp_path / "first")
         steps_per_round = first.trainer.steps_per_round  # type: ignore[attr-defined]
@@ -116,7 +136,7 @@ def test_a_client_on_a_fresh_state_folder_is_stopped_at_its_target_by_the_server
         # Execute: it comes back on a fresh state folder, which says it spent nothing
         fresh = EdgeClient.open(own, index=0, state_dir=tmp_path / "fresh")
         (summary,) = run_clients([fresh])  # the server tells it the run is done for it
-        released = [r for r in cluster.keyholder.released.values() if CLIENT in r.contributors]
+        released = _with_client(applied)
         reported = cluster.coordinator.client_epsilons[CLIENT]
         spent = cluster.coordinator.registry.spent_clients()
         live = cluster.coordinator.registry.live()
