@@ -219,12 +219,15 @@ class Decryptor:
         """Flood and round decrypted sums, then refuse them if one breaks the clipping bound.
 
         ``summed`` holds one row per block of ``blocks``, each a sum of ciphertexts weighted by
-        integer ``multipliers`` (all 1 in sync rounds).
+        integer ``multipliers`` (all 1 in sync rounds). Quantized packing rounds each sum to
+        the integer it must be and unpacks it instead of flooding (:meth:`_unpack_fields`).
         """
         settings = self._settings
         margin = 0.0
         contributors = sum(multipliers)  # every value is at most this x max_abs_value
-        if settings.encrypted and settings.flood_bits > 0:
+        if settings.packing is not None:  # exact integers: nothing of the error to flood
+            summed = self._unpack_fields(summed, contributors, sum(m * m for m in multipliers))
+        elif settings.encrypted and settings.flood_bits > 0:
             # the error of sum m_i c_i grows with sqrt(sum m_i^2), not sqrt(sum m_i)
             sigma = 2.0**settings.flood_bits * decryption_error_bound(
                 self.keys.public.params, sum(m * m for m in multipliers)
@@ -241,6 +244,23 @@ class Decryptor:
                 "to apply"
             )
         return summed
+
+    def _unpack_fields(
+        self, summed: np.ndarray, contributors: int, noise_weight: float
+    ) -> np.ndarray:
+        """Packed sums, rounded, split into their fields and dequantized (``(B, K V)`` values).
+
+        Each sum is rounded to its integer, refused if it is farther from it than the proven
+        decryption error (then nothing of the error is released: flooding has nothing to hide)
+        or if a field overflowed (:meth:`crypto.quantized_packing.QuantizedPacking.unpack`).
+        """
+        packing = self._settings.packing
+        assert packing is not None
+        try:
+            sums = packing.unpack(summed, contributors=contributors, noise_weight=noise_weight)
+        except InvalidArgumentError as exc:
+            raise PolicyError(f"{exc}; refusing to apply") from exc
+        return packing.dequantize(sums, contributors)
 
     # ------------------------------------------------------------------ key rotation
     def rotation_due(self, last_round: int) -> bool:
