@@ -17,11 +17,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from crypto import bitpack
+from crypto.canary import canary_bound
+from crypto.ckks_encoder import CkksEncoder
+from crypto.params import TAIL_SIGMAS
 from crypto.quantized_packing import QuantizedPacking
 from fedps.errors import PolicyError
 from tests.round_driver import HandClient
 from tests.security.arena import PARAMS, VERSION, Arena, open_arena
-from tests.security.test_key_material import _change, _malicious
+from tests.security.test_key_material import BLOCK, SHIFT, _change, _malicious, _secret
 
 pytestmark = [pytest.mark.attack, pytest.mark.integration]
 
@@ -131,3 +135,75 @@ def test_a_field_past_its_headroom_gets_the_round_refused(arena: Arena) -> None:
 
     # Execute / Assert
     _refused(arena, 1, clients, "overflowed")
+
+
+def _probe(arena: Arena, mallory: HandClient, coefficient: int, secret_weight: float) -> None:
+    """Mallory's block 1 becomes a noiseless ``(m + delta X^j, D X^SHIFT)``, committed honestly.
+
+    Decrypted, coefficient ``j`` of the round's sum is off its integer by ``delta + D s_(j-SHIFT)``
+    plus the others' error: ``D`` stays below the canaries' bound (every canary passes) and
+    ``delta`` puts the residual past the off-grid bound exactly when ``s_(j-SHIFT) = 1``.
+    """
+    params, q = arena.public.params, arena.public.modulus
+    n = params.poly_modulus_degree
+    canary = canary_bound(params, secret_weight)
+    change = int(canary * (1 - 6.5 / TAIL_SIGMAS))  # 6.5 sigmas of the canaries' own noise
+    grid = params.error_bound(secret_weight) * params.scale  # the off-grid bound, coefficients
+    arena.driver.encrypt(mallory, 0)  # block 0 stays honest
+    values = mallory.update.reshape(-1, params.values_per_block)[BLOCK].copy()
+    values[params.value_positions.index(coefficient)] += (grid - change / 2) / params.scale
+    c0 = CkksEncoder(params, q).encode(values[None, :])[0]
+    t = _change(arena, "monomial", change)
+    c1 = np.array([int(v) % q for v in t], dtype=np.uint64)
+    mallory.coefficients = mallory.coefficients.copy()
+    mallory.coefficients[BLOCK] = np.concatenate([c0, c1])
+    mallory.packed = dict(mallory.packed)
+    rows = mallory.coefficients[BLOCK : BLOCK + 1]
+    mallory.packed[BLOCK] = bitpack.pack_rows(rows, arena.public.coeff_bits)[0]
+    mallory.signed_round = -1
+
+
+def test_the_off_grid_refusal_reads_one_key_at_most_once(arena: Arena) -> None:
+    """The off-grid check's accept/refuse decision depends on the secret key.
+
+    A client alone (no shard) offsets one coefficient of its own plaintext and adds a change
+    to ``c1`` below the canaries' bound: whether the round is refused then says whether one
+    chosen coefficient of ``s`` is 1, and nobody is blamed, so it may ask every round. The
+    decision cannot be made independent of ``s`` (telling the client apart would mean
+    decrypting its update alone), so a refusal must end the key: under one key the decisions
+    are then a run of accepted rounds and at most one refusal, a few bits of a key that is
+    never used again, instead of one chosen coefficient of ``s`` per round.
+    """
+    # Prepare: probe a coefficient of s that is 1 (refused), 1 again, 0, 1, 0 and -1
+    plan = [1, 1, 0, 1, 0, -1]
+    outcomes: list[tuple[str, bool, bool]] = []
+    for round_, wanted in enumerate(plan, start=1):
+        kh = arena.keyholder
+        arena.driver.public = kh.keys.public  # after a rotation, the new context
+        version, context = kh.version, kh.context_id
+        clients, _ = _quantized_clients(arena, ["client-0", "client-1", "mallory"], at=version)
+        secret = _secret(arena)
+        params = arena.public.params
+        coefficient = next(
+            j for j in params.value_positions[::-1] if j >= SHIFT and secret[j - SHIFT] == wanted
+        )
+        _probe(arena, clients[-1], coefficient, 3.0)
+
+        # Execute
+        arena.driver.committed_round(round_, version, clients)
+        try:
+            arena.driver.apply(round_, version, clients)
+            refused = False
+        except PolicyError as exc:
+            assert "farther from an integer" in str(exc)
+            refused = True
+        outcomes.append((context, wanted == 1, refused))
+
+    # Assert: the decision is s's (every probe, or all but one: the others' error is random),
+    # nobody is blamed, and no key answers a probe after it refused one
+    assert sum(w == r for _, w, r in outcomes) >= len(plan) - 1, outcomes
+    assert arena.keyholder.blamed == {} and arena.keyholder.detections == {}
+    refusals_per_key: dict[str, int] = {}
+    for context, _, refused in outcomes:
+        assert refusals_per_key.get(context, 0) == 0, "a key answered after a refusal"
+        refusals_per_key[context] = refusals_per_key.get(context, 0) + refused
