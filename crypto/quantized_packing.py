@@ -28,7 +28,17 @@ import numpy as np
 from crypto.params import CkksParams, packing_params
 from fedps.errors import ConfigError, InvalidArgumentError
 
-__all__ = ["QuantizedPacking"]
+__all__ = ["OffGridError", "QuantizedPacking"]
+
+
+class OffGridError(InvalidArgumentError):
+    """A decrypted sum farther from an integer than the decryption error allows.
+
+    Unlike an overflow, whether a sum is refused this way depends on the decryption error, so on
+    the secret key: a client can aim a change below the canaries' bound and an offset of its own
+    plaintext so that the refusal tells one coefficient of ``s`` (docs/crypto.md, *Quantized
+    packing*).
+    """
 
 
 @dataclass(frozen=True)
@@ -223,9 +233,10 @@ class QuantizedPacking:
 
         Raises
         ------
+        OffGridError
+            A value farther from an integer than the decryption error allows.
         InvalidArgumentError
-            A value farther from an integer than the decryption error allows, or an overflow:
-            a negative sum, or a field above ``n (2^B - 1)``.
+            An overflow: a negative sum, or a field above ``n (2^B - 1)``.
         """
         if not 1 <= contributors <= self.max_clients:
             raise InvalidArgumentError(
@@ -234,7 +245,7 @@ class QuantizedPacking:
         nearest = np.rint(rows)
         bound = self.params.error_bound(noise_weight)
         if rows.size and float(np.abs(rows - nearest).max()) > bound:
-            raise InvalidArgumentError(
+            raise OffGridError(
                 "a decrypted packed sum is farther from an integer than the decryption error "
                 "allows (a value off the grid, or a change to the ciphertext)"
             )

@@ -33,6 +33,7 @@ import numpy as np
 
 from crypto import PLAINTEXT_CONTEXT_ID, PlainContext, SecretContext, unpack_blocks
 from crypto.canary import CanaryError
+from crypto.quantized_packing import OffGridError
 from crypto.randomness import SecureRandom
 from crypto.release import (
     decryption_error_bound,
@@ -48,7 +49,7 @@ from fedps.sharding.blocks import BlockLayout
 from server.keyholder.aggregate_verifier import AggregateVerifier
 from server.keyholder.keyholder_settings import KeyHolderSettings
 
-__all__ = ["CanaryFailureError", "Decryptor"]
+__all__ = ["CanaryFailureError", "Decryptor", "OffGridRefusalError"]
 
 _log = logging.getLogger("fedps")
 
@@ -60,6 +61,15 @@ class CanaryFailureError(CanaryError):
         super().__init__(rows, message)
         self.aggregates = aggregates
         self.blocks = sorted(aggregates)
+
+
+class OffGridRefusalError(PolicyError):
+    """A quantized sum refused as off its integer grid: a decision the secret key took part in.
+
+    The key that answered it must answer no more (:meth:`KeyHolder.apply
+    <server.keyholder.keyholder.KeyHolder.apply>` rotates it at once), so one key tells at most
+    which of its rounds was the first refused.
+    """
 
 
 class Decryptor:
@@ -258,6 +268,8 @@ class Decryptor:
         assert packing is not None
         try:
             sums = packing.unpack(summed, contributors=contributors, noise_weight=noise_weight)
+        except OffGridError as exc:
+            raise OffGridRefusalError(f"{exc}; refusing to apply, and replacing the key") from exc
         except InvalidArgumentError as exc:
             raise PolicyError(f"{exc}; refusing to apply") from exc
         return packing.dequantize(sums, contributors)

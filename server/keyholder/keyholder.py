@@ -68,7 +68,7 @@ from fedps.sharding.sparse_mask import SparseMask, sent_blocks, upload_layout
 from server.keyholder.aggregate_verifier import AggregateVerifier, TamperingError
 from server.keyholder.blame import judge
 from server.keyholder.commit_board import CommitBoard
-from server.keyholder.decryptor import Decryptor
+from server.keyholder.decryptor import Decryptor, OffGridRefusalError
 from server.keyholder.global_model import GlobalModel
 from server.keyholder.group_policy import GroupPolicy
 from server.keyholder.keyholder_settings import KeyHolderSettings
@@ -480,6 +480,8 @@ class KeyHolder:
                         contributors -= guilty
                         continue
                     self._refuse(round_, refusal)
+                    if isinstance(refusal, OffGridRefusalError):
+                        self._retire_key(round_)
                     raise refusal from exc
             if mask is not None:  # the packed average, back to the coordinates sent
                 delta = mask.scatter(delta)
@@ -532,6 +534,19 @@ class KeyHolder:
             self._save_state()
         except OSError as exc:  # the check fails the same way if the round is asked again
             _log.error("round %d: cannot record the refusal (%s)", round_, exc.strerror or exc)
+
+    def _retire_key(self, round_: int) -> None:
+        """Replace the key pair that refused ``round_`` off its grid, a decision ``s`` took part in.
+
+        A client can aim that decision at one coefficient of ``s`` (docs/crypto.md, *Quantized
+        packing*), and it names nobody, so the client may ask every round: a refusal ends the
+        key, which then tells at most which of its rounds was the first refused.
+        """
+        _log.warning(
+            "round %d: a decrypted quantized sum was off its grid; replacing the key pair",
+            round_,
+        )
+        self._decryptor.rotate(self.last_round, self._store.save_keys)
 
     # ------------------------------------------------------------------ durability
     def _save_state(self) -> None:

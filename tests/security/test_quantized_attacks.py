@@ -145,7 +145,6 @@ def _probe(arena: Arena, mallory: HandClient, coefficient: int, secret_weight: f
     ``delta`` puts the residual past the off-grid bound exactly when ``s_(j-SHIFT) = 1``.
     """
     params, q = arena.public.params, arena.public.modulus
-    n = params.poly_modulus_degree
     canary = canary_bound(params, secret_weight)
     change = int(canary * (1 - 6.5 / TAIL_SIGMAS))  # 6.5 sigmas of the canaries' own noise
     grid = params.error_bound(secret_weight) * params.scale  # the off-grid bound, coefficients
