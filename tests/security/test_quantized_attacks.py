@@ -10,6 +10,7 @@ key holder rounds) or past a field's headroom gets the round refused, with nothi
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -206,3 +207,106 @@ def test_the_off_grid_refusal_reads_one_key_at_most_once(arena: Arena) -> None:
     for context, _, refused in outcomes:
         assert refusals_per_key.get(context, 0) == 0, "a key answered after a refusal"
         refusals_per_key[context] = refusals_per_key.get(context, 0) + refused
+
+
+def _small_solution(weights: list[int], target: int, q: int) -> list[int]:
+    """``z`` in ``{-1, 0, 1}^len(weights)`` with ``sum weights_j z_j = target (mod q)``.
+
+    Repeated differencing: the target's item takes the nearest item of the pool, the rest of
+    the pool is paired (sorted, neighbours subtracted) into items a factor of its size smaller,
+    with disjoint supports, until the target's item is small; a search over signed subsets of
+    the small items left then cancels it exactly.
+    """
+
+    def centre(v: int) -> int:
+        v %= q
+        return v - q if v > q // 2 else v
+
+    def merged(a: dict[int, int], b: dict[int, int], sign: int) -> dict[int, int]:
+        out = dict(a)
+        for k, c in b.items():
+            out[k] = out.get(k, 0) + sign * c
+        return out
+
+    pool = [(centre(w), {j: 1}) for j, w in enumerate(weights)]
+    value, comb = centre(-target), {-1: 1}  # key -1: the target's coefficient
+    while abs(value) > 64 or len(pool) > 64:
+        assert len(pool) >= 16, "no small solution"
+        best = min(
+            range(len(pool)), key=lambda i: min(abs(value - pool[i][0]), abs(value + pool[i][0]))
+        )
+        v, other = pool.pop(best)
+        sign = -1 if abs(value - v) <= abs(value + v) else 1
+        value, comb = centre(value + sign * v), merged(comb, other, sign)
+        pool.sort(key=lambda item: item[0])
+        pool = [
+            (centre(b[0] - a[0]), merged(b[1], a[1], -1))
+            for a, b in zip(pool[0::2], pool[1::2], strict=False)
+        ]
+    reach: dict[int, tuple[tuple[int, dict[int, int]], ...]] = {0: ()}
+    for v, other in pool:
+        for total, used in list(reach.items()):
+            for sign in (1, -1):
+                if abs(total + sign * v) <= 1 << 12:
+                    reach.setdefault(total + sign * v, (*used, (sign, other)))
+    for sign, other in reach[-value]:
+        comb = merged(comb, other, sign)
+    flip = comb.pop(-1)
+    z = [0] * len(weights)
+    for k, c in comb.items():
+        z[k] = c * flip
+    return z
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: a shard that knows the round's challenge (from any colluding cohort client) "
+    "passes the sketch check with any aggregate plus a small correction in c0",
+)
+def test_a_shard_with_a_colluding_client_cannot_isolate_one_client(arena: Arena) -> None:
+    """The shard that owns block 1 hands over victim + mallory, leaving out client-1.
+
+    Mallory, a cohort client, gives the shard the round's challenge. The shard sees every
+    push, so it knows client-1's sketch ``<r, c_1>`` too, and adds to ``c_victim + c_mallory``
+    a correction ``Y`` in ``c0`` at the value positions, entries in {-1, 0, 1} (far below the
+    decryption error, so rounding erases it), with ``<r, Y> = <r, c_1>``: the aggregate's sketch
+    is then the sum of all three committed sketches, the manifest names all three, and the
+    canaries see two fresh ciphertexts. Released: victim + mallory, from which mallory reads
+    the victim's quantized update exactly.
+    """
+    # Prepare: an honest round, then the shard's substitute for block 1
+    packing = _packing(arena)
+    clients, quantized = _quantized_clients(arena, ["client-0", "client-1", "mallory"])
+    victim, left_out, mallory = clients
+    arena.driver.committed_round(1, VERSION, clients)
+    challenge = arena.driver.challenge(1, mallory)  # what the colluder hands its shard
+    assert challenge.count == 1
+    params, q = arena.public.params, arena.public.modulus
+    stream = hashlib.shake_256(b"fedps-sketch-v1" + challenge.seed).digest(
+        8 * challenge.coeffs_per_block
+    )
+    words = np.frombuffer(stream, dtype="<u8")
+    positions = list(params.value_positions)
+    target = int(challenge.sketch(left_out.coefficients[BLOCK : BLOCK + 1])[0, 0])
+    z = _small_solution([int(words[j]) % q for j in positions], target, q)
+    row = victim.coefficients[BLOCK].astype(object) + mallory.coefficients[BLOCK].astype(object)
+    row[positions] += np.array(z, dtype=object)
+    substitute = np.array([int(v) % q for v in row], dtype=np.uint64)[None, :]
+    committed = sum(int(challenge.sketch(c.coefficients[BLOCK : BLOCK + 1])[0, 0]) for c in clients)
+    assert int(challenge.sketch(substitute)[0, 0]) == committed % q
+    packed = bitpack.pack_rows(substitute, arena.public.coeff_bits)[0]
+    arena.tamper(BLOCK, lambda a: replace(a, ciphertext=packed))
+
+    # Execute
+    try:
+        arena.driver.apply(1, VERSION, clients)
+    except PolicyError:
+        return  # refused: nothing released
+
+    # Assert: what was released is not the victim's update with mallory's own
+    params_now = arena.keyholder.params
+    assert params_now is not None
+    start = BLOCK * packing.values_per_block
+    sums = np.rint((params_now[start:] * 3 + 3 * packing.max_abs_value) / packing.step)
+    read = sums.astype(np.int64) - quantized[2][start:]
+    assert not np.array_equal(read, quantized[0][start:]), "the victim's update was released"
