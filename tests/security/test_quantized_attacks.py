@@ -10,7 +10,6 @@ key holder rounds) or past a field's headroom gets the round refused, with nothi
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +25,7 @@ from crypto.quantized_packing import QuantizedPacking
 from fedps.errors import PolicyError
 from tests.round_driver import HandClient
 from tests.security.arena import PARAMS, VERSION, Arena, open_arena
+from tests.security.sketch_forgery import isolating_aggregate
 from tests.security.test_key_material import BLOCK, SHIFT, _change, _malicious, _secret
 
 pytestmark = [pytest.mark.attack, pytest.mark.integration]
@@ -209,55 +209,6 @@ def test_the_off_grid_refusal_reads_one_key_at_most_once(arena: Arena) -> None:
         refusals_per_key[context] = refusals_per_key.get(context, 0) + refused
 
 
-def _small_solution(weights: list[int], target: int, q: int) -> list[int]:
-    """``z`` in ``{-1, 0, 1}^len(weights)`` with ``sum weights_j z_j = target (mod q)``.
-
-    Repeated differencing: the target's item takes the nearest item of the pool, the rest of
-    the pool is paired (sorted, neighbours subtracted) into items a factor of its size smaller,
-    with disjoint supports, until the target's item is small; a search over signed subsets of
-    the small items left then cancels it exactly.
-    """
-
-    def centre(v: int) -> int:
-        v %= q
-        return v - q if v > q // 2 else v
-
-    def merged(a: dict[int, int], b: dict[int, int], sign: int) -> dict[int, int]:
-        out = dict(a)
-        for k, c in b.items():
-            out[k] = out.get(k, 0) + sign * c
-        return out
-
-    pool = [(centre(w), {j: 1}) for j, w in enumerate(weights)]
-    value, comb = centre(-target), {-1: 1}  # key -1: the target's coefficient
-    while abs(value) > 64 or len(pool) > 64:
-        assert len(pool) >= 16, "no small solution"
-        best = min(
-            range(len(pool)), key=lambda i: min(abs(value - pool[i][0]), abs(value + pool[i][0]))
-        )
-        v, other = pool.pop(best)
-        sign = -1 if abs(value - v) <= abs(value + v) else 1
-        value, comb = centre(value + sign * v), merged(comb, other, sign)
-        pool.sort(key=lambda item: item[0])
-        pool = [
-            (centre(b[0] - a[0]), merged(b[1], a[1], -1))
-            for a, b in zip(pool[0::2], pool[1::2], strict=False)
-        ]
-    reach: dict[int, tuple[tuple[int, dict[int, int]], ...]] = {0: ()}
-    for v, other in pool:
-        for total, used in list(reach.items()):
-            for sign in (1, -1):
-                if abs(total + sign * v) <= 1 << 12:
-                    reach.setdefault(total + sign * v, (*used, (sign, other)))
-    for sign, other in reach[-value]:
-        comb = merged(comb, other, sign)
-    flip = comb.pop(-1)
-    z = [0] * len(weights)
-    for k, c in comb.items():
-        z[k] = c * flip
-    return z
-
-
 @pytest.mark.xfail(
     strict=True,
     reason="open: a shard that knows the round's challenge (from any colluding cohort client) "
@@ -280,20 +231,7 @@ def test_a_shard_with_a_colluding_client_cannot_isolate_one_client(arena: Arena)
     victim, left_out, mallory = clients
     arena.driver.committed_round(1, VERSION, clients)
     challenge = arena.driver.challenge(1, mallory)  # what the colluder hands its shard
-    assert challenge.count == 1
-    params, q = arena.public.params, arena.public.modulus
-    stream = hashlib.shake_256(b"fedps-sketch-v1" + challenge.seed).digest(
-        8 * challenge.coeffs_per_block
-    )
-    words = np.frombuffer(stream, dtype="<u8")
-    positions = list(params.value_positions)
-    target = int(challenge.sketch(left_out.coefficients[BLOCK : BLOCK + 1])[0, 0])
-    z = _small_solution([int(words[j]) % q for j in positions], target, q)
-    row = victim.coefficients[BLOCK].astype(object) + mallory.coefficients[BLOCK].astype(object)
-    row[positions] += np.array(z, dtype=object)
-    substitute = np.array([int(v) % q for v in row], dtype=np.uint64)[None, :]
-    committed = sum(int(challenge.sketch(c.coefficients[BLOCK : BLOCK + 1])[0, 0]) for c in clients)
-    assert int(challenge.sketch(substitute)[0, 0]) == committed % q
+    substitute = isolating_aggregate(challenge, arena.public, BLOCK, [victim, mallory], left_out)
     packed = bitpack.pack_rows(substitute, arena.public.coeff_bits)[0]
     arena.tamper(BLOCK, lambda a: replace(a, ciphertext=packed))
 
