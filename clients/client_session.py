@@ -37,7 +37,7 @@ from clients.privacy_ledger import PrivacyLedger
 from crypto import PLAINTEXT_CONTEXT_ID, BlockEncryptor, PlainContext, PublicContext
 from crypto.enrolment import TOKEN_SUFFIX, read_token
 from crypto.signing import model_verifier
-from fedps.ckks_params import ckks_params
+from fedps.ckks_params import ckks_params, quantized_packing
 from fedps.config import FedPSConfig, TlsConfig
 from fedps.errors import ConfigError, FedPSError, InvalidArgumentError, UnknownClientError
 from fedps.rpc.coordinator_messages import (
@@ -51,7 +51,7 @@ from fedps.rpc.keyholder_stub import KeyHolderStub, verified_signing_key
 from fedps.rpc.model_reader import ModelReader
 from fedps.sharding.blocks import BlockLayout, flatten_model
 from fedps.sharding.hash_ring import HashRing
-from fedps.sharding.sparse_mask import sent_blocks
+from fedps.sharding.sparse_mask import sent_blocks, upload_layout
 
 __all__ = ["LONG_POLL_S", "ClientSession", "Uplink", "pause", "read_enrolment_token"]
 
@@ -173,6 +173,8 @@ class ClientSession:
         peer_wait_s: float,
     ) -> None:
         self.config = config
+        #: the quantized packing of ``compression.bits`` (None: one real value per coefficient)
+        self.packing = quantized_packing(config)
         self.name = name
         self.enrolment_token = enrolment_token
         self.ledger = ledger
@@ -441,6 +443,16 @@ class ClientSession:
         return _known(self._layout, "the block layout")
 
     @property
+    def upload_layout(self) -> BlockLayout:
+        """An update's blocks: the model's, or ``K`` values per coefficient (quantized packing)."""
+        return upload_layout(self.layout, self._fields)
+
+    @property
+    def _fields(self) -> int:
+        """Values per coefficient of an update."""
+        return 1 if self.packing is None else self.packing.fields
+
+    @property
     def encryptor(self) -> BlockEncryptor | PlainContext:
         """What encrypts an update under the current public context (after :meth:`join`)."""
         if self._encryptor is None:
@@ -523,8 +535,8 @@ class ClientSession:
                 self._encryptor.precompute(blocks)
 
     def _update_blocks(self, num_blocks: int) -> int:
-        """The blocks an update of a model of ``num_blocks`` blocks sends (fewer, sparsified)."""
-        return sent_blocks(num_blocks, self.config.compression.density)
+        """The blocks an update of a model of ``num_blocks`` blocks sends (fewer, compressed)."""
+        return sent_blocks(num_blocks, self.config.compression.density, self._fields)
 
     def _make_encryptor(self, context: bytes, context_id: str) -> BlockEncryptor | PlainContext:
         """An encryptor for the key holder's public context (plaintext only if we agreed)."""
@@ -540,6 +552,11 @@ class ClientSession:
         public = PublicContext.from_bytes(context)
         if public.context_id != context_id:
             raise InvalidArgumentError("public context does not match its id")
+        if self.packing is not None and public.params != self.packing.params:
+            raise ConfigError(
+                "the key holder's CKKS parameters are not those of compression.bits' packing; "
+                "give every role the same [he] and [compression] sections"
+            )
         self._values_per_block = public.params.values_per_block
         encryptor = BlockEncryptor(public)
         encryptor.precompute(self._update_blocks(-(-self.num_params // self._values_per_block)))

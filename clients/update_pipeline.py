@@ -11,7 +11,10 @@ Weighted, clipped, encrypted, committed and cut into signed push messages.
 1. weights it (:func:`aggregation_weight`: 1 with ``security.weighting = "uniform"``, the
    default; otherwise ``num_examples / weight_scale``, the cohort's largest ``num_examples``,
    at least ``security.min_weight``);
-2. clips it to ``he.max_abs_value`` (the range the CKKS parameters were sized for);
+2. clips it to ``he.max_abs_value`` (the range the CKKS parameters were sized for); with
+   ``compression.bits``, quantizes it to that many bits by stochastic rounding and packs
+   several values to a coefficient (:class:`crypto.quantized_packing.QuantizedPacking`): what
+   is encrypted, committed and sketched is the packed update;
 3. encrypts it block by block under the key holder's public context;
 4. commits to it at the key holder: the signed root of every encrypted block
    (:class:`crypto.signed_update.SignedUpdate`) and the sketch of every block under the
@@ -104,6 +107,7 @@ class UpdatePipeline:
         self.timer = timer or RoundTimer()
         self.feedback = feedback
         self._seeds: dict[int, bytes] = {}  # the challenge seed of the last round asked
+        self._rounding = np.random.default_rng()  # stochastic rounding: post-processing
 
     def prepare(
         self, round_: int, version: int, delta: np.ndarray, *, weight: float
@@ -129,6 +133,9 @@ class UpdatePipeline:
             _log.warning(
                 "%s: update clipped to +-%g for encryption", self.session.name, he.max_abs_value
             )
+        packing = self.session.packing
+        if packing is not None:
+            clipped = packing.pack(packing.quantize(clipped, self._rounding))
         with self.timer.phase("commit"):  # the encryption inside is timed apart
             committed = self._commit(round_, version, weight, clipped, mask)
         if committed is None:
@@ -146,7 +153,7 @@ class UpdatePipeline:
             self.failures.failed(KEY_HOLDER, exc, expected=isinstance(exc, RoundClosedError))
             return None
         density = self.session.config.compression.density
-        return SparseMask(self.session.layout, density, mask_seed(seed))
+        return SparseMask(self.session.upload_layout, density, mask_seed(seed))
 
     def _challenge_seed(self, round_: int) -> bytes:
         """``round_``'s challenge seed from the key holder (asked once per round)."""

@@ -32,6 +32,7 @@ __all__ = [
     "TAIL_SIGMAS",
     "CkksParams",
     "fresh_noise_proxy",
+    "packing_params",
     "rounding_proxy",
 ]
 
@@ -240,6 +241,17 @@ class CkksParams:
         return self.poly_modulus_degree - CANARIES
 
     @property
+    def wire_bits(self) -> int:
+        """Bits of one block as a client sends it: ``N (2 log2 q - d0 - d1) + 32 (d0 - dc)``.
+
+        The compressed form (:mod:`crypto.compression`), up to the rounding of each width to
+        whole bits of ``ceil(q / 2^d)``.
+        """
+        n, bits = self.poly_modulus_degree, self.coeff_modulus_bits
+        dropped = n * (self.c0_drop_bits + self.c1_drop_bits)
+        return 2 * n * bits - dropped + CANARIES * (self.c0_drop_bits - self.canary_drop_bits)
+
+    @property
     def canary_positions(self) -> tuple[int, ...]:
         """The coefficients every client encodes as zero: ``k * N / CANARIES``."""
         step = self.poly_modulus_degree // CANARIES
@@ -264,6 +276,75 @@ class CkksParams:
         encryption noise and the canonical-embedding spread.
         """
         return float(2 ** (self.coeff_modulus_bits - 2 - self.scale_bits))
+
+
+def packing_params(field_bits: int, max_clients: int) -> tuple[CkksParams, int]:
+    """The cheapest parameters that pack fields of ``field_bits`` bits, and how many per value.
+
+    A plaintext coefficient holds ``K`` fields of ``w = field_bits`` bits above ``g`` guard
+    bits: ``sum_k u_k 2^(g + k w)``, encoded as the value ``sum_k u_k 2^(k w)`` at scale
+    ``2^g`` (docs/crypto.md, *Quantized packing*). Every sum of at most ``max_clients``
+    ciphertexts must decode exactly:
+
+    - guard: the proven error of the sum, ``13 sqrt(max_clients x value_noise_proxy)``
+      (exceeded with probability below 2^-120 per value), stays below half the lowest
+      field's step: ``g = floor(log2(bound)) + 2``;
+    - headroom: the sum stays below ``q / 4``, as for real values (sign, and the margin of
+      :attr:`CkksParams.max_abs_sum`): ``log2 q = g + K w + 2``;
+    - fields: ``K = floor((limit - 2 - g) / w)``, ``limit`` the 128-bit bound for N (and
+      SEAL's 60-bit prime);
+    - security: the smallest N whose bound admits one field;
+    - wire: ``c1`` drops :data:`C1_DROP_BITS` bit, its canaries as for real values, and
+      ``c0`` the ``d0`` bits (each one raising the guard's bound) that make a value cheapest:
+      the least :attr:`CkksParams.wire_bits` per field sent.
+
+    Parameters
+    ----------
+    field_bits
+        Bits of one field: a quantized value's bits plus ``ceil(log2(max_clients))``, so the
+        sum of ``max_clients`` of them fits.
+    max_clients
+        Most ciphertexts one sum adds.
+
+    Returns
+    -------
+    tuple[CkksParams, int]
+        The parameters (``scale_bits`` is the guard ``g``) and the fields per coefficient
+        ``K`` (at least 1).
+
+    Raises
+    ------
+    ConfigError
+        No ring dimension holds one field (``K < 1``).
+    """
+    if field_bits < 1 or max_clients < 1:
+        raise ConfigError("field_bits >= 1 and max_clients >= 1")
+    for n in sorted(MAX_COEFF_BITS_128):
+        best: tuple[float, CkksParams, int] | None = None
+        limit = min(MAX_COEFF_BITS_128[n], _SEAL_MAX_PRIME_BITS)
+        c1_drop = C1_DROP_BITS
+        for c0_drop in range(limit):
+            proxy = _shared_proxy(n, c1_drop) + rounding_proxy(c0_drop)
+            guard = math.floor(math.log2(TAIL_SIGMAS * math.sqrt(proxy * max_clients))) + 2
+            fields = (limit - 2 - guard) // field_bits
+            if fields < 1 or c0_drop >= guard:
+                break  # a larger drop only raises the guard
+            params = CkksParams(
+                poly_modulus_degree=n,
+                coeff_modulus_bits=max(20, guard + 4, guard + fields * field_bits + 2),
+                scale_bits=guard,
+                c0_drop_bits=c0_drop,
+                c1_drop_bits=c1_drop,
+                canary_drop_bits=min(_canary_drop_bits(n, c1_drop), c0_drop),
+            )
+            cost = params.wire_bits / (fields * params.values_per_block)
+            if best is None or cost < best[0]:
+                best = (cost, params, fields)
+        if best is not None:
+            return best[1], best[2]
+    raise ConfigError(
+        f"a field of {field_bits} bits does not fit one coefficient at 128-bit security"
+    )
 
 
 def _shared_proxy(n: int, c1_drop_bits: int) -> float:

@@ -453,13 +453,15 @@ class MetricsConfig(_Section):
 
 
 class CompressionConfig(_Section):
-    """Shared random-k sparsification of the clients' updates (see docs/compression.md).
+    """Shared random-k sparsification and quantized packing of the clients' updates.
 
     Each round every client sends the same ``ceil(density x blocks)`` ciphertexts, filled with
     the coordinates a mask picks (the same for every client, from a seed the key holder
-    releases with the round); the key holder scatters the decrypted sum back. Off by default
-    (``density = 1``: every coordinate, no mask). A quantized packing (``bits``) is not
-    built yet and is refused by name.
+    releases with the round); the key holder scatters the decrypted sum back. With ``bits``,
+    each value sent is quantized to ``bits`` bits (stochastic rounding) and several are packed
+    into one ciphertext coefficient (:mod:`crypto.quantized_packing`). Off by default
+    (``density = 1``, no ``bits``: every coordinate, one real value per coefficient). See
+    docs/compression.md.
     """
 
     density: float = Field(
@@ -470,20 +472,23 @@ class CompressionConfig(_Section):
         description="clients keep the unsent part of each (noised) update and add it to the "
         "next one",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_bits_yet(cls, data: object) -> object:
-        if isinstance(data, Mapping) and "bits" in data:
-            raise ValueError(
-                "bits (quantized packing) is not supported yet; only density and error_feedback are"
-            )
-        return data
+    bits: int | None = Field(
+        None,
+        ge=1,
+        le=16,
+        description="quantize each value sent to this many bits and pack several to a "
+        "ciphertext coefficient (none: one real value per coefficient)",
+    )
 
     @property
     def enabled(self) -> bool:
         """Whether updates are sparsified (``density`` below 1)."""
         return self.density < 1.0
+
+    @property
+    def quantized(self) -> bool:
+        """Whether values are quantized and packed (``bits`` given)."""
+        return self.bits is not None
 
 
 class TaskConfig(_Section):
@@ -533,6 +538,8 @@ class FedPSConfig(_Section):
                 "and shards add ciphertexts slot by slot, so every update of one sum must share "
                 "one mask"
             )
+        if self.compression.quantized:
+            self._check_quantized()
         if self.metrics.shards and len(self.metrics.shards) != len(self.cluster.shards):
             raise ValueError("metrics.shards needs one address per shard (or none)")
         if self.privacy.level == "client" and self.training.mode != "sync":
@@ -554,6 +561,24 @@ class FedPSConfig(_Section):
                 "which sizes the CKKS headroom; raise he.max_clients"
             )
         return self
+
+    def _check_quantized(self) -> None:
+        """``compression.bits`` packs encrypted values of synchronous rounds, derived parameters."""
+        if not self.he.enabled:
+            raise ValueError(
+                "compression.bits packs quantized values into ciphertext coefficients; it "
+                "needs he.enabled"
+            )
+        if self.training.mode != "sync":
+            raise ValueError(
+                'compression.bits needs training.mode = "sync": staleness multipliers would '
+                "scale the packed fields past their headroom"
+            )
+        if self.he.poly_modulus_degree is not None:
+            raise ValueError(
+                "compression.bits derives the CKKS parameters from bits and he.max_clients; "
+                "leave poly_modulus_degree, coeff_modulus_bits and scale_bits unset"
+            )
 
 
 def _poisson_cohort_bound(clients: int, cohort: int) -> int:

@@ -18,7 +18,7 @@ import grpc
 
 from crypto import PLAINTEXT_CONTEXT_ID, PlainContext, PublicContext
 from crypto.signing import model_verifier
-from fedps.ckks_params import ckks_params
+from fedps.ckks_params import ckks_params, quantized_packing, upload_fields
 from fedps.config import FedPSConfig, is_loopback
 from fedps.errors import InvalidArgumentError
 from fedps.learning.accounting import client_level_noise
@@ -137,6 +137,7 @@ def keyholder_settings(config: FedPSConfig) -> KeyHolderSettings:
             client_level_noise(t, config.privacy) if config.privacy.level == "client" else None
         ),
         density=config.compression.density,
+        packing=quantized_packing(config),
     )
 
 
@@ -223,6 +224,7 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
         verify_model=verify_model,
         log=log,
         density=config.compression.density,
+        fields=upload_fields(config),
     )
     shard.recover()
     address = config.metrics.shards[index] if config.metrics.shards else ""

@@ -1,7 +1,8 @@
 """``fedps bench --compression``: one job, secure, at several compression settings in turn.
 
 Each repeat runs the job once per setting (``"1"``: whole updates; ``"0.1"``: density 0.1;
-``"0.1+ef"``: density 0.1 with error feedback), one after the other, as ``fedps demo`` runs it
+``"0.1+ef"``: density 0.1 with error feedback; ``"8bit"``: whole updates quantized to 8 bits and
+packed, ``"0.1+ef+8bit"``: all three), one after the other, as ``fedps demo`` runs it
 (:func:`fedps.bench.flower_comparison.run_fedps`), at the job's fixed noise multiplier, so every
 setting spends the same epsilon. It reports per setting the bytes per parameter each client
 pushed per round, the final accuracy and epsilon of each repeat, and the median round; and the
@@ -24,27 +25,34 @@ from fedps.errors import ConfigError, FedPSError
 
 __all__ = ["compare_compression", "parse_settings", "render_compression"]
 
-_SETTING = re.compile(r"^(?P<density>[0-9]*\.?[0-9]+)(?P<ef>\+ef)?$")
+_SETTING = re.compile(
+    r"^(?:(?P<density>[0-9]*\.?[0-9]+)(?P<ef>\+ef)?)?(?:(?(density)\+)(?P<bits>[0-9]+)bit)?$"
+)
 
 
 def parse_settings(text: str) -> list[dict[str, object]]:
-    """The ``[compression]`` sections of ``--compression`` (``"1,0.1,0.1+ef"``).
+    """The ``[compression]`` sections of ``--compression`` (``"1,0.1+ef,8bit,0.1+ef+8bit"``).
 
     Raises
     ------
     ConfigError
-        A setting that is not ``DENSITY`` or ``DENSITY+ef``, a density outside (0, 1], or no
-        setting.
+        A setting that is not ``DENSITY``, ``DENSITY+ef``, ``Bbit`` or ``DENSITY[+ef]+Bbit``,
+        a density outside (0, 1], bits outside [1, 16], or no setting.
     """
     settings: list[dict[str, object]] = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         match = _SETTING.match(part)
-        if match is None:
-            raise ConfigError(f"--compression {part!r}: give DENSITY or DENSITY+ef, e.g. 0.1+ef")
+        if match is None or not (match["density"] or match["bits"]):
+            raise ConfigError(
+                f"--compression {part!r}: give DENSITY, DENSITY+ef, Bbit or DENSITY[+ef]+Bbit, "
+                "e.g. 0.1+ef+8bit"
+            )
         setting: dict[str, object] = {
-            "density": float(match["density"]),
+            "density": float(match["density"] or 1.0),
             "error_feedback": match["ef"] is not None,
         }
+        if match["bits"]:
+            setting["bits"] = int(match["bits"])
         try:
             CompressionConfig.model_validate(setting)
         except ValidationError as exc:
@@ -58,7 +66,14 @@ def parse_settings(text: str) -> list[dict[str, object]]:
 
 def _name(setting: dict[str, object]) -> str:
     """A setting as given on the command line."""
-    return f"{setting['density']:g}" + ("+ef" if setting["error_feedback"] else "")
+    parts = (
+        [f"{setting['density']:g}"] if setting["density"] != 1.0 or "bits" not in setting else []
+    )
+    if setting["error_feedback"]:
+        parts.append("ef")
+    if "bits" in setting:
+        parts.append(f"{setting['bits']}bit")
+    return "+".join(parts)
 
 
 def compare_compression(

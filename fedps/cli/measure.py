@@ -81,10 +81,10 @@ def bench(
         Optional[str],  # noqa: UP045
         typer.Option(
             "--compression",
-            metavar="1,0.1,0.1+ef",
+            metavar="1,0.1+ef,8bit,0.1+ef+8bit",
             help="Run --jobs secure at these compression settings (DENSITY, +ef: error "
-            "feedback), alternating: bytes per parameter and accuracy (instead of the default "
-            "suite).",
+            "feedback, +Bbit: values quantized to B bits and packed), alternating: bytes per "
+            "parameter and accuracy (instead of the default suite).",
         ),
     ] = None,
 ) -> None:

@@ -7,6 +7,6 @@ sparsification (:mod:`~fedps.sharding.sparse_mask`).
 
 from fedps.sharding.blocks import BlockLayout
 from fedps.sharding.hash_ring import HashRing
-from fedps.sharding.sparse_mask import SparseMask, mask_seed, sent_blocks
+from fedps.sharding.sparse_mask import SparseMask, mask_seed, sent_blocks, upload_layout
 
-__all__ = ["BlockLayout", "HashRing", "SparseMask", "mask_seed", "sent_blocks"]
+__all__ = ["BlockLayout", "HashRing", "SparseMask", "mask_seed", "sent_blocks", "upload_layout"]

@@ -33,7 +33,7 @@ import numpy as np
 from fedps.errors import InvalidArgumentError
 from fedps.sharding.blocks import BlockLayout
 
-__all__ = ["SparseMask", "mask_seed", "sent_blocks"]
+__all__ = ["SparseMask", "mask_seed", "sent_blocks", "upload_layout"]
 
 _LABEL = b"fedps-sparse-mask-v1"
 _SEED_BYTES = 32
@@ -44,7 +44,7 @@ def mask_seed(challenge_seed: bytes) -> bytes:
     return hashlib.sha256(_LABEL + challenge_seed).digest()
 
 
-def sent_blocks(num_blocks: int, density: float) -> int:
+def sent_blocks(num_blocks: int, density: float, fields: int = 1) -> int:
     """The blocks (ciphertexts) a round sends of a model of ``num_blocks`` blocks.
 
     Parameters
@@ -53,16 +53,41 @@ def sent_blocks(num_blocks: int, density: float) -> int:
         The whole model's blocks.
     density
         The fraction of the update sent, in (0, 1].
+    fields
+        Values packed to one coefficient (quantized packing, :mod:`crypto.quantized_packing`;
+        1: one real value): an update of the whole model fills ``ceil(num_blocks / fields)``
+        blocks, which is ``ceil(num_params / (fields x values_per_block))``.
 
     Returns
     -------
     int
-        ``ceil(density x num_blocks)``, at least 1 (rounded to 9 digits first, so that 0.1 x 30
-        is 3, not 4).
+        ``ceil(density x ceil(num_blocks / fields))``, at least 1 (rounded to 9 digits first,
+        so that 0.1 x 30 is 3, not 4).
     """
     if not 0 < density <= 1:
         raise InvalidArgumentError(f"density must be in (0, 1], got {density}")
-    return min(num_blocks, max(1, math.ceil(round(density * num_blocks, 9))))
+    if fields < 1:
+        raise InvalidArgumentError(f"fields must be at least 1, got {fields}")
+    packed = -(-num_blocks // fields)
+    return min(packed, max(1, math.ceil(round(density * packed, 9))))
+
+
+def upload_layout(layout: BlockLayout, fields: int) -> BlockLayout:
+    """The layout of an update of the model of ``layout``: ``fields`` values per coefficient.
+
+    Parameters
+    ----------
+    layout
+        The model's block layout (one value per coefficient).
+    fields
+        Values packed to one coefficient (1: one real value).
+
+    Returns
+    -------
+    BlockLayout
+        ``layout.num_params`` values, ``fields x layout.values_per_block`` per ciphertext.
+    """
+    return BlockLayout(layout.num_params, fields * layout.values_per_block)
 
 
 @dataclass(frozen=True)
@@ -72,7 +97,8 @@ class SparseMask:
     Parameters
     ----------
     layout
-        The whole model's block layout.
+        The whole update's block layout: ``values_per_block`` is what one ciphertext holds
+        (``K x V`` with quantized packing, :func:`upload_layout`).
     density
         The fraction sent, in (0, 1].
     seed

@@ -33,6 +33,7 @@ import numpy as np
 
 from crypto import PLAINTEXT_CONTEXT_ID, PlainContext, SecretContext, unpack_blocks
 from crypto.canary import CanaryError
+from crypto.quantized_packing import OffGridError
 from crypto.randomness import SecureRandom
 from crypto.release import (
     decryption_error_bound,
@@ -48,7 +49,7 @@ from fedps.sharding.blocks import BlockLayout
 from server.keyholder.aggregate_verifier import AggregateVerifier
 from server.keyholder.keyholder_settings import KeyHolderSettings
 
-__all__ = ["CanaryFailureError", "Decryptor"]
+__all__ = ["CanaryFailureError", "Decryptor", "OffGridRefusalError"]
 
 _log = logging.getLogger("fedps")
 
@@ -60,6 +61,15 @@ class CanaryFailureError(CanaryError):
         super().__init__(rows, message)
         self.aggregates = aggregates
         self.blocks = sorted(aggregates)
+
+
+class OffGridRefusalError(PolicyError):
+    """A quantized sum refused as off its integer grid: a decision the secret key took part in.
+
+    The key that answered it must answer no more (:meth:`KeyHolder.apply
+    <server.keyholder.keyholder.KeyHolder.apply>` rotates it at once), so one key tells at most
+    which of its rounds was the first refused.
+    """
 
 
 class Decryptor:
@@ -219,12 +229,15 @@ class Decryptor:
         """Flood and round decrypted sums, then refuse them if one breaks the clipping bound.
 
         ``summed`` holds one row per block of ``blocks``, each a sum of ciphertexts weighted by
-        integer ``multipliers`` (all 1 in sync rounds).
+        integer ``multipliers`` (all 1 in sync rounds). Quantized packing rounds each sum to
+        the integer it must be and unpacks it instead of flooding (:meth:`_unpack_fields`).
         """
         settings = self._settings
         margin = 0.0
         contributors = sum(multipliers)  # every value is at most this x max_abs_value
-        if settings.encrypted and settings.flood_bits > 0:
+        if settings.packing is not None:  # exact integers: nothing of the error to flood
+            summed = self._unpack_fields(summed, contributors, sum(m * m for m in multipliers))
+        elif settings.encrypted and settings.flood_bits > 0:
             # the error of sum m_i c_i grows with sqrt(sum m_i^2), not sqrt(sum m_i)
             sigma = 2.0**settings.flood_bits * decryption_error_bound(
                 self.keys.public.params, sum(m * m for m in multipliers)
@@ -241,6 +254,25 @@ class Decryptor:
                 "to apply"
             )
         return summed
+
+    def _unpack_fields(
+        self, summed: np.ndarray, contributors: int, noise_weight: float
+    ) -> np.ndarray:
+        """Packed sums, rounded, split into their fields and dequantized (``(B, K V)`` values).
+
+        Each sum is rounded to its integer, refused if it is farther from it than the proven
+        decryption error (then nothing of the error is released: flooding has nothing to hide)
+        or if a field overflowed (:meth:`crypto.quantized_packing.QuantizedPacking.unpack`).
+        """
+        packing = self._settings.packing
+        assert packing is not None
+        try:
+            sums = packing.unpack(summed, contributors=contributors, noise_weight=noise_weight)
+        except OffGridError as exc:
+            raise OffGridRefusalError(f"{exc}; refusing to apply, and replacing the key") from exc
+        except InvalidArgumentError as exc:
+            raise PolicyError(f"{exc}; refusing to apply") from exc
+        return packing.dequantize(sums, contributors)
 
     # ------------------------------------------------------------------ key rotation
     def rotation_due(self, last_round: int) -> bool:

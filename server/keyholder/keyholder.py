@@ -64,11 +64,11 @@ from fedps.rpc.keyholder_messages import ModelState
 from fedps.rpc.shard_stub import ShardStub
 from fedps.sharding.blocks import BlockLayout
 from fedps.sharding.hash_ring import HashRing
-from fedps.sharding.sparse_mask import SparseMask, sent_blocks
+from fedps.sharding.sparse_mask import SparseMask, sent_blocks, upload_layout
 from server.keyholder.aggregate_verifier import AggregateVerifier, TamperingError
 from server.keyholder.blame import judge
 from server.keyholder.commit_board import CommitBoard
-from server.keyholder.decryptor import Decryptor
+from server.keyholder.decryptor import Decryptor, OffGridRefusalError
 from server.keyholder.global_model import GlobalModel
 from server.keyholder.group_policy import GroupPolicy
 from server.keyholder.keyholder_settings import KeyHolderSettings
@@ -115,7 +115,8 @@ class KeyHolder:
     Raises
     ------
     InvalidArgumentError
-        Client-level noise with a mixed policy (asynchronous updates).
+        Client-level noise with a mixed policy (asynchronous updates), or keys of other
+        parameters than the quantized packing's.
     """
 
     def __init__(
@@ -140,6 +141,11 @@ class KeyHolder:
         #: the parameters, version and last applied round, with the optimizer that steps them
         self.model = GlobalModel(optimizer, groups)
         self._publisher = ModelPublisher(self.model, shards, signer)  # every version, signed
+        if settings.packing is not None and keys.public.params != settings.packing.params:
+            raise InvalidArgumentError(
+                "the key holder's keys were made for other CKKS parameters than "
+                "compression.bits' packing; start it on a fresh state folder"
+            )
         self._decryptor = Decryptor(keys, settings)
         if not settings.encrypted:
             _log.warning("encryption is OFF: updates travel and are summed in plaintext")
@@ -158,7 +164,7 @@ class KeyHolder:
             self._decryptor.key_since = state.key_since_for(self.context_id)
             self.last_saved = state.saved_at
         if self.params is not None:
-            self._decryptor.check_rotation(self.layout.num_blocks)
+            self._decryptor.check_rotation(self.upload_layout.num_blocks)
 
     @classmethod
     def open(
@@ -208,7 +214,7 @@ class KeyHolder:
         commits = CommitBoard(
             state_dir / "commits",
             secret=challenge_secret,
-            num_blocks=sent_blocks(model_blocks, settings.density),
+            num_blocks=sent_blocks(model_blocks, settings.density, settings.fields),
             modulus=modulus,
             sketch_count=sketch_count(modulus) if modulus else 0,
             max_staleness=settings.max_staleness if settings.staleness is not None else 0,
@@ -263,6 +269,11 @@ class KeyHolder:
             raise NotReadyError("the key holder has no model yet")
         return BlockLayout(self.params.size, self.keys.public.params.values_per_block)
 
+    @property
+    def upload_layout(self) -> BlockLayout:
+        """An update's layout: the model's, ``K`` values per coefficient with quantized packing."""
+        return upload_layout(self.layout, self.settings.fields)
+
     def mask(self, round_: int) -> SparseMask | None:
         """The mask ``round_``'s updates are sparsified under (None: whole updates).
 
@@ -270,7 +281,7 @@ class KeyHolder:
         """
         if self.settings.density >= 1:
             return None
-        return SparseMask(self.layout, self.settings.density, self.commits.mask_seed(round_))
+        return SparseMask(self.upload_layout, self.settings.density, self.commits.mask_seed(round_))
 
     # ------------------------------------------------------------------ model
     def initialize(self, vector: np.ndarray, *, version: int = 0, force: bool = False) -> None:
@@ -286,7 +297,9 @@ class KeyHolder:
                 self._publisher.publish(self.layout)
                 return
             before = self.model.start(vector, version)
-            self.commits.num_blocks = sent_blocks(self.layout.num_blocks, self.settings.density)
+            self.commits.num_blocks = sent_blocks(
+                self.layout.num_blocks, self.settings.density, self.settings.fields
+            )
             try:
                 self._publisher.publish(self.layout)
                 self._save_state()
@@ -298,7 +311,7 @@ class KeyHolder:
                         f"the key holder cannot write its state ({exc.strerror or exc})"
                     ) from exc
                 raise
-            self._decryptor.check_rotation(self.layout.num_blocks)
+            self._decryptor.check_rotation(self.upload_layout.num_blocks)
 
     # ------------------------------------------------------------------ commitments
     def open_commits(
@@ -447,7 +460,7 @@ class KeyHolder:
                         verifier,
                         self._shards.fetch_aggregates(round_, verifier.contributors),
                         owner=self._shards.owner,
-                        layout=layout if mask is None else mask.packed,
+                        layout=self.upload_layout if mask is None else mask.packed,
                         timer=timer,
                     )
                     break
@@ -467,6 +480,8 @@ class KeyHolder:
                         contributors -= guilty
                         continue
                     self._refuse(round_, refusal)
+                    if isinstance(refusal, OffGridRefusalError):
+                        self._retire_key(round_)
                     raise refusal from exc
             if mask is not None:  # the packed average, back to the coordinates sent
                 delta = mask.scatter(delta)
@@ -519,6 +534,19 @@ class KeyHolder:
             self._save_state()
         except OSError as exc:  # the check fails the same way if the round is asked again
             _log.error("round %d: cannot record the refusal (%s)", round_, exc.strerror or exc)
+
+    def _retire_key(self, round_: int) -> None:
+        """Replace the key pair that refused ``round_`` off its grid, a decision ``s`` took part in.
+
+        A client can aim that decision at one coefficient of ``s`` (docs/crypto.md, *Quantized
+        packing*), and it names nobody, so the client may ask every round: a refusal ends the
+        key, which then tells at most which of its rounds was the first refused.
+        """
+        _log.warning(
+            "round %d: a decrypted quantized sum was off its grid; replacing the key pair",
+            round_,
+        )
+        self._decryptor.rotate(self.last_round, self._store.save_keys)
 
     # ------------------------------------------------------------------ durability
     def _save_state(self) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from crypto import CkksParams
+from crypto.quantized_packing import QuantizedPacking
 from fedps.errors import InvalidArgumentError
 from fedps.learning.accounting import ClientLevelNoise
 
@@ -61,12 +62,17 @@ class KeyHolderSettings:
     density
         Shared random-k sparsification (``compression.density``): the fraction of each update
         sent under the round's mask (:class:`fedps.sharding.sparse_mask.SparseMask`); 1: all.
+    packing
+        Quantized packing (``compression.bits``): each decrypted sum is rounded to the integer
+        it must be, split into its fields and dequantized
+        (:class:`crypto.quantized_packing.QuantizedPacking`) instead of flooded. None: one real
+        value per coefficient.
 
     Raises
     ------
     InvalidArgumentError
-        A quorum below 1, client-level noise or sparsified updates with asynchronous updates,
-        or a density outside (0, 1].
+        A quorum below 1, client-level noise or compressed updates with asynchronous updates,
+        a density outside (0, 1], or a packing without encryption or with other parameters.
     """
 
     params: CkksParams
@@ -84,6 +90,7 @@ class KeyHolderSettings:
     shard_deadline_s: float = 60.0  # a restarting shard fails a fetch, then a retry
     client_noise: ClientLevelNoise | None = None
     density: float = 1.0
+    packing: QuantizedPacking | None = None
 
     def __post_init__(self) -> None:
         if self.min_quorum < 1:
@@ -94,3 +101,12 @@ class KeyHolderSettings:
             raise InvalidArgumentError(f"density must be in (0, 1], got {self.density}")
         if self.density < 1 and self.staleness is not None:
             raise InvalidArgumentError("sparsified updates need synchronous rounds")
+        if self.packing is not None and (self.staleness is not None or not self.encrypted):
+            raise InvalidArgumentError("quantized packing needs encrypted synchronous rounds")
+        if self.packing is not None and self.packing.params != self.params:
+            raise InvalidArgumentError("quantized packing needs its own CKKS parameters")
+
+    @property
+    def fields(self) -> int:
+        """Values per coefficient of an update (1 without quantized packing)."""
+        return 1 if self.packing is None else self.packing.fields

@@ -96,6 +96,9 @@ class Shard:
         is the first ``ceil(density x blocks)`` blocks
         (:func:`fedps.sharding.sparse_mask.sent_blocks`) and its signed commitment ends with its
         round's mask seed, one more root.
+    fields
+        Values per coefficient of an update (``compression.bits``' quantized packing; 1: one
+        real value): an update of the whole model is ``ceil(blocks / fields)`` blocks.
     """
 
     def __init__(
@@ -110,6 +113,7 @@ class Shard:
         verify_model: Callable[[int, int, bytes, bytes], bool] | None = None,
         log: ShardLog | None = None,
         density: float = 1.0,
+        fields: int = 1,
     ) -> None:
         if shard_id not in ring.nodes:
             raise InvalidArgumentError(f"{shard_id} is not on the ring {ring.nodes}")
@@ -120,7 +124,8 @@ class Shard:
         self._staleness = staleness  # None: synchronous rounds
         self._max_staleness = max_staleness
         self._density = density
-        sent_blocks(1, density)  # checks it
+        self._fields = fields
+        sent_blocks(1, density, fields)  # checks them
         self._lock = threading.Lock()
         #: the published model's blocks this shard serves (the key holder publishes them)
         self.model = PublishedModel(shard_id, ring, verify_model=verify_model, log=log)
@@ -404,12 +409,12 @@ class Shard:
                     f"client {batch.client_id!r} sent a second, different update in this round"
                 )
             return update
-        if self._density >= 1 and len(update.roots) != self.model.num_blocks:
+        sent = sent_blocks(self.model.num_blocks, self._density, self._fields)
+        if self._density >= 1 and len(update.roots) != sent:
             raise InvalidArgumentError(
-                f"a signed update commits to {len(update.roots)} blocks; the model has "
-                f"{self.model.num_blocks}"
+                f"a signed update commits to {len(update.roots)} blocks; an update of the model "
+                f"has {sent}"
             )
-        sent = sent_blocks(self.model.num_blocks, self._density)
         if self._density < 1 and len(update.roots) != sent + 1:  # the last: the mask seed
             raise InvalidArgumentError(
                 f"a signed update commits to {len(update.roots)} roots; a sparsified update "
@@ -660,5 +665,5 @@ class Shard:
 
         A sparsified update is the first ``ceil(density x blocks)`` blocks.
         """
-        sent = sent_blocks(self.model.num_blocks, self._density)
+        sent = sent_blocks(self.model.num_blocks, self._density, self._fields)
         return [b for b in self.model.owned if b < sent]

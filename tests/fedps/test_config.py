@@ -120,7 +120,8 @@ def test_overrides_merge_over_the_file(tmp_path: Path) -> None:
         ({"security": {"shard_deadline_s": 0}}, "security.shard_deadline_s: "),
         ({"compression": {"density": 0}}, "compression.density: "),
         ({"compression": {"density": 1.5}}, "compression.density: "),
-        ({"compression": {"bits": 8}}, "compression: "),
+        ({"compression": {"bits": 0}}, "compression.bits: "),
+        ({"compression": {"bits": 17}}, "compression.bits: "),
         ({"compression": {"error_feedback": "sometimes"}}, "compression.error_feedback: "),
         (
             {"training": {"mode": "async", "clients": 4, "cohort_size": 2, "buffer_size": 3}},
@@ -372,15 +373,31 @@ def test_compression_is_off_by_default_and_refuses_what_it_cannot_do() -> None:
     default = load_config(None).compression
     sparse = load_config(None, compression={"density": 0.1, "error_feedback": True})
 
-    # Assert: off by default; a quantized packing is not accepted until it exists; async
-    # buffers cannot share one mask
+    # Assert: off by default; async buffers cannot share one mask
     assert (default.density, default.error_feedback, default.enabled) == (1.0, False, False)
+    assert default.bits is None and not default.quantized
     assert sparse.compression.enabled and sparse.compression.error_feedback
-    with pytest.raises(ConfigError, match=r"bits .*not supported yet"):
-        load_config(None, compression={"density": 0.1, "bits": 8})
     with pytest.raises(ConfigError, match=r'training\.mode = "sync".*one mask'):
         load_config(None, compression={"density": 0.1}, training={"mode": "async"})
     assert load_config(None, training={"mode": "async"}).compression.density == 1.0
+
+
+def test_quantized_packing_needs_encryption_sync_rounds_and_derived_parameters() -> None:
+    # Prepare / Execute
+    packed = load_config(None, compression={"density": 0.1, "bits": 8}).compression
+
+    # Assert: 8 bits with a mask is accepted; the packing refuses what it cannot sum exactly
+    assert packed.quantized and packed.enabled and packed.bits == 8
+    with pytest.raises(ConfigError, match=r"needs he\.enabled"):
+        load_config(None, compression={"bits": 8}, he={"enabled": False})
+    with pytest.raises(ConfigError, match=r'compression.bits needs training\.mode = "sync"'):
+        load_config(None, compression={"bits": 8}, training={"mode": "async"})
+    with pytest.raises(ConfigError, match="derives the CKKS parameters"):
+        load_config(
+            None,
+            compression={"bits": 8},
+            he={"poly_modulus_degree": 2048, "coeff_modulus_bits": 45, "scale_bits": 30},
+        )
 
 
 def test_client_level_dp_settings() -> None:

@@ -37,7 +37,8 @@ from server.keyholder.aggregate_verifier import AggregateVerifier, TamperingErro
 from server.keyholder.commit_board import Commitment, CommitPhase
 from tests.conftest import start_cluster
 from tests.round_driver import HandClient, RoundDriver
-from tests.security.arena import RUN, TAMPER, VERSION, Arena
+from tests.security.arena import RUN, TAMPER, VERSION, Arena, open_arena
+from tests.security.sketch_forgery import isolating_aggregate
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.attack, pytest.mark.integration]
@@ -437,3 +438,42 @@ def test_a_malformed_or_bloated_block_is_blamed_on_its_own_shard(arena: Arena) -
     arena.tamper(0, lambda a: replace(a, contributions={**a.contributions, **bloat}))
     arena.assert_refused(9, clients)
     assert arena.keyholder.detections[arena.owner(0).shard_id]["manifest"] == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: a shard that knows the round's challenge (from any colluding cohort client) "
+    "passes the sketch check with any aggregate plus a small correction in c0",
+)
+def test_b_a_shard_with_a_colluding_client_cannot_isolate_one_client(tmp_path: Path) -> None:
+    """The owner of block 1 hands over victim + colluder with a forged sketch (plain packing).
+
+    :func:`tests.security.sketch_forgery.isolating_aggregate`: the colluder gives its shard the
+    round's challenge, and a correction of entries in {-1, 0, 1} in ``c0`` makes the aggregate's
+    sketch the sum of all three committed ones.
+    """
+    # Prepare: an honest round, then the shard's substitute for block 1
+    arena = open_arena(tmp_path, "sync")
+    try:
+        clients = arena.clients(["client-0", "client-1", "mallory"])
+        victim, left_out, mallory = clients
+        arena.driver.committed_round(1, VERSION, clients)
+        challenge = arena.driver.challenge(1, mallory)
+        forged = isolating_aggregate(challenge, arena.public, 1, [victim, mallory], left_out)
+        arena.tamper(1, lambda a: replace(a, ciphertext=_pack(arena.public, forged[0])))
+
+        # Execute
+        try:
+            arena.driver.apply(1, VERSION, clients)
+        except PolicyError:
+            return  # refused: nothing released
+
+        # Assert: the released block is not the victim's update plus the colluder's own
+        released = arena.keyholder.params
+        assert released is not None
+        block = arena.keyholder.layout.block_of(released, 1) * 3
+        own = arena.keyholder.layout.block_of(mallory.update, 1)
+        victims = arena.keyholder.layout.block_of(victim.update, 1)
+        assert not np.allclose(block - own, victims, atol=1e-3), "the victim's update was released"
+    finally:
+        arena.cluster.stop()

@@ -24,6 +24,21 @@ def test_settings_are_densities_with_or_without_error_feedback() -> None:
             parse_settings(bad)
 
 
+def test_settings_may_quantize_with_or_without_a_density() -> None:
+    # Execute
+    settings = parse_settings("8bit,0.1+ef+8bit,0.5+16bit")
+
+    # Assert
+    assert settings == [
+        {"density": 1.0, "error_feedback": False, "bits": 8},
+        {"density": 0.1, "error_feedback": True, "bits": 8},
+        {"density": 0.5, "error_feedback": False, "bits": 16},
+    ]
+    for bad in ("8bits", "ef+8bit", "0.1+8", "+8bit", "17bit", "0bit", "0.1+8bit+ef"):
+        with pytest.raises(ConfigError, match="--compression"):
+            parse_settings(bad)
+
+
 def test_the_table_compares_each_setting_with_the_first() -> None:
     # Prepare
     def summary(bytes_per_param: float, accuracy: list[float]) -> dict[str, object]:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from fedps.errors import InvalidArgumentError
 from fedps.sharding.blocks import BlockLayout
-from fedps.sharding.sparse_mask import SparseMask, mask_seed, sent_blocks
+from fedps.sharding.sparse_mask import SparseMask, mask_seed, sent_blocks, upload_layout
 
 _masks = st.builds(
     lambda n, per, density, seed: SparseMask(BlockLayout(n, per), density, seed),
@@ -62,6 +62,28 @@ def test_sent_blocks_rounds_up_and_never_exceeds_the_model() -> None:
     for density in (0.0, 1.5, -0.1):
         with pytest.raises(InvalidArgumentError, match="density"):
             sent_blocks(3, density)
+
+
+@given(
+    num_params=st.integers(1, 3_000_000),
+    fields=st.integers(1, 4),
+    density=st.sampled_from([0.05, 0.1, 0.5, 1.0]),
+)
+def test_packed_updates_send_what_their_layout_holds(
+    num_params: int, fields: int, density: float
+) -> None:
+    # Prepare: a shard knows only the model's blocks; a client the packed update's layout
+    model = BlockLayout(num_params, 2016)
+    packed = upload_layout(model, fields)
+
+    # Execute
+    shard_view = sent_blocks(model.num_blocks, density, fields)
+    mask = SparseMask(packed, density, os.urandom(32))
+
+    # Assert: both count the same blocks, and the mask fills them with K x V values each
+    assert packed.num_blocks == -(-model.num_blocks // fields)
+    assert shard_view == mask.sent_blocks == sent_blocks(packed.num_blocks, density)
+    assert mask.size == min(num_params, shard_view * fields * 2016)
 
 
 def test_other_seeds_pick_other_coordinates_and_the_seed_is_one_way() -> None:
