@@ -22,6 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
 
 from fedps.errors import FedPSError
 from fedps.experiments.experiment import read_results
@@ -162,6 +163,9 @@ def _plot_bytes(records: Sequence[Mapping[str, Any]], path: Path) -> None:
         for x, y, setting in points:
             ax.annotate(setting, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xscale("log")
+    plain = FuncFormatter(lambda x, _: f"{x:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
     ax.set_xlabel("megabytes pushed by the clients over the run (log)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("accuracy vs bytes (compression settings)")
