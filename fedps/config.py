@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -452,6 +453,11 @@ class MetricsConfig(_Section):
         return self
 
 
+_COMPRESSION_SETTING = re.compile(
+    r"^(?:(?P<density>[0-9]*\.?[0-9]+)(?P<ef>\+ef)?)?(?:(?(density)\+)(?P<bits>[0-9]+)bit)?$"
+)
+
+
 class CompressionConfig(_Section):
     """Shared random-k sparsification and quantized packing of the clients' updates.
 
@@ -489,6 +495,44 @@ class CompressionConfig(_Section):
     def quantized(self) -> bool:
         """Whether values are quantized and packed (``bits`` given)."""
         return self.bits is not None
+
+    @property
+    def setting(self) -> str:
+        """The section as one word (:meth:`from_setting`): ``1``, ``0.1+ef``, ``0.1+ef+8bit``."""
+        parts = [f"{self.density:g}"] if self.density != 1.0 or self.bits is None else []
+        if self.error_feedback:
+            parts.append("ef")
+        if self.bits is not None:
+            parts.append(f"{self.bits}bit")
+        return "+".join(parts)
+
+    @classmethod
+    def from_setting(cls, text: str) -> CompressionConfig:
+        """The section a word gives: ``DENSITY``, ``DENSITY+ef``, ``Bbit`` or ``DENSITY[+ef]+Bbit``.
+
+        The spelling of ``fedps bench --compression`` and of an experiment's compression axis.
+
+        Raises
+        ------
+        ValueError
+            If ``text`` is not spelt so, or gives a density outside (0, 1] or bits the section
+            refuses.
+        """
+        match = _COMPRESSION_SETTING.match(text.strip())
+        if match is None or not (match["density"] or match["bits"]):
+            raise ValueError(
+                f"{text!r}: give DENSITY, DENSITY+ef, Bbit or DENSITY[+ef]+Bbit, e.g. 0.1+ef+8bit"
+            )
+        fields: dict[str, object] = {
+            "density": float(match["density"] or 1.0),
+            "error_feedback": match["ef"] is not None,
+        }
+        if match["bits"]:
+            fields["bits"] = int(match["bits"])
+        try:
+            return cls.model_validate(fields)
+        except ValidationError as exc:
+            raise ValueError(f"{text!r}: {exc.errors()[0]['msg']}") from None
 
 
 class TaskConfig(_Section):

@@ -11,12 +11,10 @@ bytes and the accuracy against the first setting (whole updates, when listed fir
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import ValidationError
 from rich.console import Console
 
 from fedps.bench.flower_comparison import Job, run_fedps
@@ -25,13 +23,11 @@ from fedps.errors import ConfigError, FedPSError
 
 __all__ = ["compare_compression", "parse_settings", "render_compression"]
 
-_SETTING = re.compile(
-    r"^(?:(?P<density>[0-9]*\.?[0-9]+)(?P<ef>\+ef)?)?(?:(?(density)\+)(?P<bits>[0-9]+)bit)?$"
-)
-
 
 def parse_settings(text: str) -> list[dict[str, object]]:
     """The ``[compression]`` sections of ``--compression`` (``"1,0.1+ef,8bit,0.1+ef+8bit"``).
+
+    Each setting is spelt as :meth:`fedps.config.CompressionConfig.from_setting` reads it.
 
     Raises
     ------
@@ -41,24 +37,11 @@ def parse_settings(text: str) -> list[dict[str, object]]:
     """
     settings: list[dict[str, object]] = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        match = _SETTING.match(part)
-        if match is None or not (match["density"] or match["bits"]):
-            raise ConfigError(
-                f"--compression {part!r}: give DENSITY, DENSITY+ef, Bbit or DENSITY[+ef]+Bbit, "
-                "e.g. 0.1+ef+8bit"
-            )
-        setting: dict[str, object] = {
-            "density": float(match["density"] or 1.0),
-            "error_feedback": match["ef"] is not None,
-        }
-        if match["bits"]:
-            setting["bits"] = int(match["bits"])
         try:
-            CompressionConfig.model_validate(setting)
-        except ValidationError as exc:
-            why = exc.errors()[0]["msg"]
-            raise ConfigError(f"--compression {part!r}: {why}") from None
-        settings.append(setting)
+            setting = CompressionConfig.from_setting(part)
+        except ValueError as exc:
+            raise ConfigError(f"--compression {exc}") from None
+        settings.append(setting.model_dump(exclude_none=True))
     if not settings:
         raise ConfigError("--compression needs at least one setting")
     return settings
@@ -66,14 +49,7 @@ def parse_settings(text: str) -> list[dict[str, object]]:
 
 def _name(setting: dict[str, object]) -> str:
     """A setting as given on the command line."""
-    parts = (
-        [f"{setting['density']:g}"] if setting["density"] != 1.0 or "bits" not in setting else []
-    )
-    if setting["error_feedback"]:
-        parts.append("ef")
-    if "bits" in setting:
-        parts.append(f"{setting['bits']}bit")
-    return "+".join(parts)
+    return CompressionConfig.model_validate(setting).setting
 
 
 def compare_compression(

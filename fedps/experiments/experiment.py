@@ -210,6 +210,7 @@ def _describe(point: Point, grid: Grid) -> dict[str, Any]:
         "mode": t.mode,
         "dropout": t.dropout,
         "encryption": config.he.enabled,
+        "compression": config.compression.setting,
         "seed": t.seed,
         "epsilon": _json_float(epsilon, 6),
         "noise_multiplier": p.noise_multiplier,

@@ -11,6 +11,7 @@ are axes and whose values are lists::
     epsilon = [1.0, 4.0, 8.0, "inf"]      # privacy.target_epsilon; "inf": no DP noise
     partition = ["iid", "dirichlet:0.5"]  # training.partition (+ dirichlet_alpha / shards)
     encryption = [true, false]            # he.enabled
+    compression = ["1", "0.1+ef+8bit"]    # [compression] (docs/compression.md)
 
 A grid can train the user's own task: ``[task] app`` names it (:mod:`fedps.learning.tasks`), its
 project directory ``dir`` is relative to the grid file, and ``data`` gives each client its own
@@ -43,7 +44,7 @@ from pydantic import (
     model_validator,
 )
 
-from fedps.config import FedPSConfig, load_config, read_toml
+from fedps.config import CompressionConfig, FedPSConfig, load_config, read_toml
 from fedps.errors import ConfigError
 from fedps.runtime.preflight import check_names
 
@@ -58,12 +59,20 @@ __all__ = [
     "partition_name",
 ]
 
-SETUP_AXES = ("centralised", "partition", "clients", "mode", "dropout", "encryption")
+SETUP_AXES = (
+    "centralised",
+    "partition",
+    "clients",
+    "mode",
+    "dropout",
+    "encryption",
+    "compression",
+)
 """The axes of the platform's set-up (then come the privacy axes and the seed)."""
 AXES = (*SETUP_AXES, "epsilon", "noise_multiplier", "seed")
 """Every axis, in the order points are enumerated and keys are written."""
 
-_SECTIONS = ("cluster", "task", "training", "privacy", "he", "security", "tls")
+_SECTIONS = ("cluster", "task", "training", "privacy", "he", "compression", "security", "tls")
 _NO_DP_NOISE = 0.0
 """The noise multiplier of "no DP" (epsilon ``"inf"``): clipping stays on, no noise is added,
 and the clients report an infinite epsilon."""
@@ -131,6 +140,7 @@ class _Axes(BaseModel):
         None, min_length=1
     )
     encryption: list[StrictBool] | None = Field(None, min_length=1)
+    compression: list[str] | None = Field(None, min_length=1)
     epsilon: list[float] | None = Field(None, min_length=1)
     noise_multiplier: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] | None = Field(
         None, min_length=1
@@ -152,6 +162,12 @@ class _Axes(BaseModel):
                 raise ValueError(f"{v!r} is not a positive epsilon")
             out.append(float(v))
         return out
+
+    @field_validator("compression")
+    @classmethod
+    def _compression(cls, values: list[str] | None) -> list[str] | None:
+        """Each setting spelt as ``fedps bench --compression`` spells it, written canonically."""
+        return [CompressionConfig.from_setting(v).setting for v in values or []] or values
 
     @field_validator("partition")
     @classmethod
@@ -208,6 +224,7 @@ class Grid(BaseModel):
     training: dict[str, Any] = Field(default_factory=dict)
     privacy: dict[str, Any] = Field(default_factory=dict)
     he: dict[str, Any] = Field(default_factory=dict)
+    compression: dict[str, Any] = Field(default_factory=dict)
     security: dict[str, Any] = Field(default_factory=dict)
     tls: dict[str, Any] = Field(default_factory=dict)
     centralised: dict[str, Any] = Field(
@@ -314,6 +331,9 @@ def _overrides(
             training[name] = axes[name]
     if "encryption" in axes:
         out.setdefault("he", {})["enabled"] = axes["encryption"]
+    if "compression" in axes:
+        setting = CompressionConfig.from_setting(str(axes["compression"]))
+        out["compression"] = {**out.get("compression", {}), **setting.model_dump()}
     if "epsilon" in axes:
         epsilon = float(axes["epsilon"])
         if math.isinf(epsilon):

@@ -5,8 +5,9 @@ off, epsilon rising), the accuracy difference that encryption makes at each matc
 accuracy over seeds (mean and spread) where a point ran with several, and embeds
 ``accuracy_vs_epsilon.png`` (one line per partition, encryption on solid and off dashed,
 "no DP" at the right edge, the mean over seeds with their standard deviation as error bars)
-and ``time_per_point.png``. Plots are drawn with matplotlib's Agg canvas, so no display is
-needed.
+and ``time_per_point.png``; a sweep over the compression axis adds ``accuracy_vs_bytes.png``
+(accuracy against the bytes the clients pushed, one line per epsilon). Plots are drawn with
+matplotlib's Agg canvas, so no display is needed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
 
 from fedps.errors import FedPSError
 from fedps.experiments.experiment import read_results
@@ -29,6 +31,7 @@ __all__ = ["render_report"]
 
 _ACCURACY_PNG = "accuracy_vs_epsilon.png"
 _TIME_PNG = "time_per_point.png"
+_BYTES_PNG = "accuracy_vs_bytes.png"
 _CENTRALISED = "centralised"
 
 
@@ -75,13 +78,15 @@ def _series(record: Mapping[str, Any], varying: Sequence[str]) -> str:
         name += f", {record.get('mode')}"
     if "dropout" in varying:
         name += f", dropout {_float(record.get('dropout')) or 0:g}"
+    if "compression" in varying:
+        name += f", compression {record.get('compression', '1')}"
     return name
 
 
 def _plot_accuracy(records: Sequence[Mapping[str, Any]], path: Path) -> None:
     """Accuracy against epsilon: one colour per partition, encryption on solid, off dashed."""
     ok = [r for r in records if _succeeded(r) and (_x(r) or 0) > 0]
-    varying = [f for f in ("clients", "mode", "dropout") if _varying(ok, f)]
+    varying = [f for f in ("clients", "mode", "dropout", "compression") if _varying(ok, f)]
     finite = sorted({x for r in ok if (x := _x(r)) is not None and math.isfinite(x)})
     right = finite[-1] * 2 if finite else 1.0  # where "no DP" sits
     points: dict[tuple[str, bool], dict[float, list[float]]] = defaultdict(
@@ -121,6 +126,51 @@ def _plot_accuracy(records: Sequence[Mapping[str, Any]], path: Path) -> None:
     ax.set_title("accuracy vs privacy" + (f" (δ = {delta:g})" if delta else ""))
     ax.grid(True, alpha=0.3)
     if points:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _plot_bytes(records: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """Accuracy against the megabytes the clients pushed, one point per compression setting.
+
+    One line per epsilon (and partition, encryption), through its settings in order of bytes,
+    each point named by its setting.
+    """
+    ok = [r for r in records if _succeeded(r) and not r.get("centralised")]
+    varying = [f for f in ("clients", "mode", "dropout") if _varying(ok, f)]
+    lines: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+    for r in ok:
+        line = f"{_series(r, varying)}, ε {_eps(_x(r))}"
+        if not r.get("encryption"):
+            line += ", plaintext"
+        megabytes = (_float(r.get("bytes_pushed")) or 0.0) / 1e6
+        lines[line][str(r.get("compression", "1"))].append((megabytes, float(r["final_accuracy"])))
+    fig = Figure(figsize=(7.5, 4.8))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for i, (line, by_setting) in enumerate(sorted(lines.items())):
+        points = sorted(  # mean over seeds, by bytes
+            (
+                sum(mb for mb, _ in runs) / len(runs),
+                100 * sum(a for _, a in runs) / len(runs),
+                setting,
+            )
+            for setting, runs in by_setting.items()
+        )
+        xs, ys = [x for x, _, _ in points], [y for _, y, _ in points]
+        ax.plot(xs, ys, marker="o", color=f"C{i}", label=line)
+        for x, y, setting in points:
+            ax.annotate(setting, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xscale("log")
+    plain = FuncFormatter(lambda x, _: f"{x:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.set_xlabel("megabytes pushed by the clients over the run (log)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("accuracy vs bytes (compression settings)")
+    ax.grid(True, alpha=0.3)
+    if lines:
         ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -194,13 +244,17 @@ def _noise_line(records: Sequence[Mapping[str, Any]]) -> str:
 def _table(records: Sequence[Mapping[str, Any]]) -> list[str]:
     errors = any("error" in r for r in records)
     dropouts = any(_float(r.get("dropout")) for r in records)  # a column only if some are set
+    compression = any(r.get("compression", "1") != "1" for r in records)  # likewise
     head = (
         "| partition | clients | mode |"
         + (" dropout |" if dropouts else "")
-        + " seed | encryption | ε target | noise mult. | accuracy (%) |"
+        + " seed | encryption |"
+        + (" compression |" if compression else "")
+        + " ε target | noise mult. | accuracy (%) |"
         " ε spent (max) | δ | time (s) | pushed (MB) |"
     )
-    lines = [head + (" error |" if errors else ""), "|---" * (12 + dropouts + errors) + "|"]
+    columns = 12 + dropouts + compression + errors
+    lines = [head + (" error |" if errors else ""), "|---" * columns + "|"]
     for r in records:
         accuracy = _float(r.get("final_accuracy"))
         sigma = _float(r.get("noise_multiplier"))
@@ -212,6 +266,7 @@ def _table(records: Sequence[Mapping[str, Any]]) -> list[str]:
             *([f"{_float(r.get('dropout')) or 0:g}"] if dropouts else []),
             str(r.get("seed", "-")),
             "on" if r.get("encryption") else "off",
+            *([str(r.get("compression", "1"))] if compression else []),
             _eps(r.get("epsilon")),
             "-" if sigma is None else f"{sigma:.3f}",
             "-" if accuracy is None else f"{100 * accuracy:.2f}",
@@ -318,7 +373,8 @@ def render_report(results_path: Path, out_dir: Path) -> Path:
         JSON lines written by :func:`fedps.experiments.experiment.run_experiment`.
     out_dir
         Created if needed; ``report.md``, ``accuracy_vs_epsilon.png`` and
-        ``time_per_point.png`` are (over)written there.
+        ``time_per_point.png`` (and ``accuracy_vs_bytes.png`` for a sweep over compression
+        settings) are (over)written there.
 
     Raises
     ------
@@ -331,6 +387,9 @@ def render_report(results_path: Path, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     _plot_accuracy(records, out_dir / _ACCURACY_PNG)
     _plot_time(records, out_dir / _TIME_PNG)
+    compressed = _varying([r for r in records if _succeeded(r)], "compression")
+    if compressed:
+        _plot_bytes(records, out_dir / _BYTES_PNG)
     first = records[0]
     failed = sum(1 for r in records if "error" in r)
     minutes = sum(_float(r.get("seconds")) or 0.0 for r in records) / 60
@@ -357,6 +416,7 @@ def render_report(results_path: Path, out_dir: Path) -> Path:
         "",
         f"![time per point]({_TIME_PNG})",
         "",
+        *([f"![accuracy vs bytes]({_BYTES_PNG})", ""] if compressed else []),
     ]
     report = out_dir / "report.md"
     report.write_text("\n".join(lines))

@@ -101,6 +101,30 @@ def test_dropout_axis_sets_the_chance_of_dying_mid_round(tmp_path: Path) -> None
         load_grid(_write(tmp_path, "[grid]\ndropout = [1.0]\n", "bad.toml"))
 
 
+def test_compression_axis_sets_the_compression_section(tmp_path: Path) -> None:
+    # Prepare: settings spelt as fedps bench --compression spells them; a base section
+    path = _write(
+        tmp_path,
+        "[compression]\nbits = 16\n\n"
+        '[grid]\ncompression = ["1", "0.10+ef", "8bit", "0.1+ef+8bit"]\nseed = [0]\n',
+    )
+
+    # Execute
+    points = load_grid(path).points()
+
+    # Assert: canonical keys; each point's section replaces the base's, bits included
+    assert [p.key for p in points] == [
+        "compression=1,seed=0",
+        "compression=0.1+ef,seed=0",
+        "compression=8bit,seed=0",
+        "compression=0.1+ef+8bit,seed=0",
+    ]
+    sections = [p.overrides["compression"] for p in points]
+    assert sections[0] == {"density": 1.0, "error_feedback": False, "bits": None}
+    assert sections[1] == {"density": 0.1, "error_feedback": True, "bits": None}
+    assert sections[3] == {"density": 0.1, "error_feedback": True, "bits": 8}
+
+
 def test_centralised_points_hold_all_data_in_one_client(tmp_path: Path) -> None:
     # Prepare: the partition axis means nothing for the centralised baseline.
     path = _write(
@@ -170,6 +194,10 @@ def test_clients_axis_lowers_the_quorum_when_needed(tmp_path: Path) -> None:
         ('[grid]\nencryption = ["yes"]\n', "grid.encryption"),
         ("[grid]\nclients = []\n", "grid.clients"),
         ("[grid]\nseed = [1, 1]\n", "repeats a value"),
+        ('[grid]\ncompression = ["0.1+8"]\n', "grid.compression"),
+        ('[grid]\ncompression = ["1.5"]\n', "grid.compression"),
+        ('[grid]\ncompression = ["0.1", "0.10"]\n', "repeats a value"),
+        ('[grid]\ncompression = ["0.1"]\nmode = ["async"]\n', "needs training.mode"),
         ("[grid]\nepsilon = [1]\nnoise_multiplier = [1.0]\n", "not both"),
         ("[grid]\n", "at least one axis"),
         ("[training]\nrounds = 3\n", "no [grid] table"),
@@ -427,6 +455,45 @@ def test_report_lists_every_point_sorted_and_draws_plots(tmp_path: Path) -> None
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert png.stat().st_size > 5000
         assert f"]({name})" in text
+
+
+def test_report_plots_accuracy_against_bytes_over_compression_settings(tmp_path: Path) -> None:
+    # Prepare: three compression settings at two epsilons
+    records = [
+        _record(
+            f"compression={setting},epsilon={eps:g}",
+            compression=setting,
+            epsilon=eps,
+            bytes_pushed=megabytes * 1_000_000,
+            final_accuracy=accuracy - (0.05 if eps == 1.0 else 0.0),
+        )
+        for setting, megabytes, accuracy in (
+            ("1", 12.0, 0.92),
+            ("8bit", 9.0, 0.92),
+            ("0.1+ef", 4.0, 0.9),
+        )
+        for eps in (1.0, 8.0)
+    ]
+    results = _results_file(tmp_path, records)
+
+    # Execute
+    text = render_report(results, tmp_path / "report").read_text()
+
+    # Assert: a compression column, and the plot of accuracy against bytes
+    assert "| encryption | compression | ε target |" in text
+    assert "| on | 0.1+ef | 1.00 |" in text
+    png = tmp_path / "report" / "accuracy_vs_bytes.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert "](accuracy_vs_bytes.png)" in text
+
+
+def test_report_without_a_compression_axis_draws_no_bytes_plot(tmp_path: Path) -> None:
+    # Prepare / Execute
+    text = render_report(_sample_results(tmp_path), tmp_path / "report").read_text()
+
+    # Assert
+    assert "compression" not in text
+    assert not (tmp_path / "report" / "accuracy_vs_bytes.png").exists()
 
 
 @pytest.mark.parametrize(
