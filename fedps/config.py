@@ -508,9 +508,7 @@ class CompressionConfig(_Section):
 
     @classmethod
     def from_setting(cls, text: str) -> CompressionConfig:
-        """The section a word gives: ``DENSITY``, ``DENSITY+ef``, ``Bbit`` or ``DENSITY[+ef]+Bbit``.
-
-        The spelling of ``fedps bench --compression`` and of an experiment's compression axis.
+        """The section a word gives (``DENSITY``, ``DENSITY+ef``, ``Bbit``, ``DENSITY[+ef]+Bbit``).
 
         Raises
         ------

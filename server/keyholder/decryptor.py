@@ -66,9 +66,9 @@ class CanaryFailureError(CanaryError):
 class OffGridRefusalError(PolicyError):
     """A quantized sum refused as off its integer grid: a decision the secret key took part in.
 
-    The key that answered it must answer no more (:meth:`KeyHolder.apply
-    <server.keyholder.keyholder.KeyHolder.apply>` rotates it at once), so one key tells at most
-    which of its rounds was the first refused.
+    The key that answered it must answer no more (:meth:`KeyHolder.apply_round
+    <server.keyholder.keyholder.KeyHolder.apply_round>` retires it at once), so one key tells at
+    most which of its rounds was the first refused.
     """
 
 
@@ -89,6 +89,11 @@ class Decryptor:
     def __init__(
         self, keys: SecretContext, settings: KeyHolderSettings, *, key_since: int = 0
     ) -> None:
+        if settings.packing is not None and keys.public.params != settings.packing.params:
+            raise InvalidArgumentError(
+                "the key holder's keys were made for other CKKS parameters than "
+                "compression.bits' packing; start it on a fresh state folder"
+            )
         #: the current key pair (replaced by :meth:`rotate`)
         self.keys = keys
         #: the last round applied before :attr:`keys` were made
@@ -282,6 +287,19 @@ class Decryptor:
         """
         period = self._settings.rotate_every_rounds
         return self._settings.encrypted and period > 0 and last_round - self.key_since >= period
+
+    def retire(self, round_: int, last_round: int, save: Callable[[SecretContext], None]) -> None:
+        """Replace the key pair that refused ``round_`` off its grid, a decision ``s`` took part in.
+
+        A client can aim that decision at one coefficient of ``s`` (docs/crypto.md, *Quantized
+        packing*), and it names nobody, so the client may ask every round: a refusal ends the
+        key (:meth:`rotate`), which then tells at most which of its rounds was the first refused.
+        """
+        _log.warning(
+            "round %d: a decrypted quantized sum was off its grid; replacing the key pair",
+            round_,
+        )
+        self.rotate(last_round, save)
 
     def rotate(self, last_round: int, save: Callable[[SecretContext], None]) -> None:
         """Replace the key pair once round ``last_round`` is applied and saved.

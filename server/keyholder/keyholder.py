@@ -56,7 +56,6 @@ from fedps.errors import (
     NotReadyError,
     PeerUnavailableError,
     PolicyError,
-    QuarantinedError,
     ShardStalledError,
 )
 from fedps.round_timer import RoundTimer
@@ -141,11 +140,6 @@ class KeyHolder:
         #: the parameters, version and last applied round, with the optimizer that steps them
         self.model = GlobalModel(optimizer, groups)
         self._publisher = ModelPublisher(self.model, shards, signer)  # every version, signed
-        if settings.packing is not None and keys.public.params != settings.packing.params:
-            raise InvalidArgumentError(
-                "the key holder's keys were made for other CKKS parameters than "
-                "compression.bits' packing; start it on a fresh state folder"
-            )
         self._decryptor = Decryptor(keys, settings)
         if not settings.encrypted:
             _log.warning("encryption is OFF: updates travel and are summed in plaintext")
@@ -416,14 +410,7 @@ class KeyHolder:
                 return cached
             if round_ in self._refused:
                 raise PolicyError(f"round {round_} was refused before; it is never decrypted")
-            quarantined = self.quarantined
-            if quarantined:
-                raise QuarantinedError(
-                    f"{', '.join(quarantined)} handed over tampered aggregates "
-                    f"{self.settings.max_detections} times or more; the key holder decrypts "
-                    "nothing until the shard is replaced and the key holder restarted with its "
-                    "detections cleared (docs/operations.md)"
-                )
+            self.suspects.check_none_quarantined()
             if self.params is None:
                 raise NotReadyError("the key holder has no model yet")
             timer = timer or RoundTimer()
@@ -434,11 +421,8 @@ class KeyHolder:
             if round_ <= self.last_round:
                 raise PolicyError(f"round {round_} is not after the last applied round")
             phase = self.commits.phase(round_)
-            if (phase.run_id, phase.version, phase.context_id) != (
-                run_id,
-                version,
-                self.context_id,
-            ):
+            expected = (run_id, version, self.context_id)
+            if (phase.run_id, phase.version, phase.context_id) != expected:
                 raise PolicyError(
                     f"round {round_} was committed to for another run, version or key generation"
                 )
@@ -480,8 +464,8 @@ class KeyHolder:
                         contributors -= guilty
                         continue
                     self._refuse(round_, refusal)
-                    if isinstance(refusal, OffGridRefusalError):
-                        self._retire_key(round_)
+                    if isinstance(refusal, OffGridRefusalError):  # s took part: a new key
+                        self._decryptor.retire(round_, self.last_round, self._store.save_keys)
                     raise refusal from exc
             if mask is not None:  # the packed average, back to the coordinates sent
                 delta = mask.scatter(delta)
@@ -534,19 +518,6 @@ class KeyHolder:
             self._save_state()
         except OSError as exc:  # the check fails the same way if the round is asked again
             _log.error("round %d: cannot record the refusal (%s)", round_, exc.strerror or exc)
-
-    def _retire_key(self, round_: int) -> None:
-        """Replace the key pair that refused ``round_`` off its grid, a decision ``s`` took part in.
-
-        A client can aim that decision at one coefficient of ``s`` (docs/crypto.md, *Quantized
-        packing*), and it names nobody, so the client may ask every round: a refusal ends the
-        key, which then tells at most which of its rounds was the first refused.
-        """
-        _log.warning(
-            "round %d: a decrypted quantized sum was off its grid; replacing the key pair",
-            round_,
-        )
-        self._decryptor.rotate(self.last_round, self._store.save_keys)
 
     # ------------------------------------------------------------------ durability
     def _save_state(self) -> None:

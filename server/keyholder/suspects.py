@@ -17,6 +17,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 
+from fedps.errors import QuarantinedError
 from server.keyholder.aggregate_verifier import TamperingError
 
 __all__ = ["Suspects"]
@@ -103,6 +104,23 @@ class Suspects:
         return sorted(
             shard for shard, count in self.counts().items() if count >= self.max_detections
         )
+
+    def check_none_quarantined(self) -> None:
+        """Raise if a shard is quarantined: the key holder then decrypts nothing.
+
+        Raises
+        ------
+        QuarantinedError
+            Naming the shards caught tampering ``max_detections`` times or more.
+        """
+        quarantined = self.quarantined
+        if quarantined:
+            raise QuarantinedError(
+                f"{', '.join(quarantined)} handed over tampered aggregates "
+                f"{self.max_detections} times or more; the key holder decrypts "
+                "nothing until the shard is replaced and the key holder restarted with its "
+                "detections cleared (docs/operations.md)"
+            )
 
     def clear(self) -> None:
         """Forget every detection (the operator replaced the suspect shards)."""
