@@ -97,10 +97,12 @@ class Job:
         }
 
 
-#: The built-in jobs: the digits MLP of the demo, and an MLP of 1.07M parameters.
+#: The built-in jobs: the digits MLP of the demo, an MLP of 1.07M parameters, and one of 10M.
 JOBS = {
     "digits": Job("digits", model="mlp", rounds=40),
     "mlp1m": Job("mlp1m", model="mlp1m", rounds=10),
+    # what a client uploads at 10M parameters (--compression): two clients, two rounds
+    "mlp10m": Job("mlp10m", model="mlp10m", rounds=2, clients=2),
 }
 
 
