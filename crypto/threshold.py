@@ -51,6 +51,7 @@ from fedps.errors import FedPSError, InvalidArgumentError
 __all__ = [
     "KeyShare",
     "PartyKey",
+    "aggregate_digest",
     "combine",
     "common_polynomial",
     "deal",
@@ -62,9 +63,12 @@ __all__ = [
     "joint_value_bound",
     "lagrange_coefficients",
     "partial_decryption",
+    "request_digest",
 ]
 
 _CRS_DOMAIN = b"fedps-threshold-crs-v1"
+_AGGREGATE_DOMAIN = b"fedps-threshold-aggregate-v1"
+_REQUEST_DOMAIN = b"fedps-threshold-request-v1"
 _SHARE_MAGIC = b"FEDPSKSH1"
 _SHARE_HEADER = struct.Struct("<IIIQ")  # party index, threshold T, parties P, N; then q
 _NTT_FLAG = 32  # offset of is_ntt_form in a serialised ciphertext (crypto.public_context)
@@ -361,6 +365,36 @@ def combine(c0: np.ndarray, partials: Sequence[np.ndarray], modulus: int) -> np.
     plain = total.astype(np.int64)
     out: np.ndarray = np.where(plain > modulus // 2, plain - modulus, plain)
     return out
+
+
+def aggregate_digest(blocks: Sequence[int], rows: np.ndarray) -> bytes:
+    """SHA-256 of an aggregate: its block indices and every coefficient of each block, in order.
+
+    ``rows`` are ``(B, 2N)`` uint64, one per block of ``blocks``. A party decrypts only an
+    aggregate whose digest the combiner signed and the shards' own sums have.
+    """
+    if rows.ndim != 2 or len(rows) != len(blocks) or rows.dtype != np.uint64:
+        raise InvalidArgumentError("an aggregate is (B, 2N) uint64, one row per block")
+    out = hashlib.sha256(_AGGREGATE_DOMAIN)
+    out.update(struct.pack(f"<{len(blocks)}I", *blocks))
+    out.update(np.ascontiguousarray(rows, dtype="<u8").tobytes())
+    return out.digest()
+
+
+def request_digest(
+    round_: int, contributors: Sequence[str], participants: Sequence[int], aggregate: bytes
+) -> bytes:
+    """What the combiner signs to ask for partial decryptions of one round's aggregate.
+
+    The round, its sorted contributor set, the decrypting parties and :func:`aggregate_digest`.
+    """
+    out = hashlib.sha256(_REQUEST_DOMAIN + struct.pack("<Q", round_))
+    for client in sorted(contributors):
+        name = client.encode()
+        out.update(struct.pack("<I", len(name)) + name)
+    out.update(struct.pack(f"<I{len(participants)}I", len(participants), *sorted(participants)))
+    out.update(aggregate)
+    return out.digest()
 
 
 # --------------------------------------------------------------------------- checks

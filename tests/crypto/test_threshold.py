@@ -13,78 +13,32 @@ import itertools
 import math
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from crypto import BlockEncryptor, CiphertextSum, CkksParams, PublicContext, unpack_block
 from crypto import threshold as th
 from crypto.ckks_encoder import CkksEncoder
 from crypto.params import TAIL_SIGMAS
-from crypto.public_context import make_seal_context
-from crypto.rlwe import RingProduct
 from fedps.errors import FedPSError, InvalidArgumentError
+from tests.crypto.threshold_keys import PARAMS, SEED, Joint, N, generate
+from tests.crypto.threshold_keys import aggregate as encrypted_sum
 
-PARAMS = CkksParams.for_workload(max_clients=100, max_abs_value=1.0, precision=1e-5)
-N = PARAMS.poly_modulus_degree
 PARTIES = 3
 CLIENTS = 5
 LAMBDA = 16
 
 
-@dataclass(frozen=True)
-class Joint:
-    """A collective key generation of :data:`PARTIES` parties, kept whole for the tests."""
-
-    modulus: int
-    keys: list[th.PartyKey]
-    public: PublicContext
-
-    @property
-    def secret(self) -> np.ndarray:
-        """``s = sum s_i`` modulo q: what no party holds."""
-        total = sum(key.secret for key in self.keys)
-        return (np.asarray(total) % self.modulus).astype(np.uint64)
-
-    def shares(self, threshold: int) -> list[th.KeyShare]:
-        """Every party's share of a fresh T-of-P dealing of the parties' secrets."""
-        q = self.modulus
-        dealt = [th.deal(k.secret, q, threshold=threshold, parties=PARTIES) for k in self.keys]
-        return [
-            th.KeyShare(j, threshold, PARTIES, q, th.gather([d[j] for d in dealt], q))
-            for j in range(1, PARTIES + 1)
-        ]
-
-    def exact(self, rows: np.ndarray) -> np.ndarray:
-        """The single-key decryption ``c0 + c1 s`` (centred) under the summed secret."""
-        product = RingProduct(self.secret, self.modulus).times(rows[:, N:])
-        return th.combine(rows[:, :N], [product], self.modulus)
-
-
 @pytest.fixture(scope="module")
 def joint() -> Joint:
-    parms, _ = make_seal_context(PARAMS)
-    q = int(parms.coeff_modulus()[0].value())
-    common = th.common_polynomial(b"a seed every party agreed on", N, q)
-    keys = [th.draw_party_key(common, q) for _ in range(PARTIES)]
-    public_key = th.joint_public_key(common, [k.public_share for k in keys], q)
-    # the bytes clients load, exactly as a single key holder's
-    public = PublicContext.from_bytes(th.joint_public_context(PARAMS, public_key).serialize())
-    return Joint(q, keys, public)
+    return generate(PARTIES)
 
 
 @pytest.fixture(scope="module")
 def aggregate(joint: Joint) -> tuple[np.ndarray, np.ndarray]:
     """Two blocks summed over :data:`CLIENTS` clients' real ciphertexts, and the plain sum."""
-    encryptor = BlockEncryptor(joint.public)  # the unchanged client code
-    values = np.random.default_rng(7).uniform(-1, 1, (CLIENTS, 2, PARAMS.values_per_block))
-    sums = [CiphertextSum(joint.public) for _ in range(2)]
-    for update in values:
-        for block, total in zip(update, sums, strict=True):
-            total.add(unpack_block(joint.public, encryptor.encrypt_block(block)))
-    return np.stack([s.coefficients for s in sums]), values.sum(axis=0)
+    return encrypted_sum(joint.public, CLIENTS, 2)
 
 
 def _decrypt(
@@ -140,7 +94,7 @@ def test_joint_key_is_a_seal_public_key_of_the_summed_secret(joint: Joint) -> No
         assert np.abs(joint.exact(zeros)).max() <= bound
     assert (
         public.public_key_coefficients[1].tolist()
-        == th.common_polynomial(b"a seed every party agreed on", N, joint.modulus).tolist()
+        == th.common_polynomial(SEED, N, joint.modulus).tolist()
     )
 
 

@@ -1,0 +1,236 @@
+"""One party of a threshold key holder: a share of the key, and its own check of every round.
+
+With ``P`` parties (:mod:`crypto.threshold`) no process holds the secret key; a combiner (the
+key holder that verifies, holds the model and applies rounds) asks ``T`` parties for partial
+decryptions of a round's aggregate and adds them to ``c0``. A party decrypts nothing it has
+not checked itself, and trusts no single other role for it:
+
+- the **contributor set** must be the one the coordinator closed the round with (asked of
+  the coordinator, not taken from the combiner) and hold at least ``min_quorum`` clients: no
+  one-client "aggregate", no sub-cohort;
+- the **aggregate** is fetched from the shards by the party itself, summed by them over
+  exactly that set; its digest must be the one the combiner signed, which the combiner signs
+  only once the aggregate passed its own check against the clients' commitments (the secret
+  sketch challenge is the combiner's): a shard that changed a sum and a combiner that lies
+  about its check must collude to be believed;
+- **once per round**: a round's aggregate is decrypted for one digest only, at most
+  ``parties`` times (a retry with another set of parties after one went down), recorded
+  durably before the partial leaves: no replay of a round with another aggregate, across
+  restarts too.
+
+Only then does the party return ``c1 (lambda_j sh_j) + e'_j`` of the aggregate it fetched
+(never of bytes the combiner sent), flooded with
+:func:`crypto.threshold.flooding_std` for the round's contributors.
+
+Not checked here yet (issue 32): the zero canaries (they need the whole key; a joint canary
+check is still to be designed, docs/crypto.md) and the weighted sums of asynchronous
+rounds (the party would need the staleness multipliers, checked against the shards'
+manifests): a party decrypts synchronous rounds only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from crypto import PublicContext
+from crypto.files import read_checked, write_checked
+from crypto.signing import verify_block
+from crypto.threshold import (
+    KeyShare,
+    aggregate_digest,
+    flooding_std,
+    partial_decryption,
+    request_digest,
+)
+from fedps.errors import InvalidArgumentError, PolicyError
+
+__all__ = ["DecryptionRequest", "KeyHolderParty", "RoundSource"]
+
+_log = logging.getLogger("fedps")
+
+LEDGER_FILE = "decrypted.json"
+
+
+@dataclass(frozen=True)
+class DecryptionRequest:
+    """The combiner asks ``participants`` for partial decryptions of one round's aggregate.
+
+    Attributes
+    ----------
+    round
+        The closed round.
+    contributors
+        The clients the aggregate sums.
+    participants
+        The ``T`` parties that decrypt together (their Lagrange coefficients depend on it).
+    aggregate
+        :func:`crypto.threshold.aggregate_digest` of the aggregate the combiner verified.
+    signature
+        The combiner's Ed25519 signature of :func:`crypto.threshold.request_digest`.
+    """
+
+    round: int
+    contributors: tuple[str, ...]
+    participants: tuple[int, ...]
+    aggregate: bytes
+    signature: bytes
+
+    def digest(self) -> bytes:
+        """What the combiner signs."""
+        return request_digest(self.round, self.contributors, self.participants, self.aggregate)
+
+
+class RoundSource(Protocol):
+    """What a party asks the other roles itself, never the combiner."""
+
+    def closed_contributors(self, round_: int) -> frozenset[str]:
+        """The clients the coordinator closed ``round_`` with."""
+        ...
+
+    def aggregate(self, round_: int, contributors: Collection[str]) -> tuple[list[int], np.ndarray]:
+        """The shards' sums of ``round_`` over exactly ``contributors``: blocks, (B, 2N) rows."""
+        ...
+
+
+class KeyHolderParty:
+    """Party ``share.index`` of a T-of-P key holder: checks a round, then decrypts its share.
+
+    Parameters
+    ----------
+    share
+        This party's share of the joint secret key.
+    public
+        The joint public context (the parameters of every aggregate).
+    combiner_key
+        The combiner's Ed25519 public key (32 bytes).
+    source
+        The coordinator and the shards, as this party asks them.
+    state_dir
+        This party's folder: its ledger of the rounds it decrypted (the share's file too).
+    min_quorum
+        The fewest contributors of an aggregate it decrypts.
+    lambda_bits
+        The statistical security of its flooding (:func:`crypto.threshold.flooding_std`).
+    """
+
+    def __init__(
+        self,
+        share: KeyShare,
+        public: PublicContext,
+        *,
+        combiner_key: bytes,
+        source: RoundSource,
+        state_dir: Path,
+        min_quorum: int,
+        lambda_bits: int,
+    ) -> None:
+        if share.modulus != public.modulus:
+            raise InvalidArgumentError("the key share is not of this public context's modulus")
+        self.share = share
+        self.public = public
+        self._combiner_key = combiner_key
+        self._source = source
+        self._min_quorum = min_quorum
+        self._lambda_bits = lambda_bits
+        self._ledger = _Ledger(state_dir / LEDGER_FILE)
+        self._lock = threading.Lock()
+
+    @property
+    def index(self) -> int:
+        """The party's index in ``1..P``."""
+        return self.share.index
+
+    def partial_decrypt(self, request: DecryptionRequest) -> np.ndarray:
+        """The party's flooded partial decryption of the round's aggregate, (B, N) uint64.
+
+        Raises
+        ------
+        PolicyError
+            A check failed (the message names it): nothing is decrypted.
+        InvalidArgumentError
+            The request is malformed (participants not ``T`` distinct parties with this one).
+        """
+        round_ = request.round
+        if not verify_block(self._combiner_key, request.digest(), request.signature):
+            raise PolicyError(f"round {round_}: the request is not signed by the combiner")
+        contributors = frozenset(request.contributors)
+        if len(contributors) != len(request.contributors):
+            raise PolicyError(f"round {round_}: the request lists a contributor twice")
+        if len(contributors) < self._min_quorum:
+            raise PolicyError(
+                f"round {round_}: {len(contributors)} contributors, fewer than the "
+                f"minimum {self._min_quorum}: not decrypted"
+            )
+        closed = self._source.closed_contributors(round_)
+        if contributors != closed:
+            raise PolicyError(
+                f"round {round_}: the contributors asked for are not the {len(closed)} the "
+                "coordinator closed the round with: not decrypted"
+            )
+        blocks, rows = self._source.aggregate(round_, sorted(contributors))
+        if aggregate_digest(blocks, rows) != request.aggregate:
+            raise PolicyError(
+                f"round {round_}: the shards' aggregate is not the one the combiner verified: "
+                "not decrypted"
+            )
+        sigma = flooding_std(
+            self.public.params,
+            len(contributors),
+            parties=self.share.parties,
+            lambda_bits=self._lambda_bits,
+        )
+        with self._lock:  # the ledger is written before anything leaves
+            self._ledger.admit(round_, request.aggregate, limit=self.share.parties)
+        n = self.public.params.poly_modulus_degree
+        _log.info(
+            "party %d: partial decryption of round %d (%d contributors, parties %s)",
+            self.index,
+            round_,
+            len(contributors),
+            sorted(request.participants),
+        )
+        return partial_decryption(
+            self.share, rows[:, n:], participants=request.participants, sigma=sigma
+        )
+
+
+class _Ledger:
+    """The rounds a party decrypted: each with its aggregate's digest and how many partials.
+
+    Written (checked format, 0600, atomically) before a partial leaves the party.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        data = read_checked(path, what="the party's ledger", hint="restore it from a backup")
+        entries = json.loads(data) if data is not None else {}
+        self._rounds: dict[int, tuple[str, int]] = {
+            int(r): (str(d), int(c)) for r, (d, c) in entries.items()
+        }
+
+    def admit(self, round_: int, digest: bytes, *, limit: int) -> None:
+        """Record one more partial of ``round_``'s aggregate ``digest``, or refuse it.
+
+        Raises
+        ------
+        PolicyError
+            The round was decrypted with another aggregate, or ``limit`` times already.
+        """
+        seen, count = self._rounds.get(round_, (digest.hex(), 0))
+        if seen != digest.hex():
+            raise PolicyError(
+                f"round {round_} was decrypted with another aggregate: a round is decrypted once"
+            )
+        if count >= limit:
+            raise PolicyError(f"round {round_} was decrypted {count} times already")
+        self._rounds[round_] = (seen, count + 1)
+        payload = {str(r): [d, c] for r, (d, c) in sorted(self._rounds.items())}
+        write_checked(self._path, json.dumps(payload).encode())
