@@ -36,6 +36,7 @@ __all__ = [
     "FedPSConfig",
     "GroupsConfig",
     "HEConfig",
+    "KeyHolderConfig",
     "ListenConfig",
     "MetricsConfig",
     "PrivacyConfig",
@@ -90,6 +91,10 @@ class ClusterConfig(_Section):
     keyholder: str = "127.0.0.1:7100"
     coordinator: str = "127.0.0.1:7000"
     shards: list[str] = Field(default_factory=lambda: ["127.0.0.1:7201", "127.0.0.1:7202"])
+    parties: list[str] = Field(
+        default_factory=list,
+        description="one per key-holder party (keyholder.parties > 1), party 1 first",
+    )
     listen: ListenConfig = Field(default_factory=ListenConfig)
     virtual_nodes: int = Field(128, ge=1, le=4096)
     state_dir: Path = Path("fedps-state")
@@ -99,10 +104,12 @@ class ClusterConfig(_Section):
     def _check(self) -> ClusterConfig:
         if not self.shards:
             raise ValueError("at least one shard address is required")
-        for addr in [self.keyholder, self.coordinator, *self.shards]:
+        for addr in [self.keyholder, self.coordinator, *self.shards, *self.parties]:
             _check_address(addr)
         if len(set(self.shards)) != len(self.shards):
             raise ValueError("shard addresses must be distinct")
+        if len(set(self.parties)) != len(self.parties):
+            raise ValueError("party addresses must be distinct")
         if self.listen.shards and len(self.listen.shards) != len(self.shards):
             raise ValueError("listen.shards needs one address per shard (or none)")
         return self
@@ -293,6 +300,33 @@ class HEConfig(_Section):
         if bits is not None and scale is not None and scale > bits - 4:
             raise ValueError("scale_bits must be at most coeff_modulus_bits - 4")
         return self
+
+
+class KeyHolderConfig(_Section):
+    """Key-holder parties: no single process holds the secret key (docs/crypto.md).
+
+    ``parties = 1`` (the default) is one key holder with the whole key. With ``parties = P``
+    above 1, P party processes (``cluster.parties``) each hold a share, and any ``threshold =
+    T`` of them decrypt a round together (0: all P); each floods its partial decryption to
+    ``lambda_bits`` bits of statistical security per released coefficient.
+    """
+
+    parties: int = Field(1, ge=1, le=16)
+    threshold: int = Field(0, ge=0, le=16, description="T; 0: every party (P-of-P)")
+    lambda_bits: int = Field(
+        16, ge=1, le=21, description="statistical security of each party's flooding"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> KeyHolderConfig:
+        if self.threshold > self.parties:
+            raise ValueError(f"threshold ({self.threshold}) cannot exceed parties ({self.parties})")
+        return self
+
+    @property
+    def quorum(self) -> int:
+        """T: how many parties decrypt together."""
+        return self.threshold or self.parties
 
 
 class SecurityConfig(_Section):
@@ -518,6 +552,7 @@ class FedPSConfig(_Section):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     he: HEConfig = Field(default_factory=HEConfig)
+    keyholder: KeyHolderConfig = Field(default_factory=KeyHolderConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     tls: TlsConfig = Field(default_factory=TlsConfig)
     groups: GroupsConfig = Field(default_factory=GroupsConfig)
@@ -532,6 +567,17 @@ class FedPSConfig(_Section):
                 "sums updates trained for different rounds, each sent under its round's mask, "
                 "and shards add ciphertexts slot by slot, so every update of one sum must share "
                 "one mask"
+            )
+        parties = self.keyholder.parties
+        if parties > 1 and len(self.cluster.parties) != parties:
+            raise ValueError(
+                f"keyholder.parties = {parties} needs cluster.parties, one address per party "
+                f"(got {len(self.cluster.parties)})"
+            )
+        if parties > 1 and self.training.mode != "sync":
+            raise ValueError(
+                'keyholder.parties above 1 needs training.mode = "sync": a party decrypts '
+                "unweighted sums of a closed round only"
             )
         if self.metrics.shards and len(self.metrics.shards) != len(self.cluster.shards):
             raise ValueError("metrics.shards needs one address per shard (or none)")

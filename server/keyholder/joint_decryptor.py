@@ -21,7 +21,7 @@ import numpy as np
 from crypto.signing import BlockSigner
 from crypto.threshold import aggregate_digest, combine, request_digest
 from fedps.errors import InvalidArgumentError, PeerUnavailableError
-from server.keyholder.keyholder_party import DecryptionRequest
+from fedps.rpc.keyholder_party_messages import DecryptionRequest
 
 __all__ = ["JointDecryptor", "PartyPeer"]
 

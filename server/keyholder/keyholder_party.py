@@ -34,7 +34,6 @@ import json
 import logging
 import threading
 from collections.abc import Collection
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -43,49 +42,15 @@ import numpy as np
 from crypto import PublicContext
 from crypto.files import read_checked, write_checked
 from crypto.signing import verify_block
-from crypto.threshold import (
-    KeyShare,
-    aggregate_digest,
-    flooding_std,
-    partial_decryption,
-    request_digest,
-)
+from crypto.threshold import KeyShare, aggregate_digest, flooding_std, partial_decryption
 from fedps.errors import InvalidArgumentError, PolicyError
+from fedps.rpc.keyholder_party_messages import DecryptionRequest
 
-__all__ = ["DecryptionRequest", "KeyHolderParty", "RoundSource"]
+__all__ = ["KeyHolderParty", "RoundSource"]
 
 _log = logging.getLogger("fedps")
 
 LEDGER_FILE = "decrypted.json"
-
-
-@dataclass(frozen=True)
-class DecryptionRequest:
-    """The combiner asks ``participants`` for partial decryptions of one round's aggregate.
-
-    Attributes
-    ----------
-    round
-        The closed round.
-    contributors
-        The clients the aggregate sums.
-    participants
-        The ``T`` parties that decrypt together (their Lagrange coefficients depend on it).
-    aggregate
-        :func:`crypto.threshold.aggregate_digest` of the aggregate the combiner verified.
-    signature
-        The combiner's Ed25519 signature of :func:`crypto.threshold.request_digest`.
-    """
-
-    round: int
-    contributors: tuple[str, ...]
-    participants: tuple[int, ...]
-    aggregate: bytes
-    signature: bytes
-
-    def digest(self) -> bytes:
-        """What the combiner signs."""
-        return request_digest(self.round, self.contributors, self.participants, self.aggregate)
 
 
 class RoundSource(Protocol):

@@ -10,7 +10,8 @@ import numpy as np
 
 from crypto.signing import BlockSigner
 from fedps.errors import PeerUnavailableError
-from server.keyholder.keyholder_party import DecryptionRequest, KeyHolderParty
+from fedps.rpc.keyholder_party_messages import DecryptionRequest
+from server.keyholder.keyholder_party import KeyHolderParty
 from tests.crypto.threshold_keys import Joint
 
 MIN_QUORUM = 3

@@ -12,7 +12,8 @@ import pytest
 from crypto import threshold as th
 from crypto.signing import BlockSigner
 from fedps.errors import PolicyError
-from server.keyholder.keyholder_party import LEDGER_FILE, DecryptionRequest, KeyHolderParty
+from fedps.rpc.keyholder_party_messages import DecryptionRequest
+from server.keyholder.keyholder_party import LEDGER_FILE, KeyHolderParty
 from tests.crypto.threshold_keys import PARAMS, Joint, N, aggregate, generate
 from tests.server.keyholder.party_cluster import LAMBDA, MIN_QUORUM, Rounds, start_parties
 
