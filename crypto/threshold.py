@@ -293,9 +293,24 @@ def joint_value_bound(params: CkksParams, noise_weight: float, parties: int) -> 
     secret (``||s||^2 <= P N``: ``e1 s`` and ``r1 s`` grow with it) in the proxy:
     ``value_noise_proxy + (P - 1) (35 N + N 4^(d1 - 1))``.
     """
+    proxy = params.value_noise_proxy + _joint_extra(params, parties)
+    return TAIL_SIGMAS * math.sqrt(proxy * max(1.0, noise_weight))
+
+
+def joint_canary_bound(params: CkksParams, noise_weight: float, parties: int) -> float:
+    """The largest ``|canary|`` of an honest sum under a joint key, in coefficients.
+
+    :func:`crypto.canary.canary_bound` with the joint key's extra proxy (as
+    :func:`joint_value_bound`); ``noise_weight`` is ``sum m_i^2`` of the sum's integer weights.
+    """
+    proxy = params.canary_noise_proxy + _joint_extra(params, parties)
+    return TAIL_SIGMAS * math.sqrt(proxy * max(1.0, noise_weight))
+
+
+def _joint_extra(params: CkksParams, parties: int) -> float:
+    """The proxy each party beyond the first adds: its key error and its share of ``s``."""
     n = params.poly_modulus_degree
-    extra = (parties - 1) * (fresh_noise_proxy(n) - 21.0 + n * rounding_proxy(params.c1_drop_bits))
-    return TAIL_SIGMAS * math.sqrt((params.value_noise_proxy + extra) * max(1.0, noise_weight))
+    return (parties - 1) * (fresh_noise_proxy(n) - 21.0 + n * rounding_proxy(params.c1_drop_bits))
 
 
 def flooding_std(
