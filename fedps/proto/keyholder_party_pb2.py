@@ -24,17 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!fedps/proto/keyholder_party.proto\x12\x0b\x66\x65\x64ps.proto\"x\n\x15PartialDecryptRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x14\n\x0c\x63ontributors\x18\x02 \x03(\t\x12\x14\n\x0cparticipants\x18\x03 \x03(\r\x12\x11\n\taggregate\x18\x04 \x01(\x0c\x12\x11\n\tsignature\x18\x05 \x01(\x0c\"5\n\x13PartialDecryptReply\x12\r\n\x05\x66irst\x18\x01 \x01(\r\x12\x0f\n\x07partial\x18\x02 \x01(\x0c\x32j\n\x0eKeyHolderParty\x12X\n\x0ePartialDecrypt\x12\".fedps.proto.PartialDecryptRequest\x1a .fedps.proto.PartialDecryptReply0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!fedps/proto/keyholder_party.proto\x12\x0b\x66\x65\x64ps.proto\"C\n\rPartyCanaries\x12\r\n\x05party\x18\x01 \x01(\r\x12\x10\n\x08\x63\x61naries\x18\x02 \x01(\x0c\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"\xa6\x01\n\x15PartialDecryptRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x14\n\x0c\x63ontributors\x18\x02 \x03(\t\x12\x14\n\x0cparticipants\x18\x03 \x03(\r\x12\x11\n\taggregate\x18\x04 \x01(\x0c\x12\x11\n\tsignature\x18\x05 \x01(\x0c\x12,\n\x08\x63\x61naries\x18\x06 \x03(\x0b\x32\x1a.fedps.proto.PartyCanaries\"5\n\x13PartialDecryptReply\x12\r\n\x05\x66irst\x18\x01 \x01(\r\x12\x0f\n\x07partial\x18\x02 \x01(\x0c\x32\xbb\x01\n\x0eKeyHolderParty\x12O\n\rCanaryPartial\x12\".fedps.proto.PartialDecryptRequest\x1a\x1a.fedps.proto.PartyCanaries\x12X\n\x0ePartialDecrypt\x12\".fedps.proto.PartialDecryptRequest\x1a .fedps.proto.PartialDecryptReply0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedps.proto.keyholder_party_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PARTIALDECRYPTREQUEST']._serialized_start=50
-  _globals['_PARTIALDECRYPTREQUEST']._serialized_end=170
-  _globals['_PARTIALDECRYPTREPLY']._serialized_start=172
-  _globals['_PARTIALDECRYPTREPLY']._serialized_end=225
-  _globals['_KEYHOLDERPARTY']._serialized_start=227
-  _globals['_KEYHOLDERPARTY']._serialized_end=333
+  _globals['_PARTYCANARIES']._serialized_start=50
+  _globals['_PARTYCANARIES']._serialized_end=117
+  _globals['_PARTIALDECRYPTREQUEST']._serialized_start=120
+  _globals['_PARTIALDECRYPTREQUEST']._serialized_end=286
+  _globals['_PARTIALDECRYPTREPLY']._serialized_start=288
+  _globals['_PARTIALDECRYPTREPLY']._serialized_end=341
+  _globals['_KEYHOLDERPARTY']._serialized_start=344
+  _globals['_KEYHOLDERPARTY']._serialized_end=531
 # @@protoc_insertion_point(module_scope)

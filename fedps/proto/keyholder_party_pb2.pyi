@@ -19,6 +19,34 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class PartyCanaries(_message.Message):
+    """One party's canary partials of an aggregate, signed with its Ed25519 key."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTY_FIELD_NUMBER: _builtins.int
+    CANARIES_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    party: _builtins.int
+    canaries: _builtins.bytes
+    """(combinations x 32) little-endian uint64"""
+    signature: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        party: _builtins.int = ...,
+        canaries: _builtins.bytes = ...,
+        signature: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["canaries", b"canaries", "party", b"party", "signature", b"signature"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartyCanaries: _TypeAlias = PartyCanaries  # noqa: Y015
+
+@_typing.final
 class PartialDecryptRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -27,6 +55,7 @@ class PartialDecryptRequest(_message.Message):
     PARTICIPANTS_FIELD_NUMBER: _builtins.int
     AGGREGATE_FIELD_NUMBER: _builtins.int
     SIGNATURE_FIELD_NUMBER: _builtins.int
+    CANARIES_FIELD_NUMBER: _builtins.int
     round: _builtins.int
     aggregate: _builtins.bytes
     """SHA-256 of the aggregate the combiner verified (aggregate_digest)"""
@@ -40,6 +69,10 @@ class PartialDecryptRequest(_message.Message):
     def participants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """the T parties that decrypt together"""
 
+    @_builtins.property
+    def canaries(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartyCanaries]:
+        """PartialDecrypt: every participant's, signed"""
+
     def __init__(
         self,
         *,
@@ -48,10 +81,11 @@ class PartialDecryptRequest(_message.Message):
         participants: _abc.Iterable[_builtins.int] | None = ...,
         aggregate: _builtins.bytes = ...,
         signature: _builtins.bytes = ...,
+        canaries: _abc.Iterable[Global___PartyCanaries] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "contributors", b"contributors", "participants", b"participants", "round", b"round", "signature", b"signature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aggregate", b"aggregate", "canaries", b"canaries", "contributors", b"contributors", "participants", b"participants", "round", b"round", "signature", b"signature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -36,6 +36,11 @@ class KeyHolderPartyStub(object):
         Args:
             channel: A grpc.Channel.
         """
+        self.CanaryPartial = channel.unary_unary(
+                '/fedps.proto.KeyHolderParty/CanaryPartial',
+                request_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyCanaries.FromString,
+                _registered_method=True)
         self.PartialDecrypt = channel.unary_stream(
                 '/fedps.proto.KeyHolderParty/PartialDecrypt',
                 request_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.SerializeToString,
@@ -48,9 +53,18 @@ class KeyHolderPartyServicer(object):
     secret key and decrypts nothing it has not checked itself.
     """
 
+    def CanaryPartial(self, request, context):
+        """Combiner (the key holder): this party's flooded canaries of random combinations of a
+        closed round's blocks (crypto/joint_canary.py), once the party checked the round; signed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PartialDecrypt(self, request, context):
-        """Combiner (the key holder): this party's flooded partial decryption of a closed round's
-        aggregate, which the party fetches from the shards and checks first; streamed by rows.
+        """Combiner: this party's flooded partial decryption of the round's aggregate, which the
+        party fetches from the shards, checks, and whose joint canaries (every participant's, in
+        the request) it checks itself first; streamed by rows.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -59,6 +73,11 @@ class KeyHolderPartyServicer(object):
 
 def add_KeyHolderPartyServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'CanaryPartial': grpc.unary_unary_rpc_method_handler(
+                    servicer.CanaryPartial,
+                    request_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.FromString,
+                    response_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyCanaries.SerializeToString,
+            ),
             'PartialDecrypt': grpc.unary_stream_rpc_method_handler(
                     servicer.PartialDecrypt,
                     request_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.FromString,
@@ -76,6 +95,33 @@ class KeyHolderParty(object):
     """A key-holder party of a threshold key holder (crypto/threshold.py): it holds one share of the
     secret key and decrypts nothing it has not checked itself.
     """
+
+    @staticmethod
+    def CanaryPartial(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedps.proto.KeyHolderParty/CanaryPartial',
+            fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.SerializeToString,
+            fedps_dot_proto_dot_keyholder__party__pb2.PartyCanaries.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def PartialDecrypt(request,

@@ -35,9 +35,14 @@ class KeyHolderPartyStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> KeyHolderPartyAsyncStub: ...
+    CanaryPartial: _grpc.UnaryUnaryMultiCallable[_keyholder_party_pb2.PartialDecryptRequest, _keyholder_party_pb2.PartyCanaries]
+    """Combiner (the key holder): this party's flooded canaries of random combinations of a
+    closed round's blocks (crypto/joint_canary.py), once the party checked the round; signed.
+    """
     PartialDecrypt: _grpc.UnaryStreamMultiCallable[_keyholder_party_pb2.PartialDecryptRequest, _keyholder_party_pb2.PartialDecryptReply]
-    """Combiner (the key holder): this party's flooded partial decryption of a closed round's
-    aggregate, which the party fetches from the shards and checks first; streamed by rows.
+    """Combiner: this party's flooded partial decryption of the round's aggregate, which the
+    party fetches from the shards, checks, and whose joint canaries (every participant's, in
+    the request) it checks itself first; streamed by rows.
     """
 
 @_typing.type_check_only
@@ -47,9 +52,14 @@ class KeyHolderPartyAsyncStub(KeyHolderPartyStub):
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
+    CanaryPartial: _aio.UnaryUnaryMultiCallable[_keyholder_party_pb2.PartialDecryptRequest, _keyholder_party_pb2.PartyCanaries]  # type: ignore[assignment]
+    """Combiner (the key holder): this party's flooded canaries of random combinations of a
+    closed round's blocks (crypto/joint_canary.py), once the party checked the round; signed.
+    """
     PartialDecrypt: _aio.UnaryStreamMultiCallable[_keyholder_party_pb2.PartialDecryptRequest, _keyholder_party_pb2.PartialDecryptReply]  # type: ignore[assignment]
-    """Combiner (the key holder): this party's flooded partial decryption of a closed round's
-    aggregate, which the party fetches from the shards and checks first; streamed by rows.
+    """Combiner: this party's flooded partial decryption of the round's aggregate, which the
+    party fetches from the shards, checks, and whose joint canaries (every participant's, in
+    the request) it checks itself first; streamed by rows.
     """
 
 class KeyHolderPartyServicer(metaclass=_abc_1.ABCMeta):
@@ -58,13 +68,24 @@ class KeyHolderPartyServicer(metaclass=_abc_1.ABCMeta):
     """
 
     @_abc_1.abstractmethod
+    def CanaryPartial(
+        self,
+        request: _keyholder_party_pb2.PartialDecryptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_keyholder_party_pb2.PartyCanaries, _abc.Awaitable[_keyholder_party_pb2.PartyCanaries]]:
+        """Combiner (the key holder): this party's flooded canaries of random combinations of a
+        closed round's blocks (crypto/joint_canary.py), once the party checked the round; signed.
+        """
+
+    @_abc_1.abstractmethod
     def PartialDecrypt(
         self,
         request: _keyholder_party_pb2.PartialDecryptRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_keyholder_party_pb2.PartialDecryptReply], _abc.AsyncIterator[_keyholder_party_pb2.PartialDecryptReply]]:
-        """Combiner (the key holder): this party's flooded partial decryption of a closed round's
-        aggregate, which the party fetches from the shards and checks first; streamed by rows.
+        """Combiner: this party's flooded partial decryption of the round's aggregate, which the
+        party fetches from the shards, checks, and whose joint canaries (every participant's, in
+        the request) it checks itself first; streamed by rows.
         """
 
 def add_KeyHolderPartyServicer_to_server(servicer: KeyHolderPartyServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

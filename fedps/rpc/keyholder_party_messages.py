@@ -7,19 +7,67 @@ protobuf.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import hashlib
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
+from crypto.params import CANARIES
 from crypto.threshold import request_digest
 from fedps.proto import keyholder_party_pb2
-from fedps.rpc.messages import MalformedReplyError, WireRecord
+from fedps.rpc.messages import Converter, MalformedReplyError, WireRecord, records_of
 
-__all__ = ["ROWS_PER_MESSAGE", "DecryptionRequest", "join_partial", "split_partial"]
+__all__ = [
+    "ROWS_PER_MESSAGE",
+    "DecryptionRequest",
+    "PartyCanaries",
+    "join_partial",
+    "split_partial",
+]
 
 #: Rows of a partial decryption per streamed message: 1 MiB at N = 2048.
 ROWS_PER_MESSAGE = 64
+
+
+@dataclass(frozen=True, slots=True)
+class PartyCanaries(WireRecord[keyholder_party_pb2.PartyCanaries]):
+    """One party's flooded canary partials of an aggregate (:mod:`crypto.joint_canary`), signed.
+
+    Attributes
+    ----------
+    party
+        The party's index.
+    canaries
+        ``(combinations, 32)`` little-endian uint64.
+    signature
+        The party's Ed25519 signature of :meth:`digest` under the request's digest.
+    """
+
+    wire = keyholder_party_pb2.PartyCanaries
+
+    party: int
+    canaries: bytes
+    signature: bytes
+
+    def digest(self, request: bytes) -> bytes:
+        """What the party signs: the request's digest, its index and its canaries."""
+        head = b"fedps-party-canaries-v1" + request + self.party.to_bytes(4, "little")
+        return hashlib.sha256(head + self.canaries).digest()
+
+    def values(self, combinations: int) -> np.ndarray:
+        """The canaries, ``(combinations, 32)`` uint64.
+
+        Raises
+        ------
+        MalformedReplyError
+            The bytes are not that many values.
+        """
+        if len(self.canaries) != 8 * combinations * CANARIES:
+            raise MalformedReplyError(f"party {self.party}'s canaries have the wrong size")
+        words = np.frombuffer(self.canaries, dtype="<u8").astype(np.uint64)
+        return words.reshape(combinations, CANARIES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,15 +86,19 @@ class DecryptionRequest(WireRecord[keyholder_party_pb2.PartialDecryptRequest]):
         :func:`crypto.threshold.aggregate_digest` of the aggregate the combiner verified.
     signature
         The combiner's Ed25519 signature of :meth:`digest`.
+    canaries
+        For a partial decryption: every participant's signed canary partials.
     """
 
     wire = keyholder_party_pb2.PartialDecryptRequest
+    nested: ClassVar[Mapping[str, Converter]] = {"canaries": records_of(PartyCanaries)}
 
     round: int
     contributors: tuple[str, ...]
     participants: tuple[int, ...]
     aggregate: bytes
     signature: bytes
+    canaries: tuple[PartyCanaries, ...] = ()
 
     def digest(self) -> bytes:
         """What the combiner signs (:func:`crypto.threshold.request_digest`)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedps.proto import keyholder_party_pb2_grpc
-from fedps.rpc.keyholder_party_messages import DecryptionRequest, join_partial
+from fedps.rpc.keyholder_party_messages import DecryptionRequest, PartyCanaries, join_partial
 from fedps.rpc.service_call import invoke, stream_replies
 from fedps.rpc.transport import create_channel
 
@@ -44,6 +44,15 @@ class KeyHolderPartyStub:
     def close(self) -> None:
         """Close the channel."""
         self._channel.close()
+
+    def canary_partial(self, request: DecryptionRequest) -> PartyCanaries:
+        """The party's signed canary partials of the round's aggregate."""
+        message = request.to_proto()
+        reply = invoke(
+            lambda: self._stub.CanaryPartial(message, timeout=self._timeout_s),
+            f"canaries of round {request.round}",
+        )
+        return PartyCanaries.from_proto(reply)
 
     def partial_decrypt(self, request: DecryptionRequest) -> np.ndarray:
         """The party's partial decryption of the round's aggregate, ``(B, N)`` uint64."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
@@ -21,7 +22,7 @@ import numpy as np
 from crypto.signing import BlockSigner
 from crypto.threshold import aggregate_digest, combine, request_digest
 from fedps.errors import InvalidArgumentError, PeerUnavailableError
-from fedps.rpc.keyholder_party_messages import DecryptionRequest
+from fedps.rpc.keyholder_party_messages import DecryptionRequest, PartyCanaries
 
 __all__ = ["JointDecryptor", "PartyPeer"]
 
@@ -30,6 +31,10 @@ _log = logging.getLogger("fedps")
 
 class PartyPeer(Protocol):
     """A key-holder party as the combiner calls it (in process, or its gRPC client)."""
+
+    def canary_partial(self, request: DecryptionRequest) -> PartyCanaries:
+        """The party's signed canary partials; :class:`PeerUnavailableError` when it is down."""
+        ...
 
     def partial_decrypt(self, request: DecryptionRequest) -> np.ndarray:
         """The party's partial decryption; :class:`PeerUnavailableError` when it is down."""
@@ -107,14 +112,49 @@ class JointDecryptor:
                     request_digest(round_, contributors, participants, digest)
                 ),
             )
-            partials = []
-            for j in participants:
-                try:
-                    partials.append(self._parties[j].partial_decrypt(request))
-                except PeerUnavailableError as exc:
-                    _log.warning("round %d: key-holder party %d is down (%s)", round_, j, exc)
-                    down.add(j)
-                    break
-            else:
-                self.down = down
-                return combine(rows[:, :n], partials, self._modulus)
+            try:
+                canaries = tuple(self._ask(round_, j).canary_partial(request) for j in participants)
+                checked = replace(request, canaries=canaries)
+                partials = [self._ask(round_, j).partial_decrypt(checked) for j in participants]
+            except _PartyDownError as exc:
+                down.add(exc.party)
+                continue
+            self.down = down
+            return combine(rows[:, :n], partials, self._modulus)
+
+    def _ask(self, round_: int, index: int) -> PartyPeer:
+        """Party ``index``, whose calls raise :class:`_PartyDownError` when it does not answer."""
+        return _Answering(self._parties[index], index, round_)
+
+
+class _PartyDownError(Exception):
+    """A party did not answer (internal: the combiner asks another set)."""
+
+    def __init__(self, party: int) -> None:
+        super().__init__(f"party {party} is down")
+        self.party = party
+
+
+class _Answering:
+    """A party's calls, with :class:`PeerUnavailableError` turned into :class:`_PartyDownError`."""
+
+    def __init__(self, peer: PartyPeer, index: int, round_: int) -> None:
+        self._peer, self._index, self._round = peer, index, round_
+
+    def canary_partial(self, request: DecryptionRequest) -> PartyCanaries:
+        """As :meth:`PartyPeer.canary_partial`."""
+        try:
+            return self._peer.canary_partial(request)
+        except PeerUnavailableError as exc:
+            raise self._down(exc) from exc
+
+    def partial_decrypt(self, request: DecryptionRequest) -> np.ndarray:
+        """As :meth:`PartyPeer.partial_decrypt`."""
+        try:
+            return self._peer.partial_decrypt(request)
+        except PeerUnavailableError as exc:
+            raise self._down(exc) from exc
+
+    def _down(self, exc: PeerUnavailableError) -> _PartyDownError:
+        _log.warning("round %d: key-holder party %d is down (%s)", self._round, self._index, exc)
+        return _PartyDownError(self._index)

@@ -13,19 +13,21 @@ not checked itself, and trusts no single other role for it:
   only once the aggregate passed its own check against the clients' commitments (the secret
   sketch challenge is the combiner's): a shard that changed a sum and a combiner that lies
   about its check must collude to be believed;
-- **once per round**: a round's aggregate is decrypted for one digest only, at most
-  ``parties`` times (a retry with another set of parties after one went down), recorded
-  durably before the partial leaves: no replay of a round with another aggregate, across
-  restarts too.
+- **zero canaries** (:mod:`crypto.joint_canary`): the participants first return their
+  flooded canaries of random combinations of the blocks (:meth:`KeyHolderParty.canary_partial`,
+  signed with each party's key); a partial decryption request carries every participant's,
+  and the party checks their signatures, that its own are the ones it gave, and the combined
+  canaries against the bound itself: a change to ``c1`` by a client or a shard, and no full
+  partial leaves it;
+- **once per round**: a round's aggregate is answered for one digest only, at most
+  ``2 P`` times (canaries and partials, retried with another set of parties after one went
+  down), recorded durably before the answer leaves: no replay of a round with another
+  aggregate, across restarts too.
 
 Only then does the party return ``c1 (lambda_j sh_j) + e'_j`` of the aggregate it fetched
-(never of bytes the combiner sent), flooded with
-:func:`crypto.threshold.flooding_std` for the round's contributors.
-
-Not checked here yet (issue 32): the zero canaries (they need the whole key; a joint canary
-check is still to be designed, docs/crypto.md) and the weighted sums of asynchronous
-rounds (the party would need the staleness multipliers, checked against the shards'
-manifests): a party decrypts synchronous rounds only.
+(never of bytes the combiner sent), flooded with :func:`crypto.threshold.flooding_std` for the
+round's contributors. Asynchronous rounds (weighted sums) are not decrypted by parties: the
+party would need the staleness multipliers, checked against the shards' manifests.
 """
 
 from __future__ import annotations
@@ -33,18 +35,20 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from crypto import PublicContext
+from crypto.canary import CanaryError
 from crypto.files import read_checked, write_checked
-from crypto.signing import verify_block
+from crypto.joint_canary import COMBINATIONS, CanaryCheck
+from crypto.signing import BlockSigner, verify_block
 from crypto.threshold import KeyShare, aggregate_digest, flooding_std, partial_decryption
 from fedps.errors import InvalidArgumentError, PolicyError
-from fedps.rpc.keyholder_party_messages import DecryptionRequest
+from fedps.rpc.keyholder_party_messages import DecryptionRequest, PartyCanaries
 
 __all__ = ["KeyHolderParty", "RoundSource"]
 
@@ -76,6 +80,10 @@ class KeyHolderParty:
         The joint public context (the parameters of every aggregate).
     combiner_key
         The combiner's Ed25519 public key (32 bytes).
+    signer
+        This party's signing key (of its canary partials).
+    party_keys
+        Every party's Ed25519 public key, by index (this one's included).
     source
         The coordinator and the shards, as this party asks them.
     state_dir
@@ -92,6 +100,8 @@ class KeyHolderParty:
         public: PublicContext,
         *,
         combiner_key: bytes,
+        signer: BlockSigner,
+        party_keys: Mapping[int, bytes],
         source: RoundSource,
         state_dir: Path,
         min_quorum: int,
@@ -102,16 +112,38 @@ class KeyHolderParty:
         self.share = share
         self.public = public
         self._combiner_key = combiner_key
+        self._signer = signer
+        self._party_keys = dict(party_keys)
         self._source = source
         self._min_quorum = min_quorum
         self._lambda_bits = lambda_bits
         self._ledger = _Ledger(state_dir / LEDGER_FILE)
         self._lock = threading.Lock()
+        self._given: dict[bytes, bytes] = {}  # request digest -> the canaries it was given
 
     @property
     def index(self) -> int:
         """The party's index in ``1..P``."""
         return self.share.index
+
+    def canary_partial(self, request: DecryptionRequest) -> PartyCanaries:
+        """The party's flooded canaries of the round's block combinations, signed.
+
+        Raises
+        ------
+        PolicyError
+            A check of the round failed (the message names it): nothing is computed.
+        """
+        blocks, rows = self._checked(request)
+        check = self._canary_check(request, len(blocks))
+        n = self.public.params.poly_modulus_degree
+        with self._lock:
+            self._ledger.admit(request.round, request.aggregate, limit=2 * self.share.parties)
+            values = check.partial(self.share, rows[:, n:], request.participants)
+            unsigned = PartyCanaries(self.index, values.astype("<u8").tobytes(), b"")
+            signature = self._signer.sign(unsigned.digest(request.digest()))
+            self._given[request.digest()] = unsigned.canaries
+        return PartyCanaries(self.index, unsigned.canaries, signature)
 
     def partial_decrypt(self, request: DecryptionRequest) -> np.ndarray:
         """The party's flooded partial decryption of the round's aggregate, (B, N) uint64.
@@ -119,10 +151,36 @@ class KeyHolderParty:
         Raises
         ------
         PolicyError
-            A check failed (the message names it): nothing is decrypted.
+            A check failed (the message names it; a joint canary beyond the bound is a
+            :class:`~crypto.canary.CanaryError`): nothing is decrypted.
         InvalidArgumentError
             The request is malformed (participants not ``T`` distinct parties with this one).
         """
+        round_ = request.round
+        blocks, rows = self._checked(request)
+        n = self.public.params.poly_modulus_degree
+        self._check_canaries(request, rows, self._canary_check(request, len(blocks)))
+        sigma = flooding_std(
+            self.public.params,
+            len(request.contributors),
+            parties=self.share.parties,
+            lambda_bits=self._lambda_bits,
+        )
+        with self._lock:  # the ledger is written before anything leaves
+            self._ledger.admit(round_, request.aggregate, limit=2 * self.share.parties)
+        _log.info(
+            "party %d: partial decryption of round %d (%d contributors, parties %s)",
+            self.index,
+            round_,
+            len(request.contributors),
+            sorted(request.participants),
+        )
+        return partial_decryption(
+            self.share, rows[:, n:], participants=request.participants, sigma=sigma
+        )
+
+    def _checked(self, request: DecryptionRequest) -> tuple[list[int], np.ndarray]:
+        """The round's aggregate, fetched from the shards once every check of the request passed."""
         round_ = request.round
         if not verify_block(self._combiner_key, request.digest(), request.signature):
             raise PolicyError(f"round {round_}: the request is not signed by the combiner")
@@ -146,25 +204,44 @@ class KeyHolderParty:
                 f"round {round_}: the shards' aggregate is not the one the combiner verified: "
                 "not decrypted"
             )
-        sigma = flooding_std(
+        return blocks, rows
+
+    def _canary_check(self, request: DecryptionRequest, blocks: int) -> CanaryCheck:
+        share = self.share
+        return CanaryCheck(
             self.public.params,
-            len(contributors),
-            parties=self.share.parties,
-            lambda_bits=self._lambda_bits,
+            share.parties,
+            share.threshold,
+            len(request.contributors),
+            request.aggregate,
+            blocks,
         )
-        with self._lock:  # the ledger is written before anything leaves
-            self._ledger.admit(round_, request.aggregate, limit=self.share.parties)
+
+    def _check_canaries(
+        self, request: DecryptionRequest, rows: np.ndarray, check: CanaryCheck
+    ) -> None:
+        """Every participant's signed canaries, this party's own among them, within the bound."""
+        round_, digest = request.round, request.digest()
+        given = {c.party: c for c in request.canaries}
+        if sorted(given) != sorted(request.participants) or len(given) != len(request.canaries):
+            raise PolicyError(f"round {round_}: the request lacks a participant's canaries")
+        for index, canaries in given.items():
+            key = self._party_keys.get(index, b"")
+            if not verify_block(key, canaries.digest(digest), canaries.signature):
+                raise PolicyError(f"round {round_}: party {index}'s canaries are not signed by it")
+        with self._lock:
+            mine = self._given.get(digest)
+        if mine is None or given[self.index].canaries != mine:
+            raise PolicyError(
+                f"round {round_}: the request's canaries of this party are not its own"
+            )
         n = self.public.params.poly_modulus_degree
-        _log.info(
-            "party %d: partial decryption of round %d (%d contributors, parties %s)",
-            self.index,
-            round_,
-            len(contributors),
-            sorted(request.participants),
-        )
-        return partial_decryption(
-            self.share, rows[:, n:], participants=request.participants, sigma=sigma
-        )
+        partials = [given[j].values(COMBINATIONS) for j in sorted(given)]
+        try:
+            check.verify(rows[:, :n], partials, self.share.modulus)
+        except CanaryError as exc:
+            _log.warning("party %d: round %d refused: %s", self.index, round_, exc)
+            raise
 
 
 class _Ledger:
@@ -182,7 +259,7 @@ class _Ledger:
         }
 
     def admit(self, round_: int, digest: bytes, *, limit: int) -> None:
-        """Record one more partial of ``round_``'s aggregate ``digest``, or refuse it.
+        """Record one more answer about ``round_``'s aggregate ``digest``, or refuse it.
 
         Raises
         ------
@@ -192,10 +269,10 @@ class _Ledger:
         seen, count = self._rounds.get(round_, (digest.hex(), 0))
         if seen != digest.hex():
             raise PolicyError(
-                f"round {round_} was decrypted with another aggregate: a round is decrypted once"
+                f"round {round_} was answered for another aggregate: a round is decrypted once"
             )
         if count >= limit:
-            raise PolicyError(f"round {round_} was decrypted {count} times already")
+            raise PolicyError(f"round {round_} was answered {count} times already")
         self._rounds[round_] = (seen, count + 1)
         payload = {str(r): [d, c] for r, (d, c) in sorted(self._rounds.items())}
         write_checked(self._path, json.dumps(payload).encode())

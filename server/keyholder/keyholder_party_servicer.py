@@ -20,7 +20,14 @@ class KeyHolderPartyServicer(keyholder_party_pb2_grpc.KeyHolderPartyServicer):
     def __init__(self, party: KeyHolderParty) -> None:
         self.party = party
 
-    def PartialDecrypt(  # noqa: N802 (gRPC method name)
+    def CanaryPartial(  # noqa: N802 (gRPC method name)
+        self, request: keyholder_party_pb2.PartialDecryptRequest, context: grpc.ServicerContext
+    ) -> keyholder_party_pb2.PartyCanaries:
+        """Combiner: the party checks the round itself, then signs its canary partials."""
+        with rpc_errors(context):
+            return self.party.canary_partial(DecryptionRequest.from_proto(request)).to_proto()
+
+    def PartialDecrypt(  # noqa: N802
         self, request: keyholder_party_pb2.PartialDecryptRequest, context: grpc.ServicerContext
     ) -> Iterator[keyholder_party_pb2.PartialDecryptReply]:
         """Combiner: the party checks the round itself, then streams its partial decryption."""

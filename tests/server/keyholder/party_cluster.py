@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from crypto.signing import BlockSigner
 from fedps.errors import PeerUnavailableError
-from fedps.rpc.keyholder_party_messages import DecryptionRequest
+from fedps.rpc.keyholder_party_messages import DecryptionRequest, PartyCanaries
 from server.keyholder.keyholder_party import KeyHolderParty
 from tests.crypto.threshold_keys import Joint
 
@@ -44,17 +45,30 @@ class Rounds:
 
 
 class Switchable:
-    """A party that can be taken down and brought back, as a peer the combiner calls."""
+    """A party that can be taken down, brought back and restarted, as the combiner calls it."""
 
-    def __init__(self, party: KeyHolderParty) -> None:
-        self.party = party
+    def __init__(self, start: Callable[[], KeyHolderParty]) -> None:
+        self._start = start
+        self.party = start()
         self.up = True
 
+    def restart(self) -> None:
+        """A new process of the same party: its share, keys and state folder."""
+        self.party = self._start()
+
+    def canary_partial(self, request: DecryptionRequest) -> PartyCanaries:
+        """The party's canaries, or :class:`PeerUnavailableError` while it is down."""
+        self._answering()
+        return self.party.canary_partial(request)
+
     def partial_decrypt(self, request: DecryptionRequest) -> np.ndarray:
-        """The party's answer, or :class:`PeerUnavailableError` while it is down."""
+        """The party's partial, or :class:`PeerUnavailableError` while it is down."""
+        self._answering()
+        return self.party.partial_decrypt(request)
+
+    def _answering(self) -> None:
         if not self.up:
             raise PeerUnavailableError(f"party {self.party.index} does not answer")
-        return self.party.partial_decrypt(request)
 
 
 def start_parties(
@@ -62,17 +76,24 @@ def start_parties(
 ) -> dict[int, Switchable]:
     """Every party of a fresh T-of-P dealing, each with its own state folder."""
     parties = {}
-    for share in joint.shares(threshold):
+    shares = joint.shares(threshold)
+    signers = {share.index: BlockSigner() for share in shares}
+    keys = {index: signer.public_key for index, signer in signers.items()}
+    for share in shares:
         folder = root / f"party-{share.index}"
         folder.mkdir()
-        party = KeyHolderParty(
-            share,
-            joint.public,
-            combiner_key=combiner.public_key,
-            source=rounds,
-            state_dir=folder,
-            min_quorum=MIN_QUORUM,
-            lambda_bits=LAMBDA,
+        parties[share.index] = Switchable(
+            partial(
+                KeyHolderParty,
+                share,
+                joint.public,
+                combiner_key=combiner.public_key,
+                signer=signers[share.index],
+                party_keys=keys,
+                source=rounds,
+                state_dir=folder,
+                min_quorum=MIN_QUORUM,
+                lambda_bits=LAMBDA,
+            )
         )
-        parties[share.index] = Switchable(party)
     return parties

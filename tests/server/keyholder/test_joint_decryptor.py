@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from crypto import threshold as th
+from crypto.canary import CanaryError
 from crypto.signing import BlockSigner
 from fedps.errors import PeerUnavailableError, PolicyError
 from server.keyholder.joint_decryptor import JointDecryptor
-from tests.crypto.threshold_keys import PARAMS, Joint, aggregate, generate
+from tests.crypto.threshold_keys import PARAMS, Joint, N, aggregate, generate
 from tests.server.keyholder.party_cluster import LAMBDA, Rounds, Switchable, start_parties
 
 COHORT = ("a", "b", "c", "d")
@@ -85,3 +86,15 @@ def test_a_party_refusal_stops_the_round(joint: Joint, rows: np.ndarray, tmp_pat
     # Execute / Assert
     with pytest.raises(PolicyError, match="coordinator closed"):
         combiner.decrypt(1, COHORT[:3], list(range(len(rows))), rows)
+
+
+def test_a_changed_c1_is_refused_and_nothing_is_decrypted(
+    joint: Joint, rows: np.ndarray, tmp_path: Path
+) -> None:
+    # Prepare: the aggregate the shards hold and the combiner verified carries t in c1
+    changed = rows.copy()
+    changed[0, N + 3] = np.uint64((int(changed[0, N + 3]) + 2**29) % joint.modulus)
+    combiner, _ = _cluster(joint, changed, 2, tmp_path)
+    # Execute / Assert
+    with pytest.raises(CanaryError):
+        combiner.decrypt(1, COHORT, list(range(len(changed))), changed)

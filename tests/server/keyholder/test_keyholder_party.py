@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import math
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from crypto import threshold as th
+from crypto.canary import CanaryError
 from crypto.signing import BlockSigner
 from fedps.errors import PolicyError
-from fedps.rpc.keyholder_party_messages import DecryptionRequest
-from server.keyholder.keyholder_party import LEDGER_FILE, KeyHolderParty
+from fedps.rpc.keyholder_party_messages import DecryptionRequest, PartyCanaries
+from server.keyholder.keyholder_party import LEDGER_FILE
 from tests.crypto.threshold_keys import PARAMS, Joint, N, aggregate, generate
-from tests.server.keyholder.party_cluster import LAMBDA, MIN_QUORUM, Rounds, start_parties
+from tests.server.keyholder.party_cluster import (
+    LAMBDA,
+    MIN_QUORUM,
+    Rounds,
+    Switchable,
+    start_parties,
+)
 
 COHORT = ("a", "b", "c", "d")
 
@@ -53,27 +61,32 @@ def _request(
     )
 
 
-def _party(
-    joint: Joint, rounds: Rounds, combiner: BlockSigner, tmp_path: Path, index: int = 1
-) -> KeyHolderParty:
-    return start_parties(joint, 2, rounds, combiner, tmp_path)[index].party
+def _with_canaries(parties: dict[int, Switchable], request: DecryptionRequest) -> DecryptionRequest:
+    """The request with every participant's signed canaries, as the combiner sends it."""
+    canaries = tuple(parties[j].party.canary_partial(request) for j in request.participants)
+    return replace(request, canaries=canaries)
+
+
+def _cohort_rounds(rows: np.ndarray, *rounds_: int) -> Rounds:
+    rounds = Rounds()
+    for round_ in rounds_ or (1,):
+        rounds.add(round_, COHORT, rows)
+    return rounds
 
 
 def test_a_checked_round_is_decrypted_by_any_two_parties(
     joint: Joint, rows: np.ndarray, combiner: BlockSigner, tmp_path: Path
 ) -> None:
     # Prepare
-    rounds = Rounds()
-    rounds.add(1, COHORT, rows)
-    parties = start_parties(joint, 2, rounds, combiner, tmp_path)
-    request = _request(combiner, 1, rows)
+    parties = start_parties(joint, 2, _cohort_rounds(rows), combiner, tmp_path)
+    request = _with_canaries(parties, _request(combiner, 1, rows, participants=(2, 3)))
     # Execute
     partials = [parties[j].party.partial_decrypt(request) for j in request.participants]
     # Assert: c0 plus the partials is the single-key decryption plus two parties' flooding
     sigma = th.flooding_std(PARAMS, len(COHORT), parties=3, lambda_bits=LAMBDA)
     plain = th.combine(rows[:, :N], partials, joint.modulus)
     assert np.abs(plain - joint.exact(rows)).max() <= 13 * math.sqrt(2) * sigma + 2
-    ledger = tmp_path / "party-1" / LEDGER_FILE
+    ledger = tmp_path / "party-2" / LEDGER_FILE
     assert stat.S_IMODE(ledger.stat().st_mode) == 0o600
 
 
@@ -81,13 +94,13 @@ def test_a_party_refuses_a_request_the_combiner_did_not_sign(
     joint: Joint, rows: np.ndarray, combiner: BlockSigner, tmp_path: Path
 ) -> None:
     # Prepare
-    rounds = Rounds()
-    rounds.add(1, COHORT, rows)
-    party = _party(joint, rounds, combiner, tmp_path)
+    rounds = _cohort_rounds(rows)
+    party = start_parties(joint, 2, rounds, combiner, tmp_path)[1].party
     forged = _request(BlockSigner(), 1, rows)
     # Execute / Assert: nothing is even fetched from the shards
-    with pytest.raises(PolicyError, match="not signed by the combiner"):
-        party.partial_decrypt(forged)
+    for ask in (party.canary_partial, party.partial_decrypt):
+        with pytest.raises(PolicyError, match="not signed by the combiner"):
+            ask(forged)
     assert rounds.asked == 0
 
 
@@ -95,18 +108,17 @@ def test_a_party_refuses_one_client_and_sub_cohorts(
     joint: Joint, rows: np.ndarray, combiner: BlockSigner, tmp_path: Path
 ) -> None:
     # Prepare: round 1 closed with one client (below the quorum), round 2 with the cohort
-    rounds = Rounds()
+    rounds = _cohort_rounds(rows, 2)
     rounds.add(1, ("a",), rows)
-    rounds.add(2, COHORT, rows)
     rounds.add(3, COHORT[:MIN_QUORUM], rows)  # shards would sum a sub-cohort if asked
-    party = _party(joint, rounds, combiner, tmp_path)
+    party = start_parties(joint, 2, rounds, combiner, tmp_path)[1].party
     # Execute / Assert
     with pytest.raises(PolicyError, match="fewer than the minimum"):
-        party.partial_decrypt(_request(combiner, 1, rows, contributors=("a",)))
+        party.canary_partial(_request(combiner, 1, rows, contributors=("a",)))
     with pytest.raises(PolicyError, match="not the 4 the coordinator closed"):
-        party.partial_decrypt(_request(combiner, 2, rows, contributors=COHORT[:MIN_QUORUM]))
+        party.canary_partial(_request(combiner, 2, rows, contributors=COHORT[:MIN_QUORUM]))
     with pytest.raises(PolicyError, match="a contributor twice"):
-        party.partial_decrypt(_request(combiner, 2, rows, contributors=("a", "a", "b", "c")))
+        party.canary_partial(_request(combiner, 2, rows, contributors=("a", "a", "b", "c")))
 
 
 def test_a_party_refuses_an_aggregate_the_shards_do_not_hold(
@@ -115,49 +127,75 @@ def test_a_party_refuses_an_aggregate_the_shards_do_not_hold(
     # Prepare: the combiner verified (and signs) one aggregate, the shards hold another
     held = rows.copy()
     held[0, N + 5] = (held[0, N + 5] + np.uint64(1)) % np.uint64(joint.modulus)
-    rounds = Rounds()
-    rounds.add(1, COHORT, held)
-    party = _party(joint, rounds, combiner, tmp_path)
+    party = start_parties(joint, 2, _cohort_rounds(held), combiner, tmp_path)[1].party
     # Execute / Assert
     with pytest.raises(PolicyError, match="not the one the combiner verified"):
-        party.partial_decrypt(_request(combiner, 1, rows))
+        party.canary_partial(_request(combiner, 1, rows))
     assert not (tmp_path / "party-1" / LEDGER_FILE).exists()  # nothing recorded, nothing sent
+
+
+def test_a_party_decrypts_nothing_whose_canaries_it_did_not_check(
+    joint: Joint, rows: np.ndarray, combiner: BlockSigner, tmp_path: Path
+) -> None:
+    # Prepare
+    parties = start_parties(joint, 2, _cohort_rounds(rows), combiner, tmp_path)
+    request = _request(combiner, 1, rows)
+    honest = _with_canaries(parties, request)
+    mine, theirs = honest.canaries
+    forged = PartyCanaries(theirs.party, bytes(len(theirs.canaries)), theirs.signature)
+    resigned = PartyCanaries(mine.party, theirs.canaries, BlockSigner().sign(b"x" * 32))
+    # Execute / Assert: none, one missing, another party's forged, its own not its own
+    party = parties[1].party
+    for canaries, match in [
+        ((), "lacks a participant's canaries"),
+        ((mine,), "lacks a participant's canaries"),
+        ((mine, forged), "party 2's canaries are not signed by it"),
+        ((resigned, theirs), "party 1's canaries are not signed by it"),
+    ]:
+        with pytest.raises(PolicyError, match=match):
+            party.partial_decrypt(replace(request, canaries=canaries))
+    party.partial_decrypt(honest)  # the control
+
+
+def test_a_changed_c1_is_refused_by_every_party_before_any_partial(
+    joint: Joint, rows: np.ndarray, combiner: BlockSigner, tmp_path: Path
+) -> None:
+    # Prepare: a client committed to (c0, c1 + t) itself: shards and combiner agree on it
+    changed = rows.copy()
+    changed[1, N + 9] = np.uint64((int(changed[1, N + 9]) + 2**30) % joint.modulus)
+    parties = start_parties(joint, 2, _cohort_rounds(changed), combiner, tmp_path)
+    request = _with_canaries(parties, _request(combiner, 1, changed))
+    # Execute / Assert
+    for j in request.participants:
+        with pytest.raises(CanaryError, match="carries a change in c1"):
+            parties[j].party.partial_decrypt(request)
 
 
 def test_a_round_is_decrypted_for_one_aggregate_only_across_restarts(
     joint: Joint, rows: np.ndarray, combiner: BlockSigner, tmp_path: Path
 ) -> None:
     # Prepare
-    rounds = Rounds()
-    rounds.add(1, COHORT, rows)
-    party = _party(joint, rounds, combiner, tmp_path)
-    party.partial_decrypt(_request(combiner, 1, rows))
+    rounds = _cohort_rounds(rows)
+    parties = start_parties(joint, 2, rounds, combiner, tmp_path)
+    parties[1].party.partial_decrypt(_with_canaries(parties, _request(combiner, 1, rows)))
     other = aggregate(joint.public, 5, 2)[0]
     rounds.add(1, COHORT, other)  # the shards now hold another sum for the same round
-    restarted = KeyHolderParty(
-        party.share,
-        joint.public,
-        combiner_key=combiner.public_key,
-        source=rounds,
-        state_dir=tmp_path / "party-1",
-        min_quorum=MIN_QUORUM,
-        lambda_bits=LAMBDA,
-    )
     # Execute / Assert: a replay of round 1 with the other aggregate, before and after restart
-    for instance in (party, restarted):
-        with pytest.raises(PolicyError, match="decrypted with another aggregate"):
-            instance.partial_decrypt(_request(combiner, 1, other))
+    for restart in (False, True):
+        if restart:
+            parties[1].restart()
+        with pytest.raises(PolicyError, match="answered for another aggregate"):
+            parties[1].party.canary_partial(_request(combiner, 1, other))
 
 
-def test_a_round_is_decrypted_at_most_once_per_party_set(
+def test_a_round_is_answered_at_most_twice_per_party(
     joint: Joint, rows: np.ndarray, combiner: BlockSigner, tmp_path: Path
 ) -> None:
-    # Prepare: P = 3 retries of one aggregate are allowed (a party went down), not more
-    rounds = Rounds()
-    rounds.add(1, COHORT, rows)
-    party = _party(joint, rounds, combiner, tmp_path)
+    # Prepare: 2 P = 6 answers about one aggregate (canaries and partials of three attempts)
+    parties = start_parties(joint, 2, _cohort_rounds(rows), combiner, tmp_path)
     for participants in ((1, 2), (1, 3), (1, 2)):
-        party.partial_decrypt(_request(combiner, 1, rows, participants=participants))
+        request = _with_canaries(parties, _request(combiner, 1, rows, participants=participants))
+        parties[1].party.partial_decrypt(request)
     # Execute / Assert
-    with pytest.raises(PolicyError, match="3 times already"):
-        party.partial_decrypt(_request(combiner, 1, rows, participants=(1, 3)))
+    with pytest.raises(PolicyError, match="6 times already"):
+        parties[1].party.canary_partial(_request(combiner, 1, rows, participants=(1, 3)))
