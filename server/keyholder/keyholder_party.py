@@ -182,6 +182,12 @@ class KeyHolderParty:
     def _checked(self, request: DecryptionRequest) -> tuple[list[int], np.ndarray]:
         """The round's aggregate, fetched from the shards once every check of the request passed."""
         round_ = request.round
+        participants = set(request.participants)
+        if self.index not in participants or len(participants) != self.share.threshold:
+            raise InvalidArgumentError(
+                f"round {round_}: a request names {self.share.threshold} distinct parties, "
+                f"party {self.index} among them"
+            )
         if not verify_block(self._combiner_key, request.digest(), request.signature):
             raise PolicyError(f"round {round_}: the request is not signed by the combiner")
         contributors = frozenset(request.contributors)

@@ -13,7 +13,7 @@ import pytest
 from crypto import threshold as th
 from crypto.canary import CanaryError
 from crypto.signing import BlockSigner
-from fedps.errors import PolicyError
+from fedps.errors import InvalidArgumentError, PolicyError
 from fedps.rpc.keyholder_party_messages import DecryptionRequest, PartyCanaries
 from server.keyholder.keyholder_party import LEDGER_FILE
 from tests.crypto.threshold_keys import PARAMS, Joint, N, aggregate, generate
@@ -88,6 +88,17 @@ def test_a_checked_round_is_decrypted_by_any_two_parties(
     assert np.abs(plain - joint.exact(rows)).max() <= 13 * math.sqrt(2) * sigma + 2
     ledger = tmp_path / "party-2" / LEDGER_FILE
     assert stat.S_IMODE(ledger.stat().st_mode) == 0o600
+
+
+def test_a_party_answers_only_for_a_set_of_t_parties_with_itself(
+    joint: Joint, rows: np.ndarray, combiner: BlockSigner, tmp_path: Path
+) -> None:
+    # Prepare
+    party = start_parties(joint, 2, _cohort_rounds(rows), combiner, tmp_path)[1].party
+    # Execute / Assert
+    for participants in ((2, 3), (1,), (1, 2, 3)):
+        with pytest.raises(InvalidArgumentError, match="party 1 among them"):
+            party.canary_partial(_request(combiner, 1, rows, participants=participants))
 
 
 def test_a_party_refuses_a_request_the_combiner_did_not_sign(
