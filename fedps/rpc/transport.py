@@ -333,6 +333,7 @@ CALLER_ROLES: dict[str, frozenset[str]] = {
     "/fedps.proto.Coordinator/Register": frozenset({"client"}),
     "/fedps.proto.Coordinator/GetTask": frozenset({"client"}),
     "/fedps.proto.Coordinator/ReportUpdate": frozenset({"client"}),
+    "/fedps.proto.Coordinator/GetClosedRound": frozenset({"party"}),
     "/fedps.proto.KeyHolderParty/CanaryPartial": frozenset({"keyholder"}),
     "/fedps.proto.KeyHolderParty/PartialDecrypt": frozenset({"keyholder"}),
 }

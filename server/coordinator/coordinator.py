@@ -37,7 +37,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedps.errors import FedPSError, PolicyError, QuarantinedError, ShardStalledError
+from fedps.errors import (
+    FedPSError,
+    InvalidArgumentError,
+    PolicyError,
+    QuarantinedError,
+    ShardStalledError,
+)
 from fedps.learning.tasks import Task, check_dp_trainable
 from fedps.round_timer import KEYHOLDER_PHASES, RoundTimer
 from fedps.rpc.coordinator_messages import RETRY_AFTER_S, Assignment, RoundSummary
@@ -71,6 +77,8 @@ if TYPE_CHECKING:
 __all__ = ["Assignment", "Coordinator", "RoundRecord"]
 
 _log = logging.getLogger("fedps")
+
+_CLOSED_KEPT = 8  # closed contributor sets kept for key-holder parties to ask
 
 _WAIT_S = RETRY_AFTER_S
 
@@ -121,6 +129,7 @@ class Coordinator:
         self._training = settings.training
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
+        self._closed: dict[int, frozenset[str]] = {}  # round -> the set sent to the key holder
         self._stop = threading.Event()
         self.evaluator = evaluator
         self._vector: np.ndarray = evaluator.initial_vector()
@@ -450,6 +459,23 @@ class Coordinator:
         record.client_phases = opened.phases
         self._finish_round(record, started, bytes_before)
 
+    def closed_contributors(self, round_: int) -> frozenset[str]:
+        """The clients ``round_`` closed with, once it was sent to the key holder to apply.
+
+        A key-holder party checks the contributor set it is asked to decrypt against this.
+
+        Raises
+        ------
+        InvalidArgumentError
+            This coordinator has not sent ``round_`` to the key holder (or not among its last
+            rounds).
+        """
+        with self._lock:
+            closed = self._closed.get(round_)
+        if closed is None:
+            raise InvalidArgumentError(f"round {round_} is not a round being applied")
+        return closed
+
     def _record_applied(self, opened: OpenRound) -> None:
         """Record ``opened``, which the key holder applied while we were down.
 
@@ -472,6 +498,10 @@ class Coordinator:
         stalls the round (:class:`ShardStalledError`) stops the run and leaves the round as
         it is, for a restart to apply once the shard answers.
         """
+        with self._lock:  # what key-holder parties check the round against
+            self._closed[opened.round] = accepted
+            for old in sorted(self._closed)[:-_CLOSED_KEPT]:
+                del self._closed[old]
         application = RoundApplication(
             opened.round, opened.version, self.run_id, self.registry.signing_keys(accepted)
         )

@@ -14,10 +14,13 @@ import torch
 
 from crypto.signing import BlockSigner
 from fedps.config import load_config
-from fedps.errors import ConfigError, InvalidArgumentError
+from fedps.errors import ConfigError, InvalidArgumentError, PolicyError
 from fedps.learning.tasks import ClientData
 from fedps.learning.tasks import Task as UserTask
+from fedps.rpc.keyholder_messages import AppliedRound, RoundApplication
+from server.coordinator.cluster_peers import ClusterPeers
 from server.coordinator.coordinator import Coordinator
+from server.coordinator.round_record import OpenRound, RoundRecord
 from server.serve import open_coordinator
 
 DELTA = 1e-5
@@ -201,3 +204,29 @@ def test_a_client_away_past_one_grace_is_not_waited_for_in_every_round(tmp_path:
 
     # Assert: the two live clients are drawn at once (None: the guard stopped a wait)
     assert first == second == frozenset({"client-0", "client-1"})
+
+
+def test_key_holder_parties_read_the_set_a_round_closed_with(
+    coordinator: Coordinator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: the key holder's answer is the moment parties ask (they are asked while the
+    # key holder applies the round); it refuses, which ends the apply step
+    seen: list[frozenset[str]] = []
+
+    def apply_round(_: ClusterPeers, application: RoundApplication) -> AppliedRound:
+        seen.append(coordinator.closed_contributors(application.round))
+        raise PolicyError("refused")
+
+    monkeypatch.setattr(ClusterPeers, "apply_round", apply_round)
+    for index in range(3):
+        _register(coordinator, index=index)
+    cohort = frozenset({"client-0", "client-1", "client-2"})
+    accepted = frozenset({"client-0", "client-2"})
+    opened = OpenRound(round=3, version=2, deadline=math.inf, cohort=cohort)
+    with pytest.raises(InvalidArgumentError, match="round 3 is not a round being applied"):
+        coordinator.closed_contributors(3)
+    # Execute
+    coordinator._apply(opened, accepted, RoundRecord(3, 2, 0))
+    # Assert: exactly the accepted set, not the cohort; kept for the parties' retries
+    assert seen == [accepted]
+    assert coordinator.closed_contributors(3) == accepted
