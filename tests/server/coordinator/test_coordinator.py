@@ -14,7 +14,7 @@ import torch
 
 from crypto.signing import BlockSigner
 from fedps.config import load_config
-from fedps.errors import ConfigError, InvalidArgumentError, PolicyError
+from fedps.errors import ConfigError, InvalidArgumentError
 from fedps.learning.tasks import ClientData
 from fedps.learning.tasks import Task as UserTask
 from fedps.rpc.keyholder_messages import AppliedRound, RoundApplication
@@ -210,12 +210,12 @@ def test_key_holder_parties_read_the_set_a_round_closed_with(
     coordinator: Coordinator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Prepare: the key holder's answer is the moment parties ask (they are asked while the
-    # key holder applies the round); it refuses, which ends the apply step
+    # key holder applies the round)
     seen: list[frozenset[str]] = []
 
     def apply_round(_: ClusterPeers, application: RoundApplication) -> AppliedRound:
         seen.append(coordinator.closed_contributors(application.round))
-        raise PolicyError("refused")
+        return AppliedRound(3, 2, 2.0, 0.1)
 
     monkeypatch.setattr(ClusterPeers, "apply_round", apply_round)
     for index in range(3):
