@@ -55,6 +55,7 @@ __all__ = ["KeyHolderParty", "RoundSource"]
 _log = logging.getLogger("fedps")
 
 LEDGER_FILE = "decrypted.json"
+_GIVEN_KEPT = 64  # canaries remembered for the partial decryptions that follow them
 
 
 class RoundSource(Protocol):
@@ -109,6 +110,8 @@ class KeyHolderParty:
     ) -> None:
         if share.modulus != public.modulus:
             raise InvalidArgumentError("the key share is not of this public context's modulus")
+        if party_keys.get(share.index) != signer.public_key:
+            raise InvalidArgumentError(f"party {share.index}'s listed key is not its signing key")
         self.share = share
         self.public = public
         self._combiner_key = combiner_key
@@ -143,6 +146,8 @@ class KeyHolderParty:
             unsigned = PartyCanaries(self.index, values.astype("<u8").tobytes(), b"")
             signature = self._signer.sign(unsigned.digest(request.digest()))
             self._given[request.digest()] = unsigned.canaries
+            while len(self._given) > _GIVEN_KEPT:  # the oldest first (dicts keep order)
+                del self._given[next(iter(self._given))]
         return PartyCanaries(self.index, unsigned.canaries, signature)
 
     def partial_decrypt(self, request: DecryptionRequest) -> np.ndarray:

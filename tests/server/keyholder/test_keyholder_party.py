@@ -15,7 +15,7 @@ from crypto.canary import CanaryError
 from crypto.signing import BlockSigner
 from fedps.errors import InvalidArgumentError, PolicyError
 from fedps.rpc.keyholder_party_messages import DecryptionRequest, PartyCanaries
-from server.keyholder.keyholder_party import LEDGER_FILE
+from server.keyholder.keyholder_party import LEDGER_FILE, KeyHolderParty
 from tests.crypto.threshold_keys import PARAMS, Joint, N, aggregate, generate
 from tests.server.keyholder.party_cluster import (
     LAMBDA,
@@ -210,3 +210,21 @@ def test_a_round_is_answered_at_most_twice_per_party(
     # Execute / Assert
     with pytest.raises(PolicyError, match="6 times already"):
         parties[1].party.canary_partial(_request(combiner, 1, rows, participants=(1, 3)))
+
+
+def test_a_party_is_listed_with_its_own_signing_key(joint: Joint, tmp_path: Path) -> None:
+    # Prepare
+    share = joint.shares(2)[0]
+    # Execute / Assert
+    with pytest.raises(InvalidArgumentError, match="not its signing key"):
+        KeyHolderParty(
+            share,
+            joint.public,
+            combiner_key=BlockSigner().public_key,
+            signer=BlockSigner(),
+            party_keys={1: BlockSigner().public_key},
+            source=Rounds(),
+            state_dir=tmp_path,
+            min_quorum=MIN_QUORUM,
+            lambda_bits=LAMBDA,
+        )
