@@ -137,6 +137,9 @@ def keyholder_settings(config: FedPSConfig) -> KeyHolderSettings:
             client_level_noise(t, config.privacy) if config.privacy.level == "client" else None
         ),
         density=config.compression.density,
+        parties=config.keyholder.parties,
+        threshold=config.keyholder.quorum,
+        lambda_bits=config.keyholder.lambda_bits,
     )
 
 
@@ -152,6 +155,7 @@ def open_keyholder(config: FedPSConfig, state_dir: Path) -> KeyHolder:
             t.server_optimizer, lr=t.server_lr, momentum=t.server_momentum
         ),
         groups=_group_policy(config),
+        parties=dict(enumerate(config.cluster.parties, start=1)),
     )
 
 

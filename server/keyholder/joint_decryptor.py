@@ -80,8 +80,9 @@ class JointDecryptor:
     ) -> np.ndarray:
         """``c0 + sum d_j`` of the verified aggregate ``rows`` (centred, ``(B, N)`` int64).
 
-        ``rows`` are ``(B, 2N)`` uint64, one per block of ``blocks``, summed over exactly
-        ``contributors``; call only once the aggregate passed every check of the combiner.
+        ``rows`` are ``(B, 2N)`` uint64, one per block of ``blocks`` (in any order: the parties
+        are asked about them in block order), summed over exactly ``contributors``; call only
+        once the aggregate passed every check of the combiner.
 
         Raises
         ------
@@ -90,6 +91,8 @@ class JointDecryptor:
         PolicyError
             A party refused the round (its check failed): nothing of it is decrypted.
         """
+        order = np.argsort(np.asarray(blocks, dtype=np.int64), kind="stable")
+        blocks, rows = [int(blocks[i]) for i in order], rows[order]  # as the parties fetch them
         digest = aggregate_digest(blocks, rows)
         n = rows.shape[1] // 2
         down: set[int] = set()
@@ -120,7 +123,10 @@ class JointDecryptor:
                 down.add(exc.party)
                 continue
             self.down = down
-            return combine(rows[:, :n], partials, self._modulus)
+            plain = combine(rows[:, :n], partials, self._modulus)
+            out = np.empty_like(plain)
+            out[order] = plain  # back in the caller's order of blocks
+            return out
 
     def _ask(self, round_: int, index: int) -> PartyPeer:
         """Party ``index``, whose calls raise :class:`_PartyDownError` when it does not answer."""

@@ -71,6 +71,7 @@ from server.keyholder.commit_board import CommitBoard
 from server.keyholder.decryptor import Decryptor
 from server.keyholder.global_model import GlobalModel
 from server.keyholder.group_policy import GroupPolicy
+from server.keyholder.joint_keys import JointKeys
 from server.keyholder.keyholder_settings import KeyHolderSettings
 from server.keyholder.model_publisher import ModelPublisher
 from server.keyholder.server_optimizer import ServerOptimizer
@@ -96,7 +97,8 @@ class KeyHolder:
     settings
         The decryption policy and its limits.
     keys
-        The current CKKS key pair.
+        The current CKKS key pair, or (key-holder parties) the joint public context and the
+        parties that decrypt under it.
     signer
         Signs every published model block.
     commits
@@ -122,7 +124,7 @@ class KeyHolder:
         self,
         settings: KeyHolderSettings,
         *,
-        keys: SecretContext,
+        keys: SecretContext | JointKeys,
         signer: BlockSigner,
         commits: CommitBoard,
         store: StateStore,
@@ -170,6 +172,7 @@ class KeyHolder:
         ring: HashRing,
         optimizer: ServerOptimizer,
         groups: GroupPolicy | None = None,
+        parties: Mapping[int, str] | None = None,
     ) -> KeyHolder:
         """The key holder whose state folder is ``state_dir`` (made private, 0700).
 
@@ -188,6 +191,10 @@ class KeyHolder:
             The cluster's hash ring.
         optimizer, groups
             As the constructor takes them.
+        parties
+            ``{index: address}`` of every key-holder party when ``settings.parties`` is above
+            1: the key holder is then their combiner and holds no secret key
+            (:class:`~.joint_keys.JointKeys`).
 
         Raises
         ------
@@ -199,7 +206,18 @@ class KeyHolder:
         """
         _require_sync(settings, groups)
         store = StateStore(private_directory(state_dir))
-        keys, signer, challenge_secret = store.open_keys(settings.params)
+        keys: SecretContext | JointKeys
+        if settings.parties > 1:
+            signer, challenge_secret = store.open_secrets(require_key=False)
+            keys = JointKeys.open(
+                store.keys_dir,
+                parties or {},
+                threshold=settings.threshold,
+                signer=signer,
+                lambda_bits=settings.lambda_bits,
+            )
+        else:
+            keys, signer, challenge_secret = store.open_keys(settings.params)
         state = store.load()
         saved = state.model.params if state is not None else None
         values_per_block = keys.public.params.values_per_block
@@ -247,8 +265,11 @@ class KeyHolder:
         return self.model.last_round
 
     @property
-    def keys(self) -> SecretContext:
-        """The current CKKS key pair (replaced every ``rotate_every_rounds`` rounds)."""
+    def keys(self) -> SecretContext | JointKeys:
+        """The current CKKS key pair (replaced every ``rotate_every_rounds`` rounds).
+
+        With key-holder parties, the joint public context and the parties.
+        """
         return self._decryptor.keys
 
     @property
@@ -454,10 +475,14 @@ class KeyHolder:
                 except ShardStalledError:
                     raise  # no check failed: the round is applied once the shard answers
                 except PolicyError as exc:
+                    keys = self.keys
+                    if isinstance(keys, JointKeys):  # no trace: canaries need the whole key
+                        self._refuse(round_, exc)
+                        raise
                     refusal, guilty = judge(  # who did it, on evidence (see .blame)
                         exc,
                         verifier,
-                        keys=self.keys,
+                        keys=keys,
                         unpack=self._decryptor.unpack,
                         shards=self._shards,
                         suspects=self.suspects,

@@ -61,6 +61,13 @@ class KeyHolderSettings:
     density
         Shared random-k sparsification (``compression.density``): the fraction of each update
         sent under the round's mask (:class:`fedps.sharding.sparse_mask.SparseMask`); 1: all.
+    parties
+        Key-holder parties (``keyholder.parties``): 1, this key holder holds the key; more, it
+        is the combiner of ``parties`` parties (:mod:`server.keyholder.joint_keys`).
+    threshold
+        How many parties decrypt together (``keyholder.threshold``, resolved: 1..parties).
+    lambda_bits
+        The statistical security of each party's flooding (``keyholder.lambda_bits``).
 
     Raises
     ------
@@ -84,6 +91,9 @@ class KeyHolderSettings:
     shard_deadline_s: float = 60.0  # a restarting shard fails a fetch, then a retry
     client_noise: ClientLevelNoise | None = None
     density: float = 1.0
+    parties: int = 1
+    threshold: int = 1
+    lambda_bits: int = 16
 
     def __post_init__(self) -> None:
         if self.min_quorum < 1:

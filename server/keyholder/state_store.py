@@ -226,10 +226,25 @@ class StateStore:
         """
         self._require_keys()
         keys = SecretContext.load_or_generate(self.keys_dir, params)
+        signer, challenge_secret = self.open_secrets()
+        return keys, signer, challenge_secret
+
+    def open_secrets(self, *, require_key: bool = True) -> tuple[BlockSigner, bytes]:
+        """The signing key and the challenge secret, created on a first start.
+
+        ``signing.pub`` is written beside them. ``require_key=False``: a combiner of key-holder
+        parties, which has no secret key of its own (the other keys are still required).
+
+        Raises
+        ------
+        CorruptStateError
+            As :meth:`open_keys`.
+        """
+        self._require_keys(skip=() if require_key else (SECRET_KEY_FILE,))
         challenge_secret = _load_or_create_secret(self.keys_dir / "challenge.key")
         signer = BlockSigner.load_or_create(self.keys_dir / "signing.key")
         write_atomic(self.keys_dir / "signing.pub", signer.public_key.hex().encode() + b"\n")
-        return keys, signer, challenge_secret
+        return signer, challenge_secret
 
     def save_keys(self, keys: SecretContext) -> None:
         """Replace the CKKS key pair with ``keys``, in one step (:meth:`SecretContext.save`).
@@ -241,14 +256,17 @@ class StateStore:
         """
         keys.save(self.keys_dir)
 
-    def _require_keys(self) -> None:
+    def _require_keys(self, skip: tuple[str, ...] = ()) -> None:
         """Stop when a key of a key holder that already has state is missing.
 
-        On a first start (no state) the keys are created.
+        On a first start (no state) the keys are created; the keys named in ``skip`` are not
+        required.
         """
         if not self.path.exists():
             return
         for name, lost in _LOST_KEYS.items():
+            if name in skip:
+                continue
             key = self.keys_dir / name
             if not key.exists():
                 raise CorruptStateError(
