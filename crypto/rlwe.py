@@ -29,19 +29,29 @@ the ternary secret key (:class:`TernaryProduct`) are how the key holder decrypts
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from fedps.errors import InvalidArgumentError
 
-__all__ = ["TernaryProduct", "ZeroEncryptor", "cbd21", "supported", "ternary"]
+__all__ = [
+    "RingProduct",
+    "TernaryProduct",
+    "ZeroEncryptor",
+    "cbd21",
+    "supported",
+    "ternary",
+    "uniform",
+]
 
 _LIMB_BITS = 23
 _CBD_MASK = np.uint32((1 << 21) - 1)
 _TERNARY = np.array([v % 3 - 1 for v in range(256)], dtype=np.float64)  # byte -> {-1, 0, 1}
 _MAX_ROUNDING = 0.25
 _CHUNK = 64  # ciphertexts per FFT batch: bounds the temporaries at ~10 MiB
+_RING_LIMB_BITS = 12  # RingProduct's limbs: a degree's limb products sum to < limbs N 2^24
 
 
 def _keystream(size: int) -> bytes:
@@ -58,6 +68,25 @@ def ternary(count: int, n: int) -> np.ndarray:
         raw = np.frombuffer(_keystream(need - accepted.size + need // 64 + 64), dtype=np.uint8)
         accepted = np.concatenate([accepted, raw[raw < 255]])
     out: np.ndarray = _TERNARY[accepted[:need]].reshape(count, n)
+    return out
+
+
+def uniform(
+    count: int, n: int, modulus: int, source: Callable[[int], bytes] | None = None
+) -> np.ndarray:
+    """``(count, n)`` coefficients uniform in ``[0, modulus)``, uint64, by rejection.
+
+    ``source(size)`` gives the next ``size`` random bytes (a fresh ChaCha20 keystream when
+    left out; a seeded extendable-output function for a common polynomial everyone derives).
+    """
+    need = count * n
+    mask = np.uint64((1 << modulus.bit_length()) - 1)
+    take = source or _keystream
+    accepted = np.empty(0, dtype=np.uint64)
+    while accepted.size < need:
+        words = np.frombuffer(take(8 * (need - accepted.size + 16)), dtype="<u8") & mask
+        accepted = np.concatenate([accepted, words[words < np.uint64(modulus)]])
+    out: np.ndarray = accepted[:need].reshape(count, n)
     return out
 
 
@@ -98,12 +127,19 @@ class _Negacyclic:
         """The limb products back from their spectrum, shape ``(2, ..., N)`` (limb first).
 
         Recombined exactly in int64 (``low + high << 23``), not reduced.
+        """
+        ints = self.exact(product_spectrum)
+        out: np.ndarray = ints[0] + (ints[1] << _LIMB_BITS)
+        return out
+
+    def exact(self, product_spectrum: np.ndarray) -> np.ndarray:
+        """The integer products whose spectrum is ``product_spectrum``, ``(..., N)`` int64.
 
         Raises
         ------
         ArithmeticError
             If a product coefficient is not within 0.25 of an integer (never expected: the
-            limbs keep every value below 2^34).
+            limbs keep every value far below 2^50).
         """
         half = self.n // 2
         folded = np.fft.ifft(product_spectrum)
@@ -118,9 +154,8 @@ class _Negacyclic:
         )
         if worst > _MAX_ROUNDING:
             raise ArithmeticError(f"negacyclic product lost precision ({worst:.3f})")
-        ints = exact.astype(np.int64)
-        out: np.ndarray = ints[0] + (ints[1] << _LIMB_BITS)
-        return out
+        ints: np.ndarray = exact.astype(np.int64)
+        return ints
 
 
 def _limbs(poly: np.ndarray) -> np.ndarray:
@@ -171,6 +206,58 @@ class TernaryProduct:
             out[start : start + _CHUNK] = self._ring.combine(
                 self._ring.spectrum(chunk) * self._spectrum
             )
+        return out
+
+
+class RingProduct:
+    """Products ``a * w mod (X^N + 1, q)`` of many polynomials ``a`` by one fixed ``w``.
+
+    Both have coefficients anywhere in ``[0, q)`` (a threshold key share is uniform modulo
+    q, not ternary). Each is split into :data:`_RING_LIMB_BITS`-bit limbs; the limb products
+    of each limb degree are summed in the spectrum and come back as exact integers (at most
+    ``limbs * N * 2^24``, far inside float64), then are reduced and recombined modulo q.
+
+    Parameters
+    ----------
+    fixed
+        ``w``, shape ``(N,)``, uint64 in ``[0, q)``.
+    modulus
+        The prime q.
+    """
+
+    def __init__(self, fixed: np.ndarray, modulus: int) -> None:
+        n = fixed.shape[-1]
+        _check_ring(n, modulus)
+        if modulus.bit_length() + _RING_LIMB_BITS > 62:  # the Horner step stays in int64
+            raise InvalidArgumentError(f"q of {modulus.bit_length()} bits is too large")
+        if fixed.shape != (n,) or fixed.dtype != np.uint64 or int(fixed.max()) >= modulus:
+            raise InvalidArgumentError("expected one uint64 polynomial of shape (N,) below q")
+        self.modulus = modulus
+        self._count = -(-modulus.bit_length() // _RING_LIMB_BITS)
+        self._ring = _Negacyclic(n)
+        self._spectrum = self._ring.spectrum(self._split(fixed))  # (limb, N/2)
+
+    def _split(self, polys: np.ndarray) -> np.ndarray:
+        """``(..., N)`` uint64 -> ``(limb, ..., N)`` float64 limbs, lowest first."""
+        mask = np.uint64((1 << _RING_LIMB_BITS) - 1)
+        return np.stack(
+            [(polys >> np.uint64(_RING_LIMB_BITS * k)) & mask for k in range(self._count)]
+        ).astype(np.float64)
+
+    def times(self, polys: np.ndarray) -> np.ndarray:
+        """``a * w mod q`` for ``polys`` of shape ``(B, N)``, uint64 in ``[0, q)``."""
+        q = self.modulus
+        out = np.empty(polys.shape, dtype=np.uint64)
+        for start in range(0, polys.shape[0], _CHUNK):
+            spectrum = self._ring.spectrum(self._split(polys[start : start + _CHUNK]))
+            acc = np.zeros((*spectrum.shape[1:-1], self._ring.n), dtype=np.int64)
+            for degree in range(2 * self._count - 2, -1, -1):  # Horner in 2^limb_bits
+                pairs = [
+                    (i, degree - i) for i in range(self._count) if 0 <= degree - i < self._count
+                ]
+                product = sum(spectrum[i] * self._spectrum[j] for i, j in pairs)
+                acc = ((acc << _RING_LIMB_BITS) + self._ring.exact(product) % q) % q
+            out[start : start + _CHUNK] = acc.astype(np.uint64)
         return out
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ipaddress
 import math
-import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fedps.compression_config import CompressionConfig
 from fedps.errors import ConfigError
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "FedPSConfig",
     "GroupsConfig",
     "HEConfig",
+    "KeyHolderConfig",
     "ListenConfig",
     "MetricsConfig",
     "PrivacyConfig",
@@ -91,6 +92,10 @@ class ClusterConfig(_Section):
     keyholder: str = "127.0.0.1:7100"
     coordinator: str = "127.0.0.1:7000"
     shards: list[str] = Field(default_factory=lambda: ["127.0.0.1:7201", "127.0.0.1:7202"])
+    parties: list[str] = Field(
+        default_factory=list,
+        description="one per key-holder party (keyholder.parties > 1), party 1 first",
+    )
     listen: ListenConfig = Field(default_factory=ListenConfig)
     virtual_nodes: int = Field(128, ge=1, le=4096)
     state_dir: Path = Path("fedps-state")
@@ -100,10 +105,12 @@ class ClusterConfig(_Section):
     def _check(self) -> ClusterConfig:
         if not self.shards:
             raise ValueError("at least one shard address is required")
-        for addr in [self.keyholder, self.coordinator, *self.shards]:
+        for addr in [self.keyholder, self.coordinator, *self.shards, *self.parties]:
             _check_address(addr)
         if len(set(self.shards)) != len(self.shards):
             raise ValueError("shard addresses must be distinct")
+        if len(set(self.parties)) != len(self.parties):
+            raise ValueError("party addresses must be distinct")
         if self.listen.shards and len(self.listen.shards) != len(self.shards):
             raise ValueError("listen.shards needs one address per shard (or none)")
         return self
@@ -296,6 +303,33 @@ class HEConfig(_Section):
         return self
 
 
+class KeyHolderConfig(_Section):
+    """Key-holder parties: no single process holds the secret key (docs/crypto.md).
+
+    ``parties = 1`` (the default) is one key holder with the whole key. With ``parties = P``
+    above 1, P party processes (``cluster.parties``) each hold a share, and any ``threshold =
+    T`` of them decrypt a round together (0: all P); each floods its partial decryption to
+    ``lambda_bits`` bits of statistical security per released coefficient.
+    """
+
+    parties: int = Field(1, ge=1, le=16)
+    threshold: int = Field(0, ge=0, le=16, description="T; 0: every party (P-of-P)")
+    lambda_bits: int = Field(
+        16, ge=1, le=21, description="statistical security of each party's flooding"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> KeyHolderConfig:
+        if self.threshold > self.parties:
+            raise ValueError(f"threshold ({self.threshold}) cannot exceed parties ({self.parties})")
+        return self
+
+    @property
+    def quorum(self) -> int:
+        """T: how many parties decrypt together."""
+        return self.threshold or self.parties
+
+
 class SecurityConfig(_Section):
     """Release hygiene, rate limits and poisoning guard (see docs/security.md)."""
 
@@ -453,86 +487,6 @@ class MetricsConfig(_Section):
         return self
 
 
-_COMPRESSION_SETTING = re.compile(
-    r"^(?:(?P<density>[0-9]*\.?[0-9]+)(?P<ef>\+ef)?)?(?:(?(density)\+)(?P<bits>[0-9]+)bit)?$"
-)
-
-
-class CompressionConfig(_Section):
-    """Shared random-k sparsification and quantized packing of the clients' updates.
-
-    Each round every client sends the same ``ceil(density x blocks)`` ciphertexts, filled with
-    the coordinates a mask picks (the same for every client, from a seed the key holder
-    releases with the round); the key holder scatters the decrypted sum back. With ``bits``,
-    each value sent is quantized to ``bits`` bits (stochastic rounding) and several are packed
-    into one ciphertext coefficient (:mod:`crypto.quantized_packing`). Off by default
-    (``density = 1``, no ``bits``: every coordinate, one real value per coefficient). See
-    docs/compression.md.
-    """
-
-    density: float = Field(
-        1.0, gt=0, le=1, description="fraction of the update's values sent each round (1: all)"
-    )
-    error_feedback: bool = Field(
-        False,
-        description="clients keep the unsent part of each (noised) update and add it to the "
-        "next one",
-    )
-    bits: int | None = Field(
-        None,
-        ge=1,
-        le=16,
-        description="quantize each value sent to this many bits and pack several to a "
-        "ciphertext coefficient (none: one real value per coefficient)",
-    )
-
-    @property
-    def enabled(self) -> bool:
-        """Whether updates are sparsified (``density`` below 1)."""
-        return self.density < 1.0
-
-    @property
-    def quantized(self) -> bool:
-        """Whether values are quantized and packed (``bits`` given)."""
-        return self.bits is not None
-
-    @property
-    def setting(self) -> str:
-        """The section as one word (:meth:`from_setting`): ``1``, ``0.1+ef``, ``0.1+ef+8bit``."""
-        parts = [f"{self.density:g}"] if self.density != 1.0 or self.bits is None else []
-        if self.error_feedback:
-            parts.append("ef")
-        if self.bits is not None:
-            parts.append(f"{self.bits}bit")
-        return "+".join(parts)
-
-    @classmethod
-    def from_setting(cls, text: str) -> CompressionConfig:
-        """The section a word gives (``DENSITY``, ``DENSITY+ef``, ``Bbit``, ``DENSITY[+ef]+Bbit``).
-
-        Raises
-        ------
-        ValueError
-            If ``text`` is not spelt so, or gives a density outside (0, 1] or bits the section
-            refuses.
-        """
-        match = _COMPRESSION_SETTING.match(text.strip())
-        if match is None or not (match["density"] or match["bits"]):
-            raise ValueError(
-                f"{text!r}: give DENSITY, DENSITY+ef, Bbit or DENSITY[+ef]+Bbit, e.g. 0.1+ef+8bit"
-            )
-        fields: dict[str, object] = {
-            "density": float(match["density"] or 1.0),
-            "error_feedback": match["ef"] is not None,
-        }
-        if match["bits"]:
-            fields["bits"] = int(match["bits"])
-        try:
-            return cls.model_validate(fields)
-        except ValidationError as exc:
-            raise ValueError(f"{text!r}: {exc.errors()[0]['msg']}") from None
-
-
 class TaskConfig(_Section):
     """The task: the user's model, data loading, loss and metrics (:mod:`fedps.learning.tasks`).
 
@@ -565,6 +519,7 @@ class FedPSConfig(_Section):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     he: HEConfig = Field(default_factory=HEConfig)
+    keyholder: KeyHolderConfig = Field(default_factory=KeyHolderConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     tls: TlsConfig = Field(default_factory=TlsConfig)
     groups: GroupsConfig = Field(default_factory=GroupsConfig)
@@ -582,6 +537,22 @@ class FedPSConfig(_Section):
             )
         if self.compression.quantized:
             self._check_quantized()
+        parties = self.keyholder.parties
+        if parties > 1 and len(self.cluster.parties) != parties:
+            raise ValueError(
+                f"keyholder.parties = {parties} needs cluster.parties, one address per party "
+                f"(got {len(self.cluster.parties)})"
+            )
+        if parties > 1 and self.compression.quantized:
+            raise ValueError(
+                "keyholder.parties above 1 cannot decrypt compression.bits' packing: its sums "
+                "are rounded exactly, the parties' are flooded"
+            )
+        if parties > 1 and self.training.mode != "sync":
+            raise ValueError(
+                'keyholder.parties above 1 needs training.mode = "sync": a party decrypts '
+                "unweighted sums of a closed round only"
+            )
         if self.metrics.shards and len(self.metrics.shards) != len(self.cluster.shards):
             raise ValueError("metrics.shards needs one address per shard (or none)")
         if self.privacy.level == "client" and self.training.mode != "sync":

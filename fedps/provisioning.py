@@ -39,9 +39,10 @@ _log = logging.getLogger("fedps")
 def issue_cluster_certificates(config: FedPSConfig, out_dir: Path) -> list[CertPaths]:
     """The CA (reused if ``out_dir`` has one) and one certificate per party of ``config``.
 
-    Key holder, coordinator and shards get server and client usage (they also call each
-    other), with the host of their ``[cluster]`` address, the one peers dial and verify (an
-    IP address or a DNS name such as a compose service's), in the SubjectAltName; the
+    Key holder, coordinator, shards and key-holder parties (``party-1``...) get server and
+    client usage (they also call each other), with the host of their ``[cluster]`` address,
+    the one peers dial and verify (an IP address or a DNS name such as a compose service's),
+    in the SubjectAltName; the
     ``[cluster.listen]`` addresses they bind are not named there. Each of the
     ``training.clients`` clients (``client-0``...) and the operator get client usage only
     (:func:`crypto.tls.issue_certificates`).
@@ -51,6 +52,7 @@ def issue_cluster_certificates(config: FedPSConfig, out_dir: Path) -> list[CertP
         "keyholder": cluster.keyholder,
         "coordinator": cluster.coordinator,
         **dict(zip(cluster.shard_ids, cluster.shards, strict=True)),
+        **{f"party-{i}": address for i, address in enumerate(cluster.parties, start=1)},
     }
     servers = {name: [host] if (host := _host_of(a)) else [] for name, a in addresses.items()}
     return issue_certificates(

@@ -138,6 +138,9 @@ def keyholder_settings(config: FedPSConfig) -> KeyHolderSettings:
         ),
         density=config.compression.density,
         packing=quantized_packing(config),
+        parties=config.keyholder.parties,
+        threshold=config.keyholder.quorum,
+        lambda_bits=config.keyholder.lambda_bits,
     )
 
 
@@ -153,6 +156,7 @@ def open_keyholder(config: FedPSConfig, state_dir: Path) -> KeyHolder:
             t.server_optimizer, lr=t.server_lr, momentum=t.server_momentum
         ),
         groups=_group_policy(config),
+        parties=dict(enumerate(config.cluster.parties, start=1)),
     )
 
 

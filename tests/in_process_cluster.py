@@ -83,6 +83,7 @@ def start_cluster(
         "coordinator": f"127.0.0.1:{ports['coordinator']}",
         "shards": [f"127.0.0.1:{ports[f'shard-{i}']}" for i in range(num_shards)],
         "state_dir": str(tmp_path / "state"),
+        **sections.pop("cluster", {}),  # more of it (key-holder parties' addresses)
     }
     tls = {"insecure": True, "directory": str(tmp_path / "certs"), **sections.pop("tls", {})}
     config = load_config(None, cluster=cluster, tls=tls, **sections)

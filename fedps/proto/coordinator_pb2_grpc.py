@@ -56,6 +56,11 @@ class CoordinatorStub(object):
                 request_serializer=fedps_dot_proto_dot_common__pb2.Empty.SerializeToString,
                 response_deserializer=fedps_dot_proto_dot_coordinator__pb2.ClusterStatus.FromString,
                 _registered_method=True)
+        self.GetClosedRound = channel.unary_unary(
+                '/fedps.proto.Coordinator/GetClosedRound',
+                request_serializer=fedps_dot_proto_dot_coordinator__pb2.ClosedRoundRequest.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_coordinator__pb2.ClosedRound.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer(object):
@@ -86,6 +91,15 @@ class CoordinatorServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetClosedRound(self, request, context):
+        """Key-holder party: the clients a round closed with, once it was sent to the key holder
+        (a party checks the set it is asked to decrypt against the coordinator's, not the key
+        holder's word).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -108,6 +122,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=fedps_dot_proto_dot_common__pb2.Empty.FromString,
                     response_serializer=fedps_dot_proto_dot_coordinator__pb2.ClusterStatus.SerializeToString,
+            ),
+            'GetClosedRound': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetClosedRound,
+                    request_deserializer=fedps_dot_proto_dot_coordinator__pb2.ClosedRoundRequest.FromString,
+                    response_serializer=fedps_dot_proto_dot_coordinator__pb2.ClosedRound.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +238,33 @@ class Coordinator(object):
             '/fedps.proto.Coordinator/GetStatus',
             fedps_dot_proto_dot_common__pb2.Empty.SerializeToString,
             fedps_dot_proto_dot_coordinator__pb2.ClusterStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetClosedRound(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedps.proto.Coordinator/GetClosedRound',
+            fedps_dot_proto_dot_coordinator__pb2.ClosedRoundRequest.SerializeToString,
+            fedps_dot_proto_dot_coordinator__pb2.ClosedRound.FromString,
             options,
             channel_credentials,
             insecure,

@@ -38,6 +38,11 @@ class CoordinatorStub:
     GetTask: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.TaskRequest, _coordinator_pb2.Task]
     ReportUpdate: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.UpdateReport, _common_pb2.Empty]
     GetStatus: _grpc.UnaryUnaryMultiCallable[_common_pb2.Empty, _coordinator_pb2.ClusterStatus]
+    GetClosedRound: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ClosedRoundRequest, _coordinator_pb2.ClosedRound]
+    """Key-holder party: the clients a round closed with, once it was sent to the key holder
+    (a party checks the set it is asked to decrypt against the coordinator's, not the key
+    holder's word).
+    """
 
 @_typing.type_check_only
 class CoordinatorAsyncStub(CoordinatorStub):
@@ -48,6 +53,11 @@ class CoordinatorAsyncStub(CoordinatorStub):
     GetTask: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.TaskRequest, _coordinator_pb2.Task]  # type: ignore[assignment]
     ReportUpdate: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.UpdateReport, _common_pb2.Empty]  # type: ignore[assignment]
     GetStatus: _aio.UnaryUnaryMultiCallable[_common_pb2.Empty, _coordinator_pb2.ClusterStatus]  # type: ignore[assignment]
+    GetClosedRound: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ClosedRoundRequest, _coordinator_pb2.ClosedRound]  # type: ignore[assignment]
+    """Key-holder party: the clients a round closed with, once it was sent to the key holder
+    (a party checks the set it is asked to decrypt against the coordinator's, not the key
+    holder's word).
+    """
 
 class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
     """The coordinator (chief): registration, cohorts, rounds, deadlines, evaluation, checkpoints."""
@@ -79,5 +89,16 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         request: _common_pb2.Empty,
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.ClusterStatus, _abc.Awaitable[_coordinator_pb2.ClusterStatus]]: ...
+
+    @_abc_1.abstractmethod
+    def GetClosedRound(
+        self,
+        request: _coordinator_pb2.ClosedRoundRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.ClosedRound, _abc.Awaitable[_coordinator_pb2.ClosedRound]]:
+        """Key-holder party: the clients a round closed with, once it was sent to the key holder
+        (a party checks the set it is asked to decrypt against the coordinator's, not the key
+        holder's word).
+        """
 
 def add_CoordinatorServicer_to_server(servicer: CoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from google.protobuf.message import Message
 
-from fedps.proto import common_pb2, coordinator_pb2_grpc
+from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fedps.rpc.coordinator_messages import (
     CREDENTIAL_HEADER,
     Assignment,
@@ -91,6 +91,15 @@ class CoordinatorStub:
             "coordinator status",
         )
         return ClusterStatus.from_proto(reply)
+
+    def get_closed_round(self, round_: int, *, timeout_s: float = CALL_S) -> frozenset[str]:
+        """The clients ``round_`` closed with (a key-holder party's call)."""
+        request = coordinator_pb2.ClosedRoundRequest(round=round_)
+        reply = invoke(
+            lambda: self._stub.GetClosedRound(request, timeout=timeout_s),
+            f"closed round {round_}",
+        )
+        return frozenset(reply.contributors)
 
     def _with_credential(
         self,

@@ -310,9 +310,9 @@ else:
 
 # Which roles may call which RPC under mutual TLS. A certificate's role is its common name up
 # to the first "-" (``fedps certs`` names them keyholder, coordinator, shard-N, client-N,
-# operator). RPCs not listed are open to every certificate of the deployment. Status answers
-# only the operator (``fedps status``, the demo's watcher); the key holder's model state also
-# the coordinator, which reads it when it starts.
+# operator; a key-holder party is party-N). RPCs not listed are open to every certificate of
+# the deployment. Status answers only the operator (``fedps status``, the demo's watcher); the
+# key holder's model state also the coordinator, which reads it when it starts.
 CALLER_ROLES: dict[str, frozenset[str]] = {
     "/fedps.proto.Shard/GetStatus": frozenset({"operator"}),
     "/fedps.proto.Coordinator/GetStatus": frozenset({"operator"}),
@@ -320,7 +320,7 @@ CALLER_ROLES: dict[str, frozenset[str]] = {
     "/fedps.proto.Shard/OpenRound": frozenset({"coordinator"}),
     "/fedps.proto.Shard/CloseRound": frozenset({"coordinator"}),
     "/fedps.proto.Shard/DiscardRound": frozenset({"coordinator"}),
-    "/fedps.proto.Shard/FetchAggregate": frozenset({"keyholder"}),
+    "/fedps.proto.Shard/FetchAggregate": frozenset({"keyholder", "party"}),
     "/fedps.proto.Shard/TraceBlocks": frozenset({"keyholder"}),
     "/fedps.proto.Shard/Publish": frozenset({"keyholder"}),
     "/fedps.proto.Shard/PushBlocks": frozenset({"client"}),
@@ -333,6 +333,9 @@ CALLER_ROLES: dict[str, frozenset[str]] = {
     "/fedps.proto.Coordinator/Register": frozenset({"client"}),
     "/fedps.proto.Coordinator/GetTask": frozenset({"client"}),
     "/fedps.proto.Coordinator/ReportUpdate": frozenset({"client"}),
+    "/fedps.proto.Coordinator/GetClosedRound": frozenset({"party"}),
+    "/fedps.proto.KeyHolderParty/CanaryPartial": frozenset({"keyholder"}),
+    "/fedps.proto.KeyHolderParty/PartialDecrypt": frozenset({"keyholder"}),
 }
 
 

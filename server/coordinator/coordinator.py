@@ -48,6 +48,7 @@ from fedps.sharding.blocks import BlockLayout
 from server.coordinator.background_evaluation import BackgroundEvaluation
 from server.coordinator.checkpoint_store import Checkpoint, CheckpointStore
 from server.coordinator.client_registry import ClientRegistry, RegisteredClient
+from server.coordinator.closed_rounds import ClosedRounds
 from server.coordinator.cluster_peers import ClusterPeers
 from server.coordinator.cohort_sampler import CohortSampler
 from server.coordinator.coordinator_settings import CoordinatorSettings
@@ -122,6 +123,7 @@ class Coordinator:
         self._training = settings.training
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
+        self.closed = ClosedRounds()  #: the sets rounds were applied with (parties ask)
         self._stop = threading.Event()
         self.evaluator = evaluator
         self._vector: np.ndarray = evaluator.initial_vector()
@@ -368,9 +370,7 @@ class Coordinator:
         self._keyholder_key = context.signing_key
 
     def pull_model(self) -> np.ndarray:
-        """The published model, pulled from the shards (one attempt).
-
-        Every block's key-holder signature is checked.
+        """The published model, pulled from the shards once, every block's signature checked.
 
         Raises
         ------
@@ -489,6 +489,7 @@ class Coordinator:
         stalls the round (:class:`ShardStalledError`) stops the run and leaves the round as
         it is, for a restart to apply once the shard answers.
         """
+        self.closed.add(opened.round, accepted)  # what key-holder parties check
         application = RoundApplication(
             opened.round, opened.version, self.run_id, self.registry.signing_keys(accepted)
         )
@@ -546,10 +547,7 @@ class Coordinator:
             self.version = state.version
 
     def _halt(self, exc: QuarantinedError | ShardStalledError) -> None:
-        """Stop the run on ``exc``, which no round can get past.
-
-        With one line that says what holds it and what to do.
-        """
+        """Stop the run on ``exc``, which no round can get past (one line: what holds it)."""
         _log.error("the run stops: %s", exc)
         self.stop()
 

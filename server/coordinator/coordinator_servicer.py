@@ -126,6 +126,14 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             flagged_clients=tuple(c.registry.flagged_clients()),
         ).to_proto()
 
+    def GetClosedRound(  # noqa: N802
+        self, request: coordinator_pb2.ClosedRoundRequest, context: grpc.ServicerContext
+    ) -> coordinator_pb2.ClosedRound:
+        """Key-holder party: the clients a round closed with (once sent to the key holder)."""
+        with rpc_errors(context):
+            closed = self.coordinator.closed.get(request.round)
+        return coordinator_pb2.ClosedRound(round=request.round, contributors=sorted(closed))
+
 
 def _credential(context: grpc.ServicerContext) -> bytes:
     """The ``x-fedps-credential`` metadata of a call (hex), as bytes."""

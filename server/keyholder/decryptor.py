@@ -47,6 +47,7 @@ from fedps.round_timer import RoundTimer
 from fedps.rpc.shard_messages import AggregatePart
 from fedps.sharding.blocks import BlockLayout
 from server.keyholder.aggregate_verifier import AggregateVerifier
+from server.keyholder.joint_keys import JointKeys
 from server.keyholder.keyholder_settings import KeyHolderSettings
 
 __all__ = ["CanaryFailureError", "Decryptor", "OffGridRefusalError"]
@@ -78,7 +79,8 @@ class Decryptor:
     Parameters
     ----------
     keys
-        The current key pair.
+        The current key pair, or (key-holder parties) the joint public context and the parties
+        that decrypt under it.
     settings
         The key holder's policy (encryption, flooding, clipping bound, client-level noise,
         rotation period).
@@ -87,7 +89,7 @@ class Decryptor:
     """
 
     def __init__(
-        self, keys: SecretContext, settings: KeyHolderSettings, *, key_since: int = 0
+        self, keys: SecretContext | JointKeys, settings: KeyHolderSettings, *, key_since: int = 0
     ) -> None:
         if settings.packing is not None and keys.public.params != settings.packing.params:
             raise InvalidArgumentError(
@@ -181,9 +183,8 @@ class Decryptor:
             top_up = noise.top_up_std(len(effective))
             total = float(noise.cohort)
         with timer.phase("decrypt"):  # every block at once: one draw of noise, one check
-            summed = self._release(
-                self._open(round_, blocks, rows, multipliers), multipliers, blocks
-            )
+            opened = self._open(round_, blocks, rows, multipliers, sorted(verifier.contributors))
+            summed = self._release(opened, multipliers, blocks)
             if top_up > 0:  # after the bound check, which covers the clients' values only
                 summed = summed + self._noise.normal(top_up, summed.shape)
             averaged = dict(zip(blocks, summed / total, strict=True))
@@ -201,16 +202,25 @@ class Decryptor:
         return noise.present_multiplier(contributors, top_up)
 
     def _open(
-        self, round_: int, blocks: list[int], rows: np.ndarray, multipliers: Sequence[int]
+        self,
+        round_: int,
+        blocks: list[int],
+        rows: np.ndarray,
+        multipliers: Sequence[int],
+        contributors: Sequence[str],
     ) -> np.ndarray:
         """Every block's decrypted sum, once every zero canary of every block is within bound.
 
         The bound is the noise bound (:mod:`crypto.canary`): a change to ``c1`` anywhere, by a
         client on its own ciphertext or by a shard, and nothing of the round is decrypted.
+        With key-holder parties, each party checks the joint canaries of ``contributors``'
+        aggregate itself before it answers (:mod:`crypto.joint_canary`).
         """
         if not self._settings.encrypted:
             return rows
         try:
+            if isinstance(self.keys, JointKeys):
+                return self.keys.open_round(round_, contributors, blocks, rows)
             return self.keys.open(rows, noise_weight=sum(m * m for m in multipliers))
         except CanaryError as exc:
             failed = [blocks[r] for r in exc.rows]
@@ -242,6 +252,8 @@ class Decryptor:
         contributors = sum(multipliers)  # every value is at most this x max_abs_value
         if settings.packing is not None:  # exact integers: nothing of the error to flood
             summed = self._unpack_fields(summed, contributors, sum(m * m for m in multipliers))
+        elif settings.encrypted and isinstance(self.keys, JointKeys):  # flooded by each party
+            margin = self.keys.flooding_bound(sum(m * m for m in multipliers))
         elif settings.encrypted and settings.flood_bits > 0:
             # the error of sum m_i c_i grows with sqrt(sum m_i^2), not sqrt(sum m_i)
             sigma = 2.0**settings.flood_bits * decryption_error_bound(
@@ -286,6 +298,8 @@ class Decryptor:
         In round numbers: a round abandoned in between counts too, which errs on the safe side.
         """
         period = self._settings.rotate_every_rounds
+        if isinstance(self.keys, JointKeys):  # a new key is a new collective generation
+            return False
         return self._settings.encrypted and period > 0 and last_round - self.key_since >= period
 
     def retire(self, round_: int, last_round: int, save: Callable[[SecretContext], None]) -> None:
@@ -332,8 +346,8 @@ class Decryptor:
         That is, more than the leakage bound allows (:func:`crypto.release.releases_per_key`,
         docs/security.md).
         """
-        if not self._settings.encrypted:
-            return
+        if not self._settings.encrypted or isinstance(self.keys, JointKeys):
+            return  # the parties' flooding (lambda_bits) hides what passes the joint canaries
         period = self._settings.rotate_every_rounds
         budget = releases_per_key(self.keys.public.params, self._settings.flood_bits)
         if period and period * blocks <= budget:

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from crypto import SecretContext
+from crypto import PublicContext, SecretContext
 from crypto.files import private_directory
 from crypto.signing import BlockSigner
 from crypto.sketch import Challenge, sketch_count
@@ -70,6 +70,7 @@ from server.keyholder.commit_board import CommitBoard
 from server.keyholder.decryptor import Decryptor, OffGridRefusalError
 from server.keyholder.global_model import GlobalModel
 from server.keyholder.group_policy import GroupPolicy
+from server.keyholder.joint_keys import JointKeys
 from server.keyholder.keyholder_settings import KeyHolderSettings
 from server.keyholder.model_publisher import ModelPublisher
 from server.keyholder.server_optimizer import ServerOptimizer
@@ -95,7 +96,8 @@ class KeyHolder:
     settings
         The decryption policy and its limits.
     keys
-        The current CKKS key pair.
+        The current CKKS key pair, or (key-holder parties) the joint public context and the
+        parties that decrypt under it.
     signer
         Signs every published model block.
     commits
@@ -122,7 +124,7 @@ class KeyHolder:
         self,
         settings: KeyHolderSettings,
         *,
-        keys: SecretContext,
+        keys: SecretContext | JointKeys,
         signer: BlockSigner,
         commits: CommitBoard,
         store: StateStore,
@@ -170,6 +172,7 @@ class KeyHolder:
         ring: HashRing,
         optimizer: ServerOptimizer,
         groups: GroupPolicy | None = None,
+        parties: Mapping[int, str] | None = None,
     ) -> KeyHolder:
         """The key holder whose state folder is ``state_dir`` (made private, 0700).
 
@@ -188,6 +191,10 @@ class KeyHolder:
             The cluster's hash ring.
         optimizer, groups
             As the constructor takes them.
+        parties
+            ``{index: address}`` of every key-holder party when ``settings.parties`` is above
+            1: the key holder is then their combiner and holds no secret key
+            (:class:`~.joint_keys.JointKeys`).
 
         Raises
         ------
@@ -199,27 +206,15 @@ class KeyHolder:
         """
         _require_sync(settings, groups)
         store = StateStore(private_directory(state_dir))
-        keys, signer, challenge_secret = store.open_keys(settings.params)
+        keys, signer, challenge_secret = store.open_key_material(settings, parties)
         state = store.load()
         saved = state.model.params if state is not None else None
-        values_per_block = keys.public.params.values_per_block
-        modulus = keys.public.modulus if settings.encrypted else 0
-        model_blocks = 0 if saved is None else BlockLayout(saved.size, values_per_block).num_blocks
-        commits = CommitBoard(
-            state_dir / "commits",
-            secret=challenge_secret,
-            num_blocks=sent_blocks(model_blocks, settings.density, settings.fields),
-            modulus=modulus,
-            sketch_count=sketch_count(modulus) if modulus else 0,
-            max_staleness=settings.max_staleness if settings.staleness is not None else 0,
-            weight_bounds=settings.weight_bounds,
-            masked=settings.density < 1,
-        )
+        board = _commit_board(state_dir / "commits", settings, keys.public, challenge_secret, saved)
         return cls(
             settings,
             keys=keys,
             signer=signer,
-            commits=commits,
+            commits=board,
             store=store,
             shards=ShardPeers(
                 {sid: ShardStub(sid, address) for sid, address in shards.items()},
@@ -247,8 +242,8 @@ class KeyHolder:
         return self.model.last_round
 
     @property
-    def keys(self) -> SecretContext:
-        """The current CKKS key pair (replaced every ``rotate_every_rounds`` rounds)."""
+    def keys(self) -> SecretContext | JointKeys:
+        """The CKKS key pair (rotated every ``rotate_every_rounds`` rounds), or the parties'."""
         return self._decryptor.keys
 
     @property
@@ -451,10 +446,14 @@ class KeyHolder:
                 except ShardStalledError:
                     raise  # no check failed: the round is applied once the shard answers
                 except PolicyError as exc:
+                    keys = self.keys
+                    if isinstance(keys, JointKeys):  # no trace: canaries need the whole key
+                        self._refuse(round_, exc)
+                        raise
                     refusal, guilty = judge(  # who did it, on evidence (see .blame)
                         exc,
                         verifier,
-                        keys=self.keys,
+                        keys=keys,
                         unpack=self._decryptor.unpack,
                         shards=self._shards,
                         suspects=self.suspects,
@@ -533,6 +532,34 @@ class KeyHolder:
             key_since=self._decryptor.key_since,
         )
         self.last_saved = self._store.save(state)
+
+
+def _commit_board(
+    directory: Path,
+    settings: KeyHolderSettings,
+    public: PublicContext,
+    secret: bytes,
+    saved: np.ndarray | None,
+) -> CommitBoard:
+    """The commit board of a key holder under ``public`` whose saved model is ``saved``.
+
+    Sized for the blocks an update sends (none before the first model), its commitments
+    sketched modulo the key's modulus (none with encryption off).
+    """
+    modulus = public.modulus if settings.encrypted else 0
+    model_blocks = (
+        0 if saved is None else BlockLayout(saved.size, public.params.values_per_block).num_blocks
+    )
+    return CommitBoard(
+        directory,
+        secret=secret,
+        num_blocks=sent_blocks(model_blocks, settings.density, settings.fields),
+        modulus=modulus,
+        sketch_count=sketch_count(modulus) if modulus else 0,
+        max_staleness=settings.max_staleness if settings.staleness is not None else 0,
+        weight_bounds=settings.weight_bounds,
+        masked=settings.density < 1,
+    )
 
 
 def _require_sync(settings: KeyHolderSettings, groups: GroupPolicy | None) -> None:

@@ -67,6 +67,13 @@ class KeyHolderSettings:
         it must be, split into its fields and dequantized
         (:class:`crypto.quantized_packing.QuantizedPacking`) instead of flooded. None: one real
         value per coefficient.
+    parties
+        Key-holder parties (``keyholder.parties``): 1, this key holder holds the key; more, it
+        is the combiner of ``parties`` parties (:mod:`server.keyholder.joint_keys`).
+    threshold
+        How many parties decrypt together (``keyholder.threshold``, resolved: 1..parties).
+    lambda_bits
+        The statistical security of each party's flooding (``keyholder.lambda_bits``).
 
     Raises
     ------
@@ -91,6 +98,9 @@ class KeyHolderSettings:
     client_noise: ClientLevelNoise | None = None
     density: float = 1.0
     packing: QuantizedPacking | None = None
+    parties: int = 1
+    threshold: int = 1
+    lambda_bits: int = 16
 
     def __post_init__(self) -> None:
         if self.min_quorum < 1:

@@ -27,6 +27,7 @@ import logging
 import os
 import time
 import zipfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -44,6 +45,8 @@ from crypto.secret_context import SECRET_KEY_FILE
 from crypto.signing import BlockSigner
 from fedps.errors import CorruptStateError
 from server.keyholder.global_model import ModelSnapshot
+from server.keyholder.joint_keys import JointKeys
+from server.keyholder.keyholder_settings import KeyHolderSettings
 
 __all__ = ["STATE_FILE", "KeyHolderState", "RoundResult", "StateStore", "saved_version"]
 
@@ -226,10 +229,51 @@ class StateStore:
         """
         self._require_keys()
         keys = SecretContext.load_or_generate(self.keys_dir, params)
+        signer, challenge_secret = self.open_secrets()
+        return keys, signer, challenge_secret
+
+    def open_key_material(
+        self, settings: KeyHolderSettings, parties: Mapping[int, str] | None = None
+    ) -> tuple[SecretContext | JointKeys, BlockSigner, bytes]:
+        """The keys a key holder decrypts with, its signing key and its challenge secret.
+
+        The CKKS key pair (:meth:`open_keys`), or with ``settings.parties`` above 1 the parties'
+        joint keys (:class:`~.joint_keys.JointKeys`, at ``parties``: ``{index: address}``): a
+        combiner holds no secret key.
+
+        Raises
+        ------
+        CorruptStateError
+            As :meth:`open_keys`.
+        """
+        if settings.parties <= 1:
+            return self.open_keys(settings.params)
+        signer, challenge_secret = self.open_secrets(require_key=False)
+        keys = JointKeys.open(
+            self.keys_dir,
+            parties or {},
+            threshold=settings.threshold,
+            signer=signer,
+            lambda_bits=settings.lambda_bits,
+        )
+        return keys, signer, challenge_secret
+
+    def open_secrets(self, *, require_key: bool = True) -> tuple[BlockSigner, bytes]:
+        """The signing key and the challenge secret, created on a first start.
+
+        ``signing.pub`` is written beside them. ``require_key=False``: a combiner of key-holder
+        parties, which has no secret key of its own (the other keys are still required).
+
+        Raises
+        ------
+        CorruptStateError
+            As :meth:`open_keys`.
+        """
+        self._require_keys(skip=() if require_key else (SECRET_KEY_FILE,))
         challenge_secret = _load_or_create_secret(self.keys_dir / "challenge.key")
         signer = BlockSigner.load_or_create(self.keys_dir / "signing.key")
         write_atomic(self.keys_dir / "signing.pub", signer.public_key.hex().encode() + b"\n")
-        return keys, signer, challenge_secret
+        return signer, challenge_secret
 
     def save_keys(self, keys: SecretContext) -> None:
         """Replace the CKKS key pair with ``keys``, in one step (:meth:`SecretContext.save`).
@@ -241,14 +285,17 @@ class StateStore:
         """
         keys.save(self.keys_dir)
 
-    def _require_keys(self) -> None:
+    def _require_keys(self, skip: tuple[str, ...] = ()) -> None:
         """Stop when a key of a key holder that already has state is missing.
 
-        On a first start (no state) the keys are created.
+        On a first start (no state) the keys are created; the keys named in ``skip`` are not
+        required.
         """
         if not self.path.exists():
             return
         for name, lost in _LOST_KEYS.items():
+            if name in skip:
+                continue
             key = self.keys_dir / name
             if not key.exists():
                 raise CorruptStateError(

@@ -7,7 +7,7 @@ import pytest
 
 from crypto import CkksParams, SecretContext
 from crypto.ckks_encoder import CkksEncoder
-from crypto.rlwe import ZeroEncryptor, cbd21, supported, ternary
+from crypto.rlwe import RingProduct, ZeroEncryptor, cbd21, supported, ternary, uniform
 from fedps.errors import InvalidArgumentError
 
 
@@ -105,3 +105,31 @@ def test_zero_encryptor_rejects_a_malformed_key() -> None:
         ZeroEncryptor(np.full((2, 8), 97, dtype=np.uint64), 97)
     with pytest.raises(InvalidArgumentError, match="2\\^62"):
         ZeroEncryptor(np.zeros((2, 2048), dtype=np.uint64), (1 << 52) - 1)
+
+
+@pytest.mark.parametrize("n", [64, 2048])
+def test_ring_products_of_full_size_polynomials_are_exact(keys: SecretContext, n: int) -> None:
+    # Prepare: the default prime, polynomials uniform modulo q (a threshold key share's kind)
+    q = keys.public.modulus
+    fixed, polys = uniform(1, n, q)[0], uniform(2, n, q)
+    # Execute
+    got = RingProduct(fixed, q).times(polys)
+    # Assert: equal to the schoolbook product in Python integers
+    for poly, product in zip(polys, got, strict=True):
+        full = np.convolve(poly.astype(object), fixed.astype(object))
+        exact = full[:n].copy()
+        exact[: n - 1] -= full[n:]
+        assert product.tolist() == [int(v) % q for v in exact]
+    with pytest.raises(InvalidArgumentError):
+        RingProduct(np.full(n, q, dtype=np.uint64), q)
+
+
+def test_uniform_coefficients_are_below_the_modulus_and_spread() -> None:
+    # Prepare
+    q = (1 << 45) + 1
+    # Execute
+    draws = uniform(3, 2048, q)
+    # Assert: below q, about half below q / 2 (std of the fraction 0.0064: a band of 9)
+    assert draws.shape == (3, 2048) and draws.dtype == np.uint64
+    assert int(draws.max()) < q
+    assert 0.44 < float(np.mean(draws < q // 2)) < 0.56

@@ -171,6 +171,17 @@ def test_bad_field_is_named(sections: dict[str, dict[str, object]], expected: st
         ({"tls": {"enabled": False}}, ["tls: ", "insecure = true", "--insecure"]),
         ({"metrics": {"coordinator": "0.0.0.0:9100"}}, ["metrics: ", "loopback", "public"]),
         ({"metrics": {"shards": ["10.0.0.2:9100"]}}, ["metrics: ", "'10.0.0.2:9100'"]),
+        ({"keyholder": {"parties": 2, "threshold": 3}}, ["keyholder: ", "cannot exceed"]),
+        ({"keyholder": {"parties": 3}}, ["keyholder.parties = 3", "cluster.parties"]),
+        ({"cluster": {"parties": ["h:1", "h:1"]}}, ["cluster: ", "party addresses"]),
+        (
+            {
+                "keyholder": {"parties": 2},
+                "cluster": {"parties": ["h:1", "h:2"]},
+                "training": {"mode": "async"},
+            },
+            ["keyholder.parties above 1", "sync"],
+        ),
     ],
 )
 def test_cross_field_error_names_section_and_field(
@@ -184,6 +195,21 @@ def test_cross_field_error_names_section_and_field(
     message = str(info.value)
     for fragment in fragments:
         assert fragment in message
+
+
+def test_key_holder_parties_default_to_one_key_holder() -> None:
+    # Prepare / Execute
+    default = load_config(None)
+    parties = load_config(
+        None, keyholder={"parties": 3, "threshold": 2}, cluster={"parties": ["h:1", "h:2", "h:3"]}
+    )
+    every = load_config(None, keyholder={"parties": 2}, cluster={"parties": ["h:1", "h:2"]})
+
+    # Assert
+    assert (default.keyholder.parties, default.keyholder.quorum) == (1, 1)
+    assert default.keyholder.lambda_bits == 16
+    assert (parties.keyholder.parties, parties.keyholder.quorum) == (3, 2)
+    assert every.keyholder.quorum == 2
 
 
 def test_scale_bits_at_the_limit_is_accepted() -> None:

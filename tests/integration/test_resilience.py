@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from clients.edge_client import EdgeClient
-from crypto import _seal_io
+from crypto import SecretContext, _seal_io
 from fedps.errors import FedPSError
 from fedps.rpc.transport import bind, create_server
 from fedps.runtime.cluster_status import print_status
@@ -115,7 +115,9 @@ def test_no_secret_key_outside_the_key_holder(cluster: Cluster) -> None:
         EdgeClient.open(cluster.config, index=i) for i in range(cluster.config.training.clients)
     ]
     run_clients(clients)
-    secret = _seal_io.uncompressed_body(_seal_io.save_bytes(cluster.keyholder.keys._secret_key))
+    keys = cluster.keyholder.keys
+    assert isinstance(keys, SecretContext)
+    secret = _seal_io.uncompressed_body(_seal_io.save_bytes(keys._secret_key))
     key_dir = cluster.state_dir / "keyholder" / "keys"
     probes = [secret[i : i + 64] for i in range(64, len(secret) - 64, 4096)]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crypto import PublicContext
+from crypto import PublicContext, SecretContext
 from crypto.signed_update import SignedUpdate
 from fedps.errors import PolicyError
 from fedps.rpc.messages import Aggregate
@@ -111,7 +111,9 @@ def open_arena(tmp_path: Path, mode: str, **sections: Mapping[str, object]) -> A
     kh = cluster.keyholder
     kh.initialize(np.zeros(PARAMS), version=VERSION)
     decryptions: list[int] = []
-    open_ = kh.keys.open
+    keys = kh.keys
+    assert isinstance(keys, SecretContext)  # one key holder (parties: tests/integration)
+    open_ = keys.open
 
     def counting(rows: np.ndarray, *, noise_weight: float) -> np.ndarray:
         opened = open_(rows, noise_weight=noise_weight)  # raises before decrypting anything

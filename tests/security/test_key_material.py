@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from crypto import bitpack, unpack_block
+from crypto import SecretContext, bitpack, unpack_block
 from crypto.params import CANARIES
 from fedps.errors import PolicyError
 from fedps.learning.staleness import multiplier
@@ -32,6 +32,7 @@ SHIFT = 5  # t = D * X^SHIFT
 def _secret(arena: Arena) -> np.ndarray:
     """The key holder's secret key in coefficient form, centred (to judge a recovery)."""
     keys = arena.keyholder.keys
+    assert isinstance(keys, SecretContext)
     raw = keys._from_ntt(keys._plain_coefficients(keys._secret_key.data())).astype(np.int64)
     q = keys.public.modulus
     out: np.ndarray = np.where(raw > q // 2, raw - q, raw)

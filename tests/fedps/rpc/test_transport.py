@@ -252,17 +252,19 @@ def test_a_peer_unavailable_error_without_a_status_is_transient() -> None:
 def test_caller_roles_name_existing_rpcs_and_roles() -> None:
     # Every RPC the role policy names exists in the generated services, and every role is
     # one `fedps certs` issues: a renamed RPC cannot silently drop out of the policy.
-    from fedps.proto import coordinator_pb2_grpc, keyholder_pb2_grpc, shard_pb2_grpc
+    from fedps.proto import (
+        coordinator_pb2_grpc,
+        keyholder_party_pb2_grpc,
+        keyholder_pb2_grpc,
+        shard_pb2_grpc,
+    )
     from fedps.rpc.transport import CALLER_ROLES, certificate_role
 
-    sources = "".join(
-        Path(module.__file__).read_text()
-        for module in (coordinator_pb2_grpc, keyholder_pb2_grpc, shard_pb2_grpc)
-        if module.__file__
-    )
+    services = (coordinator_pb2_grpc, keyholder_pb2_grpc, keyholder_party_pb2_grpc, shard_pb2_grpc)
+    sources = "".join(Path(module.__file__).read_text() for module in services if module.__file__)
     for method, roles in CALLER_ROLES.items():
         assert f"'{method}'" in sources, method
-        assert roles <= {"client", "coordinator", "keyholder", "shard", "operator"}
+        assert roles <= {"client", "coordinator", "keyholder", "party", "shard", "operator"}
     assert certificate_role("shard-12") == "shard"
     assert certificate_role("coordinator") == "coordinator"
 

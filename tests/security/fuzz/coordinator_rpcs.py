@@ -168,4 +168,9 @@ class CoordinatorRpcs(ServiceRpcs):
                 pools=coordinator_pools,
             ),
             RpcSpec(methods["GetStatus"], empty, pools=pools),
+            RpcSpec(
+                methods["GetClosedRound"],
+                lambda rng: coordinator_pb2.ClosedRoundRequest(round=rng.choice(pools["round"])),
+                pools=pools,
+            ),
         ]

@@ -46,6 +46,7 @@ ORDER = [
     "Coordinator.GetTask",
     "Coordinator.ReportUpdate",
     "Coordinator.GetStatus",
+    "Coordinator.GetClosedRound",
     "KeyHolder.Commit",
     "KeyHolder.OpenCommits",
     "KeyHolder.ApplyRound",

@@ -17,9 +17,12 @@ from fedps.config import load_config
 from fedps.errors import ConfigError, InvalidArgumentError
 from fedps.learning.tasks import ClientData
 from fedps.learning.tasks import Task as UserTask
+from fedps.rpc.keyholder_messages import AppliedRound, RoundApplication
 from server.coordinator.checkpoint_store import CHECKPOINT_FILE, CheckpointStore
+from server.coordinator.cluster_peers import ClusterPeers
 from server.coordinator.coordinator import Coordinator
 from server.coordinator.privacy_ledger import Declaration
+from server.coordinator.round_record import OpenRound, RoundRecord
 from server.serve import open_coordinator
 
 DELTA = 1e-5
@@ -233,3 +236,29 @@ def test_the_privacy_ledger_outlives_the_run_unless_a_new_one_is_started_between
     assert restarted.client_epsilons == {"client-0": spent}  # ignored: the run keeps it
     assert next_run.client_epsilons == {"client-0": spent}  # a new run continues it
     assert new_ledger.client_epsilons == {}
+
+
+def test_key_holder_parties_read_the_set_a_round_closed_with(
+    coordinator: Coordinator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: the key holder's answer is the moment parties ask (they are asked while the
+    # key holder applies the round)
+    seen: list[frozenset[str]] = []
+
+    def apply_round(_: ClusterPeers, application: RoundApplication) -> AppliedRound:
+        seen.append(coordinator.closed.get(application.round))
+        return AppliedRound(3, 2, 2.0, 0.1)
+
+    monkeypatch.setattr(ClusterPeers, "apply_round", apply_round)
+    for index in range(3):
+        _register(coordinator, index=index)
+    cohort = frozenset({"client-0", "client-1", "client-2"})
+    accepted = frozenset({"client-0", "client-2"})
+    opened = OpenRound(round=3, version=2, deadline=math.inf, cohort=cohort)
+    with pytest.raises(InvalidArgumentError, match="round 3 is not a round being applied"):
+        coordinator.closed.get(3)
+    # Execute
+    coordinator._apply(opened, accepted, RoundRecord(3, 2, 0))
+    # Assert: exactly the accepted set, not the cohort; kept for the parties' retries
+    assert seen == [accepted]
+    assert coordinator.closed.get(3) == accepted

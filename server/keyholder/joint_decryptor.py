@@ -1,0 +1,166 @@
+"""The combiner's side of threshold decryption: ask ``T`` parties, add their partials to ``c0``.
+
+:class:`JointDecryptor` signs a request for a verified aggregate
+(:class:`~.keyholder_party.DecryptionRequest`), asks a set of ``T`` parties that are up for
+their partial decryptions (each party checks the round itself,
+:class:`~.keyholder_party.KeyHolderParty`), and returns ``c0 + sum d_j``: the plaintexts plus
+the parties' flooding, nothing else. A party that does not answer is named and left out; the
+decryption is asked again of another set of ``T`` (each party's ledger allows it, for the same
+aggregate), and fails with a line naming the parties that are down once fewer than ``T``
+answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Protocol
+
+import numpy as np
+
+from crypto.signing import BlockSigner
+from crypto.threshold import aggregate_digest, combine, request_digest
+from fedps.errors import InvalidArgumentError, PeerUnavailableError
+from fedps.rpc.keyholder_party_messages import DecryptionRequest, PartyCanaries
+
+__all__ = ["JointDecryptor", "PartyPeer"]
+
+_log = logging.getLogger("fedps")
+
+
+class PartyPeer(Protocol):
+    """A key-holder party as the combiner calls it (in process, or its gRPC client)."""
+
+    def canary_partial(self, request: DecryptionRequest) -> PartyCanaries:
+        """The party's signed canary partials; :class:`PeerUnavailableError` when it is down."""
+        ...
+
+    def partial_decrypt(self, request: DecryptionRequest) -> np.ndarray:
+        """The party's partial decryption; :class:`PeerUnavailableError` when it is down."""
+        ...
+
+
+class JointDecryptor:
+    """Decrypts verified aggregates with ``T`` of the ``P`` key-holder parties.
+
+    Parameters
+    ----------
+    parties
+        Every party, by index ``1..P``.
+    threshold
+        T: how many decrypt together.
+    modulus
+        The prime q of the joint key.
+    signer
+        The combiner's signing key (the parties hold its public key).
+    """
+
+    def __init__(
+        self,
+        parties: Mapping[int, PartyPeer],
+        *,
+        threshold: int,
+        modulus: int,
+        signer: BlockSigner,
+    ) -> None:
+        if sorted(parties) != list(range(1, len(parties) + 1)) or not 1 <= threshold <= len(
+            parties
+        ):
+            raise InvalidArgumentError("parties are indexed 1..P, and 1 <= T <= P")
+        self._parties = dict(parties)
+        self._threshold = threshold
+        self._modulus = modulus
+        self._signer = signer
+        #: the parties that did not answer the last request they were asked (status names them)
+        self.down: set[int] = set()
+
+    def decrypt(
+        self, round_: int, contributors: Sequence[str], blocks: Sequence[int], rows: np.ndarray
+    ) -> np.ndarray:
+        """``c0 + sum d_j`` of the verified aggregate ``rows`` (centred, ``(B, N)`` int64).
+
+        ``rows`` are ``(B, 2N)`` uint64, one per block of ``blocks`` (in any order: the parties
+        are asked about them in block order), summed over exactly ``contributors``; call only
+        once the aggregate passed every check of the combiner.
+
+        Raises
+        ------
+        PeerUnavailableError
+            Fewer than ``T`` parties answer (the message names those that are down).
+        PolicyError
+            A party refused the round (its check failed): nothing of it is decrypted.
+        """
+        order = np.argsort(np.asarray(blocks, dtype=np.int64), kind="stable")
+        blocks, rows = [int(blocks[i]) for i in order], rows[order]  # as the parties fetch them
+        digest = aggregate_digest(blocks, rows)
+        n = rows.shape[1] // 2
+        down: set[int] = set()
+        while True:
+            up = [j for j in sorted(self._parties) if j not in down]
+            if len(up) < self._threshold:
+                self.down = down
+                raise PeerUnavailableError(
+                    f"round {round_}: {len(up)} of {len(self._parties)} key-holder parties "
+                    f"answer, {self._threshold} must; down: "
+                    + ", ".join(f"party {j}" for j in sorted(down))
+                )
+            participants = tuple(up[: self._threshold])
+            request = DecryptionRequest(
+                round=round_,
+                contributors=tuple(sorted(contributors)),
+                participants=participants,
+                aggregate=digest,
+                signature=self._signer.sign(
+                    request_digest(round_, contributors, participants, digest)
+                ),
+            )
+            try:
+                canaries = tuple(self._ask(round_, j).canary_partial(request) for j in participants)
+                checked = replace(request, canaries=canaries)
+                partials = [self._ask(round_, j).partial_decrypt(checked) for j in participants]
+            except _PartyDownError as exc:
+                down.add(exc.party)
+                continue
+            self.down = down
+            plain = combine(rows[:, :n], partials, self._modulus)
+            out = np.empty_like(plain)
+            out[order] = plain  # back in the caller's order of blocks
+            return out
+
+    def _ask(self, round_: int, index: int) -> PartyPeer:
+        """Party ``index``, whose calls raise :class:`_PartyDownError` when it does not answer."""
+        return _Answering(self._parties[index], index, round_)
+
+
+class _PartyDownError(Exception):
+    """A party did not answer (internal: the combiner asks another set)."""
+
+    def __init__(self, party: int) -> None:
+        super().__init__(f"party {party} is down")
+        self.party = party
+
+
+class _Answering:
+    """A party's calls, with :class:`PeerUnavailableError` turned into :class:`_PartyDownError`."""
+
+    def __init__(self, peer: PartyPeer, index: int, round_: int) -> None:
+        self._peer, self._index, self._round = peer, index, round_
+
+    def canary_partial(self, request: DecryptionRequest) -> PartyCanaries:
+        """As :meth:`PartyPeer.canary_partial`."""
+        try:
+            return self._peer.canary_partial(request)
+        except PeerUnavailableError as exc:
+            raise self._down(exc) from exc
+
+    def partial_decrypt(self, request: DecryptionRequest) -> np.ndarray:
+        """As :meth:`PartyPeer.partial_decrypt`."""
+        try:
+            return self._peer.partial_decrypt(request)
+        except PeerUnavailableError as exc:
+            raise self._down(exc) from exc
+
+    def _down(self, exc: PeerUnavailableError) -> _PartyDownError:
+        _log.warning("round %d: key-holder party %d is down (%s)", self._round, self._index, exc)
+        return _PartyDownError(self._index)
