@@ -182,6 +182,14 @@ def test_bad_field_is_named(sections: dict[str, dict[str, object]], expected: st
             },
             ["keyholder.parties above 1", "sync"],
         ),
+        (
+            {
+                "keyholder": {"parties": 2},
+                "cluster": {"parties": ["h:1", "h:2"]},
+                "compression": {"bits": 8},
+            },
+            ["keyholder.parties above 1", "compression.bits"],
+        ),
     ],
 )
 def test_cross_field_error_names_section_and_field(
