@@ -151,10 +151,11 @@ def wait_ready(deployment: Deployment, names: Sequence[str]) -> None:
 
 
 def status(config: FedPSConfig) -> ClusterStatus:
-    """The coordinator's status (one call)."""
+    """The coordinator's status (one call; its deadline is only a hang guard: a loaded
+    machine may take seconds to answer)."""
     client = CoordinatorStub(config.cluster.coordinator)
     try:
-        return client.get_status(timeout_s=5.0)
+        return client.get_status(timeout_s=HANG_S)
     finally:
         client.close()
 

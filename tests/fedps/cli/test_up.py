@@ -28,6 +28,7 @@ from fedps.errors import FedPSError
 from fedps.rpc.coordinator_stub import CoordinatorStub
 from fedps.storage.state_lock import StateLock
 from tests.conftest import run_clients
+from tests.processes_left import kill_left, marked_environment, processes_left
 from tests.role_processes import (
     HANG_S,
     is_running,
@@ -169,20 +170,24 @@ def test_sigkill_of_up_leaves_no_role_running(up: Up) -> None:
 
 
 def test_a_role_on_a_port_in_use_stops_up_with_its_line(tmp_path: Path) -> None:
-    # Prepare: another program listens on shard-1's port
+    # Prepare: another program listens on shard-1's port; up and all it starts are marked
     path, config = _write_config(tmp_path)
     host, _, port = config.cluster.shards[1].rpartition(":")
-    with socket.create_server((host, int(port))):
-        # Execute
-        up = _start_up(path, config, tmp_path / "up.log")
-        code = up.proc.wait(HANG_S)
-    # Assert: exit 2 with shard-1's one line; nothing restarted, nothing left running
-    assert code == 2, up.output
-    assert last_line(up.output) == (
-        f"fedps: error: shard-1 stopped: {config.cluster.shards[1]} is in use (another fedps "
-        "shard-1 may be running); stop it or choose another port"
-    )
-    assert "restarting" not in up.output
-    pids = {name: pid for name, pid in up.role_pids().items() if pid is not None}
-    assert "keyholder" in pids
-    assert not [name for name, pid in pids.items() if is_running(pid)], pids
+    env, mark = marked_environment()
+    try:
+        with socket.create_server((host, int(port))):
+            # Execute
+            log = tmp_path / "up.log"
+            up = Up(start_fedps("up", str(path), "--insecure", log=log, env=env), config, log)
+            code = up.proc.wait(HANG_S)
+        # Assert: exit 2 with shard-1's one line; nothing restarted, nothing it started left
+        # running (a role stopped before it took its state lock included)
+        assert code == 2, up.output
+        assert last_line(up.output) == (
+            f"fedps: error: shard-1 stopped: {config.cluster.shards[1]} is in use (another "
+            "fedps shard-1 may be running); stop it or choose another port"
+        )
+        assert "restarting" not in up.output
+        assert processes_left(mark) == []
+    finally:
+        kill_left(mark)
