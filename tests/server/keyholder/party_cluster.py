@@ -17,6 +17,8 @@ from tests.crypto.threshold_keys import Joint
 
 MIN_QUORUM = 3
 LAMBDA = 16
+#: The clients of the tests' rounds.
+COHORT = ("a", "b", "c", "d")
 
 
 @dataclass

@@ -13,20 +13,8 @@ from crypto.canary import CanaryError
 from crypto.signing import BlockSigner
 from fedps.errors import PeerUnavailableError, PolicyError
 from server.keyholder.joint_decryptor import JointDecryptor
-from tests.crypto.threshold_keys import PARAMS, Joint, N, aggregate, generate
-from tests.server.keyholder.party_cluster import LAMBDA, Rounds, Switchable, start_parties
-
-COHORT = ("a", "b", "c", "d")
-
-
-@pytest.fixture(scope="module")
-def joint() -> Joint:
-    return generate(3)
-
-
-@pytest.fixture(scope="module")
-def rows(joint: Joint) -> np.ndarray:
-    return aggregate(joint.public, len(COHORT), 2)[0]
+from tests.crypto.threshold_keys import PARAMS, Joint, N
+from tests.server.keyholder.party_cluster import COHORT, LAMBDA, Rounds, Switchable, start_parties
 
 
 def _cluster(

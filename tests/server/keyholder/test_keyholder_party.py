@@ -16,26 +16,15 @@ from crypto.signing import BlockSigner
 from fedps.errors import InvalidArgumentError, PolicyError
 from fedps.rpc.keyholder_party_messages import DecryptionRequest, PartyCanaries
 from server.keyholder.keyholder_party import LEDGER_FILE, KeyHolderParty
-from tests.crypto.threshold_keys import PARAMS, Joint, N, aggregate, generate
+from tests.crypto.threshold_keys import PARAMS, Joint, N, aggregate
 from tests.server.keyholder.party_cluster import (
+    COHORT,
     LAMBDA,
     MIN_QUORUM,
     Rounds,
     Switchable,
     start_parties,
 )
-
-COHORT = ("a", "b", "c", "d")
-
-
-@pytest.fixture(scope="module")
-def joint() -> Joint:
-    return generate(3)
-
-
-@pytest.fixture(scope="module")
-def rows(joint: Joint) -> np.ndarray:
-    return aggregate(joint.public, len(COHORT), 2)[0]
 
 
 @pytest.fixture
