@@ -25,6 +25,7 @@ import numpy as np
 
 from crypto.files import private_directory, read_checked, write_checked
 from fedps.errors import CorruptStateError, FedPSError
+from fedps.storage.write_retry import write_until_written
 
 __all__ = ["CHECKPOINT_FILE", "Checkpoint", "CheckpointStore"]
 
@@ -75,21 +76,14 @@ class CheckpointStore:
 
         A full disk, for example. False when ``stop`` was set first.
         """
-        delay = 0.5
-        while True:
-            try:
-                self.save(model, state)
-                return True
-            except OSError as exc:
-                _log.error(
-                    "cannot write the checkpoint %s (%s); retrying in %.1f s",
-                    self.path,
-                    exc.strerror or exc,
-                    delay,
-                )
-                if stop.wait(delay):
-                    return False
-                delay = min(2 * delay, 30.0)
+        return write_until_written(
+            lambda: self.save(model, state),
+            retry_on=OSError,
+            failure=lambda exc: (
+                f"cannot write the checkpoint {self.path} ({getattr(exc, 'strerror', None) or exc})"
+            ),
+            stop=stop,
+        )
 
     def load(self, *, num_params: int | None = None) -> Checkpoint | None:
         """The saved checkpoint, or None when there is none.

@@ -45,6 +45,7 @@ from fedps.errors import (
     UnauthenticatedError,
     UnknownClientError,
 )
+from fedps.storage.write_retry import write_until_written
 from server.coordinator.privacy_ledger import Declaration, PrivacyLedger
 
 __all__ = ["ClientRegistry", "RegisteredClient"]
@@ -437,22 +438,19 @@ class ClientRegistry:
         """
         if self.ledger is None:  # no server-side ledger: the clients' own figures only
             return True
-        delay = 0.5
-        while True:
-            try:
-                self.ledger.record_round(
-                    run_id,
-                    round_,
-                    contributors=self.declarations(contributors),
-                    members=self.declarations(self.clients),
-                    noise_multiplier=noise_multiplier,
-                )
-                return True
-            except PeerUnavailableError as exc:  # e.g. a full disk: nothing was recorded
-                _log.error("round %d: %s; retrying in %.1f s", round_, exc, delay)
-                if stop.wait(delay):
-                    return False
-                delay = min(2 * delay, 30.0)
+        ledger = self.ledger
+        return write_until_written(
+            lambda: ledger.record_round(
+                run_id,
+                round_,
+                contributors=self.declarations(contributors),
+                members=self.declarations(self.clients),
+                noise_multiplier=noise_multiplier,
+            ),
+            retry_on=PeerUnavailableError,  # e.g. a full disk: nothing was recorded
+            failure=lambda exc: f"round {round_}: {exc}",
+            stop=stop,
+        )
 
     def most_examples(self, cohort: Iterable[str]) -> int:
         """The largest example count among the registered members of ``cohort``."""
