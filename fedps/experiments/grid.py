@@ -167,7 +167,9 @@ class _Axes(BaseModel):
     @classmethod
     def _compression(cls, values: list[str] | None) -> list[str] | None:
         """Each setting spelt as ``fedps bench --compression`` spells it, written canonically."""
-        return [CompressionConfig.from_setting(v).setting for v in values or []] or values
+        if values is None:
+            return None
+        return [CompressionConfig.from_setting(v).setting for v in values]
 
     @field_validator("partition")
     @classmethod
