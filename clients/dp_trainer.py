@@ -43,7 +43,12 @@ from crypto.randomness import RandomSource, random_source
 from fedps._registry import add_entry
 from fedps.config import PrivacyConfig, TrainingConfig
 from fedps.errors import ConfigError, PrivacyBudgetExceededError
-from fedps.learning.accounting import calibrate_noise, client_level_noise, epsilon_of_history
+from fedps.learning.accounting import (
+    calibrate_noise,
+    client_level_noise,
+    epsilon_of_history,
+    merged_history,
+)
 from fedps.learning.datasets import Dataset
 from fedps.learning.tasks import Task, check_dp_trainable
 from fedps.round_timer import RoundTimer
@@ -374,13 +379,7 @@ class DPTrainer(Trainer):
     def history_after_next_round(self) -> History:
         """The accountant's history after one more round of :attr:`steps_per_round` steps."""
         step = (self.noise_multiplier, self.sample_rate, self.steps_per_round)
-        history = list(self.history())
-        if history and history[-1][:2] == step[:2]:
-            # Opacus merges consecutive steps with the same noise and sample rate.
-            history[-1] = (*step[:2], history[-1][2] + step[2])
-        else:
-            history.append(step)
-        return tuple(history)
+        return merged_history([*self.history(), step])  # as Opacus merges the steps
 
     def restore(self, history: Iterable[tuple[float, float, int]], *, run_id: str = "") -> None:
         """Continue the Opacus accountant from ``history``.

@@ -29,7 +29,7 @@ import functools
 import logging
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from fedps.config import PrivacyConfig, TrainingConfig
@@ -44,6 +44,7 @@ __all__ = [
     "client_level_noise",
     "epsilon",
     "epsilon_of_history",
+    "merged_history",
 ]
 
 _log = logging.getLogger("fedps")
@@ -136,6 +137,24 @@ def _compute(history: tuple[tuple[float, float, int], ...], delta: float, name: 
 
 
 _cached = functools.lru_cache(maxsize=1024)(_compute)
+
+
+def merged_history(
+    entries: Iterable[tuple[float, float, int]],
+) -> tuple[tuple[float, float, int], ...]:
+    """``entries`` with consecutive ones of the same noise and rate as one, as Opacus merges them.
+
+    Entries of no step are left out.
+    """
+    merged: list[tuple[float, float, int]] = []
+    for sigma, q, steps in entries:
+        if steps <= 0:
+            continue
+        if merged and merged[-1][:2] == (sigma, q):
+            merged[-1] = (sigma, q, merged[-1][2] + steps)
+        else:
+            merged.append((sigma, q, steps))
+    return tuple(merged)
 
 
 def epsilon_of_history(history: _History, delta: float, accountant: str = "rdp") -> float:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from fedps.config import PrivacyConfig, TrainingConfig
 from fedps.errors import CorruptStateError, FedPSError
-from fedps.learning.accounting import client_level_noise, epsilon_of_history
+from fedps.learning.accounting import client_level_noise, epsilon_of_history, merged_history
 from fedps.storage.record_log import RecordLog
 from server.coordinator.coordinator_settings import CoordinatorSettings
 
@@ -189,19 +189,6 @@ def open_ledger(state_dir: Path, settings: CoordinatorSettings, *, new: bool) ->
     )
 
 
-def _merged(entries: Iterable[tuple[float, float, int]]) -> _History:
-    """Consecutive entries with the same noise and rate as one (Opacus merges them too)."""
-    merged: list[tuple[float, float, int]] = []
-    for sigma, q, steps in entries:
-        if steps <= 0:
-            continue
-        if merged and merged[-1][:2] == (sigma, q):
-            merged[-1] = (sigma, q, merged[-1][2] + steps)
-        else:
-            merged.append((sigma, q, steps))
-    return tuple(merged)
-
-
 class _Account:
     """One identity's releases, with its history at the ledger's level merged as they come.
 
@@ -220,7 +207,7 @@ class _Account:
         self.releases.append(release)
         if release.level == self.level and release.steps > 0:
             step = (release.noise_multiplier, release.sample_rate, release.steps)
-            self.before_last, self.history = self.history, _merged([*self.history, step])
+            self.before_last, self.history = self.history, merged_history([*self.history, step])
             self.last_step = step
             self.figures = {}
 
@@ -461,7 +448,9 @@ class PrivacyLedger:
                 by_source.setdefault(r.source, []).append(
                     (r.noise_multiplier, r.sample_rate, r.steps)
                 )
-        return {s: self._epsilon_of(_merged(entries)) for s, entries in sorted(by_source.items())}
+        return {
+            s: self._epsilon_of(merged_history(entries)) for s, entries in sorted(by_source.items())
+        }
 
     def spent_out(self, identity: str, next_round: Declaration | None = None) -> bool:
         """Whether one more round would take ``identity`` past the target.
@@ -481,7 +470,7 @@ class PrivacyLedger:
             step = account.last_step
         else:
             return False
-        return self._figure(account, _merged([*account.history, step])) > self.target
+        return self._figure(account, merged_history([*account.history, step])) > self.target
 
     # ------------------------------------------------------------------ second opinions
     def second_opinion(self, identity: str, reported: float, *, when: str = "reports") -> None:
