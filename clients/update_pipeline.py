@@ -15,7 +15,10 @@ Weighted, clipped, encrypted, committed and cut into signed push messages.
    ``compression.bits``, quantizes it to that many bits by stochastic rounding and packs
    several values to a coefficient (:class:`crypto.quantized_packing.QuantizedPacking`): what
    is encrypted, committed and sketched is the packed update;
-3. encrypts it block by block under the key holder's public context;
+3. encrypts it block by block under the key holder's public context, each block's ``c0``
+   padded with the pad of the round's pad seed that the key holder gave this client alone
+   (:mod:`crypto.blinding`: the key holder removes the pads of exactly the contributors it
+   decrypts, so no other sum of the ciphertexts decrypts to anything);
 4. commits to it at the key holder: the signed root of every encrypted block
    (:class:`crypto.signed_update.SignedUpdate`) and the sketch of every block under the
    round's secret challenge (:class:`crypto.sketch.Challenge`), before any ciphertext of the
@@ -44,7 +47,7 @@ from crypto.sketch import Challenge
 from fedps.config import FedPSConfig
 from fedps.errors import FedPSError, RoundClosedError
 from fedps.round_timer import RoundTimer
-from fedps.rpc.keyholder_messages import UpdateCommitment
+from fedps.rpc.keyholder_messages import RoundChallenge, UpdateCommitment
 from fedps.rpc.shard_messages import PushBatch
 from fedps.rpc.transport import batched
 from fedps.sharding.sparse_mask import SparseMask, mask_seed
@@ -106,7 +109,7 @@ class UpdatePipeline:
         self.failures = failures
         self.timer = timer or RoundTimer()
         self.feedback = feedback
-        self._seeds: dict[int, bytes] = {}  # the challenge seed of the last round asked
+        self._challenges: dict[int, RoundChallenge] = {}  # of the last round asked
         self._rounding = np.random.default_rng()  # stochastic rounding: post-processing
 
     def prepare(
@@ -118,7 +121,7 @@ class UpdatePipeline:
         the key holder refused).
         """
         he = self.session.config.he
-        self._seeds = {}  # asked afresh: a reopened round has another challenge
+        self._challenges = {}  # asked afresh: a reopened round has another challenge
         mask: SparseMask | None = None
         total = delta
         if self.session.config.compression.enabled:
@@ -148,23 +151,23 @@ class UpdatePipeline:
     def _mask(self, round_: int) -> SparseMask | None:
         """The shared mask of ``round_`` (None: the key holder did not give its seed)."""
         try:
-            seed = self._challenge_seed(round_)
+            seed = self._challenge(round_).seed
         except FedPSError as exc:
             self.failures.failed(KEY_HOLDER, exc, expected=isinstance(exc, RoundClosedError))
             return None
         density = self.session.config.compression.density
         return SparseMask(self.session.upload_layout, density, mask_seed(seed))
 
-    def _challenge_seed(self, round_: int) -> bytes:
-        """``round_``'s challenge seed from the key holder (asked once per round)."""
-        seed = self._seeds.get(round_)
-        if seed is None:
+    def _challenge(self, round_: int) -> RoundChallenge:
+        """``round_``'s challenge and pad seeds from the key holder (asked once per round)."""
+        challenge = self._challenges.get(round_)
+        if challenge is None:
             session = self.session
-            seed = session.keyholder.get_challenge(
+            challenge = session.keyholder.get_challenge(
                 round_, session.client_id, retry_s=session.peer_wait_s
             )
-            self._seeds = {round_: seed}
-        return seed
+            self._challenges = {round_: challenge}
+        return challenge
 
     def _messages(
         self, round_: int, version: int, update: SignedUpdate, encrypted: dict[int, bytes]
@@ -208,20 +211,21 @@ class UpdatePipeline:
         session = self.session
         keyholder = session.keyholder
         attempts = _ASYNC_ATTEMPTS if session.config.training.mode == "async" else 1
-        encrypted, coefficients = self._encrypt(values)
         for attempt in range(attempts):
-            update = SignedUpdate.sign(
-                session.signer,
-                coefficients,
-                run_id=session.run_id,
-                round_=round_,
-                client_id=session.client_id,
-                context_id=session.context_id,
-                weight=weight,
-                version=version,
-                mask=b"" if mask is None else mask.root,
-            )
             try:
+                # under this round's pads: a round the update moves to pads it afresh
+                encrypted, coefficients = self._encrypt(values, round_)
+                update = SignedUpdate.sign(
+                    session.signer,
+                    coefficients,
+                    run_id=session.run_id,
+                    round_=round_,
+                    client_id=session.client_id,
+                    context_id=session.context_id,
+                    weight=weight,
+                    version=version,
+                    mask=b"" if mask is None else mask.root,
+                )
                 sketches = self._sketches(round_, coefficients)
                 keyholder.commit(
                     UpdateCommitment(round_, update, sketches), retry_s=session.peer_wait_s
@@ -248,20 +252,24 @@ class UpdatePipeline:
                     session.name,
                     following.round,
                 )
-                encrypted, coefficients = self._encrypt(values)
             round_ = following.round
         return None
 
-    def _encrypt(self, values: np.ndarray) -> tuple[dict[int, bytes], np.ndarray]:
-        """``values`` encrypted under the current public context.
+    def _encrypt(self, values: np.ndarray, round_: int) -> tuple[dict[int, bytes], np.ndarray]:
+        """``values`` encrypted under the current public context and ``round_``'s pads.
 
         The packed blocks and their coefficients. The encryptions of zero not drawn in the
         background yet are drawn first (the offline half, timed apart from the online half).
         """
+        encryptor = self.session.encryptor
+        padded = isinstance(encryptor, BlockEncryptor)  # encryption off: nothing to pad
+        pad_seed = self._challenge(round_).pad_seed if padded else b""
         with self.timer.phase("encrypt_offline"):
             self.session.precompute(background=False)
         with self.timer.phase("encrypt_online"):
-            return self.session.encryptor.encrypt_with_coefficients(values)
+            if isinstance(encryptor, BlockEncryptor):
+                return encryptor.encrypt_with_coefficients(values, pad_seed=pad_seed)
+            return encryptor.encrypt_with_coefficients(values)
 
     def _sketches(self, round_: int, coefficients: np.ndarray) -> bytes:
         """The round's sketches of every encrypted block (none without encryption)."""
@@ -269,7 +277,7 @@ class UpdatePipeline:
         encryptor = session.encryptor
         if not isinstance(encryptor, BlockEncryptor):
             return b""
-        seed = self._challenge_seed(round_)
+        seed = self._challenge(round_).seed
         public = encryptor.public
         challenge = Challenge(
             seed, modulus=public.modulus, coeffs_per_block=public.coeffs_per_block

@@ -25,6 +25,7 @@ from concurrent.futures import Future
 import numpy as np
 
 from crypto import bitpack
+from crypto.blinding import Blinding
 from crypto.ckks_encoder import CkksEncoder
 from crypto.public_context import PublicContext
 from crypto.zero_worker import ZeroWorker
@@ -56,6 +57,7 @@ class BlockEncryptor:
         self.workers = max(1, workers)
         self._encoder = CkksEncoder(public.params, public.modulus)
         self._compression = public.compression
+        self._blinding = Blinding(public.params, public.modulus)
         self._q = np.uint64(public.modulus)
         self._pool: list[np.ndarray] = []
         self._pooled = 0
@@ -147,12 +149,14 @@ class BlockEncryptor:
             raise InvalidArgumentError(f"a block holds exactly {n} values, got {values.shape}")
         return self.encrypt(values)[0]
 
-    def encrypt(self, vector: np.ndarray, blocks: list[int] | None = None) -> dict[int, bytes]:
+    def encrypt(
+        self, vector: np.ndarray, blocks: list[int] | None = None, *, pad_seed: bytes = b""
+    ) -> dict[int, bytes]:
         """Encrypt a flat vector; returns ``{block index: packed ciphertext}``."""
-        return self.encrypt_with_coefficients(vector, blocks)[0]
+        return self.encrypt_with_coefficients(vector, blocks, pad_seed=pad_seed)[0]
 
     def encrypt_with_coefficients(
-        self, vector: np.ndarray, blocks: list[int] | None = None
+        self, vector: np.ndarray, blocks: list[int] | None = None, *, pad_seed: bytes = b""
     ) -> tuple[dict[int, bytes], np.ndarray]:
         """Encrypt a flat vector; returns the packed blocks and their coefficients.
 
@@ -165,6 +169,10 @@ class BlockEncryptor:
             The values (any float dtype), 1-D.
         blocks
             Only these block indices (default: all).
+        pad_seed
+            The round's pad seed the key holder gave this client (:mod:`crypto.blinding`):
+            each block's pad is added to its ``c0`` before it is rounded. Empty: no pad (the
+            key holder then cannot decrypt a sum of it; for tests and benchmarks).
 
         Raises
         ------
@@ -189,6 +197,8 @@ class BlockEncryptor:
             c0 = cipher[start : start + len(rows), : self._encoder.n]
             np.add(c0, plain, out=c0)
             np.subtract(c0, self._q, out=c0, where=c0 >= self._q)
+            if pad_seed:
+                self._blinding.add(c0, pad_seed, rows)
             chunk = cipher[start : start + len(rows)]
             if self._compression.enabled:
                 packed += self._compression.compress(chunk)  # rounds the chunk in place

@@ -19,12 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-from crypto import BlockEncryptor, PublicContext
+from crypto import BlockEncryptor, PublicContext, bitpack
+from crypto.blinding import Blinding
 from crypto.enrolment import read_token
 from crypto.signed_update import SignedUpdate
 from crypto.signing import BlockSigner
 from crypto.sketch import Challenge
 from fedps.config import FedPSConfig
+from fedps.errors import FedPSError
 from fedps.proto import (
     common_pb2,
     coordinator_pb2,
@@ -56,6 +58,10 @@ class HandClient:
     signed: common_pb2.SignedUpdate = field(default_factory=common_pb2.SignedUpdate)
     signed_round: int = -1
     mask: bytes = b""  # the mask seed a sparsified update names (fedps.sharding.sparse_mask)
+    #: what it commits to and pushes for ``signed_round``: ``coefficients`` plus the round's
+    #: pads (crypto.blinding), in the full wire form
+    sent: dict[int, bytes] = field(default_factory=dict)
+    sent_coefficients: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.uint64))
 
     @property
     def member(self) -> common_pb2.CohortMember:
@@ -136,15 +142,26 @@ class RoundDriver:
 
     # ------------------------------------------------------------------ clients
     def encrypt(self, client: HandClient, round_: int) -> None:
-        """Encrypt and sign the client's update for ``round_`` (once per round)."""
+        """Encrypt and sign the client's update for ``round_`` (once per round).
+
+        ``client.packed`` and ``client.coefficients`` stay the unpadded ciphertexts (a test may
+        change them); what it signs, commits to and pushes carries ``round_``'s pads when the
+        key holder gives it the round's pad seed (:attr:`HandClient.sent`).
+        """
         if client.signed_round == round_:
             return
         if not client.packed:
             encryptor = BlockEncryptor(self.public)
             client.packed, client.coefficients = encryptor.encrypt_with_coefficients(client.update)
+        client.sent_coefficients = self.padded(round_, client, client.coefficients)
+        if client.sent_coefficients is client.coefficients:
+            client.sent = dict(client.packed)
+        else:
+            rows = bitpack.pack_rows(client.sent_coefficients, self.public.coeff_bits)
+            client.sent = dict(enumerate(rows))
         signed = SignedUpdate.sign(
             client.signer,
-            client.coefficients,
+            client.sent_coefficients,
             run_id=self.run_id,
             round_=round_,
             client_id=client.client_id,
@@ -155,6 +172,22 @@ class RoundDriver:
         )
         client.signed = signed_update_to_proto(signed)
         client.signed_round = round_
+
+    def padded(self, round_: int, client: HandClient, coefficients: np.ndarray) -> np.ndarray:
+        """``coefficients`` (one row per block) with the client's pads of ``round_``.
+
+        Unchanged (the same array) when the key holder gives no pad seed for the round (no
+        commit phase, or not a member).
+        """
+        request = keyholder_pb2.ChallengeRequest(round=round_, client_id=client.client_id)
+        try:
+            seed = call(lambda: self.keyholder.GetChallenge(request), "challenge").pad_seed
+        except FedPSError:
+            return coefficients
+        rows = coefficients.copy()
+        blinding = Blinding(self.public.params, self.public.modulus)
+        blinding.add(rows[:, : self.public.params.poly_modulus_degree], seed, range(len(rows)))
+        return rows
 
     def challenge(self, round_: int, client: HandClient) -> Challenge:
         reply = call(
@@ -175,7 +208,11 @@ class RoundDriver:
         """Commit the client's signed update and the sketches of its blocks (or of
         ``sketch_of``: what a lying client would send)."""
         self.encrypt(client, round_)
-        coefficients = client.coefficients if sketch_of is None else sketch_of
+        coefficients = (
+            client.sent_coefficients
+            if sketch_of is None
+            else self.padded(round_, client, sketch_of)
+        )
         sketches = self.challenge(round_, client).sketch(coefficients)
         request = keyholder_pb2.CommitRequest(
             round=round_, update=client.signed, sketches=sketches.astype("<u8").tobytes()
@@ -184,7 +221,7 @@ class RoundDriver:
 
     def push(self, round_: int, client: HandClient, blocks: dict[int, bytes] | None = None) -> None:
         """Push the client's blocks (or ``blocks``) to the shards that own them."""
-        sent = client.packed if blocks is None else blocks
+        sent = client.sent if blocks is None else blocks
         by_shard: dict[str, list[shard_pb2.EncryptedBlock]] = {}
         for block, data in sorted(sent.items()):
             by_shard.setdefault(self.ring.owner(block), []).append(

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from fedps.proto import common_pb2 as fedps_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x65\x64ps/proto/keyholder.proto\x12\x0b\x66\x65\x64ps.proto\x1a\x18\x66\x65\x64ps/proto/common.proto\"\x84\x01\n\x12OpenCommitsRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12*\n\x07members\x18\x04 \x03(\x0b\x32\x19.fedps.proto.CohortMember\x12\x12\n\ncontext_id\x18\x05 \x01(\t\"4\n\x10\x43hallengeRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x11\n\tclient_id\x18\x02 \x01(\t\"(\n\tChallenge\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0c\n\x04seed\x18\x02 \x01(\x0c\"[\n\rCommitRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12)\n\x06update\x18\x02 \x01(\x0b\x32\x19.fedps.proto.SignedUpdate\x12\x10\n\x08sketches\x18\x03 \x01(\x0c\"4\n\x13\x43loseCommitsRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0e\n\x06\x66reeze\x18\x02 \x01(\x08\"m\n\tCommitSet\x12\x12\n\nclient_ids\x18\x01 \x03(\t\x12\x0e\n\x06\x66rozen\x18\x02 \x01(\x08\x12*\n\x07updates\x18\x03 \x03(\x0b\x32\x19.fedps.proto.SignedUpdate\x12\x10\n\x08\x65xcluded\x18\x04 \x03(\t\"\xab\x01\n\x0f\x43ommitLogRecord\x12/\n\x04open\x18\x01 \x01(\x0b\x32\x1f.fedps.proto.OpenCommitsRequestH\x00\x12,\n\x06\x63ommit\x18\x02 \x01(\x0b\x32\x1a.fedps.proto.CommitRequestH\x00\x12\x31\n\x05\x63lose\x18\x03 \x01(\x0b\x32 .fedps.proto.CloseCommitsRequestH\x00\x42\x06\n\x04kind\"a\n\x12PublicContextReply\x12\x0f\n\x07\x63ontext\x18\x01 \x01(\x0c\x12\x12\n\ncontext_id\x18\x02 \x01(\t\x12\x13\n\x0bsigning_key\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"t\n\x11InitializeRequest\x12\x12\n\nnum_params\x18\x01 \x01(\x04\x12+\n\x06\x62locks\x18\x02 \x03(\x0b\x32\x1b.fedps.proto.ParameterBlock\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\x12\x0f\n\x07version\x18\x04 \x01(\x04\"\xcb\x04\n\nModelState\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x12\n\nnum_params\x18\x02 \x01(\x04\x12\x13\n\x0binitialized\x18\x03 \x01(\x08\x12\x12\n\nlast_round\x18\x04 \x01(\x04\x12;\n\ndetections\x18\x05 \x03(\x0b\x32\'.fedps.proto.ModelState.DetectionsEntry\x12\x13\n\x0bquarantined\x18\x06 \x03(\t\x12H\n\x11\x64\x65tection_reasons\x18\x07 \x03(\x0b\x32-.fedps.proto.ModelState.DetectionReasonsEntry\x12>\n\x0cshard_misses\x18\x08 \x03(\x0b\x32(.fedps.proto.ModelState.ShardMissesEntry\x12\x0f\n\x07stalled\x18\t \x03(\t\x12\x33\n\x06\x62lamed\x18\n \x03(\x0b\x32#.fedps.proto.ModelState.BlamedEntry\x1a\x31\n\x0f\x44\x65tectionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x37\n\x15\x44\x65tectionReasonsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x32\n\x10ShardMissesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a-\n\x0b\x42lamedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"o\n\x11\x41pplyRoundRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12*\n\x07members\x18\x04 \x03(\x0b\x32\x19.fedps.proto.CohortMember\"\xaa\x02\n\x0f\x41pplyRoundReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x1b\n\x13\x66\x65west_contributors\x18\x02 \x01(\r\x12\x14\n\x0ctotal_weight\x18\x03 \x01(\x01\x12\x13\n\x0bupdate_norm\x18\x04 \x01(\x01\x12\x18\n\x10noise_multiplier\x18\x05 \x01(\x01\x12\x12\n\ntop_up_std\x18\x06 \x01(\x01\x12\x45\n\rphase_seconds\x18\x07 \x03(\x0b\x32..fedps.proto.ApplyRoundReply.PhaseSecondsEntry\x12\x14\n\x0c\x63ontributors\x18\x08 \x03(\t\x1a\x33\n\x11PhaseSecondsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\xbb\x04\n\tKeyHolder\x12G\n\x10GetPublicContext\x12\x12.fedps.proto.Empty\x1a\x1f.fedps.proto.PublicContextReply\x12L\n\x0fInitializeModel\x12\x1e.fedps.proto.InitializeRequest\x1a\x17.fedps.proto.ModelState(\x01\x12J\n\nApplyRound\x12\x1e.fedps.proto.ApplyRoundRequest\x1a\x1c.fedps.proto.ApplyRoundReply\x12<\n\rGetModelState\x12\x12.fedps.proto.Empty\x1a\x17.fedps.proto.ModelState\x12\x42\n\x0bOpenCommits\x12\x1f.fedps.proto.OpenCommitsRequest\x1a\x12.fedps.proto.Empty\x12\x45\n\x0cGetChallenge\x12\x1d.fedps.proto.ChallengeRequest\x1a\x16.fedps.proto.Challenge\x12\x38\n\x06\x43ommit\x12\x1a.fedps.proto.CommitRequest\x1a\x12.fedps.proto.Empty\x12H\n\x0c\x43loseCommits\x12 .fedps.proto.CloseCommitsRequest\x1a\x16.fedps.proto.CommitSetb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x65\x64ps/proto/keyholder.proto\x12\x0b\x66\x65\x64ps.proto\x1a\x18\x66\x65\x64ps/proto/common.proto\"\x84\x01\n\x12OpenCommitsRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12*\n\x07members\x18\x04 \x03(\x0b\x32\x19.fedps.proto.CohortMember\x12\x12\n\ncontext_id\x18\x05 \x01(\t\"4\n\x10\x43hallengeRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x11\n\tclient_id\x18\x02 \x01(\t\":\n\tChallenge\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0c\n\x04seed\x18\x02 \x01(\x0c\x12\x10\n\x08pad_seed\x18\x03 \x01(\x0c\"[\n\rCommitRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12)\n\x06update\x18\x02 \x01(\x0b\x32\x19.fedps.proto.SignedUpdate\x12\x10\n\x08sketches\x18\x03 \x01(\x0c\"4\n\x13\x43loseCommitsRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0e\n\x06\x66reeze\x18\x02 \x01(\x08\"m\n\tCommitSet\x12\x12\n\nclient_ids\x18\x01 \x03(\t\x12\x0e\n\x06\x66rozen\x18\x02 \x01(\x08\x12*\n\x07updates\x18\x03 \x03(\x0b\x32\x19.fedps.proto.SignedUpdate\x12\x10\n\x08\x65xcluded\x18\x04 \x03(\t\"\xab\x01\n\x0f\x43ommitLogRecord\x12/\n\x04open\x18\x01 \x01(\x0b\x32\x1f.fedps.proto.OpenCommitsRequestH\x00\x12,\n\x06\x63ommit\x18\x02 \x01(\x0b\x32\x1a.fedps.proto.CommitRequestH\x00\x12\x31\n\x05\x63lose\x18\x03 \x01(\x0b\x32 .fedps.proto.CloseCommitsRequestH\x00\x42\x06\n\x04kind\"a\n\x12PublicContextReply\x12\x0f\n\x07\x63ontext\x18\x01 \x01(\x0c\x12\x12\n\ncontext_id\x18\x02 \x01(\t\x12\x13\n\x0bsigning_key\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"t\n\x11InitializeRequest\x12\x12\n\nnum_params\x18\x01 \x01(\x04\x12+\n\x06\x62locks\x18\x02 \x03(\x0b\x32\x1b.fedps.proto.ParameterBlock\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\x12\x0f\n\x07version\x18\x04 \x01(\x04\"\xcb\x04\n\nModelState\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x12\n\nnum_params\x18\x02 \x01(\x04\x12\x13\n\x0binitialized\x18\x03 \x01(\x08\x12\x12\n\nlast_round\x18\x04 \x01(\x04\x12;\n\ndetections\x18\x05 \x03(\x0b\x32\'.fedps.proto.ModelState.DetectionsEntry\x12\x13\n\x0bquarantined\x18\x06 \x03(\t\x12H\n\x11\x64\x65tection_reasons\x18\x07 \x03(\x0b\x32-.fedps.proto.ModelState.DetectionReasonsEntry\x12>\n\x0cshard_misses\x18\x08 \x03(\x0b\x32(.fedps.proto.ModelState.ShardMissesEntry\x12\x0f\n\x07stalled\x18\t \x03(\t\x12\x33\n\x06\x62lamed\x18\n \x03(\x0b\x32#.fedps.proto.ModelState.BlamedEntry\x1a\x31\n\x0f\x44\x65tectionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x37\n\x15\x44\x65tectionReasonsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x32\n\x10ShardMissesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a-\n\x0b\x42lamedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"o\n\x11\x41pplyRoundRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12*\n\x07members\x18\x04 \x03(\x0b\x32\x19.fedps.proto.CohortMember\"\xaa\x02\n\x0f\x41pplyRoundReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x1b\n\x13\x66\x65west_contributors\x18\x02 \x01(\r\x12\x14\n\x0ctotal_weight\x18\x03 \x01(\x01\x12\x13\n\x0bupdate_norm\x18\x04 \x01(\x01\x12\x18\n\x10noise_multiplier\x18\x05 \x01(\x01\x12\x12\n\ntop_up_std\x18\x06 \x01(\x01\x12\x45\n\rphase_seconds\x18\x07 \x03(\x0b\x32..fedps.proto.ApplyRoundReply.PhaseSecondsEntry\x12\x14\n\x0c\x63ontributors\x18\x08 \x03(\t\x1a\x33\n\x11PhaseSecondsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\xbb\x04\n\tKeyHolder\x12G\n\x10GetPublicContext\x12\x12.fedps.proto.Empty\x1a\x1f.fedps.proto.PublicContextReply\x12L\n\x0fInitializeModel\x12\x1e.fedps.proto.InitializeRequest\x1a\x17.fedps.proto.ModelState(\x01\x12J\n\nApplyRound\x12\x1e.fedps.proto.ApplyRoundRequest\x1a\x1c.fedps.proto.ApplyRoundReply\x12<\n\rGetModelState\x12\x12.fedps.proto.Empty\x1a\x17.fedps.proto.ModelState\x12\x42\n\x0bOpenCommits\x12\x1f.fedps.proto.OpenCommitsRequest\x1a\x12.fedps.proto.Empty\x12\x45\n\x0cGetChallenge\x12\x1d.fedps.proto.ChallengeRequest\x1a\x16.fedps.proto.Challenge\x12\x38\n\x06\x43ommit\x12\x1a.fedps.proto.CommitRequest\x1a\x12.fedps.proto.Empty\x12H\n\x0c\x43loseCommits\x12 .fedps.proto.CloseCommitsRequest\x1a\x16.fedps.proto.CommitSetb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,35 +47,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHALLENGEREQUEST']._serialized_start=205
   _globals['_CHALLENGEREQUEST']._serialized_end=257
   _globals['_CHALLENGE']._serialized_start=259
-  _globals['_CHALLENGE']._serialized_end=299
-  _globals['_COMMITREQUEST']._serialized_start=301
-  _globals['_COMMITREQUEST']._serialized_end=392
-  _globals['_CLOSECOMMITSREQUEST']._serialized_start=394
-  _globals['_CLOSECOMMITSREQUEST']._serialized_end=446
-  _globals['_COMMITSET']._serialized_start=448
-  _globals['_COMMITSET']._serialized_end=557
-  _globals['_COMMITLOGRECORD']._serialized_start=560
-  _globals['_COMMITLOGRECORD']._serialized_end=731
-  _globals['_PUBLICCONTEXTREPLY']._serialized_start=733
-  _globals['_PUBLICCONTEXTREPLY']._serialized_end=830
-  _globals['_INITIALIZEREQUEST']._serialized_start=832
-  _globals['_INITIALIZEREQUEST']._serialized_end=948
-  _globals['_MODELSTATE']._serialized_start=951
-  _globals['_MODELSTATE']._serialized_end=1538
-  _globals['_MODELSTATE_DETECTIONSENTRY']._serialized_start=1333
-  _globals['_MODELSTATE_DETECTIONSENTRY']._serialized_end=1382
-  _globals['_MODELSTATE_DETECTIONREASONSENTRY']._serialized_start=1384
-  _globals['_MODELSTATE_DETECTIONREASONSENTRY']._serialized_end=1439
-  _globals['_MODELSTATE_SHARDMISSESENTRY']._serialized_start=1441
-  _globals['_MODELSTATE_SHARDMISSESENTRY']._serialized_end=1491
-  _globals['_MODELSTATE_BLAMEDENTRY']._serialized_start=1493
-  _globals['_MODELSTATE_BLAMEDENTRY']._serialized_end=1538
-  _globals['_APPLYROUNDREQUEST']._serialized_start=1540
-  _globals['_APPLYROUNDREQUEST']._serialized_end=1651
-  _globals['_APPLYROUNDREPLY']._serialized_start=1654
-  _globals['_APPLYROUNDREPLY']._serialized_end=1952
-  _globals['_APPLYROUNDREPLY_PHASESECONDSENTRY']._serialized_start=1901
-  _globals['_APPLYROUNDREPLY_PHASESECONDSENTRY']._serialized_end=1952
-  _globals['_KEYHOLDER']._serialized_start=1955
-  _globals['_KEYHOLDER']._serialized_end=2526
+  _globals['_CHALLENGE']._serialized_end=317
+  _globals['_COMMITREQUEST']._serialized_start=319
+  _globals['_COMMITREQUEST']._serialized_end=410
+  _globals['_CLOSECOMMITSREQUEST']._serialized_start=412
+  _globals['_CLOSECOMMITSREQUEST']._serialized_end=464
+  _globals['_COMMITSET']._serialized_start=466
+  _globals['_COMMITSET']._serialized_end=575
+  _globals['_COMMITLOGRECORD']._serialized_start=578
+  _globals['_COMMITLOGRECORD']._serialized_end=749
+  _globals['_PUBLICCONTEXTREPLY']._serialized_start=751
+  _globals['_PUBLICCONTEXTREPLY']._serialized_end=848
+  _globals['_INITIALIZEREQUEST']._serialized_start=850
+  _globals['_INITIALIZEREQUEST']._serialized_end=966
+  _globals['_MODELSTATE']._serialized_start=969
+  _globals['_MODELSTATE']._serialized_end=1556
+  _globals['_MODELSTATE_DETECTIONSENTRY']._serialized_start=1351
+  _globals['_MODELSTATE_DETECTIONSENTRY']._serialized_end=1400
+  _globals['_MODELSTATE_DETECTIONREASONSENTRY']._serialized_start=1402
+  _globals['_MODELSTATE_DETECTIONREASONSENTRY']._serialized_end=1457
+  _globals['_MODELSTATE_SHARDMISSESENTRY']._serialized_start=1459
+  _globals['_MODELSTATE_SHARDMISSESENTRY']._serialized_end=1509
+  _globals['_MODELSTATE_BLAMEDENTRY']._serialized_start=1511
+  _globals['_MODELSTATE_BLAMEDENTRY']._serialized_end=1556
+  _globals['_APPLYROUNDREQUEST']._serialized_start=1558
+  _globals['_APPLYROUNDREQUEST']._serialized_end=1669
+  _globals['_APPLYROUNDREPLY']._serialized_start=1672
+  _globals['_APPLYROUNDREPLY']._serialized_end=1970
+  _globals['_APPLYROUNDREPLY_PHASESECONDSENTRY']._serialized_start=1919
+  _globals['_APPLYROUNDREPLY_PHASESECONDSENTRY']._serialized_end=1970
+  _globals['_KEYHOLDER']._serialized_start=1973
+  _globals['_KEYHOLDER']._serialized_end=2544
 # @@protoc_insertion_point(module_scope)

@@ -81,18 +81,22 @@ class Challenge(_message.Message):
 
     ROUND_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
+    PAD_SEED_FIELD_NUMBER: _builtins.int
     round: _builtins.int
     seed: _builtins.bytes
     """32 bytes: crypto.sketch.Challenge expands it"""
+    pad_seed: _builtins.bytes
+    """32 bytes, this member's own: crypto.blinding pads its ciphertexts"""
     def __init__(
         self,
         *,
         round: _builtins.int = ...,
         seed: _builtins.bytes = ...,
+        pad_seed: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["round", b"round", "seed", b"seed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pad_seed", b"pad_seed", "round", b"round", "seed", b"seed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -31,6 +31,7 @@ __all__ = [
     "ModelUpload",
     "PublicContextInfo",
     "RoundApplication",
+    "RoundChallenge",
     "UpdateCommitment",
 ]
 
@@ -62,6 +63,21 @@ class UpdateCommitment(WireRecord[keyholder_pb2.CommitRequest]):
     round: int
     update: SignedUpdate
     sketches: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class RoundChallenge(WireRecord[keyholder_pb2.Challenge]):
+    """What a cohort member asks the key holder for before it encrypts.
+
+    The round's secret challenge seed (:class:`crypto.sketch.Challenge`), which every member
+    sketches under, and the member's own pad seed (:mod:`crypto.blinding`), which only it gets.
+    """
+
+    wire = keyholder_pb2.Challenge
+
+    round: int
+    seed: bytes
+    pad_seed: bytes
 
 
 @dataclass(frozen=True, slots=True)

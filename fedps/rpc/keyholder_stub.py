@@ -22,6 +22,7 @@ from fedps.rpc.keyholder_messages import (
     ModelUpload,
     PublicContextInfo,
     RoundApplication,
+    RoundChallenge,
     UpdateCommitment,
 )
 from fedps.rpc.service_call import invoke
@@ -125,13 +126,13 @@ class KeyHolderStub:
         *,
         timeout_s: float = CALL_S,
         retry_s: float | None = None,
-    ) -> bytes:
-        """The round's secret challenge seed (32 bytes), for a cohort member."""
+    ) -> RoundChallenge:
+        """The round's secret challenge seed and this member's pad seed (32 bytes each)."""
         request = keyholder_pb2.ChallengeRequest(round=round_, client_id=client_id)
         reply = invoke(
             lambda: self._stub.GetChallenge(request, timeout=timeout_s), "challenge", retry_s
         )
-        return bytes(reply.seed)
+        return RoundChallenge.from_proto(reply)
 
     def commit(
         self,

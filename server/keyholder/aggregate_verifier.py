@@ -71,6 +71,9 @@ class AggregateVerifier:
         trained on the round's version).
     max_staleness
         The oldest model version, in versions behind, an asynchronous update may train.
+    pad_seeds
+        Each cohort member's pad seed of the round (:mod:`crypto.blinding`); empty without
+        encryption.
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class AggregateVerifier:
         challenge: Challenge | None,
         staleness: Callable[[int], float] | None = None,
         max_staleness: int = 0,
+        pad_seeds: Mapping[str, bytes] | None = None,
     ) -> None:
         missing = sorted(contributors - set(phase.commitments))
         if missing:
@@ -105,6 +109,20 @@ class AggregateVerifier:
             for c in contributors
         }
         self.weights = {c: phase.commitments[c].update.weight for c in contributors}
+        self._pad_seeds = dict(pad_seeds or {})
+
+    def pads(self) -> list[tuple[bytes, int]]:
+        """The contributors' pad seeds with their multipliers: what the aggregate's pads sum.
+
+        Raises
+        ------
+        PolicyError
+            A contributor has no pad seed (it was not in the round's cohort).
+        """
+        missing = sorted(c for c in self.contributors if c not in self._pad_seeds)
+        if missing:
+            raise PolicyError(f"round {self.phase.round}: no pad seed for {missing[:5]}")
+        return [(self._pad_seeds[c], self.multipliers[c]) for c in sorted(self.contributors)]
 
     def _multiplier(
         self,

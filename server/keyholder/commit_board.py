@@ -195,6 +195,22 @@ class CommitBoard:
         with self._lock:
             return self._seed(self._member_phase(round_, client_id))
 
+    def pad_seed(self, round_: int, client_id: str) -> bytes:
+        """``client_id``'s pad seed of ``round_`` (:mod:`crypto.blinding`): only it gets it."""
+        with self._lock:
+            return self._pad_seed(self._member_phase(round_, client_id), client_id)
+
+    def pad_seeds(self, round_: int) -> dict[str, bytes]:
+        """Every cohort member's pad seed of ``round_``, excluded or not (the key holder's)."""
+        with self._lock:
+            phase = self._require(round_)
+            return {client: self._pad_seed(phase, client) for client in phase.members}
+
+    def _pad_seed(self, phase: CommitPhase, client_id: str) -> bytes:
+        """HMAC of the client's id and the phase's challenge seed (a seed per round and client)."""
+        message = b"fedps-pad-v1" + struct.pack("<I", len(client_id)) + client_id.encode()
+        return hmac.new(self._secret, message + self._seed(phase), hashlib.sha256).digest()
+
     def seed(self, round_: int) -> bytes:
         """The challenge seed of ``round_`` (the key holder's own use)."""
         with self._lock:

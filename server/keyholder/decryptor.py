@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from crypto import PLAINTEXT_CONTEXT_ID, PlainContext, SecretContext, unpack_blocks
+from crypto.blinding import Blinding
 from crypto.canary import CanaryError
 from crypto.quantized_packing import OffGridError
 from crypto.randomness import SecureRandom
@@ -183,6 +184,7 @@ class Decryptor:
             top_up = noise.top_up_std(len(effective))
             total = float(noise.cohort)
         with timer.phase("decrypt"):  # every block at once: one draw of noise, one check
+            rows = self._unblind(rows, blocks, verifier)
             opened = self._open(round_, blocks, rows, multipliers, sorted(verifier.contributors))
             summed = self._release(opened, multipliers, blocks)
             if top_up > 0:  # after the bound check, which covers the clients' values only
@@ -200,6 +202,21 @@ class Decryptor:
         if noise is None:
             return 0.0
         return noise.present_multiplier(contributors, top_up)
+
+    def _unblind(
+        self, rows: np.ndarray, blocks: Sequence[int], verifier: AggregateVerifier
+    ) -> np.ndarray:
+        """The verified sums less the contributors' pads (:mod:`crypto.blinding`).
+
+        The pads cancel only in the sum of exactly the contributors, each as many times as its
+        multiplier says; any other sum stays padded on every value coefficient, so that its
+        decryption is uniform there and fails the bound or grid checks. The canaries carry no
+        pad: what :meth:`_open` checks is unchanged.
+        """
+        if not self._settings.encrypted:
+            return rows
+        public = self.keys.public
+        return Blinding(public.params, public.modulus).remove(rows, blocks, verifier.pads())
 
     def _open(
         self,

@@ -433,6 +433,7 @@ class KeyHolder:
                     challenge=self.challenge(round_),
                     staleness=self.settings.staleness,
                     max_staleness=self.settings.max_staleness,
+                    pad_seeds=self.commits.pad_seeds(round_),
                 )
                 try:
                     delta, manifests, top_up = self._decryptor.average(

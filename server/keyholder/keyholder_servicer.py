@@ -108,11 +108,13 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
     def GetChallenge(  # noqa: N802
         self, request: keyholder_pb2.ChallengeRequest, context: grpc.ServicerContext
     ) -> keyholder_pb2.Challenge:
-        """Cohort member: the round's secret challenge, to sketch its ciphertexts under."""
+        """Cohort member: the round's secret challenge, and the pad seed of its ciphertexts."""
         with rpc_errors(context):
             require_peer(context, request.client_id)
-            seed = self.keyholder.commits.challenge_seed(request.round, request.client_id)
-        return keyholder_pb2.Challenge(round=request.round, seed=seed)
+            commits = self.keyholder.commits
+            seed = commits.challenge_seed(request.round, request.client_id)
+            pad_seed = commits.pad_seed(request.round, request.client_id)
+        return records.RoundChallenge(request.round, seed, pad_seed).to_proto()
 
     def Commit(  # noqa: N802
         self, request: keyholder_pb2.CommitRequest, context: grpc.ServicerContext

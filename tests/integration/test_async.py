@@ -97,7 +97,7 @@ def test_too_stale_update_is_refused_and_not_counted(async_cluster: Cluster) -> 
         weight=1.0,
         context_id=kh.keys.public.context_id,
         blocks=[
-            shard_pb2.EncryptedBlock(block=b, ciphertext=old.packed[b]) for b in shard.owned_blocks
+            shard_pb2.EncryptedBlock(block=b, ciphertext=old.sent[b]) for b in shard.owned_blocks
         ],
         nonce=old.signed.nonce,
         signature=old.signed.signature,

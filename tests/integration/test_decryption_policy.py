@@ -136,7 +136,7 @@ def test_key_holder_keeps_serving_after_a_refusal(ready: tuple[Cluster, RoundDri
         round_: int, contributors: Collection[str]
     ) -> tuple[list[Aggregate], list[SignedUpdate]]:
         aggregates, updates = type(shard).aggregates(shard, round_, contributors)
-        return [replace(a, ciphertext=clients[0].packed[a.block]) for a in aggregates], updates
+        return [replace(a, ciphertext=clients[0].sent[a.block]) for a in aggregates], updates
 
     shard.aggregates = tampered  # type: ignore[method-assign]
     with pytest.raises(PolicyError, match="tampering"):

@@ -91,11 +91,13 @@ def isolating_aggregate(
     )
     words = np.frombuffer(stream, dtype="<u8")  # the challenge r, as Challenge expands it
     positions = list(public.params.value_positions)
-    target = int(challenge.sketch(left_out.coefficients[block : block + 1])[0, 0])
+    target = int(challenge.sketch(left_out.sent_coefficients[block : block + 1])[0, 0])
     z = small_solution([int(words[j]) % q for j in positions], target, q)
-    row = sum(c.coefficients[block].astype(object) for c in kept)
+    row = sum(c.sent_coefficients[block].astype(object) for c in kept)
     row[positions] += np.array(z, dtype=object)
     out = np.array([int(v) % q for v in row], dtype=np.uint64)[None, :]
-    committed = sum(int(challenge.sketch(c.coefficients[block : block + 1])[0, 0]) for c in kept)
+    committed = sum(
+        int(challenge.sketch(c.sent_coefficients[block : block + 1])[0, 0]) for c in kept
+    )
     assert int(challenge.sketch(out)[0, 0]) == (committed + target) % q
     return out
