@@ -22,9 +22,12 @@ bound or grid check refuses it.
 The canary coefficients carry no pad: the key holder checks them and opens them one client at a
 time to trace a change in ``c1`` (:mod:`crypto.canary`), and they carry no value.
 
-A pad of block ``b`` under seed ``k`` is AES-256-CTR under ``k`` from the counter block
-``b * 2^64``, read as 64-bit words, cut to ``bit_length(q)`` bits and kept below q (rejection
-sampling: exactly uniform), one word per value coefficient in order.
+The pads of seed ``k`` are read off one AES-256-CTR keystream under ``k`` (counter from 0), as
+64-bit little-endian words cut to ``bit_length(q)`` bits: block ``b`` takes words ``b V`` to
+``(b + 1) V - 1`` (``V`` value coefficients a block), in order, and each word that is not below
+q (rejection sampling: what is kept is exactly uniform; at the default 46-bit q, one word in
+6 x 10^8) is replaced by the next words below q of the block's own second stream, the
+keystream from the counter block ``2^127 + b 2^64``.
 """
 
 from __future__ import annotations
@@ -67,22 +70,33 @@ class Blinding:
         """The pads of ``blocks`` under ``seed``: uint64, shape (len(blocks), V), below q."""
         if len(seed) != PAD_SEED_BYTES:
             raise InvalidArgumentError(f"a pad seed is {PAD_SEED_BYTES} bytes, got {len(seed)}")
-        out = np.empty((len(blocks), len(self._values)), dtype=np.uint64)
-        for i, block in enumerate(blocks):
-            out[i] = self._pad(seed, block)
+        wanted = np.asarray(blocks, dtype=np.int64)
+        v = len(self._values)
+        if not wanted.size:
+            return np.empty((0, v), dtype=np.uint64)
+        if int(wanted.min()) < 0:
+            raise InvalidArgumentError("block indices are not negative")
+        first, last = int(wanted.min()), int(wanted.max())
+        # the words of blocks first..last, in one pass of the keystream
+        start, skip = divmod(first * v, 2)  # 2 words per 16-byte counter block
+        words = _keystream(seed, start, skip + (last - first + 1) * v)[skip:]
+        out = (words.reshape(last - first + 1, v) & self._low_bits)[wanted - first]
+        for i in np.flatnonzero((out >= self._q).any(axis=1)):
+            out[i] = self._refill(seed, int(wanted[i]), out[i])
         return out
 
-    def _pad(self, seed: bytes, block: int) -> np.ndarray:
-        wanted = len(self._values)
-        words = wanted + wanted // 4 + 16
-        while True:  # a longer stream has the same start: the same accepted prefix
-            start = (int(block) << 64).to_bytes(16, "big")
-            stream = Cipher(algorithms.AES(seed), modes.CTR(start)).encryptor()
-            raw = np.frombuffer(stream.update(bytes(8 * words)), dtype="<u8") & self._low_bits
-            kept = raw[raw < self._q]
-            if len(kept) >= wanted:
-                return kept[:wanted].astype(np.uint64)
-            words *= 2
+    def _refill(self, seed: bytes, block: int, row: np.ndarray) -> np.ndarray:
+        """``row`` with each word not below q replaced, in order, from the block's 2nd stream."""
+        bad = row >= self._q
+        missing = int(bad.sum())
+        count = 2 * missing + 16
+        while True:  # a longer stream has the same start: the same words taken
+            extra = _keystream(seed, (1 << 127) | (block << 64), count) & self._low_bits
+            extra = extra[extra < self._q]
+            if len(extra) >= missing:
+                row[bad] = extra[:missing]
+                return row
+            count *= 2
 
     def add(self, c0: np.ndarray, seed: bytes, blocks: Sequence[int]) -> None:
         """Add the pads of ``blocks`` to their first polynomials ``c0`` (rows), in place.
@@ -102,11 +116,24 @@ class Blinding:
         aggregate must hold of that contributor. Returns a new array.
         """
         self._check_rows(rows[:, : self.n], blocks)
+        q = self.modulus
         total = np.zeros((len(blocks), len(self._values)), dtype=np.uint64)
+        reach = 0  # a bound on every entry of total, kept below 2^63 by reducing
         for seed, multiplier in seeds:
-            term = _mul_mod(self.pads(seed, blocks), int(multiplier) % self.modulus, self.modulus)
+            m = int(multiplier) % q
+            if m * q >= 1 << 62:  # a large multiplier (none of fedps's): reduce as we go
+                term = _mul_mod(self.pads(seed, blocks), m, q)
+                weight = q
+            else:
+                term = self.pads(seed, blocks)
+                term *= np.uint64(m)
+                weight = m * q
+            if reach + weight >= 1 << 63:
+                total %= self._q
+                reach = q
             total += term
-            np.subtract(total, self._q, out=total, where=total >= self._q)
+            reach += weight
+        total %= self._q
         out = rows.copy()
         c0 = out[:, : self.n]
         values = c0[:, self._values] + (self._q - total)  # q - total in (0, q]
@@ -119,6 +146,12 @@ class Blinding:
             raise InvalidArgumentError(
                 f"pads apply to uint64 rows of {self.n} coefficients, one per block"
             )
+
+
+def _keystream(seed: bytes, counter: int, words: int) -> np.ndarray:
+    """``words`` 64-bit words of AES-256-CTR under ``seed`` from the 128-bit ``counter``."""
+    stream = Cipher(algorithms.AES(seed), modes.CTR(counter.to_bytes(16, "big"))).encryptor()
+    return np.frombuffer(stream.update(bytes(8 * words)), dtype=np.uint64)
 
 
 def _mul_mod(values: np.ndarray, m: int, q: int) -> np.ndarray:

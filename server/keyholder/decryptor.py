@@ -184,8 +184,7 @@ class Decryptor:
             top_up = noise.top_up_std(len(effective))
             total = float(noise.cohort)
         with timer.phase("decrypt"):  # every block at once: one draw of noise, one check
-            rows = self._unblind(rows, blocks, verifier)
-            opened = self._open(round_, blocks, rows, multipliers, sorted(verifier.contributors))
+            opened = self._open(round_, blocks, rows, verifier)
             summed = self._release(opened, multipliers, blocks)
             if top_up > 0:  # after the bound check, which covers the clients' values only
                 summed = summed + self._noise.normal(top_up, summed.shape)
@@ -213,20 +212,15 @@ class Decryptor:
         decryption is uniform there and fails the bound or grid checks. The canaries carry no
         pad: what :meth:`_open` checks is unchanged.
         """
-        if not self._settings.encrypted:
-            return rows
         public = self.keys.public
         return Blinding(public.params, public.modulus).remove(rows, blocks, verifier.pads())
 
     def _open(
-        self,
-        round_: int,
-        blocks: list[int],
-        rows: np.ndarray,
-        multipliers: Sequence[int],
-        contributors: Sequence[str],
+        self, round_: int, blocks: list[int], rows: np.ndarray, verifier: AggregateVerifier
     ) -> np.ndarray:
         """Every block's decrypted sum, once every zero canary of every block is within bound.
+
+        ``rows`` are the verified aggregates as the shards summed them, pads and all.
 
         The bound is the noise bound (:mod:`crypto.canary`): a change to ``c1`` anywhere, by a
         client on its own ciphertext or by a shard, and nothing of the round is decrypted.
@@ -235,10 +229,14 @@ class Decryptor:
         """
         if not self._settings.encrypted:
             return rows
+        unblinded = self._unblind(rows, blocks, verifier)
+        contributors = sorted(verifier.contributors)
         try:
-            if isinstance(self.keys, JointKeys):
-                return self.keys.open_round(round_, contributors, blocks, rows)
-            return self.keys.open(rows, noise_weight=sum(m * m for m in multipliers))
+            if isinstance(self.keys, JointKeys):  # the parties check the shards' own sums
+                c0 = unblinded[:, : self.keys.public.params.poly_modulus_degree]
+                return self.keys.open_round(round_, contributors, blocks, rows, c0=c0)
+            noise_weight = sum(m * m for m in verifier.multipliers.values())
+            return self.keys.open(unblinded, noise_weight=noise_weight)
         except CanaryError as exc:
             failed = [blocks[r] for r in exc.rows]
             _log.warning(

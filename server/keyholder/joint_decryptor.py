@@ -76,13 +76,21 @@ class JointDecryptor:
         self.down: set[int] = set()
 
     def decrypt(
-        self, round_: int, contributors: Sequence[str], blocks: Sequence[int], rows: np.ndarray
+        self,
+        round_: int,
+        contributors: Sequence[str],
+        blocks: Sequence[int],
+        rows: np.ndarray,
+        *,
+        c0: np.ndarray | None = None,
     ) -> np.ndarray:
         """``c0 + sum d_j`` of the verified aggregate ``rows`` (centred, ``(B, N)`` int64).
 
         ``rows`` are ``(B, 2N)`` uint64, one per block of ``blocks`` (in any order: the parties
         are asked about them in block order), summed over exactly ``contributors``; call only
-        once the aggregate passed every check of the combiner.
+        once the aggregate passed every check of the combiner. ``c0``: the first polynomials
+        to add the partial decryptions to, ``(B, N)`` in the order of ``blocks`` (the rows'
+        with the contributors' pads removed, :mod:`crypto.blinding`); None: the rows' own.
 
         Raises
         ------
@@ -95,6 +103,7 @@ class JointDecryptor:
         blocks, rows = [int(blocks[i]) for i in order], rows[order]  # as the parties fetch them
         digest = aggregate_digest(blocks, rows)
         n = rows.shape[1] // 2
+        first = rows[:, :n] if c0 is None else c0[order]
         down: set[int] = set()
         while True:
             up = [j for j in sorted(self._parties) if j not in down]
@@ -123,7 +132,7 @@ class JointDecryptor:
                 down.add(exc.party)
                 continue
             self.down = down
-            plain = combine(rows[:, :n], partials, self._modulus)
+            plain = combine(first, partials, self._modulus)
             out = np.empty_like(plain)
             out[order] = plain  # back in the caller's order of blocks
             return out

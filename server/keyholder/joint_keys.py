@@ -100,9 +100,18 @@ class JointKeys:
         return cls(public, peers, threshold=threshold, signer=signer, lambda_bits=lambda_bits)
 
     def open_round(
-        self, round_: int, contributors: Sequence[str], blocks: Sequence[int], rows: np.ndarray
+        self,
+        round_: int,
+        contributors: Sequence[str],
+        blocks: Sequence[int],
+        rows: np.ndarray,
+        *,
+        c0: np.ndarray,
     ) -> np.ndarray:
         """The values of a verified aggregate, decrypted by ``T`` parties, ``(B, values)``.
+
+        ``rows`` are the aggregate as the shards summed it (what the parties check), ``c0`` its
+        first polynomial with the contributors' pads removed (:mod:`crypto.blinding`).
 
         Raises
         ------
@@ -111,7 +120,7 @@ class JointKeys:
         PeerUnavailableError
             Fewer than ``T`` parties answer (the message names those that are down).
         """
-        plain = self.decryptor.decrypt(round_, contributors, blocks, rows)
+        plain = self.decryptor.decrypt(round_, contributors, blocks, rows, c0=c0)
         return self._encoder.decode(plain)
 
     def flooding_bound(self, noise_weight: float) -> float:

@@ -115,3 +115,33 @@ def test_a_seed_of_another_length_is_refused() -> None:
     keys = _keys()
     with pytest.raises(InvalidArgumentError, match="32 bytes"):
         Blinding(keys.public.params, keys.public.modulus).pads(b"short", [0])
+
+
+def test_a_modulus_far_below_a_power_of_two_still_gives_exact_pads() -> None:
+    """About half the words are rejected: each block refills from its own second stream."""
+    keys = _keys()
+    q = (1 << 45) + 59  # a prime just past 2^45: a word of 46 bits is below it half the time
+    blinding = Blinding(keys.public.params, q)
+    seed = os.urandom(32)
+
+    pads = blinding.pads(seed, [0, 1, 2])
+
+    assert int(pads.max()) < q
+    np.testing.assert_array_equal(pads[1], blinding.pads(seed, [1])[0])  # alone or in a range
+    share = float(np.mean(pads.reshape(-1) >= np.uint64(1 << 44)))
+    assert abs(share - (q - (1 << 44)) / q) < 0.05  # uniform below q, not below 2^46
+
+
+def test_removing_every_pad_of_large_multipliers_is_exact() -> None:
+    keys = _keys()
+    q = keys.public.modulus
+    blinding = Blinding(keys.public.params, q)
+    n = keys.public.params.poly_modulus_degree
+    seeds = [(os.urandom(32), m) for m in (1, 63, q - 1, 1 << 40)]
+    padded = np.zeros((2, 2 * n), dtype=np.uint64)
+    for seed, m in seeds:  # add m times each pad, in exact integers
+        pads = blinding.pads(seed, [4, 9]).astype(object) * m
+        values = list(keys.public.params.value_positions)
+        padded[:, values] = ((padded[:, values].astype(object) + pads) % q).astype(np.uint64)
+
+    assert not blinding.remove(padded, [4, 9], seeds).any()
