@@ -445,7 +445,8 @@ def test_b_a_shard_with_a_colluding_client_cannot_isolate_one_client(tmp_path: P
 
     :func:`tests.security.sketch_forgery.isolating_aggregate`: the colluder gives its shard the
     round's challenge, and a correction of entries in {-1, 0, 1} in ``c0`` makes the aggregate's
-    sketch the sum of all three committed ones.
+    sketch the sum of all three committed ones. Every check of the aggregate passes; the pad
+    of the client left out (crypto/blinding.py) is what keeps the victim's update unreadable.
     """
     # Prepare: an honest round, then the shard's substitute for block 1
     arena = open_arena(tmp_path, "sync")

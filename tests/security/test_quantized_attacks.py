@@ -218,8 +218,9 @@ def test_a_shard_with_a_colluding_client_cannot_isolate_one_client(arena: Arena)
     a correction ``Y`` in ``c0`` at the value positions, entries in {-1, 0, 1} (far below the
     decryption error, so rounding erases it), with ``<r, Y> = <r, c_1>``: the aggregate's sketch
     is then the sum of all three committed sketches, the manifest names all three, and the
-    canaries see two fresh ciphertexts. Released: victim + mallory, from which mallory reads
-    the victim's quantized update exactly.
+    canaries see two fresh ciphertexts. Without the blinding pads (crypto/blinding.py) the
+    round was released, and mallory read the victim's quantized update off it exactly; with
+    them, client-1's pad stays in the sum and the round is refused.
     """
     # Prepare: an honest round, then the shard's substitute for block 1
     packing = _packing(arena)
