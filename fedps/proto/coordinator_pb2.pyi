@@ -266,6 +266,8 @@ class Task(_message.Message):
     RETRY_AFTER_FIELD_NUMBER: _builtins.int
     WEIGHT_SCALE_FIELD_NUMBER: _builtins.int
     CONTEXT_ID_FIELD_NUMBER: _builtins.int
+    RING_VERSION_FIELD_NUMBER: _builtins.int
+    RING_NODES_FIELD_NUMBER: _builtins.int
     kind: Global___Task.Kind.ValueType
     round: _builtins.int
     """TRAIN, PUSH: the round; WAIT, DONE: the last finished round (client-level DP counts
@@ -281,6 +283,12 @@ class Task(_message.Message):
     """
     context_id: _builtins.str
     """The key generation to encrypt under (it changes when the key holder rotates keys)."""
+    ring_version: _builtins.int
+    """The shard ring the coordinator published (fedps/sharding/ring_view.py): its version and
+    the shard ids on it. Version 0 and no ids: the configured ring.
+    """
+    @_builtins.property
+    def ring_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -291,10 +299,12 @@ class Task(_message.Message):
         retry_after: _builtins.float = ...,
         weight_scale: _builtins.float = ...,
         context_id: _builtins.str = ...,
+        ring_version: _builtins.int = ...,
+        ring_nodes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "deadline_unix", b"deadline_unix", "kind", b"kind", "retry_after", b"retry_after", "round", b"round", "version", b"version", "weight_scale", b"weight_scale"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "deadline_unix", b"deadline_unix", "kind", b"kind", "retry_after", b"retry_after", "ring_nodes", b"ring_nodes", "ring_version", b"ring_version", "round", b"round", "version", b"version", "weight_scale", b"weight_scale"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -139,6 +139,9 @@ class Assignment(WireRecord[coordinator_pb2.Task]):
     retry_after: float = RETRY_AFTER_S
     weight_scale: float = 1.0
     context_id: str = ""
+    #: the shard ring it goes with (:class:`~fedps.sharding.ring_view.RingView`; 0 and none: none)
+    ring_version: int = 0
+    ring_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from fedps.round_timer import RoundTimer
 from fedps.rpc import keyholder_messages as records
 from fedps.rpc.transport import require_peer, rpc_errors
 from fedps.sharding.blocks import BlockLayout
+from fedps.sharding.ring_view import RingView
 from server.keyholder.keyholder import MAX_PARAMS, KeyHolder
 from server.metrics import KeyHolderMetrics
 
@@ -81,6 +82,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
         timer = RoundTimer()
         with rpc_errors(context):
             r = records.RoundApplication.from_proto(request)
+            self.keyholder.follow_ring(RingView.of(r))  # the ring the round closed on
             try:
                 result = self.keyholder.apply_round(
                     r.round, r.version, r.run_id, r.members, timer=timer
@@ -102,6 +104,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
         """Coordinator: start collecting a cohort's commitments for a round (or async buffer)."""
         with rpc_errors(context):
             o = records.CommitOpening.from_proto(request)
+            self.keyholder.follow_ring(RingView.of(o))  # its clients pull from this ring
             self.keyholder.open_commits(o.round, o.version, o.run_id, o.context_id, o.members)
         return common_pb2.Empty()
 
