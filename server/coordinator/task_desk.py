@@ -15,11 +15,12 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from fedps.round_timer import CLIENT_PHASES
 from fedps.rpc.coordinator_messages import RETRY_AFTER_S, Assignment
+from fedps.sharding.ring_view import RingView
 from server.coordinator.client_registry import ClientRegistry
 from server.coordinator.round_record import (
     OpenRound,
@@ -79,6 +80,8 @@ class TaskDesk:
         self.finished = False  # the run is done: every task is DONE
         self.told_done: set[str] = set()  # the clients whose task was DONE
         self.context_id = ""  # the key holder's current CKKS context (TRAIN tasks name it)
+        #: the shard ring now (TRAIN and PUSH tasks carry it: the clients pull and push on it)
+        self.ring_of: Callable[[], RingView] = RingView
 
     def get_task(
         self,
@@ -160,7 +163,8 @@ class TaskDesk:
         if current is None or client_id in current.reported or time.time() >= current.deadline:
             return Assignment("wait", self.round)
         if current.pushing and client_id in current.committed:
-            return Assignment("push", current.round, current.version, current.deadline)
+            ring = self.ring_of().fields()
+            return Assignment("push", current.round, current.version, current.deadline, **ring)
         if not current.pushing and client_id in current.cohort:
             if committed_round == current.round:  # committed: it waits for the push phase
                 return Assignment("wait", self.round)
@@ -171,6 +175,7 @@ class TaskDesk:
                 current.deadline,
                 weight_scale=float(self.registry.most_examples(current.cohort)),
                 context_id=self.context_id,
+                **self.ring_of().fields(),
             )
         return Assignment("wait", self.round)
 
