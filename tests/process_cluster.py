@@ -64,10 +64,14 @@ def recorded(clients: Sequence[RecordingClient]) -> list[Recorded]:
     return [Recorded(c.client_id, c.sent, c.acknowledged) for c in clients]
 
 
-def cluster_config(tmp_path: Path, *, rounds: int, clients: int) -> tuple[FedPSConfig, Path]:
-    """A provisioned configuration for a process cluster on loopback, written to a file."""
+def cluster_config(
+    tmp_path: Path, *, rounds: int, clients: int, cluster: Mapping[str, object] | None = None
+) -> tuple[FedPSConfig, Path]:
+    """A provisioned configuration for a process cluster on loopback, written to a file
+    (``cluster``: fields of its ``[cluster]`` section)."""
     path, config = write_local_config(
         tmp_path,
+        cluster=cluster or {},
         training={
             "rounds": rounds,
             "clients": clients,
