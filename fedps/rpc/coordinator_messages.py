@@ -263,3 +263,7 @@ class ClusterStatus(WireRecord[coordinator_pb2.ClusterStatus]):
     spent_clients: tuple[str, ...] = ()
     #: clients a privacy warning names
     flagged_clients: tuple[str, ...] = ()
+    #: the shard ring now, and each of its moves (a line each), oldest first
+    ring_version: int = 0
+    ring_nodes: tuple[str, ...] = ()
+    ring_moves: tuple[str, ...] = ()

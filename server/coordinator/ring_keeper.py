@@ -122,6 +122,13 @@ class RingKeeper:
         )
         return view
 
+    def status_lines(self) -> tuple[str, ...]:
+        """Every move, a line each, oldest first (for ``fedps status``)."""
+        with self._lock:
+            return tuple(
+                f"version {m.version}: {m.removed} removed ({m.reason})" for m in self.moves
+            )
+
     def state_dict(self) -> dict[str, Any]:
         """The ring and its moves, JSON-ready (for the checkpoint)."""
         with self._lock:

@@ -93,7 +93,7 @@ class RoundPhases:
         self._changed = changed
         self._stop = stop
         self._deadline_s = deadline_s
-        desk.ring_of = lambda: peers.ring.view  # the clients' tasks carry the ring
+        desk.ring = peers.ring  # the clients' tasks carry the ring
 
     def commit(self, opened: OpenRound, run_id: str) -> bool:
         """Open the commit phase at the key holder and collect commitments.
