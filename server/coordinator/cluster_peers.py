@@ -37,7 +37,7 @@ from fedps.rpc.fan_out import fan_out
 from fedps.rpc.keyholder_stub import KeyHolderStub
 from fedps.rpc.messages import ParameterBlock
 from fedps.rpc.model_reader import ModelReader
-from fedps.rpc.shard_messages import ClosedRound, RoundOpening
+from fedps.rpc.shard_messages import ClosedRound, RoundOpening, ShardStatus
 from fedps.rpc.shard_stub import ShardStub
 from fedps.rpc.transport import batched, call_until
 from fedps.sharding.blocks import BlockLayout
@@ -220,6 +220,24 @@ class ClusterPeers:
         )
 
     # ------------------------------------------------------------------ the shards
+    def check_shards(self) -> None:
+        """Ask every shard on the ring for its status until each answers or is declared gone.
+
+        A round's clients pull the model from every shard on the ring: one gone since the last
+        round is removed before they are sent to it (the ring moves on without it).
+
+        Raises
+        ------
+        ShardStalledError, FedPSError
+            As :meth:`open_round` raises them.
+        """
+        while True:
+            try:
+                self._on_every_shard("GetStatus", _status, "status")
+                return
+            except ShardGoneError:
+                continue  # the shards left are asked again
+
     def open_round(self, opening: records.CommitOpening, commitments: records.CommitSet) -> None:
         """Open a round on every shard for ``opening.members`` and their commitments.
 
@@ -293,3 +311,8 @@ def _open_round(shard: ShardStub, deadline_s: float, *, opening: RoundOpening) -
 def _close_round(shard: ShardStub, deadline_s: float, *, round_: int) -> ClosedRound:
     """Close ``round_`` on ``shard`` within ``deadline_s``."""
     return shard.close_round(round_, timeout_s=deadline_s)
+
+
+def _status(shard: ShardStub, deadline_s: float) -> ShardStatus:
+    """``shard``'s status within ``deadline_s``."""
+    return shard.get_status(timeout_s=deadline_s)

@@ -114,6 +114,7 @@ class RoundPhases:
         try:
             with self._timer.phase("open"):
                 self._checkpoint(opened)  # the cohort and deadline survive a restart
+                self._peers.check_shards()  # one gone since is off the ring the clients pull from
                 self._peers.open_commits(self._opening(opened, opened.cohort, run_id))
         except FedPSError as exc:
             if not self._stop.is_set():
