@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from fedps.runtime.deployment import Deployment, free_port
+from server.coordinator.checkpoint_store import CheckpointStore
 from tests.conftest import RecordingClient, run_clients
 from tests.process_cluster import (
     HANG_S,
@@ -74,4 +75,9 @@ def test_a_shard_sigkilled_for_good_moves_its_blocks_and_loses_nothing(tmp_path:
     assert killed.is_set()
     assert f"{KILLED} declared gone" in log, log[-4000:]
     assert all(c.session.ring_view.nodes == ("shard-0", "shard-2") for c in clients)
+    checkpoint = CheckpointStore(config.cluster.state_dir / "coordinator").load()
+    assert checkpoint is not None
+    ring = checkpoint.state["ring"]  # a restarted coordinator goes on with the moved ring
+    assert (ring["version"], ring["nodes"]) == (1, ["shard-0", "shard-2"])
+    assert [m["removed"] for m in ring["moves"]] == [KILLED]
     assert_replayed(config, final, recorded(clients), log[-4000:])
