@@ -265,12 +265,20 @@ class InitializeRequest(_message.Message):
     BLOCKS_FIELD_NUMBER: _builtins.int
     FORCE_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
+    RING_VERSION_FIELD_NUMBER: _builtins.int
+    RING_NODES_FIELD_NUMBER: _builtins.int
     num_params: _builtins.int
     force: _builtins.bool
     """replace an existing model (restore from a checkpoint)"""
     version: _builtins.int
+    ring_version: _builtins.int
+    """The shard ring the coordinator published (fedps/sharding/ring_view.py): its version and
+    the shard ids on it. Version 0 and no ids: the configured ring.
+    """
     @_builtins.property
     def blocks(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ParameterBlock]: ...
+    @_builtins.property
+    def ring_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -278,10 +286,12 @@ class InitializeRequest(_message.Message):
         blocks: _abc.Iterable[_common_pb2.ParameterBlock] | None = ...,
         force: _builtins.bool = ...,
         version: _builtins.int = ...,
+        ring_version: _builtins.int = ...,
+        ring_nodes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "force", b"force", "num_params", b"num_params", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "force", b"force", "num_params", b"num_params", "ring_nodes", b"ring_nodes", "ring_version", b"ring_version", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

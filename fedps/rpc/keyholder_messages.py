@@ -121,6 +121,9 @@ class ModelUpload(WireRecord[keyholder_pb2.InitializeRequest]):
     blocks: tuple[ParameterBlock, ...]
     force: bool = False
     version: int = 0
+    #: the shard ring it goes with (:class:`~fedps.sharding.ring_view.RingView`; 0 and none: none)
+    ring_version: int = 0
+    ring_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

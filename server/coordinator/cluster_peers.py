@@ -168,7 +168,13 @@ class ClusterPeers:
             for b in range(layout.num_blocks)
         ]
         uploads = [
-            records.ModelUpload(layout.num_params, tuple(batch), force=force, version=version)
+            records.ModelUpload(
+                layout.num_params,
+                tuple(batch),
+                force=force,
+                version=version,
+                **self.ring.view.fields(),
+            )
             for batch in batched(blocks, lambda block: len(block.values))
         ]
         state = self.retry(lambda: self._keyholder.initialize_model(uploads), "initialise model")

@@ -305,7 +305,7 @@ class KeyHolder:
     def follow_ring(self, view: RingView) -> None:
         """Follow the coordinator's shard ring ``view`` (:meth:`.ModelPublisher.follow_ring`)."""
         with self._lock:
-            self._publisher.follow_ring(view, self.layout)
+            self._publisher.follow_ring(view, self.layout if self.params is not None else None)
 
     # ------------------------------------------------------------------ commitments
     def open_commits(

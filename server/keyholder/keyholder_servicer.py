@@ -63,14 +63,17 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
             num_params = 0
             force = False
             version = 0
+            ring = RingView()
             for message in request_iterator:
                 upload = records.ModelUpload.from_proto(message)
                 num_params, force, version = upload.num_params, upload.force, upload.version
+                ring = RingView.of(upload)
                 for block in upload.blocks:
                     blocks[block.block] = np.frombuffer(block.values, dtype="<f4")
             if not 0 < num_params <= MAX_PARAMS:
                 raise InvalidArgumentError(f"a model has 1..{MAX_PARAMS} parameters")
             layout = BlockLayout(num_params, self.keyholder.keys.public.params.values_per_block)
+            self.keyholder.follow_ring(ring)  # a restarted chief's ring: publish on it
             self.keyholder.initialize(layout.join(blocks), version=version, force=force)
         return self.GetModelState(common_pb2.Empty(), context)
 

@@ -78,8 +78,10 @@ class ModelPublisher:
             _log.warning("%s", message)
             raise PeerUnavailableError(message) from exc
 
-    def follow_ring(self, view: RingView, layout: BlockLayout) -> None:
+    def follow_ring(self, view: RingView, layout: BlockLayout | None) -> None:
         """Follow the shard ring ``view`` if it is newer, publishing the current version on it.
+
+        ``layout`` cuts the model into blocks (None: no model yet, nothing to publish).
 
         The new owners of the moved blocks then serve them. A shard that does not take the
         version leaves the ring as it was: asking again follows it and publishes again.
@@ -90,7 +92,7 @@ class ModelPublisher:
             A shard did not take the version (the ring is not followed yet).
         """
         before = self._shards.view
-        if not self._shards.follow(view) or self._model.params is None:
+        if not self._shards.follow(view) or layout is None:
             return
         try:
             self.publish(layout)
