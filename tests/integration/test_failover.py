@@ -40,6 +40,11 @@ ROUNDS = 3
 CLIENTS = 3
 KILLED = "shard-1"
 GONE_AFTER_S = 2.0
+#: the training section of each mode (async: a buffer of every client, as a sync round)
+MODES: dict[str, dict[str, object]] = {
+    "sync": {},
+    "async": {"mode": "async", "buffer_size": CLIENTS, "max_staleness": 2},
+}
 MODEL = os.environ.get("FEDPS_FAILOVER_MODEL", "")  # "": the configuration's default model
 
 
@@ -50,14 +55,17 @@ def _applied_at(keyholder_log: str, round_: int) -> float:
     return stamp.timestamp()
 
 
-def test_a_shard_sigkilled_for_good_moves_its_blocks_and_loses_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_shard_sigkilled_for_good_moves_its_blocks_and_loses_nothing(
+    tmp_path: Path, mode: str
+) -> None:
     # Prepare: three shards; shard-1 dies (SIGKILL) right after it acknowledged client 0's push
     # of round 2, and is never restarted
     config, path = cluster_config(
         tmp_path,
         rounds=ROUNDS,
         clients=CLIENTS,
-        training={"model": MODEL} if MODEL else None,
+        training={**MODES[mode], **({"model": MODEL} if MODEL else {})},
         cluster={
             "shard_gone_after_s": GONE_AFTER_S,
             "shards": [f"127.0.0.1:{free_port()}" for _ in range(3)],
