@@ -51,6 +51,7 @@ from fedps.rpc.keyholder_stub import KeyHolderStub, verified_signing_key
 from fedps.rpc.model_reader import ModelReader
 from fedps.sharding.blocks import BlockLayout, flatten_model
 from fedps.sharding.hash_ring import HashRing
+from fedps.sharding.ring_view import RingView
 from fedps.sharding.sparse_mask import sent_blocks, upload_layout
 
 __all__ = ["LONG_POLL_S", "ClientSession", "Uplink", "pause", "read_enrolment_token"]
@@ -191,6 +192,7 @@ class ClientSession:
         self._keyholder: KeyHolderStub | None = None
         self._params: ModelReader | None = None
         self._ring: HashRing | None = None
+        self.ring_view = RingView()  #: the shard ring's version and shards (after connect)
         self._values_per_block = 0
         self._encryptor: BlockEncryptor | PlainContext | None = None
         self._layout: BlockLayout | None = None
@@ -286,7 +288,9 @@ class ClientSession:
             wait_s=wait_s,
             committed_round=committed_round,
         )
-        return self.uplink.get_task(query, retry_s=retry_s)
+        task = self.uplink.get_task(query, retry_s=retry_s)
+        self.follow_ring(RingView.of(task))  # the coordinator's ring (it removes gone shards)
+        return task
 
     def announce_spend(self) -> bool:
         """Tell the coordinator the recorded spend (every ``GetTask`` call carries it).
@@ -385,6 +389,14 @@ class ClientSession:
         self._keyholder = KeyHolderStub(keyholder)
         self._params = ModelReader(dict(shards))
         self._ring = HashRing(sorted(shards), virtual_nodes=virtual_nodes)
+        self.ring_view = RingView.configured(sorted(shards))
+
+    def follow_ring(self, view: RingView) -> None:
+        """Pull from and push to the shards of ``view`` from now on, if it is a newer ring."""
+        if self._ring is None or not view.newer_than(self.ring_view):
+            return
+        self._ring, self.ring_view = view.ring(self._ring.virtual_nodes), view
+        _log.info("%s: shard ring version %d: %s", self.name, view.version, ", ".join(view.nodes))
 
     @property
     def connected(self) -> bool:
@@ -465,7 +477,10 @@ class ClientSession:
         Every block's signature is checked against the key holder's key.
         """
         return self.shards.pull(
-            self.layout, min_version=version, verify=model_verifier(self.keyholder_key)
+            self.layout,
+            min_version=version,
+            verify=model_verifier(self.keyholder_key),
+            only=self.ring_view.nodes,
         )
 
     # ------------------------------------------------------------------ the public context

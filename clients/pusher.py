@@ -8,6 +8,11 @@ and skipped, and the others still get theirs: the round's close decides. The las
 update is kept, so that a coordinator that asks for it again (after a failure cut the wait
 short, or after it restarted before it saw the report) gets the same signed messages
 (:meth:`Pusher.resend`), which the shards acknowledge as duplicates and count once.
+
+The shard ring can move while a round is open (the coordinator removes a shard it declared gone):
+the push task then carries the new ring, and the blocks the update sends to shards off the ring
+go to their owners on it (:func:`moved_push`), the same committed ciphertexts. Asked again on a
+new ring, a client pushes exactly those moved blocks.
 """
 
 from __future__ import annotations
@@ -19,14 +24,15 @@ from functools import partial
 
 from clients.client_session import LONG_POLL_S, ClientSession, pause
 from clients.peer_failures import PeerFailures
-from clients.update_pipeline import PreparedPush
+from clients.update_pipeline import PreparedPush, push_messages
 from fedps.errors import FedPSError
 from fedps.round_timer import RoundTimer
 from fedps.rpc.coordinator_messages import Assignment
 from fedps.rpc.fan_out import fan_out
 from fedps.rpc.shard_messages import PushBatch
+from fedps.sharding.hash_ring import HashRing
 
-__all__ = ["Pusher"]
+__all__ = ["Pusher", "moved_push"]
 
 _log = logging.getLogger("fedps")
 
@@ -122,6 +128,7 @@ class Pusher:
         or keeps failing counts no bytes (and a failure).
         """
         started = time.monotonic()
+        prepared, _ = self._on_ring(prepared)
         total = self.push_all(prepared)
         self.push_seconds = time.monotonic() - started
         self.keep(prepared)
@@ -146,8 +153,22 @@ class Pusher:
                 task.round,
             )
             return False
-        self.push_all(committed)
+        _, moved = self._on_ring(committed)
+        self.push_all(committed if moved is None else moved)
         return True
+
+    def _on_ring(self, prepared: PreparedPush) -> tuple[PreparedPush, PreparedPush | None]:
+        """``prepared`` cut for the session's ring now (kept), and its moved blocks (None: none)."""
+        ring = self.session.ring
+        moved = moved_push(prepared, ring)
+        if moved is None:
+            return prepared, None
+        messages = {sid: m for sid, m in prepared.messages.items() if sid in ring.nodes}
+        for sid, extra in moved.messages.items():
+            messages[sid] = [*messages.get(sid, []), *extra]
+        whole = PreparedPush(prepared.round, prepared.version, messages)
+        self.keep(whole)
+        return whole, moved
 
     def push_all(self, prepared: PreparedPush) -> int:
         """Push to every shard that owns a block; returns the bytes the shards took.
@@ -185,3 +206,22 @@ class Pusher:
         """
         shard = self.session.shards.shards[sid]
         return shard.push_blocks(messages, retry_s=self.session.peer_wait_s).sent_bytes
+
+
+def moved_push(prepared: PreparedPush, ring: HashRing) -> PreparedPush | None:
+    """The blocks ``prepared`` sends to shards off ``ring``, as messages to their owners on it.
+
+    The same committed ciphertexts under the same signed commitment. None: every shard it sends
+    to is on ``ring``.
+    """
+    off = [sid for sid in prepared.messages if sid not in ring.nodes]
+    if not off:
+        return None
+    signed = next(m[0] for m in prepared.messages.values() if m and m[0].signature)
+    by_owner: dict[str, list[tuple[int, bytes]]] = {}
+    for sid in off:
+        for message in prepared.messages[sid]:
+            for block, data in message.blocks:
+                by_owner.setdefault(ring.owner(block), []).append((block, data))
+    messages = push_messages(signed.update, prepared.round, signed.context_id, by_owner)
+    return PreparedPush(prepared.round, prepared.version, messages)

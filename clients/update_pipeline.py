@@ -52,7 +52,7 @@ from fedps.rpc.shard_messages import PushBatch
 from fedps.rpc.transport import batched
 from fedps.sharding.sparse_mask import SparseMask, mask_seed
 
-__all__ = ["PreparedPush", "UpdatePipeline", "aggregation_weight"]
+__all__ = ["PreparedPush", "UpdatePipeline", "aggregation_weight", "push_messages"]
 
 _log = logging.getLogger("fedps")
 _ASYNC_ATTEMPTS = 3  # the buffers an async update tries to commit to before it is dropped
@@ -65,6 +65,25 @@ class PreparedPush:
     round: int
     version: int
     messages: dict[str, list[PushBatch]]
+
+
+def push_messages(
+    update: SignedUpdate, round_: int, context_id: str, blocks: dict[str, list[tuple[int, bytes]]]
+) -> dict[str, list[PushBatch]]:
+    """The push messages of ``blocks`` (``{shard: [(block, packed ciphertext)]}``) of ``update``.
+
+    One stream per shard: its first message carries the signed commitment, the others take it
+    from there (the block roots would otherwise cost 0.1 byte a parameter more).
+    """
+    return {
+        sid: [
+            PushBatch.carrying(
+                update, round_=round_, context_id=context_id, blocks=batch, signed=i == 0
+            )
+            for i, batch in enumerate(batched(shard_blocks, lambda b: len(b[1])))
+        ]
+        for sid, shard_blocks in blocks.items()
+    }
 
 
 def aggregation_weight(config: FedPSConfig, num_examples: int, weight_scale: float) -> float:
@@ -177,18 +196,7 @@ class UpdatePipeline:
         by_shard: dict[str, list[tuple[int, bytes]]] = {}
         for block, data in encrypted.items():
             by_shard.setdefault(ring.owner(block), []).append((block, data))
-        context_id = self.session.context_id
-        # One stream per shard: its first message carries the signed commitment, the others
-        # take it from there (the block roots would otherwise cost 0.1 byte a parameter more).
-        messages = {
-            sid: [
-                PushBatch.carrying(
-                    update, round_=round_, context_id=context_id, blocks=batch, signed=i == 0
-                )
-                for i, batch in enumerate(batched(blocks, lambda b: len(b[1])))
-            ]
-            for sid, blocks in by_shard.items()
-        }
+        messages = push_messages(update, round_, self.session.context_id, by_shard)
         return PreparedPush(round_, version, messages)
 
     def _commit(

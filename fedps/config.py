@@ -98,6 +98,13 @@ class ClusterConfig(_Section):
     )
     listen: ListenConfig = Field(default_factory=ListenConfig)
     virtual_nodes: int = Field(128, ge=1, le=4096)
+    shard_gone_after_s: float = Field(
+        120.0,
+        ge=0,
+        description="a shard that leaves the coordinator's calls unanswered this long is declared "
+        "gone and its blocks move to the other shards along the ring (0: never; keep it below "
+        "security.max_shard_misses x security.shard_deadline_s, after which the run stops)",
+    )
     state_dir: Path = Path("fedps-state")
     fsync: bool = Field(True, description="shards fsync each accepted push before acknowledging it")
 

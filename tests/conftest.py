@@ -142,6 +142,7 @@ class RecordingClient(EdgeClient):
         super().__init__(config, **parts)
         self.sent: dict[int, tuple[float, np.ndarray]] = {}
         self.pushed: dict[int, set[str]] = {}
+        self.owners: dict[int, set[str]] = {}  # the shards owning a block on each round's ring
         self.pusher.on_acknowledged = self.acknowledged_by
 
     def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
@@ -149,15 +150,19 @@ class RecordingClient(EdgeClient):
         return super().prepare(round_, version, delta)
 
     def acknowledged_by(self, round_: int, sid: str) -> None:
-        """Shard ``sid`` acknowledged this client's push of round ``round_``."""
+        """Shard ``sid`` acknowledged this client's push of round ``round_``.
+
+        The round's owners are those of the ring the push went to last (a ring that moves
+        mid-round has the blocks of a gone shard pushed again to their new owners).
+        """
         self.pushed.setdefault(round_, set()).add(sid)
+        ring, layout = self.session.ring, self.session.layout  # known once the client joined
+        self.owners[round_] = {ring.owner(b) for b in range(layout.num_blocks)}
 
     @property
     def acknowledged(self) -> set[int]:
         """Rounds whose push every shard that owns a block acknowledged."""
-        ring, layout = self.session.ring, self.session.layout  # known once the client joined
-        owners = {ring.owner(b) for b in range(layout.num_blocks)}
-        return {r for r, sids in self.pushed.items() if sids >= owners}
+        return {r for r, sids in self.pushed.items() if sids >= self.owners[r]}
 
 
 @pytest.fixture

@@ -64,10 +64,19 @@ def recorded(clients: Sequence[RecordingClient]) -> list[Recorded]:
     return [Recorded(c.client_id, c.sent, c.acknowledged) for c in clients]
 
 
-def cluster_config(tmp_path: Path, *, rounds: int, clients: int) -> tuple[FedPSConfig, Path]:
-    """A provisioned configuration for a process cluster on loopback, written to a file."""
+def cluster_config(
+    tmp_path: Path,
+    *,
+    rounds: int,
+    clients: int,
+    cluster: Mapping[str, object] | None = None,
+    training: Mapping[str, object] | None = None,
+) -> tuple[FedPSConfig, Path]:
+    """A provisioned configuration for a process cluster on loopback, written to a file
+    (``cluster``, ``training``: more fields of those sections)."""
     path, config = write_local_config(
         tmp_path,
+        cluster=cluster or {},
         training={
             "rounds": rounds,
             "clients": clients,
@@ -77,6 +86,7 @@ def cluster_config(tmp_path: Path, *, rounds: int, clients: int) -> tuple[FedPSC
             "deadline_s": 300.0,
             "checkpoint_every": 1,
             "lr": 0.3,
+            **(training or {}),
         },
         # Flooding adds ~5e-6 of noise per value and round on purpose (docs/security.md);
         # off here, so the replay checks exact accounting at 1e-4, not the noise.

@@ -127,15 +127,41 @@ def shard(
     config: ConfigOpt = None,
     index: Annotated[int, typer.Option(help="Which shard of [cluster] shards.")] = 0,
     insecure: InsecureOpt = False,
+    remove: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--remove",
+            metavar="SHARD_ID",
+            help="Do not run a shard: have the coordinator remove SHARD_ID (shard-1...) from the "
+            "ring for good, as the operator; its blocks move to the shards left.",
+        ),
+    ] = None,
 ) -> None:
-    """Run one parameter-server shard."""
+    """Run one parameter-server shard (or, with --remove, take one off the ring)."""
     from server.serve import serve_forever
 
     setup_logging(True)
     cfg = _load(config, insecure=insecure)
+    if remove is not None:
+        _remove_shard(cfg, remove)
+        return
     _setup_tls(cfg, f"shard-{index}")
     serve_forever("shard", cfg, index=index)
     _end_now()
+
+
+def _remove_shard(cfg: FedPSConfig, shard_id: str) -> None:
+    """Have the coordinator remove ``shard_id`` from the ring, as the operator identity."""
+    from crypto.tls import OPERATOR_NAME
+    from fedps.rpc.coordinator_stub import CoordinatorStub
+
+    _setup_tls(cfg, OPERATOR_NAME)
+    coordinator = CoordinatorStub(cfg.cluster.coordinator)
+    try:
+        coordinator.remove_shard(shard_id)
+    finally:
+        coordinator.close()
+    typer.echo(f"{shard_id} removed from the ring; its blocks move to the shards left")
 
 
 @app.command()

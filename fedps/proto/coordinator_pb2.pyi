@@ -20,6 +20,25 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class RemoveShardRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHARD_ID_FIELD_NUMBER: _builtins.int
+    shard_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        shard_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["shard_id", b"shard_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveShardRequest: _TypeAlias = RemoveShardRequest  # noqa: Y015
+
+@_typing.final
 class ClosedRoundRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -266,6 +285,8 @@ class Task(_message.Message):
     RETRY_AFTER_FIELD_NUMBER: _builtins.int
     WEIGHT_SCALE_FIELD_NUMBER: _builtins.int
     CONTEXT_ID_FIELD_NUMBER: _builtins.int
+    RING_VERSION_FIELD_NUMBER: _builtins.int
+    RING_NODES_FIELD_NUMBER: _builtins.int
     kind: Global___Task.Kind.ValueType
     round: _builtins.int
     """TRAIN, PUSH: the round; WAIT, DONE: the last finished round (client-level DP counts
@@ -281,6 +302,12 @@ class Task(_message.Message):
     """
     context_id: _builtins.str
     """The key generation to encrypt under (it changes when the key holder rotates keys)."""
+    ring_version: _builtins.int
+    """The shard ring the coordinator published (fedps/sharding/ring_view.py): its version and
+    the shard ids on it. Version 0 and no ids: the configured ring.
+    """
+    @_builtins.property
+    def ring_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -291,10 +318,12 @@ class Task(_message.Message):
         retry_after: _builtins.float = ...,
         weight_scale: _builtins.float = ...,
         context_id: _builtins.str = ...,
+        ring_version: _builtins.int = ...,
+        ring_nodes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "deadline_unix", b"deadline_unix", "kind", b"kind", "retry_after", b"retry_after", "round", b"round", "version", b"version", "weight_scale", b"weight_scale"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "deadline_unix", b"deadline_unix", "kind", b"kind", "retry_after", b"retry_after", "ring_nodes", b"ring_nodes", "ring_version", b"ring_version", "round", b"round", "version", b"version", "weight_scale", b"weight_scale"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -704,6 +733,9 @@ class ClusterStatus(_message.Message):
     PRIVACY_WARNINGS_FIELD_NUMBER: _builtins.int
     SPENT_CLIENTS_FIELD_NUMBER: _builtins.int
     FLAGGED_CLIENTS_FIELD_NUMBER: _builtins.int
+    RING_VERSION_FIELD_NUMBER: _builtins.int
+    RING_NODES_FIELD_NUMBER: _builtins.int
+    RING_MOVES_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     round: _builtins.int
     version: _builtins.int
@@ -719,6 +751,8 @@ class ClusterStatus(_message.Message):
     """How many registered clients were told the run is done (a DONE task): once all were,
     nobody needs the cluster any more.
     """
+    ring_version: _builtins.int
+    """The shard ring now (its version and shards) and every move of it, oldest first."""
     @_builtins.property
     def history(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoundSummary]: ...
     @_builtins.property
@@ -765,6 +799,10 @@ class ClusterStatus(_message.Message):
     def flagged_clients(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Clients a privacy warning names (their own figure below the server's, a new signing key)."""
 
+    @_builtins.property
+    def ring_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def ring_moves(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -789,10 +827,13 @@ class ClusterStatus(_message.Message):
         privacy_warnings: _abc.Iterable[_builtins.str] | None = ...,
         spent_clients: _abc.Iterable[_builtins.str] | None = ...,
         flagged_clients: _abc.Iterable[_builtins.str] | None = ...,
+        ring_version: _builtins.int = ...,
+        ring_nodes: _abc.Iterable[_builtins.str] | None = ...,
+        ring_moves: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "client_epsilons", b"client_epsilons", "client_noise_multipliers", b"client_noise_multipliers", "client_reported_epsilons", b"client_reported_epsilons", "client_rounds", b"client_rounds", "delta", b"delta", "finished", b"finished", "flagged_clients", b"flagged_clients", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "noise", b"noise", "privacy_warnings", b"privacy_warnings", "registered", b"registered", "round", b"round", "run_id", b"run_id", "shard_misses", b"shard_misses", "spent_clients", b"spent_clients", "stalled", b"stalled", "told_done", b"told_done", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_pushed", b"bytes_pushed", "client_epsilons", b"client_epsilons", "client_noise_multipliers", b"client_noise_multipliers", "client_reported_epsilons", b"client_reported_epsilons", "client_rounds", b"client_rounds", "delta", b"delta", "finished", b"finished", "flagged_clients", b"flagged_clients", "history", b"history", "last_checkpoint_unix", b"last_checkpoint_unix", "max_epsilon", b"max_epsilon", "noise", b"noise", "privacy_warnings", b"privacy_warnings", "registered", b"registered", "ring_moves", b"ring_moves", "ring_nodes", b"ring_nodes", "ring_version", b"ring_version", "round", b"round", "run_id", b"run_id", "shard_misses", b"shard_misses", "spent_clients", b"spent_clients", "stalled", b"stalled", "told_done", b"told_done", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -61,6 +61,11 @@ class CoordinatorStub(object):
                 request_serializer=fedps_dot_proto_dot_coordinator__pb2.ClosedRoundRequest.SerializeToString,
                 response_deserializer=fedps_dot_proto_dot_coordinator__pb2.ClosedRound.FromString,
                 _registered_method=True)
+        self.RemoveShard = channel.unary_unary(
+                '/fedps.proto.Coordinator/RemoveShard',
+                request_serializer=fedps_dot_proto_dot_coordinator__pb2.RemoveShardRequest.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer(object):
@@ -100,6 +105,13 @@ class CoordinatorServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RemoveShard(self, request, context):
+        """Operator: remove a shard from the ring for good (its blocks move to the shards left).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +139,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetClosedRound,
                     request_deserializer=fedps_dot_proto_dot_coordinator__pb2.ClosedRoundRequest.FromString,
                     response_serializer=fedps_dot_proto_dot_coordinator__pb2.ClosedRound.SerializeToString,
+            ),
+            'RemoveShard': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveShard,
+                    request_deserializer=fedps_dot_proto_dot_coordinator__pb2.RemoveShardRequest.FromString,
+                    response_serializer=fedps_dot_proto_dot_common__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -265,6 +282,33 @@ class Coordinator(object):
             '/fedps.proto.Coordinator/GetClosedRound',
             fedps_dot_proto_dot_coordinator__pb2.ClosedRoundRequest.SerializeToString,
             fedps_dot_proto_dot_coordinator__pb2.ClosedRound.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveShard(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedps.proto.Coordinator/RemoveShard',
+            fedps_dot_proto_dot_coordinator__pb2.RemoveShardRequest.SerializeToString,
+            fedps_dot_proto_dot_common__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

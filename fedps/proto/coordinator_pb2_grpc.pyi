@@ -43,6 +43,8 @@ class CoordinatorStub:
     (a party checks the set it is asked to decrypt against the coordinator's, not the key
     holder's word).
     """
+    RemoveShard: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RemoveShardRequest, _common_pb2.Empty]
+    """Operator: remove a shard from the ring for good (its blocks move to the shards left)."""
 
 @_typing.type_check_only
 class CoordinatorAsyncStub(CoordinatorStub):
@@ -58,6 +60,8 @@ class CoordinatorAsyncStub(CoordinatorStub):
     (a party checks the set it is asked to decrypt against the coordinator's, not the key
     holder's word).
     """
+    RemoveShard: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RemoveShardRequest, _common_pb2.Empty]  # type: ignore[assignment]
+    """Operator: remove a shard from the ring for good (its blocks move to the shards left)."""
 
 class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
     """The coordinator (chief): registration, cohorts, rounds, deadlines, evaluation, checkpoints."""
@@ -100,5 +104,13 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         (a party checks the set it is asked to decrypt against the coordinator's, not the key
         holder's word).
         """
+
+    @_abc_1.abstractmethod
+    def RemoveShard(
+        self,
+        request: _coordinator_pb2.RemoveShardRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.Empty, _abc.Awaitable[_common_pb2.Empty]]:
+        """Operator: remove a shard from the ring for good (its blocks move to the shards left)."""
 
 def add_CoordinatorServicer_to_server(servicer: CoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -28,14 +28,22 @@ class OpenCommitsRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     MEMBERS_FIELD_NUMBER: _builtins.int
     CONTEXT_ID_FIELD_NUMBER: _builtins.int
+    RING_VERSION_FIELD_NUMBER: _builtins.int
+    RING_NODES_FIELD_NUMBER: _builtins.int
     round: _builtins.int
     version: _builtins.int
     """the model version the round (buffer) trains"""
     run_id: _builtins.str
     context_id: _builtins.str
     """the key generation the cohort encrypts under"""
+    ring_version: _builtins.int
+    """The shard ring the coordinator published (fedps/sharding/ring_view.py): its version and
+    the shard ids on it. Version 0 and no ids: the configured ring.
+    """
     @_builtins.property
     def members(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.CohortMember]: ...
+    @_builtins.property
+    def ring_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -44,10 +52,12 @@ class OpenCommitsRequest(_message.Message):
         run_id: _builtins.str = ...,
         members: _abc.Iterable[_common_pb2.CohortMember] | None = ...,
         context_id: _builtins.str = ...,
+        ring_version: _builtins.int = ...,
+        ring_nodes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "members", b"members", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "members", b"members", "ring_nodes", b"ring_nodes", "ring_version", b"ring_version", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -259,12 +269,20 @@ class InitializeRequest(_message.Message):
     BLOCKS_FIELD_NUMBER: _builtins.int
     FORCE_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
+    RING_VERSION_FIELD_NUMBER: _builtins.int
+    RING_NODES_FIELD_NUMBER: _builtins.int
     num_params: _builtins.int
     force: _builtins.bool
     """replace an existing model (restore from a checkpoint)"""
     version: _builtins.int
+    ring_version: _builtins.int
+    """The shard ring the coordinator published (fedps/sharding/ring_view.py): its version and
+    the shard ids on it. Version 0 and no ids: the configured ring.
+    """
     @_builtins.property
     def blocks(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ParameterBlock]: ...
+    @_builtins.property
+    def ring_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -272,10 +290,12 @@ class InitializeRequest(_message.Message):
         blocks: _abc.Iterable[_common_pb2.ParameterBlock] | None = ...,
         force: _builtins.bool = ...,
         version: _builtins.int = ...,
+        ring_version: _builtins.int = ...,
+        ring_nodes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "force", b"force", "num_params", b"num_params", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "force", b"force", "num_params", b"num_params", "ring_nodes", b"ring_nodes", "ring_version", b"ring_version", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -437,14 +457,22 @@ class ApplyRoundRequest(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
     MEMBERS_FIELD_NUMBER: _builtins.int
+    RING_VERSION_FIELD_NUMBER: _builtins.int
+    RING_NODES_FIELD_NUMBER: _builtins.int
     round: _builtins.int
     version: _builtins.int
     """the version the round trained on"""
     run_id: _builtins.str
+    ring_version: _builtins.int
+    """The shard ring the coordinator published (fedps/sharding/ring_view.py): its version and
+    the shard ids on it. Version 0 and no ids: the configured ring.
+    """
     @_builtins.property
     def members(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.CohortMember]:
         """Exactly the clients the round closed with: every block must hold exactly these."""
 
+    @_builtins.property
+    def ring_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -452,10 +480,12 @@ class ApplyRoundRequest(_message.Message):
         version: _builtins.int = ...,
         run_id: _builtins.str = ...,
         members: _abc.Iterable[_common_pb2.CohortMember] | None = ...,
+        ring_version: _builtins.int = ...,
+        ring_nodes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["members", b"members", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["members", b"members", "ring_nodes", b"ring_nodes", "ring_version", b"ring_version", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

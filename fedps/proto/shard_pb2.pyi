@@ -29,10 +29,16 @@ class OpenRoundRequest(_message.Message):
     CONTEXT_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
     COMMITMENTS_FIELD_NUMBER: _builtins.int
+    RING_VERSION_FIELD_NUMBER: _builtins.int
+    RING_NODES_FIELD_NUMBER: _builtins.int
     round: _builtins.int
     version: _builtins.int
     context_id: _builtins.str
     run_id: _builtins.str
+    ring_version: _builtins.int
+    """The shard ring the coordinator published (fedps/sharding/ring_view.py): its version and
+    the shard ids on it. Version 0 and no ids: the configured ring.
+    """
     @_builtins.property
     def members(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.CohortMember]: ...
     @_builtins.property
@@ -41,6 +47,8 @@ class OpenRoundRequest(_message.Message):
         a push must carry exactly this signed update.
         """
 
+    @_builtins.property
+    def ring_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -50,10 +58,12 @@ class OpenRoundRequest(_message.Message):
         context_id: _builtins.str = ...,
         run_id: _builtins.str = ...,
         commitments: _abc.Iterable[_common_pb2.SignedUpdate] | None = ...,
+        ring_version: _builtins.int = ...,
+        ring_nodes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commitments", b"commitments", "context_id", b"context_id", "members", b"members", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commitments", b"commitments", "context_id", b"context_id", "members", b"members", "ring_nodes", b"ring_nodes", "ring_version", b"ring_version", "round", b"round", "run_id", b"run_id", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -445,12 +455,20 @@ class PublishRequest(_message.Message):
     NUM_BLOCKS_FIELD_NUMBER: _builtins.int
     VALUES_PER_BLOCK_FIELD_NUMBER: _builtins.int
     BLOCKS_FIELD_NUMBER: _builtins.int
+    RING_VERSION_FIELD_NUMBER: _builtins.int
+    RING_NODES_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     num_blocks: _builtins.int
     """total blocks of the model"""
     values_per_block: _builtins.int
+    ring_version: _builtins.int
+    """The shard ring the coordinator published (fedps/sharding/ring_view.py): its version and
+    the shard ids on it. Version 0 and no ids: the configured ring.
+    """
     @_builtins.property
     def blocks(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ParameterBlock]: ...
+    @_builtins.property
+    def ring_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -458,10 +476,12 @@ class PublishRequest(_message.Message):
         num_blocks: _builtins.int = ...,
         values_per_block: _builtins.int = ...,
         blocks: _abc.Iterable[_common_pb2.ParameterBlock] | None = ...,
+        ring_version: _builtins.int = ...,
+        ring_nodes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "num_blocks", b"num_blocks", "values_per_block", b"values_per_block", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "num_blocks", b"num_blocks", "ring_nodes", b"ring_nodes", "ring_version", b"ring_version", "values_per_block", b"values_per_block", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

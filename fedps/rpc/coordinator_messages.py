@@ -139,6 +139,9 @@ class Assignment(WireRecord[coordinator_pb2.Task]):
     retry_after: float = RETRY_AFTER_S
     weight_scale: float = 1.0
     context_id: str = ""
+    #: the shard ring it goes with (:class:`~fedps.sharding.ring_view.RingView`; 0 and none: none)
+    ring_version: int = 0
+    ring_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,3 +263,7 @@ class ClusterStatus(WireRecord[coordinator_pb2.ClusterStatus]):
     spent_clients: tuple[str, ...] = ()
     #: clients a privacy warning names
     flagged_clients: tuple[str, ...] = ()
+    #: the shard ring now, and each of its moves (a line each), oldest first
+    ring_version: int = 0
+    ring_nodes: tuple[str, ...] = ()
+    ring_moves: tuple[str, ...] = ()

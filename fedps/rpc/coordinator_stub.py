@@ -92,6 +92,11 @@ class CoordinatorStub:
         )
         return ClusterStatus.from_proto(reply)
 
+    def remove_shard(self, shard_id: str, *, timeout_s: float = CALL_S) -> None:
+        """Remove ``shard_id`` from the ring for good (the operator's call)."""
+        request = coordinator_pb2.RemoveShardRequest(shard_id=shard_id)
+        invoke(lambda: self._stub.RemoveShard(request, timeout=timeout_s), f"remove {shard_id}")
+
     def get_closed_round(self, round_: int, *, timeout_s: float = CALL_S) -> frozenset[str]:
         """The clients ``round_`` closed with (a key-holder party's call)."""
         request = coordinator_pb2.ClosedRoundRequest(round=round_)

@@ -48,6 +48,9 @@ class CommitOpening(WireRecord[keyholder_pb2.OpenCommitsRequest]):
     run_id: str
     context_id: str
     members: dict[str, bytes]
+    #: the shard ring it goes with (:class:`~fedps.sharding.ring_view.RingView`; 0 and none: none)
+    ring_version: int = 0
+    ring_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,9 @@ class ModelUpload(WireRecord[keyholder_pb2.InitializeRequest]):
     blocks: tuple[ParameterBlock, ...]
     force: bool = False
     version: int = 0
+    #: the shard ring it goes with (:class:`~fedps.sharding.ring_view.RingView`; 0 and none: none)
+    ring_version: int = 0
+    ring_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -177,6 +183,9 @@ class RoundApplication(WireRecord[keyholder_pb2.ApplyRoundRequest]):
     version: int
     run_id: str
     members: dict[str, bytes]
+    #: the shard ring it goes with (:class:`~fedps.sharding.ring_view.RingView`; 0 and none: none)
+    ring_version: int = 0
+    ring_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ arrived at one version and assembles the flat vector.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import numpy as np
 
@@ -44,12 +44,14 @@ class ModelReader:
         min_version: int = 0,
         *,
         verify: Callable[[int, int, bytes, bytes], bool] | None = None,
+        only: Collection[str] | None = None,
     ) -> tuple[np.ndarray, int]:
         """Return ``(flat vector, version)`` of the published model.
 
         With ``verify(version, block, values, signature)`` (the key holder's signature check,
         :func:`crypto.signing.model_verifier`), every block must verify, so a shard cannot
-        serve a model the key holder did not publish.
+        serve a model the key holder did not publish. ``only``: the shards on the ring now (None:
+        every shard), the others are not asked.
 
         Raises
         ------
@@ -64,6 +66,7 @@ class ModelReader:
             {
                 sid: functools.partial(_read, sid, shard, layout, min_version, verify)
                 for sid, shard in self.shards.items()
+                if only is None or sid in only
             }
         )
         blocks = {b: read for part in pulled.values() for b, read in part.items()}

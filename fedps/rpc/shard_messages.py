@@ -62,6 +62,9 @@ class RoundOpening(WireRecord[shard_pb2.OpenRoundRequest]):
     context_id: str
     run_id: str = ""
     commitments: dict[str, SignedUpdate] = field(default_factory=dict)
+    #: the shard ring it goes with (:class:`~fedps.sharding.ring_view.RingView`; 0 and none: none)
+    ring_version: int = 0
+    ring_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -301,6 +304,9 @@ class Publication(WireRecord[shard_pb2.PublishRequest]):
     num_blocks: int
     values_per_block: int
     blocks: tuple[ParameterBlock, ...] = ()
+    #: the shard ring it goes with (:class:`~fedps.sharding.ring_view.RingView`; 0 and none: none)
+    ring_version: int = 0
+    ring_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

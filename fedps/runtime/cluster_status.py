@@ -97,6 +97,10 @@ def print_status(config: FedPSConfig) -> ClusterStatus:
         typer.echo(f"  {line}")
     for warning in status.privacy_warnings:
         typer.echo(f"  PRIVACY WARNING: {warning}")
+    if status.ring_nodes:
+        typer.echo(f"  shard ring version {status.ring_version}: {', '.join(status.ring_nodes)}")
+    for move in status.ring_moves:
+        typer.echo(f"  {move}")
     keyholder = KeyHolderStub(cluster.keyholder)
     detections: dict[str, int] = {}
     quarantined: set[str] = set()
@@ -124,6 +128,8 @@ def print_status(config: FedPSConfig) -> ClusterStatus:
             )
         if misses[sid]:
             standing += f"; {'STALLED: ' if sid in stalled else ''}{misses[sid]} missed deadline(s)"
+        if status.ring_nodes and sid not in status.ring_nodes:
+            standing += "; OFF THE RING (declared gone: its blocks moved)"
         try:
             s = shard.get_status(timeout_s=5)
             typer.echo(

@@ -11,6 +11,11 @@ answer opening or closing a round within ``security.shard_deadline_s`` misses it
 (:class:`~server.shard_misses.ShardMisses`); after ``security.max_shard_misses`` misses in
 a row it is not asked again: :class:`~fedps.errors.ShardStalledError` names it. A round is
 opened and closed on every shard at once, each shard's call run to its end.
+
+The shards are those on the ring (:class:`~.ring_keeper.RingKeeper`): a shard that stays
+unreachable for ``cluster.shard_gone_after_s`` is declared gone, its call raises
+:class:`~.ring_keeper.ShardGoneError` with the new ring, and every later call goes to the shards
+left, each carrying the ring (the key holder's and the shards' calls alike).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import TypeVar
 
@@ -31,10 +37,11 @@ from fedps.rpc.fan_out import fan_out
 from fedps.rpc.keyholder_stub import KeyHolderStub
 from fedps.rpc.messages import ParameterBlock
 from fedps.rpc.model_reader import ModelReader
-from fedps.rpc.shard_messages import ClosedRound, RoundOpening
+from fedps.rpc.shard_messages import ClosedRound, RoundOpening, ShardStatus
 from fedps.rpc.shard_stub import ShardStub
 from fedps.rpc.transport import batched, call_until
 from fedps.sharding.blocks import BlockLayout
+from server.coordinator.ring_keeper import RingKeeper, ShardGoneError
 from server.shard_misses import ShardMisses
 
 __all__ = ["REFUSALS", "ClusterPeers"]
@@ -68,6 +75,12 @@ class ClusterPeers:
         self._misses = misses
         self._params = ModelReader(dict(zip(cluster.shard_ids, cluster.shards, strict=True)))
         self._keyholder = KeyHolderStub(cluster.keyholder)
+        #: the shard ring: which shards are on it, and its moves
+        self.ring = RingKeeper(cluster.shard_ids, gone_after_s=cluster.shard_gone_after_s)
+
+    def _ring_shards(self) -> dict[str, ShardStub]:
+        """The shards on the ring now, by shard id."""
+        return {sid: self._params.shards[sid] for sid in self.ring.view.nodes}
 
     def retry(
         self,
@@ -91,26 +104,40 @@ class ClusterPeers:
         return fan_out(
             {
                 sid: partial(self._bounded, sid, call, partial(fn, shard), f"{what} on {sid}")
-                for sid, shard in self._params.shards.items()
+                for sid, shard in self._ring_shards().items()
             }
         )
 
     def _bounded(self, shard: str, call: str, fn: Callable[[float], _T], what: str) -> _T:
         """Call ``fn(deadline_s)``, the RPC ``call`` to ``shard``, until it succeeds.
 
-        An unavailable shard is asked again (until the coordinator stops, or its misses reach the
-        limit: :class:`ShardStalledError`), any other error is retried :data:`REFUSALS` times, then
-        raised.
+        An unavailable shard is asked again (until the coordinator stops, it is declared gone:
+        :class:`ShardGoneError`, or its misses reach the limit: :class:`ShardStalledError`), any
+        other error is retried :data:`REFUSALS` times, then raised.
         """
         deadline_s = self._misses.deadline_s
+        gone: list[ShardGoneError] = []
+
+        def ask_again(exc: FedPSError) -> bool:
+            if not isinstance(exc, PeerUnavailableError | ShardStalledError):
+                return False
+            view = self.ring.unreachable(shard)
+            if view is not None:
+                gone.append(ShardGoneError(f"{shard} is gone ({what})", view))
+            return not gone and isinstance(exc, PeerUnavailableError)
+
         for attempt in range(1, REFUSALS + 1):
             try:
-                return self.retry(
+                answer = self.retry(
                     lambda: self._misses.call(shard, call, lambda: fn(deadline_s)),
                     what,
-                    retry_on=PeerUnavailableError,
+                    retry_on=ask_again,
                 )
-            except (PeerUnavailableError, ShardStalledError):
+                self.ring.answered(shard)
+                return answer
+            except (PeerUnavailableError, ShardStalledError) as exc:
+                if gone:
+                    raise gone[0] from exc
                 raise  # stopping, or the shard stalls the run
             except FedPSError as exc:
                 if attempt == REFUSALS or self._stop.wait(0.5 * attempt):
@@ -141,7 +168,13 @@ class ClusterPeers:
             for b in range(layout.num_blocks)
         ]
         uploads = [
-            records.ModelUpload(layout.num_params, tuple(batch), force=force, version=version)
+            records.ModelUpload(
+                layout.num_params,
+                tuple(batch),
+                force=force,
+                version=version,
+                **self.ring.view.fields(),
+            )
             for batch in batched(blocks, lambda block: len(block.values))
         ]
         state = self.retry(lambda: self._keyholder.initialize_model(uploads), "initialise model")
@@ -155,6 +188,7 @@ class ClusterPeers:
         FedPSError
             If the key holder refuses (e.g. it froze this round for another cohort).
         """
+        opening = replace(opening, **self.ring.view.fields())  # its clients pull from this ring
         self.retry(
             lambda: self._keyholder.open_commits(opening),
             f"open commitments of round {opening.round}",
@@ -184,6 +218,7 @@ class ClusterPeers:
         FedPSError
             The last error when the coordinator stopped.
         """
+        application = replace(application, **self.ring.view.fields())
         return self.retry(
             lambda: self._keyholder.apply_round(application),
             f"apply round {application.round}",
@@ -191,6 +226,24 @@ class ClusterPeers:
         )
 
     # ------------------------------------------------------------------ the shards
+    def check_shards(self) -> None:
+        """Ask every shard on the ring for its status until each answers or is declared gone.
+
+        A round's clients pull the model from every shard on the ring: one gone since the last
+        round is removed before they are sent to it (the ring moves on without it).
+
+        Raises
+        ------
+        ShardStalledError, FedPSError
+            As :meth:`open_round` raises them.
+        """
+        while True:
+            try:
+                self._on_every_shard("GetStatus", _status, "status")
+                return
+            except ShardGoneError:
+                continue  # the shards left are asked again
+
     def open_round(self, opening: records.CommitOpening, commitments: records.CommitSet) -> None:
         """Open a round on every shard for ``opening.members`` and their commitments.
 
@@ -210,6 +263,7 @@ class ClusterPeers:
             opening.context_id,
             opening.run_id,
             {u.client_id: u for u in commitments.updates if u.client_id in members},
+            **self.ring.view.fields(),
         )
         self._on_every_shard("OpenRound", partial(_open_round, opening=round_opening), "open round")
 
@@ -237,7 +291,7 @@ class ClusterPeers:
 
     def discard_round(self, round_: int) -> None:
         """Discard ``round_``'s sums on every shard (one attempt each; a failure is logged)."""
-        for sid, shard in self._params.shards.items():
+        for sid, shard in self._ring_shards().items():
             try:
                 shard.discard_round(round_)
             except FedPSError as exc:
@@ -251,7 +305,7 @@ class ClusterPeers:
         Every block's key-holder signature is checked against ``signing_key`` when there is one.
         """
         verify = model_verifier(signing_key) if signing_key is not None else None
-        vector, _ = self._params.pull(layout, min_version, verify=verify)
+        vector, _ = self._params.pull(layout, min_version, verify=verify, only=self.ring.view.nodes)
         return vector
 
 
@@ -263,3 +317,8 @@ def _open_round(shard: ShardStub, deadline_s: float, *, opening: RoundOpening) -
 def _close_round(shard: ShardStub, deadline_s: float, *, round_: int) -> ClosedRound:
     """Close ``round_`` on ``shard`` within ``deadline_s``."""
     return shard.close_round(round_, timeout_s=deadline_s)
+
+
+def _status(shard: ShardStub, deadline_s: float) -> ShardStatus:
+    """``shard``'s status within ``deadline_s``."""
+    return shard.get_status(timeout_s=deadline_s)

@@ -145,10 +145,8 @@ class Coordinator:
         self._sampler = CohortSampler(
             self._training, settings.privacy, max_clients=settings.max_clients
         )
-        #: the shards' missed deadlines of opening and closing rounds
-        self.shard_misses = ShardMisses(
-            limit=settings.max_shard_misses, deadline_s=settings.shard_deadline_s
-        )
+        misses = ShardMisses(limit=settings.max_shard_misses, deadline_s=settings.shard_deadline_s)
+        self.shard_misses = misses  #: the shards' missed deadlines of opening and closing rounds
         self._peers = ClusterPeers(settings.cluster, stop=self._stop, misses=self.shard_misses)
         self.run_id = secrets.token_hex(8)
         self.version = 0
@@ -668,6 +666,7 @@ class Coordinator:
             "version": self.version,
             "clients": self.registry.state_dict(),
             "open": open_round.to_json() if open_round is not None else None,
+            "ring": self._peers.ring.state_dict(),
         }
         with self._lock:  # an evaluation's thread records its round meanwhile
             history = list(self.history)
@@ -690,6 +689,7 @@ class Coordinator:
         self.version = self._vector_version = int(state["version"])
         self.history = [RoundRecord(**r) for r in state["history"]]
         self.registry.load_state_dict(state["clients"])
+        self._peers.ring.load_state_dict(state.get("ring"))
         if state.get("open"):
             self._resume = OpenRound.from_json(state["open"])
         if state.get("evaluating") is not None:

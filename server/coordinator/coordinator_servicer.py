@@ -4,18 +4,25 @@ Under mutual TLS a client's identity is its certificate's common name: ``Registe
 to the coordinator (the client id is that name), and ``GetTask`` and ``ReportUpdate`` must come
 from the certificate whose name is the request's client id, on top of the credential issued at
 registration. Without TLS the client proves its identity with an enrolment token.
+``RemoveShard`` (``fedps shard --remove ID``) must come from the operator's certificate under
+mutual TLS.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
+from crypto.tls import OPERATOR_NAME
+from fedps.errors import ConfigError, InvalidArgumentError, NotReadyError
 from fedps.proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fedps.rpc import coordinator_messages as records
 from fedps.rpc.coordinator_messages import CREDENTIAL_HEADER
 from fedps.rpc.transport import peer_common_name, require_peer, rpc_errors
 from server.coordinator.coordinator import Coordinator
 from server.coordinator.privacy_ledger import Declaration
+from server.coordinator.ring_keeper import RingKeeper
 
 __all__ = ["CREDENTIAL_HEADER", "CoordinatorServicer"]
 
@@ -124,7 +131,23 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             privacy_warnings=tuple(c.registry.warnings),
             spent_clients=tuple(c.registry.spent_clients()),
             flagged_clients=tuple(c.registry.flagged_clients()),
+            **_ring_status(c.desk.ring),
         ).to_proto()
+
+    def RemoveShard(  # noqa: N802
+        self, request: coordinator_pb2.RemoveShardRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Empty:
+        """Operator: remove a shard from the ring for good (its blocks move along the ring)."""
+        with rpc_errors(context):
+            require_peer(context, OPERATOR_NAME)
+            ring = self.coordinator.desk.ring
+            if ring is None:
+                raise NotReadyError("the coordinator keeps no ring yet")
+            try:
+                ring.remove(request.shard_id)
+            except ConfigError as exc:
+                raise InvalidArgumentError(str(exc)) from exc
+        return common_pb2.Empty()
 
     def GetClosedRound(  # noqa: N802
         self, request: coordinator_pb2.ClosedRoundRequest, context: grpc.ServicerContext
@@ -133,6 +156,18 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         with rpc_errors(context):
             closed = self.coordinator.closed.get(request.round)
         return coordinator_pb2.ClosedRound(round=request.round, contributors=sorted(closed))
+
+
+def _ring_status(ring: RingKeeper | None) -> dict[str, Any]:
+    """The ring's fields of the status (none before a ring is kept)."""
+    if ring is None:
+        return {}
+    view = ring.view
+    return {
+        "ring_version": view.version,
+        "ring_nodes": view.nodes,
+        "ring_moves": ring.status_lines(),
+    }
 
 
 def _credential(context: grpc.ServicerContext) -> bytes:

@@ -12,6 +12,12 @@
    blocks: those the key holder may aggregate.
 
 No client's ciphertext can thus depend on another's of the same round (docs/security.md).
+
+A shard declared gone while the round is opened, pushed to or closed on the shards
+(:class:`~.ring_keeper.ShardGoneError`) moves the ring on without it: the round is opened again
+on the shards left, with the new ring (they keep what they took and own the moved blocks now),
+its push phase starts again, and every committed client gets a push task with the new ring and
+pushes the blocks that moved, the same committed ciphertexts.
 A member that misses a phase's deadline is left out of cohorts until it asks for a task
 again (a dead client).
 """
@@ -29,6 +35,7 @@ from fedps.rpc.coordinator_messages import RETRY_AFTER_S
 from fedps.rpc.keyholder_messages import CommitOpening, CommitSet
 from server.coordinator.client_registry import ClientRegistry
 from server.coordinator.cluster_peers import ClusterPeers
+from server.coordinator.ring_keeper import ShardGoneError
 from server.coordinator.round_policy import RoundPolicy
 from server.coordinator.round_record import OpenRound, RoundRecord
 from server.coordinator.task_desk import TaskDesk
@@ -86,6 +93,7 @@ class RoundPhases:
         self._changed = changed
         self._stop = stop
         self._deadline_s = deadline_s
+        desk.ring = peers.ring  # the clients' tasks carry the ring
 
     def commit(self, opened: OpenRound, run_id: str) -> bool:
         """Open the commit phase at the key holder and collect commitments.
@@ -106,6 +114,7 @@ class RoundPhases:
         try:
             with self._timer.phase("open"):
                 self._checkpoint(opened)  # the cohort and deadline survive a restart
+                self._peers.check_shards()  # one gone since is off the ring the clients pull from
                 self._peers.open_commits(self._opening(opened, opened.cohort, run_id))
         except FedPSError as exc:
             if not self._stop.is_set():
@@ -244,16 +253,24 @@ class RoundPhases:
         self._checkpoint(opened)
         frozen_at = time.time()
         try:
-            with self._timer.phase("shard_open"):
-                self._peers.open_round(self._opening(opened, committed, run_id), commitments)
-            with self._timer.phase("push_wait"):
-                self._wait_for_pushes(opened, resume)
-            if self._stop.is_set():
-                return None
-            with self._timer.phase("close"):
-                opened.closing = True
-                self._checkpoint(opened)
-                accepted = self._peers.close_round(opened.round, committed)
+            while True:
+                try:
+                    with self._timer.phase("shard_open"):
+                        self._peers.open_round(
+                            self._opening(opened, committed, run_id), commitments
+                        )
+                    with self._timer.phase("push_wait"):
+                        self._wait_for_pushes(opened, resume)
+                    if self._stop.is_set():
+                        return None
+                    with self._timer.phase("close"):
+                        opened.closing = True
+                        self._checkpoint(opened)
+                        accepted = self._peers.close_round(opened.round, committed)
+                    break
+                except ShardGoneError as exc:
+                    self._moved(opened, exc)
+                    resume = None  # the push phase starts again on the new ring
         except ShardStalledError:
             raise
         except FedPSError as exc:
@@ -263,6 +280,21 @@ class RoundPhases:
             return set()
         record.push_seconds = time.time() - frozen_at
         return accepted
+
+    def _moved(self, opened: OpenRound, gone: ShardGoneError) -> None:
+        """Start ``opened``'s push phase again on the ring ``gone`` left (see the module)."""
+        _log.warning(
+            "round %d: %s; its push phase starts again on ring version %d",
+            opened.round,
+            gone,
+            gone.view.version,
+        )
+        with self._changed:
+            opened.reported.clear()  # every committed client pushes the moved blocks
+            opened.closing = False
+            opened.deadline = time.time() + self._deadline_s
+            self._changed.notify_all()
+        self._checkpoint(opened)  # the new ring survives a restart
 
     def _opening(self, opened: OpenRound, members: frozenset[str], run_id: str) -> CommitOpening:
         """``opened`` as the key holder or the shards open it, for ``members``."""

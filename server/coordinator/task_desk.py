@@ -17,10 +17,12 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from fedps.round_timer import CLIENT_PHASES
 from fedps.rpc.coordinator_messages import RETRY_AFTER_S, Assignment
 from server.coordinator.client_registry import ClientRegistry
+from server.coordinator.ring_keeper import RingKeeper
 from server.coordinator.round_record import (
     OpenRound,
     check_metrics,
@@ -79,6 +81,8 @@ class TaskDesk:
         self.finished = False  # the run is done: every task is DONE
         self.told_done: set[str] = set()  # the clients whose task was DONE
         self.context_id = ""  # the key holder's current CKKS context (TRAIN tasks name it)
+        #: the shard ring (TRAIN and PUSH tasks carry it: the clients pull and push on it)
+        self.ring: RingKeeper | None = None
 
     def get_task(
         self,
@@ -160,7 +164,8 @@ class TaskDesk:
         if current is None or client_id in current.reported or time.time() >= current.deadline:
             return Assignment("wait", self.round)
         if current.pushing and client_id in current.committed:
-            return Assignment("push", current.round, current.version, current.deadline)
+            ring = self._ring_fields()
+            return Assignment("push", current.round, current.version, current.deadline, **ring)
         if not current.pushing and client_id in current.cohort:
             if committed_round == current.round:  # committed: it waits for the push phase
                 return Assignment("wait", self.round)
@@ -171,8 +176,13 @@ class TaskDesk:
                 current.deadline,
                 weight_scale=float(self.registry.most_examples(current.cohort)),
                 context_id=self.context_id,
+                **self._ring_fields(),
             )
         return Assignment("wait", self.round)
+
+    def _ring_fields(self) -> dict[str, Any]:
+        """The ring's fields of a task (none before a ring is given)."""
+        return {} if self.ring is None else self.ring.view.fields()
 
     def report(
         self,

@@ -63,6 +63,7 @@ from fedps.rpc.keyholder_messages import ModelState
 from fedps.rpc.shard_stub import ShardStub
 from fedps.sharding.blocks import BlockLayout
 from fedps.sharding.hash_ring import HashRing
+from fedps.sharding.ring_view import RingView
 from fedps.sharding.sparse_mask import SparseMask, sent_blocks, upload_layout
 from server.keyholder.aggregate_verifier import AggregateVerifier, TamperingError
 from server.keyholder.blame import judge
@@ -150,8 +151,7 @@ class KeyHolder:
         self._refused: set[int] = set()  # rounds whose check failed: never decrypted
         #: detected tamperings by shard and blamed clients (:mod:`.suspects`)
         self.suspects = Suspects(max_detections=settings.max_detections, exclude=commits.exclude)
-        #: the fetches of each shard that missed their deadline (not persisted)
-        self.shard_misses = shards.misses
+        self.shard_misses = shards.misses  #: each shard's missed fetch deadlines (not persisted)
         self.last_saved = 0.0  # unix time of the last state checkpoint
         if state is not None:
             self.model.restore(state.model)
@@ -302,6 +302,11 @@ class KeyHolder:
                 raise
             self._decryptor.check_rotation(self.upload_layout.num_blocks)
 
+    def follow_ring(self, view: RingView) -> None:
+        """Follow the coordinator's shard ring ``view`` (:meth:`.ModelPublisher.follow_ring`)."""
+        with self._lock:
+            self._publisher.follow_ring(view, self.layout if self.params is not None else None)
+
     # ------------------------------------------------------------------ commitments
     def open_commits(
         self, round_: int, version: int, run_id: str, context_id: str, members: dict[str, bytes]
@@ -350,10 +355,7 @@ class KeyHolder:
         )
 
     def clear_detections(self) -> None:
-        """Forget every detection (the operator replaced the suspect shards).
-
-        Refused rounds stay refused.
-        """
+        """Forget every detection (the operator replaced the suspect shards); refusals stay."""
         with self._lock:
             self.suspects.clear()
             if self.params is not None:

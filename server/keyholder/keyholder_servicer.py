@@ -16,6 +16,7 @@ from fedps.round_timer import RoundTimer
 from fedps.rpc import keyholder_messages as records
 from fedps.rpc.transport import require_peer, rpc_errors
 from fedps.sharding.blocks import BlockLayout
+from fedps.sharding.ring_view import RingView
 from server.keyholder.keyholder import MAX_PARAMS, KeyHolder
 from server.metrics import KeyHolderMetrics
 
@@ -62,14 +63,17 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
             num_params = 0
             force = False
             version = 0
+            ring = RingView()
             for message in request_iterator:
                 upload = records.ModelUpload.from_proto(message)
                 num_params, force, version = upload.num_params, upload.force, upload.version
+                ring = RingView.of(upload)
                 for block in upload.blocks:
                     blocks[block.block] = np.frombuffer(block.values, dtype="<f4")
             if not 0 < num_params <= MAX_PARAMS:
                 raise InvalidArgumentError(f"a model has 1..{MAX_PARAMS} parameters")
             layout = BlockLayout(num_params, self.keyholder.keys.public.params.values_per_block)
+            self.keyholder.follow_ring(ring)  # a restarted chief's ring: publish on it
             self.keyholder.initialize(layout.join(blocks), version=version, force=force)
         return self.GetModelState(common_pb2.Empty(), context)
 
@@ -81,6 +85,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
         timer = RoundTimer()
         with rpc_errors(context):
             r = records.RoundApplication.from_proto(request)
+            self.keyholder.follow_ring(RingView.of(r))  # the ring the round closed on
             try:
                 result = self.keyholder.apply_round(
                     r.round, r.version, r.run_id, r.members, timer=timer
@@ -102,6 +107,7 @@ class KeyHolderServicer(keyholder_pb2_grpc.KeyHolderServicer):
         """Coordinator: start collecting a cohort's commitments for a round (or async buffer)."""
         with rpc_errors(context):
             o = records.CommitOpening.from_proto(request)
+            self.keyholder.follow_ring(RingView.of(o))  # its clients pull from this ring
             self.keyholder.open_commits(o.round, o.version, o.run_id, o.context_id, o.members)
         return common_pb2.Empty()
 

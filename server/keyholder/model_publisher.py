@@ -7,7 +7,8 @@ the key holder's signature of its digest (:meth:`.ShardPeers.publish
 <.shard_peers.ShardPeers.publish>`); clients and the coordinator check it when they pull. A
 shard that does not take the version an applied round produced leaves that round applied and
 durable, and unpublished: the coordinator asks again, and asking again publishes it
-(:meth:`ModelPublisher.publish_applied`).
+(:meth:`ModelPublisher.publish_applied`). When the coordinator removes a shard from the ring, the
+current version goes to the shards that own its blocks now (:meth:`ModelPublisher.follow_ring`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 from crypto.signing import BlockSigner
 from fedps.errors import FedPSError, PeerUnavailableError
 from fedps.sharding.blocks import BlockLayout
+from fedps.sharding.ring_view import RingView
 from server.keyholder.global_model import GlobalModel
 from server.keyholder.shard_peers import ShardPeers
 
@@ -75,3 +77,34 @@ class ModelPublisher:
             )
             _log.warning("%s", message)
             raise PeerUnavailableError(message) from exc
+
+    def follow_ring(self, view: RingView, layout: BlockLayout | None) -> None:
+        """Follow the shard ring ``view`` if it is newer, publishing the current version on it.
+
+        ``layout`` cuts the model into blocks (None: no model yet, nothing to publish).
+
+        The new owners of the moved blocks then serve them. A shard that does not take the
+        version leaves the ring as it was: asking again follows it and publishes again.
+
+        Raises
+        ------
+        PeerUnavailableError
+            A shard did not take the version (the ring is not followed yet).
+        """
+        before = self._shards.view
+        if not self._shards.follow(view) or layout is None:
+            return
+        try:
+            self.publish(layout)
+        except FedPSError as exc:
+            self._shards.follow(before, force=True)
+            raise PeerUnavailableError(
+                f"ring version {view.version}: version {self._model.version} is not yet "
+                f"published to every shard on it ({exc}); asking again publishes it"
+            ) from exc
+        _log.info(
+            "following ring version %d (%s): version %d published on it",
+            view.version,
+            ", ".join(view.nodes),
+            self._model.version,
+        )

@@ -5,7 +5,9 @@
 after ``security.max_shard_misses`` in a row the round is refused with
 :class:`~fedps.errors.ShardStalledError`, naming the shard, until it answers), publishes each
 new model version to the shards that own its blocks, every block signed, and lends its shard
-clients to the tracer (:mod:`.blame`), which asks a shard for evidence after a failed check.
+clients to the tracer (:mod:`.blame`), which asks a shard for evidence after a failed check. It
+calls the shards on the ring the coordinator published last (:meth:`ShardPeers.follow`): a
+removed shard is asked nothing more.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 import numpy as np
 
 from crypto.signing import model_block_digest
+from fedps.errors import InvalidArgumentError
 from fedps.rpc.fan_out import fan_out
 from fedps.rpc.messages import ParameterBlock
 from fedps.rpc.shard_messages import AggregatePart, Publication
@@ -23,6 +26,7 @@ from fedps.rpc.shard_stub import ShardStub
 from fedps.rpc.transport import batched
 from fedps.sharding.blocks import BlockLayout
 from fedps.sharding.hash_ring import HashRing
+from fedps.sharding.ring_view import RingView
 from server.shard_misses import ShardMisses
 
 __all__ = ["PUBLISH_S", "ShardPeers"]
@@ -37,9 +41,10 @@ class ShardPeers:
     Parameters
     ----------
     clients
-        A client of every shard, by shard id.
+        A client of every configured shard, by shard id.
     ring
-        The cluster's hash ring: which shard owns each block.
+        The cluster's configured hash ring: which shard owns each block until the coordinator
+        publishes another (:meth:`follow`).
     misses
         Counts each shard's fetches that miss their deadline (not persisted).
     """
@@ -47,9 +52,25 @@ class ShardPeers:
     def __init__(
         self, clients: Mapping[str, ShardStub], ring: HashRing, misses: ShardMisses
     ) -> None:
-        self.clients = dict(clients)
+        self._all = dict(clients)
+        self.clients = dict(clients)  #: the shards on the ring, by shard id
         self.ring = ring
+        self.view = RingView.configured(ring.nodes)  #: the ring's version and shards
         self.misses = misses
+
+    def follow(self, view: RingView, *, force: bool = False) -> bool:
+        """Follow the shard ring ``view`` if it is newer (``force``: whatever its version).
+
+        Returns whether it is followed now.
+        """
+        if not (force or view.newer_than(self.view)):
+            return False
+        unknown = set(view.nodes) - set(self._all)
+        if unknown:
+            raise InvalidArgumentError(f"ring {view.version} names unknown shards {unknown}")
+        self.view, self.ring = view, view.ring(self.ring.virtual_nodes)
+        self.clients = {sid: self._all[sid] for sid in view.nodes}
+        return True
 
     def owner(self, block: int) -> str:
         """The id of the shard that owns ``block``."""
@@ -116,7 +137,7 @@ class ShardPeers:
             )
         n = layout.values_per_block
         messages = [
-            Publication(version, layout.num_blocks, n, tuple(batch))
+            Publication(version, layout.num_blocks, n, tuple(batch), **self.view.fields())
             for batch in batched(signed, lambda p: len(p.values))
-        ] or [Publication(version, layout.num_blocks, n)]
+        ] or [Publication(version, layout.num_blocks, n, **self.view.fields())]
         self.clients[sid].publish(messages, timeout_s=PUBLISH_S)

@@ -5,7 +5,10 @@ on the consistent-hash ring (:meth:`PublishedModel.publish`). A publish is check
 anything changes (the model's bounds, exactly this shard's blocks, finite values, the key
 holder's signature of every block, a version that is the current one or the next) and, with a
 :class:`~server.shard.shard_log.ShardLog`, saved before it is installed, so a restarted shard
-serves it again (:meth:`PublishedModel.recover`). Clients pull the blocks
+serves it again (:meth:`PublishedModel.recover`). The shard ring moves forward when the coordinator
+removes a shard (:meth:`PublishedModel.adopt`, from a round's opening or a publish): the shard
+then owns the blocks the ring gives it, and serves the moved ones once the key holder publishes
+them. Clients pull the blocks
 (:meth:`PublishedModel.pull`) with their signatures (:meth:`PublishedModel.signature_of`), so
 a shard that changed a block is caught. The rounds (:class:`~server.shard.shard.Shard`) read
 which blocks the shard owns from here.
@@ -23,6 +26,7 @@ from fedps.errors import InvalidArgumentError, NotReadyError, PeerUnavailableErr
 from fedps.rpc.messages import ParameterBlock
 from fedps.rpc.shard_messages import Publication
 from fedps.sharding.hash_ring import HashRing
+from fedps.sharding.ring_view import RingView
 from server.shard.shard_log import ShardLog
 
 __all__ = ["MAX_BLOCKS", "MAX_BLOCK_VALUES", "PublishedModel"]
@@ -60,6 +64,8 @@ class PublishedModel:
     ) -> None:
         self.shard_id = shard_id
         self._ring = ring
+        #: the version of the ring this shard follows (0: the configured one)
+        self.ring_view = RingView.configured(ring.nodes)
         self._verify_model = verify_model  # the key holder's signature check on publishes
         self._log = log
         self._lock = threading.Lock()
@@ -77,6 +83,38 @@ class PublishedModel:
         return self._published
 
     @property
+    def ring(self) -> HashRing:
+        """The hash ring this shard follows now."""
+        return self._ring
+
+    def adopt(self, view: RingView) -> bool:
+        """Follow ``view`` if it is a newer ring; True if it was.
+
+        The blocks this shard owns follow it; a moved block is served once the key holder
+        publishes it here.
+
+        Raises
+        ------
+        InvalidArgumentError
+            The newer ring leaves this shard out: it was removed.
+        """
+        if not view.newer_than(self.ring_view):
+            return False
+        if self.shard_id not in view.nodes:
+            raise InvalidArgumentError(
+                f"{self.shard_id} is not on ring version {view.version}: it was removed"
+            )
+        ring = view.ring(self._ring.virtual_nodes)
+        with self._lock:
+            self._ring, self.ring_view = ring, view
+            if self._published:
+                self._owned = self._ring_owned(self._num_blocks)
+        _log.info(
+            "%s follows ring version %d (%s)", self.shard_id, view.version, ", ".join(view.nodes)
+        )
+        return True
+
+    @property
     def num_blocks(self) -> int:
         """The whole model's number of blocks (0 until a model is published)."""
         return self._num_blocks
@@ -91,6 +129,7 @@ class PublishedModel:
         saved = self._log.load_model() if self._log is not None else None
         if saved is None:
             return False
+        self.adopt(RingView.of(saved))
         self._install(
             saved.version,
             saved.num_blocks,
@@ -107,8 +146,14 @@ class PublishedModel:
         values_per_block: int,
         blocks: dict[int, np.ndarray],
         signatures: dict[int, bytes] | None = None,
+        ring: RingView | None = None,
     ) -> int:
-        """Install version ``version`` of every block this shard owns."""
+        """Install version ``version`` of every block this shard owns.
+
+        ``ring``: the shard ring the key holder publishes for, followed first if it is newer.
+        """
+        if ring is not None:
+            self.adopt(ring)
         if not 1 <= num_blocks <= MAX_BLOCKS or not 1 <= values_per_block <= MAX_BLOCK_VALUES:
             raise InvalidArgumentError(
                 f"a model has 1..{MAX_BLOCKS} blocks of 1..{MAX_BLOCK_VALUES} values"
@@ -124,7 +169,8 @@ class PublishedModel:
         owned = self._ring_owned(num_blocks)
         if set(blocks) != set(owned):
             raise InvalidArgumentError(
-                f"publish must carry exactly this shard's {len(owned)} blocks, got {len(blocks)}"
+                f"publish must carry exactly this shard's {len(owned)} blocks (ring version "
+                f"{self.ring_view.version}), got {len(blocks)}"
             )
         for b, values in blocks.items():
             if values.shape != (values_per_block,) or not np.all(np.isfinite(values)):
@@ -146,6 +192,7 @@ class PublishedModel:
                         )
                         for b, v in sorted(blocks.items())
                     ),
+                    **self.ring_view.fields(),
                 )
             )
         self._install(version, num_blocks, values_per_block, blocks, signatures or {})

@@ -51,6 +51,7 @@ from fedps.rpc.shard_messages import (
     TraceQuery,
 )
 from fedps.sharding.hash_ring import HashRing
+from fedps.sharding.ring_view import RingView
 from fedps.sharding.sparse_mask import sent_blocks
 from server.shard.evidence import HeldRows, answer_trace
 from server.shard.published_model import PublishedModel
@@ -118,7 +119,6 @@ class Shard:
         if shard_id not in ring.nodes:
             raise InvalidArgumentError(f"{shard_id} is not on the ring {ring.nodes}")
         self.shard_id = shard_id
-        self._ring = ring
         self._public_context = public_context
         self._max_messages = max_messages_per_round
         self._staleness = staleness  # None: synchronous rounds
@@ -154,7 +154,13 @@ class Shard:
                 if record.opening is not None:
                     o = record.opening
                     self.open_round(
-                        o.round, o.version, o.members, o.context_id, o.run_id, o.commitments
+                        o.round,
+                        o.version,
+                        o.members,
+                        o.context_id,
+                        o.run_id,
+                        o.commitments,
+                        ring=RingView.of(o),
                     )
                 elif record.push is not None:
                     self._replay_push(record.push, record.multiplier)
@@ -195,13 +201,18 @@ class Shard:
         context_id: str,
         run_id: str = "",
         commitments: dict[str, SignedUpdate] | None = None,
+        *,
+        ring: RingView | None = None,
     ) -> None:
         """Start accepting pushes for ``round_`` from ``members`` (idempotent).
 
         ``members`` maps each cohort client to the Ed25519 key it registered;
         ``commitments`` each member's signed update as committed at the key holder (a push
-        must carry exactly it).
+        must carry exactly it); ``ring`` the shard ring the round goes on with. A newer ring
+        for the same round (a shard was removed) reopens it as it is, its sums kept: the
+        clients push the blocks that moved here.
         """
+        ring = ring or RingView()
         commitments = dict(commitments or {})
         if not members:
             raise InvalidArgumentError("a round needs a non-empty cohort")
@@ -213,9 +224,12 @@ class Shard:
         opening = ShardLogRecord(
             "open",
             round_,
-            opening=RoundOpening(round_, version, members, context_id, run_id, commitments),
+            opening=RoundOpening(
+                round_, version, members, context_id, run_id, commitments, **ring.fields()
+            ),
         )
         with self._lock:
+            newer = ring.newer_than(self.model.ring_view)
             existing = self._rounds.get(round_)
             if existing is not None and (
                 existing.version,
@@ -223,7 +237,13 @@ class Shard:
                 existing.run_id,
                 existing.commitments,
             ) == (version, members, run_id, commitments):
+                if newer:  # durable first, then followed: the moved blocks come here
+                    self._append(round_, opening)
+                    self.model.adopt(ring)
+                    existing.closed, self._open = False, existing
                 return
+            if newer:
+                self.model.adopt(ring)  # refuses a ring without this shard before any change
             if (
                 existing is not None
                 and self._staleness is not None
@@ -312,7 +332,7 @@ class Shard:
             if block not in owned:
                 raise InvalidArgumentError(
                     f"block {block} is not owned by {self.shard_id} (owner: "
-                    f"{self._ring.owner(block) if block < self.model.num_blocks else 'none'})"
+                    f"{self.model.ring.owner(block) if block < self.model.num_blocks else 'none'})"
                 )
             if block in seen:
                 raise InvalidArgumentError(f"block {block} appears twice in one message")

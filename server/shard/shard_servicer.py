@@ -16,6 +16,7 @@ from fedps.proto import common_pb2, shard_pb2, shard_pb2_grpc
 from fedps.rpc import shard_messages as records
 from fedps.rpc.messages import ParameterBlock
 from fedps.rpc.transport import batched, require_peer, rpc_errors
+from fedps.sharding.ring_view import RingView
 from server.metrics import ShardMetrics
 from server.shard.shard import Shard
 
@@ -36,7 +37,13 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
         with rpc_errors(context):
             o = records.RoundOpening.from_proto(request)
             self.shard.open_round(
-                o.round, o.version, o.members, o.context_id, o.run_id, o.commitments
+                o.round,
+                o.version,
+                o.members,
+                o.context_id,
+                o.run_id,
+                o.commitments,
+                ring=RingView.of(o),
             )
         return shard_pb2.OpenRoundReply()
 
@@ -129,8 +136,10 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
             blocks: dict[int, np.ndarray] = {}
             signatures: dict[int, bytes] = {}
             header: tuple[int, int, int] | None = None
+            ring = RingView()
             for message in request_iterator:
                 part = records.Publication.from_proto(message)
+                ring = RingView.of(part)
                 this = (part.version, part.num_blocks, part.values_per_block)
                 if header is not None and this != header:
                     raise InvalidArgumentError("publish messages disagree on the version")
@@ -140,7 +149,9 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
                     signatures[block.block] = block.signature
             if header is None:
                 raise InvalidArgumentError("empty publish")
-            count = self.shard.model.publish(header[0], header[1], header[2], blocks, signatures)
+            count = self.shard.model.publish(
+                header[0], header[1], header[2], blocks, signatures, ring=ring
+            )
         return shard_pb2.PublishReply(blocks=count)
 
     def GetStatus(  # noqa: N802

@@ -400,7 +400,9 @@ class _FixedParams:
     def __init__(self, vector: np.ndarray) -> None:
         self.vector = vector
 
-    def pull(self, layout: object, *, min_version: int, verify: object) -> tuple[np.ndarray, int]:
+    def pull(
+        self, layout: object, *, min_version: int, verify: object, only: object = None
+    ) -> tuple[np.ndarray, int]:
         return self.vector.copy(), min_version
 
 

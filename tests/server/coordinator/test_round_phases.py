@@ -17,6 +17,7 @@ from fedps.config import load_config
 from fedps.round_timer import RoundTimer
 from fedps.rpc.keyholder_messages import CommitOpening, CommitSet
 from server.coordinator.cluster_peers import ClusterPeers
+from server.coordinator.ring_keeper import RingKeeper, ShardGoneError
 from server.coordinator.round_phases import RoundPhases
 from server.coordinator.round_policy import create_round_policy
 from server.coordinator.round_record import OpenRound, RoundRecord
@@ -33,6 +34,7 @@ class _Shards:
         self.complete = complete
         self.calls: list[str] = []
         self.members: list[list[str]] = []  # of each round opened
+        self.ring = RingKeeper(["shard-0", "shard-1"], gone_after_s=0.0)
 
     def open_round(self, opening: CommitOpening, commitments: CommitSet) -> None:
         self.calls.append("open")
@@ -112,3 +114,41 @@ def test_a_push_phase_accepts_a_quorum_and_abandons_a_round_short_of_one(
     assert (record.contributors, record.abandoned) == (len(accepted), abandoned)
     expected_checkpoints = [(True, False), (True, True)] if pushing else []
     assert checkpoints == expected_checkpoints
+
+
+class _MovingShards(_Shards):
+    """Shards of which shard-1 is declared gone at the first close; the clients push again."""
+
+    def __init__(self, complete: frozenset[str], opened: OpenRound) -> None:
+        super().__init__(complete)
+        self.opened = opened
+
+    def open_round(self, opening: CommitOpening, commitments: CommitSet) -> None:
+        super().open_round(opening, commitments)
+        self.opened.reported.update(opening.members)  # they push (again) and report
+
+    def close_round(self, round_: int, cohort: frozenset[str]) -> set[str]:
+        if "close" not in self.calls:
+            self.calls.append("close")
+            raise ShardGoneError("shard-1 is gone (close round)", self.ring.remove("shard-1"))
+        return super().close_round(round_, cohort)
+
+
+def test_a_shard_gone_at_the_close_starts_the_push_phase_again_on_the_new_ring(
+    tmp_path: Path,
+) -> None:
+    # Prepare: every client reported its push; shard-1 is declared gone as the round closes
+    opened = OpenRound(1, 0, math.inf, COHORT, reported=set(COHORT))
+    shards, checkpoints = _MovingShards(COHORT, opened), list[tuple[bool, bool]]()
+    phases = _phases(tmp_path, shards, checkpoints)
+    record = RoundRecord(1, 0, 0, cohort=len(COHORT))
+    commitments = CommitSet(tuple(sorted(COHORT)), frozen=True)
+
+    # Execute
+    pushed = phases.push(opened, COHORT, commitments, run_id="run", resume=None, record=record)
+
+    # Assert: opened again on the new ring (its checkpoint not closing), closed with everyone
+    assert shards.calls == ["open", "close", "open", "close"]
+    assert shards.ring.view.nodes == ("shard-0",)
+    assert pushed == set(COHORT) and not record.abandoned
+    assert checkpoints == [(True, False), (True, True), (True, False), (True, True)]

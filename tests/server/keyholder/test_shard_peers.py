@@ -15,6 +15,7 @@ from fedps.rpc.shard_messages import AggregatePart, Publication
 from fedps.rpc.shard_stub import ShardStub
 from fedps.sharding.blocks import BlockLayout
 from fedps.sharding.hash_ring import HashRing
+from fedps.sharding.ring_view import RingView
 from server.keyholder.shard_peers import ShardPeers
 from server.shard_misses import ShardMisses
 
@@ -84,3 +85,23 @@ def test_every_shards_fetch_starts_before_any_reply_is_read() -> None:
     # Assert
     assert started == list(SHARDS)
     assert parts == {sid: [AggregatePart()] for sid in SHARDS}
+
+
+def test_a_newer_ring_sends_every_block_to_the_shards_left_and_only_to_them() -> None:
+    # Prepare: shard-1 is gone from ring version 1
+    peers, fakes, calls = _peers()
+    after = RingView(1, ("shard-0",))
+
+    # Execute
+    followed = peers.follow(after)
+    again = peers.follow(RingView(0, SHARDS))  # an older ring changes nothing
+    peers.publish(np.zeros(78), 5, LAYOUT, sign=lambda digest: digest[:8])
+    list(peers.fetch_aggregates(1, ["client-0"]))
+
+    # Assert: shard-0 takes all 20 blocks, on ring version 1; shard-1 is asked nothing
+    assert followed and not again and peers.view == after
+    published = fakes["shard-0"].published
+    assert sorted(b.block for m in published for b in m.blocks) == list(range(20))
+    assert {(m.ring_version, m.ring_nodes) for m in published} == {(1, ("shard-0",))}
+    assert not fakes["shard-1"].published and calls == ["shard-0"]
+    assert peers.owner(7) == "shard-0"

@@ -31,6 +31,7 @@ from fedps.errors import (
 from fedps.rpc.messages import Aggregate, Contribution
 from fedps.rpc.shard_messages import PushBatch
 from fedps.sharding.hash_ring import HashRing
+from fedps.sharding.ring_view import RingView
 from server.shard.shard import Shard
 from server.shard.shard_log import ShardLog
 
@@ -1030,3 +1031,92 @@ def test_a_push_in_either_form_is_validated_exactly_and_summed(
     assert all(len(agg.ciphertext) == public.full_block_bytes for agg in aggregates)
     sums = _decrypted_sums(aggregates, keys)
     assert all(abs(s - accepted) < TOLERANCE for s in sums.values())
+
+
+# ---------------------------------------------------------------------- a ring that moves
+#: The ring once shard-1 is declared gone: shard-0 owns every block.
+WITHOUT_SHARD_1 = RingView(1, ("shard-0",))
+
+
+def _reopen_on_the_new_ring(shard: Shard, keys: SecretContext, updates: Updates) -> None:
+    """Round 1 opened again, the same cohort and commitments, on ring version 1."""
+    members = updates.members(COHORT)
+    shard.open_round(1, 1, members, keys.public.context_id, ring=WITHOUT_SHARD_1)
+
+
+def test_a_newer_ring_reopens_the_closed_round_and_takes_the_moved_blocks(
+    shard: Shard, keys: SecretContext, owned: list[int], updates: Updates
+) -> None:
+    # Prepare: a and b pushed this shard's blocks and the round closed; shard-1 is then gone
+    pushes = {client: updates.signed(client) for client in ("a", "b")}
+    for push in pushes.values():
+        shard.push(push(owned))
+    assert shard.close_round(1) == ["a", "b"]
+    moved = [b for b in range(NUM_BLOCKS) if b not in owned]
+
+    # Execute: the round reopens on the new ring; a pushes its moved blocks, b does not
+    _reopen_on_the_new_ring(shard, keys, updates)
+    taken = shard.push(pushes["a"](moved))
+    retried = shard.push(pushes["a"](owned))  # what it pushed before: duplicates
+
+    # Assert: the sums were kept, the moved blocks are this shard's now, and only a, which
+    # pushed every block it owns now, is complete
+    assert shard.model.ring_view == WITHOUT_SHARD_1
+    assert shard.update_blocks == list(range(NUM_BLOCKS))
+    assert taken == (len(moved), 0) and retried == (0, len(owned))
+    assert shard.close_round(1) == ["a"]
+    aggregates, _ = shard.aggregates(1, ["a"])
+    sums = _decrypted_sums(aggregates, keys)
+    assert sorted(sums) == list(range(NUM_BLOCKS))
+    assert all(abs(v - 1.0) < TOLERANCE for v in sums.values())  # a's alone, once
+
+
+def test_an_older_ring_or_one_without_this_shard_changes_nothing(
+    shard: Shard, keys: SecretContext, owned: list[int], updates: Updates
+) -> None:
+    # Prepare
+    members = updates.members(COHORT)
+    context_id = keys.public.context_id
+    _reopen_on_the_new_ring(shard, keys, updates)
+
+    # Execute: the configured ring again (older), then a ring that removed this shard
+    shard.open_round(1, 1, members, context_id, ring=RingView(0, ("shard-0", "shard-1")))
+    with pytest.raises(InvalidArgumentError, match="removed"):
+        shard.open_round(1, 1, members, context_id, ring=RingView(2, ("shard-1",)))
+
+    # Assert
+    assert shard.model.ring_view == WITHOUT_SHARD_1
+
+
+def test_a_restarted_shard_follows_the_ring_its_log_holds(durable: Durable) -> None:
+    owned, keys, updates = durable.owned, durable.keys, durable.updates
+    # Prepare: round 1 reopened on ring version 1 and a's moved block pushed, then a crash
+    first = durable.start()
+    _publish_and_open(first, owned, keys, updates)
+    _reopen_on_the_new_ring(first, keys, updates)
+    moved = [b for b in range(NUM_BLOCKS) if b not in owned]
+    push_a = updates.signed("a")
+    first.push(push_a(moved))
+    del first
+
+    # Execute
+    second = durable.start()
+
+    # Assert: the ring, and the moved block's sum, survived
+    assert second.model.ring_view == WITHOUT_SHARD_1
+    assert second.push(push_a(moved)) == (0, len(moved))
+
+
+def test_a_publish_for_a_newer_ring_carries_the_moved_blocks(
+    ring: HashRing, lookup: Lookup
+) -> None:
+    # Prepare
+    shard = Shard(SHARD, ring, lookup)
+    every_block = {b: np.full(N, float(b)) for b in range(NUM_BLOCKS)}
+
+    # Execute: the key holder publishes version 1 on ring version 1
+    count = shard.model.publish(1, NUM_BLOCKS, N, every_block, ring=WITHOUT_SHARD_1)
+
+    # Assert: every block is this shard's to serve
+    assert count == NUM_BLOCKS
+    assert sorted(shard.model.pull(1)[1]) == list(range(NUM_BLOCKS))

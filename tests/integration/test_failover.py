@@ -1,0 +1,115 @@
+"""Shard failover on a cluster of real processes: a shard lost for good, training goes on.
+
+Key holder, three shards and the coordinator run as ``python -m fedps.cli ROLE`` processes;
+three clients record the plaintext of what they pushed. One shard is SIGKILLed mid-round, right
+after it acknowledged a client's push, and never restarted: the coordinator declares it gone
+(``cluster.shard_gone_after_s``), moves its blocks along the ring to the two shards left, the
+clients push the moved blocks again, and training must finish with every round applied with
+exactly the acknowledged clients and the key holder's model equal to the plaintext replay.
+
+The test prints the time from the shard's loss to the next applied round (``-s`` shows it);
+``FEDPS_FAILOVER_MODEL=mlp1m`` runs it on the 1M-parameter model (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from fedps.runtime.deployment import Deployment, free_port
+from server.coordinator.checkpoint_store import CheckpointStore
+from tests.conftest import RecordingClient, run_clients
+from tests.process_cluster import (
+    HANG_S,
+    assert_replayed,
+    cluster_config,
+    recorded,
+    start_servers,
+    wait_for_round,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.faults]
+
+ROUNDS = 3
+CLIENTS = 3
+KILLED = "shard-1"
+GONE_AFTER_S = 2.0
+#: the training section of each mode (async: a buffer of every client, as a sync round)
+MODES: dict[str, dict[str, object]] = {
+    "sync": {},
+    "async": {"mode": "async", "buffer_size": CLIENTS, "max_staleness": 2},
+}
+MODEL = os.environ.get("FEDPS_FAILOVER_MODEL", "")  # "": the configuration's default model
+
+
+def _applied_at(keyholder_log: str, round_: int) -> float:
+    """When the key holder's log says it applied ``round_`` (Unix seconds)."""
+    line = next(x for x in keyholder_log.splitlines() if f"fedps: applied round {round_} " in x)
+    stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    return stamp.timestamp()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_shard_sigkilled_for_good_moves_its_blocks_and_loses_nothing(
+    tmp_path: Path, mode: str
+) -> None:
+    # Prepare: three shards; shard-1 dies (SIGKILL) right after it acknowledged client 0's push
+    # of round 2, and is never restarted
+    config, path = cluster_config(
+        tmp_path,
+        rounds=ROUNDS,
+        clients=CLIENTS,
+        training={**MODES[mode], **({"model": MODEL} if MODEL else {})},
+        cluster={
+            "shard_gone_after_s": GONE_AFTER_S,
+            "shards": [f"127.0.0.1:{free_port()}" for _ in range(3)],
+        },
+    )
+    deployment = Deployment(path, config)
+    killed = threading.Event()
+    killed_at: list[float] = []
+    try:
+        start_servers(deployment)
+        clients = [RecordingClient.open(config, index=i, peer_wait_s=10.0) for i in range(CLIENTS)]
+        first = clients[0]
+
+        def kill_after_ack(round_: int, sid: str) -> None:
+            first.acknowledged_by(round_, sid)
+            if round_ == 2 and sid == KILLED and not killed.is_set():
+                killed.set()
+                process = deployment.processes[KILLED]
+                process.send_signal(signal.SIGKILL)
+                killed_at.append(time.time())
+                process.wait(HANG_S)
+
+        first.pusher.on_acknowledged = kill_after_ack
+
+        # Execute
+        run_clients(clients, timeout_s=HANG_S)
+        final = wait_for_round(config, ROUNDS, finished=True)
+    finally:
+        log = (deployment.log_dir / "coordinator.log").read_text()
+        keyholder_log = (deployment.log_dir / "keyholder.log").read_text()
+        deployment.stop()
+
+    # Assert: the ring moved on without shard-1, and nothing acknowledged was lost
+    assert killed.is_set()
+    assert f"{KILLED} declared gone" in log, log[-4000:]
+    assert all(c.session.ring_view.nodes == ("shard-0", "shard-2") for c in clients)
+    checkpoint = CheckpointStore(config.cluster.state_dir / "coordinator").load()
+    assert checkpoint is not None
+    ring = checkpoint.state["ring"]  # a restarted coordinator goes on with the moved ring
+    assert (ring["version"], ring["nodes"]) == (1, ["shard-0", "shard-2"])
+    assert [m["removed"] for m in ring["moves"]] == [KILLED]
+    assert_replayed(config, final, recorded(clients), log[-4000:])
+    loss_to_applied = _applied_at(keyholder_log, 2) - killed_at[0]
+    print(
+        f"{config.training.model}: shard lost -> round 2 applied in {loss_to_applied:.1f} s "
+        f"(shard_gone_after_s {GONE_AFTER_S:g}); round 3 took {final.history[-1].seconds:.1f} s"
+    )

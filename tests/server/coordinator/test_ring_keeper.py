@@ -1,0 +1,80 @@
+"""Tests for server.coordinator.ring_keeper: when a shard is declared gone, and what is kept."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedps.errors import ConfigError
+from fedps.sharding.ring_view import RingView
+from server.coordinator.ring_keeper import RingKeeper
+
+SHARDS = ["shard-0", "shard-1", "shard-2"]
+
+
+class Clock:
+    """Monotonic seconds that a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_shard_silent_for_gone_after_s_is_removed() -> None:
+    # Prepare
+    clock = Clock()
+    keeper = RingKeeper(SHARDS, gone_after_s=5.0, clock=clock)
+
+    # Execute: silent 4 s, answers, then silent 5 s
+    first = keeper.unreachable("shard-1")
+    clock.now += 4.0
+    second = keeper.unreachable("shard-1")
+    keeper.answered("shard-1")
+    clock.now += 1.0
+    keeper.unreachable("shard-1")
+    clock.now += 5.0
+    gone = keeper.unreachable("shard-1")
+
+    # Assert: only a silence of the whole 5 s declares it gone
+    assert first is None and second is None
+    assert gone == RingView(1, ("shard-0", "shard-2")) == keeper.view
+    assert [(m.version, m.removed) for m in keeper.moves] == [(1, "shard-1")]
+    assert "unreachable for 5.0 s" in keeper.moves[0].reason
+
+
+@pytest.mark.parametrize("gone_after_s", [0.0, 5.0])
+def test_the_last_shard_or_a_keeper_that_never_declares_one_keeps_the_ring(
+    gone_after_s: float,
+) -> None:
+    # Prepare
+    clock = Clock()
+    keeper = RingKeeper(
+        ["shard-0"] if gone_after_s else SHARDS, gone_after_s=gone_after_s, clock=clock
+    )
+
+    # Execute
+    keeper.unreachable("shard-0")
+    clock.now += 3600.0
+    gone = keeper.unreachable("shard-0")
+
+    # Assert
+    assert gone is None and keeper.view.version == 0 and not keeper.moves
+
+
+def test_the_ring_and_its_moves_survive_a_checkpoint() -> None:
+    # Prepare: the operator removes shard-2
+    keeper = RingKeeper(SHARDS, gone_after_s=5.0)
+    keeper.remove("shard-2")
+    with pytest.raises(ConfigError):
+        keeper.remove("shard-2")
+
+    # Execute
+    restored = RingKeeper(SHARDS, gone_after_s=5.0)
+    restored.load_state_dict(keeper.state_dict())
+    restored.load_state_dict(None)  # a checkpoint of before rings changes nothing
+
+    # Assert
+    assert restored.view == RingView(1, ("shard-0", "shard-1"))
+    assert restored.moves == keeper.moves
+    assert restored.moves[0].reason == "removed by the operator"
