@@ -123,7 +123,8 @@ class ClusterConfig(_Section):
     def dial_address(self, role: str, index: int = 0) -> str:
         """The address peers dial ``role`` at.
 
-        ``role`` is ``keyholder``, ``coordinator`` or ``shard`` with its ``index``.
+        ``role`` is ``keyholder``, ``coordinator``, ``shard`` (``index`` from 0) or ``party``
+        (``index`` from 1).
 
         Raises
         ------
@@ -134,8 +135,12 @@ class ClusterConfig(_Section):
             if not 0 <= index < len(self.shards):
                 raise ValueError(f"shard index {index} out of range [0, {len(self.shards)})")
             return self.shards[index]
+        if role == "party":  # key-holder party ``index`` in 1..P
+            if not 1 <= index <= len(self.parties):
+                raise ValueError(f"party {index} out of range [1, {len(self.parties)}]")
+            return self.parties[index - 1]
         if role not in ("keyholder", "coordinator"):
-            raise ValueError(f"unknown role {role!r}: keyholder, coordinator or shard")
+            raise ValueError(f"unknown role {role!r}: keyholder, coordinator, shard or party")
         return self.keyholder if role == "keyholder" else self.coordinator
 
     def listen_address(self, role: str, index: int = 0) -> str:
@@ -152,6 +157,7 @@ class ClusterConfig(_Section):
             "keyholder": listen.keyholder,
             "coordinator": listen.coordinator,
             "shard": listen.shards[index] if listen.shards else "",
+            "party": "",
         }[role]
         return bound or dial
 

@@ -111,14 +111,26 @@ def keyholder(
             help="Forget the tampering detected so far (after replacing a quarantined shard).",
         ),
     ] = False,
+    party: Annotated[
+        int,
+        typer.Option(
+            "--party",
+            help="Run key-holder party I of keyholder.parties (1..P) instead of the key holder.",
+        ),
+    ] = 0,
 ) -> None:
-    """Run the key holder (generates the CKKS keys on first start)."""
+    """Run the key holder (generates the CKKS keys on first start), or one of its parties.
+
+    With ``--party I``: party I of ``keyholder.parties``, with its own state folder, certificate
+    (``party-I``) and port; on a first start the parties generate the joint key together.
+    """
     from server.serve import serve_forever
 
     setup_logging(True)
     cfg = _load(config, insecure=insecure)
-    _setup_tls(cfg, "keyholder")
-    serve_forever("keyholder", cfg, clear_detections=clear_detections)
+    role = "party" if party else "keyholder"
+    _setup_tls(cfg, f"party-{party}" if party else role)
+    serve_forever(role, cfg, index=party, clear_detections=clear_detections)
     _end_now()
 
 
