@@ -207,7 +207,7 @@ def _combiner_key(config: FedPSConfig, public: PublicContext) -> bytes:
             "the key holder serves another public context than the parties' joint one"
         )
     pinned = config.security.keyholder_key
-    return verified_signing_key(info, pinned=pinned, refusing="its requests", who="a party")
+    return verified_signing_key(info, pinned=pinned, refusing="its requests", who="combiner key")
 
 
 def _round_source(config: FedPSConfig, public: PublicContext) -> ClusterRoundSource:
@@ -428,6 +428,7 @@ def serve_forever(
     name = cluster.shard_ids[index] if role == "shard" else role
     if role == "party":
         name = party_folder(cluster.state_dir, index).name
+    label = name if role == "party" else role  # of its log lines
     with StateLock(cluster.state_dir / name):  # held until this process stops serving
         with loading():  # the role's modules and state (the coordinator's: torch, its task)
             server = create_server(_server_threads(role))
@@ -451,7 +452,7 @@ def serve_forever(
                     server, config, cluster.state_dir / "coordinator", new_ledger=new_ledger
                 )
         server.start()
-        _log.info("%s listening on %s", role, address)
+        _log.info("%s listening on %s", label, address)
         stop = threading.Event()
         on_stop_signals(stop.set)  # the command ends by the signal once this returns
         if party is not None:
@@ -460,4 +461,4 @@ def serve_forever(
         if coordinator is not None:
             coordinator.stop()
         server.stop(grace=2.0).wait()
-    _log.info("%s stopped", role)
+    _log.info("%s stopped", label)

@@ -409,6 +409,14 @@ def demo(
     insecure: InsecureOpt = False,
     ui: UiOpt = None,
     ui_allowed_host: UiAllowedHostOpt = None,
+    keyholder_parties: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(help="Override keyholder.parties: P key-holder party processes."),
+    ] = None,
+    keyholder_threshold: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(help="Override keyholder.threshold: how many parties decrypt (T of P)."),
+    ] = None,
 ) -> None:
     """Train on digits with a key holder, 2 shards, a coordinator and 4 clients, locally.
 
@@ -431,6 +439,9 @@ def demo(
         training["mode"] = mode
     if training:
         overrides["training"] = training
+    keys = {"parties": keyholder_parties, "threshold": keyholder_threshold}
+    if any(v is not None for v in keys.values()):
+        overrides["keyholder"] = {k: v for k, v in keys.items() if v is not None}
     # removed at the end (after SIGKILL too); on an error, only the run's logs are kept
     with temporary_folder("fedps-demo-", keep_on_error=DEMO_LOGS) as tmp:
         try:

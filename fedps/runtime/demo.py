@@ -83,8 +83,9 @@ def run_demo(
     ``on_round``: called with each finished round as the watcher sees it.
     """
     console = console or Console(stderr=False, quiet=quiet)
-    shards = len(load_config(config_path, **overrides).cluster.shards)
-    cluster = local_cluster(workdir / _STATE, shards)
+    base = load_config(config_path, **overrides)
+    shards = len(base.cluster.shards)
+    cluster = local_cluster(workdir / _STATE, shards, base.keyholder.parties)
     # A fresh CA, certificates and enrolment tokens for this run's parties.
     tls = {**overrides.get("tls", {}), "directory": str(workdir / "certs"), "name": ""}
     merged: dict[str, Mapping[str, object]] = {**overrides, "cluster": cluster, "tls": tls}
@@ -115,8 +116,8 @@ def run_demo(
 
             watchers.enter_context(watch(config, echo))
         console.print(
-            f"starting the key holder (keys), {shards} shard{'s' if shards > 1 else ''} and "
-            "the coordinator ..."
+            f"starting the key holder ({_keys_text(config)}), {shards} "
+            f"shard{'s' if shards > 1 else ''} and the coordinator ..."
         )
         deployment.start_servers()
         console.print(
@@ -146,6 +147,7 @@ def run_demo(
         seconds=round(seconds, 2),
         clients=t.clients,
         shards=shards,
+        keyholder_parties=config.keyholder.parties,
         tls=config.tls.enabled,
         abandoned_rounds=sum(1 for r in status.history if r.abandoned),
         round_seconds=tuple(round(r.seconds, 3) for r in status.history),
@@ -167,6 +169,14 @@ def run_demo(
         f"{size_text(status.bytes_pushed)} pushed"
     )
     return summary
+
+
+def _keys_text(config: FedPSConfig) -> str:
+    """Who holds the key: the key holder, or its parties' threshold."""
+    k = config.keyholder
+    if k.parties <= 1:
+        return "keys"
+    return f"{k.parties} parties, any {k.quorum} decrypt"
 
 
 def _data_options(data: Path | Sequence[Path]) -> list[str]:

@@ -396,7 +396,7 @@ class Deployment:
         return delay
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """Stop every process: clients, the coordinator, the shards, the key holder, its parties last.
+        """Stop every process: clients, coordinator, shards, key holder, and its parties last.
 
         Each group gets SIGTERM and ``grace_s`` seconds to exit, then SIGKILL. A SIGINT or SIGTERM
         to this process meanwhile is ignored, so no role outlives it.
