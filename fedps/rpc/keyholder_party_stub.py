@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedps.errors import PeerUnavailableError
 from fedps.proto import keyholder_party_pb2, keyholder_party_pb2_grpc
 from fedps.rpc.keyholder_party_messages import (
     DecryptionRequest,
@@ -82,3 +83,10 @@ class KeyHolderPartyStub:
         """Hand the party the deal of party ``deal.sender`` (only over an authenticated channel)."""
         message = deal.to_proto()
         invoke(lambda: self._stub.Deal(message, timeout=KEYGEN_S), "key generation deal")
+
+    def answers(self) -> bool:
+        """Whether the party answers a hello with its joint context (it can decrypt)."""
+        try:
+            return bool(self.hello().context)
+        except PeerUnavailableError:
+            return False

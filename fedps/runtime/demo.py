@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from crypto.tls import OPERATOR_NAME
 from fedps.ckks_params import ckks_params
-from fedps.config import FedPSConfig, load_config
+from fedps.config import FedPSConfig, load_config, read_toml
 from fedps.errors import ConfigError, FedPSError, PeerUnavailableError
 from fedps.provisioning import provision_cluster, setup_tls
 from fedps.rpc.coordinator_messages import ClusterStatus, RoundSummary
@@ -83,9 +83,8 @@ def run_demo(
     ``on_round``: called with each finished round as the watcher sees it.
     """
     console = console or Console(stderr=False, quiet=quiet)
-    base = load_config(config_path, **overrides)
-    shards = len(base.cluster.shards)
-    cluster = local_cluster(workdir / _STATE, shards, base.keyholder.parties)
+    shards, parties = _cluster_size(config_path, overrides)
+    cluster = local_cluster(workdir / _STATE, shards, parties)
     # A fresh CA, certificates and enrolment tokens for this run's parties.
     tls = {**overrides.get("tls", {}), "directory": str(workdir / "certs"), "name": ""}
     merged: dict[str, Mapping[str, object]] = {**overrides, "cluster": cluster, "tls": tls}
@@ -169,6 +168,23 @@ def run_demo(
         f"{size_text(status.bytes_pushed)} pushed"
     )
     return summary
+
+
+def _cluster_size(
+    config_path: Path | None, overrides: Mapping[str, Mapping[str, object]]
+) -> tuple[int, int]:
+    """The shards and key-holder parties a run asks for, before its cluster has addresses.
+
+    (Parties need their addresses to validate: the count is read as written, and checked
+    with the whole configuration once the addresses are there.)
+    """
+    raw = read_toml(config_path, "config") if config_path is not None else {}
+    written = raw.get("keyholder", {})
+    keyholder = {**(written if isinstance(written, dict) else {}), **overrides.get("keyholder", {})}
+    parties = keyholder.get("parties", 1)
+    single = {**overrides, "keyholder": {**keyholder, "parties": 1, "threshold": 0}}
+    shards = len(load_config(config_path, **single).cluster.shards)
+    return shards, parties if isinstance(parties, int) else 1
 
 
 def _keys_text(config: FedPSConfig) -> str:

@@ -13,7 +13,7 @@ answer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -54,6 +54,11 @@ class JointDecryptor:
         The prime q of the joint key.
     signer
         The combiner's signing key (the parties hold its public key).
+    probe
+        Whether party ``j`` answers at all (a hello); those that do not are left out before
+        any is asked for the round, so that a round fewer than ``T`` parties can decrypt
+        spends none of the answers each party's ledger allows it (the coordinator asks
+        again until parties return). None: every party is asked.
     """
 
     def __init__(
@@ -63,6 +68,7 @@ class JointDecryptor:
         threshold: int,
         modulus: int,
         signer: BlockSigner,
+        probe: Callable[[int], bool] | None = None,
     ) -> None:
         if sorted(parties) != list(range(1, len(parties) + 1)) or not 1 <= threshold <= len(
             parties
@@ -72,6 +78,7 @@ class JointDecryptor:
         self._threshold = threshold
         self._modulus = modulus
         self._signer = signer
+        self._probe = probe
         #: the parties that did not answer the last request they were asked (status names them)
         self.down: set[int] = set()
 
@@ -96,6 +103,8 @@ class JointDecryptor:
         digest = aggregate_digest(blocks, rows)
         n = rows.shape[1] // 2
         down: set[int] = set()
+        if self._probe is not None:  # a set that cannot finish spends no party's answers
+            down = {j for j in self._parties if not self._probe(j)}
         while True:
             up = [j for j in sorted(self._parties) if j not in down]
             if len(up) < self._threshold:

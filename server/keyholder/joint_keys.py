@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +55,8 @@ class JointKeys:
         The combiner's signing key (the parties hold its public key).
     lambda_bits
         The statistical security of each party's flooding.
+    probe
+        Whether party ``j`` answers (:class:`~.joint_decryptor.JointDecryptor`).
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class JointKeys:
         threshold: int,
         signer: BlockSigner,
         lambda_bits: int,
+        probe: Callable[[int], bool] | None = None,
     ) -> None:
         self.public = public
         self.parties = len(parties)
@@ -73,7 +76,7 @@ class JointKeys:
         self._encoder = CkksEncoder(public.params, public.modulus)
         #: the parties, as the combiner asks them (its ``down`` names those that did not answer)
         self.decryptor = JointDecryptor(
-            parties, threshold=threshold, modulus=public.modulus, signer=signer
+            parties, threshold=threshold, modulus=public.modulus, signer=signer, probe=probe
         )
 
     @classmethod
@@ -100,12 +103,19 @@ class JointKeys:
             within ``wait_s``.
         """
         path = keys_dir / JOINT_CONTEXT_FILE
-        n = params.poly_modulus_degree
-        peers = {j: KeyHolderPartyStub(address, n=n) for j, address in addresses.items()}
         if not path.exists():
-            write_atomic(path, _joint_context(peers, wait_s))
+            write_atomic(path, _joint_context(addresses, params, wait_s))
         public = PublicContext.from_bytes(path.read_bytes())
-        return cls(public, peers, threshold=threshold, signer=signer, lambda_bits=lambda_bits)
+        n = public.params.poly_modulus_degree
+        peers = {j: KeyHolderPartyStub(address, n=n) for j, address in addresses.items()}
+        return cls(
+            public,
+            peers,
+            threshold=threshold,
+            signer=signer,
+            lambda_bits=lambda_bits,
+            probe=lambda j: peers[j].answers(),
+        )
 
     def open_round(
         self, round_: int, contributors: Sequence[str], blocks: Sequence[int], rows: np.ndarray
@@ -130,8 +140,8 @@ class JointKeys:
         return TAIL_SIGMAS * math.sqrt(self.threshold) * sigma / self.public.params.scale
 
 
-def _joint_context(peers: Mapping[int, KeyHolderPartyStub], wait_s: float) -> bytes:
-    """The joint public context every party computed, once all ``P`` give the same one.
+def _joint_context(addresses: Mapping[int, str], params: CkksParams, wait_s: float) -> bytes:
+    """The joint public context every party at ``addresses`` computed, once all give the same.
 
     Raises
     ------
@@ -140,6 +150,26 @@ def _joint_context(peers: Mapping[int, KeyHolderPartyStub], wait_s: float) -> by
         two parties gave different ones.
     """
     until = time.monotonic() + wait_s
+    n = params.poly_modulus_degree
+    peers = {j: KeyHolderPartyStub(address, n=n) for j, address in addresses.items()}
+    try:
+        contexts = _contexts(peers, until, wait_s)
+    finally:
+        for peer in peers.values():
+            peer.close()
+    if len(set(contexts.values())) != 1:
+        raise CorruptStateError(
+            "the key-holder parties computed different joint public contexts: their key "
+            "generation failed; remove their folders and start them again"
+        )
+    _log.info("the joint public context of %d parties", len(peers))
+    return next(iter(contexts.values()))
+
+
+def _contexts(
+    peers: Mapping[int, KeyHolderPartyStub], until: float, wait_s: float
+) -> dict[int, bytes]:
+    """Every party's joint public context, asked until each has one or ``until`` passed."""
     contexts: dict[int, bytes] = {}
     while len(contexts) < len(peers):
         for j, peer in peers.items():
@@ -158,10 +188,4 @@ def _joint_context(peers: Mapping[int, KeyHolderPartyStub], wait_s: float) -> by
             )
         if missing:
             time.sleep(0.2)
-    if len(set(contexts.values())) != 1:
-        raise CorruptStateError(
-            "the key-holder parties computed different joint public contexts: their key "
-            "generation failed; remove their folders and start them again"
-        )
-    _log.info("the joint public context of %d parties", len(peers))
-    return next(iter(contexts.values()))
+    return contexts
