@@ -67,6 +67,7 @@ __all__ = [
     "keyholder_settings",
     "open_coordinator",
     "open_keyholder",
+    "party_round_source",
     "serve_forever",
 ]
 
@@ -210,7 +211,7 @@ def _combiner_key(config: FedPSConfig, public: PublicContext) -> bytes:
     return verified_signing_key(info, pinned=pinned, refusing="its requests", who="combiner key")
 
 
-def _round_source(config: FedPSConfig, public: PublicContext) -> ClusterRoundSource:
+def party_round_source(config: FedPSConfig, public: PublicContext) -> ClusterRoundSource:
     """The coordinator and the shards, as a party asks them."""
     cluster = config.cluster
     shards = zip(cluster.shard_ids, cluster.shards, strict=True)
@@ -240,7 +241,7 @@ def add_party(server: grpc.Server, config: FedPSConfig, index: int) -> PartyProc
     party = PartyProcess(
         settings,
         party_folder(config.cluster.state_dir, index),
-        source=lambda public: _round_source(config, public),
+        source=lambda public: party_round_source(config, public),
         combiner_key=lambda public: _combiner_key(config, public),
     ).open()
     servicer = KeyHolderPartyServicer(party, keygen=party)
