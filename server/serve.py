@@ -42,6 +42,7 @@ from fedps.stop_signal import on_stop_signals
 from fedps.storage.state_lock import StateLock
 from server.keyholder.cluster_round_source import ClusterRoundSource
 from server.keyholder.group_policy import GroupPolicy
+from server.keyholder.joint_keys import JointKeys
 from server.keyholder.keyholder import KeyHolder
 from server.keyholder.keyholder_party_servicer import KeyHolderPartyServicer
 from server.keyholder.keyholder_servicer import KeyHolderServicer
@@ -185,6 +186,9 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
         keyholder.suspects.on_blame = metrics.client_blamed
         keyholder.shard_misses.on_miss = metrics.track_shard_misses()
         metrics.track_checkpoint(lambda: keyholder.last_saved)
+        keys = keyholder.keys
+        if isinstance(keys, JointKeys):  # key-holder parties: those the last decryption missed
+            metrics.parties_down.set_function(lambda: len(keys.decryptor.down))
     servicer = KeyHolderServicer(keyholder, metrics)
     keyholder_pb2_grpc.add_KeyHolderServicer_to_server(servicer, server)
     return keyholder
