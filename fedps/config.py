@@ -74,10 +74,13 @@ class ListenConfig(_Section):
     shards: list[str] = Field(
         default_factory=list, description="one per shard of cluster.shards, in order (or none)"
     )
+    parties: list[str] = Field(
+        default_factory=list, description="one per cluster.parties (or none)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ListenConfig:
-        for addr in [self.keyholder, self.coordinator, *self.shards]:
+        for addr in [self.keyholder, self.coordinator, *self.shards, *self.parties]:
             if addr:
                 _check_address(addr)
         return self
@@ -113,6 +116,8 @@ class ClusterConfig(_Section):
             raise ValueError("party addresses must be distinct")
         if self.listen.shards and len(self.listen.shards) != len(self.shards):
             raise ValueError("listen.shards needs one address per shard (or none)")
+        if self.listen.parties and len(self.listen.parties) != len(self.parties):
+            raise ValueError("listen.parties needs one address per party (or none)")
         return self
 
     @property
@@ -153,12 +158,12 @@ class ClusterConfig(_Section):
         """
         dial = self.dial_address(role, index)
         listen = self.listen
-        bound = {
-            "keyholder": listen.keyholder,
-            "coordinator": listen.coordinator,
-            "shard": listen.shards[index] if listen.shards else "",
-            "party": "",
-        }[role]
+        many = {"shard": (listen.shards, index), "party": (listen.parties, index - 1)}
+        if role in many:  # one address per shard or party, or none
+            addresses, at = many[role]
+            bound = addresses[at] if addresses else ""
+        else:
+            bound = listen.keyholder if role == "keyholder" else listen.coordinator
         return bound or dial
 
 

@@ -230,6 +230,8 @@ def party_round_source(config: FedPSConfig, public: PublicContext) -> ClusterRou
 def add_party(server: grpc.Server, config: FedPSConfig, index: int) -> PartyProcess:
     """Open key-holder party ``index`` (1..P) in its folder and register its servicer."""
     addresses = dict(enumerate(config.cluster.parties, start=1))
+    if config.keyholder.parties <= 1:
+        raise InvalidArgumentError("keyholder.parties is 1: one key holder, no party to run")
     if index not in addresses:
         raise InvalidArgumentError(
             f"party {index} is not one of cluster.parties (1..{len(addresses)})"

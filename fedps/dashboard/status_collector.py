@@ -317,8 +317,13 @@ class StatusCollector:
         """Each key-holder party: its name, address, and whether it is up (or why not)."""
         states = party_states(config, timeout_s=self.call_s)
         return [
-            {"id": f"party-{j}", "address": address, "up": not states[j], "error": states[j]}
-            for j, address in enumerate(config.cluster.parties, start=1)
+            {
+                "id": f"party-{j}",
+                "address": config.cluster.parties[j - 1],
+                "up": not why,
+                "error": why,
+            }
+            for j, why in sorted(states.items())
         ]
 
     def _shard(

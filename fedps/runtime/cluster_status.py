@@ -87,6 +87,8 @@ def party_states(config: FedPSConfig, timeout_s: float = 5.0) -> dict[int, str]:
     A party is up when it answers its hello with the joint public context (its key
     generation finished); ``{}`` without parties.
     """
+    if config.keyholder.parties <= 1:
+        return {}
     n = ckks_params(config).poly_modulus_degree
     states = {}
     for j, address in enumerate(config.cluster.parties, start=1):
@@ -108,8 +110,8 @@ def party_lines(config: FedPSConfig, states: dict[int, str]) -> list[str]:
     3`` when fewer than ``T`` are up.
     """
     lines = []
-    for j, address in enumerate(config.cluster.parties, start=1):
-        why = states.get(j, "not asked")
+    for j, why in sorted(states.items()):
+        address = config.cluster.parties[j - 1]
         lines.append(f"party-{j} {address}: {'up' if not why else f'DOWN ({why})'}")
     down = [j for j, why in sorted(states.items()) if why]
     must = config.keyholder.quorum

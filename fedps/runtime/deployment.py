@@ -207,9 +207,10 @@ class Deployment:
         Waits until each accepts connections.
         """
         cluster = self.config.cluster
-        for i in range(1, len(cluster.parties) + 1):
+        parties = cluster.parties if self.config.keyholder.parties > 1 else []
+        for i in range(1, len(parties) + 1):
             self._start_server(f"party-{i}", "keyholder", "--party", str(i))
-        self.wait_ready(cluster.parties)
+        self.wait_ready(parties)
         self._start_server("keyholder", "keyholder")
         for i in range(len(cluster.shards)):
             self._start_server(f"shard-{i}", "shard", "--index", str(i))
