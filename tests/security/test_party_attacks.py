@@ -2,12 +2,14 @@
 
 P = 3 parties, T = 2, each its own ``fedps keyholder --party`` process. The coalition is a
 shard (it stores every client's ciphertext and sums any set of them) and party 1 (its share
-and its folder); it even holds the combiner's signing key (the strongest case: every request
-it sends is signed as the combiner's). It tries to read one client's update of a finished
-round: with party 1's share alone, and by asking parties 2 and 3 themselves for one client's
-ciphertext, a one-client "aggregate", a sub-cohort of the round, and a replay of an older
-round with another aggregate. Each party refuses on its own check and nothing of the update is
-recovered. (The control: parties 1 and 2's shares together do decrypt it.)
+and its folder); it even holds the combiner's signing key, so every request it sends is signed
+as the combiner's. (Its shard serves what it holds: a shard that serves another aggregate
+together with the combiner is the row "the combiner and one shard" of docs/security.md.) It
+tries to read one client's update of a finished round: with party 1's share alone, and by
+asking parties 2 and 3 themselves for one client's ciphertext (a one-client "aggregate"), a
+sub-cohort of the round, a replay of an older round with another aggregate, and a request
+party 1 signed. Each party refuses on its own check and nothing of the update is recovered.
+(The control: parties 1 and 2's shares together do decrypt it.)
 """
 
 from __future__ import annotations
