@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedps.errors import PeerUnavailableError
+from fedps.errors import NotReadyError, PeerUnavailableError
 from fedps.proto import keyholder_party_pb2, keyholder_party_pb2_grpc
 from fedps.rpc.keyholder_party_messages import (
     DecryptionRequest,
@@ -85,8 +85,14 @@ class KeyHolderPartyStub:
         invoke(lambda: self._stub.Deal(message, timeout=KEYGEN_S), "key generation deal")
 
     def answers(self) -> bool:
-        """Whether the party answers a hello with its joint context (it can decrypt)."""
+        """Whether the party can decrypt: it answers a hello with its joint context.
+
+        A party served without a key generation of its own (its share made elsewhere: it
+        answers a hello with :class:`~fedps.errors.NotReadyError`) counts as answering.
+        """
         try:
             return bool(self.hello().context)
+        except NotReadyError:
+            return True
         except PeerUnavailableError:
             return False
