@@ -74,10 +74,13 @@ class ListenConfig(_Section):
     shards: list[str] = Field(
         default_factory=list, description="one per shard of cluster.shards, in order (or none)"
     )
+    parties: list[str] = Field(
+        default_factory=list, description="one per cluster.parties (or none)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ListenConfig:
-        for addr in [self.keyholder, self.coordinator, *self.shards]:
+        for addr in [self.keyholder, self.coordinator, *self.shards, *self.parties]:
             if addr:
                 _check_address(addr)
         return self
@@ -120,6 +123,8 @@ class ClusterConfig(_Section):
             raise ValueError("party addresses must be distinct")
         if self.listen.shards and len(self.listen.shards) != len(self.shards):
             raise ValueError("listen.shards needs one address per shard (or none)")
+        if self.listen.parties and len(self.listen.parties) != len(self.parties):
+            raise ValueError("listen.parties needs one address per party (or none)")
         return self
 
     @property
@@ -130,7 +135,8 @@ class ClusterConfig(_Section):
     def dial_address(self, role: str, index: int = 0) -> str:
         """The address peers dial ``role`` at.
 
-        ``role`` is ``keyholder``, ``coordinator`` or ``shard`` with its ``index``.
+        ``role`` is ``keyholder``, ``coordinator``, ``shard`` (``index`` from 0) or ``party``
+        (``index`` from 1).
 
         Raises
         ------
@@ -141,8 +147,12 @@ class ClusterConfig(_Section):
             if not 0 <= index < len(self.shards):
                 raise ValueError(f"shard index {index} out of range [0, {len(self.shards)})")
             return self.shards[index]
+        if role == "party":  # key-holder party ``index`` in 1..P
+            if not 1 <= index <= len(self.parties):
+                raise ValueError(f"party {index} out of range [1, {len(self.parties)}]")
+            return self.parties[index - 1]
         if role not in ("keyholder", "coordinator"):
-            raise ValueError(f"unknown role {role!r}: keyholder, coordinator or shard")
+            raise ValueError(f"unknown role {role!r}: keyholder, coordinator, shard or party")
         return self.keyholder if role == "keyholder" else self.coordinator
 
     def listen_address(self, role: str, index: int = 0) -> str:
@@ -155,11 +165,12 @@ class ClusterConfig(_Section):
         """
         dial = self.dial_address(role, index)
         listen = self.listen
-        bound = {
-            "keyholder": listen.keyholder,
-            "coordinator": listen.coordinator,
-            "shard": listen.shards[index] if listen.shards else "",
-        }[role]
+        many = {"shard": (listen.shards, index), "party": (listen.parties, index - 1)}
+        if role in many:  # one address per shard or party, or none
+            addresses, at = many[role]
+            bound = addresses[at] if addresses else ""
+        else:
+            bound = listen.keyholder if role == "keyholder" else listen.coordinator
         return bound or dial
 
 

@@ -168,6 +168,12 @@ class KeyHolderMetrics(_RoleMetrics):
             ["outcome", "reason"],
             registry=r,
         )
+        self.parties_down = Gauge(
+            "fedps_keyholder_parties_down",
+            "Key-holder parties that did not answer the combiner's last decryption (0 with one "
+            "key holder)",
+            registry=r,
+        )
 
     def client_blamed(self, client: str) -> None:
         """Count one client blamed on evidence.

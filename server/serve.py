@@ -23,17 +23,31 @@ from fedps.config import FedPSConfig, is_loopback
 from fedps.errors import InvalidArgumentError
 from fedps.learning.accounting import client_level_noise
 from fedps.learning.staleness import create_staleness
-from fedps.proto import common_pb2, coordinator_pb2_grpc, keyholder_pb2_grpc, shard_pb2_grpc
+from fedps.proto import (
+    common_pb2,
+    coordinator_pb2_grpc,
+    keyholder_party_pb2_grpc,
+    keyholder_pb2_grpc,
+    shard_pb2_grpc,
+)
+from fedps.rpc.coordinator_stub import CoordinatorStub
+from fedps.rpc.keyholder_party_stub import KeyHolderPartyStub
+from fedps.rpc.keyholder_stub import KeyHolderStub, verified_signing_key
+from fedps.rpc.shard_stub import ShardStub
 from fedps.rpc.transport import bind, call, create_channel, create_server
 from fedps.sharding.blocks import group_mask
 from fedps.sharding.hash_ring import HashRing
 from fedps.startup import loading
 from fedps.stop_signal import on_stop_signals
 from fedps.storage.state_lock import StateLock
+from server.keyholder.cluster_round_source import ClusterRoundSource
 from server.keyholder.group_policy import GroupPolicy
+from server.keyholder.joint_keys import JointKeys
 from server.keyholder.keyholder import KeyHolder
+from server.keyholder.keyholder_party_servicer import KeyHolderPartyServicer
 from server.keyholder.keyholder_servicer import KeyHolderServicer
 from server.keyholder.keyholder_settings import KeyHolderSettings
+from server.keyholder.party_process import PartyProcess, PartySettings, party_folder
 from server.keyholder.server_optimizer import create_server_optimizer
 from server.metrics import CoordinatorMetrics, KeyHolderMetrics, ShardMetrics
 from server.shard.shard import Shard
@@ -48,11 +62,13 @@ if TYPE_CHECKING:  # the coordinator (and torch) load only in the coordinator's 
 __all__ = [
     "add_coordinator",
     "add_keyholder",
+    "add_party",
     "add_shard",
     "coordinator_settings",
     "keyholder_settings",
     "open_coordinator",
     "open_keyholder",
+    "party_round_source",
     "serve_forever",
 ]
 
@@ -170,9 +186,87 @@ def add_keyholder(server: grpc.Server, config: FedPSConfig, state_dir: Path) -> 
         keyholder.suspects.on_blame = metrics.client_blamed
         keyholder.shard_misses.on_miss = metrics.track_shard_misses()
         metrics.track_checkpoint(lambda: keyholder.last_saved)
+        keys = keyholder.keys
+        if isinstance(keys, JointKeys):  # key-holder parties: those the last decryption missed
+            metrics.parties_down.set_function(lambda: len(keys.decryptor.down))
     servicer = KeyHolderServicer(keyholder, metrics)
     keyholder_pb2_grpc.add_KeyHolderServicer_to_server(servicer, server)
     return keyholder
+
+
+def _combiner_key(config: FedPSConfig, public: PublicContext) -> bytes:
+    """The combiner's signing key, from its public context (pinned by ``security.keyholder_key``).
+
+    Raises
+    ------
+    InvalidArgumentError
+        The combiner serves another context than the parties' joint one.
+    """
+    stub = KeyHolderStub(config.cluster.keyholder)
+    try:
+        info = stub.get_public_context(retry_s=60.0)
+    finally:
+        stub.close()
+    if info.context_id != public.context_id:
+        raise InvalidArgumentError(
+            "the key holder serves another public context than the parties' joint one"
+        )
+    pinned = config.security.keyholder_key
+    return verified_signing_key(info, pinned=pinned, refusing="its requests", who="combiner key")
+
+
+def party_round_source(config: FedPSConfig, public: PublicContext) -> ClusterRoundSource:
+    """The coordinator and the shards, as a party asks them."""
+    cluster = config.cluster
+    shards = zip(cluster.shard_ids, cluster.shards, strict=True)
+    return ClusterRoundSource(
+        CoordinatorStub(cluster.coordinator),
+        {sid: ShardStub(sid, address) for sid, address in shards},
+        _ring(config),
+        public,
+    )
+
+
+def add_party(server: grpc.Server, config: FedPSConfig, index: int) -> PartyProcess:
+    """Open key-holder party ``index`` (1..P) in its folder and register its servicer."""
+    addresses = dict(enumerate(config.cluster.parties, start=1))
+    if config.keyholder.parties <= 1:
+        raise InvalidArgumentError("keyholder.parties is 1: one key holder, no party to run")
+    if index not in addresses:
+        raise InvalidArgumentError(
+            f"party {index} is not one of cluster.parties (1..{len(addresses)})"
+        )
+    settings = PartySettings(
+        index=index,
+        addresses=addresses,
+        threshold=config.keyholder.quorum,
+        params=ckks_params(config),
+        min_quorum=config.training.min_quorum,
+        lambda_bits=config.keyholder.lambda_bits,
+    )
+    party = PartyProcess(
+        settings,
+        party_folder(config.cluster.state_dir, index),
+        source=lambda public: party_round_source(config, public),
+        combiner_key=lambda public: _combiner_key(config, public),
+    ).open()
+    servicer = KeyHolderPartyServicer(party, keygen=party)
+    keyholder_party_pb2_grpc.add_KeyHolderPartyServicer_to_server(servicer, server)
+    return party
+
+
+def _generate_keys(party: PartyProcess, config: FedPSConfig, stop: threading.Event) -> None:
+    """Start ``party``'s key generation with the other parties in a thread (if it has no share)."""
+    if party.ready:
+        return
+    n = ckks_params(config).poly_modulus_degree
+    peers = {
+        j: KeyHolderPartyStub(address, n=n)
+        for j, address in enumerate(config.cluster.parties, start=1)
+        if j != party.index
+    }
+    thread = threading.Thread(target=party.generate, args=(peers, stop), name="keygen", daemon=True)
+    thread.start()
 
 
 def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
@@ -332,13 +426,16 @@ def serve_forever(
     """
     from fedps.provisioning import setup_tls  # before any channel or port exists
 
-    setup_tls(config.tls, f"shard-{index}" if role == "shard" else role)
+    setup_tls(config.tls, f"{role}-{index}" if role in ("shard", "party") else role)
     cluster = config.cluster
     try:  # [cluster.listen], else the address peers dial
         address = cluster.listen_address(role, index)
     except ValueError as exc:
         raise InvalidArgumentError(str(exc)) from None
     name = cluster.shard_ids[index] if role == "shard" else role
+    if role == "party":
+        name = party_folder(cluster.state_dir, index).name
+    label = name if role == "party" else role  # of its log lines
     with StateLock(cluster.state_dir / name):  # held until this process stops serving
         with loading():  # the role's modules and state (the coordinator's: torch, its task)
             server = create_server(_server_threads(role))
@@ -348,7 +445,10 @@ def serve_forever(
                 server.stop(None)  # an unstarted server left to the interpreter's exit can hang it
                 raise
             coordinator: Coordinator | None = None
-            if role == "keyholder":
+            party: PartyProcess | None = None
+            if role == "party":
+                party = add_party(server, config, index)
+            elif role == "keyholder":
                 keyholder = add_keyholder(server, config, cluster.state_dir / "keyholder")
                 if clear_detections:
                     keyholder.clear_detections()
@@ -359,11 +459,13 @@ def serve_forever(
                     server, config, cluster.state_dir / "coordinator", new_ledger=new_ledger
                 )
         server.start()
-        _log.info("%s listening on %s", role, address)
+        _log.info("%s listening on %s", label, address)
         stop = threading.Event()
         on_stop_signals(stop.set)  # the command ends by the signal once this returns
+        if party is not None:
+            _generate_keys(party, config, stop)
         stop.wait()
         if coordinator is not None:
             coordinator.stop()
         server.stop(grace=2.0).wait()
-    _log.info("%s stopped", role)
+    _log.info("%s stopped", label)

@@ -100,6 +100,7 @@ def test_roles_are_dialed_by_service_name_on_the_port_they_listen_on_and_expose(
     cluster = load_config(DEPLOY / "fedps.toml").cluster
     roles = [("keyholder", "keyholder", 0), ("coordinator", "coordinator", 0)]
     roles += [(f"shard-{i}", "shard", i) for i in range(len(cluster.shards))]
+    roles += [(f"party-{j}", "party", j) for j in range(1, len(cluster.parties) + 1)]
 
     for service_name, role, index in roles:
         # Execute
@@ -109,9 +110,12 @@ def test_roles_are_dialed_by_service_name_on_the_port_they_listen_on_and_expose(
 
         # Assert: the service runs that role (and that shard), reachable as configured
         command = service["command"]
-        assert command[0] == role
+        assert command[0] == ("keyholder" if role == "party" else role)
         if role == "shard":
             assert int(_option(command, "--index")) == index
+        if role == "party":  # a key-holder party, in the compose file's `parties` profile
+            assert int(_option(command, "--party")) == index
+            assert service["profiles"] == ["parties"]
         assert dial_host == service_name
         assert listen_host == "0.0.0.0"
         assert listen_port == dial_port

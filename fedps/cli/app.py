@@ -111,14 +111,26 @@ def keyholder(
             help="Forget the tampering detected so far (after replacing a quarantined shard).",
         ),
     ] = False,
+    party: Annotated[
+        int,
+        typer.Option(
+            "--party",
+            help="Run key-holder party I of keyholder.parties (1..P) instead of the key holder.",
+        ),
+    ] = 0,
 ) -> None:
-    """Run the key holder (generates the CKKS keys on first start)."""
+    """Run the key holder (generates the CKKS keys on first start), or one of its parties.
+
+    With ``--party I``: party I of ``keyholder.parties``, with its own state folder, certificate
+    (``party-I``) and port; on a first start the parties generate the joint key together.
+    """
     from server.serve import serve_forever
 
     setup_logging(True)
     cfg = _load(config, insecure=insecure)
-    _setup_tls(cfg, "keyholder")
-    serve_forever("keyholder", cfg, clear_detections=clear_detections)
+    role = "party" if party else "keyholder"
+    _setup_tls(cfg, f"party-{party}" if party else role)
+    serve_forever(role, cfg, index=party, clear_detections=clear_detections)
     _end_now()
 
 
@@ -423,6 +435,14 @@ def demo(
     insecure: InsecureOpt = False,
     ui: UiOpt = None,
     ui_allowed_host: UiAllowedHostOpt = None,
+    keyholder_parties: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(help="Override keyholder.parties: P key-holder party processes."),
+    ] = None,
+    keyholder_threshold: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(help="Override keyholder.threshold: how many parties decrypt (T of P)."),
+    ] = None,
 ) -> None:
     """Train on digits with a key holder, 2 shards, a coordinator and 4 clients, locally.
 
@@ -445,6 +465,9 @@ def demo(
         training["mode"] = mode
     if training:
         overrides["training"] = training
+    keys = {"parties": keyholder_parties, "threshold": keyholder_threshold}
+    if any(v is not None for v in keys.values()):
+        overrides["keyholder"] = {k: v for k, v in keys.items() if v is not None}
     # removed at the end (after SIGKILL too); on an error, only the run's logs are kept
     with temporary_folder("fedps-demo-", keep_on_error=DEMO_LOGS) as tmp:
         try:

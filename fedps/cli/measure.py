@@ -87,18 +87,46 @@ def bench(
             "parameter and accuracy (instead of the default suite).",
         ),
     ] = None,
+    parties: Annotated[
+        int,
+        typer.Option(
+            help="Time key generation and one round's decryption with this many key-holder "
+            "parties against one key holder, alternating, on a --parties-size model (instead "
+            "of the default suite; 0: not).",
+        ),
+    ] = 0,
+    parties_threshold: Annotated[
+        int, typer.Option(help="How many of the --parties decrypt together (T).")
+    ] = 2,
+    parties_size: Annotated[
+        int, typer.Option(help="The model's parameters for --parties.")
+    ] = 1_000_000,
 ) -> None:
     """Measure encryption cost against TenSEAL's default and plaintext, in one run.
 
     With --against flower or --profile: the same job on Flower and fedps, and where its rounds
     go. With --scale: many clients through the real protocol, and what each role costs.
-    With --compression: the same job at several compression settings.
+    With --compression: the same job at several compression settings. With --parties P:
+    key generation and one round's decryption, P key-holder parties against one key holder.
     """
     from rich.console import Console
 
     setup_logging(False)
     stop_as_ctrl_c()
     console = Console()
+    if parties:
+        from fedps.bench.parties_bench import render_parties, run_parties_bench
+
+        result = run_parties_bench(
+            parties=parties,
+            threshold=parties_threshold,
+            size=parties_size,
+            repeats=repeats,
+            console=console,
+        )
+        console.print(render_parties(result), markup=False, highlight=False, soft_wrap=True)
+        write_json(json_out, json.dumps(result, indent=2) + "\n", "results")
+        return
     if scale:
         from fedps.bench.scale_bench import render_scale, run_scale_bench
 

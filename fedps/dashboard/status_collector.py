@@ -27,6 +27,7 @@ from fedps.rpc.coordinator_stub import CoordinatorStub
 from fedps.rpc.keyholder_messages import ModelState
 from fedps.rpc.keyholder_stub import KeyHolderStub
 from fedps.rpc.shard_stub import ShardStub
+from fedps.runtime.cluster_status import party_states
 
 __all__ = ["Snapshot", "StatusCollector", "config_view"]
 
@@ -266,6 +267,7 @@ class StatusCollector:
             "coordinator": None,
             "run": None,
             "keyholder": None,
+            "parties": [],
             "shards": [],
             "refusals": {},
             "tampering": {},
@@ -305,10 +307,24 @@ class StatusCollector:
             "coordinator": coordinator,
             "run": run,
             "keyholder": keyholder,
+            "parties": self._parties(config),
             "shards": shards,
             "refusals": dict(refusals),
             "tampering": {} if state is None else dict(state.detection_reasons),
         }
+
+    def _parties(self, config: FedPSConfig) -> list[dict[str, Any]]:
+        """Each key-holder party: its name, address, and whether it is up (or why not)."""
+        states = party_states(config, timeout_s=self.call_s)
+        return [
+            {
+                "id": f"party-{j}",
+                "address": config.cluster.parties[j - 1],
+                "up": not why,
+                "error": why,
+            }
+            for j, why in sorted(states.items())
+        ]
 
     def _shard(
         self, sid: str, address: str, state: ModelState | None, run: ClusterStatus | None

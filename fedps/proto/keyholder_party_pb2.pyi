@@ -19,6 +19,98 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class PartyHelloRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartyHelloRequest: _TypeAlias = PartyHelloRequest  # noqa: Y015
+
+@_typing.final
+class PartyHello(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTY_FIELD_NUMBER: _builtins.int
+    SIGNING_KEY_FIELD_NUMBER: _builtins.int
+    NONCE_FIELD_NUMBER: _builtins.int
+    CONTEXT_FIELD_NUMBER: _builtins.int
+    party: _builtins.int
+    signing_key: _builtins.bytes
+    """the party's Ed25519 public key (of its canary partials)"""
+    nonce: _builtins.bytes
+    """its contribution to the key generation's common seed"""
+    context: _builtins.bytes
+    """the joint public context; empty until the key generation finished"""
+    def __init__(
+        self,
+        *,
+        party: _builtins.int = ...,
+        signing_key: _builtins.bytes = ...,
+        nonce: _builtins.bytes = ...,
+        context: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "nonce", b"nonce", "party", b"party", "signing_key", b"signing_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartyHello: _TypeAlias = PartyHello  # noqa: Y015
+
+@_typing.final
+class PartyDeal(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SENDER_FIELD_NUMBER: _builtins.int
+    SEED_DIGEST_FIELD_NUMBER: _builtins.int
+    PUBLIC_SHARE_FIELD_NUMBER: _builtins.int
+    DEALT_FIELD_NUMBER: _builtins.int
+    sender: _builtins.int
+    seed_digest: _builtins.bytes
+    """SHA-256 of the common seed the sender used"""
+    public_share: _builtins.bytes
+    """b_j: N little-endian uint64"""
+    dealt: _builtins.bytes
+    """f_j(receiver): N little-endian uint64"""
+    def __init__(
+        self,
+        *,
+        sender: _builtins.int = ...,
+        seed_digest: _builtins.bytes = ...,
+        public_share: _builtins.bytes = ...,
+        dealt: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dealt", b"dealt", "public_share", b"public_share", "seed_digest", b"seed_digest", "sender", b"sender"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartyDeal: _TypeAlias = PartyDeal  # noqa: Y015
+
+@_typing.final
+class PartyDealReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartyDealReply: _TypeAlias = PartyDealReply  # noqa: Y015
+
+@_typing.final
 class PartyCanaries(_message.Message):
     """One party's canary partials of an aggregate, signed with its Ed25519 key."""
 

@@ -46,6 +46,16 @@ class KeyHolderPartyStub(object):
                 request_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.SerializeToString,
                 response_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptReply.FromString,
                 _registered_method=True)
+        self.Hello = channel.unary_unary(
+                '/fedps.proto.KeyHolderParty/Hello',
+                request_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyHelloRequest.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyHello.FromString,
+                _registered_method=True)
+        self.Deal = channel.unary_unary(
+                '/fedps.proto.KeyHolderParty/Deal',
+                request_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyDeal.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyDealReply.FromString,
+                _registered_method=True)
 
 
 class KeyHolderPartyServicer(object):
@@ -70,6 +80,22 @@ class KeyHolderPartyServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Hello(self, request, context):
+        """Parties and the combiner: who this party is (its signing key, its contribution to the
+        common seed) and, once its key generation finished, the joint public context.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Deal(self, request, context):
+        """Another party: its public share and the Shamir share of its secret dealt to this party
+        (server/keyholder/party_key_generation.py), once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KeyHolderPartyServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -82,6 +108,16 @@ def add_KeyHolderPartyServicer_to_server(servicer, server):
                     servicer.PartialDecrypt,
                     request_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.FromString,
                     response_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptReply.SerializeToString,
+            ),
+            'Hello': grpc.unary_unary_rpc_method_handler(
+                    servicer.Hello,
+                    request_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyHelloRequest.FromString,
+                    response_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyHello.SerializeToString,
+            ),
+            'Deal': grpc.unary_unary_rpc_method_handler(
+                    servicer.Deal,
+                    request_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyDeal.FromString,
+                    response_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyDealReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -140,6 +176,60 @@ class KeyHolderParty(object):
             '/fedps.proto.KeyHolderParty/PartialDecrypt',
             fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.SerializeToString,
             fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Hello(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedps.proto.KeyHolderParty/Hello',
+            fedps_dot_proto_dot_keyholder__party__pb2.PartyHelloRequest.SerializeToString,
+            fedps_dot_proto_dot_keyholder__party__pb2.PartyHello.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Deal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedps.proto.KeyHolderParty/Deal',
+            fedps_dot_proto_dot_keyholder__party__pb2.PartyDeal.SerializeToString,
+            fedps_dot_proto_dot_keyholder__party__pb2.PartyDealReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,14 @@ class KeyHolderPartyStub:
     party fetches from the shards, checks, and whose joint canaries (every participant's, in
     the request) it checks itself first; streamed by rows.
     """
+    Hello: _grpc.UnaryUnaryMultiCallable[_keyholder_party_pb2.PartyHelloRequest, _keyholder_party_pb2.PartyHello]
+    """Parties and the combiner: who this party is (its signing key, its contribution to the
+    common seed) and, once its key generation finished, the joint public context.
+    """
+    Deal: _grpc.UnaryUnaryMultiCallable[_keyholder_party_pb2.PartyDeal, _keyholder_party_pb2.PartyDealReply]
+    """Another party: its public share and the Shamir share of its secret dealt to this party
+    (server/keyholder/party_key_generation.py), once.
+    """
 
 @_typing.type_check_only
 class KeyHolderPartyAsyncStub(KeyHolderPartyStub):
@@ -60,6 +68,14 @@ class KeyHolderPartyAsyncStub(KeyHolderPartyStub):
     """Combiner: this party's flooded partial decryption of the round's aggregate, which the
     party fetches from the shards, checks, and whose joint canaries (every participant's, in
     the request) it checks itself first; streamed by rows.
+    """
+    Hello: _aio.UnaryUnaryMultiCallable[_keyholder_party_pb2.PartyHelloRequest, _keyholder_party_pb2.PartyHello]  # type: ignore[assignment]
+    """Parties and the combiner: who this party is (its signing key, its contribution to the
+    common seed) and, once its key generation finished, the joint public context.
+    """
+    Deal: _aio.UnaryUnaryMultiCallable[_keyholder_party_pb2.PartyDeal, _keyholder_party_pb2.PartyDealReply]  # type: ignore[assignment]
+    """Another party: its public share and the Shamir share of its secret dealt to this party
+    (server/keyholder/party_key_generation.py), once.
     """
 
 class KeyHolderPartyServicer(metaclass=_abc_1.ABCMeta):
@@ -86,6 +102,26 @@ class KeyHolderPartyServicer(metaclass=_abc_1.ABCMeta):
         """Combiner: this party's flooded partial decryption of the round's aggregate, which the
         party fetches from the shards, checks, and whose joint canaries (every participant's, in
         the request) it checks itself first; streamed by rows.
+        """
+
+    @_abc_1.abstractmethod
+    def Hello(
+        self,
+        request: _keyholder_party_pb2.PartyHelloRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_keyholder_party_pb2.PartyHello, _abc.Awaitable[_keyholder_party_pb2.PartyHello]]:
+        """Parties and the combiner: who this party is (its signing key, its contribution to the
+        common seed) and, once its key generation finished, the joint public context.
+        """
+
+    @_abc_1.abstractmethod
+    def Deal(
+        self,
+        request: _keyholder_party_pb2.PartyDeal,
+        context: _ServicerContext,
+    ) -> _typing.Union[_keyholder_party_pb2.PartyDealReply, _abc.Awaitable[_keyholder_party_pb2.PartyDealReply]]:
+        """Another party: its public share and the Shamir share of its secret dealt to this party
+        (server/keyholder/party_key_generation.py), once.
         """
 
 def add_KeyHolderPartyServicer_to_server(servicer: KeyHolderPartyServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -23,6 +23,8 @@ __all__ = [
     "ROWS_PER_MESSAGE",
     "DecryptionRequest",
     "PartyCanaries",
+    "PartyDeal",
+    "PartyHello",
     "join_partial",
     "split_partial",
 ]
@@ -103,6 +105,59 @@ class DecryptionRequest(WireRecord[keyholder_party_pb2.PartialDecryptRequest]):
     def digest(self) -> bytes:
         """What the combiner signs (:func:`crypto.threshold.request_digest`)."""
         return request_digest(self.round, self.contributors, self.participants, self.aggregate)
+
+
+@dataclass(frozen=True, slots=True)
+class PartyHello(WireRecord[keyholder_party_pb2.PartyHello]):
+    """Who a party is, and its joint public context once its key generation finished.
+
+    Attributes
+    ----------
+    party
+        The party's index.
+    signing_key
+        Its Ed25519 public key (of its canary partials).
+    nonce
+        Its contribution to the common seed of the key generation.
+    context
+        The joint public context's bytes; empty until the party finished its key generation.
+    """
+
+    wire = keyholder_party_pb2.PartyHello
+
+    party: int
+    signing_key: bytes
+    nonce: bytes
+    context: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class PartyDeal(WireRecord[keyholder_party_pb2.PartyDeal]):
+    """One party's public share and the Shamir share of its secret it dealt to the receiver.
+
+    Attributes
+    ----------
+    sender
+        The dealing party's index.
+    seed_digest
+        SHA-256 of the common seed the sender used.
+    public_share
+        ``b_j``: N little-endian uint64.
+    dealt
+        ``f_j(receiver)``: N little-endian uint64.
+    """
+
+    wire = keyholder_party_pb2.PartyDeal
+
+    sender: int
+    seed_digest: bytes
+    public_share: bytes
+    dealt: bytes
+
+    @staticmethod
+    def poly(data: bytes) -> np.ndarray:
+        """A polynomial of the deal as uint64 (a copy: writable, native order)."""
+        return np.frombuffer(data, dtype="<u8").astype(np.uint64)
 
 
 def split_partial(partial: np.ndarray) -> Iterator[keyholder_party_pb2.PartialDecryptReply]:

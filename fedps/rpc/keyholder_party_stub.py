@@ -11,12 +11,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedps.proto import keyholder_party_pb2_grpc
-from fedps.rpc.keyholder_party_messages import DecryptionRequest, PartyCanaries, join_partial
+from fedps.errors import NotReadyError, PeerUnavailableError
+from fedps.proto import keyholder_party_pb2, keyholder_party_pb2_grpc
+from fedps.rpc.keyholder_party_messages import (
+    DecryptionRequest,
+    PartyCanaries,
+    PartyDeal,
+    PartyHello,
+    join_partial,
+)
 from fedps.rpc.service_call import invoke, stream_replies
 from fedps.rpc.transport import create_channel
 
 __all__ = ["DECRYPT_S", "KeyHolderPartyStub"]
+
+#: Deadline of a key-generation call (a hello, a deal).
+KEYGEN_S = 10.0
 
 #: Deadline of one partial decryption (the party fetches and hashes the round's aggregate).
 DECRYPT_S = 300.0
@@ -60,3 +70,29 @@ class KeyHolderPartyStub:
         message = request.to_proto()
         replies = invoke(lambda: self._stub.PartialDecrypt(message, timeout=self._timeout_s), what)
         return join_partial(stream_replies(replies, what, timeout_s=self._timeout_s), self._n)
+
+    def hello(self) -> PartyHello:
+        """Who the party is, and its joint public context once it has one."""
+        reply = invoke(
+            lambda: self._stub.Hello(keyholder_party_pb2.PartyHelloRequest(), timeout=KEYGEN_S),
+            "party hello",
+        )
+        return PartyHello.from_proto(reply)
+
+    def deal(self, deal: PartyDeal) -> None:
+        """Hand the party the deal of party ``deal.sender`` (only over an authenticated channel)."""
+        message = deal.to_proto()
+        invoke(lambda: self._stub.Deal(message, timeout=KEYGEN_S), "key generation deal")
+
+    def answers(self) -> bool:
+        """Whether the party can decrypt: it answers a hello with its joint context.
+
+        A party served without a key generation of its own (its share made elsewhere: it
+        answers a hello with :class:`~fedps.errors.NotReadyError`) counts as answering.
+        """
+        try:
+            return bool(self.hello().context)
+        except NotReadyError:
+            return True
+        except PeerUnavailableError:
+            return False

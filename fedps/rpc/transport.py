@@ -336,6 +336,8 @@ CALLER_ROLES: dict[str, frozenset[str]] = {
     "/fedps.proto.Coordinator/GetClosedRound": frozenset({"party"}),
     "/fedps.proto.KeyHolderParty/CanaryPartial": frozenset({"keyholder"}),
     "/fedps.proto.KeyHolderParty/PartialDecrypt": frozenset({"keyholder"}),
+    "/fedps.proto.KeyHolderParty/Hello": frozenset({"party", "keyholder", "operator"}),
+    "/fedps.proto.KeyHolderParty/Deal": frozenset({"party"}),
 }
 
 

@@ -1,5 +1,8 @@
 """``fedps status``: which roles are up, the current round and version, each shard's standing.
 
+Key-holder parties are each named up or down (asked directly, as the operator), with one line
+saying rounds wait when fewer than ``T`` of them are up.
+
 Also the last checkpoint and where the last round's time went (its critical path). A shard's
 standing is the tampering the key holder detected in what it sent, and the calls to it that
 missed their deadline (the key holder's fetches, the coordinator's openings and closings of
@@ -16,14 +19,23 @@ from collections import Counter
 
 import typer
 
+from fedps.ckks_params import ckks_params
 from fedps.config import FedPSConfig
 from fedps.errors import FedPSError
 from fedps.rpc.coordinator_messages import ClusterStatus, RoundSummary
 from fedps.rpc.coordinator_stub import CoordinatorStub
+from fedps.rpc.keyholder_party_stub import KeyHolderPartyStub
 from fedps.rpc.keyholder_stub import KeyHolderStub
 from fedps.rpc.shard_stub import ShardStub
 
-__all__ = ["client_lines", "phase_line", "print_status", "status_json"]
+__all__ = [
+    "client_lines",
+    "party_lines",
+    "party_states",
+    "phase_line",
+    "print_status",
+    "status_json",
+]
 
 
 def status_json(status: ClusterStatus) -> str:
@@ -66,6 +78,48 @@ def client_lines(status: ClusterStatus) -> list[str]:
         if client_id in flagged:
             line += ", WARNED (see the privacy warnings)"
         lines.append(line)
+    return lines
+
+
+def party_states(config: FedPSConfig, timeout_s: float = 5.0) -> dict[int, str]:
+    """Each key-holder party's state by index: ``""`` when it is up, else why it is not.
+
+    A party is up when it answers its hello with the joint public context (its key
+    generation finished); ``{}`` without parties.
+    """
+    if config.keyholder.parties <= 1:
+        return {}
+    n = ckks_params(config).poly_modulus_degree
+    states = {}
+    for j, address in enumerate(config.cluster.parties, start=1):
+        party = KeyHolderPartyStub(address, n=n, timeout_s=timeout_s)
+        try:
+            hello = party.hello()
+            states[j] = "" if hello.context else "generating the joint key"
+        except FedPSError as exc:
+            states[j] = str(exc)
+        finally:
+            party.close()
+    return states
+
+
+def party_lines(config: FedPSConfig, states: dict[int, str]) -> list[str]:
+    """One line per key-holder party (up, or DOWN and why), then one if rounds must wait.
+
+    Such as ``rounds WAIT: 1 of 3 key-holder parties up, 2 must decrypt; down: party 1, party
+    3`` when fewer than ``T`` are up.
+    """
+    lines = []
+    for j, why in sorted(states.items()):
+        address = config.cluster.parties[j - 1]
+        lines.append(f"party-{j} {address}: {'up' if not why else f'DOWN ({why})'}")
+    down = [j for j, why in sorted(states.items()) if why]
+    must = config.keyholder.quorum
+    if states and len(states) - len(down) < must:
+        lines.append(
+            f"rounds WAIT: {len(states) - len(down)} of {len(states)} key-holder parties up, "
+            f"{must} must decrypt; down: " + ", ".join(f"party {j}" for j in down)
+        )
     return lines
 
 
@@ -118,6 +172,8 @@ def print_status(config: FedPSConfig) -> ClusterStatus:
         typer.echo(f"key holder {cluster.keyholder}: DOWN ({exc})")
     finally:
         keyholder.close()
+    for line in party_lines(config, party_states(config)):
+        typer.echo(line)
     for sid, address in zip(cluster.shard_ids, cluster.shards, strict=True):
         shard = ShardStub(sid, address)
         standing = ""

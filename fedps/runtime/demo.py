@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from crypto.tls import OPERATOR_NAME
 from fedps.ckks_params import ckks_params
-from fedps.config import FedPSConfig, load_config
+from fedps.config import FedPSConfig, load_config, read_toml
 from fedps.errors import ConfigError, FedPSError, PeerUnavailableError
 from fedps.provisioning import provision_cluster, setup_tls
 from fedps.rpc.coordinator_messages import ClusterStatus, RoundSummary
@@ -83,8 +83,8 @@ def run_demo(
     ``on_round``: called with each finished round as the watcher sees it.
     """
     console = console or Console(stderr=False, quiet=quiet)
-    shards = len(load_config(config_path, **overrides).cluster.shards)
-    cluster = local_cluster(workdir / _STATE, shards)
+    shards, parties = _cluster_size(config_path, overrides)
+    cluster = local_cluster(workdir / _STATE, shards, parties)
     # A fresh CA, certificates and enrolment tokens for this run's parties.
     tls = {**overrides.get("tls", {}), "directory": str(workdir / "certs"), "name": ""}
     merged: dict[str, Mapping[str, object]] = {**overrides, "cluster": cluster, "tls": tls}
@@ -115,8 +115,8 @@ def run_demo(
 
             watchers.enter_context(watch(config, echo))
         console.print(
-            f"starting the key holder (keys), {shards} shard{'s' if shards > 1 else ''} and "
-            "the coordinator ..."
+            f"starting the key holder ({_keys_text(config)}), {shards} "
+            f"shard{'s' if shards > 1 else ''} and the coordinator ..."
         )
         deployment.start_servers()
         console.print(
@@ -146,6 +146,7 @@ def run_demo(
         seconds=round(seconds, 2),
         clients=t.clients,
         shards=shards,
+        keyholder_parties=config.keyholder.parties,
         tls=config.tls.enabled,
         abandoned_rounds=sum(1 for r in status.history if r.abandoned),
         round_seconds=tuple(round(r.seconds, 3) for r in status.history),
@@ -167,6 +168,31 @@ def run_demo(
         f"{size_text(status.bytes_pushed)} pushed"
     )
     return summary
+
+
+def _cluster_size(
+    config_path: Path | None, overrides: Mapping[str, Mapping[str, object]]
+) -> tuple[int, int]:
+    """The shards and key-holder parties a run asks for, before its cluster has addresses.
+
+    (Parties need their addresses to validate: the count is read as written, and checked
+    with the whole configuration once the addresses are there.)
+    """
+    raw = read_toml(config_path, "config") if config_path is not None else {}
+    written = raw.get("keyholder", {})
+    keyholder = {**(written if isinstance(written, dict) else {}), **overrides.get("keyholder", {})}
+    parties = keyholder.get("parties", 1)
+    single = {**overrides, "keyholder": {**keyholder, "parties": 1, "threshold": 0}}
+    shards = len(load_config(config_path, **single).cluster.shards)
+    return shards, parties if isinstance(parties, int) else 1
+
+
+def _keys_text(config: FedPSConfig) -> str:
+    """Who holds the key: the key holder, or its parties' threshold."""
+    k = config.keyholder
+    if k.parties <= 1:
+        return "keys"
+    return f"{k.parties} parties, any {k.quorum} decrypt"
 
 
 def _data_options(data: Path | Sequence[Path]) -> list[str]:

@@ -51,6 +51,8 @@ class DemoSummary:
     round_phases: tuple[dict[str, float], ...] = ()
     round_server_phases: tuple[dict[str, float], ...] = ()
     round_client_phases: tuple[dict[str, dict[str, float]], ...] = ()
+    #: Key-holder parties (``keyholder.parties``; 1: one key holder with the whole key).
+    keyholder_parties: int = 1
 
     def to_json(self) -> str:
         """The summary as a JSON object (tuples as arrays), indented, with a final newline."""

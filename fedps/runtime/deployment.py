@@ -72,12 +72,16 @@ def free_port() -> int:
         return port
 
 
-def local_cluster(state_dir: Path, shards: int = 2) -> dict[str, object]:
-    """A ``[cluster]`` section for one machine: every role on a free loopback port."""
+def local_cluster(state_dir: Path, shards: int = 2, parties: int = 1) -> dict[str, object]:
+    """A ``[cluster]`` section for one machine: every role on a free loopback port.
+
+    With ``parties`` above 1, one address per key-holder party too.
+    """
     return {
         "keyholder": f"127.0.0.1:{free_port()}",
         "coordinator": f"127.0.0.1:{free_port()}",
         "shards": [f"127.0.0.1:{free_port()}" for _ in range(shards)],
+        "parties": [f"127.0.0.1:{free_port()}" for _ in range(parties if parties > 1 else 0)],
         "state_dir": str(state_dir),
     }
 
@@ -198,8 +202,15 @@ class Deployment:
         self._args[name] = args
 
     def start_servers(self) -> None:
-        """Key holder, shards, then the coordinator; waits until each accepts connections."""
+        """Key-holder parties, key holder, shards, then the coordinator; each waited for.
+
+        Waits until each accepts connections.
+        """
         cluster = self.config.cluster
+        parties = cluster.parties if self.config.keyholder.parties > 1 else []
+        for i in range(1, len(parties) + 1):
+            self._start_server(f"party-{i}", "keyholder", "--party", str(i))
+        self.wait_ready(parties)
         self._start_server("keyholder", "keyholder")
         for i in range(len(cluster.shards)):
             self._start_server(f"shard-{i}", "shard", "--index", str(i))
@@ -386,7 +397,7 @@ class Deployment:
         return delay
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """Stop every process: clients, then the coordinator, the shards and the key holder last.
+        """Stop every process: clients, coordinator, shards, key holder, and its parties last.
 
         Each group gets SIGTERM and ``grace_s`` seconds to exit, then SIGKILL. A SIGINT or SIGTERM
         to this process meanwhile is ignored, so no role outlives it.

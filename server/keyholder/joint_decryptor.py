@@ -1,32 +1,36 @@
 """The combiner's side of threshold decryption: ask ``T`` parties, add their partials to ``c0``.
 
 :class:`JointDecryptor` signs a request for a verified aggregate
-(:class:`~.keyholder_party.DecryptionRequest`), asks a set of ``T`` parties that are up for
-their partial decryptions (each party checks the round itself,
-:class:`~.keyholder_party.KeyHolderParty`), and returns ``c0 + sum d_j``: the plaintexts plus
-the parties' flooding, nothing else. A party that does not answer is named and left out; the
-decryption is asked again of another set of ``T`` (each party's ledger allows it, for the same
-aggregate), and fails with a line naming the parties that are down once fewer than ``T``
-answer.
+(:class:`~.keyholder_party.DecryptionRequest`), asks a set of ``T`` parties that are up (all at
+once, each from its own thread) for their partial decryptions (each party checks the round
+itself, :class:`~.keyholder_party.KeyHolderParty`), and returns ``c0 + sum d_j``: the
+plaintexts plus the parties' flooding, nothing else. A party that does not answer is named and
+left out; the decryption is asked again of another set of ``T`` (each party's ledger allows
+it, for the same aggregate), and fails with a line naming the parties that are down once fewer
+than ``T`` answer.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Protocol
+from functools import partial
+from typing import Protocol, TypeVar
 
 import numpy as np
 
 from crypto.signing import BlockSigner
 from crypto.threshold import aggregate_digest, combine, request_digest
 from fedps.errors import InvalidArgumentError, PeerUnavailableError
+from fedps.rpc.fan_out import fan_out
 from fedps.rpc.keyholder_party_messages import DecryptionRequest, PartyCanaries
 
 __all__ = ["JointDecryptor", "PartyPeer"]
 
 _log = logging.getLogger("fedps")
+
+_T = TypeVar("_T")
 
 
 class PartyPeer(Protocol):
@@ -54,6 +58,11 @@ class JointDecryptor:
         The prime q of the joint key.
     signer
         The combiner's signing key (the parties hold its public key).
+    probe
+        Whether party ``j`` answers at all (a hello); those that do not are left out before
+        any is asked for the round, so that a round fewer than ``T`` parties can decrypt
+        spends none of the answers each party's ledger allows it (the coordinator asks
+        again until parties return). None: every party is asked.
     """
 
     def __init__(
@@ -63,6 +72,7 @@ class JointDecryptor:
         threshold: int,
         modulus: int,
         signer: BlockSigner,
+        probe: Callable[[int], bool] | None = None,
     ) -> None:
         if sorted(parties) != list(range(1, len(parties) + 1)) or not 1 <= threshold <= len(
             parties
@@ -72,6 +82,7 @@ class JointDecryptor:
         self._threshold = threshold
         self._modulus = modulus
         self._signer = signer
+        self._probe = probe
         #: the parties that did not answer the last request they were asked (status names them)
         self.down: set[int] = set()
 
@@ -105,6 +116,8 @@ class JointDecryptor:
         n = rows.shape[1] // 2
         first = rows[:, :n] if c0 is None else c0[order]
         down: set[int] = set()
+        if self._probe is not None:  # a set that cannot finish spends no party's answers
+            down = {j for j in self._parties if not self._probe(j)}
         while True:
             up = [j for j in sorted(self._parties) if j not in down]
             if len(up) < self._threshold:
@@ -124,22 +137,41 @@ class JointDecryptor:
                     request_digest(round_, contributors, participants, digest)
                 ),
             )
-            try:
-                canaries = tuple(self._ask(round_, j).canary_partial(request) for j in participants)
-                checked = replace(request, canaries=canaries)
-                partials = [self._ask(round_, j).partial_decrypt(checked) for j in participants]
-            except _PartyDownError as exc:
-                down.add(exc.party)
+            try:  # every participant at once: each waits for none of the others
+                given = self._ask_all(round_, participants, _canaries_of(request))
+                checked = replace(request, canaries=tuple(given[j] for j in participants))
+                partials = self._ask_all(round_, participants, _partial_of(checked))
+            except _PartiesDownError as exc:
+                down |= exc.parties
                 continue
             self.down = down
-            plain = combine(first, partials, self._modulus)
+            plain = combine(first, [partials[j] for j in participants], self._modulus)
             out = np.empty_like(plain)
             out[order] = plain  # back in the caller's order of blocks
             return out
 
-    def _ask(self, round_: int, index: int) -> PartyPeer:
-        """Party ``index``, whose calls raise :class:`_PartyDownError` when it does not answer."""
-        return _Answering(self._parties[index], index, round_)
+    def _ask_all(
+        self, round_: int, participants: Sequence[int], call: Callable[[PartyPeer], _T]
+    ) -> dict[int, _T]:
+        """``call`` on every participant at once (:func:`fedps.rpc.fan_out.fan_out`), by index.
+
+        Raises
+        ------
+        _PartiesDownError
+            Naming every participant that did not answer (the others' answers are dropped).
+        """
+
+        def ask(index: int) -> _T | _PartyDownError:
+            try:
+                return call(_Answering(self._parties[index], index, round_))
+            except _PartyDownError as exc:
+                return exc
+
+        outcomes = fan_out({j: partial(ask, j) for j in participants})
+        answers = {j: o for j, o in outcomes.items() if not isinstance(o, _PartyDownError)}
+        if len(answers) < len(outcomes):
+            raise _PartiesDownError(set(outcomes) - set(answers))
+        return answers
 
 
 class _PartyDownError(Exception):
@@ -148,6 +180,24 @@ class _PartyDownError(Exception):
     def __init__(self, party: int) -> None:
         super().__init__(f"party {party} is down")
         self.party = party
+
+
+def _canaries_of(request: DecryptionRequest) -> Callable[[PartyPeer], PartyCanaries]:
+    """What asks a party for its canaries of ``request``."""
+    return lambda peer: peer.canary_partial(request)
+
+
+def _partial_of(request: DecryptionRequest) -> Callable[[PartyPeer], np.ndarray]:
+    """What asks a party for its partial decryption of ``request``."""
+    return lambda peer: peer.partial_decrypt(request)
+
+
+class _PartiesDownError(Exception):
+    """Participants that did not answer (internal: the combiner asks another set)."""
+
+    def __init__(self, parties: set[int]) -> None:
+        super().__init__(f"parties {sorted(parties)} are down")
+        self.parties = parties
 
 
 class _Answering:

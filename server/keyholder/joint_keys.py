@@ -14,22 +14,27 @@ together can compute).
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from crypto import PublicContext
+from crypto import CkksParams, PublicContext
 from crypto.ckks_encoder import CkksEncoder
+from crypto.files import write_atomic
 from crypto.params import TAIL_SIGMAS
 from crypto.signing import BlockSigner
 from crypto.threshold import flooding_std
-from fedps.errors import CorruptStateError
+from fedps.errors import CorruptStateError, FedPSError
 from fedps.rpc.keyholder_party_stub import KeyHolderPartyStub
 from server.keyholder.joint_decryptor import JointDecryptor, PartyPeer
 
 __all__ = ["JOINT_CONTEXT_FILE", "JointKeys"]
+
+_log = logging.getLogger("fedps")
 
 #: The joint public context in the key holder's ``keys`` folder.
 JOINT_CONTEXT_FILE = "joint.ctx"
@@ -50,6 +55,8 @@ class JointKeys:
         The combiner's signing key (the parties hold its public key).
     lambda_bits
         The statistical security of each party's flooding.
+    probe
+        Whether party ``j`` answers (:class:`~.joint_decryptor.JointDecryptor`).
     """
 
     def __init__(
@@ -60,6 +67,7 @@ class JointKeys:
         threshold: int,
         signer: BlockSigner,
         lambda_bits: int,
+        probe: Callable[[int], bool] | None = None,
     ) -> None:
         self.public = public
         self.parties = len(parties)
@@ -68,7 +76,7 @@ class JointKeys:
         self._encoder = CkksEncoder(public.params, public.modulus)
         #: the parties, as the combiner asks them (its ``down`` names those that did not answer)
         self.decryptor = JointDecryptor(
-            parties, threshold=threshold, modulus=public.modulus, signer=signer
+            parties, threshold=threshold, modulus=public.modulus, signer=signer, probe=probe
         )
 
     @classmethod
@@ -77,27 +85,37 @@ class JointKeys:
         keys_dir: Path,
         addresses: Mapping[int, str],
         *,
+        params: CkksParams,
         threshold: int,
         signer: BlockSigner,
         lambda_bits: int,
+        wait_s: float = 300.0,
     ) -> JointKeys:
         """The joint context in ``keys_dir`` and a client of every party at ``addresses``.
+
+        On a first start the joint context is asked of every party (:func:`_joint_context`,
+        waiting up to ``wait_s`` for their key generation) and kept in ``keys_dir``.
 
         Raises
         ------
         CorruptStateError
-            There is no joint public context (the parties' key generation has not run).
+            There is no joint public context, and the parties did not all give the same one
+            within ``wait_s``.
         """
         path = keys_dir / JOINT_CONTEXT_FILE
         if not path.exists():
-            raise CorruptStateError(
-                f"{path} is missing: key-holder parties need the joint public context of their "
-                "collective key generation (docs/security.md, Key-holder parties)"
-            )
+            write_atomic(path, _joint_context(addresses, params, wait_s))
         public = PublicContext.from_bytes(path.read_bytes())
         n = public.params.poly_modulus_degree
         peers = {j: KeyHolderPartyStub(address, n=n) for j, address in addresses.items()}
-        return cls(public, peers, threshold=threshold, signer=signer, lambda_bits=lambda_bits)
+        return cls(
+            public,
+            peers,
+            threshold=threshold,
+            signer=signer,
+            lambda_bits=lambda_bits,
+            probe=lambda j: peers[j].answers(),
+        )
 
     def open_round(
         self,
@@ -129,3 +147,54 @@ class JointKeys:
             self.public.params, noise_weight, parties=self.parties, lambda_bits=self._lambda_bits
         )
         return TAIL_SIGMAS * math.sqrt(self.threshold) * sigma / self.public.params.scale
+
+
+def _joint_context(addresses: Mapping[int, str], params: CkksParams, wait_s: float) -> bytes:
+    """The joint public context every party at ``addresses`` computed, once all give the same.
+
+    Raises
+    ------
+    CorruptStateError
+        Not every party gave one within ``wait_s`` (the message names those that did not), or
+        two parties gave different ones.
+    """
+    until = time.monotonic() + wait_s
+    n = params.poly_modulus_degree
+    peers = {j: KeyHolderPartyStub(address, n=n) for j, address in addresses.items()}
+    try:
+        contexts = _contexts(peers, until, wait_s)
+    finally:
+        for peer in peers.values():
+            peer.close()
+    if len(set(contexts.values())) != 1:
+        raise CorruptStateError(
+            "the key-holder parties computed different joint public contexts: their key "
+            "generation failed; remove their folders and start them again"
+        )
+    _log.info("the joint public context of %d parties", len(peers))
+    return next(iter(contexts.values()))
+
+
+def _contexts(
+    peers: Mapping[int, KeyHolderPartyStub], until: float, wait_s: float
+) -> dict[int, bytes]:
+    """Every party's joint public context, asked until each has one or ``until`` passed."""
+    contexts: dict[int, bytes] = {}
+    while len(contexts) < len(peers):
+        for j, peer in peers.items():
+            if j not in contexts:
+                try:
+                    if context := peer.hello().context:
+                        contexts[j] = context
+                except FedPSError as exc:  # not up yet
+                    _log.debug("party %d: %s", j, exc)
+        missing = sorted(set(peers) - set(contexts))
+        if missing and time.monotonic() > until:
+            raise CorruptStateError(
+                f"key-holder parties {missing} gave no joint public context within "
+                f"{wait_s:.0f} s: their collective key generation has not finished (their logs "
+                "say whom they wait for)"
+            )
+        if missing:
+            time.sleep(0.2)
+    return contexts

@@ -19,6 +19,8 @@ not checked itself, and trusts no single other role for it:
   and the party checks their signatures, that its own are the ones it gave, and the combined
   canaries against the bound itself: a change to ``c1`` by a client or a shard, and no full
   partial leaves it;
+- the aggregate fetched and checked for the canaries is the one the partial decryption that
+  follows decrypts (the last one is kept, read-only, for the same round, set and digest);
 - **once per round**: a round's aggregate is answered for one digest only, at most
   ``2 P`` times (canaries and partials, retried with another set of parties after one went
   down), recorded durably before the answer leaves: no replay of a round with another
@@ -55,6 +57,7 @@ __all__ = ["KeyHolderParty", "RoundSource"]
 _log = logging.getLogger("fedps")
 
 LEDGER_FILE = "decrypted.json"
+_FetchKey = tuple[int, frozenset[str], bytes]
 _GIVEN_KEPT = 64  # canaries remembered for the partial decryptions that follow them
 
 
@@ -123,6 +126,9 @@ class KeyHolderParty:
         self._ledger = _Ledger(state_dir / LEDGER_FILE)
         self._lock = threading.Lock()
         self._given: dict[bytes, bytes] = {}  # request digest -> the canaries it was given
+        #: the last aggregate fetched and checked, by (round, contributors, digest): the
+        #: partial that follows a round's canaries decrypts it without fetching it again
+        self._fetched: tuple[_FetchKey, tuple[list[int], np.ndarray]] | None = None
 
     @property
     def index(self) -> int:
@@ -209,12 +215,20 @@ class KeyHolderParty:
                 f"round {round_}: the contributors asked for are not the {len(closed)} the "
                 "coordinator closed the round with: not decrypted"
             )
+        key = (round_, contributors, request.aggregate)
+        with self._lock:
+            fetched = self._fetched
+        if fetched is not None and fetched[0] == key:  # checked for its canaries: kept
+            return fetched[1]
         blocks, rows = self._source.aggregate(round_, sorted(contributors))
         if aggregate_digest(blocks, rows) != request.aggregate:
             raise PolicyError(
                 f"round {round_}: the shards' aggregate is not the one the combiner verified: "
                 "not decrypted"
             )
+        rows.flags.writeable = False  # what was hashed is what is decrypted
+        with self._lock:
+            self._fetched = (key, (blocks, rows))
         return blocks, rows
 
     def _canary_check(self, request: DecryptionRequest, blocks: int) -> CanaryCheck:

@@ -3,22 +3,52 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Protocol
 
 import grpc
+import numpy as np
 
+from fedps.errors import NotReadyError
 from fedps.proto import keyholder_party_pb2, keyholder_party_pb2_grpc
-from fedps.rpc.keyholder_party_messages import DecryptionRequest, split_partial
-from fedps.rpc.transport import rpc_errors
-from server.keyholder.keyholder_party import KeyHolderParty
+from fedps.rpc.keyholder_party_messages import (
+    DecryptionRequest,
+    PartyCanaries,
+    PartyDeal,
+    PartyHello,
+    split_partial,
+)
+from fedps.rpc.transport import peer_common_name, rpc_errors
 
 __all__ = ["KeyHolderPartyServicer"]
 
 
-class KeyHolderPartyServicer(keyholder_party_pb2_grpc.KeyHolderPartyServicer):
-    """Thin servicer over a :class:`KeyHolderParty`."""
+class _Decrypting(Protocol):
+    def canary_partial(self, request: DecryptionRequest) -> PartyCanaries: ...
 
-    def __init__(self, party: KeyHolderParty) -> None:
+    def partial_decrypt(self, request: DecryptionRequest) -> np.ndarray: ...
+
+
+class _Generating(Protocol):
+    def hello(self) -> PartyHello: ...
+
+    def receive_deal(self, deal: PartyDeal, caller: str | None) -> None: ...
+
+
+class KeyHolderPartyServicer(keyholder_party_pb2_grpc.KeyHolderPartyServicer):
+    """Thin servicer over a party (a :class:`KeyHolderParty`, or a party process).
+
+    Parameters
+    ----------
+    party
+        What answers the combiner's requests.
+    keygen
+        What answers the other parties in the key generation (a
+        :class:`~.party_process.PartyProcess`); None: a party whose keys were made elsewhere.
+    """
+
+    def __init__(self, party: _Decrypting, keygen: _Generating | None = None) -> None:
         self.party = party
+        self.keygen = keygen
 
     def CanaryPartial(  # noqa: N802 (gRPC method name)
         self, request: keyholder_party_pb2.PartialDecryptRequest, context: grpc.ServicerContext
@@ -34,3 +64,24 @@ class KeyHolderPartyServicer(keyholder_party_pb2_grpc.KeyHolderPartyServicer):
         with rpc_errors(context):
             partial = self.party.partial_decrypt(DecryptionRequest.from_proto(request))
         yield from split_partial(partial)
+
+    def Hello(  # noqa: N802
+        self, request: keyholder_party_pb2.PartyHelloRequest, context: grpc.ServicerContext
+    ) -> keyholder_party_pb2.PartyHello:
+        """Parties and the combiner: who this party is, and its joint context once made."""
+        with rpc_errors(context):
+            return self._keygen().hello().to_proto()
+
+    def Deal(  # noqa: N802
+        self, request: keyholder_party_pb2.PartyDeal, context: grpc.ServicerContext
+    ) -> keyholder_party_pb2.PartyDealReply:
+        """Another party: its deal to this one, checked against the caller's certificate."""
+        with rpc_errors(context):
+            deal = PartyDeal.from_proto(request)
+            self._keygen().receive_deal(deal, peer_common_name(context))
+            return keyholder_party_pb2.PartyDealReply()
+
+    def _keygen(self) -> _Generating:
+        if self.keygen is None:
+            raise NotReadyError("this party takes no part in a key generation")
+        return self.keygen

@@ -252,6 +252,7 @@ class StateStore:
         keys = JointKeys.open(
             self.keys_dir,
             parties or {},
+            params=settings.params,
             threshold=settings.threshold,
             signer=signer,
             lambda_bits=settings.lambda_bits,

@@ -297,6 +297,10 @@ function render(s) {
       el("td", {}, k.up ? k.version : "-"), el("td", {}, ""), el("td", { class: q ? "warn" : "" }, q),
       el("td", {}, "")));
   }
+  for (const p of s.parties || []) {  // key-holder parties: each holds a share of the key
+    roles.push(el("tr", {}, el("td", {}, p.id), el("td", {}, p.address), el("td", {}, health(p)),
+      el("td", {}, "-"), el("td", {}, ""), el("td", {}, ""), el("td", {}, "")));
+  }
   for (const sh of s.shards) {
     const t = sh.quarantined ? `QUARANTINED (${sh.detections})` : sh.detections ? `suspect: ${sh.detections}` : "none";
     const m = sh.stalled ? `STALLED (${sh.misses})` : sh.misses ? `${sh.misses}` : "none";

@@ -1,6 +1,7 @@
 """Nothing a fedps command starts outlives it, whichever signal ends it.
 
-For each command (``demo``, ``experiment``, ``up``, ``ui``, ``client``) a test starts four of
+For each command (``demo``, ``experiment``, ``up`` (alone, and with key-holder parties: once
+every party process runs), ``ui``, ``client``) a test starts four of
 it at once on a tiny run, each with a marker in its environment (which everything it starts
 inherits) and its own temporary directory (``TMPDIR``). Once a command has started its first
 role (the client: once it is up, it starts nothing before training), it gets SIGTERM, SIGHUP,
@@ -23,6 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fedps.runtime.deployment import local_cluster
 from tests.processes_left import kill_left, marked_environment, processes_left
 from tests.role_processes import HANG_S, start_fedps, write_local_config
 from tests.waiting import wait_for
@@ -36,6 +38,8 @@ LEFT_AFTER_S = 5.0
 TRAINING = {"rounds": 1, "clients": 2, "min_quorum": 2}
 #: The command line of a role or client that fedps started (python -P, see crypto.python_child).
 ROLE = " -P -m fedps.cli "
+#: Key-holder parties of the ``up-parties`` case.
+PARTIES = 3
 
 
 @dataclass
@@ -73,6 +77,13 @@ def _config(root: Path) -> str:
     return str(write_local_config(root, training=TRAINING)[0])
 
 
+def _config_with_parties(root: Path) -> str:
+    """A tiny run's configuration with three key-holder parties, any two of which decrypt."""
+    cluster = local_cluster(root / "state", parties=PARTIES)
+    keyholder = {"parties": PARTIES, "threshold": 2}
+    return str(write_local_config(root, training=TRAINING, cluster=cluster, keyholder=keyholder)[0])
+
+
 def _grid(root: Path) -> str:
     grid = root / "grid.toml"
     grid.write_text(
@@ -103,6 +114,12 @@ def _start_a_run_from_the_page(run: Run) -> None:
     assert reply.status_code == 202, reply.text
 
 
+def _parties_started(run: Run) -> bool:
+    """``fedps up`` with key-holder parties: every party process runs."""
+    started = [p for p in processes_left(run.mark) if f"{ROLE}keyholder --party" in p.command]
+    return len(started) == PARTIES
+
+
 def _client_is_up(run: Run) -> bool:
     """The client's signal handlers are set: it said that its traffic is not encrypted.
 
@@ -123,6 +140,11 @@ COMMANDS: dict[str, tuple[Arguments, Prepare, Ready]] = {
         Run.has_started_a_role,
     ),
     "up": (lambda root: ["up", _config(root), "--insecure"], _nothing, Run.has_started_a_role),
+    "up-parties": (
+        lambda root: ["up", _config_with_parties(root), "--insecure"],
+        _nothing,
+        _parties_started,
+    ),
     "ui": (
         lambda root: ["ui", "--config", _config(root), "--insecure", "--bind", "127.0.0.1:0"],
         _start_a_run_from_the_page,

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from fedps.config import FedPSConfig
+from fedps.config import FedPSConfig, load_config
 from fedps.dashboard import RunLauncher, StatusCollector, create_app
 from fedps.dashboard.dashboard import COOKIE, VIEWER_COOKIE
+from fedps.runtime.deployment import local_cluster
+from tests.fedps.dashboard.conftest import INSECURE
 
 TOKEN = "operator-token-for-tests-0123456789"
 VIEWER = "viewer-token-for-tests-0123456789"
@@ -244,3 +246,21 @@ def test_a_configuration_file_that_no_longer_loads_leaves_the_page_working(
     assert response.status_code == 200
     assert response.json()["can_start"] is False
     assert "training.rounds" in response.json()["reason"]
+
+
+def test_snapshot_names_each_key_holder_party_up_or_down(tmp_path: Path) -> None:
+    # Prepare: three parties configured, none listening
+    cluster = local_cluster(tmp_path / "state", parties=3)
+    keyholder = {"parties": 3, "threshold": 2}
+    config = load_config(None, cluster=cluster, keyholder=keyholder, **INSECURE)
+    collector = StatusCollector(config, call_s=0.2)
+    # Execute
+    try:
+        snapshot = collector.poll_once()
+    finally:
+        collector.stop()
+    # Assert: each party by name and address, down, with why
+    parties = snapshot["parties"]
+    assert [p["id"] for p in parties] == ["party-1", "party-2", "party-3"]
+    assert [p["address"] for p in parties] == cluster["parties"]
+    assert not any(p["up"] for p in parties) and all(p["error"] for p in parties)

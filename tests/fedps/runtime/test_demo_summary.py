@@ -25,6 +25,7 @@ def test_to_json_writes_every_field_under_its_name_with_tuples_as_arrays() -> No
         round_phases=({"train": 0.5, "other": 0.5}, {"train": 1.0, "other": 0.5}),
         round_server_phases=({"commit_wait": 0.75}, {"commit_wait": 1.25}),
         round_client_phases=({"client-0": {"train": 0.5}}, {"client-0": {"train": 1.0}}),
+        keyholder_parties=3,
     )
 
     # Execute
@@ -53,4 +54,5 @@ def test_to_json_writes_every_field_under_its_name_with_tuples_as_arrays() -> No
         "round_phases": [{"train": 0.5, "other": 0.5}, {"train": 1.0, "other": 0.5}],
         "round_server_phases": [{"commit_wait": 0.75}, {"commit_wait": 1.25}],
         "round_client_phases": [{"client-0": {"train": 0.5}}, {"client-0": {"train": 1.0}}],
+        "keyholder_parties": 3,
     }

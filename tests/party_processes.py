@@ -1,0 +1,44 @@
+"""A process cluster with key-holder parties: P = 3 party processes, any T = 2 decrypt.
+
+Every role is a ``python -m fedps.cli`` process (:class:`~fedps.runtime.deployment.Deployment`,
+parties first, as ``fedps up`` starts them), without TLS, so the test process can call the
+roles and run :class:`RecordingClient` threads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedps.config import FedPSConfig
+from fedps.runtime.deployment import Deployment, local_cluster
+from tests.role_processes import wait_serving, write_local_config
+
+__all__ = ["PARTIES", "THRESHOLD", "party_config", "start_party"]
+
+PARTIES, THRESHOLD = 3, 2
+
+
+def party_config(tmp_path: Path, *, rounds: int, clients: int) -> tuple[FedPSConfig, Path]:
+    """A provisioned configuration of a loopback cluster with key-holder parties, written."""
+    path, config = write_local_config(
+        tmp_path,
+        cluster=local_cluster(tmp_path / "state", parties=PARTIES),
+        training={
+            "rounds": rounds,
+            "clients": clients,
+            "min_quorum": 2,
+            "deadline_s": 300.0,  # rounds end when every member pushed (see process_cluster)
+            "checkpoint_every": 1,
+            "lr": 0.3,
+        },
+        keyholder={"parties": PARTIES, "threshold": THRESHOLD, "lambda_bits": 16},
+    )
+    return config, path
+
+
+def start_party(deployment: Deployment, index: int) -> None:
+    """Start (again) party ``index``'s process, and wait until it serves."""
+    name = f"party-{index}"
+    deployment.start(name, "keyholder", "--party", str(index))
+    address = deployment.config.cluster.parties[index - 1]
+    wait_serving(address, lambda: deployment.check_alive([name]))  # others may be down
