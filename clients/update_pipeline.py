@@ -170,14 +170,14 @@ class UpdatePipeline:
     def _mask(self, round_: int) -> SparseMask | None:
         """The shared mask of ``round_`` (None: the key holder did not give its seed)."""
         try:
-            seed = self._challenge(round_).seed
+            seed = self.challenge(round_).seed
         except FedPSError as exc:
             self.failures.failed(KEY_HOLDER, exc, expected=isinstance(exc, RoundClosedError))
             return None
         density = self.session.config.compression.density
         return SparseMask(self.session.upload_layout, density, mask_seed(seed))
 
-    def _challenge(self, round_: int) -> RoundChallenge:
+    def challenge(self, round_: int) -> RoundChallenge:
         """``round_``'s challenge and pad seeds from the key holder (asked once per round)."""
         challenge = self._challenges.get(round_)
         if challenge is None:
@@ -271,7 +271,7 @@ class UpdatePipeline:
         """
         encryptor = self.session.encryptor
         padded = isinstance(encryptor, BlockEncryptor)  # encryption off: nothing to pad
-        pad_seed = self._challenge(round_).pad_seed if padded else b""
+        pad_seed = self.challenge(round_).pad_seed if padded else b""
         with self.timer.phase("encrypt_offline"):
             self.session.precompute(background=False)
         with self.timer.phase("encrypt_online"):
@@ -285,7 +285,7 @@ class UpdatePipeline:
         encryptor = session.encryptor
         if not isinstance(encryptor, BlockEncryptor):
             return b""
-        seed = self._challenge(round_).seed
+        seed = self.challenge(round_).seed
         public = encryptor.public
         challenge = Challenge(
             seed, modulus=public.modulus, coeffs_per_block=public.coeffs_per_block

@@ -135,19 +135,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 class RecordingClient(EdgeClient):
-    """A real client that also keeps the plaintext of what it encrypted, for a replay, and
-    the shards that acknowledged each round's push."""
+    """A real client that also keeps the plaintext of what it encrypted, for a replay, its pad
+    seeds, and the shards that acknowledged each round's push."""
 
     def __init__(self, config: FedPSConfig, **parts: Any) -> None:
         super().__init__(config, **parts)
         self.sent: dict[int, tuple[float, np.ndarray]] = {}
+        self.pad_seeds: dict[int, bytes] = {}  # round -> its pad seed (crypto.blinding)
         self.pushed: dict[int, set[str]] = {}
         self.owners: dict[int, set[str]] = {}  # the shards owning a block on each round's ring
         self.pusher.on_acknowledged = self.acknowledged_by
 
     def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
         self.sent[round_] = (self.weight, delta.copy())
-        return super().prepare(round_, version, delta)
+        prepared = super().prepare(round_, version, delta)
+        if prepared is not None and self.config.he.enabled:
+            self.pad_seeds[prepared.round] = self.pipeline.challenge(prepared.round).pad_seed
+        return prepared
 
     def acknowledged_by(self, round_: int, sid: str) -> None:
         """Shard ``sid`` acknowledged this client's push of round ``round_``.

@@ -9,7 +9,8 @@ tries to read one client's update of a finished round: with party 1's share alon
 asking parties 2 and 3 themselves for one client's ciphertext (a one-client "aggregate"), a
 sub-cohort of the round, a replay of an older round with another aggregate, and a request
 party 1 signed. Each party refuses on its own check and nothing of the update is recovered.
-(The control: parties 1 and 2's shares together do decrypt it.)
+(The control: parties 1 and 2's shares together do decrypt it.) The coalition is even given
+the victim's pad seeds (crypto.blinding), so that the shares alone are what is tested.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 
 from crypto import PublicContext
 from crypto import threshold as th
+from crypto.blinding import Blinding
 from crypto.ckks_encoder import CkksEncoder
 from crypto.signing import BlockSigner
 from fedps.config import FedPSConfig
@@ -50,6 +52,7 @@ class Run:
     public: PublicContext
     victim: dict[int, np.ndarray]  # round -> the victim's update
     members: tuple[str, ...]
+    victim_pads: dict[int, bytes]  # round -> the victim's pad seed
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +69,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         public = PublicContext.from_bytes((folder / PUBLIC_CONTEXT_FILE).read_bytes())
         victim = next(c for c in clients if c.client_id == VICTIM)
         members = tuple(sorted(c.client_id for c in clients))
-        yield Run(config, public, {r: d for r, (_, d) in victim.sent.items()}, members)
+        updates = {r: d for r, (_, d) in victim.sent.items()}
+        yield Run(config, public, updates, members, dict(victim.pad_seeds))
     finally:
         deployment.stop()
 
@@ -100,7 +104,9 @@ def _correlation(a: np.ndarray, b: np.ndarray) -> float:
 def test_a_shard_with_one_party_share_reads_nothing_of_one_update(run: Run) -> None:
     # Prepare: the victim's stored ciphertext of the last round, as the shards hold it
     update = run.victim[ROUNDS]
-    _, rows = _stolen(run, ROUNDS, [VICTIM])
+    blocks, padded = _stolen(run, ROUNDS, [VICTIM])
+    blinding = Blinding(run.public.params, run.public.modulus)
+    rows = blinding.remove(padded, blocks, [(run.victim_pads[ROUNDS], 1)])
     # Execute: the coalition's share alone; the control: T shares
     alone = _decrypt(run, rows, [_share(run, 1)], update.size)
     together = _decrypt(run, rows, [_share(run, 1), _share(run, 2)], update.size)
