@@ -314,7 +314,7 @@ else:
 # the deployment. Status answers only the operator (``fedps status``, the demo's watcher); the
 # key holder's model state also the coordinator, which reads it when it starts.
 CALLER_ROLES: dict[str, frozenset[str]] = {
-    "/fedps.proto.Shard/GetStatus": frozenset({"operator"}),
+    "/fedps.proto.Shard/GetStatus": frozenset({"coordinator", "operator"}),
     "/fedps.proto.Coordinator/GetStatus": frozenset({"operator"}),
     "/fedps.proto.KeyHolder/GetModelState": frozenset({"coordinator", "operator"}),
     "/fedps.proto.Shard/OpenRound": frozenset({"coordinator"}),
