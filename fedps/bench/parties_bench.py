@@ -194,6 +194,7 @@ def run_parties_bench(
         shards = _Shards(public, packed, contributors)
         joint = _joint_keys(root / "keys", public, shards, parties, threshold)
         joint_rows = unpack_blocks(public, packed)
+        joint_c0 = joint_rows[:, : params.poly_modulus_degree]  # no pads: unblinded clients
         blocks = list(range(len(single_rows)))
         console.print(
             f"{parties} parties (any {threshold}) against one key holder: {size:,} parameters, "
@@ -206,7 +207,9 @@ def run_parties_bench(
                     _generate_parties, params, parties, threshold, root / f"parties-{r}"
                 ),
                 ("decrypt_s", "1"): partial(single.open, single_rows, noise_weight=clients),
-                ("decrypt_s", key): partial(joint.open_round, r, contributors, blocks, joint_rows),
+                ("decrypt_s", key): partial(
+                    joint.open_round, r, contributors, blocks, joint_rows, c0=joint_c0
+                ),
             }
             for (what, setting), fn in measured.items():
                 runs[what].setdefault(setting, []).append(_timed(fn))
