@@ -41,7 +41,7 @@ from crypto import rlwe
 from crypto.canary import CanaryError
 from crypto.params import TAIL_SIGMAS, CkksParams
 from crypto.randomness import SecureRandom
-from crypto.threshold import KeyShare, combine, joint_canary_bound, lagrange_coefficients
+from crypto.threshold import KeyShare, combine, flood, joint_canary_bound, weighted_share
 from fedps.errors import InvalidArgumentError
 
 __all__ = ["COMBINATIONS", "FLOOD_BITS", "WEIGHT_BITS", "CanaryCheck", "canary_weights"]
@@ -54,6 +54,7 @@ WEIGHT_BITS = 8
 FLOOD_BITS = 4
 
 _WEIGHT_DOMAIN = b"fedps-joint-canary-weights-v1"
+_LIMB_BITS = 20  # the widest limb _combine_blocks takes
 
 
 def canary_weights(aggregate: bytes, blocks: int) -> np.ndarray:
@@ -68,12 +69,22 @@ def canary_weights(aggregate: bytes, blocks: int) -> np.ndarray:
 
 
 def _combine_blocks(weights: np.ndarray, polys: np.ndarray, modulus: int) -> np.ndarray:
-    """``sum_b r_kb poly_b mod q``, ``(COMBINATIONS, width)`` uint64 of ``(B, width)`` ones."""
-    q = np.uint64(modulus)
-    out = np.zeros((len(weights), polys.shape[1]), dtype=np.uint64)
-    for b in range(polys.shape[0]):  # each product below 2^62: reduced one block at a time
-        out = (out + weights[:, b : b + 1].astype(np.uint64) * polys[b] % q) % q
-    return out
+    """``sum_b r_kb poly_b mod q``, ``(COMBINATIONS, width)`` uint64 of ``(B, width)`` ones.
+
+    One float64 matrix product per limb of the coefficients: each limb sum is an integer below
+    ``B 2^(WEIGHT_BITS + limb bits) < 2^53``, exact; the limbs are recombined modulo q.
+    """
+    bits = min(62 - modulus.bit_length(), _LIMB_BITS)
+    if len(polys) >= 1 << (52 - WEIGHT_BITS - bits):
+        raise InvalidArgumentError(f"{len(polys)} blocks are too many to combine exactly")
+    mask = np.uint64((1 << bits) - 1)
+    factors = weights.astype(np.float64)
+    out = np.zeros((len(weights), polys.shape[1]), dtype=np.int64)
+    for k in range(-(-modulus.bit_length() // bits) - 1, -1, -1):  # Horner in 2^bits
+        limb = ((polys >> np.uint64(bits * k)) & mask).astype(np.float64)
+        sums = (factors @ limb).astype(np.int64)
+        out = ((out << bits) + sums % modulus) % modulus
+    return out.astype(np.uint64)
 
 
 @dataclass(frozen=True)
@@ -132,16 +143,11 @@ class CanaryCheck:
         ``c1`` is the aggregate's ``(B, N)`` second polynomials.
         """
         self._check_rows(c1, share.modulus)
-        weight = lagrange_coefficients(participants, share.modulus)[share.index]
-        weighted = (share.share.astype(object) * weight % share.modulus).astype(np.uint64)
+        weighted = weighted_share(share, participants)
         combined = _combine_blocks(self.weights, c1, share.modulus)
         canaries = list(self.params.canary_positions)
         product = rlwe.RingProduct(weighted, share.modulus).times(combined)[:, canaries]
-        noise = np.rint(SecureRandom().normal(self.sigma, product.shape)).astype(np.int64)
-        out: np.ndarray = (product + (noise % share.modulus).astype(np.uint64)) % np.uint64(
-            share.modulus
-        )
-        return out
+        return flood(product, SecureRandom().normal(self.sigma, product.shape), share.modulus)
 
     def verify(self, c0: np.ndarray, partials: Sequence[np.ndarray], modulus: int) -> None:
         """Check ``C0^(k) + sum_j p_j`` at the canaries against :attr:`bound`.

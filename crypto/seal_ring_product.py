@@ -59,7 +59,8 @@ class SealRingProduct:
         self._fixed = fixed
         self._one = np.zeros((1, n), dtype=np.uint64)
         self._one[0, 0] = 1
-        self._plain = self._ntt_plaintext(self._ntt(fixed))
+        # a zero factor has no NTT form SEAL computes (its ciphertext is "transparent")
+        self._plain = self._ntt_plaintext(self._ntt(fixed)) if fixed.any() else None
 
     def times(self, polys: np.ndarray) -> np.ndarray:
         """``a * w mod q`` for ``polys`` of shape ``(B, N)``, uint64 in ``[0, q)``.
@@ -76,9 +77,8 @@ class SealRingProduct:
             raise InvalidArgumentError(f"expected (B, {self._n}) uint64 coefficients")
         if polys.size and int(polys.max()) >= q:
             raise InvalidArgumentError("a coefficient is not below the modulus")
-        out = np.empty(polys.shape, dtype=np.uint64)
-        if not self._fixed.any():
-            out[...] = 0
+        out = np.zeros(polys.shape, dtype=np.uint64)
+        if self._plain is None:
             return out
         for start in range(0, len(polys), _PER_CIPHERTEXT):
             batch = np.concatenate([polys[start : start + _PER_CIPHERTEXT], self._one])
@@ -117,7 +117,7 @@ class SealRingProduct:
         return plain
 
     def _load(self, polys: np.ndarray) -> Any:
-        """One coefficient-form SEAL ciphertext of the ``len(polys)`` polynomials ``polys`` (2-16)."""
+        """One coefficient-form SEAL ciphertext of the (2 to 16) polynomials ``polys``."""
         prefix = bytearray(self._public.ciphertext_prefix)
         size, count = len(polys), polys.size
         if struct.unpack_from("<Q", prefix, _SIZE) != (2,) or struct.unpack_from(
