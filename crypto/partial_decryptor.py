@@ -78,6 +78,10 @@ class PartialDecryptor:
         self._noise.fill([NoiseDraw(1.0, c1.shape, np.float64)])
         return out
 
+    def wait_drawn(self, timeout_s: float) -> bool:
+        """Wait until the next round's flooding is drawn, at most ``timeout_s``; whether so."""
+        return self._noise.wait(timeout_s)
+
     def close(self) -> None:
         """Stop drawing ahead and drop what was drawn."""
         self._noise.close()

@@ -192,6 +192,10 @@ class KeyHolderParty:
         )
         return self._decryptor.decrypt(rows[:, n:], participants=request.participants, sigma=sigma)
 
+    def wait_drawn(self, timeout_s: float) -> bool:
+        """Wait until the next round's flooding is drawn, at most ``timeout_s``; whether so."""
+        return self._decryptor.wait_drawn(timeout_s)
+
     def _checked(self, request: DecryptionRequest) -> tuple[list[int], np.ndarray]:
         """The round's aggregate, fetched from the shards once every check of the request passed."""
         round_ = request.round
