@@ -54,7 +54,6 @@ WEIGHT_BITS = 8
 FLOOD_BITS = 4
 
 _WEIGHT_DOMAIN = b"fedps-joint-canary-weights-v1"
-_LIMB_BITS = 20  # the widest limb _combine_blocks takes
 
 
 def canary_weights(aggregate: bytes, blocks: int) -> np.ndarray:
@@ -71,19 +70,18 @@ def canary_weights(aggregate: bytes, blocks: int) -> np.ndarray:
 def _combine_blocks(weights: np.ndarray, polys: np.ndarray, modulus: int) -> np.ndarray:
     """``sum_b r_kb poly_b mod q``, ``(COMBINATIONS, width)`` uint64 of ``(B, width)`` ones.
 
-    One float64 matrix product per limb of the coefficients: each limb sum is an integer below
-    ``B 2^(WEIGHT_BITS + limb bits) < 2^53``, exact; the limbs are recombined modulo q.
+    One float64 matrix product of the coefficients' four 16-bit limbs: each limb sum is an
+    integer below ``B 2^(WEIGHT_BITS + 16) < 2^53``, exact; the limbs are recombined modulo q
+    (in int64: ``q < 2^55``).
     """
-    bits = min(62 - modulus.bit_length(), _LIMB_BITS)
-    if len(polys) >= 1 << (52 - WEIGHT_BITS - bits):
-        raise InvalidArgumentError(f"{len(polys)} blocks are too many to combine exactly")
-    mask = np.uint64((1 << bits) - 1)
-    factors = weights.astype(np.float64)
-    out = np.zeros((len(weights), polys.shape[1]), dtype=np.int64)
-    for k in range(-(-modulus.bit_length() // bits) - 1, -1, -1):  # Horner in 2^bits
-        limb = ((polys >> np.uint64(bits * k)) & mask).astype(np.float64)
-        sums = (factors @ limb).astype(np.int64)
-        out = ((out << bits) + sums % modulus) % modulus
+    if len(polys) >= 1 << (52 - WEIGHT_BITS - 16) or modulus >= 1 << 55:
+        raise InvalidArgumentError(f"cannot combine {len(polys)} blocks modulo q exactly")
+    limbs = np.ascontiguousarray(polys, dtype="<u8").view("<u2").reshape(len(polys), 4 * polys.shape[1])
+    sums = (weights.astype(np.float64) @ limbs.astype(np.float64)).astype(np.int64)
+    sums = sums.reshape(len(weights), polys.shape[1], 4) % modulus  # limb last, lowest first
+    out = np.zeros(sums.shape[:2], dtype=np.int64)
+    for k in range(3, -1, -1):  # Horner in 2^16, in two steps of 2^8 that stay below 2^63
+        out = ((((out << 8) % modulus) << 8) + sums[..., k]) % modulus
     return out.astype(np.uint64)
 
 
