@@ -76,9 +76,10 @@ def _combine_blocks(weights: np.ndarray, polys: np.ndarray, modulus: int) -> np.
     """
     if len(polys) >= 1 << (52 - WEIGHT_BITS - 16) or modulus >= 1 << 55:
         raise InvalidArgumentError(f"cannot combine {len(polys)} blocks modulo q exactly")
-    limbs = np.ascontiguousarray(polys, dtype="<u8").view("<u2").reshape(len(polys), 4 * polys.shape[1])
+    blocks, width = polys.shape
+    limbs = np.ascontiguousarray(polys, dtype="<u8").view("<u2").reshape(blocks, 4 * width)
     sums = (weights.astype(np.float64) @ limbs.astype(np.float64)).astype(np.int64)
-    sums = sums.reshape(len(weights), polys.shape[1], 4) % modulus  # limb last, lowest first
+    sums = sums.reshape(len(weights), width, 4) % modulus  # limb last, lowest first
     out = np.zeros(sums.shape[:2], dtype=np.int64)
     for k in range(3, -1, -1):  # Horner in 2^16, in two steps of 2^8 that stay below 2^63
         out = ((((out << 8) % modulus) << 8) + sums[..., k]) % modulus
