@@ -31,10 +31,6 @@ from fedps.errors import InvalidArgumentError
 
 __all__ = ["PartialDecryptor"]
 
-#: The most flooding the pool holds: two rounds of a 2M-parameter model (N = 2048).
-_POOL_BYTES = 64 << 20
-
-
 class PartialDecryptor:
     """Party ``share.index``'s partial decryptions (:func:`crypto.threshold.partial_decryption`).
 
@@ -46,7 +42,8 @@ class PartialDecryptor:
         The joint public context (N and q of every aggregate).
     noise
         Where the flooding comes from, drawn ahead (a pool of :class:`SecureRandom` when left
-        out; one whose source is not secure draws nothing ahead).
+        out, of the pool's default bound: one round of a 30M-parameter model; one whose source
+        is not secure draws nothing ahead).
     """
 
     def __init__(
@@ -56,7 +53,7 @@ class PartialDecryptor:
             raise InvalidArgumentError("the key share is not of this public context's modulus")
         self.share = share
         self._public = public
-        self._noise = noise or NoisePool(SecureRandom(), max_bytes=_POOL_BYTES)
+        self._noise = noise or NoisePool(SecureRandom())
         self._products: dict[tuple[int, ...], SealRingProduct] = {}
 
     def decrypt(self, c1: np.ndarray, *, participants: Sequence[int], sigma: float) -> np.ndarray:
