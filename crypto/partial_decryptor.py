@@ -31,6 +31,7 @@ from fedps.errors import InvalidArgumentError
 
 __all__ = ["PartialDecryptor"]
 
+
 class PartialDecryptor:
     """Party ``share.index``'s partial decryptions (:func:`crypto.threshold.partial_decryption`).
 
