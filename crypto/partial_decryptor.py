@@ -18,6 +18,7 @@ faster:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -66,9 +67,11 @@ class PartialDecryptor:
         Raises
         ------
         InvalidArgumentError
-            The participants are not ``T`` distinct parties including this one, or ``c1`` is
-            not ``(B, N)`` below q.
+            The participants are not ``T`` distinct parties including this one, ``c1`` is
+            not ``(B, N)`` below q, or ``sigma`` is negative or not finite.
         """
+        if not (math.isfinite(sigma) and sigma >= 0):
+            raise InvalidArgumentError(f"a flooding std is finite and >= 0, got {sigma}")
         product = self._product(participants).times(c1)
         unit = self._noise.normal(1.0, c1.shape)
         unit *= sigma

@@ -64,11 +64,14 @@ def test_the_flooding_is_drawn_ahead_once_and_never_reused(joint: Joint) -> None
     decryptor.close()
 
 
-def test_partials_refuse_a_wrong_set_of_participants(joint: Joint) -> None:
+def test_partials_refuse_a_wrong_set_of_participants_or_std(joint: Joint) -> None:
     share = joint.shares(2)[0]
     decryptor = PartialDecryptor(share, joint.public)
     c1 = np.zeros((1, N), dtype=np.uint64)
     for participants in ([2, 3], [1], [1, 2, 3], [1, 4]):
         with pytest.raises(InvalidArgumentError):
             decryptor.decrypt(c1, participants=participants, sigma=1.0)
+    for sigma in (-1.0, float("nan")):
+        with pytest.raises(InvalidArgumentError):
+            decryptor.decrypt(c1, participants=[1, 2], sigma=sigma)
     decryptor.close()
