@@ -37,8 +37,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from clients.noise_pool import NoiseDraw, NoisePool
 from clients.private_engine import CLIPPING, SourcedPrivacyEngine, dp_backward
+from crypto.noise_pool import NoiseDraw, NoisePool
 from crypto.randomness import RandomSource, random_source
 from fedps._registry import add_entry
 from fedps.config import PrivacyConfig, TrainingConfig
@@ -113,7 +113,7 @@ class Trainer(abc.ABC):
     :meth:`restore`, :meth:`noise_of_next_round` and :meth:`_train_locally`.
 
     The noise a round adds can be drawn ahead of it, while the client waits
-    (:meth:`draw_noise_ahead`, :class:`clients.noise_pool.NoisePool`): a round takes what is
+    (:meth:`draw_noise_ahead`, :class:`crypto.noise_pool.NoisePool`): a round takes what is
     ready and draws the rest itself. :meth:`close` ends the drawing.
 
     Parameters
@@ -216,7 +216,7 @@ class Trainer(abc.ABC):
         """Start drawing the next round's noise in the background; returns at once.
 
         At low priority, for the time the client waits for its next round (see
-        :class:`clients.noise_pool.NoisePool`); :meth:`train_round` stops it and takes what is
+        :class:`crypto.noise_pool.NoisePool`); :meth:`train_round` stops it and takes what is
         ready. Nothing is drawn ahead from a reproducible source.
         """
         self.noise_pool.fill(self.noise_of_next_round())

@@ -23,7 +23,7 @@ One round as the client sees it:
 
 While it waits for its next round, the client draws at low priority what that round will
 need and what does not depend on the model: the encryptions of zero (the offline half of
-encryption) and the DP noise (:class:`clients.noise_pool.NoisePool`).
+encryption) and the DP noise (:class:`crypto.noise_pool.NoisePool`).
 
 :class:`EdgeClient` is the run loop that composes those parts: :meth:`EdgeClient.run` loops
 over the coordinator's tasks with :meth:`EdgeClient.run_task`; steps 2 to 5 are

@@ -2,7 +2,7 @@
 
 Opacus draws the two random things of DP-SGD from torch's generator (its ``secure_mode`` needs
 ``torchcsprng``, which has no build for current torch). :class:`SourcedPrivacyEngine` overrides
-both places: the optimizer adds noise from a :class:`~clients.noise_pool.NoisePool` (drawn
+both places: the optimizer adds noise from a :class:`~crypto.noise_pool.NoisePool` (drawn
 ahead, or now from its :class:`~crypto.randomness.RandomSource`), and the data loader samples
 its batches with :class:`PoissonBatches` from the same source. :class:`clients.dp_trainer.DPTrainer`
 builds one per client.
@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-from clients.noise_pool import NoiseDraw, NoisePool
+from crypto.noise_pool import NoiseDraw, NoisePool
 from crypto.randomness import RandomSource
 from fedps.errors import ConfigError
 from fedps.round_timer import RoundTimer
@@ -85,7 +85,7 @@ class _SourcedNoise:
     """The noise part of a DP optimizer: Gaussian noise from a :class:`NoisePool`.
 
     Mixed in before one of Opacus's DP optimizers (its ``add_noise`` replaces theirs). The noise
-    comes through ``noise`` (:class:`clients.noise_pool.NoisePool`: drawn ahead, or now from its
+    comes through ``noise`` (:class:`crypto.noise_pool.NoisePool`: drawn ahead, or now from its
     source). The source is hardened as Opacus's ``secure_mode`` hardens it, and replaces torch's
     generator. What the noise costs the step is timed as the ``noise`` phase of ``timer``.
     """

@@ -41,7 +41,7 @@ from crypto import rlwe
 from crypto.canary import CanaryError
 from crypto.params import TAIL_SIGMAS, CkksParams
 from crypto.randomness import SecureRandom
-from crypto.threshold import KeyShare, combine, joint_canary_bound, lagrange_coefficients
+from crypto.threshold import KeyShare, combine, flood, joint_canary_bound, weighted_share
 from fedps.errors import InvalidArgumentError
 
 __all__ = ["COMBINATIONS", "FLOOD_BITS", "WEIGHT_BITS", "CanaryCheck", "canary_weights"]
@@ -68,12 +68,22 @@ def canary_weights(aggregate: bytes, blocks: int) -> np.ndarray:
 
 
 def _combine_blocks(weights: np.ndarray, polys: np.ndarray, modulus: int) -> np.ndarray:
-    """``sum_b r_kb poly_b mod q``, ``(COMBINATIONS, width)`` uint64 of ``(B, width)`` ones."""
-    q = np.uint64(modulus)
-    out = np.zeros((len(weights), polys.shape[1]), dtype=np.uint64)
-    for b in range(polys.shape[0]):  # each product below 2^62: reduced one block at a time
-        out = (out + weights[:, b : b + 1].astype(np.uint64) * polys[b] % q) % q
-    return out
+    """``sum_b r_kb poly_b mod q``, ``(COMBINATIONS, width)`` uint64 of ``(B, width)`` ones.
+
+    One float64 matrix product of the coefficients' four 16-bit limbs: each limb sum is an
+    integer below ``B 2^(WEIGHT_BITS + 16) < 2^53``, exact; the limbs are recombined modulo q
+    (in int64: ``q < 2^55``).
+    """
+    if len(polys) >= 1 << (52 - WEIGHT_BITS - 16) or modulus >= 1 << 55:
+        raise InvalidArgumentError(f"cannot combine {len(polys)} blocks modulo q exactly")
+    blocks, width = polys.shape
+    limbs = np.ascontiguousarray(polys, dtype="<u8").view("<u2").reshape(blocks, 4 * width)
+    sums = (weights.astype(np.float64) @ limbs.astype(np.float64)).astype(np.int64)
+    sums = sums.reshape(len(weights), width, 4) % modulus  # limb last, lowest first
+    out = np.zeros(sums.shape[:2], dtype=np.int64)
+    for k in range(3, -1, -1):  # Horner in 2^16, in two steps of 2^8 that stay below 2^63
+        out = ((((out << 8) % modulus) << 8) + sums[..., k]) % modulus
+    return out.astype(np.uint64)
 
 
 @dataclass(frozen=True)
@@ -132,16 +142,11 @@ class CanaryCheck:
         ``c1`` is the aggregate's ``(B, N)`` second polynomials.
         """
         self._check_rows(c1, share.modulus)
-        weight = lagrange_coefficients(participants, share.modulus)[share.index]
-        weighted = (share.share.astype(object) * weight % share.modulus).astype(np.uint64)
+        weighted = weighted_share(share, participants)
         combined = _combine_blocks(self.weights, c1, share.modulus)
         canaries = list(self.params.canary_positions)
         product = rlwe.RingProduct(weighted, share.modulus).times(combined)[:, canaries]
-        noise = np.rint(SecureRandom().normal(self.sigma, product.shape)).astype(np.int64)
-        out: np.ndarray = (product + (noise % share.modulus).astype(np.uint64)) % np.uint64(
-            share.modulus
-        )
-        return out
+        return flood(product, SecureRandom().normal(self.sigma, product.shape), share.modulus)
 
     def verify(self, c0: np.ndarray, partials: Sequence[np.ndarray], modulus: int) -> None:
         """Check ``C0^(k) + sum_j p_j`` at the canaries against :attr:`bound`.

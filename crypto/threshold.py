@@ -56,6 +56,7 @@ __all__ = [
     "common_polynomial",
     "deal",
     "draw_party_key",
+    "flood",
     "flooding_std",
     "gather",
     "joint_public_context",
@@ -64,6 +65,7 @@ __all__ = [
     "lagrange_coefficients",
     "partial_decryption",
     "request_digest",
+    "weighted_share",
 ]
 
 _CRS_DOMAIN = b"fedps-threshold-crs-v1"
@@ -338,13 +340,32 @@ def partial_decryption(
 
     ``participants`` are the ``T`` parties that decrypt together (``share``'s among them);
     ``e'_j`` is a rounded Gaussian of std ``sigma`` (:func:`flooding_std`) from the CSPRNG,
-    added after the Lagrange weighting.
+    added after the Lagrange weighting. The reference computation (numpy's FFT, the noise
+    drawn now); a party computes the same with :class:`crypto.partial_decryptor.PartialDecryptor`.
 
     Raises
     ------
     InvalidArgumentError
         The participants are not ``T`` distinct parties including this one, or ``c1`` is not
         ``(B, N)`` below q.
+    """
+    weighted = weighted_share(share, participants)
+    n, q = share.share.size, share.modulus
+    if c1.dtype != np.uint64 or c1.ndim != 2 or c1.shape[1] != n:
+        raise InvalidArgumentError(f"expected (B, {n}) uint64 coefficients of c1")
+    if c1.size and int(c1.max()) >= q:
+        raise InvalidArgumentError("a coefficient is not below the modulus")
+    product = rlwe.RingProduct(weighted, q).times(c1)
+    return flood(product, SecureRandom().normal(sigma, c1.shape), q)
+
+
+def weighted_share(share: KeyShare, participants: Sequence[int]) -> np.ndarray:
+    """``lambda_j sh_j mod q``, ``(N,)`` uint64: party ``j``'s share for ``participants``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        The participants are not ``T`` distinct parties including this one.
     """
     if len(participants) != share.threshold or share.index not in participants:
         raise InvalidArgumentError(
@@ -353,16 +374,16 @@ def partial_decryption(
         )
     if any(not 1 <= j <= share.parties for j in participants):
         raise InvalidArgumentError(f"party indices are in [1, {share.parties}]")
-    n, q = share.share.size, share.modulus
-    if c1.dtype != np.uint64 or c1.ndim != 2 or c1.shape[1] != n:
-        raise InvalidArgumentError(f"expected (B, {n}) uint64 coefficients of c1")
-    if c1.size and int(c1.max()) >= q:
-        raise InvalidArgumentError("a coefficient is not below the modulus")
+    q = share.modulus
     weight = lagrange_coefficients(participants, q)[share.index]
-    weighted = (share.share.astype(object) * weight % q).astype(np.uint64)
-    product = rlwe.RingProduct(weighted, q).times(c1)
-    noise = np.rint(SecureRandom().normal(sigma, c1.shape)).astype(np.int64) % q
-    out: np.ndarray = (product + noise.astype(np.uint64)) % np.uint64(q)
+    out: np.ndarray = (share.share.astype(object) * weight % q).astype(np.uint64)
+    return out
+
+
+def flood(product: np.ndarray, noise: np.ndarray, modulus: int) -> np.ndarray:
+    """``product + round(noise) mod q``, uint64: a partial decryption's flooding added."""
+    rounded = np.rint(noise).astype(np.int64) % modulus
+    out: np.ndarray = (product + rounded.astype(np.uint64)) % np.uint64(modulus)
     return out
 
 

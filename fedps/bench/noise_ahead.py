@@ -1,7 +1,7 @@
 """One client's DP-SGD round with its noise drawn ahead, against the noise drawn on demand.
 
 An edge client draws the next round's DP noise while it waits between rounds
-(:class:`clients.noise_pool.NoisePool`); :func:`measure_noise_ahead` times what that takes off
+(:class:`crypto.noise_pool.NoisePool`); :func:`measure_noise_ahead` times what that takes off
 a round: the same trainer trains rounds from the same model, alternating a round whose noise
 was drawn ahead (the pool filled, and waited for, before the round: the client's idle time,
 not counted) with a round that draws it all on demand, as before, after an idle wait as long.

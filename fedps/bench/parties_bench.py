@@ -14,8 +14,11 @@ configuration's CKKS parameters) and an aggregate of ``clients`` encrypted updat
   :meth:`~server.keyholder.joint_keys.JointKeys.open_round` with ``T`` in-process parties
   (:class:`~server.keyholder.keyholder_party.KeyHolderParty`), each doing what it does for a
   round: unpacking the shards' packed sums it fetched, hashing them, its canaries, its check of
-  the joint canaries, its flooded partial; then the combination and the decoding. The parties
-  answer one after the other, as the combiner asks them; no gRPC, no transfer.
+  the joint canaries, its flooded partial; then the combination and the decoding. The
+  combiner asks the participants at once (threads of this process); no gRPC, no transfer.
+  After each measurement the bench waits until every party has drawn its next round's
+  flooding (:class:`crypto.partial_decryptor.PartialDecryptor`), as it does while a round
+  trains: the first repeat draws it during the round, the later ones take it drawn.
 
 Each figure is the median of ``repeats`` runs; the ratio is P parties over one key holder.
 """
@@ -52,6 +55,7 @@ __all__ = ["render_parties", "run_parties_bench"]
 
 _LAMBDA = 16
 _SEED = b"fedps bench: the parties' common seed"
+_DRAW_WAIT_S = 60.0
 
 
 class _Shards:
@@ -115,7 +119,7 @@ def _timed(fn: Callable[[], object]) -> float:
 
 def _joint_keys(
     root: Path, public: PublicContext, source: _Shards, parties: int, threshold: int
-) -> JointKeys:
+) -> tuple[JointKeys, dict[int, KeyHolderParty]]:
     """The combiner over the parties generated in ``root``, asking them in this process."""
     combiner = BlockSigner()
     signers = {j: BlockSigner() for j in range(1, parties + 1)}
@@ -134,7 +138,8 @@ def _joint_keys(
         )
         for j in signers
     }
-    return JointKeys(public, members, threshold=threshold, signer=combiner, lambda_bits=_LAMBDA)
+    joint = JointKeys(public, members, threshold=threshold, signer=combiner, lambda_bits=_LAMBDA)
+    return joint, members
 
 
 def run_parties_bench(
@@ -192,7 +197,7 @@ def run_parties_bench(
         packed = _aggregate(public, size, clients)
         contributors = [f"client-{i}" for i in range(clients)]
         shards = _Shards(public, packed, contributors)
-        joint = _joint_keys(root / "keys", public, shards, parties, threshold)
+        joint, members = _joint_keys(root / "keys", public, shards, parties, threshold)
         joint_rows = unpack_blocks(public, packed)
         joint_c0 = joint_rows[:, : params.poly_modulus_degree]  # no pads: unblinded clients
         blocks = list(range(len(single_rows)))
@@ -213,6 +218,8 @@ def run_parties_bench(
             }
             for (what, setting), fn in measured.items():
                 runs[what].setdefault(setting, []).append(_timed(fn))
+                for member in members.values():  # the time between two rounds
+                    member.wait_drawn(_DRAW_WAIT_S)
             console.print(
                 f"repeat {r}: "
                 + ", ".join(f"{w} P={s} {v[-1]:.3f}" for w in runs for s, v in runs[w].items())

@@ -28,8 +28,10 @@ not checked itself, and trusts no single other role for it:
 
 Only then does the party return ``c1 (lambda_j sh_j) + e'_j`` of the aggregate it fetched
 (never of bytes the combiner sent), flooded with :func:`crypto.threshold.flooding_std` for the
-round's contributors. Asynchronous rounds (weighted sums) are not decrypted by parties: the
-party would need the staleness multipliers, checked against the shards' manifests.
+round's contributors (:class:`crypto.partial_decryptor.PartialDecryptor`: the product by
+SEAL's NTT, the flooding drawn ahead after each round). Asynchronous rounds (weighted sums)
+are not decrypted by parties: the party would need the staleness multipliers, checked
+against the shards' manifests.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ from crypto import PublicContext
 from crypto.canary import CanaryError
 from crypto.files import read_checked, write_checked
 from crypto.joint_canary import COMBINATIONS, CanaryCheck
+from crypto.partial_decryptor import PartialDecryptor
 from crypto.signing import BlockSigner, verify_block
-from crypto.threshold import KeyShare, aggregate_digest, flooding_std, partial_decryption
+from crypto.threshold import KeyShare, aggregate_digest, flooding_std
 from fedps.errors import InvalidArgumentError, PolicyError
 from fedps.rpc.keyholder_party_messages import DecryptionRequest, PartyCanaries
 
@@ -117,6 +120,7 @@ class KeyHolderParty:
             raise InvalidArgumentError(f"party {share.index}'s listed key is not its signing key")
         self.share = share
         self.public = public
+        self._decryptor = PartialDecryptor(share, public)
         self._combiner_key = combiner_key
         self._signer = signer
         self._party_keys = dict(party_keys)
@@ -186,9 +190,11 @@ class KeyHolderParty:
             len(request.contributors),
             sorted(request.participants),
         )
-        return partial_decryption(
-            self.share, rows[:, n:], participants=request.participants, sigma=sigma
-        )
+        return self._decryptor.decrypt(rows[:, n:], participants=request.participants, sigma=sigma)
+
+    def wait_drawn(self, timeout_s: float) -> bool:
+        """Wait until the next round's flooding is drawn, at most ``timeout_s``; whether so."""
+        return self._decryptor.wait_drawn(timeout_s)
 
     def _checked(self, request: DecryptionRequest) -> tuple[list[int], np.ndarray]:
         """The round's aggregate, fetched from the shards once every check of the request passed."""

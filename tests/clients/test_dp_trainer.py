@@ -25,8 +25,8 @@ from clients.dp_trainer import (
     create_trainer,
 )
 from clients.edge_client import EdgeClient, PreparedPush
-from clients.noise_pool import NoisePool
 from clients.private_engine import PoissonBatches
+from crypto.noise_pool import NoisePool
 from crypto.randomness import SeededRandom
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import ConfigError, PeerUnavailableError, PrivacyBudgetExceededError

@@ -13,7 +13,6 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from clients.noise_pool import NoisePool
 from clients.private_engine import (
     CLIPPING,
     SourcedDPOptimizer,
@@ -21,6 +20,7 @@ from clients.private_engine import (
     SourcedPrivacyEngine,
     dp_backward,
 )
+from crypto.noise_pool import NoisePool
 from crypto.randomness import SeededRandom
 from fedps.errors import ConfigError
 from fedps.learning.tasks import check_dp_trainable

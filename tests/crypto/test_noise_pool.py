@@ -1,4 +1,4 @@
-"""Tests for clients.noise_pool: DP noise drawn ahead by a low-priority thread, each value
+"""Tests for crypto.noise_pool: DP noise drawn ahead by a low-priority thread, each value
 handed out once, bounded, dropped when the noise changes, never drawn ahead from a seed."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from clients.noise_pool import NoiseDraw, NoisePool
+from crypto.noise_pool import NoiseDraw, NoisePool
 from crypto.randomness import SecureRandom, SeededRandom
 
 N = 200_000

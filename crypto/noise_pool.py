@@ -1,4 +1,6 @@
-"""DP noise drawn ahead of the round that adds it, while the client waits.
+"""Gaussian noise drawn ahead of the round that adds it, while its role waits.
+
+A client's DP noise, and a key-holder party's flooding (:mod:`crypto.partial_decryptor`).
 
 The Gaussian noise a round adds does not depend on the model or the data: its standard
 deviation, the parameters' shapes and the number of steps are known before the round. A
