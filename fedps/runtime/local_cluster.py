@@ -24,7 +24,7 @@ from fedps.config import FedPSConfig
 from fedps.errors import FedPSError
 from fedps.provisioning import provision_cluster
 from fedps.rpc.coordinator_stub import CoordinatorStub
-from fedps.runtime.api import ConfigLike, as_config, enable_default_logging, use_identity
+from fedps.runtime.api_base import ConfigLike, as_config, enable_default_logging, use_identity
 from fedps.runtime.deployment import Deployment, round_line, write_config
 from fedps.runtime.export import export_model, pull_model
 from fedps.runtime.history import History, read_history
