@@ -1,6 +1,7 @@
 """The runtime: what the commands and the Python API both use to run fedps.
 
-The API (:mod:`~fedps.runtime.api`: clients, the trained model), a local cluster
+The API (:mod:`~fedps.runtime.api`: clients, the trained model;
+:mod:`~fedps.runtime.api_base`: what every entry point sets up first), a local cluster
 (:mod:`~fedps.runtime.local_cluster`), the supervisor of role processes
 (:mod:`~fedps.runtime.deployment`), the demo run (:mod:`~fedps.runtime.demo`), a run's history
 (:mod:`~fedps.runtime.history`), a running cluster's status

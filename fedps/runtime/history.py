@@ -15,7 +15,7 @@ from fedps.config import FedPSConfig
 from fedps.errors import FedPSError, PeerUnavailableError
 from fedps.rpc.coordinator_messages import ClusterStatus, RoundSummary
 from fedps.rpc.coordinator_stub import CoordinatorStub
-from fedps.runtime.api import ConfigLike, as_config, enable_default_logging, use_identity
+from fedps.runtime.api_base import ConfigLike, as_config, enable_default_logging, use_identity
 from server.coordinator.checkpoint_store import CheckpointStore
 
 __all__ = ["History", "read_history"]

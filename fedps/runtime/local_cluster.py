@@ -15,8 +15,7 @@ import os
 import time
 from pathlib import Path
 from types import TracebackType
-
-import torch
+from typing import TYPE_CHECKING
 
 from crypto.files import private_directory
 from crypto.tls import OPERATOR_NAME
@@ -24,10 +23,12 @@ from fedps.config import FedPSConfig
 from fedps.errors import FedPSError
 from fedps.provisioning import provision_cluster
 from fedps.rpc.coordinator_stub import CoordinatorStub
-from fedps.runtime.api import ConfigLike, as_config, enable_default_logging, use_identity
+from fedps.runtime.api_base import ConfigLike, as_config, enable_default_logging, use_identity
 from fedps.runtime.deployment import Deployment, round_line, write_config
-from fedps.runtime.export import export_model, pull_model
 from fedps.runtime.history import History, read_history
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["LocalCluster"]
 
@@ -175,12 +176,18 @@ class LocalCluster:
 
     def load_model(self) -> torch.nn.Module:
         """The trained global model, its signature checked (:func:`fedps.load_model`)."""
+        from fedps.runtime.export import pull_model  # torch: see export_model
+
         self._require_started()
         model, _ = pull_model(self.config)
         return model
 
     def export_model(self, path: str | os.PathLike[str]) -> Path:
         """Write the trained global model's ``state_dict`` (:func:`fedps.export_model`)."""
+        # imported here: torch takes seconds of CPU to load, which a process that only runs
+        # the servers (the dashboard until a run ends) never needs
+        from fedps.runtime.export import export_model
+
         self._require_started()
         export_model(self.config, Path(path))
         return Path(path)
