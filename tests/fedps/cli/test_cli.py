@@ -19,8 +19,8 @@ from crypto.enrolment import issue_tokens
 from fedps.config import PrivacyConfig, load_config
 from fedps.provisioning import issue_cluster_certificates
 from fedps.runtime.deployment import free_port
+from tests.waiting import HANG_S
 
-_TIMEOUT_S = 60
 _ENV = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
 
 
@@ -29,7 +29,7 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "fedps.cli", *args],
         capture_output=True,
         text=True,
-        timeout=_TIMEOUT_S,
+        timeout=HANG_S,
         cwd=cwd,
         env=_ENV,
         check=False,
@@ -181,7 +181,7 @@ def test_help_lists_every_command(tmp_path: Path) -> None:
         [*command, "--help"],
         capture_output=True,
         text=True,
-        timeout=_TIMEOUT_S,
+        timeout=HANG_S,
         cwd=tmp_path,
         env=_ENV,
         check=False,
@@ -294,7 +294,7 @@ def test_ui_prints_the_operator_link_once_and_keeps_the_token_private(tmp_path: 
         page = httpx.get(url, follow_redirects=True)
     finally:
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=_TIMEOUT_S)
+        out, err = proc.communicate(timeout=HANG_S)
 
     # Assert
     token_file = tmp_path / "fedps-state" / "ui.token"
@@ -327,7 +327,7 @@ def test_ui_view_only_prints_a_viewer_link_and_starts_no_run(tmp_path: Path) -> 
             start = browser.post(url.split("?")[0] + "api/runs", json={"training.rounds": "1"})
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=_TIMEOUT_S)
+        proc.communicate(timeout=HANG_S)
 
     # Assert: one read-only link, no operator; the page opens, a run cannot be started
     assert "read-only" in line and "operator" not in line, line
@@ -355,7 +355,7 @@ def test_a_stopped_role_exits_0_after_its_exit_functions_its_output_flushed(
         [sys.executable, "-c", script],
         capture_output=True,
         text=True,
-        timeout=_TIMEOUT_S,
+        timeout=HANG_S,
         env=_ENV,
         check=False,
     )
