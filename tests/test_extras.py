@@ -128,7 +128,7 @@ def test_a_client_without_the_client_extra_says_which_in_one_line(tmp_path: Path
 def test_the_python_api_without_the_client_extra_names_it(tmp_path: Path) -> None:
     # Execute: `import fedps` works on the core install; its training API needs [client]
     done = subprocess.run(
-        [sys.executable, "-c", "import fedps\nfedps.LocalCluster"],
+        [sys.executable, "-c", "import fedps\nfedps.run_client"],
         capture_output=True,
         text=True,
         env=_core_env(tmp_path),

@@ -94,6 +94,16 @@ class CoordinatorRpcs(ServiceRpcs):
             return bad(f"noise multiplier {m.noise_multiplier!r} is NaN or negative")
         return LEGIT
 
+    def judge_remove_shard(
+        self, msgs: list[coordinator_pb2.RemoveShardRequest], metadata: Metadata
+    ) -> str:
+        """Only a shard on the ring can be removed (never the fixture's own: that one is
+        skipped, as removing it would end the fixture's rounds)."""
+        ring = self.cluster.coord.desk.ring
+        if ring is not None and msgs[0].shard_id in ring.view.nodes:
+            return SKIP
+        return bad("not a shard on the ring")
+
     def credential_metadata(self, rng: random.Random) -> Metadata:
         """Client ``c``'s credential, missing, random, malformed or slightly wrong."""
         header = self.cluster.credential_header
@@ -168,6 +178,14 @@ class CoordinatorRpcs(ServiceRpcs):
                 pools=coordinator_pools,
             ),
             RpcSpec(methods["GetStatus"], empty, pools=pools),
+            RpcSpec(
+                methods["RemoveShard"],
+                lambda rng: coordinator_pb2.RemoveShardRequest(
+                    shard_id=rng.choice(["", "shard-9", "x" * 1000])
+                ),
+                self.judge_remove_shard,
+                pools={**pools, "shard_id": ["", "shard-9", "shard-", "x" * 1000]},
+            ),
             RpcSpec(
                 methods["GetClosedRound"],
                 lambda rng: coordinator_pb2.ClosedRoundRequest(round=rng.choice(pools["round"])),

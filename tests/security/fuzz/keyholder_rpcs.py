@@ -112,6 +112,8 @@ class KeyHolderRpcs(ServiceRpcs):
         phase = self.cluster.commit_phases.get(m.round)
         if phase is None:
             return SKIP  # a new commit phase (which may make the key holder forget round 1)
+        if m.ring_version > 0:
+            return SKIP  # a newer ring: followed (moving blocks), or refused if it is not one
         if (m.version, m.run_id, members) == (
             self.cluster.version,
             self.cluster.run_id,

@@ -47,6 +47,7 @@ ORDER = [
     "Coordinator.ReportUpdate",
     "Coordinator.GetStatus",
     "Coordinator.GetClosedRound",
+    "Coordinator.RemoveShard",
     "KeyHolder.Commit",
     "KeyHolder.OpenCommits",
     "KeyHolder.ApplyRound",

@@ -160,6 +160,8 @@ class ShardRpcs(ServiceRpcs):
         if m.context_id != self.cluster.context_id:
             return bad("unknown context id")
         c = self.cluster
+        if m.ring_version > 0:
+            return SKIP  # a newer ring: followed (moving blocks), or refused if it is not one
         if (m.round, m.version, m.run_id, members) == (c.round, c.version, c.run_id, c.cohort_keys):
             # (the commitments are compared last: converting them is most of the oracle's work)
             commitments = {u.client_id: signed_update_from_proto(u) for u in m.commitments}
