@@ -48,7 +48,7 @@ from server.keyholder.keyholder_party import KeyHolderParty
 from server.keyholder.party_key_generation import (
     PUBLIC_CONTEXT_FILE,
     SHARE_FILE,
-    PartyKeyGeneration,
+    generate_in_one_process,
 )
 
 __all__ = ["render_parties", "run_parties_bench"]
@@ -75,18 +75,7 @@ class _Shards:
 
 def _generate_parties(params: CkksParams, parties: int, threshold: int, root: Path) -> None:
     """The collective key generation, every party in turn, each writing into its folder."""
-    generations = {
-        j: PartyKeyGeneration(j, parties=parties, threshold=threshold, params=params, seed=_SEED)
-        for j in range(1, parties + 1)
-    }
-    for generation in generations.values():
-        generation.start()
-    for sender, source in generations.items():
-        for receiver, target in generations.items():
-            if receiver != sender:
-                target.receive(
-                    sender, public_share=source.public_share, dealt=source.dealt_to(receiver)
-                )
+    generations = generate_in_one_process(params, parties=parties, threshold=threshold, seed=_SEED)
     for j, generation in generations.items():
         generation.finish(root / f"party-{j}")
 

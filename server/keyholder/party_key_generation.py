@@ -30,7 +30,7 @@ from crypto.files import private_directory, write_atomic
 from crypto.public_context import make_seal_context
 from fedps.errors import InvalidArgumentError, NotReadyError
 
-__all__ = ["PUBLIC_CONTEXT_FILE", "SHARE_FILE", "PartyKeyGeneration"]
+__all__ = ["PUBLIC_CONTEXT_FILE", "SHARE_FILE", "PartyKeyGeneration", "generate_in_one_process"]
 
 SHARE_FILE = "share.key"
 PUBLIC_CONTEXT_FILE = "public.ctx"
@@ -132,3 +132,25 @@ class PartyKeyGeneration:
         share.save(directory / SHARE_FILE)
         write_atomic(directory / PUBLIC_CONTEXT_FILE, public.serialize())
         return share, public
+
+
+def generate_in_one_process(
+    params: CkksParams, *, parties: int, threshold: int, seed: bytes
+) -> dict[int, PartyKeyGeneration]:
+    """Every party's key generation in this process, shares exchanged; each ready to finish.
+
+    What the party processes do over the network, for benchmarks and tests.
+    """
+    generations = {
+        j: PartyKeyGeneration(j, parties=parties, threshold=threshold, params=params, seed=seed)
+        for j in range(1, parties + 1)
+    }
+    for generation in generations.values():
+        generation.start()
+    for sender, source in generations.items():
+        for receiver, target in generations.items():
+            if receiver != sender:
+                target.receive(
+                    sender, public_share=source.public_share, dealt=source.dealt_to(receiver)
+                )
+    return generations

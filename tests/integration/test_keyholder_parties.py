@@ -32,7 +32,7 @@ from server.keyholder.cluster_round_source import ClusterRoundSource
 from server.keyholder.joint_keys import JOINT_CONTEXT_FILE, JointKeys
 from server.keyholder.keyholder_party import LEDGER_FILE, KeyHolderParty
 from server.keyholder.keyholder_party_servicer import KeyHolderPartyServicer
-from server.keyholder.party_key_generation import PartyKeyGeneration
+from server.keyholder.party_key_generation import generate_in_one_process
 from tests.conftest import Cluster, RecordingClient, run_clients, start_cluster, start_coordinator
 from tests.crypto.threshold_keys import PARAMS
 
@@ -64,18 +64,7 @@ class _DownFromRound:
 def _generate_keys(root: Path) -> dict[int, tuple[th.KeyShare, Path]]:
     """The parties' collective key generation, each writing into its own folder."""
     seed = b"the parties' common seed, agreed"
-    generations = {
-        j: PartyKeyGeneration(j, parties=PARTIES, threshold=THRESHOLD, params=PARAMS, seed=seed)
-        for j in range(1, PARTIES + 1)
-    }
-    for generation in generations.values():
-        generation.start()
-    for sender, source in generations.items():
-        for receiver, target in generations.items():
-            if receiver != sender:
-                target.receive(
-                    sender, public_share=source.public_share, dealt=source.dealt_to(receiver)
-                )
+    generations = generate_in_one_process(PARAMS, parties=PARTIES, threshold=THRESHOLD, seed=seed)
     return {
         j: (g.finish(root / f"party-{j}")[0], root / f"party-{j}") for j, g in generations.items()
     }
