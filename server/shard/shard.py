@@ -152,16 +152,7 @@ class Shard:
             for round_, record in self._log.records():
                 kind = record.kind
                 if record.opening is not None:
-                    o = record.opening
-                    self.open_round(
-                        o.round,
-                        o.version,
-                        o.members,
-                        o.context_id,
-                        o.run_id,
-                        o.commitments,
-                        ring=RingView.of(o),
-                    )
+                    self.open_opening(record.opening)
                 elif record.push is not None:
                     self._replay_push(record.push, record.multiplier)
                 elif kind == "close":
@@ -193,6 +184,18 @@ class Shard:
             self._add(state, public, push.update, multiplier, push.blocks, coefficients)
 
     # ------------------------------------------------------------------ rounds
+    def open_opening(self, o: RoundOpening) -> None:
+        """:meth:`open_round` for an opening as the coordinator sends it (and the log keeps it)."""
+        self.open_round(
+            o.round,
+            o.version,
+            o.members,
+            o.context_id,
+            o.run_id,
+            o.commitments,
+            ring=RingView.of(o),
+        )
+
     def open_round(
         self,
         round_: int,

@@ -35,16 +35,7 @@ class ShardServicer(shard_pb2_grpc.ShardServicer):
     ) -> shard_pb2.OpenRoundReply:
         """Coordinator: open a round on a model version for a cohort."""
         with rpc_errors(context):
-            o = records.RoundOpening.from_proto(request)
-            self.shard.open_round(
-                o.round,
-                o.version,
-                o.members,
-                o.context_id,
-                o.run_id,
-                o.commitments,
-                ring=RingView.of(o),
-            )
+            self.shard.open_opening(records.RoundOpening.from_proto(request))
         return shard_pb2.OpenRoundReply()
 
     def PushBlocks(  # noqa: N802
