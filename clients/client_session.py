@@ -210,7 +210,12 @@ class ClientSession:
         while (left := deadline - time.time()) > 0:
             try:
                 reply = self.register(left)
-                self.connect(reply.keyholder, reply.shards, virtual_nodes=reply.virtual_nodes)
+                self.connect(
+                    reply.keyholder,
+                    reply.shards,
+                    virtual_nodes=reply.virtual_nodes,
+                    ring=RingView.of(reply),
+                )
             except FedPSError as exc:
                 if own_fault(exc):  # e.g. our TLS configuration refuses the coordinator
                     raise
@@ -379,17 +384,27 @@ class ClientSession:
         return None
 
     # ------------------------------------------------------------------ channels
-    def connect(self, keyholder: str, shards: Mapping[str, str], *, virtual_nodes: int) -> None:
+    def connect(
+        self,
+        keyholder: str,
+        shards: Mapping[str, str],
+        *,
+        virtual_nodes: int,
+        ring: RingView | None = None,
+    ) -> None:
         """Open channels to the key holder and the shards.
 
-        The shards are ``{shard_id: address}``, whose blocks the hash ring with ``virtual_nodes``
-        assigns.
+        The shards are ``{shard_id: address}``, every configured one; ``ring`` the shards on the
+        hash ring with ``virtual_nodes`` points each, which assigns the blocks (None or a ring
+        without shards: all of them, version 0).
         """
         self.disconnect()
         self._keyholder = KeyHolderStub(keyholder)
         self._params = ModelReader(dict(shards))
-        self._ring = HashRing(sorted(shards), virtual_nodes=virtual_nodes)
-        self.ring_view = RingView.configured(sorted(shards))
+        if ring is None or not ring.carried:
+            ring = RingView.configured(sorted(shards))
+        self._ring = ring.ring(virtual_nodes)
+        self.ring_view = ring
 
     def follow_ring(self, view: RingView) -> None:
         """Pull from and push to the shards of ``view`` from now on, if it is a newer ring."""

@@ -9,10 +9,11 @@ update is kept, so that a coordinator that asks for it again (after a failure cu
 short, or after it restarted before it saw the report) gets the same signed messages
 (:meth:`Pusher.resend`), which the shards acknowledge as duplicates and count once.
 
-The shard ring can move while a round is open (the coordinator removes a shard it declared gone):
-the push task then carries the new ring, and the blocks the update sends to shards off the ring
-go to their owners on it (:func:`moved_push`), the same committed ciphertexts. Asked again on a
-new ring, a client pushes exactly those moved blocks.
+The shard ring can move while a round is open (the coordinator removes a shard it declared gone),
+or between the commitment and the push of an update trained before a shard joined: the push task
+then carries the new ring, and the blocks the update sends to shards that no longer own them go to
+their owners on it (:func:`moved_push`), the same committed ciphertexts. Asked again on a new
+ring, a client pushes exactly those moved blocks.
 """
 
 from __future__ import annotations
@@ -163,10 +164,7 @@ class Pusher:
         moved = moved_push(prepared, ring)
         if moved is None:
             return prepared, None
-        messages = {sid: m for sid, m in prepared.messages.items() if sid in ring.nodes}
-        for sid, extra in moved.messages.items():
-            messages[sid] = [*messages.get(sid, []), *extra]
-        whole = PreparedPush(prepared.round, prepared.version, messages)
+        whole = PreparedPush(prepared.round, prepared.version, _cut(prepared, ring, all_=True))
         self.keep(whole)
         return whole, moved
 
@@ -209,19 +207,27 @@ class Pusher:
 
 
 def moved_push(prepared: PreparedPush, ring: HashRing) -> PreparedPush | None:
-    """The blocks ``prepared`` sends to shards off ``ring``, as messages to their owners on it.
+    """The blocks ``prepared`` sends to shards that no longer own them on ``ring``.
 
-    The same committed ciphertexts under the same signed commitment. None: every shard it sends
-    to is on ``ring``.
+    As messages to their owners on ``ring``: the blocks of a shard off the ring, and those a
+    shard that joined took from another. The same committed ciphertexts under the same signed
+    commitment. None: every block goes to its owner on ``ring``.
     """
-    off = [sid for sid in prepared.messages if sid not in ring.nodes]
-    if not off:
-        return None
+    messages = _cut(prepared, ring, all_=False)
+    return PreparedPush(prepared.round, prepared.version, messages) if messages else None
+
+
+def _cut(prepared: PreparedPush, ring: HashRing, *, all_: bool) -> dict[str, list[PushBatch]]:
+    """``prepared``'s blocks (``all_``; else only those whose owner changed) cut for ``ring``.
+
+    Empty when no owner changed (and not ``all_``).
+    """
     signed = next(m[0] for m in prepared.messages.values() if m and m[0].signature)
     by_owner: dict[str, list[tuple[int, bytes]]] = {}
-    for sid in off:
-        for message in prepared.messages[sid]:
+    for sid, messages in prepared.messages.items():
+        for message in messages:
             for block, data in message.blocks:
-                by_owner.setdefault(ring.owner(block), []).append((block, data))
-    messages = push_messages(signed.update, prepared.round, signed.context_id, by_owner)
-    return PreparedPush(prepared.round, prepared.version, messages)
+                owner = ring.owner(block)
+                if all_ or owner != sid:
+                    by_owner.setdefault(owner, []).append((block, data))
+    return push_messages(signed.update, prepared.round, signed.context_id, by_owner)

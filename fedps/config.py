@@ -108,6 +108,9 @@ class ClusterConfig(_Section):
         "gone and its blocks move to the other shards along the ring (0: never; keep it below "
         "security.max_shard_misses x security.shard_deadline_s, after which the run stops)",
     )
+    standby: list[str] = Field(
+        default_factory=list, description="shards (shard-N) off the ring until fedps shard --join"
+    )
     state_dir: Path = Path("fedps-state")
     fsync: bool = Field(True, description="shards fsync each accepted push before acknowledging it")
 
@@ -115,6 +118,8 @@ class ClusterConfig(_Section):
     def _check(self) -> ClusterConfig:
         if not self.shards:
             raise ValueError("at least one shard address is required")
+        if not set(self.standby) <= set(self.shard_ids) or not self.ring_ids:
+            raise ValueError("standby names shards of cluster.shards (shard-N) and leaves one on")
         for addr in [self.keyholder, self.coordinator, *self.shards, *self.parties]:
             _check_address(addr)
         if len(set(self.shards)) != len(self.shards):
@@ -131,6 +136,11 @@ class ClusterConfig(_Section):
     def shard_ids(self) -> list[str]:
         """Stable shard names, by position in ``shards``."""
         return [f"shard-{i}" for i in range(len(self.shards))]
+
+    @property
+    def ring_ids(self) -> list[str]:
+        """The shards on the ring when the run starts (ring version 0): all but ``standby``."""
+        return [sid for sid in self.shard_ids if sid not in self.standby]
 
     def dial_address(self, role: str, index: int = 0) -> str:
         """The address peers dial ``role`` at.

@@ -51,7 +51,7 @@ from server.keyholder.party_process import PartyProcess, PartySettings, party_fo
 from server.keyholder.server_optimizer import create_server_optimizer
 from server.metrics import CoordinatorMetrics, KeyHolderMetrics, ShardMetrics
 from server.shard.shard import Shard
-from server.shard.shard_log import ShardLog
+from server.shard.shard_log import ShardLog, discard_shard_state
 from server.shard.shard_servicer import ShardServicer
 
 if TYPE_CHECKING:  # the coordinator (and torch) load only in the coordinator's process
@@ -80,7 +80,8 @@ _CONTEXTS_KEPT = 4
 
 
 def _ring(config: FedPSConfig) -> HashRing:
-    return HashRing(config.cluster.shard_ids, virtual_nodes=config.cluster.virtual_nodes)
+    """The ring the run starts on: every shard but ``cluster.standby`` (version 0)."""
+    return HashRing(config.cluster.ring_ids, virtual_nodes=config.cluster.virtual_nodes)
 
 
 def weight_bounds(config: FedPSConfig) -> tuple[float, float]:
@@ -269,11 +270,21 @@ def _generate_keys(party: PartyProcess, config: FedPSConfig, stop: threading.Eve
     thread.start()
 
 
-def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
-    """Build shard ``index`` and register its servicer."""
+def add_shard(
+    server: grpc.Server, config: FedPSConfig, index: int, *, empty: bool = False
+) -> Shard:
+    """Build shard ``index`` and register its servicer.
+
+    ``empty``: set the shard's old state aside first (:func:`.discard_shard_state`), for a shard
+    declared gone that comes back to join the ring again.
+    """
     ids = config.cluster.shard_ids
     if not 0 <= index < len(ids):
         raise InvalidArgumentError(f"shard index {index} out of range [0, {len(ids)})")
+    if empty:
+        aside = discard_shard_state(config.cluster.state_dir / ids[index])
+        if aside is not None:
+            _log.warning("%s starts empty; its old state is set aside in %s", ids[index], aside)
     stub = keyholder_pb2_grpc.KeyHolderStub(create_channel(config.cluster.keyholder))
     contexts: OrderedDict[str, PublicContext] = OrderedDict()  # the latest used last
     lock = threading.Lock()
@@ -323,6 +334,7 @@ def add_shard(server: grpc.Server, config: FedPSConfig, index: int) -> Shard:
         log=log,
         density=config.compression.density,
         fields=upload_fields(config),
+        standby=ids[index] in config.cluster.standby or empty,
     )
     shard.recover()
     address = config.metrics.shards[index] if config.metrics.shards else ""
@@ -408,6 +420,7 @@ def serve_forever(
     index: int = 0,
     clear_detections: bool = False,
     new_ledger: bool = False,
+    empty: bool = False,
 ) -> None:
     """Run one role until SIGINT, SIGTERM or SIGHUP, then stop gracefully.
 
@@ -415,7 +428,7 @@ def serve_forever(
     (:class:`~fedps.storage.state_lock.StateLock`) before anything in it is read or written, and its
     port is not shared; a second instance raises instead of serving. ``clear_detections`` (key
     holder): forget the tampering detected so far; ``new_ledger`` (coordinator): start a new
-    privacy ledger with a new run.
+    privacy ledger with a new run; ``empty`` (shard): set its old state aside and start empty.
 
     Raises
     ------
@@ -453,7 +466,7 @@ def serve_forever(
                 if clear_detections:
                     keyholder.clear_detections()
             elif role == "shard":
-                add_shard(server, config, index)
+                add_shard(server, config, index, empty=empty)
             else:
                 coordinator = add_coordinator(
                     server, config, cluster.state_dir / "coordinator", new_ledger=new_ledger

@@ -20,6 +20,7 @@ import numpy as np
 from clients.edge_client import PreparedPush
 from crypto.files import write_atomic
 from fedps.config import load_config
+from fedps.provisioning import setup_tls
 from tests.conftest import RecordingClient
 from tests.process_cluster import Recorded
 
@@ -60,6 +61,7 @@ def load_recorded(out: Path) -> Recorded:
 def main(argv: list[str]) -> None:
     config_path, index, state_dir, out = argv
     config = load_config(Path(config_path))
+    setup_tls(config.tls, f"client-{index}")  # its own certificate under mutual TLS
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     client = _FileRecordingClient.open(config, index=int(index), state_dir=Path(state_dir))
     client.out = Path(out)

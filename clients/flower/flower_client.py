@@ -90,6 +90,7 @@ from fedps.rpc.flower_messages import (
     stage_of,
 )
 from fedps.rpc.shard_messages import PushBatch
+from fedps.sharding.ring_view import RingView
 
 __all__ = [
     "ClientFactory",
@@ -244,7 +245,12 @@ class FlowerClient:
             return
         cluster = self.config.cluster
         shards = dict(zip(cluster.shard_ids, cluster.shards, strict=True))
-        session.connect(cluster.keyholder, shards, virtual_nodes=cluster.virtual_nodes)
+        session.connect(
+            cluster.keyholder,
+            shards,
+            virtual_nodes=cluster.virtual_nodes,
+            ring=RingView.configured(cluster.ring_ids),
+        )
         if self._attached != (client_id, run_id):
             session.join(run_id=run_id, client_id=client_id, timeout_s=timeout_s)
             self._attached = (client_id, run_id)

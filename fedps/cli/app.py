@@ -148,32 +148,55 @@ def shard(
             "ring for good, as the operator; its blocks move to the shards left.",
         ),
     ] = None,
+    join: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--join",
+            metavar="SHARD_ID",
+            help="Do not run a shard: have the coordinator add SHARD_ID, running and empty, to "
+            "the ring at the next round, as the operator; about 1/S of the blocks move to it.",
+        ),
+    ] = None,
+    empty: Annotated[
+        bool,
+        typer.Option(
+            "--empty",
+            help="Set this shard's old rounds and model aside (in its state folder) and start "
+            "empty: a shard declared gone that comes back, before --join.",
+        ),
+    ] = False,
 ) -> None:
-    """Run one parameter-server shard (or, with --remove, take one off the ring)."""
+    """Run one parameter-server shard (or, with --remove or --join, change the ring)."""
     from server.serve import serve_forever
 
     setup_logging(True)
     cfg = _load(config, insecure=insecure)
-    if remove is not None:
-        _remove_shard(cfg, remove)
+    if remove is not None or join is not None:
+        _change_ring(cfg, remove=remove, join=join)
         return
     _setup_tls(cfg, f"shard-{index}")
-    serve_forever("shard", cfg, index=index)
+    serve_forever("shard", cfg, index=index, empty=empty)
     _end_now()
 
 
-def _remove_shard(cfg: FedPSConfig, shard_id: str) -> None:
-    """Have the coordinator remove ``shard_id`` from the ring, as the operator identity."""
+def _change_ring(cfg: FedPSConfig, *, remove: str | None, join: str | None) -> None:
+    """Have the coordinator remove ``remove`` from the ring, or add ``join``, as the operator."""
     from crypto.tls import OPERATOR_NAME
     from fedps.rpc.coordinator_stub import CoordinatorStub
 
+    if remove is not None and join is not None:
+        raise typer.BadParameter("give --remove or --join, not both")
     _setup_tls(cfg, OPERATOR_NAME)
     coordinator = CoordinatorStub(cfg.cluster.coordinator)
     try:
-        coordinator.remove_shard(shard_id)
+        if remove is not None:
+            coordinator.remove_shard(remove)
+            typer.echo(f"{remove} removed from the ring; its blocks move to the shards left")
+        elif join is not None:
+            coordinator.join_shard(join)
+            typer.echo(f"{join} joins the ring at the next round; the blocks it takes move to it")
     finally:
         coordinator.close()
-    typer.echo(f"{shard_id} removed from the ring; its blocks move to the shards left")
 
 
 @app.command()

@@ -39,6 +39,25 @@ class RemoveShardRequest(_message.Message):
 Global___RemoveShardRequest: _TypeAlias = RemoveShardRequest  # noqa: Y015
 
 @_typing.final
+class JoinShardRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHARD_ID_FIELD_NUMBER: _builtins.int
+    shard_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        shard_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["shard_id", b"shard_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JoinShardRequest: _TypeAlias = JoinShardRequest  # noqa: Y015
+
+@_typing.final
 class ClosedRoundRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -178,6 +197,8 @@ class RegisterReply(_message.Message):
     NUM_PARAMS_FIELD_NUMBER: _builtins.int
     ROUNDS_FIELD_NUMBER: _builtins.int
     CREDENTIAL_FIELD_NUMBER: _builtins.int
+    RING_VERSION_FIELD_NUMBER: _builtins.int
+    RING_NODES_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
     """The caller's identity: its certificate's common name, or the name its token proves."""
     run_id: _builtins.str
@@ -189,8 +210,14 @@ class RegisterReply(_message.Message):
     """Issued at every registration (replacing the last one); sent as "x-fedps-credential"
     metadata on every later call.
     """
+    ring_version: _builtins.int
+    """The shard ring the coordinator published (fedps/sharding/ring_view.py): its version and
+    the shard ids on it (shards lists every configured shard, on the ring or not).
+    """
     @_builtins.property
     def shards(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShardAddress]: ...
+    @_builtins.property
+    def ring_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -202,10 +229,12 @@ class RegisterReply(_message.Message):
         num_params: _builtins.int = ...,
         rounds: _builtins.int = ...,
         credential: _builtins.bytes = ...,
+        ring_version: _builtins.int = ...,
+        ring_nodes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "credential", b"credential", "keyholder", b"keyholder", "num_params", b"num_params", "rounds", b"rounds", "run_id", b"run_id", "shards", b"shards", "virtual_nodes", b"virtual_nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "credential", b"credential", "keyholder", b"keyholder", "num_params", b"num_params", "ring_nodes", b"ring_nodes", "ring_version", b"ring_version", "rounds", b"rounds", "run_id", b"run_id", "shards", b"shards", "virtual_nodes", b"virtual_nodes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -66,6 +66,11 @@ class CoordinatorStub(object):
                 request_serializer=fedps_dot_proto_dot_coordinator__pb2.RemoveShardRequest.SerializeToString,
                 response_deserializer=fedps_dot_proto_dot_common__pb2.Empty.FromString,
                 _registered_method=True)
+        self.JoinShard = channel.unary_unary(
+                '/fedps.proto.Coordinator/JoinShard',
+                request_serializer=fedps_dot_proto_dot_coordinator__pb2.JoinShardRequest.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer(object):
@@ -112,6 +117,13 @@ class CoordinatorServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JoinShard(self, request, context):
+        """Operator: add an empty configured shard to the ring at the next round (blocks move to it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +155,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
             'RemoveShard': grpc.unary_unary_rpc_method_handler(
                     servicer.RemoveShard,
                     request_deserializer=fedps_dot_proto_dot_coordinator__pb2.RemoveShardRequest.FromString,
+                    response_serializer=fedps_dot_proto_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'JoinShard': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinShard,
+                    request_deserializer=fedps_dot_proto_dot_coordinator__pb2.JoinShardRequest.FromString,
                     response_serializer=fedps_dot_proto_dot_common__pb2.Empty.SerializeToString,
             ),
     }
@@ -308,6 +325,33 @@ class Coordinator(object):
             target,
             '/fedps.proto.Coordinator/RemoveShard',
             fedps_dot_proto_dot_coordinator__pb2.RemoveShardRequest.SerializeToString,
+            fedps_dot_proto_dot_common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinShard(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedps.proto.Coordinator/JoinShard',
+            fedps_dot_proto_dot_coordinator__pb2.JoinShardRequest.SerializeToString,
             fedps_dot_proto_dot_common__pb2.Empty.FromString,
             options,
             channel_credentials,

@@ -45,6 +45,8 @@ class CoordinatorStub:
     """
     RemoveShard: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RemoveShardRequest, _common_pb2.Empty]
     """Operator: remove a shard from the ring for good (its blocks move to the shards left)."""
+    JoinShard: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.JoinShardRequest, _common_pb2.Empty]
+    """Operator: add an empty configured shard to the ring at the next round (blocks move to it)."""
 
 @_typing.type_check_only
 class CoordinatorAsyncStub(CoordinatorStub):
@@ -62,6 +64,8 @@ class CoordinatorAsyncStub(CoordinatorStub):
     """
     RemoveShard: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RemoveShardRequest, _common_pb2.Empty]  # type: ignore[assignment]
     """Operator: remove a shard from the ring for good (its blocks move to the shards left)."""
+    JoinShard: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.JoinShardRequest, _common_pb2.Empty]  # type: ignore[assignment]
+    """Operator: add an empty configured shard to the ring at the next round (blocks move to it)."""
 
 class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
     """The coordinator (chief): registration, cohorts, rounds, deadlines, evaluation, checkpoints."""
@@ -112,5 +116,13 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.Empty, _abc.Awaitable[_common_pb2.Empty]]:
         """Operator: remove a shard from the ring for good (its blocks move to the shards left)."""
+
+    @_abc_1.abstractmethod
+    def JoinShard(
+        self,
+        request: _coordinator_pb2.JoinShardRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.Empty, _abc.Awaitable[_common_pb2.Empty]]:
+        """Operator: add an empty configured shard to the ring at the next round (blocks move to it)."""
 
 def add_CoordinatorServicer_to_server(servicer: CoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

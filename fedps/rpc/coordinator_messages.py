@@ -99,6 +99,9 @@ class RegistrationReply(WireRecord[coordinator_pb2.RegisterReply]):
     num_params: int
     rounds: int
     credential: bytes = b""
+    #: the shard ring now (:class:`~fedps.sharding.ring_view.RingView`; 0 and none: the shards)
+    ring_version: int = 0
+    ring_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

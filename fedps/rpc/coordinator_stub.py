@@ -97,6 +97,11 @@ class CoordinatorStub:
         request = coordinator_pb2.RemoveShardRequest(shard_id=shard_id)
         invoke(lambda: self._stub.RemoveShard(request, timeout=timeout_s), f"remove {shard_id}")
 
+    def join_shard(self, shard_id: str, *, timeout_s: float = CALL_S) -> None:
+        """Add the empty shard ``shard_id`` to the ring at the next round (the operator's call)."""
+        request = coordinator_pb2.JoinShardRequest(shard_id=shard_id)
+        invoke(lambda: self._stub.JoinShard(request, timeout=timeout_s), f"join {shard_id}")
+
     def get_closed_round(self, round_: int, *, timeout_s: float = CALL_S) -> frozenset[str]:
         """The clients ``round_`` closed with (a key-holder party's call)."""
         request = coordinator_pb2.ClosedRoundRequest(round=round_)

@@ -185,7 +185,12 @@ def print_status(config: FedPSConfig) -> ClusterStatus:
         if misses[sid]:
             standing += f"; {'STALLED: ' if sid in stalled else ''}{misses[sid]} missed deadline(s)"
         if status.ring_nodes and sid not in status.ring_nodes:
-            standing += "; OFF THE RING (declared gone: its blocks moved)"
+            gone = any(f" {sid} removed " in m for m in status.ring_moves)
+            standing += (
+                "; OFF THE RING (declared gone: its blocks moved)"
+                if gone
+                else "; OFF THE RING (standby: fedps shard --join adds it)"
+            )
         try:
             s = shard.get_status(timeout_s=5)
             typer.echo(

@@ -1,9 +1,11 @@
 """A versioned shard ring: which shards are on the hash ring now, as the coordinator publishes it.
 
-The configured shards (``cluster.shards``) are the ring's version 0. When a shard is declared
-gone, the coordinator removes it (:meth:`RingView.without`, :meth:`HashRing.remove
-<fedps.sharding.hash_ring.HashRing.remove>`): the next version holds the remaining shards, and
-only the gone shard's blocks move (:func:`moved_blocks`), each to the next shard along the ring.
+The configured shards (``cluster.shards`` but ``cluster.standby``) are the ring's version 0.
+When a shard is declared gone, the coordinator removes it (:meth:`RingView.without`,
+:meth:`HashRing.remove <fedps.sharding.hash_ring.HashRing.remove>`): the next version holds the
+remaining shards, and only the gone shard's blocks move (:func:`moved_blocks`), each to the next
+shard along the ring. When the operator adds a shard (:meth:`RingView.with_node`), only the
+blocks it takes move, about ``1 / S`` of them, all to it.
 Every message that carries a ring carries it as two fields, ``ring_version`` and ``ring_nodes``
 (:meth:`RingView.of`, :meth:`RingView.fields`); a message without them (version 0, no ids)
 leaves its receiver's ring as it is. A receiver adopts only a newer version
@@ -80,6 +82,18 @@ class RingView:
         if len(self.nodes) == 1:
             raise ConfigError(f"cannot remove {node!r}: it is the last shard on the ring")
         return RingView(self.version + 1, tuple(n for n in self.nodes if n != node))
+
+    def with_node(self, node: str) -> RingView:
+        """The next version, ``node`` added (about ``1 / S`` of the blocks move to it).
+
+        Raises
+        ------
+        ConfigError
+            ``node`` is already on the ring.
+        """
+        if node in self.nodes:
+            raise ConfigError(f"{node!r} is already on the ring (version {self.version})")
+        return RingView(self.version + 1, (*self.nodes, node))
 
 
 def moved_blocks(old: HashRing, new: HashRing, num_blocks: int) -> dict[int, str]:

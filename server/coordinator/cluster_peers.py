@@ -31,7 +31,13 @@ import numpy as np
 
 from crypto.signing import model_verifier
 from fedps.config import ClusterConfig
-from fedps.errors import FedPSError, PeerUnavailableError, PolicyError, ShardStalledError
+from fedps.errors import (
+    FedPSError,
+    InvalidArgumentError,
+    PeerUnavailableError,
+    PolicyError,
+    ShardStalledError,
+)
 from fedps.rpc import keyholder_messages as records
 from fedps.rpc.fan_out import fan_out
 from fedps.rpc.keyholder_stub import KeyHolderStub
@@ -76,7 +82,12 @@ class ClusterPeers:
         self._params = ModelReader(dict(zip(cluster.shard_ids, cluster.shards, strict=True)))
         self._keyholder = KeyHolderStub(cluster.keyholder)
         #: the shard ring: which shards are on it, and its moves
-        self.ring = RingKeeper(cluster.shard_ids, gone_after_s=cluster.shard_gone_after_s)
+        self.ring = RingKeeper(
+            cluster.ring_ids,
+            gone_after_s=cluster.shard_gone_after_s,
+            known=cluster.shard_ids,
+            check_empty=self._check_empty,
+        )
 
     def _ring_shards(self) -> dict[str, ShardStub]:
         """The shards on the ring now, by shard id."""
@@ -226,17 +237,42 @@ class ClusterPeers:
         )
 
     # ------------------------------------------------------------------ the shards
+    def _check_empty(self, shard: str) -> None:
+        """Whether ``shard``, which the operator adds to the ring, answers and is empty.
+
+        Empty: it holds no published model and no round (a shard declared gone that came back
+        is started with ``fedps shard --empty`` first, which sets its old state aside).
+
+        Raises
+        ------
+        InvalidArgumentError
+            ``shard`` holds a model or a round.
+        PeerUnavailableError
+            ``shard`` does not answer.
+        """
+        held = self._params.shards[shard].get_status(timeout_s=self._misses.deadline_s)
+        if held.version or held.open_round:
+            raise InvalidArgumentError(
+                f"{shard} holds version {held.version} of the model and round {held.open_round}: "
+                f"only an empty shard joins (start it with fedps shard --empty, which sets its "
+                f"old state aside)"
+            )
+
     def check_shards(self) -> None:
         """Ask every shard on the ring for its status until each answers or is declared gone.
 
-        A round's clients pull the model from every shard on the ring: one gone since the last
-        round is removed before they are sent to it (the ring moves on without it).
+        The shards the operator added join the ring first (:meth:`RingKeeper.admit_joins`). A
+        round's clients pull the model from every shard on the ring: one gone since the last
+        round is removed before they are sent to it (the ring moves on without it), and one
+        that joined is published the model before they are (the key holder follows the ring
+        when the round's commit phase opens).
 
         Raises
         ------
         ShardStalledError, FedPSError
             As :meth:`open_round` raises them.
         """
+        self.ring.admit_joins()
         while True:
             try:
                 self._on_every_shard("GetStatus", _status, "status")

@@ -4,8 +4,8 @@ Under mutual TLS a client's identity is its certificate's common name: ``Registe
 to the coordinator (the client id is that name), and ``GetTask`` and ``ReportUpdate`` must come
 from the certificate whose name is the request's client id, on top of the credential issued at
 registration. Without TLS the client proves its identity with an enrolment token.
-``RemoveShard`` (``fedps shard --remove ID``) must come from the operator's certificate under
-mutual TLS.
+``RemoveShard`` (``fedps shard --remove ID``) and ``JoinShard`` (``fedps shard --join ID``) must
+come from the operator's certificate under mutual TLS.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             keyholder=cluster.keyholder,
             shards=dict(zip(cluster.shard_ids, cluster.shards, strict=True)),
             virtual_nodes=cluster.virtual_nodes,
+            **(c.desk.ring.view.fields() if c.desk.ring is not None else {}),
             num_params=c.layout.num_params,
             rounds=c.settings.training.rounds,
             credential=credential,
@@ -145,6 +146,21 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 raise NotReadyError("the coordinator keeps no ring yet")
             try:
                 ring.remove(request.shard_id)
+            except ConfigError as exc:
+                raise InvalidArgumentError(str(exc)) from exc
+        return common_pb2.Empty()
+
+    def JoinShard(  # noqa: N802
+        self, request: coordinator_pb2.JoinShardRequest, context: grpc.ServicerContext
+    ) -> common_pb2.Empty:
+        """Operator: add an empty shard to the ring at the next round (blocks move to it)."""
+        with rpc_errors(context):
+            require_peer(context, OPERATOR_NAME)
+            ring = self.coordinator.desk.ring
+            if ring is None:
+                raise NotReadyError("the coordinator keeps no ring yet")
+            try:
+                ring.join(request.shard_id)
             except ConfigError as exc:
                 raise InvalidArgumentError(str(exc)) from exc
         return common_pb2.Empty()

@@ -1,10 +1,16 @@
 """The coordinator's shard ring: which shards are on it, its version, and every move.
 
-The configured shards are ring version 0. A shard is **declared gone** when it has not answered
+The configured shards (but ``cluster.standby``) are ring version 0. A shard is **declared gone**
+when it has not answered
 the coordinator's calls for ``cluster.shard_gone_after_s`` seconds (:meth:`RingKeeper.unreachable`),
 or when the operator removes it (:meth:`RingKeeper.remove`). The keeper then removes it from the
 ring (:meth:`RingView.without <fedps.sharding.ring_view.RingView.without>`, which moves only its
-blocks, each to the next shard along the ring) and counts one version up. The coordinator
+blocks, each to the next shard along the ring) and counts one version up. The operator **adds** a
+configured shard that is off the ring, empty (a standby, or a shard declared gone that came back
+with its old state discarded), with :meth:`RingKeeper.join`: it joins between rounds
+(:meth:`RingKeeper.admit_joins`, before the next round's clients pull), one version up, and takes
+about ``1 / S`` of the blocks (:meth:`RingView.with_node
+<fedps.sharding.ring_view.RingView.with_node>`). The coordinator
 publishes the ring with every call that needs it: the key holder's commit phase and round
 application, the shards' round openings, the clients' tasks; the ring and its moves are kept in the
 coordinator's checkpoint (:meth:`RingKeeper.state_dict`), so a restarted coordinator goes on with
@@ -20,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from fedps.errors import FedPSError
+from fedps.errors import ConfigError, FedPSError
 from fedps.sharding.ring_view import RingView
 
 __all__ = ["RingKeeper", "RingMove", "ShardGoneError"]
@@ -38,12 +44,20 @@ class ShardGoneError(FedPSError):
 
 @dataclass(frozen=True)
 class RingMove:
-    """One change of the ring: the version it made, the shard removed, and why."""
+    """One change of the ring: the version it made, the shard removed or added, and why."""
 
     version: int
-    removed: str
+    removed: str  # "" when a shard was added
     reason: str
     at: float  # Unix seconds
+    added: str = ""
+
+    @property
+    def line(self) -> str:
+        """The move as ``fedps status`` shows it."""
+        if self.added:
+            return f"version {self.version}: {self.added} added ({self.reason})"
+        return f"version {self.version}: {self.removed} removed ({self.reason})"
 
 
 class RingKeeper:
@@ -52,12 +66,16 @@ class RingKeeper:
     Parameters
     ----------
     shard_ids
-        The configured shards: ring version 0.
+        The shards on the ring when the run starts: ring version 0.
     gone_after_s
         Seconds a shard may leave the coordinator's calls unanswered before it is declared gone
         (``cluster.shard_gone_after_s``; 0: never, a silent shard stalls the run instead).
     clock
         Monotonic seconds (tests give their own).
+    known
+        Every configured shard, on the ring or not (None: ``shard_ids``): only these can join.
+    check_empty
+        Raises unless a shard the operator adds answers and is empty (None: not checked).
     """
 
     def __init__(
@@ -66,13 +84,24 @@ class RingKeeper:
         *,
         gone_after_s: float,
         clock: Callable[[], float] = time.monotonic,
+        known: Sequence[str] | None = None,
+        check_empty: Callable[[str], None] | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._view = RingView.configured(shard_ids)
+        self._known = frozenset(shard_ids if known is None else known)
+        self._check_empty = check_empty
         self._gone_after_s = gone_after_s
         self._clock = clock
         self._silent_since: dict[str, float] = {}
+        self._joining: list[str] = []  # added by the operator, on the ring at the next round
         self.moves: list[RingMove] = []  #: every change of the ring, oldest first
+
+    @property
+    def joining(self) -> tuple[str, ...]:
+        """The shards the operator added that join the ring at the next round."""
+        with self._lock:
+            return tuple(self._joining)
 
     @property
     def view(self) -> RingView:
@@ -122,20 +151,71 @@ class RingKeeper:
         )
         return view
 
-    def status_lines(self) -> tuple[str, ...]:
-        """Every move, a line each, oldest first (for ``fedps status``)."""
+    def join(self, shard: str) -> None:
+        """Add ``shard`` to the ring at the next round (:meth:`admit_joins`), as the operator.
+
+        The shard must be empty (``check_empty``): it holds no model and no round.
+
+        Raises
+        ------
+        ConfigError
+            ``shard`` is not a configured shard, is on the ring, or joins already.
+        FedPSError
+            What ``check_empty`` raises: the shard is not empty, or does not answer.
+        """
+        self._joinable(shard)
+        if self._check_empty is not None:
+            self._check_empty(shard)
         with self._lock:
-            return tuple(
-                f"version {m.version}: {m.removed} removed ({m.reason})" for m in self.moves
+            self._joinable(shard)
+            self._joining.append(shard)
+        _log.warning("%s joins the ring at the next round (added by the operator)", shard)
+
+    def _joinable(self, shard: str) -> None:
+        """Raise :class:`ConfigError` unless ``shard`` may join (see :meth:`join`)."""
+        if shard not in self._known:
+            raise ConfigError(f"{shard!r} is not a shard of cluster.shards")
+        if shard in self._view.nodes:
+            raise ConfigError(f"{shard!r} is on the ring already (version {self._view.version})")
+        if shard in self._joining:
+            raise ConfigError(f"{shard!r} joins the ring at the next round already")
+
+    def admit_joins(self) -> RingView | None:
+        """Put the shards that join on the ring, one version each; the new ring (None: none).
+
+        Called between rounds: only the blocks each takes move, all to it.
+        """
+        with self._lock:
+            joining, self._joining = self._joining, []
+            for shard in joining:
+                self._view = view = self._view.with_node(shard)
+                self._silent_since.pop(shard, None)
+                self.moves.append(
+                    RingMove(view.version, "", "joined by the operator", time.time(), added=shard)
+                )
+                _log.warning(
+                    "%s joined: ring version %d is %s; the blocks it takes move to it",
+                    shard,
+                    view.version,
+                    ", ".join(view.nodes),
+                )
+            return self._view if joining else None
+
+    def status_lines(self) -> tuple[str, ...]:
+        """Every move, a line each, oldest first, then the joins to come (for ``fedps status``)."""
+        with self._lock:
+            return tuple(m.line for m in self.moves) + tuple(
+                f"{s} joins at the next round" for s in self._joining
             )
 
     def state_dict(self) -> dict[str, Any]:
-        """The ring and its moves, JSON-ready (for the checkpoint)."""
+        """The ring, its moves and the joins to come, JSON-ready (for the checkpoint)."""
         with self._lock:
             return {
                 "version": self._view.version,
                 "nodes": list(self._view.nodes),
                 "moves": [asdict(m) for m in self.moves],
+                "joining": list(self._joining),
             }
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
@@ -145,3 +225,4 @@ class RingKeeper:
         with self._lock:
             self._view = RingView(int(state["version"]), tuple(state["nodes"]))
             self.moves = [RingMove(**m) for m in state["moves"]]
+            self._joining = list(state.get("joining", []))

@@ -41,7 +41,7 @@ class ShardPeers:
     Parameters
     ----------
     clients
-        A client of every configured shard, by shard id.
+        A client of every configured shard, by shard id (on the ring or not).
     ring
         The cluster's configured hash ring: which shard owns each block until the coordinator
         publishes another (:meth:`follow`).
@@ -53,7 +53,8 @@ class ShardPeers:
         self, clients: Mapping[str, ShardStub], ring: HashRing, misses: ShardMisses
     ) -> None:
         self._all = dict(clients)
-        self.clients = dict(clients)  #: the shards on the ring, by shard id
+        #: the shards on the ring, by shard id (a standby joins when the coordinator adds it)
+        self.clients = {sid: c for sid, c in clients.items() if sid in ring.nodes}
         self.ring = ring
         self.view = RingView.configured(ring.nodes)  #: the ring's version and shards
         self.misses = misses

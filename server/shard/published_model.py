@@ -6,9 +6,9 @@ anything changes (the model's bounds, exactly this shard's blocks, finite values
 holder's signature of every block, a version that is the current one or the next) and, with a
 :class:`~server.shard.shard_log.ShardLog`, saved before it is installed, so a restarted shard
 serves it again (:meth:`PublishedModel.recover`). The shard ring moves forward when the coordinator
-removes a shard (:meth:`PublishedModel.adopt`, from a round's opening or a publish): the shard
-then owns the blocks the ring gives it, and serves the moved ones once the key holder publishes
-them. Clients pull the blocks
+removes or adds a shard (:meth:`PublishedModel.adopt`, from a round's opening or a publish): the
+shard then owns the blocks the ring gives it, and serves the moved ones once the key holder
+publishes them; a shard that joins starts empty and takes any version first. Clients pull the blocks
 (:meth:`PublishedModel.pull`) with their signatures (:meth:`PublishedModel.signature_of`), so
 a shard that changed a block is caught. The rounds (:class:`~server.shard.shard.Shard`) read
 which blocks the shard owns from here.
@@ -93,14 +93,16 @@ class PublishedModel:
         The blocks this shard owns follow it; a moved block is served once the key holder
         publishes it here.
 
+        A shard off the ring (a standby) follows a newer ring without it too, owning nothing.
+
         Raises
         ------
         InvalidArgumentError
-            The newer ring leaves this shard out: it was removed.
+            The newer ring leaves this shard out while it is on its ring: it was removed.
         """
         if not view.newer_than(self.ring_view):
             return False
-        if self.shard_id not in view.nodes:
+        if self.shard_id not in view.nodes and self.shard_id in self.ring_view.nodes:
             raise InvalidArgumentError(
                 f"{self.shard_id} is not on ring version {view.version}: it was removed"
             )

@@ -100,6 +100,9 @@ class Shard:
     fields
         Values per coefficient of an update (``compression.bits``' quantized packing; 1: one
         real value): an update of the whole model is ``ceil(blocks / fields)`` blocks.
+    standby
+        The shard may start off ``ring`` (``cluster.standby``): it owns nothing until the
+        operator adds it and a ring with it comes.
     """
 
     def __init__(
@@ -115,8 +118,9 @@ class Shard:
         log: ShardLog | None = None,
         density: float = 1.0,
         fields: int = 1,
+        standby: bool = False,
     ) -> None:
-        if shard_id not in ring.nodes:
+        if shard_id not in ring.nodes and not standby:
             raise InvalidArgumentError(f"{shard_id} is not on the ring {ring.nodes}")
         self.shard_id = shard_id
         self._public_context = public_context

@@ -18,6 +18,7 @@ format on disk) lives here.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from fedps.rpc.messages import framed, varint_field
 from fedps.rpc.shard_messages import Publication, PushBatch, RoundOpening
 from fedps.storage.record_log import RecordLog
 
-__all__ = ["ShardLog", "ShardLogRecord", "load_published_model"]
+__all__ = ["ShardLog", "ShardLogRecord", "discard_shard_state", "load_published_model"]
 
 _SAFE_ID = re.compile(r"[0-9A-Za-z_-]{1,128}")
 _LOG_HINT = (
@@ -213,3 +214,20 @@ def load_published_model(directory: Path) -> Publication | None:
     if data is None:
         return None
     return Publication.from_proto(shard_pb2.PublishRequest.FromString(data))
+
+
+def discard_shard_state(directory: Path) -> Path | None:
+    """Set a shard's rounds and published model aside, so that it starts empty.
+
+    For a shard declared gone that comes back (``fedps shard --empty``): its log and saved model
+    move into ``directory/discarded-<UTC time>/`` (kept for the operator, never read again);
+    the public contexts stay (public data, fetched again otherwise). The caller holds the
+    shard's state lock. Returns the folder they went to (None: there was nothing to set aside).
+    """
+    held = [p for p in (directory / "log", directory / "model.pb") if p.exists()]
+    if not held:
+        return None
+    aside = private_directory(directory / time.strftime("discarded-%Y%m%dT%H%M%SZ", time.gmtime()))
+    for path in held:
+        path.rename(aside / path.name)
+    return aside

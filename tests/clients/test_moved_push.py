@@ -46,3 +46,18 @@ def test_the_gone_shards_blocks_go_to_their_new_owners_under_the_same_commitment
     )
     assert all(m[0].update == UPDATE and m[0].round == 5 for m in moved.messages.values())
     assert (moved.round, moved.version) == (5, 3)
+
+
+def test_the_blocks_a_joined_shard_takes_go_to_it_and_nothing_else_moves() -> None:
+    # Prepare: an update cut for three shards; shard-3 joins before it is pushed
+    prepared = _prepared(RING)
+    after = RING.add("shard-3")
+
+    # Execute
+    moved = moved_push(prepared, after)
+
+    # Assert: exactly the blocks shard-3 owns now, all to it, under the same commitment
+    assert moved is not None and set(moved.messages) == {"shard-3"}
+    sent = sorted(b for m in moved.messages["shard-3"] for b, _ in m.blocks)
+    assert sent == after.assignment(BLOCKS)["shard-3"] and sent
+    assert moved.messages["shard-3"][0].update == UPDATE

@@ -486,3 +486,18 @@ def test_errors_are_given_per_field() -> None:
     # Assert: one message per bad field, by its dotted name
     assert set(info.value.fields) == {"training.rounds", "training.lr", "privacy.delta"}
     assert "greater than or equal to 1" in info.value.fields["training.rounds"]
+
+
+def test_standby_shards_start_off_the_ring_and_one_shard_stays_on() -> None:
+    # Prepare
+    shards = ["127.0.0.1:7201", "127.0.0.1:7202", "127.0.0.1:7203"]
+
+    # Execute
+    config = load_config(None, cluster={"shards": shards, "standby": ["shard-2"]})
+
+    # Assert: shard-2 is configured (its address known to every role), not on ring version 0
+    assert config.cluster.shard_ids == ["shard-0", "shard-1", "shard-2"]
+    assert config.cluster.ring_ids == ["shard-0", "shard-1"]
+    for standby in (["shard-3"], ["shard-0", "shard-1", "shard-2"]):
+        with pytest.raises(ConfigError, match="standby"):
+            load_config(None, cluster={"shards": shards, "standby": standby})

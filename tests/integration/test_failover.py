@@ -7,6 +7,9 @@ after it acknowledged a client's push, and never restarted: the coordinator decl
 clients push the moved blocks again, and training must finish with every round applied with
 exactly the acknowledged clients and the key holder's model equal to the plaintext replay.
 
+Under mutual TLS (the default configuration), the same with client processes, each with its
+certificate, and shard-1 killed once it took a push of round 2.
+
 The test prints the time from the shard's loss to the next applied round (``-s`` shows it);
 ``FEDPS_FAILOVER_MODEL=mlp1m`` runs it on the 1M-parameter model (docs/benchmarks.md).
 """
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime
@@ -22,7 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from fedps.runtime.deployment import Deployment, free_port
+from crypto.tls import OPERATOR_NAME
+from fedps.config import load_config
+from fedps.provisioning import provision_cluster, setup_tls
+from fedps.rpc.shard_stub import ShardStub
+from fedps.runtime.deployment import Deployment, free_port, local_cluster, write_config
 from server.coordinator.checkpoint_store import CheckpointStore
 from tests.conftest import RecordingClient, run_clients
 from tests.process_cluster import (
@@ -33,6 +42,8 @@ from tests.process_cluster import (
     start_servers,
     wait_for_round,
 )
+from tests.recording_client import load_recorded
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.faults]
 
@@ -113,3 +124,71 @@ def test_a_shard_sigkilled_for_good_moves_its_blocks_and_loses_nothing(
         f"{config.training.model}: shard lost -> round 2 applied in {loss_to_applied:.1f} s "
         f"(shard_gone_after_s {GONE_AFTER_S:g}); round 3 took {final.history[-1].seconds:.1f} s"
     )
+
+
+def test_a_shard_lost_under_mutual_tls_moves_its_blocks_and_loses_nothing(tmp_path: Path) -> None:
+    # Prepare: the default configuration (mutual TLS, every role and client its certificate),
+    # three shards; the clients are processes (TLS is process-wide), this test the operator
+    config = load_config(
+        None,
+        cluster={
+            **local_cluster(tmp_path / "state", shards=3),
+            "shard_gone_after_s": GONE_AFTER_S,
+        },
+        training={
+            "rounds": ROUNDS,
+            "clients": CLIENTS,
+            "min_quorum": 2,
+            "deadline_s": 300.0,
+            "checkpoint_every": 1,
+            "lr": 0.3,
+        },
+        security={"flood_bits": 0},
+        tls={"directory": str(tmp_path / "certs")},
+    )
+    assert config.tls.enabled and not config.tls.insecure
+    provision_cluster(config)
+    path = tmp_path / "fedps.toml"
+    write_config(config, path)
+    setup_tls(config.tls, OPERATOR_NAME)
+    deployment = Deployment(path, config)
+    killed_shard = ShardStub(KILLED, config.cluster.shards[1])
+    outs = [tmp_path / f"client-{i}-out" for i in range(CLIENTS)]
+    clients: list[subprocess.Popen[bytes]] = []
+    try:
+        start_servers(deployment)
+        for i, out in enumerate(outs):
+            out.mkdir()
+            with open(tmp_path / f"client-{i}.log", "ab") as output:
+                command = [sys.executable, "-m", "tests.recording_client", str(path), str(i)]
+                command += [str(tmp_path / f"client-{i}-state"), str(out)]
+                clients.append(subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT))
+
+        # Execute: once round 1 is applied, shard-1 dies as soon as it took a push of round 2
+        wait_for_round(config, 1)
+        before = killed_shard.get_status(timeout_s=HANG_S).pushes_accepted
+
+        def took_round_2() -> bool:
+            status = killed_shard.get_status(timeout_s=HANG_S)
+            return status.open_round == 2 and status.pushes_accepted > before
+
+        wait_for(took_round_2, "shard-1 taking a push of round 2", poll_s=0.05)
+        process = deployment.processes[KILLED]
+        process.send_signal(signal.SIGKILL)
+        process.wait(HANG_S)
+        final = wait_for_round(config, ROUNDS, finished=True)
+        for client in clients:
+            client.wait(HANG_S)
+    finally:
+        killed_shard.close()
+        for client in clients:
+            if client.poll() is None:
+                client.kill()
+                client.wait(HANG_S)
+        log = (deployment.log_dir / "coordinator.log").read_text()
+        deployment.stop()
+
+    # Assert: the ring moved on without shard-1 under mutual TLS, nothing acknowledged lost
+    assert f"{KILLED} declared gone" in log, log[-4000:]
+    assert (final.ring_version, final.ring_nodes) == (1, ("shard-0", "shard-2"))
+    assert_replayed(config, final, [load_recorded(out) for out in outs], log[-4000:])

@@ -1,4 +1,4 @@
-"""Tests for fedps.sharding.ring_view: the versioned ring and the blocks a removal moves."""
+"""Tests for fedps.sharding.ring_view: the versioned ring, the blocks a removal or a join moves."""
 
 from __future__ import annotations
 
@@ -35,6 +35,30 @@ def test_removing_one_of_s_shards_moves_about_blocks_over_s(
         assert set(moved) == {b for b, owner in owners.items() if owner == gone}
         assert gone not in moved.values()
         assert abs(len(moved) - BLOCKS / shards) <= 0.2 * BLOCKS / shards, (gone, len(moved))
+
+
+@pytest.mark.parametrize(
+    ("shards", "virtual_nodes"), [(2, 128), (3, 128), (4, 128), (5, 128), (8, 256), (16, 256)]
+)
+def test_adding_a_shard_to_make_s_moves_about_blocks_over_s_all_to_it(
+    shards: int, virtual_nodes: int
+) -> None:
+    # Prepare: S - 1 shards; the S-th joins
+    before = RingView.configured(_shards(shards - 1))
+    joined = f"shard-{shards - 1}"
+
+    # Execute
+    after = before.with_node(joined)
+    moved = moved_blocks(before.ring(virtual_nodes), after.ring(virtual_nodes), BLOCKS)
+
+    # Assert: one version up; only the blocks the new shard takes move, all to it, within 20%
+    # of blocks / S
+    assert after == RingView(1, tuple(_shards(shards)))
+    assert set(moved.values()) == {joined}
+    assert set(moved) == set(after.ring(virtual_nodes).assignment(BLOCKS)[joined])
+    assert abs(len(moved) - BLOCKS / shards) <= 0.2 * BLOCKS / shards, len(moved)
+    with pytest.raises(ConfigError, match="already on the ring"):
+        after.with_node(joined)
 
 
 def test_without_counts_a_version_up_and_keeps_the_last_shard() -> None:

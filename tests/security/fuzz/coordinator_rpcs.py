@@ -104,6 +104,18 @@ class CoordinatorRpcs(ServiceRpcs):
             return SKIP
         return bad("not a shard on the ring")
 
+    def judge_join_shard(
+        self, msgs: list[coordinator_pb2.JoinShardRequest], metadata: Metadata
+    ) -> str:
+        """Only a configured shard off the ring, empty, can join: the fixture's shards are all
+        on the ring (any other id is refused; one off it is skipped)."""
+        ring = self.cluster.coord.desk.ring
+        if ring is not None and msgs[0].shard_id in ring.view.nodes:
+            return bad("a shard on the ring already")
+        if msgs[0].shard_id in self.cluster.coord.settings.cluster.shard_ids:
+            return SKIP
+        return bad("not a configured shard")
+
     def credential_metadata(self, rng: random.Random) -> Metadata:
         """Client ``c``'s credential, missing, random, malformed or slightly wrong."""
         header = self.cluster.credential_header
@@ -185,6 +197,14 @@ class CoordinatorRpcs(ServiceRpcs):
                 ),
                 self.judge_remove_shard,
                 pools={**pools, "shard_id": ["", "shard-9", "shard-", "x" * 1000]},
+            ),
+            RpcSpec(
+                methods["JoinShard"],
+                lambda rng: coordinator_pb2.JoinShardRequest(
+                    shard_id=rng.choice(["", "shard-0", "shard-9", "x" * 1000])
+                ),
+                self.judge_join_shard,
+                pools={**pools, "shard_id": ["", "shard-0", "shard-9", "shard-", "x" * 1000]},
             ),
             RpcSpec(
                 methods["GetClosedRound"],

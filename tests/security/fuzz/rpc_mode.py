@@ -48,6 +48,7 @@ ORDER = [
     "Coordinator.GetStatus",
     "Coordinator.GetClosedRound",
     "Coordinator.RemoveShard",
+    "Coordinator.JoinShard",
     "KeyHolder.Commit",
     "KeyHolder.OpenCommits",
     "KeyHolder.ApplyRound",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedps.errors import ConfigError
+from fedps.errors import ConfigError, FedPSError
 from fedps.sharding.ring_view import RingView
 from server.coordinator.ring_keeper import RingKeeper
 
@@ -78,3 +78,65 @@ def test_the_ring_and_its_moves_survive_a_checkpoint() -> None:
     assert restored.view == RingView(1, ("shard-0", "shard-1"))
     assert restored.moves == keeper.moves
     assert restored.moves[0].reason == "removed by the operator"
+
+
+def test_a_shard_the_operator_adds_joins_at_the_next_round_and_survives_a_checkpoint() -> None:
+    # Prepare: shard-3 is configured, off the ring (a standby); the check of emptiness passes
+    checked: list[str] = []
+    keeper = RingKeeper(
+        SHARDS, gone_after_s=5.0, known=[*SHARDS, "shard-3"], check_empty=checked.append
+    )
+
+    # Execute: the operator adds it; the keeper checkpoints; the next round admits it
+    keeper.join("shard-3")
+    restored = RingKeeper(SHARDS, gone_after_s=5.0, known=[*SHARDS, "shard-3"])
+    restored.load_state_dict(keeper.state_dict())
+    pending = restored.joining
+    lines_before = restored.status_lines()
+    admitted = restored.admit_joins()
+
+    # Assert: checked once, on the ring only once admitted, one version up, shown as a move
+    assert checked == ["shard-3"]
+    assert keeper.view.version == 0 and pending == ("shard-3",)
+    assert lines_before == ("shard-3 joins at the next round",)
+    assert admitted == RingView(1, (*SHARDS, "shard-3")) == restored.view
+    assert restored.admit_joins() is None and not restored.joining
+    assert [(m.version, m.added, m.removed) for m in restored.moves] == [(1, "shard-3", "")]
+    assert restored.status_lines() == ("version 1: shard-3 added (joined by the operator)",)
+
+
+@pytest.mark.parametrize(
+    ("shard", "match"),
+    [("shard-1", "on the ring already"), ("shard-9", "not a shard of"), ("", "not a shard of")],
+)
+def test_only_a_configured_shard_off_the_ring_can_join(shard: str, match: str) -> None:
+    keeper = RingKeeper(SHARDS, gone_after_s=5.0, known=[*SHARDS, "shard-3"])
+    with pytest.raises(ConfigError, match=match):
+        keeper.join(shard)
+
+
+def test_a_shard_declared_gone_can_join_again_once_empty_but_not_twice() -> None:
+    # Prepare: shard-1 is removed; the emptiness check refuses at first (it kept its state)
+    refusals = [FedPSError("shard-1 holds version 3 of the model and round 4")]
+
+    def check_empty(shard: str) -> None:
+        if refusals:
+            raise refusals.pop()
+
+    keeper = RingKeeper(SHARDS, gone_after_s=5.0, check_empty=check_empty)
+    keeper.remove("shard-1")
+
+    # Execute
+    with pytest.raises(FedPSError, match="holds version 3"):
+        keeper.join("shard-1")
+    keeper.join("shard-1")
+    with pytest.raises(ConfigError, match="already"):
+        keeper.join("shard-1")
+    keeper.admit_joins()
+
+    # Assert: removed at version 1, back at version 2
+    assert keeper.view == RingView(2, tuple(SHARDS))
+    assert [m.line.split(" (")[0] for m in keeper.moves] == [
+        "version 1: shard-1 removed",
+        "version 2: shard-1 added",
+    ]
