@@ -30,10 +30,13 @@ protos: $(STAMP)
 protos-check: $(STAMP)
 	PATH=$(BIN):$$PATH bash fedps/proto/generate.sh --check
 
-# Two workers share the two cores, each taking one test at a time (slow tests first:
-# tests/conftest.py), so that no worker is left alone with a queue of long tests.
+# Three workers share the two cores, each taking one test at a time (slow tests first:
+# tests/conftest.py), so that no worker is left alone with a queue of long tests. Three, not
+# two: most of a long test is waiting on the processes it started (with two workers the
+# suite kept the two cores about 60% busy, every process it started counted), and a third
+# worker fills that wait.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --maxschedchunk 1 --durations=20
+	$(BIN)/python -m pytest -q -n 3 --maxschedchunk 1 --durations=20
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

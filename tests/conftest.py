@@ -115,7 +115,7 @@ def _drop_fuzz_smoke(config: pytest.Config, items: list[pytest.Item]) -> None:
 @pytest.hookimpl(trylast=True)  # after ``-m`` and ``-k`` chose the tests
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the ``slow`` tests first (in collection order, then the rest): with the test
-    command's one-test-at-a-time scheduling (``-n 2 --maxschedchunk 1``) the long ones then
+    command's one-test-at-a-time scheduling (``-n 3 --maxschedchunk 1``) the long ones then
     share the workers instead of one of them ending the run alone.
 
     The slow tests that take turns on the machine's one Ray node (:func:`one_ray_node`) are
