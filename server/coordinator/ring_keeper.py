@@ -109,20 +109,27 @@ class RingKeeper:
         with self._lock:
             return self._view
 
+    def now(self) -> float:
+        """The keeper's clock (the ``asked_at`` of :meth:`unreachable`)."""
+        return self._clock()
+
     def answered(self, shard: str) -> None:
         """``shard`` answered a call: its silence ends."""
         with self._lock:
             self._silent_since.pop(shard, None)
 
-    def unreachable(self, shard: str) -> RingView | None:
+    def unreachable(self, shard: str, asked_at: float | None = None) -> RingView | None:
         """``shard`` left a call unanswered; the new ring if that declared it gone.
 
-        It is declared gone once it has been silent for ``gone_after_s`` (and is still on the
-        ring, and not the last shard): it is removed from the ring.
+        ``asked_at`` is when the call was made (``clock`` seconds; None: now): a shard is silent
+        from the first call it left unanswered, made, not failed (a shard cut off the network
+        fails a call only at its deadline). It is declared gone once it has been silent for
+        ``gone_after_s`` (and is still on the ring, and not the last shard): it is removed from
+        the ring.
         """
         now = self._clock()
         with self._lock:
-            since = self._silent_since.setdefault(shard, now)
+            since = self._silent_since.setdefault(shard, now if asked_at is None else asked_at)
             silent = now - since
             if not (0 < self._gone_after_s <= silent):
                 return None
