@@ -247,10 +247,15 @@ class ClusterPeers:
         Raises
         ------
         InvalidArgumentError
-            ``shard`` holds a model or a round.
+            ``shard`` holds a model or a round, or the key holder quarantined it.
         PeerUnavailableError
             ``shard`` does not answer.
         """
+        if shard in self.model_state().quarantined:
+            raise InvalidArgumentError(
+                f"{shard} is quarantined (the key holder proved it tampered): it joins only "
+                "once the operator replaced it and cleared the detections"
+            )
         held = self._params.shards[shard].get_status(timeout_s=self._misses.deadline_s)
         if held.version or held.open_round:
             raise InvalidArgumentError(

@@ -3,7 +3,8 @@
 The configured shards (but ``cluster.standby``) are ring version 0. A shard is **declared gone**
 when it has not answered
 the coordinator's calls for ``cluster.shard_gone_after_s`` seconds (:meth:`RingKeeper.unreachable`),
-or when the operator removes it (:meth:`RingKeeper.remove`). The keeper then removes it from the
+when the key holder quarantined it on proven tampering (:meth:`RingKeeper.quarantined`), or when
+the operator removes it (:meth:`RingKeeper.remove`). The keeper then removes it from the
 ring (:meth:`RingView.without <fedps.sharding.ring_view.RingView.without>`, which moves only its
 blocks, each to the next shard along the ring) and counts one version up. The operator **adds** a
 configured shard that is off the ring, empty (a standby, or a shard declared gone that came back
@@ -22,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -157,6 +158,24 @@ class RingKeeper:
             ", ".join(view.nodes),
         )
         return view
+
+    def quarantined(self, shards: Collection[str]) -> list[str]:
+        """Declare gone each of ``shards`` (quarantined on proven tampering) on the ring.
+
+        The key holder decrypts nothing from a ring that holds a quarantined shard, and counts
+        a shard's tampering only on proof (docs/security.md): each is removed
+        (:meth:`remove`). Returns those left on the ring: the last shard is never removed.
+        """
+        left = []
+        for shard in sorted(shards):
+            view = self.view
+            if shard not in view.nodes:
+                continue
+            if len(view.nodes) == 1:
+                left.append(shard)
+                continue
+            self.remove(shard, "quarantined: the key holder proved it tampered")
+        return left
 
     def join(self, shard: str) -> None:
         """Add ``shard`` to the ring at the next round (:meth:`admit_joins`), as the operator.
