@@ -31,26 +31,32 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from crypto.tls import OPERATOR_NAME
 from fedps.config import FedPSConfig, load_config
+from fedps.learning.tasks import load_task
 from fedps.provisioning import provision_cluster, setup_tls
 from fedps.rpc.coordinator_messages import ClusterStatus
 from fedps.rpc.shard_stub import ShardStub
 from fedps.runtime.deployment import Deployment, free_port, local_cluster, write_config
 from server.coordinator.checkpoint_store import CheckpointStore
+from server.coordinator.evaluator import Evaluator
 from tests.conftest import RecordingClient, run_clients
 from tests.network_namespace import isolated_host
 from tests.process_cluster import (
     HANG_S,
     assert_replayed,
     cluster_config,
+    keyholder_state,
     recorded,
+    replay,
     start_servers,
     wait_for_round,
 )
 from tests.recording_client import load_recorded
+from tests.tampering_shard import prefix as tampering_prefix
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.faults]
@@ -196,6 +202,49 @@ def test_a_shard_cut_off_the_network_for_good_moves_its_blocks_and_loses_nothing
 
     # Assert: the ring moved on without shard-1, and nothing acknowledged was lost
     _assert_moved_on(run, "cut off")
+
+
+def test_a_shard_proven_to_tamper_is_declared_gone_and_training_finishes(tmp_path: Path) -> None:
+    # Prepare: three shards, one proof quarantines; shard-1's process hands over a tampered
+    # sum in round 2 (tests.tampering_shard)
+    config, path = cluster_config(
+        tmp_path,
+        rounds=ROUNDS,
+        clients=CLIENTS,
+        cluster={"shards": [f"127.0.0.1:{free_port()}" for _ in range(3)]},
+    )
+    config = config.model_copy(
+        update={"security": config.security.model_copy(update={"max_detections": 1})}
+    )
+    write_config(config, path)
+    deployment = Deployment(path, config)
+    deployment.prefixes[KILLED] = tampering_prefix(2)
+    try:
+        start_servers(deployment)
+        clients = [RecordingClient.open(config, index=i, peer_wait_s=10.0) for i in range(CLIENTS)]
+
+        # Execute
+        run_clients(clients, timeout_s=HANG_S)
+        final = wait_for_round(config, ROUNDS, finished=True)
+    finally:
+        log = (deployment.log_dir / "coordinator.log").read_text()
+        deployment.stop()
+
+    # Assert: round 2 refused on proof (nothing decrypted), shard-1 declared gone for it; the
+    # other rounds applied with exactly the acknowledged clients, equal to the plaintext replay
+    assert f"{KILLED} declared gone (quarantined: the key holder proved it tampered)" in log, log
+    assert (final.ring_version, final.ring_nodes) == (1, ("shard-0", "shard-2"))
+    assert [r.abandoned for r in final.history] == [False, True, False], log[-4000:]
+    applied, meta = keyholder_state(config.cluster.state_dir)
+    assert sorted(meta["released"], key=int) == ["1", "3"]
+    assert set(meta["detections"]) == {KILLED}
+    sent = recorded(clients)
+    for r in (1, 3):
+        acknowledged = {c.client_id for c in sent if r in c.acknowledged}
+        assert set(meta["released"][str(r)]["contributors"]) == acknowledged
+    initial = Evaluator(load_task(config), seed=config.training.seed).initial_vector()
+    expected = replay(initial, meta["released"], sent)
+    assert np.linalg.norm(applied - expected) / np.linalg.norm(expected) < 1e-4
 
 
 def test_a_shard_lost_under_mutual_tls_moves_its_blocks_and_loses_nothing(tmp_path: Path) -> None:
