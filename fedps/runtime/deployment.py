@@ -168,12 +168,15 @@ class Deployment:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         #: the server roles (key holder, shards, coordinator), in start order
         self.servers: list[str] = []
+        #: words that start a role's command, by role (``["ip", "netns", "exec", NS]`` starts it
+        #: in network namespace NS); kept for its restarts
+        self.prefixes: dict[str, list[str]] = {}
         self._args: dict[str, tuple[str, ...]] = {}
         self._lock = threading.Lock()  # a stop from another thread sees every process started
         self._stopped = False
 
     def start(self, name: str, *args: str) -> None:
-        """Start ``fedps ARGS --config CONFIG`` as process ``name``.
+        """Start ``fedps ARGS --config CONFIG`` as process ``name`` (after its :attr:`prefixes`).
 
         With ``--insecure`` when the configuration turned TLS off, whatever the file says. Once
         this process has ended, however it ended, a sweeper stops whatever it left running
@@ -188,6 +191,7 @@ class Deployment:
         # ``server.py``) shadows fedps's packages in a role; the task loader puts the task's
         # folder on the path.
         cmd = python_command("-m", "fedps.cli", *args, "--config", str(self.config_path))
+        cmd[:0] = self.prefixes.get(name, [])
         if self.config.tls.insecure:
             cmd.append("--insecure")
         env = child_environment({**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -128,22 +128,23 @@ class ClusterPeers:
         """
         deadline_s = self._misses.deadline_s
         gone: list[ShardGoneError] = []
+        asked_at = [0.0]  # when the call now unanswered was made
+
+        def ask() -> _T:
+            asked_at[0] = self.ring.now()
+            return self._misses.call(shard, call, lambda: fn(deadline_s))
 
         def ask_again(exc: FedPSError) -> bool:
             if not isinstance(exc, PeerUnavailableError | ShardStalledError):
                 return False
-            view = self.ring.unreachable(shard)
+            view = self.ring.unreachable(shard, asked_at[0])
             if view is not None:
                 gone.append(ShardGoneError(f"{shard} is gone ({what})", view))
             return not gone and isinstance(exc, PeerUnavailableError)
 
         for attempt in range(1, REFUSALS + 1):
             try:
-                answer = self.retry(
-                    lambda: self._misses.call(shard, call, lambda: fn(deadline_s)),
-                    what,
-                    retry_on=ask_again,
-                )
+                answer = self.retry(ask, what, retry_on=ask_again)
                 self.ring.answered(shard)
                 return answer
             except (PeerUnavailableError, ShardStalledError) as exc:
@@ -246,10 +247,15 @@ class ClusterPeers:
         Raises
         ------
         InvalidArgumentError
-            ``shard`` holds a model or a round.
+            ``shard`` holds a model or a round, or the key holder quarantined it.
         PeerUnavailableError
             ``shard`` does not answer.
         """
+        if shard in self.model_state().quarantined:
+            raise InvalidArgumentError(
+                f"{shard} is quarantined (the key holder proved it tampered): it joins only "
+                "once the operator replaced it and cleared the detections"
+            )
         held = self._params.shards[shard].get_status(timeout_s=self._misses.deadline_s)
         if held.version or held.open_round:
             raise InvalidArgumentError(

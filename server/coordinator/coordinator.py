@@ -528,13 +528,12 @@ class Coordinator:
         rounds train the key holder's model).
         """
         record.abandoned = True
-        if isinstance(exc, QuarantinedError):
-            self._halt(exc)  # no round can be applied any more
-            self._peers.discard_round(opened.round)
-            return
         _log.warning("round %d refused by the key holder: %s", opened.round, exc)
         self._peers.discard_round(opened.round)
-        state = self._peers.model_state()
+        state = self._peers.model_state()  # a shard quarantined on proof is declared gone:
+        if self._peers.ring.quarantined(state.quarantined) and isinstance(exc, QuarantinedError):
+            self._halt(exc)  # it is the last shard: no round can be applied any more
+            return
         if state.version != self.version:
             _log.error(
                 "round %d: the key holder's model is at version %d, not %d; following it",

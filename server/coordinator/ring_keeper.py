@@ -3,7 +3,8 @@
 The configured shards (but ``cluster.standby``) are ring version 0. A shard is **declared gone**
 when it has not answered
 the coordinator's calls for ``cluster.shard_gone_after_s`` seconds (:meth:`RingKeeper.unreachable`),
-or when the operator removes it (:meth:`RingKeeper.remove`). The keeper then removes it from the
+when the key holder quarantined it on proven tampering (:meth:`RingKeeper.quarantined`), or when
+the operator removes it (:meth:`RingKeeper.remove`). The keeper then removes it from the
 ring (:meth:`RingView.without <fedps.sharding.ring_view.RingView.without>`, which moves only its
 blocks, each to the next shard along the ring) and counts one version up. The operator **adds** a
 configured shard that is off the ring, empty (a standby, or a shard declared gone that came back
@@ -22,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -109,20 +110,27 @@ class RingKeeper:
         with self._lock:
             return self._view
 
+    def now(self) -> float:
+        """The keeper's clock (the ``asked_at`` of :meth:`unreachable`)."""
+        return self._clock()
+
     def answered(self, shard: str) -> None:
         """``shard`` answered a call: its silence ends."""
         with self._lock:
             self._silent_since.pop(shard, None)
 
-    def unreachable(self, shard: str) -> RingView | None:
+    def unreachable(self, shard: str, asked_at: float | None = None) -> RingView | None:
         """``shard`` left a call unanswered; the new ring if that declared it gone.
 
-        It is declared gone once it has been silent for ``gone_after_s`` (and is still on the
-        ring, and not the last shard): it is removed from the ring.
+        ``asked_at`` is when the call was made (``clock`` seconds; None: now): a shard is silent
+        from the first call it left unanswered, made, not failed (a shard cut off the network
+        fails a call only at its deadline). It is declared gone once it has been silent for
+        ``gone_after_s`` (and is still on the ring, and not the last shard): it is removed from
+        the ring.
         """
         now = self._clock()
         with self._lock:
-            since = self._silent_since.setdefault(shard, now)
+            since = self._silent_since.setdefault(shard, now if asked_at is None else asked_at)
             silent = now - since
             if not (0 < self._gone_after_s <= silent):
                 return None
@@ -150,6 +158,24 @@ class RingKeeper:
             ", ".join(view.nodes),
         )
         return view
+
+    def quarantined(self, shards: Collection[str]) -> list[str]:
+        """Declare gone each of ``shards`` (quarantined on proven tampering) on the ring.
+
+        The key holder decrypts nothing from a ring that holds a quarantined shard, and counts
+        a shard's tampering only on proof (docs/security.md): each is removed
+        (:meth:`remove`). Returns those left on the ring: the last shard is never removed.
+        """
+        left = []
+        for shard in sorted(shards):
+            view = self.view
+            if shard not in view.nodes:
+                continue
+            if len(view.nodes) == 1:
+                left.append(shard)
+                continue
+            self.remove(shard, "quarantined: the key holder proved it tampered")
+        return left
 
     def join(self, shard: str) -> None:
         """Add ``shard`` to the ring at the next round (:meth:`admit_joins`), as the operator.

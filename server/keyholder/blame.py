@@ -49,7 +49,7 @@ from server.keyholder.decryptor import CanaryFailureError
 from server.keyholder.shard_peers import ShardPeers
 from server.keyholder.suspects import Suspects
 
-__all__ = ["Tracer", "Verdict", "judge"]
+__all__ = ["Tracer", "Verdict", "judge", "untraced_refusal"]
 
 _log = logging.getLogger("fedps")
 
@@ -352,6 +352,30 @@ def judge(
     left = len(verifier.contributors - guilty)
     refusal = tracer.refusal(failure, verdict, left=left, min_quorum=min_quorum)
     return refusal, guilty
+
+
+def untraced_refusal(failure: PolicyError, round_: int) -> PolicyError:
+    """What to refuse ``round_`` with when ``failure`` cannot be traced (key-holder parties).
+
+    A failed sketch is no evidence against its shard by itself: a contributor that committed
+    sketches of another ciphertext than its own fails an honest shard's aggregate the same way,
+    and only the trace tells them apart (:meth:`Tracer.sketches`). Untraced, it is refused as a
+    :class:`PolicyError` that counts against nobody. Any other :class:`TamperingError` is proof
+    in itself (the shard sent what a correct shard never sends) and is returned as it is.
+    """
+    if not _failed_sketch(failure):
+        return failure
+    assert isinstance(failure, TamperingError)
+    _log.warning(
+        "round %d: %s's aggregate failed its check; without a trace (key-holder parties) "
+        "nobody is blamed",
+        round_,
+        failure.shard,
+    )
+    return PolicyError(
+        f"round {round_}: {failure.shard}'s aggregate failed its check; a contributor's false "
+        "sketch or the shard: without a trace nobody is blamed, the round is refused"
+    )
 
 
 def _failed_sketch(failure: PolicyError) -> bool:

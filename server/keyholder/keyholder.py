@@ -66,7 +66,7 @@ from fedps.sharding.hash_ring import HashRing
 from fedps.sharding.ring_view import RingView
 from fedps.sharding.sparse_mask import SparseMask, sent_blocks, upload_layout
 from server.keyholder.aggregate_verifier import AggregateVerifier, TamperingError
-from server.keyholder.blame import judge
+from server.keyholder.blame import judge, untraced_refusal
 from server.keyholder.commit_board import CommitBoard
 from server.keyholder.decryptor import Decryptor, OffGridRefusalError
 from server.keyholder.global_model import GlobalModel
@@ -407,7 +407,7 @@ class KeyHolder:
                 return cached
             if round_ in self._refused:
                 raise PolicyError(f"round {round_} was refused before; it is never decrypted")
-            self.suspects.check_none_quarantined()
+            self.suspects.check_none_quarantined(self._shards.view.nodes)
             if self.params is None:
                 raise NotReadyError("the key holder has no model yet")
             timer = timer or RoundTimer()
@@ -451,8 +451,8 @@ class KeyHolder:
                 except PolicyError as exc:
                     keys = self.keys
                     if isinstance(keys, JointKeys):  # no trace: canaries need the whole key
-                        self._refuse(round_, exc)
-                        raise
+                        self._refuse(round_, refused := untraced_refusal(exc, round_))
+                        raise refused from exc  # a failed sketch, untraced, counts for nobody
                     refusal, guilty = judge(  # who did it, on evidence (see .blame)
                         exc,
                         verifier,

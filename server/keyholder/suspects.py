@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from fedps.errors import QuarantinedError
 from server.keyholder.aggregate_verifier import TamperingError
@@ -105,21 +105,24 @@ class Suspects:
             shard for shard, count in self.counts().items() if count >= self.max_detections
         )
 
-    def check_none_quarantined(self) -> None:
-        """Raise if a shard is quarantined: the key holder then decrypts nothing.
+    def check_none_quarantined(self, ring: Collection[str]) -> None:
+        """Raise if a shard on ``ring`` is quarantined: the key holder decrypts nothing from it.
+
+        A quarantined shard off the ring (the coordinator declared it gone) stops nothing: no
+        block of a round on ``ring`` comes from it.
 
         Raises
         ------
         QuarantinedError
-            Naming the shards caught tampering ``max_detections`` times or more.
+            Naming the shards on ``ring`` caught tampering ``max_detections`` times or more.
         """
-        quarantined = self.quarantined
+        quarantined = [s for s in self.quarantined if s in ring]
         if quarantined:
             raise QuarantinedError(
                 f"{', '.join(quarantined)} handed over tampered aggregates "
-                f"{self.max_detections} times or more; the key holder decrypts "
-                "nothing until the shard is replaced and the key holder restarted with its "
-                "detections cleared (docs/operations.md)"
+                f"{self.max_detections} times or more; the key holder decrypts nothing from "
+                "a ring that holds it: the coordinator declares it gone, or the operator "
+                "replaces it and clears the detections (docs/operations.md)"
             )
 
     def clear(self) -> None:

@@ -7,6 +7,10 @@ after it acknowledged a client's push, and never restarted: the coordinator decl
 clients push the moved blocks again, and training must finish with every round applied with
 exactly the acknowledged clients and the key holder's model equal to the plaintext replay.
 
+Cut off the network for good: shard-1 runs in its own network namespace (a second "host" on a
+veth pair, :mod:`tests.network_namespace`), and the link is deleted at the same moment; its
+process lives on, unreachable. The same must hold.
+
 Under mutual TLS (the default configuration), the same with client processes, each with its
 certificate, and shard-1 killed once it took a push of round 2.
 
@@ -22,27 +26,37 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from crypto.tls import OPERATOR_NAME
-from fedps.config import load_config
+from fedps.config import FedPSConfig, load_config
+from fedps.learning.tasks import load_task
 from fedps.provisioning import provision_cluster, setup_tls
+from fedps.rpc.coordinator_messages import ClusterStatus
 from fedps.rpc.shard_stub import ShardStub
 from fedps.runtime.deployment import Deployment, free_port, local_cluster, write_config
 from server.coordinator.checkpoint_store import CheckpointStore
+from server.coordinator.evaluator import Evaluator
 from tests.conftest import RecordingClient, run_clients
+from tests.network_namespace import isolated_host
 from tests.process_cluster import (
     HANG_S,
     assert_replayed,
     cluster_config,
+    keyholder_state,
     recorded,
+    replay,
     start_servers,
     wait_for_round,
 )
 from tests.recording_client import load_recorded
+from tests.tampering_shard import prefix as tampering_prefix
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.faults]
@@ -66,12 +80,28 @@ def _applied_at(keyholder_log: str, round_: int) -> float:
     return stamp.timestamp()
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_shard_sigkilled_for_good_moves_its_blocks_and_loses_nothing(
-    tmp_path: Path, mode: str
-) -> None:
-    # Prepare: three shards; shard-1 dies (SIGKILL) right after it acknowledged client 0's push
-    # of round 2, and is never restarted
+@dataclass
+class _Run:
+    """What one run that lost shard-1 left: its configuration, logs, clients and final status."""
+
+    config: FedPSConfig
+    clients: list[RecordingClient]
+    final: ClusterStatus
+    log: str  # the coordinator's
+    keyholder_log: str
+    lost_at: float  # Unix seconds
+
+
+def _train_losing_shard_1(
+    tmp_path: Path,
+    mode: str,
+    lose: Callable[[Deployment], None],
+    cluster: dict[str, object] | None = None,
+    prefixes: dict[str, list[str]] | None = None,
+) -> _Run:
+    """Train on three shards; ``lose`` loses shard-1 right after it acknowledged client 0's
+    push of round 2, for good (``cluster``: more ``[cluster]`` fields; ``prefixes``: the
+    deployment's command prefixes by role)."""
     config, path = cluster_config(
         tmp_path,
         rounds=ROUNDS,
@@ -80,50 +110,141 @@ def test_a_shard_sigkilled_for_good_moves_its_blocks_and_loses_nothing(
         cluster={
             "shard_gone_after_s": GONE_AFTER_S,
             "shards": [f"127.0.0.1:{free_port()}" for _ in range(3)],
+            **(cluster or {}),
         },
     )
     deployment = Deployment(path, config)
-    killed = threading.Event()
-    killed_at: list[float] = []
+    deployment.prefixes.update(prefixes or {})
+    lost = threading.Event()
+    lost_at: list[float] = []
     try:
         start_servers(deployment)
         clients = [RecordingClient.open(config, index=i, peer_wait_s=10.0) for i in range(CLIENTS)]
         first = clients[0]
 
-        def kill_after_ack(round_: int, sid: str) -> None:
+        def lose_after_ack(round_: int, sid: str) -> None:
             first.acknowledged_by(round_, sid)
-            if round_ == 2 and sid == KILLED and not killed.is_set():
-                killed.set()
-                process = deployment.processes[KILLED]
-                process.send_signal(signal.SIGKILL)
-                killed_at.append(time.time())
-                process.wait(HANG_S)
+            if round_ == 2 and sid == KILLED and not lost.is_set():
+                lost.set()
+                lose(deployment)
+                lost_at.append(time.time())
 
-        first.pusher.on_acknowledged = kill_after_ack
-
-        # Execute
+        first.pusher.on_acknowledged = lose_after_ack
         run_clients(clients, timeout_s=HANG_S)
         final = wait_for_round(config, ROUNDS, finished=True)
     finally:
         log = (deployment.log_dir / "coordinator.log").read_text()
         keyholder_log = (deployment.log_dir / "keyholder.log").read_text()
         deployment.stop()
+    assert lost.is_set()
+    return _Run(config, clients, final, log, keyholder_log, lost_at[0])
 
-    # Assert: the ring moved on without shard-1, and nothing acknowledged was lost
-    assert killed.is_set()
-    assert f"{KILLED} declared gone" in log, log[-4000:]
-    assert all(c.session.ring_view.nodes == ("shard-0", "shard-2") for c in clients)
-    checkpoint = CheckpointStore(config.cluster.state_dir / "coordinator").load()
+
+def _assert_moved_on(run: _Run, how: str) -> None:
+    """The ring moved on without shard-1, nothing acknowledged was lost; prints the time from
+    the loss to the next applied round."""
+    assert f"{KILLED} declared gone" in run.log, run.log[-4000:]
+    assert all(c.session.ring_view.nodes == ("shard-0", "shard-2") for c in run.clients)
+    checkpoint = CheckpointStore(run.config.cluster.state_dir / "coordinator").load()
     assert checkpoint is not None
     ring = checkpoint.state["ring"]  # a restarted coordinator goes on with the moved ring
     assert (ring["version"], ring["nodes"]) == (1, ["shard-0", "shard-2"])
     assert [m["removed"] for m in ring["moves"]] == [KILLED]
-    assert_replayed(config, final, recorded(clients), log[-4000:])
-    loss_to_applied = _applied_at(keyholder_log, 2) - killed_at[0]
+    assert_replayed(run.config, run.final, recorded(run.clients), run.log[-4000:])
+    loss_to_applied = _applied_at(run.keyholder_log, 2) - run.lost_at
     print(
-        f"{config.training.model}: shard lost -> round 2 applied in {loss_to_applied:.1f} s "
-        f"(shard_gone_after_s {GONE_AFTER_S:g}); round 3 took {final.history[-1].seconds:.1f} s"
+        f"{run.config.training.model}: shard {how} -> round 2 applied in {loss_to_applied:.1f} s "
+        f"(shard_gone_after_s {GONE_AFTER_S:g}); round 3 took {run.final.history[-1].seconds:.1f} s"
     )
+
+
+def _sigkill_shard_1(deployment: Deployment) -> None:
+    process = deployment.processes[KILLED]
+    process.send_signal(signal.SIGKILL)
+    process.wait(HANG_S)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_shard_sigkilled_for_good_moves_its_blocks_and_loses_nothing(
+    tmp_path: Path, mode: str
+) -> None:
+    # Prepare, Execute: three shards; shard-1 dies (SIGKILL) right after it acknowledged
+    # client 0's push of round 2, and is never restarted
+    run = _train_losing_shard_1(tmp_path, mode, _sigkill_shard_1)
+
+    # Assert: the ring moved on without shard-1, and nothing acknowledged was lost
+    _assert_moved_on(run, "killed")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_shard_cut_off_the_network_for_good_moves_its_blocks_and_loses_nothing(
+    tmp_path: Path, mode: str
+) -> None:
+    # Prepare: shard-1 on its own "host" (a network namespace on a veth pair), the other
+    # roles on an address of this host that the link's end does not carry
+    with isolated_host() as host:
+        ports = [free_port() for _ in range(4)]
+        cluster: dict[str, object] = {
+            "keyholder": f"{host.outside}:{ports[0]}",
+            "coordinator": f"{host.outside}:{ports[1]}",
+            "shards": [
+                f"{host.outside}:{ports[2]}",
+                f"{host.inside}:{free_port()}",
+                f"{host.outside}:{ports[3]}",
+            ],
+        }
+
+        # Execute: the link is deleted right after shard-1 acknowledged client 0's push of
+        # round 2; the shard's process lives on, unreachable, and nothing reaches out of it
+        run = _train_losing_shard_1(
+            tmp_path, mode, lambda _: host.cut(), cluster, {KILLED: host.prefix}
+        )
+
+    # Assert: the ring moved on without shard-1, and nothing acknowledged was lost
+    _assert_moved_on(run, "cut off")
+
+
+def test_a_shard_proven_to_tamper_is_declared_gone_and_training_finishes(tmp_path: Path) -> None:
+    # Prepare: three shards, one proof quarantines; shard-1's process hands over a tampered
+    # sum in round 2 (tests.tampering_shard)
+    config, path = cluster_config(
+        tmp_path,
+        rounds=ROUNDS,
+        clients=CLIENTS,
+        cluster={"shards": [f"127.0.0.1:{free_port()}" for _ in range(3)]},
+    )
+    config = config.model_copy(
+        update={"security": config.security.model_copy(update={"max_detections": 1})}
+    )
+    write_config(config, path)
+    deployment = Deployment(path, config)
+    deployment.prefixes[KILLED] = tampering_prefix(2)
+    try:
+        start_servers(deployment)
+        clients = [RecordingClient.open(config, index=i, peer_wait_s=10.0) for i in range(CLIENTS)]
+
+        # Execute
+        run_clients(clients, timeout_s=HANG_S)
+        final = wait_for_round(config, ROUNDS, finished=True)
+    finally:
+        log = (deployment.log_dir / "coordinator.log").read_text()
+        deployment.stop()
+
+    # Assert: round 2 refused on proof (nothing decrypted), shard-1 declared gone for it; the
+    # other rounds applied with exactly the acknowledged clients, equal to the plaintext replay
+    assert f"{KILLED} declared gone (quarantined: the key holder proved it tampered)" in log, log
+    assert (final.ring_version, final.ring_nodes) == (1, ("shard-0", "shard-2"))
+    assert [r.abandoned for r in final.history] == [False, True, False], log[-4000:]
+    applied, meta = keyholder_state(config.cluster.state_dir)
+    assert sorted(meta["released"], key=int) == ["1", "3"]
+    assert set(meta["detections"]) == {KILLED}
+    sent = recorded(clients)
+    for r in (1, 3):
+        acknowledged = {c.client_id for c in sent if r in c.acknowledged}
+        assert set(meta["released"][str(r)]["contributors"]) == acknowledged
+    initial = Evaluator(load_task(config), seed=config.training.seed).initial_vector()
+    expected = replay(initial, meta["released"], sent)
+    assert np.linalg.norm(applied - expected) / np.linalg.norm(expected) < 1e-4
 
 
 def test_a_shard_lost_under_mutual_tls_moves_its_blocks_and_loses_nothing(tmp_path: Path) -> None:

@@ -12,9 +12,15 @@ the one blamed, never an honest party, and a round the honest parties can carry 
   its own canaries: it is blamed and excluded, and the round is summed again without it.
 - **A shard lying about the evidence**: a forged opening, a false accusation or no evidence
   at all is the shard's own fault.
+- **Getting an honest shard declared gone**: a shard quarantined on proof is declared gone and
+  its blocks move (docs/security.md); a malicious shard with clients on its side frames the
+  honest shard with lying sketches round after round: the clients are blamed, the honest shard
+  never quarantined, and the coordinator's ring keeps it. A shard proven to tamper is removed.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,6 +29,7 @@ from crypto import bitpack, unpack_block
 from crypto.canary import CanaryOpening
 from fedps.rpc.messages import Aggregate
 from fedps.rpc.shard_messages import HeldCiphertext, OpenedBlock, TraceQuery
+from server.coordinator.ring_keeper import RingKeeper
 from tests.round_driver import HandClient
 from tests.security.arena import VERSION, Arena
 
@@ -199,3 +206,52 @@ def test_a_shard_flooding_the_trace_is_cut_off_and_blamed(arena: Arena) -> None:
     arena.assert_refused(1, clients)
     assert arena.keyholder.detections == {shard.shard_id: {"evidence": 1}}
     assert arena.keyholder.blamed == {}
+
+
+def _coordinator_ring(arena: Arena) -> RingKeeper:
+    """The coordinator's ring over the arena's shards."""
+    return RingKeeper(sorted(arena.driver.ring.nodes), gone_after_s=0.0)
+
+
+def test_clients_on_a_shards_side_cannot_get_the_honest_shard_declared_gone(
+    arena: Arena,
+) -> None:
+    # Prepare: one proof is enough to quarantine a shard (and have it declared gone); the
+    # honest shard owns block 0, a new client on the malicious side lies about it each round
+    arena.keyholder.suspects.max_detections = 1
+    honest = arena.driver.ring.owner(0)
+    ring = _coordinator_ring(arena)
+
+    # Execute: three rounds framed, the coordinator removing whatever the key holder quarantines
+    for round_ in (1, 2, 3):
+        clients = arena.clients(["client-0", "client-1", f"liar-{round_}"])
+        _lying_sketch(arena, round_, clients, 0)
+        arena.assert_refused(round_, clients)
+        assert ring.quarantined(arena.keyholder.quarantined) == []
+
+    # Assert: each liar blamed on evidence; nothing against the honest shard, which stays on
+    assert arena.keyholder.detections == {} and arena.keyholder.quarantined == []
+    assert set(arena.keyholder.blamed) == {"liar-1", "liar-2", "liar-3"}
+    assert honest in ring.view.nodes and ring.view.version == 0
+
+
+def test_a_shard_proven_to_tamper_is_declared_gone_and_the_ring_without_it_decrypts(
+    arena: Arena,
+) -> None:
+    # Prepare: one proof quarantines; the shard that owns block 0 hands over one client's
+    # ciphertext as the sum
+    arena.keyholder.suspects.max_detections = 1
+    guilty = arena.driver.ring.owner(0)
+    ring = _coordinator_ring(arena)
+    clients = arena.clients()
+    arena.driver.committed_round(1, VERSION, clients)
+    arena.tamper(0, lambda a: replace(a, ciphertext=clients[0].packed[0]))
+
+    # Execute: refused on proof; the coordinator removes what the key holder quarantined
+    arena.assert_refused(1, clients)
+    left = ring.quarantined(arena.keyholder.quarantined)
+
+    # Assert: the guilty shard is off the ring, and a ring without it is not refused for it
+    assert arena.keyholder.quarantined == [guilty] and left == []
+    assert guilty not in ring.view.nodes and ring.view.version == 1
+    arena.keyholder.suspects.check_none_quarantined(ring.view.nodes)

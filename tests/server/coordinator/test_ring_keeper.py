@@ -140,3 +140,37 @@ def test_a_shard_declared_gone_can_join_again_once_empty_but_not_twice() -> None
         "version 1: shard-1 removed",
         "version 2: shard-1 added",
     ]
+
+
+def test_a_shard_is_silent_from_the_call_it_left_unanswered_not_from_its_failure() -> None:
+    # Prepare: a shard cut off the network fails a call only at the call's deadline
+    clock = Clock()
+    keeper = RingKeeper(SHARDS, gone_after_s=5.0, clock=clock)
+    asked_at = keeper.now()
+
+    # Execute: the call made at asked_at fails 6 s later (its deadline)
+    clock.now += 6.0
+    gone = keeper.unreachable("shard-1", asked_at)
+
+    # Assert: 6 s unanswered: gone at its first failure, not one deadline later
+    assert gone == RingView(1, ("shard-0", "shard-2"))
+    assert "unreachable for 6.0 s" in keeper.moves[0].reason
+
+
+def test_shards_quarantined_on_proof_are_declared_gone_but_never_the_last() -> None:
+    # Prepare: the key holder quarantined shard-1, and shard-9, which is not on the ring
+    keeper = RingKeeper(SHARDS, gone_after_s=0.0)
+
+    # Execute
+    left = keeper.quarantined(["shard-9", "shard-1"])
+    again = keeper.quarantined(["shard-1"])  # a later refusal names it again
+
+    # Assert: shard-1 removed once, with the reason; nothing else moved
+    assert left == [] and again == []
+    assert keeper.view == RingView(1, ("shard-0", "shard-2"))
+    assert [(m.removed, m.reason) for m in keeper.moves] == [
+        ("shard-1", "quarantined: the key holder proved it tampered")
+    ]
+    lone = RingKeeper(["shard-0"], gone_after_s=0.0)
+    assert lone.quarantined(["shard-0"]) == ["shard-0"]  # the run stops instead
+    assert lone.view.version == 0
