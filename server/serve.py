@@ -217,7 +217,10 @@ def _combiner_key(config: FedPSConfig, public: PublicContext) -> bytes:
 
 
 def party_round_source(config: FedPSConfig, public: PublicContext) -> ClusterRoundSource:
-    """The coordinator and the shards, as a party asks them."""
+    """The coordinator and the shards, as a party asks them.
+
+    From the ring the run starts on; the party follows the ring each closed round comes with.
+    """
     cluster = config.cluster
     shards = zip(cluster.shard_ids, cluster.shards, strict=True)
     return ClusterRoundSource(

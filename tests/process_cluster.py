@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +27,9 @@ from fedps.rpc.coordinator_messages import ClusterStatus
 from fedps.rpc.coordinator_stub import CoordinatorStub
 from fedps.rpc.transport import channel_credentials
 from fedps.runtime.deployment import Deployment
+from fedps.runtime.export import pull_model, read_saved_model
+from fedps.sharding.blocks import flatten_model
+from server.coordinator.checkpoint_store import CheckpointStore
 from server.coordinator.evaluator import Evaluator
 from tests.conftest import RecordingClient, reached
 from tests.role_processes import wait_serving, write_local_config
@@ -35,8 +38,10 @@ from tests.waiting import HANG_S, wait_for
 __all__ = [
     "HANG_S",
     "Recorded",
+    "assert_exported",
     "assert_replayed",
     "cluster_config",
+    "exported_model",
     "keyholder_state",
     "recorded",
     "role_args",
@@ -71,11 +76,13 @@ def cluster_config(
     clients: int,
     cluster: Mapping[str, object] | None = None,
     training: Mapping[str, object] | None = None,
+    keyholder: Mapping[str, object] | None = None,
 ) -> tuple[FedPSConfig, Path]:
     """A provisioned configuration for a process cluster on loopback, written to a file
-    (``cluster``, ``training``: more fields of those sections)."""
+    (``cluster``, ``training``, ``keyholder``: more fields of those sections)."""
     path, config = write_local_config(
         tmp_path,
+        keyholder=keyholder or {},
         cluster=cluster or {},
         training={
             "rounds": rounds,
@@ -206,10 +213,17 @@ def replay(
 
 
 def assert_replayed(
-    config: FedPSConfig, final: ClusterStatus, clients: list[Recorded], log: object = ""
+    config: FedPSConfig,
+    final: ClusterStatus,
+    clients: list[Recorded],
+    log: object = "",
+    *,
+    within: Callable[[Mapping[str, Mapping[str, Any]]], float] | None = None,
 ) -> None:
     """Training finished, every round applied with exactly the clients whose pushes were
-    acknowledged, and the key holder's model is the plaintext replay of their updates."""
+    acknowledged, and the key holder's model is the plaintext replay of their updates (at
+    1e-4 relative; ``within``: no value further off than it says, given the released rounds,
+    as key-holder parties flood each release)."""
     rounds = config.training.rounds
     assert final.finished and final.round == rounds, log
     assert not any(r.abandoned for r in final.history), (final.history, log)
@@ -221,4 +235,28 @@ def assert_replayed(
         assert set(released[str(r)]["contributors"]) == acknowledged, (r, log)
     initial = Evaluator(load_task(config), seed=config.training.seed).initial_vector()
     expected = replay(initial, released, clients)
+    if within is not None:
+        assert np.abs(applied - expected).max() <= within(released), log
+        return
     assert np.linalg.norm(applied - expected) / np.linalg.norm(expected) < 1e-4, log
+
+
+def exported_model(config: FedPSConfig) -> tuple[np.ndarray, int]:
+    """The model ``fedps export`` pulls from the running cluster (flat) and its version."""
+    model, version = pull_model(config)
+    return flatten_model(model), version
+
+
+def assert_exported(
+    config: FedPSConfig, pulled: tuple[np.ndarray, int], *, version: int | None = None
+) -> None:
+    """``fedps export`` of the running cluster (``pulled``, :func:`exported_model`) and of the
+    stopped one's state folder both give the model the coordinator evaluated last (its
+    checkpoint), at ``version`` (None: one per round)."""
+    checkpoint = CheckpointStore(config.cluster.state_dir / "coordinator").load()
+    assert checkpoint is not None
+    saved, saved_version = read_saved_model(config)
+    expected = config.training.rounds if version is None else version
+    assert pulled[1] == saved_version == expected
+    assert np.array_equal(pulled[0], checkpoint.model)
+    assert np.array_equal(flatten_model(saved), checkpoint.model)

@@ -82,18 +82,28 @@ class ClosedRound(_message.Message):
 
     ROUND_FIELD_NUMBER: _builtins.int
     CONTRIBUTORS_FIELD_NUMBER: _builtins.int
+    RING_VERSION_FIELD_NUMBER: _builtins.int
+    RING_NODES_FIELD_NUMBER: _builtins.int
     round: _builtins.int
+    ring_version: _builtins.int
+    """The shard ring the coordinator applies the round on (fedps/sharding/ring_view.py): its
+    version and the shard ids on it, whose blocks a party fetches.
+    """
     @_builtins.property
     def contributors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def ring_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
         round: _builtins.int = ...,
         contributors: _abc.Iterable[_builtins.str] | None = ...,
+        ring_version: _builtins.int = ...,
+        ring_nodes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["contributors", b"contributors", "round", b"round"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["contributors", b"contributors", "ring_nodes", b"ring_nodes", "ring_version", b"ring_version", "round", b"round"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

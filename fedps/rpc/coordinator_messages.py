@@ -20,6 +20,7 @@ __all__ = [
     "Assignment",
     "AssignmentQuery",
     "ClientRegistration",
+    "ClosedRound",
     "ClusterStatus",
     "RegistrationReply",
     "RoundSummary",
@@ -53,6 +54,19 @@ _CLIENT_PHASES: Converter = (
     ],
     lambda messages: {m.client_id: dict(m.phase_seconds) for m in messages},
 )
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedRound(WireRecord[coordinator_pb2.ClosedRound]):
+    """The clients a round closed with, and the shard ring it is applied on (a party's check)."""
+
+    wire = coordinator_pb2.ClosedRound
+
+    round: int
+    contributors: tuple[str, ...]
+    #: the shard ring now (:class:`~fedps.sharding.ring_view.RingView`; 0 and none: the shards)
+    ring_version: int = 0
+    ring_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from fedps.rpc.coordinator_messages import (
     Assignment,
     AssignmentQuery,
     ClientRegistration,
+    ClosedRound,
     ClusterStatus,
     RegistrationReply,
     UpdateReport,
@@ -102,14 +103,14 @@ class CoordinatorStub:
         request = coordinator_pb2.JoinShardRequest(shard_id=shard_id)
         invoke(lambda: self._stub.JoinShard(request, timeout=timeout_s), f"join {shard_id}")
 
-    def get_closed_round(self, round_: int, *, timeout_s: float = CALL_S) -> frozenset[str]:
-        """The clients ``round_`` closed with (a key-holder party's call)."""
+    def get_closed_round(self, round_: int, *, timeout_s: float = CALL_S) -> ClosedRound:
+        """The clients ``round_`` closed with and the ring it is applied on (a party's call)."""
         request = coordinator_pb2.ClosedRoundRequest(round=round_)
         reply = invoke(
             lambda: self._stub.GetClosedRound(request, timeout=timeout_s),
             f"closed round {round_}",
         )
-        return frozenset(reply.contributors)
+        return ClosedRound.from_proto(reply)
 
     def _with_credential(
         self,

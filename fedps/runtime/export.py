@@ -2,17 +2,19 @@
 
 The model is pulled the way a client pulls it: the key holder's public context gives its
 Ed25519 key (checked against ``security.keyholder_key`` when that pins it, trusted on first
-use otherwise, with a warning) and the context's signature is verified with it; the shards'
-blocks of the published version are then pulled and every block's key-holder signature
-verified (:func:`crypto.signing.model_verifier`), so a shard cannot hand out a model the key
-holder did not publish. The flat vector is loaded into the task's model
+use otherwise, with a warning) and the context's signature is verified with it; the blocks of
+the published version are then pulled from the shards on the ring the coordinator publishes
+(:func:`published_ring`: shards declared gone or added while training are followed) and every
+block's key-holder signature verified (:func:`crypto.signing.model_verifier`), so a shard cannot
+hand out a model the key holder did not publish. The flat vector is loaded into the task's model
 (:meth:`fedps.learning.tasks.Task.create_model`), whose ``state_dict`` is what :func:`export_model`
 saves: ``model.load_state_dict(torch.load(path))`` loads it into the same task's model.
 
 A stopped cluster (``fedps up`` ends when training does) is read from its state folder: each
-shard saved the blocks it published, with their signatures (``STATE_DIR/shard-i/model.pb``),
-and every block is verified against the pinned key, or the key holder's ``keys/signing.pub``
-in the same state folder (:func:`read_saved_model`).
+shard on the ring the coordinator checkpointed saved the blocks it published, with their
+signatures (``STATE_DIR/shard-i/model.pb``), and every block is verified against the pinned
+key, or the key holder's ``keys/signing.pub`` in the same state folder (:func:`read_saved_model`).
+A shard declared gone keeps the older version it saved; it is not read.
 """
 
 from __future__ import annotations
@@ -35,14 +37,16 @@ from fedps.errors import (
     RoundClosedError,
 )
 from fedps.learning.tasks import Task, load_task
+from fedps.rpc.coordinator_stub import CoordinatorStub
 from fedps.rpc.keyholder_stub import KeyHolderStub, verified_signing_key
 from fedps.rpc.model_reader import ModelReader
 from fedps.sharding.blocks import BlockLayout, flatten_model, load_flat
-from fedps.sharding.hash_ring import HashRing
+from fedps.sharding.ring_view import RingView
+from server.coordinator.checkpoint_store import CheckpointStore
 from server.keyholder.state_store import saved_version
 from server.shard.shard_log import load_published_model
 
-__all__ = ["export_model", "pull_model", "read_saved_model"]
+__all__ = ["checkpointed_ring", "export_model", "published_ring", "pull_model", "read_saved_model"]
 
 _log = logging.getLogger("fedps")
 
@@ -96,7 +100,8 @@ def pull_model(config: FedPSConfig, *, task: Task | None = None) -> tuple[torch.
             f"model has {num_params}: export with the configuration the cluster trained with"
         )
     layout = BlockLayout(num_params, ckks_params(config).values_per_block)
-    shards = ModelReader(dict(zip(cluster.shard_ids, cluster.shards, strict=True)))
+    addresses = dict(zip(cluster.shard_ids, cluster.shards, strict=True))
+    shards = ModelReader({sid: addresses[sid] for sid in published_ring(config).nodes})
     try:
         vector, version = _pull(shards, layout, state.version, key)
     finally:
@@ -105,10 +110,41 @@ def pull_model(config: FedPSConfig, *, task: Task | None = None) -> tuple[torch.
     return model, version
 
 
+def published_ring(config: FedPSConfig) -> RingView:
+    """The shard ring the coordinator publishes now (``fedps status`` shows it).
+
+    The ring it checkpointed when it does not answer (:func:`checkpointed_ring`).
+    """
+    coordinator = CoordinatorStub(config.cluster.coordinator)
+    try:
+        view = RingView.of(coordinator.get_status(timeout_s=_CALL_S))
+    except PeerUnavailableError:
+        return checkpointed_ring(config)
+    finally:
+        coordinator.close()
+    return view if view.carried else RingView.configured(config.cluster.ring_ids)
+
+
+def checkpointed_ring(config: FedPSConfig) -> RingView:
+    """The shard ring in the coordinator's checkpoint (none: the configured ring, version 0).
+
+    Raises
+    ------
+    CorruptStateError
+        The checkpoint cannot be read.
+    """
+    directory = config.cluster.state_dir / "coordinator"
+    checkpoint = CheckpointStore(directory).load() if directory.is_dir() else None
+    ring = checkpoint.state.get("ring") if checkpoint is not None else None
+    if not ring:
+        return RingView.configured(config.cluster.ring_ids)
+    return RingView(int(ring["version"]), tuple(ring["nodes"]))
+
+
 def _saved_models(config: FedPSConfig) -> list[Path]:
-    """Every shard's saved published model in the state folder (empty unless all exist)."""
+    """Each saved model of the shards on the checkpointed ring (empty unless all exist)."""
     cluster = config.cluster
-    paths = [cluster.state_dir / sid / "model.pb" for sid in cluster.shard_ids]
+    paths = [cluster.state_dir / sid / "model.pb" for sid in checkpointed_ring(config).nodes]
     return paths if all(p.exists() for p in paths) else []
 
 
@@ -117,7 +153,9 @@ def read_saved_model(
 ) -> tuple[torch.nn.Module, int]:
     """The published global model as the shards saved it in ``cluster.state_dir``, and its version.
 
-    Every block is verified against the key holder's key.
+    The shards read are those on the ring the coordinator checkpointed (:func:`checkpointed_ring`),
+    each holding the blocks that ring gives it; every block is verified against the key
+    holder's key.
 
     The key is ``security.keyholder_key`` when that pins one, else the key holder's
     ``keys/signing.pub`` in the same state folder.
@@ -132,14 +170,13 @@ def read_saved_model(
     model = task.create_model(config.training.seed)
     cluster = config.cluster
     layout = BlockLayout(flatten_model(model).size, ckks_params(config).values_per_block)
-    owners = HashRing(cluster.shard_ids, virtual_nodes=cluster.virtual_nodes).assignment(
-        layout.num_blocks
-    )
+    view = checkpointed_ring(config)
+    owners = view.ring(cluster.virtual_nodes).assignment(layout.num_blocks)
     verify = model_verifier(_saved_key(config))
     published = saved_version(cluster.state_dir / "keyholder")
     blocks: dict[int, np.ndarray] = {}
     versions: set[int] = set()
-    for sid in cluster.shard_ids:
+    for sid in view.nodes:
         path = cluster.state_dir / sid / "model.pb"
         saved = load_published_model(path.parent)
         if saved is None:
@@ -151,6 +188,12 @@ def read_saved_model(
                 f"{published}; refusing the model"
             )
         got = sorted(block.block for block in saved.blocks)
+        if saved.ring_version != view.version and got != owners.get(sid, []):
+            raise FedPSError(
+                f"{path} holds the blocks of ring version {saved.ring_version}, not of version "
+                f"{view.version} that the coordinator checkpointed: start the cluster, so that "
+                "the key holder publishes the model on it, and export again"
+            )
         if got != owners.get(sid, []):
             raise FedPSError(
                 f"{path} holds blocks other than {sid}'s ({len(got)} blocks, "

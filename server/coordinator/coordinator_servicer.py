@@ -168,10 +168,15 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def GetClosedRound(  # noqa: N802
         self, request: coordinator_pb2.ClosedRoundRequest, context: grpc.ServicerContext
     ) -> coordinator_pb2.ClosedRound:
-        """Key-holder party: the clients a round closed with (once sent to the key holder)."""
+        """Key-holder party: the clients a round closed with (once sent to the key holder).
+
+        With the shard ring the coordinator applies it on: the party fetches the sums from it.
+        """
         with rpc_errors(context):
             closed = self.coordinator.closed.get(request.round)
-        return coordinator_pb2.ClosedRound(round=request.round, contributors=sorted(closed))
+            ring = self.coordinator.desk.ring
+            view = ring.view.fields() if ring is not None else {}
+        return records.ClosedRound(request.round, tuple(sorted(closed)), **view).to_proto()
 
 
 def _ring_status(ring: RingKeeper | None) -> dict[str, Any]:

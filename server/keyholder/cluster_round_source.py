@@ -6,10 +6,16 @@ network: the contributor set a round closed with comes from the coordinator
 exactly that set), each block from the shard the hash ring gives it, once, with a manifest of
 exactly that set, unpacked and validated as the key holder unpacks it
 (:func:`crypto.unpack_blocks`), so that both compute one digest of one aggregate.
+
+The ring is the one the coordinator applies the round on (it comes with the closed set, and is
+followed only forward, :meth:`RingView.newer_than
+<fedps.sharding.ring_view.RingView.newer_than>`): after a shard was declared gone or added,
+the party asks the shards on the moved ring, each for the blocks it owns now.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection, Mapping
 
 import numpy as np
@@ -19,6 +25,7 @@ from fedps.errors import PolicyError
 from fedps.rpc.coordinator_stub import CoordinatorStub
 from fedps.rpc.shard_stub import ShardStub
 from fedps.sharding.hash_ring import HashRing
+from fedps.sharding.ring_view import RingView
 
 __all__ = ["ClusterRoundSource"]
 
@@ -31,9 +38,10 @@ class ClusterRoundSource:
     coordinator
         The coordinator, as the party calls it.
     shards
-        Every shard, by shard id.
+        Every configured shard, by shard id (on the ring or not).
     ring
-        The cluster's hash ring: which shard owns each block.
+        The ring the run starts on (version 0): which shard owns each block until the
+        coordinator moves it.
     public
         The joint public context (the sizes and range of every block).
     """
@@ -47,15 +55,33 @@ class ClusterRoundSource:
     ) -> None:
         self._coordinator = coordinator
         self._shards = dict(shards)
+        self._lock = threading.Lock()
         self._ring = ring
+        self.view = RingView.configured(ring.nodes)  #: the ring's version and shards now
         self._public = public
 
     def closed_contributors(self, round_: int) -> frozenset[str]:
-        """The clients the coordinator closed ``round_`` with."""
-        return self._coordinator.get_closed_round(round_)
+        """The clients the coordinator closed ``round_`` with; follows the ring it gives.
+
+        Raises
+        ------
+        PolicyError
+            The ring names a shard that is not configured: nothing is decrypted.
+        """
+        closed = self._coordinator.get_closed_round(round_)
+        view = RingView.of(closed)
+        with self._lock:
+            if view.newer_than(self.view):
+                unknown = set(view.nodes) - set(self._shards)
+                if unknown:
+                    raise PolicyError(f"round {round_}: ring {view.version} names {unknown}")
+                self.view, self._ring = view, view.ring(self._ring.virtual_nodes)
+        return frozenset(closed.contributors)
 
     def aggregate(self, round_: int, contributors: Collection[str]) -> tuple[list[int], np.ndarray]:
-        """Every shard's sums of ``round_`` over exactly ``contributors``: blocks, (B, 2N) rows.
+        """The sums of ``round_`` over exactly ``contributors`` of every shard on the ring.
+
+        Blocks, and their (B, 2N) rows.
 
         Raises
         ------
@@ -64,12 +90,14 @@ class ClusterRoundSource:
             the blocks are not ``0..B-1``: nothing is decrypted.
         """
         wanted = frozenset(contributors)
+        with self._lock:
+            view, ring = self.view, self._ring
         packed: dict[int, bytes] = {}
-        for sid, shard in self._shards.items():
-            for part in shard.fetch_aggregate(round_, wanted):
+        for sid in view.nodes:
+            for part in self._shards[sid].fetch_aggregate(round_, wanted):
                 for aggregate in part.blocks:
                     block = aggregate.block
-                    if self._ring.owner(block) != sid or block in packed:
+                    if ring.owner(block) != sid or block in packed:
                         raise PolicyError(f"round {round_}: {sid} sent block {block} it may not")
                     if frozenset(aggregate.contributions) != wanted:
                         raise PolicyError(

@@ -12,7 +12,12 @@ veth pair, :mod:`tests.network_namespace`), and the link is deleted at the same 
 process lives on, unreachable. The same must hold.
 
 Under mutual TLS (the default configuration), the same with client processes, each with its
-certificate, and shard-1 killed once it took a push of round 2.
+certificate, and shard-1 killed once it took a push of round 2. With key-holder parties
+(``keyholder.parties = 3``), the parties fetch the round's sums from the moved ring.
+
+After each run, ``fedps export`` (:func:`fedps.runtime.export.pull_model` while the cluster
+runs, :func:`~fedps.runtime.export.read_saved_model` once it stopped) gives the model the
+coordinator evaluated last: it reads the shards on the moved ring, not the configured ones.
 
 The test prints the time from the shard's loss to the next applied round (``-s`` shows it);
 ``FEDPS_FAILOVER_MODEL=mlp1m`` runs it on the 1M-parameter model (docs/benchmarks.md).
@@ -26,10 +31,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -43,12 +49,17 @@ from fedps.rpc.shard_stub import ShardStub
 from fedps.runtime.deployment import Deployment, free_port, local_cluster, write_config
 from server.coordinator.checkpoint_store import CheckpointStore
 from server.coordinator.evaluator import Evaluator
+from server.keyholder.keyholder_party import LEDGER_FILE
+from server.keyholder.party_process import party_folder
 from tests.conftest import RecordingClient, run_clients
 from tests.network_namespace import isolated_host
+from tests.party_processes import PARTIES, THRESHOLD, flooding_bound, start_party
 from tests.process_cluster import (
     HANG_S,
+    assert_exported,
     assert_replayed,
     cluster_config,
+    exported_model,
     keyholder_state,
     recorded,
     replay,
@@ -90,6 +101,7 @@ class _Run:
     log: str  # the coordinator's
     keyholder_log: str
     lost_at: float  # Unix seconds
+    exported: tuple[np.ndarray, int]  # the model fedps export pulled once training finished
 
 
 def _train_losing_shard_1(
@@ -98,10 +110,11 @@ def _train_losing_shard_1(
     lose: Callable[[Deployment], None],
     cluster: dict[str, object] | None = None,
     prefixes: dict[str, list[str]] | None = None,
+    parties: int = 1,
 ) -> _Run:
     """Train on three shards; ``lose`` loses shard-1 right after it acknowledged client 0's
     push of round 2, for good (``cluster``: more ``[cluster]`` fields; ``prefixes``: the
-    deployment's command prefixes by role)."""
+    deployment's command prefixes by role; ``parties``: key-holder parties, 1: none)."""
     config, path = cluster_config(
         tmp_path,
         rounds=ROUNDS,
@@ -110,14 +123,20 @@ def _train_losing_shard_1(
         cluster={
             "shard_gone_after_s": GONE_AFTER_S,
             "shards": [f"127.0.0.1:{free_port()}" for _ in range(3)],
+            "parties": [f"127.0.0.1:{free_port()}" for _ in range(parties if parties > 1 else 0)],
             **(cluster or {}),
         },
+        keyholder={"parties": parties, "threshold": THRESHOLD, "lambda_bits": 16}
+        if parties > 1
+        else {},
     )
     deployment = Deployment(path, config)
     deployment.prefixes.update(prefixes or {})
     lost = threading.Event()
     lost_at: list[float] = []
     try:
+        for index in range(1, parties + 1) if parties > 1 else ():
+            start_party(deployment, index)  # parties first, as fedps up starts them
         start_servers(deployment)
         clients = [RecordingClient.open(config, index=i, peer_wait_s=10.0) for i in range(CLIENTS)]
         first = clients[0]
@@ -132,17 +151,21 @@ def _train_losing_shard_1(
         first.pusher.on_acknowledged = lose_after_ack
         run_clients(clients, timeout_s=HANG_S)
         final = wait_for_round(config, ROUNDS, finished=True)
+        exported = exported_model(config)
     finally:
         log = (deployment.log_dir / "coordinator.log").read_text()
         keyholder_log = (deployment.log_dir / "keyholder.log").read_text()
         deployment.stop()
     assert lost.is_set()
-    return _Run(config, clients, final, log, keyholder_log, lost_at[0])
+    return _Run(config, clients, final, log, keyholder_log, lost_at[0], exported)
 
 
-def _assert_moved_on(run: _Run, how: str) -> None:
-    """The ring moved on without shard-1, nothing acknowledged was lost; prints the time from
-    the loss to the next applied round."""
+def _assert_moved_on(
+    run: _Run, how: str, within: Callable[[Mapping[str, Mapping[str, Any]]], float] | None = None
+) -> None:
+    """The ring moved on without shard-1, nothing acknowledged was lost (``within``: as
+    :func:`~tests.process_cluster.assert_replayed`), export follows the ring; prints the time
+    from the loss to the next applied round."""
     assert f"{KILLED} declared gone" in run.log, run.log[-4000:]
     assert all(c.session.ring_view.nodes == ("shard-0", "shard-2") for c in run.clients)
     checkpoint = CheckpointStore(run.config.cluster.state_dir / "coordinator").load()
@@ -150,7 +173,8 @@ def _assert_moved_on(run: _Run, how: str) -> None:
     ring = checkpoint.state["ring"]  # a restarted coordinator goes on with the moved ring
     assert (ring["version"], ring["nodes"]) == (1, ["shard-0", "shard-2"])
     assert [m["removed"] for m in ring["moves"]] == [KILLED]
-    assert_replayed(run.config, run.final, recorded(run.clients), run.log[-4000:])
+    assert_replayed(run.config, run.final, recorded(run.clients), run.log[-4000:], within=within)
+    assert_exported(run.config, run.exported)
     loss_to_applied = _applied_at(run.keyholder_log, 2) - run.lost_at
     print(
         f"{run.config.training.model}: shard {how} -> round 2 applied in {loss_to_applied:.1f} s "
@@ -174,6 +198,23 @@ def test_a_shard_sigkilled_for_good_moves_its_blocks_and_loses_nothing(
 
     # Assert: the ring moved on without shard-1, and nothing acknowledged was lost
     _assert_moved_on(run, "killed")
+
+
+def test_key_holder_parties_decrypt_on_the_moved_ring_when_a_shard_is_sigkilled(
+    tmp_path: Path,
+) -> None:
+    # Prepare, Execute: key-holder parties (any 2 of 3 decrypt), three shards; shard-1 dies
+    # (SIGKILL) right after it acknowledged client 0's push of round 2, for good
+    run = _train_losing_shard_1(tmp_path, "sync", _sigkill_shard_1, parties=PARTIES)
+
+    # Assert: the ring moved on without shard-1; every round was decrypted by the parties,
+    # which fetched rounds 2 and 3 from shard-0 and shard-2 alone: the model is the plaintext
+    # replay within the parties' flooding
+    _assert_moved_on(run, "killed", within=lambda released: flooding_bound(run.config, released))
+    state = run.config.cluster.state_dir
+    ledgers = [(party_folder(state, j) / LEDGER_FILE).read_bytes() for j in range(1, PARTIES + 1)]
+    for round_ in range(1, ROUNDS + 1):  # decrypted by THRESHOLD parties each
+        assert sum(f'"{round_}"'.encode() in ledger for ledger in ledgers) >= THRESHOLD
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -204,13 +245,17 @@ def test_a_shard_cut_off_the_network_for_good_moves_its_blocks_and_loses_nothing
     _assert_moved_on(run, "cut off")
 
 
-def test_a_shard_proven_to_tamper_is_declared_gone_and_training_finishes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_shard_proven_to_tamper_is_declared_gone_and_training_finishes(
+    tmp_path: Path, mode: str
+) -> None:
     # Prepare: three shards, one proof quarantines; shard-1's process hands over a tampered
-    # sum in round 2 (tests.tampering_shard)
+    # sum in round 2 (tests.tampering_shard; async: the second buffer flush)
     config, path = cluster_config(
         tmp_path,
         rounds=ROUNDS,
         clients=CLIENTS,
+        training=MODES[mode],
         cluster={"shards": [f"127.0.0.1:{free_port()}" for _ in range(3)]},
     )
     config = config.model_copy(
@@ -226,6 +271,7 @@ def test_a_shard_proven_to_tamper_is_declared_gone_and_training_finishes(tmp_pat
         # Execute
         run_clients(clients, timeout_s=HANG_S)
         final = wait_for_round(config, ROUNDS, finished=True)
+        exported = exported_model(config)  # shard-1 still serves its older version: not read
     finally:
         log = (deployment.log_dir / "coordinator.log").read_text()
         deployment.stop()
@@ -245,6 +291,7 @@ def test_a_shard_proven_to_tamper_is_declared_gone_and_training_finishes(tmp_pat
     initial = Evaluator(load_task(config), seed=config.training.seed).initial_vector()
     expected = replay(initial, meta["released"], sent)
     assert np.linalg.norm(applied - expected) / np.linalg.norm(expected) < 1e-4
+    assert_exported(config, exported, version=2)  # round 2 was never applied
 
 
 def test_a_shard_lost_under_mutual_tls_moves_its_blocks_and_loses_nothing(tmp_path: Path) -> None:

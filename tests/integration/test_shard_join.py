@@ -29,8 +29,10 @@ from fedps.sharding.ring_view import RingView
 from tests.conftest import RecordingClient, run_clients
 from tests.process_cluster import (
     HANG_S,
+    assert_exported,
     assert_replayed,
     cluster_config,
+    exported_model,
     recorded,
     start_servers,
     wait_for_round,
@@ -100,6 +102,7 @@ def test_a_shard_added_mid_run_takes_its_blocks_and_loses_nothing(
         run_clients(clients, timeout_s=HANG_S)
         final = wait_for_round(config, ROUNDS, finished=True)
         added = _shard_status(config.cluster.shards[2], "shard-2")
+        exported = exported_model(config)
     finally:
         operator.close()
         log = (deployment.log_dir / "coordinator.log").read_text()
@@ -117,6 +120,7 @@ def test_a_shard_added_mid_run_takes_its_blocks_and_loses_nothing(
     assert added.blocks == len(expected) > 0
     assert added.pushes_accepted == (ROUNDS - 1) * CLIENTS * len(expected)
     assert_replayed(config, final, recorded(clients), log[-4000:])
+    assert_exported(config, exported)  # export reads the joined shard's blocks too
 
 
 def test_a_shard_declared_gone_rejoins_only_empty(tmp_path: Path) -> None:
@@ -169,6 +173,7 @@ def test_a_shard_declared_gone_rejoins_only_empty(tmp_path: Path) -> None:
         run_clients(clients, timeout_s=HANG_S)
         final = wait_for_round(config, ROUNDS, finished=True)
         rejoined = _shard_status(config.cluster.shards[1], "shard-1")
+        exported = exported_model(config)
     finally:
         operator.close()
         log = (deployment.log_dir / "coordinator.log").read_text()
@@ -189,3 +194,4 @@ def test_a_shard_declared_gone_rejoins_only_empty(tmp_path: Path) -> None:
     assert rejoined.version == ROUNDS and rejoined.blocks == len(owned) > 0
     assert rejoined.pushes_accepted == CLIENTS * len(owned)
     assert_replayed(config, final, recorded(clients), log[-4000:])
+    assert_exported(config, exported)

@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 
 from crypto import CiphertextSum, pack_sums
-from fedps.errors import PolicyError
+from fedps.errors import PeerUnavailableError, PolicyError
+from fedps.rpc.coordinator_messages import ClosedRound
 from fedps.rpc.coordinator_stub import CoordinatorStub
 from fedps.rpc.messages import Aggregate, Contribution
 from fedps.rpc.shard_messages import AggregatePart
 from fedps.rpc.shard_stub import ShardStub
 from fedps.sharding.hash_ring import HashRing
+from fedps.sharding.ring_view import RingView
 from server.keyholder.cluster_round_source import ClusterRoundSource
 from tests.crypto.threshold_keys import Joint, aggregate, generate
 
@@ -23,8 +25,11 @@ BLOCKS = 6
 
 
 class _Coordinator:
-    def get_closed_round(self, round_: int) -> frozenset[str]:
-        return COHORT
+    def __init__(self, ring: RingView | None = None) -> None:
+        self.ring = ring or RingView()  # none: the ring the run started on
+
+    def get_closed_round(self, round_: int) -> ClosedRound:
+        return ClosedRound(round_, tuple(sorted(COHORT)), **self.ring.fields())
 
 
 class _Shard:
@@ -32,10 +37,13 @@ class _Shard:
 
     def __init__(self, blocks: list[Aggregate]) -> None:
         self.blocks = blocks
+        self.gone = False
 
     def fetch_aggregate(
         self, round_: int, contributors: Collection[str]
     ) -> Iterator[AggregatePart]:
+        if self.gone:
+            raise PeerUnavailableError("the shard is gone")
         yield AggregatePart(blocks=tuple(self.blocks))
 
 
@@ -50,16 +58,20 @@ def rows(joint: Joint) -> np.ndarray:
     return np.repeat(one, BLOCKS, axis=0)
 
 
-def _source(joint: Joint, rows: np.ndarray) -> tuple[ClusterRoundSource, dict[str, _Shard]]:
+def _source(
+    joint: Joint, rows: np.ndarray, moved: RingView | None = None
+) -> tuple[ClusterRoundSource, dict[str, _Shard]]:
+    """Shards 0 and 1 start the run; ``moved``: the ring the coordinator applies the round on."""
     ring = HashRing(["shard-0", "shard-1"])
+    holding = ring if moved is None else moved.ring(ring.virtual_nodes)
     manifest = {c: Contribution(1.0, b"r" * 32) for c in COHORT}
     sums = [CiphertextSum(joint.public, row.copy()) for row in rows]
     packed = pack_sums(sums)
-    shards = {sid: _Shard([]) for sid in ("shard-0", "shard-1")}
+    shards = {sid: _Shard([]) for sid in ("shard-0", "shard-1", "shard-2")}
     for block, data in enumerate(packed):
-        shards[ring.owner(block)].blocks.append(Aggregate(block, data, dict(manifest)))
+        shards[holding.owner(block)].blocks.append(Aggregate(block, data, dict(manifest)))
     source = ClusterRoundSource(
-        cast(CoordinatorStub, _Coordinator()),
+        cast(CoordinatorStub, _Coordinator(moved)),
         {sid: cast(ShardStub, shard) for sid, shard in shards.items()},
         ring,
         joint.public,
@@ -76,6 +88,38 @@ def test_the_aggregate_is_every_owners_blocks_in_order(joint: Joint, rows: np.nd
     assert source.closed_contributors(1) == COHORT
     assert blocks == list(range(BLOCKS))
     assert np.array_equal(got, rows)
+
+
+@pytest.mark.parametrize(
+    "moved", [RingView(1, ("shard-1",)), RingView(1, ("shard-0", "shard-1", "shard-2"))]
+)
+def test_the_aggregate_comes_from_the_ring_the_round_is_applied_on(
+    joint: Joint, rows: np.ndarray, moved: RingView
+) -> None:
+    # Prepare: the coordinator moved the ring (shard-0 declared gone; shard-2 added): each
+    # block is on its new owner, and a shard off the ring does not answer
+    source, shards = _source(joint, rows, moved)
+    for sid, shard in shards.items():
+        shard.gone = sid not in moved.nodes
+
+    # Execute
+    contributors = source.closed_contributors(1)
+    blocks, got = source.aggregate(1, contributors)
+
+    # Assert
+    assert source.view == moved
+    assert blocks == list(range(BLOCKS))
+    assert np.array_equal(got, rows)
+
+
+def test_a_ring_naming_an_unknown_shard_is_refused(joint: Joint, rows: np.ndarray) -> None:
+    # Prepare
+    source, _ = _source(joint, rows)
+    cast(_Coordinator, source._coordinator).ring = RingView(1, ("shard-0", "shard-9"))
+    # Execute / Assert
+    with pytest.raises(PolicyError, match="shard-9"):
+        source.closed_contributors(1)
+    assert source.view == RingView(0, ("shard-0", "shard-1"))
 
 
 @pytest.mark.parametrize("fault", ["foreign", "twice", "manifest", "missing"])
