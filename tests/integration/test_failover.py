@@ -212,7 +212,8 @@ def test_key_holder_parties_decrypt_on_the_moved_ring_when_a_shard_is_sigkilled(
     # replay within the parties' flooding
     _assert_moved_on(run, "killed", within=lambda released: flooding_bound(run.config, released))
     state = run.config.cluster.state_dir
-    ledgers = [(party_folder(state, j) / LEDGER_FILE).read_bytes() for j in range(1, PARTIES + 1)]
+    paths = [party_folder(state, j) / LEDGER_FILE for j in range(1, PARTIES + 1)]
+    ledgers = [path.read_bytes() for path in paths if path.exists()]  # a party not asked: none
     for round_ in range(1, ROUNDS + 1):  # decrypted by THRESHOLD parties each
         assert sum(f'"{round_}"'.encode() in ledger for ledger in ledgers) >= THRESHOLD
 
