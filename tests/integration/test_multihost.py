@@ -11,6 +11,12 @@ TLS. During a round the test cuts host B's link (both shards) for a few seconds,
 restores it: clients and the coordinator wait it out, and training finishes with every round
 applied. Needs root and ``ip netns``; skipped with the reason otherwise.
 
+The page's "Losing host B" (blocks ``lost``, ``rejoin``, ``join``) is the second test: host B is
+lost for good (its shards SIGKILLed, its link down) once round 1 is applied; both its shards are
+declared gone, their blocks move to shard-2 on host A, ``fedps status`` shows it, and training
+goes on; host B then comes back with its shards started empty, the operator adds them, and
+training finishes on the three shards.
+
 Nothing here depends on how fast the machine is: the test waits for the events it needs
 (round 1 applied, training finished) with hang guards far above the minute or two a run
 takes, and the round deadline is long enough that a loaded machine's slow client still
@@ -23,10 +29,12 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -34,8 +42,10 @@ import pytest
 from crypto.tls import OPERATOR_NAME, TlsIdentity, configure_tls
 from fedps.config import load_config
 from fedps.provisioning import reset_tls
+from fedps.rpc.transport import channel_credentials
 from fedps.runtime.deployment import write_config
 from tests.conftest import coordinator_status, reached
+from tests.role_processes import wait_serving
 from tests.waiting import HANG_S, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -50,6 +60,10 @@ ROUNDS = 3
 DEADLINE_S = HANG_S
 #: How long host B's link stays cut.
 CUT_S = 4.0
+#: The kinds of the blocks of "Losing host B", run by the second test only.
+LOSS_KINDS = ("lost", "rejoin", "join")
+#: Rounds of the second test: rounds are left to train on the grown ring after the joins.
+LOSS_ROUNDS = 5
 
 
 def _ip(*args: str, netns: str | None = None) -> None:
@@ -191,32 +205,113 @@ def _name(args: list[str]) -> str:
     return f"{args[0]}-{index}" if index else args[0]
 
 
-def test_the_deployment_guide_runs_on_three_hosts(
-    tmp_path: Path, subnet: str, hosts: dict[str, str]
-) -> None:
-    # Prepare: host A's configuration from the page (3 rounds, a deadline that is a hang
-    # guard), its certificates, and the files the page copies to hosts B and C
-    blocks = _checked_blocks()
-    assert [k for k, _, _ in blocks] == ["config", "setup", "copy", *["start"] * 4, "check"]
+class Guide:
+    """The page run on its hosts: its commands, and the roles it started, by name.
+
+    Parameters
+    ----------
+    world
+        The hosts' folders and addresses.
+    hosts
+        Each host's network namespace.
+    logs
+        Where each role's output goes.
+    """
+
+    def __init__(self, world: Hosts, hosts: dict[str, str], logs: Path) -> None:
+        self.world, self.hosts, self.logs = world, hosts, logs
+        self.roles: dict[str, subprocess.Popen[bytes]] = {}
+        self.paused: set[str] = set()
+
+    def command(self, host: str, line: str) -> list[str]:
+        """``line`` of the page as run on ``host`` (in its namespace)."""
+        args = shlex.split(self.world.local(host, line))
+        assert args[0] == "fedps", line
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.hosts[host],
+            sys.executable,
+            "-m",
+            "fedps.cli",
+            *args[1:],
+        ]
+
+    def run(self, host: str, line: str) -> subprocess.CompletedProcess[str]:
+        """Run a command of the page that ends (certs, status, join) on ``host``."""
+        return subprocess.run(self.command(host, line), capture_output=True, text=True, check=False)
+
+    def start(self, host: str, line: str) -> None:
+        """Start a role of the page on ``host`` (it runs until stopped)."""
+        name = _name(shlex.split(line)[1:])
+        with open(self.logs / f"{name}.log", "ab") as log:
+            self.roles[name] = subprocess.Popen(self.command(host, line), stdout=log, stderr=log)
+
+    def check_alive(self) -> None:
+        """Raise if a role exited (none of the page's roles ends before training does)."""
+        exited = [n for n, p in self.roles.items() if p.poll() is not None]
+        assert not exited, f"roles exited early: {exited}\n{_tails(self.logs)}"
+
+    def kill(self, name: str) -> None:
+        """SIGKILL role ``name`` (its host is lost)."""
+        role = self.roles.pop(name)
+        role.kill()
+        role.wait(HANG_S)
+
+    def pause(self, names: list[str], paused: bool) -> None:
+        """SIGSTOP (``paused``) or SIGCONT roles ``names``."""
+        for name in names:
+            self.roles[name].send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
+        self.paused = set(names) if paused else set()
+
+    def wait(self, condition: Callable[[], bool], what: str, poll_s: float = 0.2) -> None:
+        """Wait for ``condition`` (the suite's hang guard), failing at once if a role exited."""
+
+        def check() -> bool:
+            self.check_alive()
+            return condition()
+
+        try:
+            wait_for(check, what, poll_s=poll_s)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_tails(self.logs)}") from None
+
+    def stop(self) -> None:
+        """Stop every role still running."""
+        self.pause(sorted(self.paused), False)
+        for role in self.roles.values():
+            role.terminate()
+        for role in self.roles.values():
+            try:
+                role.wait(10)
+            except subprocess.TimeoutExpired:
+                role.kill()
+
+
+@contextmanager
+def _guide_running(
+    tmp_path: Path,
+    subnet: str,
+    hosts: dict[str, str],
+    blocks: list[tuple[str, str, str]],
+    **sections: Mapping[str, object],
+) -> Iterator[tuple[Guide, str]]:
+    """The page's deployment up: host A's configuration from the page (``sections``: fields
+    that replace the page's), its certificates, the files the page copies to hosts B and C,
+    and every role started in the page's order; this process watches as the operator.
+    Yields the guide and the coordinator's address; stops every role after."""
     world = Hosts(tmp_path, subnet)
     config_path = Path(world.local("host-a", "/etc/fedps/fedps.toml"))
     config_path.parent.mkdir(parents=True)
     config_path.write_text(world.local("host-a", blocks[0][2]))
-    training = {"rounds": ROUNDS, "deadline_s": DEADLINE_S}
-    write_config(load_config(config_path, training=training), config_path)
-    fedps = [sys.executable, "-m", "fedps.cli"]
-
-    def command(host: str, line: str) -> list[str]:
-        args = shlex.split(world.local(host, line))
-        assert args[0] == "fedps", line
-        return ["ip", "netns", "exec", hosts[host], *fedps, *args[1:]]
-
-    def run(host: str, line: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(command(host, line), capture_output=True, text=True, check=False)
-
+    write_config(load_config(config_path, **sections), config_path)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    guide = Guide(world, hosts, logs)
     for _, host, text in blocks[1:2]:
         for line in text.splitlines():
-            done = run(host, line)
+            done = guide.run(host, line)
             assert done.returncode == 0, done.stdout + done.stderr
     copied = {name: "" for name in HOSTS}
     for _, host, text in blocks[2:3]:
@@ -225,59 +320,126 @@ def test_the_deployment_guide_runs_on_three_hosts(
             copied[target] += " ".join(world.copy(line, host)) + " "
     assert "ca.key" not in copied["host-b"] + copied["host-c"]
     assert "enrolment.key" not in copied["host-b"] + copied["host-c"]
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    procs: list[subprocess.Popen[bytes]] = []
-    names: list[str] = []
-    coordinator = load_config(config_path).cluster.coordinator
-
     try:
         for _, host, text in blocks[3:7]:
             for line in text.splitlines():
-                names.append(_name(shlex.split(line)[1:]))
-                with open(logs / f"{names[-1]}.log", "wb") as log:
-                    procs.append(subprocess.Popen(command(host, line), stdout=log, stderr=log))
-        # this process watches as the operator
+                guide.start(host, line)
         configure_tls(TlsIdentity.load(config_path.parent / "certs", OPERATOR_NAME))
-
-        # Execute: once round 1 is applied, cut host B's link for a few seconds (the
-        # length of the cut, not a deadline: clients and coordinator wait out any length)
-        def alive_and(condition: Callable[[], bool]) -> Callable[[], bool]:
-            def check() -> bool:
-                exited = [n for n, p in zip(names, procs, strict=True) if p.poll() is not None]
-                assert not exited, f"roles exited early: {exited}\n{_tails(logs)}"
-                return condition()
-
-            return check
-
-        try:
-            wait_for(alive_and(lambda: reached(coordinator, 1)), "round 1 applied", poll_s=0.2)
-            _ip("link", "set", f"{PREFIX}v{HOSTS['host-b']}", "down")
-            time.sleep(CUT_S)
-            _ip("link", "set", f"{PREFIX}v{HOSTS['host-b']}", "up")
-            wait_for(lambda: reached(coordinator, finished=True), "the end of training", poll_s=0.5)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{_tails(logs)}") from None
-        status = coordinator_status(coordinator)
-        checks = [run(host, line) for _, host, text in blocks[7:] for line in text.splitlines()]
+        yield guide, load_config(config_path).cluster.coordinator
     finally:
         reset_tls()
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        guide.stop()
+
+
+def _guide_blocks() -> list[tuple[str, str, str]]:
+    """The blocks of the deployment itself (not of "Losing host B")."""
+    blocks = [b for b in _checked_blocks() if b[0] not in LOSS_KINDS]
+    assert [k for k, _, _ in blocks] == ["config", "setup", "copy", *["start"] * 4, "check"]
+    return blocks
+
+
+def _cut(host: str, down: bool) -> None:
+    """Take ``host``'s link down (or up again)."""
+    _ip("link", "set", f"{PREFIX}v{HOSTS[host]}", "down" if down else "up")
+
+
+def test_the_deployment_guide_runs_on_three_hosts(
+    tmp_path: Path, subnet: str, hosts: dict[str, str]
+) -> None:
+    # Prepare: the page's deployment (3 rounds, a deadline that is a hang guard)
+    blocks = _guide_blocks()
+    training = {"rounds": ROUNDS, "deadline_s": DEADLINE_S}
+    with _guide_running(tmp_path, subnet, hosts, blocks, training=training) as (guide, coordinator):
+        # Execute: once round 1 is applied, cut host B's link for a few seconds (the
+        # length of the cut, not a deadline: clients and coordinator wait out any length)
+        guide.wait(lambda: reached(coordinator, 1), "round 1 applied")
+        _cut("host-b", True)
+        time.sleep(CUT_S)
+        _cut("host-b", False)
+        guide.wait(lambda: reached(coordinator, finished=True), "the end of training", 0.5)
+        status = coordinator_status(coordinator)
+        checks = [
+            guide.run(host, line) for _, host, text in blocks[7:] for line in text.splitlines()
+        ]
     # Assert: every round applied by all three clients despite the cut; roles bound
     # 0.0.0.0 and `fedps status` on host A finds every role up at its dialed address
-    tail = _tails(logs)
+    tail = _tails(guide.logs)
     assert status is not None and status.finished and status.round == ROUNDS, tail
     assert [r.abandoned for r in status.history] == [False] * ROUNDS
     assert all(r.contributors == 3 for r in status.history), tail
-    assert "listening on 0.0.0.0:7100" in (logs / "keyholder.log").read_text(), tail
-    assert "listening on 0.0.0.0:7202" in (logs / "shard-1.log").read_text(), tail
+    assert "listening on 0.0.0.0:7100" in (guide.logs / "keyholder.log").read_text(), tail
+    assert "listening on 0.0.0.0:7202" in (guide.logs / "shard-1.log").read_text(), tail
     for check in checks:
         assert check.returncode == 0, check.stdout + check.stderr
-        assert check.stdout.count(": up") == 4, check.stdout  # coordinator, key holder, shards
-        assert f"shard-1 {world.ip('host-b')}:7202: up" in check.stdout, check.stdout
+        assert check.stdout.count(": up") == 5, check.stdout  # coordinator, key holder, shards
+        assert f"shard-1 {guide.world.ip('host-b')}:7202: up" in check.stdout, check.stdout
+
+
+def test_losing_host_b_for_good_moves_its_shards_to_host_a_and_it_comes_back_empty(
+    tmp_path: Path, subnet: str, hosts: dict[str, str]
+) -> None:
+    # Prepare: the page's deployment; shards declared gone 3 s after their first unanswered
+    # call, which fails at a 5 s deadline (the page's defaults would take minutes)
+    blocks = _guide_blocks()
+    loss = {k: (host, text.splitlines()) for k, host, text in _checked_blocks() if k in LOSS_KINDS}
+    lost_shards = ["shard-0", "shard-1"]
+    clients = [f"client-{i}" for i in range(3)]
+    sections: dict[str, Mapping[str, object]] = {
+        "training": {"rounds": LOSS_ROUNDS, "deadline_s": DEADLINE_S},
+        "cluster": {"shard_gone_after_s": 3.0},
+        "security": {"shard_deadline_s": 5.0},
+    }
+
+    def ring_version(coordinator: str) -> int:
+        status = coordinator_status(coordinator)
+        return -1 if status is None else status.ring_version
+
+    with _guide_running(tmp_path, subnet, hosts, blocks, **sections) as (guide, coordinator):
+        # Execute: once round 1 is applied, host B is lost: its shards die, its link goes down
+        guide.wait(lambda: reached(coordinator, 1), "round 1 applied")
+        for name in lost_shards:
+            guide.kill(name)
+        _cut("host-b", True)
+        guide.wait(lambda: ring_version(coordinator) == 2, "host B's shards declared gone")
+        host, lines = loss["lost"]
+        seen = [guide.run(host, line) for line in lines]
+        # host B comes back, empty, and its shards join while the clients are paused (so
+        # that rounds are left to train on the grown ring)
+        guide.pause(clients, True)
+        _cut("host-b", False)
+        host, lines = loss["rejoin"]
+        for line in lines:
+            guide.start(host, line)
+        credentials = channel_credentials(
+            TlsIdentity.load(guide.world.root / "host-a" / "etc" / "certs", OPERATOR_NAME)
+        )
+        for port in (7201, 7202):
+            wait_serving(f"{guide.world.ip('host-b')}:{port}", guide.check_alive, credentials)
+        host, lines = loss["join"]
+        joined = [guide.run(host, line) for line in lines]
+        guide.pause(clients, False)
+        guide.wait(lambda: reached(coordinator, finished=True), "the end of training", 0.5)
+        status = coordinator_status(coordinator)
+        checks = [
+            guide.run(host, line) for _, host, text in blocks[7:] for line in text.splitlines()
+        ]
+
+    # Assert: `fedps status` showed both shards declared gone and shard-2 alone on the ring;
+    # the joins were accepted; every round was applied, the last ones on all three shards
+    tail = _tails(guide.logs)
+    for shown in seen:
+        assert "shard ring version 2: shard-2" in shown.stdout, shown.stdout + shown.stderr
+        assert shown.stdout.count("OFF THE RING (declared gone") == 2, shown.stdout
+    for result in joined:
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert status is not None and status.finished and status.round == LOSS_ROUNDS, tail
+    assert not any(r.abandoned for r in status.history), (status.history, tail)
+    assert (status.ring_version, tuple(status.ring_nodes)) == (4, ("shard-0", "shard-1", "shard-2"))
+    moves = [m.split(" (")[0].split(": ")[1] for m in status.ring_moves]
+    assert sorted(moves[:2]) == ["shard-0 removed", "shard-1 removed"], tail  # in either order
+    assert moves[2:] == ["shard-0 added", "shard-1 added"], tail
+    for name in lost_shards:  # the old state set aside, never read again
+        assert list((guide.world.root / "host-b" / "var" / name).glob("discarded-*/model.pb"))
+    for check in checks:
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert check.stdout.count(": up") == 5, check.stdout
