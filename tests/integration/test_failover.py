@@ -200,7 +200,7 @@ def test_a_shard_sigkilled_for_good_moves_its_blocks_and_loses_nothing(
     _assert_moved_on(run, "killed")
 
 
-def test_key_holder_parties_decrypt_on_the_moved_ring_when_a_shard_is_sigkilled(
+def test_key_holder_parties_decrypt_on_the_moved_ring_when_a_shard_is_lost(
     tmp_path: Path,
 ) -> None:
     # Prepare, Execute: key-holder parties (any 2 of 3 decrypt), three shards; shard-1 dies
