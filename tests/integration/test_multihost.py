@@ -64,7 +64,7 @@ CUT_S = 4.0
 #: The kinds of the blocks of "Losing host B", run by the second test only.
 LOSS_KINDS = ("lost", "rejoin", "join")
 #: Rounds of the second test: rounds are left to train on the grown ring after the joins.
-LOSS_ROUNDS = 5
+LOSS_ROUNDS = 6
 #: Its round deadline: a round whose clients had not pulled the model when host B was lost is
 #: abandoned at it (docs/deploy.md), and it bounds the clients' pause while host B rejoins.
 LOSS_DEADLINE_S = 60.0
@@ -267,7 +267,7 @@ class Guide:
         """SIGSTOP (``paused``) or SIGCONT roles ``names``."""
         for name in names:
             self.roles[name].send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
-        self.paused = set(names) if paused else set()
+        self.paused = self.paused | set(names) if paused else self.paused - set(names)
 
     def wait(
         self, condition: Callable[[], bool], what: str, poll_s: float = 0.2, *, end: bool = False
@@ -423,7 +423,9 @@ def test_losing_host_b_for_good_moves_its_shards_to_host_a_and_it_comes_back_emp
         config = load_config(Path(guide.world.local("host-a", "/etc/fedps/fedps.toml")))
         # Execute: once a round is applied, the deployment is frozen (SIGSTOP) at a moment no
         # round is closed and unapplied, host B is lost (its shards die, its link goes down)
-        # and the rest goes on
+        # and the rest goes on; once the shards are declared gone the clients are paused
+        # until host B is back, so that rounds are left to train on the grown ring (a round
+        # waits for its clients up to its deadline)
         frozen = ["keyholder", "coordinator", *clients]
         for round_ in range(1, LOSS_ROUNDS - 1):
             guide.wait(lambda: reached(coordinator, round_), f"round {round_} applied", 0.02)  # noqa: B023
@@ -438,12 +440,11 @@ def test_losing_host_b_for_good_moves_its_shards_to_host_a_and_it_comes_back_emp
             guide.kill(name)
         _cut("host-b", True)
         guide.pause(frozen, False)
-        guide.wait(lambda: ring_version(coordinator) == 2, "host B's shards declared gone")
+        guide.wait(lambda: ring_version(coordinator) == 2, "host B's shards declared gone", 0.02)
+        guide.pause(clients, True)
         host, lines = loss["lost"]
         seen = [guide.run(host, line) for line in lines]
-        # host B comes back, empty, and its shards join while the clients are paused (so
-        # that rounds are left to train on the grown ring)
-        guide.pause(clients, True)
+        # host B comes back, empty, and its shards join; then the clients go on
         _cut("host-b", False)
         host, lines = loss["rejoin"]
         for line in lines:
