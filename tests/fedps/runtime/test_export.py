@@ -24,6 +24,7 @@ from fedps.learning.tasks import evaluate_model, load_task
 from fedps.proto import shard_pb2
 from fedps.runtime.deployment import write_config
 from fedps.runtime.export import pull_model, read_saved_model
+from server.coordinator.checkpoint_store import CheckpointStore
 from tests.conftest import Cluster, run_clients, start_cluster, start_coordinator
 from tests.role_processes import last_line, run_fedps
 
@@ -218,4 +219,26 @@ def test_a_shard_cannot_roll_the_saved_model_back(
     )
     # Execute / Assert
     with pytest.raises(FedPSError, match="version"):
+        read_saved_model(config)
+
+
+def _checkpointed_ring(config: FedPSConfig, version: int, nodes: list[str]) -> None:
+    """A coordinator checkpoint in ``config``'s state folder whose ring is ``nodes``."""
+    ring = {"version": version, "nodes": nodes, "moves": [], "joining": []}
+    store = CheckpointStore(config.cluster.state_dir / "coordinator")
+    store.save(np.zeros(1), {"round": 2, "ring": ring})
+
+
+def test_the_saved_model_is_read_on_the_checkpointed_ring(trained: Cluster, tmp_path: Path) -> None:
+    # Prepare: the checkpointed ring is the configured one (shard-0 and shard-1, version 0)
+    # but for shard-1's file, which a shard declared gone would have left older or damaged
+    config = _state_copy(trained, tmp_path / "state")
+    _checkpointed_ring(config, 0, ["shard-0", "shard-1"])
+    (config.cluster.state_dir / "shard-1" / "model.pb").write_bytes(b"not a model")
+    with pytest.raises(FedPSError, match="shard-1"):
+        read_saved_model(config)
+    # Execute / Assert: shard-1 declared gone (ring version 1), and the key holder had not
+    # published on the new ring: shard-0's file holds only its own blocks of version 0
+    _checkpointed_ring(config, 1, ["shard-0"])
+    with pytest.raises(FedPSError, match="ring version 0, not of version 1"):
         read_saved_model(config)
