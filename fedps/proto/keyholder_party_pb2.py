@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!fedps/proto/keyholder_party.proto\x12\x0b\x66\x65\x64ps.proto\"\x13\n\x11PartyHelloRequest\"P\n\nPartyHello\x12\r\n\x05party\x18\x01 \x01(\r\x12\x13\n\x0bsigning_key\x18\x02 \x01(\x0c\x12\r\n\x05nonce\x18\x03 \x01(\x0c\x12\x0f\n\x07\x63ontext\x18\x04 \x01(\x0c\"U\n\tPartyDeal\x12\x0e\n\x06sender\x18\x01 \x01(\r\x12\x13\n\x0bseed_digest\x18\x02 \x01(\x0c\x12\x14\n\x0cpublic_share\x18\x03 \x01(\x0c\x12\r\n\x05\x64\x65\x61lt\x18\x04 \x01(\x0c\"\x10\n\x0ePartyDealReply\"C\n\rPartyCanaries\x12\r\n\x05party\x18\x01 \x01(\r\x12\x10\n\x08\x63\x61naries\x18\x02 \x01(\x0c\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"\xa6\x01\n\x15PartialDecryptRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x14\n\x0c\x63ontributors\x18\x02 \x03(\t\x12\x14\n\x0cparticipants\x18\x03 \x03(\r\x12\x11\n\taggregate\x18\x04 \x01(\x0c\x12\x11\n\tsignature\x18\x05 \x01(\x0c\x12,\n\x08\x63\x61naries\x18\x06 \x03(\x0b\x32\x1a.fedps.proto.PartyCanaries\"5\n\x13PartialDecryptReply\x12\r\n\x05\x66irst\x18\x01 \x01(\r\x12\x0f\n\x07partial\x18\x02 \x01(\x0c\x32\xba\x02\n\x0eKeyHolderParty\x12O\n\rCanaryPartial\x12\".fedps.proto.PartialDecryptRequest\x1a\x1a.fedps.proto.PartyCanaries\x12X\n\x0ePartialDecrypt\x12\".fedps.proto.PartialDecryptRequest\x1a .fedps.proto.PartialDecryptReply0\x01\x12@\n\x05Hello\x12\x1e.fedps.proto.PartyHelloRequest\x1a\x17.fedps.proto.PartyHello\x12;\n\x04\x44\x65\x61l\x12\x16.fedps.proto.PartyDeal\x1a\x1b.fedps.proto.PartyDealReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!fedps/proto/keyholder_party.proto\x12\x0b\x66\x65\x64ps.proto\"\x13\n\x11PartyHelloRequest\"P\n\nPartyHello\x12\r\n\x05party\x18\x01 \x01(\r\x12\x13\n\x0bsigning_key\x18\x02 \x01(\x0c\x12\r\n\x05nonce\x18\x03 \x01(\x0c\x12\x0f\n\x07\x63ontext\x18\x04 \x01(\x0c\"U\n\tPartyDeal\x12\x0e\n\x06sender\x18\x01 \x01(\r\x12\x13\n\x0bseed_digest\x18\x02 \x01(\x0c\x12\x14\n\x0cpublic_share\x18\x03 \x01(\x0c\x12\r\n\x05\x64\x65\x61lt\x18\x04 \x01(\x0c\"\x10\n\x0ePartyDealReply\"C\n\rPartyCanaries\x12\r\n\x05party\x18\x01 \x01(\r\x12\x10\n\x08\x63\x61naries\x18\x02 \x01(\x0c\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"\xa6\x01\n\x15PartialDecryptRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x14\n\x0c\x63ontributors\x18\x02 \x03(\t\x12\x14\n\x0cparticipants\x18\x03 \x03(\r\x12\x11\n\taggregate\x18\x04 \x01(\x0c\x12\x11\n\tsignature\x18\x05 \x01(\x0c\x12,\n\x08\x63\x61naries\x18\x06 \x03(\x0b\x32\x1a.fedps.proto.PartyCanaries\"\x1f\n\x0cPrepareReply\x12\x0f\n\x07started\x18\x01 \x01(\x08\"5\n\x13PartialDecryptReply\x12\r\n\x05\x66irst\x18\x01 \x01(\r\x12\x0f\n\x07partial\x18\x02 \x01(\x0c\x32\x84\x03\n\x0eKeyHolderParty\x12O\n\rCanaryPartial\x12\".fedps.proto.PartialDecryptRequest\x1a\x1a.fedps.proto.PartyCanaries\x12X\n\x0ePartialDecrypt\x12\".fedps.proto.PartialDecryptRequest\x1a .fedps.proto.PartialDecryptReply0\x01\x12H\n\x07Prepare\x12\".fedps.proto.PartialDecryptRequest\x1a\x19.fedps.proto.PrepareReply\x12@\n\x05Hello\x12\x1e.fedps.proto.PartyHelloRequest\x1a\x17.fedps.proto.PartyHello\x12;\n\x04\x44\x65\x61l\x12\x16.fedps.proto.PartyDeal\x1a\x1b.fedps.proto.PartyDealReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,8 +43,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PARTYCANARIES']._serialized_end=325
   _globals['_PARTIALDECRYPTREQUEST']._serialized_start=328
   _globals['_PARTIALDECRYPTREQUEST']._serialized_end=494
-  _globals['_PARTIALDECRYPTREPLY']._serialized_start=496
-  _globals['_PARTIALDECRYPTREPLY']._serialized_end=549
-  _globals['_KEYHOLDERPARTY']._serialized_start=552
-  _globals['_KEYHOLDERPARTY']._serialized_end=866
+  _globals['_PREPAREREPLY']._serialized_start=496
+  _globals['_PREPAREREPLY']._serialized_end=527
+  _globals['_PARTIALDECRYPTREPLY']._serialized_start=529
+  _globals['_PARTIALDECRYPTREPLY']._serialized_end=582
+  _globals['_KEYHOLDERPARTY']._serialized_start=585
+  _globals['_KEYHOLDERPARTY']._serialized_end=973
 # @@protoc_insertion_point(module_scope)

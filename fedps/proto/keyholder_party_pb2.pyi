@@ -184,6 +184,26 @@ class PartialDecryptRequest(_message.Message):
 Global___PartialDecryptRequest: _TypeAlias = PartialDecryptRequest  # noqa: Y015
 
 @_typing.final
+class PrepareReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STARTED_FIELD_NUMBER: _builtins.int
+    started: _builtins.bool
+    """false: the party prepares another round, or prepared this one already"""
+    def __init__(
+        self,
+        *,
+        started: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["started", b"started"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrepareReply: _TypeAlias = PrepareReply  # noqa: Y015
+
+@_typing.final
 class PartialDecryptReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

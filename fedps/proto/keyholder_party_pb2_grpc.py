@@ -46,6 +46,11 @@ class KeyHolderPartyStub(object):
                 request_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.SerializeToString,
                 response_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptReply.FromString,
                 _registered_method=True)
+        self.Prepare = channel.unary_unary(
+                '/fedps.proto.KeyHolderParty/Prepare',
+                request_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PrepareReply.FromString,
+                _registered_method=True)
         self.Hello = channel.unary_unary(
                 '/fedps.proto.KeyHolderParty/Hello',
                 request_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyHelloRequest.SerializeToString,
@@ -80,6 +85,15 @@ class KeyHolderPartyServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Prepare(self, request, context):
+        """Combiner, when it starts checking a round: the participants fetch its aggregate and compute
+        their products ahead, releasing nothing of them (server/keyholder/party_prefetch.py). The
+        request's aggregate is empty and its signature is of the prepare (prepare_digest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Hello(self, request, context):
         """Parties and the combiner: who this party is (its signing key, its contribution to the
         common seed) and, once its key generation finished, the joint public context.
@@ -108,6 +122,11 @@ def add_KeyHolderPartyServicer_to_server(servicer, server):
                     servicer.PartialDecrypt,
                     request_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.FromString,
                     response_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptReply.SerializeToString,
+            ),
+            'Prepare': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prepare,
+                    request_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.FromString,
+                    response_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PrepareReply.SerializeToString,
             ),
             'Hello': grpc.unary_unary_rpc_method_handler(
                     servicer.Hello,
@@ -176,6 +195,33 @@ class KeyHolderParty(object):
             '/fedps.proto.KeyHolderParty/PartialDecrypt',
             fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.SerializeToString,
             fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prepare(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedps.proto.KeyHolderParty/Prepare',
+            fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.SerializeToString,
+            fedps_dot_proto_dot_keyholder__party__pb2.PrepareReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,11 @@ class KeyHolderPartyStub:
     party fetches from the shards, checks, and whose joint canaries (every participant's, in
     the request) it checks itself first; streamed by rows.
     """
+    Prepare: _grpc.UnaryUnaryMultiCallable[_keyholder_party_pb2.PartialDecryptRequest, _keyholder_party_pb2.PrepareReply]
+    """Combiner, when it starts checking a round: the participants fetch its aggregate and compute
+    their products ahead, releasing nothing of them (server/keyholder/party_prefetch.py). The
+    request's aggregate is empty and its signature is of the prepare (prepare_digest).
+    """
     Hello: _grpc.UnaryUnaryMultiCallable[_keyholder_party_pb2.PartyHelloRequest, _keyholder_party_pb2.PartyHello]
     """Parties and the combiner: who this party is (its signing key, its contribution to the
     common seed) and, once its key generation finished, the joint public context.
@@ -68,6 +73,11 @@ class KeyHolderPartyAsyncStub(KeyHolderPartyStub):
     """Combiner: this party's flooded partial decryption of the round's aggregate, which the
     party fetches from the shards, checks, and whose joint canaries (every participant's, in
     the request) it checks itself first; streamed by rows.
+    """
+    Prepare: _aio.UnaryUnaryMultiCallable[_keyholder_party_pb2.PartialDecryptRequest, _keyholder_party_pb2.PrepareReply]  # type: ignore[assignment]
+    """Combiner, when it starts checking a round: the participants fetch its aggregate and compute
+    their products ahead, releasing nothing of them (server/keyholder/party_prefetch.py). The
+    request's aggregate is empty and its signature is of the prepare (prepare_digest).
     """
     Hello: _aio.UnaryUnaryMultiCallable[_keyholder_party_pb2.PartyHelloRequest, _keyholder_party_pb2.PartyHello]  # type: ignore[assignment]
     """Parties and the combiner: who this party is (its signing key, its contribution to the
@@ -102,6 +112,17 @@ class KeyHolderPartyServicer(metaclass=_abc_1.ABCMeta):
         """Combiner: this party's flooded partial decryption of the round's aggregate, which the
         party fetches from the shards, checks, and whose joint canaries (every participant's, in
         the request) it checks itself first; streamed by rows.
+        """
+
+    @_abc_1.abstractmethod
+    def Prepare(
+        self,
+        request: _keyholder_party_pb2.PartialDecryptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_keyholder_party_pb2.PrepareReply, _abc.Awaitable[_keyholder_party_pb2.PrepareReply]]:
+        """Combiner, when it starts checking a round: the participants fetch its aggregate and compute
+        their products ahead, releasing nothing of them (server/keyholder/party_prefetch.py). The
+        request's aggregate is empty and its signature is of the prepare (prepare_digest).
         """
 
     @_abc_1.abstractmethod

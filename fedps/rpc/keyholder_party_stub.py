@@ -31,6 +31,9 @@ KEYGEN_S = 10.0
 #: Deadline of one partial decryption (the party fetches and hashes the round's aggregate).
 DECRYPT_S = 300.0
 
+#: Deadline of a prepare (the party checks its signature and starts a thread).
+PREPARE_S = 10.0
+
 
 class KeyHolderPartyStub:
     """Calls the key-holder party at ``address``.
@@ -70,6 +73,15 @@ class KeyHolderPartyStub:
         message = request.to_proto()
         replies = invoke(lambda: self._stub.PartialDecrypt(message, timeout=self._timeout_s), what)
         return join_partial(stream_replies(replies, what, timeout_s=self._timeout_s), self._n)
+
+    def prepare(self, request: DecryptionRequest) -> bool:
+        """Have the party prepare the round ahead; whether it started (it releases nothing)."""
+        message = request.to_proto()
+        reply = invoke(
+            lambda: self._stub.Prepare(message, timeout=PREPARE_S),
+            f"prepare of round {request.round}",
+        )
+        return bool(reply.started)
 
     def hello(self) -> PartyHello:
         """Who the party is, and its joint public context once it has one."""

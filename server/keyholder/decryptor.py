@@ -162,6 +162,8 @@ class Decryptor:
         """
         round_ = verifier.phase.round
         timer = timer or RoundTimer()
+        if self._settings.encrypted and isinstance(self.keys, JointKeys):
+            self.keys.prepare(round_, sorted(verifier.contributors))  # while this checks it
         streams = {sid: timer.iterate("fetch", parts) for sid, parts in fetched.items()}
         with timer.phase("verify"):
             blocks, rows = verifier.verify(

@@ -117,6 +117,13 @@ class JointKeys:
             probe=lambda j: peers[j].answers(),
         )
 
+    def prepare(self, round_: int, contributors: Sequence[str]) -> None:
+        """Have the parties expected to decrypt ``round_`` prepare it while it is checked.
+
+        :meth:`.joint_decryptor.JointDecryptor.prepare`; returns at once.
+        """
+        self.decryptor.prepare(round_, contributors)
+
     def open_round(
         self,
         round_: int,

@@ -27,6 +27,8 @@ class _Decrypting(Protocol):
 
     def partial_decrypt(self, request: DecryptionRequest) -> np.ndarray: ...
 
+    def prepare(self, request: DecryptionRequest) -> bool: ...
+
 
 class _Generating(Protocol):
     def hello(self) -> PartyHello: ...
@@ -64,6 +66,14 @@ class KeyHolderPartyServicer(keyholder_party_pb2_grpc.KeyHolderPartyServicer):
         with rpc_errors(context):
             partial = self.party.partial_decrypt(DecryptionRequest.from_proto(request))
         yield from split_partial(partial)
+
+    def Prepare(  # noqa: N802
+        self, request: keyholder_party_pb2.PartialDecryptRequest, context: grpc.ServicerContext
+    ) -> keyholder_party_pb2.PrepareReply:
+        """Combiner: the party starts fetching the round and computing ahead; nothing leaves."""
+        with rpc_errors(context):
+            started = self.party.prepare(DecryptionRequest.from_proto(request))
+            return keyholder_party_pb2.PrepareReply(started=started)
 
     def Hello(  # noqa: N802
         self, request: keyholder_party_pb2.PartyHelloRequest, context: grpc.ServicerContext

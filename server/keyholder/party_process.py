@@ -350,3 +350,7 @@ class PartyProcess:
     def partial_decrypt(self, request: DecryptionRequest) -> np.ndarray:
         """:meth:`KeyHolderParty.partial_decrypt`, once the party has its share."""
         return self._ready_party().partial_decrypt(request)
+
+    def prepare(self, request: DecryptionRequest) -> bool:
+        """:meth:`KeyHolderParty.prepare`, once the party has its share."""
+        return self._ready_party().prepare(request)
