@@ -256,15 +256,19 @@ def add_party(server: grpc.Server, config: FedPSConfig, index: int) -> PartyProc
 
 
 def _generate_keys(party: PartyProcess, config: FedPSConfig, stop: threading.Event) -> None:
-    """Start ``party``'s key generation with the other parties in a thread (if it has no share)."""
-    if party.ready:
-        return
+    """Start ``party``'s key generation with the other parties in a thread (if it has no share).
+
+    The other parties are kept for the key rotations the combiner asks for, too.
+    """
     n = ckks_params(config).poly_modulus_degree
     peers = {
         j: KeyHolderPartyStub(address, n=n)
         for j, address in enumerate(config.cluster.parties, start=1)
         if j != party.index
     }
+    party.connect(peers, stop)
+    if party.ready:
+        return
     thread = threading.Thread(target=party.generate, args=(peers, stop), name="keygen", daemon=True)
     thread.start()
 

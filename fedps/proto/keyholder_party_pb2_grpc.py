@@ -61,6 +61,16 @@ class KeyHolderPartyStub(object):
                 request_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyDeal.SerializeToString,
                 response_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyDealReply.FromString,
                 _registered_method=True)
+        self.Rekey = channel.unary_unary(
+                '/fedps.proto.KeyHolderParty/Rekey',
+                request_serializer=fedps_dot_proto_dot_keyholder__party__pb2.RekeyRequest.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.RekeyReply.FromString,
+                _registered_method=True)
+        self.Adopt = channel.unary_unary(
+                '/fedps.proto.KeyHolderParty/Adopt',
+                request_serializer=fedps_dot_proto_dot_keyholder__party__pb2.AdoptRequest.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.AdoptReply.FromString,
+                _registered_method=True)
 
 
 class KeyHolderPartyServicer(object):
@@ -110,6 +120,23 @@ class KeyHolderPartyServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rekey(self, request, context):
+        """Combiner, to rotate the joint key: the party starts a new collective key generation with
+        every other party (server/keyholder/party_rekey.py), keeping its current share in use; the
+        new share waits in its folder until the combiner adopts the new joint context.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Adopt(self, request, context):
+        """Combiner, once every party holds the same new joint context and the combiner serves it:
+        the party replaces its share by the new one (the old one is gone from its folder).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KeyHolderPartyServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +164,16 @@ def add_KeyHolderPartyServicer_to_server(servicer, server):
                     servicer.Deal,
                     request_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyDeal.FromString,
                     response_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyDealReply.SerializeToString,
+            ),
+            'Rekey': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rekey,
+                    request_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.RekeyRequest.FromString,
+                    response_serializer=fedps_dot_proto_dot_keyholder__party__pb2.RekeyReply.SerializeToString,
+            ),
+            'Adopt': grpc.unary_unary_rpc_method_handler(
+                    servicer.Adopt,
+                    request_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.AdoptRequest.FromString,
+                    response_serializer=fedps_dot_proto_dot_keyholder__party__pb2.AdoptReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -276,6 +313,60 @@ class KeyHolderParty(object):
             '/fedps.proto.KeyHolderParty/Deal',
             fedps_dot_proto_dot_keyholder__party__pb2.PartyDeal.SerializeToString,
             fedps_dot_proto_dot_keyholder__party__pb2.PartyDealReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rekey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedps.proto.KeyHolderParty/Rekey',
+            fedps_dot_proto_dot_keyholder__party__pb2.RekeyRequest.SerializeToString,
+            fedps_dot_proto_dot_keyholder__party__pb2.RekeyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Adopt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedps.proto.KeyHolderParty/Adopt',
+            fedps_dot_proto_dot_keyholder__party__pb2.AdoptRequest.SerializeToString,
+            fedps_dot_proto_dot_keyholder__party__pb2.AdoptReply.FromString,
             options,
             channel_credentials,
             insecure,

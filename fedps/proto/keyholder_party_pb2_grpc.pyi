@@ -57,6 +57,15 @@ class KeyHolderPartyStub:
     """Another party: its public share and the Shamir share of its secret dealt to this party
     (server/keyholder/party_key_generation.py), once.
     """
+    Rekey: _grpc.UnaryUnaryMultiCallable[_keyholder_party_pb2.RekeyRequest, _keyholder_party_pb2.RekeyReply]
+    """Combiner, to rotate the joint key: the party starts a new collective key generation with
+    every other party (server/keyholder/party_rekey.py), keeping its current share in use; the
+    new share waits in its folder until the combiner adopts the new joint context.
+    """
+    Adopt: _grpc.UnaryUnaryMultiCallable[_keyholder_party_pb2.AdoptRequest, _keyholder_party_pb2.AdoptReply]
+    """Combiner, once every party holds the same new joint context and the combiner serves it:
+    the party replaces its share by the new one (the old one is gone from its folder).
+    """
 
 @_typing.type_check_only
 class KeyHolderPartyAsyncStub(KeyHolderPartyStub):
@@ -86,6 +95,15 @@ class KeyHolderPartyAsyncStub(KeyHolderPartyStub):
     Deal: _aio.UnaryUnaryMultiCallable[_keyholder_party_pb2.PartyDeal, _keyholder_party_pb2.PartyDealReply]  # type: ignore[assignment]
     """Another party: its public share and the Shamir share of its secret dealt to this party
     (server/keyholder/party_key_generation.py), once.
+    """
+    Rekey: _aio.UnaryUnaryMultiCallable[_keyholder_party_pb2.RekeyRequest, _keyholder_party_pb2.RekeyReply]  # type: ignore[assignment]
+    """Combiner, to rotate the joint key: the party starts a new collective key generation with
+    every other party (server/keyholder/party_rekey.py), keeping its current share in use; the
+    new share waits in its folder until the combiner adopts the new joint context.
+    """
+    Adopt: _aio.UnaryUnaryMultiCallable[_keyholder_party_pb2.AdoptRequest, _keyholder_party_pb2.AdoptReply]  # type: ignore[assignment]
+    """Combiner, once every party holds the same new joint context and the combiner serves it:
+    the party replaces its share by the new one (the old one is gone from its folder).
     """
 
 class KeyHolderPartyServicer(metaclass=_abc_1.ABCMeta):
@@ -143,6 +161,27 @@ class KeyHolderPartyServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_keyholder_party_pb2.PartyDealReply, _abc.Awaitable[_keyholder_party_pb2.PartyDealReply]]:
         """Another party: its public share and the Shamir share of its secret dealt to this party
         (server/keyholder/party_key_generation.py), once.
+        """
+
+    @_abc_1.abstractmethod
+    def Rekey(
+        self,
+        request: _keyholder_party_pb2.RekeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_keyholder_party_pb2.RekeyReply, _abc.Awaitable[_keyholder_party_pb2.RekeyReply]]:
+        """Combiner, to rotate the joint key: the party starts a new collective key generation with
+        every other party (server/keyholder/party_rekey.py), keeping its current share in use; the
+        new share waits in its folder until the combiner adopts the new joint context.
+        """
+
+    @_abc_1.abstractmethod
+    def Adopt(
+        self,
+        request: _keyholder_party_pb2.AdoptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_keyholder_party_pb2.AdoptReply, _abc.Awaitable[_keyholder_party_pb2.AdoptReply]]:
+        """Combiner, once every party holds the same new joint context and the combiner serves it:
+        the party replaces its share by the new one (the old one is gone from its folder).
         """
 
 def add_KeyHolderPartyServicer_to_server(servicer: KeyHolderPartyServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

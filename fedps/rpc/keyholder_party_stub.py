@@ -14,10 +14,12 @@ import numpy as np
 from fedps.errors import NotReadyError, PeerUnavailableError
 from fedps.proto import keyholder_party_pb2, keyholder_party_pb2_grpc
 from fedps.rpc.keyholder_party_messages import (
+    AdoptRequest,
     DecryptionRequest,
     PartyCanaries,
     PartyDeal,
     PartyHello,
+    RekeyRequest,
     join_partial,
 )
 from fedps.rpc.service_call import invoke, stream_replies
@@ -83,13 +85,23 @@ class KeyHolderPartyStub:
         )
         return bool(reply.started)
 
-    def hello(self) -> PartyHello:
-        """Who the party is, and its joint public context once it has one."""
-        reply = invoke(
-            lambda: self._stub.Hello(keyholder_party_pb2.PartyHelloRequest(), timeout=KEYGEN_S),
-            "party hello",
-        )
+    def hello(self, generation: int = 0) -> PartyHello:
+        """Who the party is (its nonce of ``generation``), and its joint public context(s)."""
+        message = keyholder_party_pb2.PartyHelloRequest(generation=generation)
+        reply = invoke(lambda: self._stub.Hello(message, timeout=KEYGEN_S), "party hello")
         return PartyHello.from_proto(reply)
+
+    def rekey(self, request: RekeyRequest) -> bool:
+        """Have the party start a key rotation's generation; whether it started."""
+        message = request.to_proto()
+        reply = invoke(lambda: self._stub.Rekey(message, timeout=KEYGEN_S), "key rotation")
+        return bool(reply.started)
+
+    def adopt(self, request: AdoptRequest) -> bool:
+        """Have the party adopt the rotated key; whether anything changed."""
+        message = request.to_proto()
+        reply = invoke(lambda: self._stub.Adopt(message, timeout=KEYGEN_S), "key adoption")
+        return bool(reply.adopted)
 
     def deal(self, deal: PartyDeal) -> None:
         """Hand the party the deal of party ``deal.sender`` (only over an authenticated channel)."""

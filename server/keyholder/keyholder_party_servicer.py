@@ -11,10 +11,12 @@ import numpy as np
 from fedps.errors import NotReadyError
 from fedps.proto import keyholder_party_pb2, keyholder_party_pb2_grpc
 from fedps.rpc.keyholder_party_messages import (
+    AdoptRequest,
     DecryptionRequest,
     PartyCanaries,
     PartyDeal,
     PartyHello,
+    RekeyRequest,
     split_partial,
 )
 from fedps.rpc.transport import peer_common_name, rpc_errors
@@ -31,9 +33,13 @@ class _Decrypting(Protocol):
 
 
 class _Generating(Protocol):
-    def hello(self) -> PartyHello: ...
+    def hello(self, generation: int = 0) -> PartyHello: ...
 
     def receive_deal(self, deal: PartyDeal, caller: str | None) -> None: ...
+
+    def rekey(self, request: RekeyRequest) -> bool: ...
+
+    def adopt(self, request: AdoptRequest) -> bool: ...
 
 
 class KeyHolderPartyServicer(keyholder_party_pb2_grpc.KeyHolderPartyServicer):
@@ -80,7 +86,7 @@ class KeyHolderPartyServicer(keyholder_party_pb2_grpc.KeyHolderPartyServicer):
     ) -> keyholder_party_pb2.PartyHello:
         """Parties and the combiner: who this party is, and its joint context once made."""
         with rpc_errors(context):
-            return self._keygen().hello().to_proto()
+            return self._keygen().hello(request.generation).to_proto()
 
     def Deal(  # noqa: N802
         self, request: keyholder_party_pb2.PartyDeal, context: grpc.ServicerContext
@@ -90,6 +96,22 @@ class KeyHolderPartyServicer(keyholder_party_pb2_grpc.KeyHolderPartyServicer):
             deal = PartyDeal.from_proto(request)
             self._keygen().receive_deal(deal, peer_common_name(context))
             return keyholder_party_pb2.PartyDealReply()
+
+    def Rekey(  # noqa: N802
+        self, request: keyholder_party_pb2.RekeyRequest, context: grpc.ServicerContext
+    ) -> keyholder_party_pb2.RekeyReply:
+        """Combiner: a key rotation's new collective generation (the current share kept)."""
+        with rpc_errors(context):
+            started = self._keygen().rekey(RekeyRequest.from_proto(request))
+            return keyholder_party_pb2.RekeyReply(started=started)
+
+    def Adopt(  # noqa: N802
+        self, request: keyholder_party_pb2.AdoptRequest, context: grpc.ServicerContext
+    ) -> keyholder_party_pb2.AdoptReply:
+        """Combiner: the rotated key is served; the party replaces its share by the new one."""
+        with rpc_errors(context):
+            adopted = self._keygen().adopt(AdoptRequest.from_proto(request))
+            return keyholder_party_pb2.AdoptReply(adopted=adopted)
 
     def _keygen(self) -> _Generating:
         if self.keygen is None:

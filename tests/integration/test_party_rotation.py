@@ -1,0 +1,67 @@
+"""Key rotation with key-holder parties, as real processes: a new collective key, adopted.
+
+The parties, the key holder (their combiner), two shards and the coordinator are processes;
+three clients train in threads. With ``security.rotate_every_rounds = 2`` the combiner asks
+every party for a new collective key generation after rounds 2 and 4, serves the new joint
+context once every party holds it, and each party replaces its share by the new one; the
+clients encrypt under the new context from the next round on, and the run trains through.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from crypto import PublicContext
+from crypto.threshold import KeyShare
+from fedps.runtime.deployment import Deployment
+from server.keyholder.joint_keys import JOINT_CONTEXT_FILE
+from server.keyholder.party_key_generation import PUBLIC_CONTEXT_FILE, SHARE_FILE
+from server.keyholder.party_process import party_folder
+from server.keyholder.party_rotation import NEXT_DIR
+from tests.conftest import RecordingClient, run_clients
+from tests.party_processes import PARTIES, party_config
+from tests.process_cluster import wait_for_round
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROUNDS, CLIENTS = 5, 3
+
+
+def test_the_parties_rotate_the_joint_key_and_the_run_trains_through(tmp_path: Path) -> None:
+    # Prepare
+    config, path = party_config(
+        tmp_path, rounds=ROUNDS, clients=CLIENTS, security={"rotate_every_rounds": 2}
+    )
+    deployment = Deployment(path, config)
+    logs = deployment.log_dir
+    folders = [party_folder(config.cluster.state_dir, j) for j in range(1, PARTIES + 1)]
+    try:
+        deployment.start_servers()
+        first = (folders[0] / PUBLIC_CONTEXT_FILE).read_bytes()
+        shares = [KeyShare.load(f / SHARE_FILE).share.copy() for f in folders]
+        clients = [RecordingClient.open(config, index=i) for i in range(CLIENTS)]
+        # Execute
+        run_clients(clients)
+        final = wait_for_round(config, ROUNDS, finished=True)
+    finally:
+        deployment.stop()
+
+    # Assert: every round applied, none abandoned, across two rotations
+    assert final.finished and not any(r.abandoned for r in final.history)
+    assert len(final.history) == ROUNDS
+    combiner = (logs / "keyholder.log").read_text()
+    rotated = re.findall(r"rotated the parties' joint key after round (\d+)", combiner)
+    assert rotated == ["2", "4"], combiner[-3000:]
+    # the combiner serves what every party adopted, a new context; every share was replaced,
+    # and nothing waits in next/
+    served = (config.cluster.state_dir / "keyholder" / "keys" / JOINT_CONTEXT_FILE).read_bytes()
+    assert served != first
+    for j, folder in enumerate(folders, start=1):
+        assert (folder / PUBLIC_CONTEXT_FILE).read_bytes() == served
+        assert (KeyShare.load(folder / SHARE_FILE).share != shares[j - 1]).any()
+        assert not list((folder / NEXT_DIR).glob("*"))
+        assert (logs / f"party-{j}.log").read_text().count("adopted the rotated joint") == 2
+    assert PublicContext.from_bytes(served).params == PublicContext.from_bytes(first).params
