@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Protocol
+import time
+from collections.abc import Callable, Iterator
+from typing import Protocol, TypeVar
 
 import grpc
 import numpy as np
@@ -20,8 +21,11 @@ from fedps.rpc.keyholder_party_messages import (
     split_partial,
 )
 from fedps.rpc.transport import peer_common_name, rpc_errors
+from server.metrics import PartyMetrics
 
 __all__ = ["KeyHolderPartyServicer"]
+
+_T = TypeVar("_T")
 
 
 class _Decrypting(Protocol):
@@ -52,25 +56,48 @@ class KeyHolderPartyServicer(keyholder_party_pb2_grpc.KeyHolderPartyServicer):
     keygen
         What answers the other parties in the key generation (a
         :class:`~.party_process.PartyProcess`); None: a party whose keys were made elsewhere.
+    metrics
+        Where the combiner's requests are counted (None: nowhere).
     """
 
-    def __init__(self, party: _Decrypting, keygen: _Generating | None = None) -> None:
+    def __init__(
+        self,
+        party: _Decrypting,
+        keygen: _Generating | None = None,
+        metrics: PartyMetrics | None = None,
+    ) -> None:
         self.party = party
         self.keygen = keygen
+        self._metrics = metrics
+
+    def _counted(self, kind: str, answer: Callable[[], _T]) -> _T:
+        """``answer()``, counted as a request of ``kind`` answered or refused."""
+        started = time.perf_counter()
+        try:
+            out = answer()
+        except Exception as exc:
+            if self._metrics is not None:
+                self._metrics.refused(kind, exc)
+            raise
+        if self._metrics is not None:
+            self._metrics.answered(kind, time.perf_counter() - started)
+        return out
 
     def CanaryPartial(  # noqa: N802 (gRPC method name)
         self, request: keyholder_party_pb2.PartialDecryptRequest, context: grpc.ServicerContext
     ) -> keyholder_party_pb2.PartyCanaries:
         """Combiner: the party checks the round itself, then signs its canary partials."""
         with rpc_errors(context):
-            return self.party.canary_partial(DecryptionRequest.from_proto(request)).to_proto()
+            asked = DecryptionRequest.from_proto(request)
+            return self._counted("canaries", lambda: self.party.canary_partial(asked)).to_proto()
 
     def PartialDecrypt(  # noqa: N802
         self, request: keyholder_party_pb2.PartialDecryptRequest, context: grpc.ServicerContext
     ) -> Iterator[keyholder_party_pb2.PartialDecryptReply]:
         """Combiner: the party checks the round itself, then streams its partial decryption."""
         with rpc_errors(context):
-            partial = self.party.partial_decrypt(DecryptionRequest.from_proto(request))
+            asked = DecryptionRequest.from_proto(request)
+            partial = self._counted("partial", lambda: self.party.partial_decrypt(asked))
         yield from split_partial(partial)
 
     def Prepare(  # noqa: N802
@@ -78,7 +105,8 @@ class KeyHolderPartyServicer(keyholder_party_pb2_grpc.KeyHolderPartyServicer):
     ) -> keyholder_party_pb2.PrepareReply:
         """Combiner: the party starts fetching the round and computing ahead; nothing leaves."""
         with rpc_errors(context):
-            started = self.party.prepare(DecryptionRequest.from_proto(request))
+            asked = DecryptionRequest.from_proto(request)
+            started = self._counted("prepare", lambda: self.party.prepare(asked))
             return keyholder_party_pb2.PrepareReply(started=started)
 
     def Hello(  # noqa: N802

@@ -5,18 +5,20 @@ three clients train in threads. With ``security.rotate_every_rounds = 2`` the co
 every party for a new collective key generation after rounds 2 and 4, serves the new joint
 context once every party holds it, and each party replaces its share by the new one; the
 clients encrypt under the new context from the next round on, and the run trains through.
+Each party serves its own metrics.
 """
 
 from __future__ import annotations
 
 import re
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from crypto import PublicContext
 from crypto.threshold import KeyShare
-from fedps.runtime.deployment import Deployment
+from fedps.runtime.deployment import Deployment, free_port
 from server.keyholder.joint_keys import JOINT_CONTEXT_FILE
 from server.keyholder.party_key_generation import PUBLIC_CONTEXT_FILE, SHARE_FILE
 from server.keyholder.party_process import party_folder
@@ -24,6 +26,7 @@ from server.keyholder.party_rotation import NEXT_DIR
 from tests.conftest import RecordingClient, run_clients
 from tests.party_processes import PARTIES, party_config
 from tests.process_cluster import wait_for_round
+from tests.server.test_metrics import samples
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -32,8 +35,13 @@ ROUNDS, CLIENTS = 5, 3
 
 def test_the_parties_rotate_the_joint_key_and_the_run_trains_through(tmp_path: Path) -> None:
     # Prepare
+    metrics = [f"127.0.0.1:{free_port()}" for _ in range(PARTIES)]
     config, path = party_config(
-        tmp_path, rounds=ROUNDS, clients=CLIENTS, security={"rotate_every_rounds": 2}
+        tmp_path,
+        rounds=ROUNDS,
+        clients=CLIENTS,
+        security={"rotate_every_rounds": 2},
+        metrics={"parties": metrics},
     )
     deployment = Deployment(path, config)
     logs = deployment.log_dir
@@ -46,6 +54,7 @@ def test_the_parties_rotate_the_joint_key_and_the_run_trains_through(tmp_path: P
         # Execute
         run_clients(clients)
         final = wait_for_round(config, ROUNDS, finished=True)
+        pages = [_scrape(address) for address in metrics]
     finally:
         deployment.stop()
 
@@ -65,3 +74,13 @@ def test_the_parties_rotate_the_joint_key_and_the_run_trains_through(tmp_path: P
         assert not list((folder / NEXT_DIR).glob("*"))
         assert (logs / f"party-{j}.log").read_text().count("adopted the rotated joint") == 2
     assert PublicContext.from_bytes(served).params == PublicContext.from_bytes(first).params
+    # each party's own metrics: its share held, and two partials for every round in all
+    assert all(page[("fedps_party_ready", ())] == 1.0 for page in pages)
+    partials = (("kind", "partial"), ("outcome", "answered"), ("reason", ""))
+    assert sum(page.get(("fedps_party_answers_total", partials), 0) for page in pages) >= 2 * ROUNDS
+
+
+def _scrape(address: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A party's metrics page, by sample name and labels."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
+        return samples(reply.read().decode())
