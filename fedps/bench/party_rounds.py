@@ -11,7 +11,8 @@ role, which a deployment does not.
 Each run reports its rounds' seconds and phases (:func:`fedps.bench.round_profile.
 phase_profile`); a setting's round time is the median of rounds 2..R over its repeats (the
 first pays for starting up), and so is the key holder's ``decrypt`` phase (with parties: the
-combiner's requests to the parties, their checks and partials, the combination). The ratio
+combiner's requests to the parties, their checks and partials, the combination); each run
+keeps its whole critical path (``critical``), to see where a difference goes. The ratio
 is the parties' median round over one key holder's; ``paired`` is the median of each repeat's
 own ratio. The machine's load is sampled during each run: a ratio taken under load says less.
 """
@@ -85,13 +86,15 @@ def compare_party_rounds(
                 console.print(f"  FAILED: {exc}", markup=False)
                 failed.append({"parties": name, "repeat": repeat, "error": str(exc)[-2000:]})
                 continue
-            server = phase_profile([summary])["server"]
+            profile = phase_profile([summary])
+            server = profile["server"]
             result.update(
                 repeat=repeat,
                 load=load,
                 wall_s=wall,
                 keyholder_parties=summary.keyholder_parties,
                 phases={p: server[p] for p in _PHASES if p in server},
+                critical=profile["critical"],
             )
             runs[name].append(result)
             console.print(
