@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from crypto import PublicContext
 from crypto.threshold import KeyShare
@@ -26,7 +27,6 @@ from server.keyholder.party_rotation import NEXT_DIR
 from tests.conftest import RecordingClient, run_clients
 from tests.party_processes import PARTIES, party_config
 from tests.process_cluster import wait_for_round
-from tests.server.test_metrics import samples
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -83,4 +83,9 @@ def test_the_parties_rotate_the_joint_key_and_the_run_trains_through(tmp_path: P
 def _scrape(address: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """A party's metrics page, by sample name and labels."""
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
-        return samples(reply.read().decode())
+        text = reply.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
