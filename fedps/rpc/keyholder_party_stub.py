@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedps.errors import NotReadyError, PeerUnavailableError
 from fedps.proto import keyholder_party_pb2, keyholder_party_pb2_grpc
 from fedps.rpc.keyholder_party_messages import (
     AdoptRequest,
@@ -107,16 +106,3 @@ class KeyHolderPartyStub:
         """Hand the party the deal of party ``deal.sender`` (only over an authenticated channel)."""
         message = deal.to_proto()
         invoke(lambda: self._stub.Deal(message, timeout=KEYGEN_S), "key generation deal")
-
-    def answers(self) -> bool:
-        """Whether the party can decrypt: it answers a hello with its joint context.
-
-        A party served without a key generation of its own (its share made elsewhere: it
-        answers a hello with :class:`~fedps.errors.NotReadyError`) counts as answering.
-        """
-        try:
-            return bool(self.hello().context)
-        except NotReadyError:
-            return True
-        except PeerUnavailableError:
-            return False
