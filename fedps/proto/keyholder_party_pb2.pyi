@@ -47,6 +47,7 @@ class PartyHello(_message.Message):
     NONCE_FIELD_NUMBER: _builtins.int
     CONTEXT_FIELD_NUMBER: _builtins.int
     NEXT_CONTEXT_FIELD_NUMBER: _builtins.int
+    COMMITMENT_FIELD_NUMBER: _builtins.int
     party: _builtins.int
     signing_key: _builtins.bytes
     """the party's Ed25519 public key (of its canary partials)"""
@@ -56,6 +57,10 @@ class PartyHello(_message.Message):
     """the joint public context; empty until the key generation finished"""
     next_context: _builtins.bytes
     """a rotation's new joint public context, once this party holds it"""
+    commitment: _builtins.bytes
+    """Its commitment to its public share in the generation asked about (PartyKeyGeneration.
+    commitment), once it started it: every party's is gathered before any deal is sent.
+    """
     def __init__(
         self,
         *,
@@ -64,10 +69,11 @@ class PartyHello(_message.Message):
         nonce: _builtins.bytes = ...,
         context: _builtins.bytes = ...,
         next_context: _builtins.bytes = ...,
+        commitment: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "next_context", b"next_context", "nonce", b"nonce", "party", b"party", "signing_key", b"signing_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commitment", b"commitment", "context", b"context", "next_context", b"next_context", "nonce", b"nonce", "party", b"party", "signing_key", b"signing_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

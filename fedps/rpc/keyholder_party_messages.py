@@ -126,6 +126,10 @@ class PartyHello(WireRecord[keyholder_party_pb2.PartyHello]):
     next_context
         A rotation's new joint public context, once the party holds its new share; empty
         otherwise.
+    commitment
+        Its commitment to its public share in the generation asked about, once it started
+        it (:attr:`server.keyholder.party_key_generation.PartyKeyGeneration.commitment`);
+        empty otherwise.
     """
 
     wire = keyholder_party_pb2.PartyHello
@@ -135,6 +139,7 @@ class PartyHello(WireRecord[keyholder_party_pb2.PartyHello]):
     nonce: bytes
     context: bytes = b""
     next_context: bytes = b""
+    commitment: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

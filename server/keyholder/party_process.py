@@ -143,6 +143,7 @@ class PartyProcess:
         self._party_keys: dict[int, bytes] = {}
         self._party: KeyHolderParty | None = None
         self._generation: PartyKeyGeneration | None = None
+        self._generation_number = 0  # which generation ``_generation`` is (0: the first)
         self._seed_digest = b""
         self._pending: dict[int, PartyDeal] = {}  # deals before this party's seed, by sender
         self._rekey: tuple[int, threading.Event] | None = None  # a rotation's number, its stop
@@ -193,12 +194,15 @@ class PartyProcess:
                     raise PolicyError(f"party {self.index}: rotation {generation} is over")
                 self._nonces = {0: self._nonces[0], generation: secrets.token_bytes(32)}
             nonce = self._nonces[generation]
+            keygen = self._generation if self._generation_number == generation else None
+            commitment = keygen.commitment if keygen is not None else b""
         return PartyHello(
             self.index,
             self._require_signer().public_key,
             nonce,
             public.serialize() if public is not None else b"",
             waiting[1].serialize() if waiting is not None else b"",
+            commitment,
         )
 
     def rekey(self, request: RekeyRequest) -> bool:
@@ -326,10 +330,23 @@ class PartyProcess:
         seed_digest = hashlib.sha256(seed).digest()
         with self._lock:
             self._generation, self._seed_digest = keygen, seed_digest
+            self._generation_number = generation
             pending, self._pending = self._pending, {}
             for deal in pending.values():
                 if deal.seed_digest == seed_digest:  # others: an earlier generation's
                     self._apply(deal)
+
+        def commit(j: int, stub: KeyHolderPartyStub) -> bool:
+            answer = stub.hello(generation)
+            if answer.party != j or not answer.commitment:  # not started yet: asked again
+                return False
+            with self._lock:
+                keygen.commit(j, answer.commitment)
+            return True
+
+        # every party's commitment before anything of this one's public share leaves
+        if self._gather_each(peers, stop, "commitment", commit) is None:
+            return
         public_share = keygen.public_share.astype("<u8").tobytes()
 
         def send(j: int, stub: KeyHolderPartyStub) -> bool:
@@ -346,6 +363,11 @@ class PartyProcess:
                     share, public = keygen.finish(folder)
                 except NotReadyError:
                     share = None
+                except PolicyError as exc:  # a party dealt another share than it committed
+                    _log.error(
+                        "party %d: key generation %d refused: %s", self.index, generation, exc
+                    )
+                    return
             if share is not None:
                 break
             stop.wait(0.05)
