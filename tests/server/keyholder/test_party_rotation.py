@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -142,6 +143,8 @@ def test_a_rotation_makes_a_new_joint_key_that_every_party_adopts(
         assert party.hello().context == new.serialize() and not party.hello().next_context
         assert (party.folder / PUBLIC_CONTEXT_FILE).read_bytes() == new.serialize()
         assert not list((party.folder / NEXT_DIR).glob("*"))
+        assert stat.S_IMODE((party.folder / SHARE_FILE).stat().st_mode) == 0o600
+        assert stat.S_IMODE((party.folder / NEXT_DIR).stat().st_mode) == 0o700
     after = _secret(folders, (1, 2))
     assert all(after == _secret(folders, (2, 3))) and any(after != before)
 
