@@ -497,13 +497,16 @@ class MetricsConfig(_Section):
     keyholder: str = ""
     coordinator: str = ""
     shards: list[str] = Field(default_factory=list, description="one per shard, in order")
+    parties: list[str] = Field(
+        default_factory=list, description="one per key-holder party, party 1 first (or none)"
+    )
     public: bool = Field(
         False, description="allow non-loopback metrics addresses (anyone reaching them reads)"
     )
 
     @model_validator(mode="after")
     def _check(self) -> MetricsConfig:
-        for addr in [self.keyholder, self.coordinator, *self.shards]:
+        for addr in [self.keyholder, self.coordinator, *self.shards, *self.parties]:
             host, sep, port = addr.rpartition(":")
             if addr and not (sep and host and port.isdigit() and int(port) < 65536):
                 raise ValueError(f"metrics address {addr!r} is not host:port")
@@ -583,6 +586,8 @@ class FedPSConfig(_Section):
             )
         if self.metrics.shards and len(self.metrics.shards) != len(self.cluster.shards):
             raise ValueError("metrics.shards needs one address per shard (or none)")
+        if self.metrics.parties and len(self.metrics.parties) != len(self.cluster.parties):
+            raise ValueError("metrics.parties needs one address per key-holder party (or none)")
         if self.privacy.level == "client" and self.training.mode != "sync":
             raise ValueError(
                 'privacy.level = "client" needs training.mode = "sync": its noise is split '

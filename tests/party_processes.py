@@ -7,6 +7,7 @@ roles and run :class:`RecordingClient` threads.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from fedps.config import FedPSConfig
@@ -18,12 +19,16 @@ __all__ = ["PARTIES", "THRESHOLD", "party_config", "start_party"]
 PARTIES, THRESHOLD = 3, 2
 
 
-def party_config(tmp_path: Path, *, rounds: int, clients: int) -> tuple[FedPSConfig, Path]:
-    """A provisioned configuration of a loopback cluster with key-holder parties, written."""
-    path, config = write_local_config(
-        tmp_path,
-        cluster=local_cluster(tmp_path / "state", parties=PARTIES),
-        training={
+def party_config(
+    tmp_path: Path, *, rounds: int, clients: int, **sections: Mapping[str, object]
+) -> tuple[FedPSConfig, Path]:
+    """A provisioned configuration of a loopback cluster with key-holder parties, written.
+
+    ``sections``: further sections of the configuration (``security``, say).
+    """
+    chosen: dict[str, Mapping[str, object]] = {
+        "cluster": local_cluster(tmp_path / "state", parties=PARTIES),
+        "training": {
             "rounds": rounds,
             "clients": clients,
             "min_quorum": 2,
@@ -31,8 +36,10 @@ def party_config(tmp_path: Path, *, rounds: int, clients: int) -> tuple[FedPSCon
             "checkpoint_every": 1,
             "lr": 0.3,
         },
-        keyholder={"parties": PARTIES, "threshold": THRESHOLD, "lambda_bits": 16},
-    )
+        "keyholder": {"parties": PARTIES, "threshold": THRESHOLD, "lambda_bits": 16},
+        **sections,
+    }
+    path, config = write_local_config(tmp_path, "fedps.toml", **chosen)
     return config, path
 
 
