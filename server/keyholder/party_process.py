@@ -182,16 +182,27 @@ class PartyProcess:
     def hello(self, generation: int = 0) -> PartyHello:
         """Who this party is, with its nonce of ``generation``; its joint context(s) once made.
 
+        A rotation's nonce exists only once the combiner asked this party for that rotation
+        (:meth:`rekey`): a caller naming another rotation cannot move the party on, nor make it
+        refuse the combiner's next rotation as one that is over.
+
         Raises
         ------
         PolicyError
             ``generation`` is a rotation older than the last one asked about.
+        NotReadyError
+            ``generation`` is a later rotation than the one the combiner asked for (the peer
+            asks again once the combiner's request arrived).
         """
         public, waiting = self._public, self._next
         with self._lock:
             if generation not in self._nonces:
                 if generation < max(self._nonces):  # an old rotation's: never handed out again
                     raise PolicyError(f"party {self.index}: rotation {generation} is over")
+                if self._rekey is None or self._rekey[0] != generation:
+                    raise NotReadyError(
+                        f"party {self.index} was not asked for rotation {generation} (yet)"
+                    )
                 self._nonces = {0: self._nonces[0], generation: secrets.token_bytes(32)}
             nonce = self._nonces[generation]
             keygen = self._generation if self._generation_number == generation else None
@@ -358,7 +369,9 @@ class PartyProcess:
             return
         folder = self.folder / NEXT_DIR if generation else self.folder
         while not stop.is_set():
-            with self._lock:
+            with self._lock:  # a later rotation's rekey sets ``stop`` under this lock
+                if stop.is_set():
+                    return
                 try:
                     share, public = keygen.finish(folder)
                 except NotReadyError:
@@ -375,6 +388,8 @@ class PartyProcess:
             return
         if generation:
             with self._lock:
+                if stop.is_set():  # a later rotation started since: its share, not this one
+                    return
                 self._next, self._generation = (share, public), None
             _log.info(
                 "party %d: key rotation %d made context %s; it waits for the combiner",

@@ -16,7 +16,7 @@ import pytest
 from crypto import PublicContext
 from crypto import threshold as th
 from crypto.signing import BlockSigner
-from fedps.errors import PolicyError
+from fedps.errors import NotReadyError, PolicyError
 from fedps.proto import keyholder_party_pb2_grpc
 from fedps.rpc.keyholder_party_messages import AdoptRequest, RekeyRequest
 from fedps.rpc.keyholder_party_stub import KeyHolderPartyStub
@@ -147,6 +147,23 @@ def test_a_rotation_makes_a_new_joint_key_that_every_party_adopts(
         assert stat.S_IMODE((party.folder / NEXT_DIR).stat().st_mode) == 0o700
     after = _secret(folders, (1, 2))
     assert all(after == _secret(folders, (2, 3))) and any(after != before)
+
+
+def test_a_hello_naming_a_later_rotation_cannot_block_the_combiners_rotation(
+    cluster: _Cluster, tmp_path: Path
+) -> None:
+    # Prepare: a caller that may say hello (another party's or the operator's certificate)
+    # names a far later rotation at every party, as if the combiner had asked for it
+    old = cluster.public()
+    for stub in cluster.stubs.values():
+        with pytest.raises(NotReadyError, match="was not asked for rotation"):
+            stub.hello(2**62)
+    # Execute: the combiner's own rotation
+    new = cluster.rotation(tmp_path / "joint.ctx").rotate(7, old)
+    # Assert: it went through (before, each party had made rotation 2**62 its latest and
+    # refused rotation 7 as "over": the rotation was postponed for good)
+    assert new is not None and new.context_id != old.context_id
+    assert all(p.hello().context == new.serialize() for p in cluster.parties.values())
 
 
 def test_a_rekey_or_an_adopt_the_combiner_did_not_sign_is_refused(cluster: _Cluster) -> None:
