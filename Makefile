@@ -30,13 +30,13 @@ protos: $(STAMP)
 protos-check: $(STAMP)
 	PATH=$(BIN):$$PATH bash fedps/proto/generate.sh --check
 
-# Three workers share the two cores, each taking one test at a time (slow tests first:
-# tests/conftest.py), so that no worker is left alone with a queue of long tests. Three, not
+# Four workers share the two cores, each taking one test at a time (slow tests first:
+# tests/conftest.py), so that no worker is left alone with a queue of long tests. Four, not
 # two: most of a long test is waiting on the processes it started (with two workers the
-# suite kept the two cores about 60% busy, every process it started counted), and a third
-# worker fills that wait.
+# suite kept the two cores about 60% busy, every process it started counted), and the other
+# workers fill that wait.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 3 --maxschedchunk 1 --durations=20
+	$(BIN)/python -m pytest -q -n 4 --maxschedchunk 1 --durations=20
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -139,14 +139,26 @@ class CanaryCheck:
     def partial(self, share: KeyShare, c1: np.ndarray, participants: Sequence[int]) -> np.ndarray:
         """Party ``share.index``'s flooded canaries of ``C1^(k) lambda_j sh_j``, ``(k, 32)``.
 
-        ``c1`` is the aggregate's ``(B, N)`` second polynomials.
+        ``c1`` is the aggregate's ``(B, N)`` second polynomials. :meth:`product`, then
+        :meth:`flooded`.
+        """
+        return self.flooded(self.product(share, c1, participants), share.modulus)
+
+    def product(self, share: KeyShare, c1: np.ndarray, participants: Sequence[int]) -> np.ndarray:
+        """The canaries of ``C1^(k) lambda_j sh_j``, ``(k, 32)``, unflooded: never released so.
+
+        What a party computes ahead of a round's checks (:meth:`flooded` once they passed).
         """
         self._check_rows(c1, share.modulus)
         weighted = weighted_share(share, participants)
         combined = _combine_blocks(self.weights, c1, share.modulus)
         canaries = list(self.params.canary_positions)
-        product = rlwe.RingProduct(weighted, share.modulus).times(combined)[:, canaries]
-        return flood(product, SecureRandom().normal(self.sigma, product.shape), share.modulus)
+        product: np.ndarray = rlwe.RingProduct(weighted, share.modulus).times(combined)
+        return product[:, canaries]
+
+    def flooded(self, product: np.ndarray, modulus: int) -> np.ndarray:
+        """``product`` (of :meth:`product`) with this check's flooding :attr:`sigma` added."""
+        return flood(product, SecureRandom().normal(self.sigma, product.shape), modulus)
 
     def verify(self, c0: np.ndarray, partials: Sequence[np.ndarray], modulus: int) -> None:
         """Check ``C0^(k) + sum_j p_j`` at the canaries against :attr:`bound`.

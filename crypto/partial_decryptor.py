@@ -62,7 +62,7 @@ class PartialDecryptor:
         """``c1 (lambda_j sh_j) + e'_j mod q`` for ``c1`` of shape ``(B, N)``, uint64.
 
         As :func:`crypto.threshold.partial_decryption`, whose checks it makes; then the next
-        round's flooding starts being drawn.
+        round's flooding starts being drawn. :meth:`product` then :meth:`flooded`.
 
         Raises
         ------
@@ -70,13 +70,36 @@ class PartialDecryptor:
             The participants are not ``T`` distinct parties including this one, ``c1`` is
             not ``(B, N)`` below q, or ``sigma`` is negative or not finite.
         """
-        if not (math.isfinite(sigma) and sigma >= 0):
-            raise InvalidArgumentError(f"a flooding std is finite and >= 0, got {sigma}")
-        product = self._product(participants).times(c1)
-        unit = self._noise.normal(1.0, c1.shape)
+        _check_sigma(sigma)
+        return self.flooded(self.product(c1, participants=participants), sigma=sigma)
+
+    def product(self, c1: np.ndarray, *, participants: Sequence[int]) -> np.ndarray:
+        """``c1 (lambda_j sh_j) mod q``, unflooded: never to leave the party as it is.
+
+        What a party computes ahead of a round's checks (and floods with :meth:`flooded` once
+        they passed).
+
+        Raises
+        ------
+        InvalidArgumentError
+            The participants are not ``T`` distinct parties including this one, or ``c1`` is
+            not ``(B, N)`` below q.
+        """
+        return self._product(participants).times(c1)
+
+    def flooded(self, product: np.ndarray, *, sigma: float) -> np.ndarray:
+        """``product + e'_j mod q``: the flooding of std ``sigma`` added; then the next drawn.
+
+        Raises
+        ------
+        InvalidArgumentError
+            ``sigma`` is negative or not finite.
+        """
+        _check_sigma(sigma)
+        unit = self._noise.normal(1.0, product.shape)
         unit *= sigma
         out = flood(product, unit, self.share.modulus)
-        self._noise.fill([NoiseDraw(1.0, c1.shape, np.float64)])
+        self._noise.fill([NoiseDraw(1.0, product.shape, np.float64)])
         return out
 
     def wait_drawn(self, timeout_s: float) -> bool:
@@ -94,3 +117,8 @@ class PartialDecryptor:
         if key not in self._products:
             self._products[key] = SealRingProduct(self._public, weighted)
         return self._products[key]
+
+
+def _check_sigma(sigma: float) -> None:
+    if not (math.isfinite(sigma) and sigma >= 0):
+        raise InvalidArgumentError(f"a flooding std is finite and >= 0, got {sigma}")

@@ -64,6 +64,7 @@ __all__ = [
     "joint_value_bound",
     "lagrange_coefficients",
     "partial_decryption",
+    "prepare_digest",
     "request_digest",
     "weighted_share",
 ]
@@ -71,6 +72,7 @@ __all__ = [
 _CRS_DOMAIN = b"fedps-threshold-crs-v1"
 _AGGREGATE_DOMAIN = b"fedps-threshold-aggregate-v1"
 _REQUEST_DOMAIN = b"fedps-threshold-request-v1"
+_PREPARE_DOMAIN = b"fedps-threshold-prepare-v1"
 _SHARE_MAGIC = b"FEDPSKSH1"
 _SHARE_HEADER = struct.Struct("<IIIQ")  # party index, threshold T, parties P, N; then q
 _NTT_FLAG = 32  # offset of is_ntt_form in a serialised ciphertext (crypto.public_context)
@@ -424,7 +426,28 @@ def request_digest(
 
     The round, its sorted contributor set, the decrypting parties and :func:`aggregate_digest`.
     """
-    out = hashlib.sha256(_REQUEST_DOMAIN + struct.pack("<Q", round_))
+    return _signed_round(_REQUEST_DOMAIN, round_, contributors, participants, aggregate)
+
+
+def prepare_digest(round_: int, contributors: Sequence[str], participants: Sequence[int]) -> bytes:
+    """What the combiner signs to have ``participants`` prepare a round before it is verified.
+
+    A prepared party fetches and hashes the round's aggregate and computes its products ahead
+    (:meth:`server.keyholder.keyholder_party.KeyHolderParty.prepare`); it releases nothing of
+    them. Another domain than :func:`request_digest`: no prepare signature is a request's.
+    """
+    return _signed_round(_PREPARE_DOMAIN, round_, contributors, participants, b"")
+
+
+def _signed_round(
+    domain: bytes,
+    round_: int,
+    contributors: Sequence[str],
+    participants: Sequence[int],
+    aggregate: bytes,
+) -> bytes:
+    """SHA-256 of ``domain``, the round, its sorted contributors, the parties and ``aggregate``."""
+    out = hashlib.sha256(domain + struct.pack("<Q", round_))
     for client in sorted(contributors):
         name = client.encode()
         out.update(struct.pack("<I", len(name)) + name)

@@ -19,7 +19,6 @@ of the key holder, the coordinator and every shard. Errors name the bad field::
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import tomllib
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fedps.compression_config import CompressionConfig
 from fedps.errors import ConfigError
+from fedps.metrics_config import MetricsConfig, is_loopback
 
 __all__ = [
     "ClusterConfig",
@@ -487,34 +487,6 @@ class GroupsConfig(_Section):
         return self.round_buffers or -(-training.clients // training.buffer_size)
 
 
-class MetricsConfig(_Section):
-    """Prometheus endpoints (``host:port``, port 0: any free port); empty: no endpoint.
-
-    They listen on loopback only (``127.0.0.1``, ``::1``, ``localhost``), for the operator on
-    that host; ``public = true`` allows any other address and warns when a role starts.
-    """
-
-    keyholder: str = ""
-    coordinator: str = ""
-    shards: list[str] = Field(default_factory=list, description="one per shard, in order")
-    public: bool = Field(
-        False, description="allow non-loopback metrics addresses (anyone reaching them reads)"
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> MetricsConfig:
-        for addr in [self.keyholder, self.coordinator, *self.shards]:
-            host, sep, port = addr.rpartition(":")
-            if addr and not (sep and host and port.isdigit() and int(port) < 65536):
-                raise ValueError(f"metrics address {addr!r} is not host:port")
-            if addr and not self.public and not is_loopback(host):
-                raise ValueError(
-                    f"metrics address {addr!r} is not loopback: metrics answer the operator on "
-                    "the host; set public = true to serve them to the network"
-                )
-        return self
-
-
 class TaskConfig(_Section):
     """The task: the user's model, data loading, loss and metrics (:mod:`fedps.learning.tasks`).
 
@@ -583,6 +555,8 @@ class FedPSConfig(_Section):
             )
         if self.metrics.shards and len(self.metrics.shards) != len(self.cluster.shards):
             raise ValueError("metrics.shards needs one address per shard (or none)")
+        if self.metrics.parties and len(self.metrics.parties) != len(self.cluster.parties):
+            raise ValueError("metrics.parties needs one address per key-holder party (or none)")
         if self.privacy.level == "client" and self.training.mode != "sync":
             raise ValueError(
                 'privacy.level = "client" needs training.mode = "sync": its noise is split '
@@ -630,17 +604,6 @@ def _poisson_cohort_bound(clients: int, cohort: int) -> int:
     """
     mean = min(cohort, clients)
     return min(clients, math.ceil(mean + 6 * math.sqrt(mean) + 6))
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a name or an IP address, IPv6 in brackets or not) is loopback."""
-    host = host.strip().removeprefix("[").removesuffix("]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def read_toml(path: Path, what: str) -> dict[str, object]:

@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector
 
 from fedps.errors import error_reason
 
-__all__ = ["CoordinatorMetrics", "KeyHolderMetrics", "ShardMetrics"]
+__all__ = ["CoordinatorMetrics", "KeyHolderMetrics", "PartyMetrics", "ShardMetrics"]
 
 #: Upper bounds (seconds) of the round-duration histogram's buckets.
 ROUND_BUCKETS = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
@@ -199,6 +199,47 @@ class KeyHolderMetrics(_RoleMetrics):
     def commitment_accepted(self) -> None:
         """Count one accepted commitment."""
         self.commitments.labels("accepted", "").inc()
+
+
+class PartyMetrics(_RoleMetrics):
+    """A key-holder party's metrics: its answers to the combiner, its refusals, its share.
+
+    Parameters
+    ----------
+    role
+        The party's name, such as ``party-2``.
+    """
+
+    def __init__(self, role: str) -> None:
+        super().__init__(role)
+        r = self.registry
+        self.latency = Histogram(
+            "fedps_seconds",
+            "Time of the party's answers (canaries, partial, prepare)",
+            ["operation"],
+            registry=r,
+        )
+        self.answers = Counter(
+            "fedps_party_answers",
+            "The combiner's requests by kind (canaries, partial, prepare) and outcome (answered, "
+            "refused) with the refusal's reason",
+            ["kind", "outcome", "reason"],
+            registry=r,
+        )
+        self.ready = Gauge(
+            "fedps_party_ready",
+            "1 once the party holds its share of the joint key (its key generation finished)",
+            registry=r,
+        )
+
+    def answered(self, kind: str, seconds: float) -> None:
+        """Count one request of ``kind`` answered in ``seconds``."""
+        self.answers.labels(kind, "answered", "").inc()
+        self.latency.labels(kind).observe(seconds)
+
+    def refused(self, kind: str, exc: Exception) -> None:
+        """Count one request of ``kind`` refused, by the error's kind."""
+        self.answers.labels(kind, "refused", error_reason(exc)).inc()
 
 
 class _Round(Protocol):

@@ -49,7 +49,7 @@ from server.keyholder.keyholder_servicer import KeyHolderServicer
 from server.keyholder.keyholder_settings import KeyHolderSettings
 from server.keyholder.party_process import PartyProcess, PartySettings, party_folder
 from server.keyholder.server_optimizer import create_server_optimizer
-from server.metrics import CoordinatorMetrics, KeyHolderMetrics, ShardMetrics
+from server.metrics import CoordinatorMetrics, KeyHolderMetrics, PartyMetrics, ShardMetrics
 from server.shard.shard import Shard
 from server.shard.shard_log import ShardLog, discard_shard_state
 from server.shard.shard_servicer import ShardServicer
@@ -110,7 +110,7 @@ def _group_policy(config: FedPSConfig) -> GroupPolicy | None:
     return GroupPolicy(group_mask(model, config.groups.sync), config.groups.buffers_per_round(t))
 
 
-_M = TypeVar("_M", KeyHolderMetrics, ShardMetrics, CoordinatorMetrics)
+_M = TypeVar("_M", KeyHolderMetrics, ShardMetrics, PartyMetrics, CoordinatorMetrics)
 
 
 def _metrics(address: str, role: str, make: Callable[[], _M]) -> _M | None:
@@ -254,21 +254,32 @@ def add_party(server: grpc.Server, config: FedPSConfig, index: int) -> PartyProc
         source=lambda public: party_round_source(config, public),
         combiner_key=lambda public: _combiner_key(config, public),
     ).open()
-    servicer = KeyHolderPartyServicer(party, keygen=party)
+    metric_addresses = config.metrics.parties
+    name = f"party-{index}"
+    metrics = _metrics(
+        metric_addresses[index - 1] if metric_addresses else "", name, lambda: PartyMetrics(name)
+    )
+    if metrics is not None:
+        metrics.ready.set_function(lambda: float(party.ready))
+    servicer = KeyHolderPartyServicer(party, keygen=party, metrics=metrics)
     keyholder_party_pb2_grpc.add_KeyHolderPartyServicer_to_server(servicer, server)
     return party
 
 
 def _generate_keys(party: PartyProcess, config: FedPSConfig, stop: threading.Event) -> None:
-    """Start ``party``'s key generation with the other parties in a thread (if it has no share)."""
-    if party.ready:
-        return
+    """Start ``party``'s key generation with the other parties in a thread (if it has no share).
+
+    The other parties are kept for the key rotations the combiner asks for, too.
+    """
     n = ckks_params(config).poly_modulus_degree
     peers = {
         j: KeyHolderPartyStub(address, n=n)
         for j, address in enumerate(config.cluster.parties, start=1)
         if j != party.index
     }
+    party.connect(peers, stop)
+    if party.ready:
+        return
     thread = threading.Thread(target=party.generate, args=(peers, stop), name="keygen", daemon=True)
     thread.start()
 

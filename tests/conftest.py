@@ -115,12 +115,12 @@ def _drop_fuzz_smoke(config: pytest.Config, items: list[pytest.Item]) -> None:
 @pytest.hookimpl(trylast=True)  # after ``-m`` and ``-k`` chose the tests
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the ``slow`` tests first (in collection order, then the rest): with the test
-    command's one-test-at-a-time scheduling (``-n 3 --maxschedchunk 1``) the long ones then
+    command's one-test-at-a-time scheduling (``-n 4 --maxschedchunk 1``) the long ones then
     share the workers instead of one of them ending the run alone.
 
     The slow tests that take turns on the machine's one Ray node (:func:`one_ray_node`) are
     spread over the slow ones, the first at their start and the last at their end: side by
-    side, both workers would start one, and one worker would sit out the other's (half a
+    side, two workers would each start one, and one would sit out the other's (half a
     minute and more)."""
     _drop_fuzz_smoke(config, items)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -24,12 +24,16 @@ __all__ = ["PARTIES", "THRESHOLD", "flooding_bound", "party_config", "start_part
 PARTIES, THRESHOLD = 3, 2
 
 
-def party_config(tmp_path: Path, *, rounds: int, clients: int) -> tuple[FedPSConfig, Path]:
-    """A provisioned configuration of a loopback cluster with key-holder parties, written."""
-    path, config = write_local_config(
-        tmp_path,
-        cluster=local_cluster(tmp_path / "state", parties=PARTIES),
-        training={
+def party_config(
+    tmp_path: Path, *, rounds: int, clients: int, **sections: Mapping[str, object]
+) -> tuple[FedPSConfig, Path]:
+    """A provisioned configuration of a loopback cluster with key-holder parties, written.
+
+    ``sections``: further sections of the configuration (``security``, say).
+    """
+    chosen: dict[str, Mapping[str, object]] = {
+        "cluster": local_cluster(tmp_path / "state", parties=PARTIES),
+        "training": {
             "rounds": rounds,
             "clients": clients,
             "min_quorum": 2,
@@ -37,8 +41,10 @@ def party_config(tmp_path: Path, *, rounds: int, clients: int) -> tuple[FedPSCon
             "checkpoint_every": 1,
             "lr": 0.3,
         },
-        keyholder={"parties": PARTIES, "threshold": THRESHOLD, "lambda_bits": 16},
-    )
+        "keyholder": {"parties": PARTIES, "threshold": THRESHOLD, "lambda_bits": 16},
+        **sections,
+    }
+    path, config = write_local_config(tmp_path, "fedps.toml", **chosen)
     return config, path
 
 

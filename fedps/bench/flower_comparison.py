@@ -44,7 +44,16 @@ from fedps.runtime.demo import run_demo
 from fedps.runtime.demo_summary import DemoSummary
 from fedps.runtime.deployment import write_config
 
-__all__ = ["JOBS", "SYSTEMS", "Job", "compare", "job_named", "run_fedps", "run_flower"]
+__all__ = [
+    "JOBS",
+    "SYSTEMS",
+    "Job",
+    "compare",
+    "job_named",
+    "run_fedps",
+    "run_flower",
+    "timed_with_load",
+]
 
 _log = logging.getLogger("fedps")
 
@@ -172,7 +181,11 @@ def _num_params(job: Job) -> int:
 
 
 def run_fedps(
-    job: Job, *, encrypted: bool, compression: Mapping[str, object] | None = None
+    job: Job,
+    *,
+    encrypted: bool,
+    compression: Mapping[str, object] | None = None,
+    keyholder: Mapping[str, object] | None = None,
 ) -> tuple[dict[str, Any], DemoSummary]:
     """One fedps run of ``job`` (secure or plaintext): its rounds and its summary.
 
@@ -184,6 +197,8 @@ def run_fedps(
         Secure (``he.enabled``) or the plaintext baseline.
     compression
         The ``[compression]`` section (None: the default, whole updates).
+    keyholder
+        The ``[keyholder]`` section (None: the default, one key holder).
 
     Returns
     -------
@@ -199,6 +214,8 @@ def run_fedps(
     sections: dict[str, Mapping[str, object]] = {**job.sections(), "he": {"enabled": encrypted}}
     if compression is not None:
         sections["compression"] = compression
+    if keyholder is not None:
+        sections["keyholder"] = keyholder
     with tempfile.TemporaryDirectory(prefix="fedps-bench-") as tmp:
         summary = run_demo(None, Path(tmp), sections, quiet=True)
     # Every round waits for every client's commitment (or the deadline): a round with fewer
@@ -294,7 +311,7 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _timed(run: Callable[[], Any]) -> tuple[Any, dict[str, float], float]:
+def timed_with_load(run: Callable[[], Any]) -> tuple[Any, dict[str, float], float]:
     """``run()``'s result, the load average while it ran, and its wall-clock seconds."""
     started = time.perf_counter()
     with _LoadSampler().sampling() as load:
@@ -315,10 +332,10 @@ def _compare_job(
             try:
                 if system in _FLOWER_CLIPPING:
                     run_job = functools.partial(run_flower, job, clipping=_FLOWER_CLIPPING[system])
-                    result, load, wall = _timed(run_job)
+                    result, load, wall = timed_with_load(run_job)
                 else:
                     run = functools.partial(run_fedps, job, encrypted=system == "secure")
-                    (result, summary), load, wall = _timed(run)
+                    (result, summary), load, wall = timed_with_load(run)
                     summaries[system].append(summary)
             except FedPSError as exc:  # one failed run: the others still compare
                 console.print(f"  FAILED: {exc}", markup=False)

@@ -91,8 +91,9 @@ def bench(
         int,
         typer.Option(
             help="Time key generation and one round's decryption with this many key-holder "
-            "parties against one key holder, alternating, on a --parties-size model (instead "
-            "of the default suite; 0: not).",
+            "parties against one key holder, alternating, on a --parties-size model, then "
+            "secure rounds of --parties-job with parties and with one key holder, alternating "
+            "(--repeats, --job-rounds) (instead of the default suite; 0: not).",
         ),
     ] = 0,
     parties_threshold: Annotated[
@@ -101,6 +102,9 @@ def bench(
     parties_size: Annotated[
         int, typer.Option(help="The model's parameters for --parties.")
     ] = 1_000_000,
+    parties_job: Annotated[
+        str, typer.Option(help="The job whose secure rounds --parties times (empty: none).")
+    ] = "mlp1m",
 ) -> None:
     """Measure encryption cost against TenSEAL's default and plaintext, in one run.
 
@@ -125,6 +129,19 @@ def bench(
             console=console,
         )
         console.print(render_parties(result), markup=False, highlight=False, soft_wrap=True)
+        if parties_job:
+            from fedps.bench.flower_comparison import job_named
+            from fedps.bench.party_rounds import compare_party_rounds, render_party_rounds
+
+            result["rounds"] = compare_party_rounds(
+                job_named(parties_job, job_rounds),
+                parties=parties,
+                threshold=parties_threshold,
+                repeats=repeats,
+                console=console,
+            )
+            text = render_party_rounds(result["rounds"])
+            console.print(text, markup=False, highlight=False, soft_wrap=True)
         write_json(json_out, json.dumps(result, indent=2) + "\n", "results")
         return
     if scale:

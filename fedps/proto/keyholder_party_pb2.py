@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!fedps/proto/keyholder_party.proto\x12\x0b\x66\x65\x64ps.proto\"\x13\n\x11PartyHelloRequest\"P\n\nPartyHello\x12\r\n\x05party\x18\x01 \x01(\r\x12\x13\n\x0bsigning_key\x18\x02 \x01(\x0c\x12\r\n\x05nonce\x18\x03 \x01(\x0c\x12\x0f\n\x07\x63ontext\x18\x04 \x01(\x0c\"U\n\tPartyDeal\x12\x0e\n\x06sender\x18\x01 \x01(\r\x12\x13\n\x0bseed_digest\x18\x02 \x01(\x0c\x12\x14\n\x0cpublic_share\x18\x03 \x01(\x0c\x12\r\n\x05\x64\x65\x61lt\x18\x04 \x01(\x0c\"\x10\n\x0ePartyDealReply\"C\n\rPartyCanaries\x12\r\n\x05party\x18\x01 \x01(\r\x12\x10\n\x08\x63\x61naries\x18\x02 \x01(\x0c\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"\xa6\x01\n\x15PartialDecryptRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x14\n\x0c\x63ontributors\x18\x02 \x03(\t\x12\x14\n\x0cparticipants\x18\x03 \x03(\r\x12\x11\n\taggregate\x18\x04 \x01(\x0c\x12\x11\n\tsignature\x18\x05 \x01(\x0c\x12,\n\x08\x63\x61naries\x18\x06 \x03(\x0b\x32\x1a.fedps.proto.PartyCanaries\"5\n\x13PartialDecryptReply\x12\r\n\x05\x66irst\x18\x01 \x01(\r\x12\x0f\n\x07partial\x18\x02 \x01(\x0c\x32\xba\x02\n\x0eKeyHolderParty\x12O\n\rCanaryPartial\x12\".fedps.proto.PartialDecryptRequest\x1a\x1a.fedps.proto.PartyCanaries\x12X\n\x0ePartialDecrypt\x12\".fedps.proto.PartialDecryptRequest\x1a .fedps.proto.PartialDecryptReply0\x01\x12@\n\x05Hello\x12\x1e.fedps.proto.PartyHelloRequest\x1a\x17.fedps.proto.PartyHello\x12;\n\x04\x44\x65\x61l\x12\x16.fedps.proto.PartyDeal\x1a\x1b.fedps.proto.PartyDealReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!fedps/proto/keyholder_party.proto\x12\x0b\x66\x65\x64ps.proto\"\'\n\x11PartyHelloRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x04\"z\n\nPartyHello\x12\r\n\x05party\x18\x01 \x01(\r\x12\x13\n\x0bsigning_key\x18\x02 \x01(\x0c\x12\r\n\x05nonce\x18\x03 \x01(\x0c\x12\x0f\n\x07\x63ontext\x18\x04 \x01(\x0c\x12\x14\n\x0cnext_context\x18\x05 \x01(\x0c\x12\x12\n\ncommitment\x18\x06 \x01(\x0c\"U\n\tPartyDeal\x12\x0e\n\x06sender\x18\x01 \x01(\r\x12\x13\n\x0bseed_digest\x18\x02 \x01(\x0c\x12\x14\n\x0cpublic_share\x18\x03 \x01(\x0c\x12\r\n\x05\x64\x65\x61lt\x18\x04 \x01(\x0c\"\x10\n\x0ePartyDealReply\"I\n\x0cRekeyRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x12\n\ncontext_id\x18\x02 \x01(\t\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"\x1d\n\nRekeyReply\x12\x0f\n\x07started\x18\x01 \x01(\x08\"5\n\x0c\x41\x64optRequest\x12\x12\n\ncontext_id\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\x0c\"\x1d\n\nAdoptReply\x12\x0f\n\x07\x61\x64opted\x18\x01 \x01(\x08\"C\n\rPartyCanaries\x12\r\n\x05party\x18\x01 \x01(\r\x12\x10\n\x08\x63\x61naries\x18\x02 \x01(\x0c\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"\xa6\x01\n\x15PartialDecryptRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x14\n\x0c\x63ontributors\x18\x02 \x03(\t\x12\x14\n\x0cparticipants\x18\x03 \x03(\r\x12\x11\n\taggregate\x18\x04 \x01(\x0c\x12\x11\n\tsignature\x18\x05 \x01(\x0c\x12,\n\x08\x63\x61naries\x18\x06 \x03(\x0b\x32\x1a.fedps.proto.PartyCanaries\"\x1f\n\x0cPrepareReply\x12\x0f\n\x07started\x18\x01 \x01(\x08\"5\n\x13PartialDecryptReply\x12\r\n\x05\x66irst\x18\x01 \x01(\r\x12\x0f\n\x07partial\x18\x02 \x01(\x0c\x32\xfe\x03\n\x0eKeyHolderParty\x12O\n\rCanaryPartial\x12\".fedps.proto.PartialDecryptRequest\x1a\x1a.fedps.proto.PartyCanaries\x12X\n\x0ePartialDecrypt\x12\".fedps.proto.PartialDecryptRequest\x1a .fedps.proto.PartialDecryptReply0\x01\x12H\n\x07Prepare\x12\".fedps.proto.PartialDecryptRequest\x1a\x19.fedps.proto.PrepareReply\x12@\n\x05Hello\x12\x1e.fedps.proto.PartyHelloRequest\x1a\x17.fedps.proto.PartyHello\x12;\n\x04\x44\x65\x61l\x12\x16.fedps.proto.PartyDeal\x1a\x1b.fedps.proto.PartyDealReply\x12;\n\x05Rekey\x12\x19.fedps.proto.RekeyRequest\x1a\x17.fedps.proto.RekeyReply\x12;\n\x05\x41\x64opt\x12\x19.fedps.proto.AdoptRequest\x1a\x17.fedps.proto.AdoptReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,19 +32,29 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedps.proto.keyholder_party
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PARTYHELLOREQUEST']._serialized_start=50
-  _globals['_PARTYHELLOREQUEST']._serialized_end=69
-  _globals['_PARTYHELLO']._serialized_start=71
-  _globals['_PARTYHELLO']._serialized_end=151
-  _globals['_PARTYDEAL']._serialized_start=153
-  _globals['_PARTYDEAL']._serialized_end=238
-  _globals['_PARTYDEALREPLY']._serialized_start=240
-  _globals['_PARTYDEALREPLY']._serialized_end=256
-  _globals['_PARTYCANARIES']._serialized_start=258
-  _globals['_PARTYCANARIES']._serialized_end=325
-  _globals['_PARTIALDECRYPTREQUEST']._serialized_start=328
-  _globals['_PARTIALDECRYPTREQUEST']._serialized_end=494
-  _globals['_PARTIALDECRYPTREPLY']._serialized_start=496
-  _globals['_PARTIALDECRYPTREPLY']._serialized_end=549
-  _globals['_KEYHOLDERPARTY']._serialized_start=552
-  _globals['_KEYHOLDERPARTY']._serialized_end=866
+  _globals['_PARTYHELLOREQUEST']._serialized_end=89
+  _globals['_PARTYHELLO']._serialized_start=91
+  _globals['_PARTYHELLO']._serialized_end=213
+  _globals['_PARTYDEAL']._serialized_start=215
+  _globals['_PARTYDEAL']._serialized_end=300
+  _globals['_PARTYDEALREPLY']._serialized_start=302
+  _globals['_PARTYDEALREPLY']._serialized_end=318
+  _globals['_REKEYREQUEST']._serialized_start=320
+  _globals['_REKEYREQUEST']._serialized_end=393
+  _globals['_REKEYREPLY']._serialized_start=395
+  _globals['_REKEYREPLY']._serialized_end=424
+  _globals['_ADOPTREQUEST']._serialized_start=426
+  _globals['_ADOPTREQUEST']._serialized_end=479
+  _globals['_ADOPTREPLY']._serialized_start=481
+  _globals['_ADOPTREPLY']._serialized_end=510
+  _globals['_PARTYCANARIES']._serialized_start=512
+  _globals['_PARTYCANARIES']._serialized_end=579
+  _globals['_PARTIALDECRYPTREQUEST']._serialized_start=582
+  _globals['_PARTIALDECRYPTREQUEST']._serialized_end=748
+  _globals['_PREPAREREPLY']._serialized_start=750
+  _globals['_PREPAREREPLY']._serialized_end=781
+  _globals['_PARTIALDECRYPTREPLY']._serialized_start=783
+  _globals['_PARTIALDECRYPTREPLY']._serialized_end=836
+  _globals['_KEYHOLDERPARTY']._serialized_start=839
+  _globals['_KEYHOLDERPARTY']._serialized_end=1349
 # @@protoc_insertion_point(module_scope)

@@ -22,12 +22,17 @@ DESCRIPTOR: _descriptor.FileDescriptor
 class PartyHelloRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    GENERATION_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    """0: the first key generation; above: a rotation's (its nonce)"""
     def __init__(
         self,
+        *,
+        generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generation", b"generation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -41,6 +46,8 @@ class PartyHello(_message.Message):
     SIGNING_KEY_FIELD_NUMBER: _builtins.int
     NONCE_FIELD_NUMBER: _builtins.int
     CONTEXT_FIELD_NUMBER: _builtins.int
+    NEXT_CONTEXT_FIELD_NUMBER: _builtins.int
+    COMMITMENT_FIELD_NUMBER: _builtins.int
     party: _builtins.int
     signing_key: _builtins.bytes
     """the party's Ed25519 public key (of its canary partials)"""
@@ -48,6 +55,12 @@ class PartyHello(_message.Message):
     """its contribution to the key generation's common seed"""
     context: _builtins.bytes
     """the joint public context; empty until the key generation finished"""
+    next_context: _builtins.bytes
+    """a rotation's new joint public context, once this party holds it"""
+    commitment: _builtins.bytes
+    """Its commitment to its public share in the generation asked about (PartyKeyGeneration.
+    commitment), once it started it: every party's is gathered before any deal is sent.
+    """
     def __init__(
         self,
         *,
@@ -55,10 +68,12 @@ class PartyHello(_message.Message):
         signing_key: _builtins.bytes = ...,
         nonce: _builtins.bytes = ...,
         context: _builtins.bytes = ...,
+        next_context: _builtins.bytes = ...,
+        commitment: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "nonce", b"nonce", "party", b"party", "signing_key", b"signing_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commitment", b"commitment", "context", b"context", "next_context", b"next_context", "nonce", b"nonce", "party", b"party", "signing_key", b"signing_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -109,6 +124,98 @@ class PartyDealReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PartyDealReply: _TypeAlias = PartyDealReply  # noqa: Y015
+
+@_typing.final
+class RekeyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    CONTEXT_ID_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    """above every earlier one (the combiner's last applied round)"""
+    context_id: _builtins.str
+    """the joint context it replaces"""
+    signature: _builtins.bytes
+    """the combiner's Ed25519 signature (RekeyRequest.digest)"""
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        context_id: _builtins.str = ...,
+        signature: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "generation", b"generation", "signature", b"signature"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RekeyRequest: _TypeAlias = RekeyRequest  # noqa: Y015
+
+@_typing.final
+class RekeyReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STARTED_FIELD_NUMBER: _builtins.int
+    started: _builtins.bool
+    """false: this generation runs already"""
+    def __init__(
+        self,
+        *,
+        started: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["started", b"started"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RekeyReply: _TypeAlias = RekeyReply  # noqa: Y015
+
+@_typing.final
+class AdoptRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXT_ID_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    context_id: _builtins.str
+    """the new joint context the combiner serves"""
+    signature: _builtins.bytes
+    """the combiner's Ed25519 signature (AdoptRequest.digest)"""
+    def __init__(
+        self,
+        *,
+        context_id: _builtins.str = ...,
+        signature: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "signature", b"signature"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdoptRequest: _TypeAlias = AdoptRequest  # noqa: Y015
+
+@_typing.final
+class AdoptReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADOPTED_FIELD_NUMBER: _builtins.int
+    adopted: _builtins.bool
+    """false: the party was on that context already"""
+    def __init__(
+        self,
+        *,
+        adopted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adopted", b"adopted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdoptReply: _TypeAlias = AdoptReply  # noqa: Y015
 
 @_typing.final
 class PartyCanaries(_message.Message):
@@ -182,6 +289,26 @@ class PartialDecryptRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PartialDecryptRequest: _TypeAlias = PartialDecryptRequest  # noqa: Y015
+
+@_typing.final
+class PrepareReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STARTED_FIELD_NUMBER: _builtins.int
+    started: _builtins.bool
+    """false: the party prepares another round, or prepared this one already"""
+    def __init__(
+        self,
+        *,
+        started: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["started", b"started"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrepareReply: _TypeAlias = PrepareReply  # noqa: Y015
 
 @_typing.final
 class PartialDecryptReply(_message.Message):

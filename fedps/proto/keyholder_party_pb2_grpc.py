@@ -46,6 +46,11 @@ class KeyHolderPartyStub(object):
                 request_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.SerializeToString,
                 response_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptReply.FromString,
                 _registered_method=True)
+        self.Prepare = channel.unary_unary(
+                '/fedps.proto.KeyHolderParty/Prepare',
+                request_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PrepareReply.FromString,
+                _registered_method=True)
         self.Hello = channel.unary_unary(
                 '/fedps.proto.KeyHolderParty/Hello',
                 request_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyHelloRequest.SerializeToString,
@@ -55,6 +60,16 @@ class KeyHolderPartyStub(object):
                 '/fedps.proto.KeyHolderParty/Deal',
                 request_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyDeal.SerializeToString,
                 response_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyDealReply.FromString,
+                _registered_method=True)
+        self.Rekey = channel.unary_unary(
+                '/fedps.proto.KeyHolderParty/Rekey',
+                request_serializer=fedps_dot_proto_dot_keyholder__party__pb2.RekeyRequest.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.RekeyReply.FromString,
+                _registered_method=True)
+        self.Adopt = channel.unary_unary(
+                '/fedps.proto.KeyHolderParty/Adopt',
+                request_serializer=fedps_dot_proto_dot_keyholder__party__pb2.AdoptRequest.SerializeToString,
+                response_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.AdoptReply.FromString,
                 _registered_method=True)
 
 
@@ -80,6 +95,15 @@ class KeyHolderPartyServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Prepare(self, request, context):
+        """Combiner, when it starts checking a round: the participants fetch its aggregate and compute
+        their products ahead, releasing nothing of them (server/keyholder/party_prefetch.py). The
+        request's aggregate is empty and its signature is of the prepare (prepare_digest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Hello(self, request, context):
         """Parties and the combiner: who this party is (its signing key, its contribution to the
         common seed) and, once its key generation finished, the joint public context.
@@ -91,6 +115,23 @@ class KeyHolderPartyServicer(object):
     def Deal(self, request, context):
         """Another party: its public share and the Shamir share of its secret dealt to this party
         (server/keyholder/party_key_generation.py), once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Rekey(self, request, context):
+        """Combiner, to rotate the joint key: the party starts a new collective key generation with
+        every other party (server/keyholder/party_rekey.py), keeping its current share in use; the
+        new share waits in its folder until the combiner adopts the new joint context.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Adopt(self, request, context):
+        """Combiner, once every party holds the same new joint context and the combiner serves it:
+        the party replaces its share by the new one (the old one is gone from its folder).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -109,6 +150,11 @@ def add_KeyHolderPartyServicer_to_server(servicer, server):
                     request_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.FromString,
                     response_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptReply.SerializeToString,
             ),
+            'Prepare': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prepare,
+                    request_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.FromString,
+                    response_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PrepareReply.SerializeToString,
+            ),
             'Hello': grpc.unary_unary_rpc_method_handler(
                     servicer.Hello,
                     request_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyHelloRequest.FromString,
@@ -118,6 +164,16 @@ def add_KeyHolderPartyServicer_to_server(servicer, server):
                     servicer.Deal,
                     request_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyDeal.FromString,
                     response_serializer=fedps_dot_proto_dot_keyholder__party__pb2.PartyDealReply.SerializeToString,
+            ),
+            'Rekey': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rekey,
+                    request_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.RekeyRequest.FromString,
+                    response_serializer=fedps_dot_proto_dot_keyholder__party__pb2.RekeyReply.SerializeToString,
+            ),
+            'Adopt': grpc.unary_unary_rpc_method_handler(
+                    servicer.Adopt,
+                    request_deserializer=fedps_dot_proto_dot_keyholder__party__pb2.AdoptRequest.FromString,
+                    response_serializer=fedps_dot_proto_dot_keyholder__party__pb2.AdoptReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -187,6 +243,33 @@ class KeyHolderParty(object):
             _registered_method=True)
 
     @staticmethod
+    def Prepare(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedps.proto.KeyHolderParty/Prepare',
+            fedps_dot_proto_dot_keyholder__party__pb2.PartialDecryptRequest.SerializeToString,
+            fedps_dot_proto_dot_keyholder__party__pb2.PrepareReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Hello(request,
             target,
             options=(),
@@ -230,6 +313,60 @@ class KeyHolderParty(object):
             '/fedps.proto.KeyHolderParty/Deal',
             fedps_dot_proto_dot_keyholder__party__pb2.PartyDeal.SerializeToString,
             fedps_dot_proto_dot_keyholder__party__pb2.PartyDealReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rekey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedps.proto.KeyHolderParty/Rekey',
+            fedps_dot_proto_dot_keyholder__party__pb2.RekeyRequest.SerializeToString,
+            fedps_dot_proto_dot_keyholder__party__pb2.RekeyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Adopt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedps.proto.KeyHolderParty/Adopt',
+            fedps_dot_proto_dot_keyholder__party__pb2.AdoptRequest.SerializeToString,
+            fedps_dot_proto_dot_keyholder__party__pb2.AdoptReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,11 @@ class KeyHolderPartyStub:
     party fetches from the shards, checks, and whose joint canaries (every participant's, in
     the request) it checks itself first; streamed by rows.
     """
+    Prepare: _grpc.UnaryUnaryMultiCallable[_keyholder_party_pb2.PartialDecryptRequest, _keyholder_party_pb2.PrepareReply]
+    """Combiner, when it starts checking a round: the participants fetch its aggregate and compute
+    their products ahead, releasing nothing of them (server/keyholder/party_prefetch.py). The
+    request's aggregate is empty and its signature is of the prepare (prepare_digest).
+    """
     Hello: _grpc.UnaryUnaryMultiCallable[_keyholder_party_pb2.PartyHelloRequest, _keyholder_party_pb2.PartyHello]
     """Parties and the combiner: who this party is (its signing key, its contribution to the
     common seed) and, once its key generation finished, the joint public context.
@@ -51,6 +56,15 @@ class KeyHolderPartyStub:
     Deal: _grpc.UnaryUnaryMultiCallable[_keyholder_party_pb2.PartyDeal, _keyholder_party_pb2.PartyDealReply]
     """Another party: its public share and the Shamir share of its secret dealt to this party
     (server/keyholder/party_key_generation.py), once.
+    """
+    Rekey: _grpc.UnaryUnaryMultiCallable[_keyholder_party_pb2.RekeyRequest, _keyholder_party_pb2.RekeyReply]
+    """Combiner, to rotate the joint key: the party starts a new collective key generation with
+    every other party (server/keyholder/party_rekey.py), keeping its current share in use; the
+    new share waits in its folder until the combiner adopts the new joint context.
+    """
+    Adopt: _grpc.UnaryUnaryMultiCallable[_keyholder_party_pb2.AdoptRequest, _keyholder_party_pb2.AdoptReply]
+    """Combiner, once every party holds the same new joint context and the combiner serves it:
+    the party replaces its share by the new one (the old one is gone from its folder).
     """
 
 @_typing.type_check_only
@@ -69,6 +83,11 @@ class KeyHolderPartyAsyncStub(KeyHolderPartyStub):
     party fetches from the shards, checks, and whose joint canaries (every participant's, in
     the request) it checks itself first; streamed by rows.
     """
+    Prepare: _aio.UnaryUnaryMultiCallable[_keyholder_party_pb2.PartialDecryptRequest, _keyholder_party_pb2.PrepareReply]  # type: ignore[assignment]
+    """Combiner, when it starts checking a round: the participants fetch its aggregate and compute
+    their products ahead, releasing nothing of them (server/keyholder/party_prefetch.py). The
+    request's aggregate is empty and its signature is of the prepare (prepare_digest).
+    """
     Hello: _aio.UnaryUnaryMultiCallable[_keyholder_party_pb2.PartyHelloRequest, _keyholder_party_pb2.PartyHello]  # type: ignore[assignment]
     """Parties and the combiner: who this party is (its signing key, its contribution to the
     common seed) and, once its key generation finished, the joint public context.
@@ -76,6 +95,15 @@ class KeyHolderPartyAsyncStub(KeyHolderPartyStub):
     Deal: _aio.UnaryUnaryMultiCallable[_keyholder_party_pb2.PartyDeal, _keyholder_party_pb2.PartyDealReply]  # type: ignore[assignment]
     """Another party: its public share and the Shamir share of its secret dealt to this party
     (server/keyholder/party_key_generation.py), once.
+    """
+    Rekey: _aio.UnaryUnaryMultiCallable[_keyholder_party_pb2.RekeyRequest, _keyholder_party_pb2.RekeyReply]  # type: ignore[assignment]
+    """Combiner, to rotate the joint key: the party starts a new collective key generation with
+    every other party (server/keyholder/party_rekey.py), keeping its current share in use; the
+    new share waits in its folder until the combiner adopts the new joint context.
+    """
+    Adopt: _aio.UnaryUnaryMultiCallable[_keyholder_party_pb2.AdoptRequest, _keyholder_party_pb2.AdoptReply]  # type: ignore[assignment]
+    """Combiner, once every party holds the same new joint context and the combiner serves it:
+    the party replaces its share by the new one (the old one is gone from its folder).
     """
 
 class KeyHolderPartyServicer(metaclass=_abc_1.ABCMeta):
@@ -105,6 +133,17 @@ class KeyHolderPartyServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
+    def Prepare(
+        self,
+        request: _keyholder_party_pb2.PartialDecryptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_keyholder_party_pb2.PrepareReply, _abc.Awaitable[_keyholder_party_pb2.PrepareReply]]:
+        """Combiner, when it starts checking a round: the participants fetch its aggregate and compute
+        their products ahead, releasing nothing of them (server/keyholder/party_prefetch.py). The
+        request's aggregate is empty and its signature is of the prepare (prepare_digest).
+        """
+
+    @_abc_1.abstractmethod
     def Hello(
         self,
         request: _keyholder_party_pb2.PartyHelloRequest,
@@ -122,6 +161,27 @@ class KeyHolderPartyServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_keyholder_party_pb2.PartyDealReply, _abc.Awaitable[_keyholder_party_pb2.PartyDealReply]]:
         """Another party: its public share and the Shamir share of its secret dealt to this party
         (server/keyholder/party_key_generation.py), once.
+        """
+
+    @_abc_1.abstractmethod
+    def Rekey(
+        self,
+        request: _keyholder_party_pb2.RekeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_keyholder_party_pb2.RekeyReply, _abc.Awaitable[_keyholder_party_pb2.RekeyReply]]:
+        """Combiner, to rotate the joint key: the party starts a new collective key generation with
+        every other party (server/keyholder/party_rekey.py), keeping its current share in use; the
+        new share waits in its folder until the combiner adopts the new joint context.
+        """
+
+    @_abc_1.abstractmethod
+    def Adopt(
+        self,
+        request: _keyholder_party_pb2.AdoptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_keyholder_party_pb2.AdoptReply, _abc.Awaitable[_keyholder_party_pb2.AdoptReply]]:
+        """Combiner, once every party holds the same new joint context and the combiner serves it:
+        the party replaces its share by the new one (the old one is gone from its folder).
         """
 
 def add_KeyHolderPartyServicer_to_server(servicer: KeyHolderPartyServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -21,10 +21,12 @@ from fedps.rpc.messages import Converter, MalformedReplyError, WireRecord, recor
 
 __all__ = [
     "ROWS_PER_MESSAGE",
+    "AdoptRequest",
     "DecryptionRequest",
     "PartyCanaries",
     "PartyDeal",
     "PartyHello",
+    "RekeyRequest",
     "join_partial",
     "split_partial",
 ]
@@ -121,6 +123,13 @@ class PartyHello(WireRecord[keyholder_party_pb2.PartyHello]):
         Its contribution to the common seed of the key generation.
     context
         The joint public context's bytes; empty until the party finished its key generation.
+    next_context
+        A rotation's new joint public context, once the party holds its new share; empty
+        otherwise.
+    commitment
+        Its commitment to its public share in the generation asked about, once it started
+        it (:attr:`server.keyholder.party_key_generation.PartyKeyGeneration.commitment`);
+        empty otherwise.
     """
 
     wire = keyholder_party_pb2.PartyHello
@@ -129,6 +138,56 @@ class PartyHello(WireRecord[keyholder_party_pb2.PartyHello]):
     signing_key: bytes
     nonce: bytes
     context: bytes = b""
+    next_context: bytes = b""
+    commitment: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class RekeyRequest(WireRecord[keyholder_party_pb2.RekeyRequest]):
+    """The combiner asks every party for a new collective key generation: a key rotation.
+
+    Attributes
+    ----------
+    generation
+        The rotation's number, above every earlier one (the combiner's last applied round).
+    context_id
+        The id of the joint context it replaces.
+    signature
+        The combiner's Ed25519 signature of :meth:`digest`.
+    """
+
+    wire = keyholder_party_pb2.RekeyRequest
+
+    generation: int
+    context_id: str
+    signature: bytes = b""
+
+    def digest(self) -> bytes:
+        """What the combiner signs."""
+        head = b"fedps-party-rekey-v1" + self.generation.to_bytes(8, "little")
+        return hashlib.sha256(head + self.context_id.encode()).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class AdoptRequest(WireRecord[keyholder_party_pb2.AdoptRequest]):
+    """The combiner serves a rotation's new joint context: every party adopts its new share.
+
+    Attributes
+    ----------
+    context_id
+        The new joint context's id.
+    signature
+        The combiner's Ed25519 signature of :meth:`digest`.
+    """
+
+    wire = keyholder_party_pb2.AdoptRequest
+
+    context_id: str
+    signature: bytes = b""
+
+    def digest(self) -> bytes:
+        """What the combiner signs."""
+        return hashlib.sha256(b"fedps-party-adopt-v1" + self.context_id.encode()).digest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedps.errors import NotReadyError, PeerUnavailableError
 from fedps.proto import keyholder_party_pb2, keyholder_party_pb2_grpc
 from fedps.rpc.keyholder_party_messages import (
+    AdoptRequest,
     DecryptionRequest,
     PartyCanaries,
     PartyDeal,
     PartyHello,
+    RekeyRequest,
     join_partial,
 )
 from fedps.rpc.service_call import invoke, stream_replies
@@ -30,6 +31,9 @@ KEYGEN_S = 10.0
 
 #: Deadline of one partial decryption (the party fetches and hashes the round's aggregate).
 DECRYPT_S = 300.0
+
+#: Deadline of a prepare (the party checks its signature and starts a thread).
+PREPARE_S = 10.0
 
 
 class KeyHolderPartyStub:
@@ -71,28 +75,34 @@ class KeyHolderPartyStub:
         replies = invoke(lambda: self._stub.PartialDecrypt(message, timeout=self._timeout_s), what)
         return join_partial(stream_replies(replies, what, timeout_s=self._timeout_s), self._n)
 
-    def hello(self) -> PartyHello:
-        """Who the party is, and its joint public context once it has one."""
+    def prepare(self, request: DecryptionRequest) -> bool:
+        """Have the party prepare the round ahead; whether it started (it releases nothing)."""
+        message = request.to_proto()
         reply = invoke(
-            lambda: self._stub.Hello(keyholder_party_pb2.PartyHelloRequest(), timeout=KEYGEN_S),
-            "party hello",
+            lambda: self._stub.Prepare(message, timeout=PREPARE_S),
+            f"prepare of round {request.round}",
         )
+        return bool(reply.started)
+
+    def hello(self, generation: int = 0) -> PartyHello:
+        """Who the party is (its nonce of ``generation``), and its joint public context(s)."""
+        message = keyholder_party_pb2.PartyHelloRequest(generation=generation)
+        reply = invoke(lambda: self._stub.Hello(message, timeout=KEYGEN_S), "party hello")
         return PartyHello.from_proto(reply)
+
+    def rekey(self, request: RekeyRequest) -> bool:
+        """Have the party start a key rotation's generation; whether it started."""
+        message = request.to_proto()
+        reply = invoke(lambda: self._stub.Rekey(message, timeout=KEYGEN_S), "key rotation")
+        return bool(reply.started)
+
+    def adopt(self, request: AdoptRequest) -> bool:
+        """Have the party adopt the rotated key; whether anything changed."""
+        message = request.to_proto()
+        reply = invoke(lambda: self._stub.Adopt(message, timeout=KEYGEN_S), "key adoption")
+        return bool(reply.adopted)
 
     def deal(self, deal: PartyDeal) -> None:
         """Hand the party the deal of party ``deal.sender`` (only over an authenticated channel)."""
         message = deal.to_proto()
         invoke(lambda: self._stub.Deal(message, timeout=KEYGEN_S), "key generation deal")
-
-    def answers(self) -> bool:
-        """Whether the party can decrypt: it answers a hello with its joint context.
-
-        A party served without a key generation of its own (its share made elsewhere: it
-        answers a hello with :class:`~fedps.errors.NotReadyError`) counts as answering.
-        """
-        try:
-            return bool(self.hello().context)
-        except NotReadyError:
-            return True
-        except PeerUnavailableError:
-            return False

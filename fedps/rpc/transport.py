@@ -338,6 +338,9 @@ CALLER_ROLES: dict[str, frozenset[str]] = {
     "/fedps.proto.KeyHolderParty/PartialDecrypt": frozenset({"keyholder"}),
     "/fedps.proto.KeyHolderParty/Hello": frozenset({"party", "keyholder", "operator"}),
     "/fedps.proto.KeyHolderParty/Deal": frozenset({"party"}),
+    "/fedps.proto.KeyHolderParty/Prepare": frozenset({"keyholder"}),
+    "/fedps.proto.KeyHolderParty/Rekey": frozenset({"keyholder"}),
+    "/fedps.proto.KeyHolderParty/Adopt": frozenset({"keyholder"}),
 }
 
 

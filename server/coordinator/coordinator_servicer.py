@@ -10,6 +10,7 @@ come from the operator's certificate under mutual TLS.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -139,28 +140,25 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: coordinator_pb2.RemoveShardRequest, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
         """Operator: remove a shard from the ring for good (its blocks move along the ring)."""
-        with rpc_errors(context):
-            require_peer(context, OPERATOR_NAME)
-            ring = self.coordinator.desk.ring
-            if ring is None:
-                raise NotReadyError("the coordinator keeps no ring yet")
-            try:
-                ring.remove(request.shard_id)
-            except ConfigError as exc:
-                raise InvalidArgumentError(str(exc)) from exc
-        return common_pb2.Empty()
+        return self._change_ring(context, lambda ring: ring.remove(request.shard_id))
 
     def JoinShard(  # noqa: N802
         self, request: coordinator_pb2.JoinShardRequest, context: grpc.ServicerContext
     ) -> common_pb2.Empty:
         """Operator: add an empty shard to the ring at the next round (blocks move to it)."""
+        return self._change_ring(context, lambda ring: ring.join(request.shard_id))
+
+    def _change_ring(
+        self, context: grpc.ServicerContext, change: Callable[[RingKeeper], object]
+    ) -> common_pb2.Empty:
+        """The operator's ``change`` of the ring (a bad shard name: ``INVALID_ARGUMENT``)."""
         with rpc_errors(context):
             require_peer(context, OPERATOR_NAME)
             ring = self.coordinator.desk.ring
             if ring is None:
                 raise NotReadyError("the coordinator keeps no ring yet")
             try:
-                ring.join(request.shard_id)
+                change(ring)
             except ConfigError as exc:
                 raise InvalidArgumentError(str(exc)) from exc
         return common_pb2.Empty()

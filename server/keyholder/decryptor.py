@@ -162,6 +162,8 @@ class Decryptor:
         """
         round_ = verifier.phase.round
         timer = timer or RoundTimer()
+        if self._settings.encrypted and isinstance(self.keys, JointKeys):
+            self.keys.prepare(round_, sorted(verifier.contributors))  # while this checks it
         streams = {sid: timer.iterate("fetch", parts) for sid, parts in fetched.items()}
         with timer.phase("verify"):
             blocks, rows = verifier.verify(
@@ -313,8 +315,8 @@ class Decryptor:
         In round numbers: a round abandoned in between counts too, which errs on the safe side.
         """
         period = self._settings.rotate_every_rounds
-        if isinstance(self.keys, JointKeys):  # a new key is a new collective generation
-            return False
+        if isinstance(self.keys, JointKeys) and not self.keys.can_rotate:
+            return False  # parties in this process: nobody to generate a new key with
         return self._settings.encrypted and period > 0 and last_round - self.key_since >= period
 
     def retire(self, round_: int, last_round: int, save: Callable[[SecretContext], None]) -> None:
@@ -338,6 +340,15 @@ class Decryptor:
         from disk. A pair that cannot be written leaves the current one in use, and the next applied
         round tries again.
         """
+        if isinstance(self.keys, JointKeys):  # a new collective generation (.party_rotation)
+            if self.keys.rotate(last_round):
+                self.key_since = last_round
+                _log.info(
+                    "rotated the parties' joint key after round %d; new context %s",
+                    last_round,
+                    self.keys.public.context_id[:12],
+                )
+            return
         keys = SecretContext.generate(self.keys.public.params)  # same parameters and layout
         try:
             save(keys)

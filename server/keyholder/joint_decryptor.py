@@ -8,11 +8,17 @@ plaintexts plus the parties' flooding, nothing else. A party that does not answe
 left out; the decryption is asked again of another set of ``T`` (each party's ledger allows
 it, for the same aggregate), and fails with a line naming the parties that are down once fewer
 than ``T`` answer.
+
+Before it checks a round, the combiner has the ``T`` parties it expects to ask prepare it
+(:meth:`JointDecryptor.prepare`, signed, answered at once): each fetches the aggregate and
+computes its products while the combiner verifies, and releases nothing of them before a
+request that passes its checks (:mod:`.party_prefetch`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
@@ -21,8 +27,8 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from crypto.signing import BlockSigner
-from crypto.threshold import aggregate_digest, combine, request_digest
-from fedps.errors import InvalidArgumentError, PeerUnavailableError
+from crypto.threshold import aggregate_digest, combine, prepare_digest, request_digest
+from fedps.errors import FedPSError, InvalidArgumentError, PeerUnavailableError
 from fedps.rpc.fan_out import fan_out
 from fedps.rpc.keyholder_party_messages import DecryptionRequest, PartyCanaries
 
@@ -42,6 +48,10 @@ class PartyPeer(Protocol):
 
     def partial_decrypt(self, request: DecryptionRequest) -> np.ndarray:
         """The party's partial decryption; :class:`PeerUnavailableError` when it is down."""
+        ...
+
+    def prepare(self, request: DecryptionRequest) -> bool:
+        """Have the party prepare the round ahead (it releases nothing); whether it started."""
         ...
 
 
@@ -85,6 +95,39 @@ class JointDecryptor:
         self._probe = probe
         #: the parties that did not answer the last request they were asked (status names them)
         self.down: set[int] = set()
+        self._prepared: tuple[int, tuple[int, ...]] = (-1, ())  # a round, who prepared it
+
+    def prepare(self, round_: int, contributors: Sequence[str]) -> tuple[int, ...]:
+        """Have the ``T`` parties expected to decrypt ``round_`` prepare it; the parties asked.
+
+        Those that did not answer the last request are not expected. Returns at once: each is
+        asked from a thread of its own, and one that does not answer is only logged (the
+        decryption that follows finds out which parties are down).
+        """
+        up = [j for j in sorted(self._parties) if j not in self.down]
+        if len(up) < self._threshold:
+            return ()
+        participants = tuple(up[: self._threshold])
+        names = tuple(sorted(contributors))
+        request = DecryptionRequest(
+            round=round_,
+            contributors=names,
+            participants=participants,
+            aggregate=b"",
+            signature=self._signer.sign(prepare_digest(round_, names, participants)),
+        )
+        self._prepared = (round_, participants)
+        for j in participants:
+            threading.Thread(
+                target=self._prepare_one, args=(j, request), name=f"prepare-{j}", daemon=True
+            ).start()
+        return participants
+
+    def _prepare_one(self, index: int, request: DecryptionRequest) -> None:
+        try:
+            self._parties[index].prepare(request)
+        except FedPSError as exc:  # the decryption asks again, and names it if it is down
+            _log.info("round %d: party %d did not prepare (%s)", request.round, index, exc)
 
     def decrypt(
         self,
@@ -127,7 +170,7 @@ class JointDecryptor:
                     f"answer, {self._threshold} must; down: "
                     + ", ".join(f"party {j}" for j in sorted(down))
                 )
-            participants = tuple(up[: self._threshold])
+            participants = self._participants(round_, up)
             request = DecryptionRequest(
                 round=round_,
                 contributors=tuple(sorted(contributors)),
@@ -149,6 +192,13 @@ class JointDecryptor:
             out = np.empty_like(plain)
             out[order] = plain  # back in the caller's order of blocks
             return out
+
+    def _participants(self, round_: int, up: Sequence[int]) -> tuple[int, ...]:
+        """Those that prepared ``round_`` when all of them are ``up``; else the first ``T`` up."""
+        prepared_round, prepared = self._prepared
+        if prepared_round == round_ and set(prepared) <= set(up):
+            return prepared
+        return tuple(up[: self._threshold])
 
     def _ask_all(
         self, round_: int, participants: Sequence[int], call: Callable[[PartyPeer], _T]
@@ -219,6 +269,10 @@ class _Answering:
             return self._peer.partial_decrypt(request)
         except PeerUnavailableError as exc:
             raise self._down(exc) from exc
+
+    def prepare(self, request: DecryptionRequest) -> bool:
+        """As :meth:`PartyPeer.prepare`."""
+        return self._peer.prepare(request)
 
     def _down(self, exc: PeerUnavailableError) -> _PartyDownError:
         _log.warning("round %d: key-holder party %d is down (%s)", self._round, self._index, exc)

@@ -7,9 +7,9 @@ decrypts a verified round's aggregate by asking ``T`` of the parties
 canaries itself first. :class:`JointKeys` is what :class:`~.decryptor.Decryptor` holds in
 place of a :class:`crypto.SecretContext`.
 
-Not with parties (yet): key rotation (a new collective generation), and blame after a refused
-round (tracing a canary to one client needs that client's canaries, which only the parties
-together can compute).
+Key rotation is a new collective generation, adopted in two steps (:mod:`.party_rotation`).
+Not with parties (yet): blame after a refused round (tracing a canary to one client needs
+that client's canaries, which only the parties together can compute).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from crypto.threshold import flooding_std
 from fedps.errors import CorruptStateError, FedPSError
 from fedps.rpc.keyholder_party_stub import KeyHolderPartyStub
 from server.keyholder.joint_decryptor import JointDecryptor, PartyPeer
+from server.keyholder.party_rotation import PartyRotation
 
 __all__ = ["JOINT_CONTEXT_FILE", "JointKeys"]
 
@@ -57,6 +58,9 @@ class JointKeys:
         The statistical security of each party's flooding.
     probe
         Whether party ``j`` answers (:class:`~.joint_decryptor.JointDecryptor`).
+    rotation
+        How the key is rotated with the parties (None: it is not); without ``probe``, its
+        :meth:`~.party_rotation.PartyRotation.probe` of the current context is the probe.
     """
 
     def __init__(
@@ -68,8 +72,12 @@ class JointKeys:
         signer: BlockSigner,
         lambda_bits: int,
         probe: Callable[[int], bool] | None = None,
+        rotation: PartyRotation | None = None,
     ) -> None:
         self.public = public
+        self._rotation = rotation
+        if probe is None and rotation is not None:
+            probe = lambda j: rotation.probe(j, self.public)  # noqa: E731
         self.parties = len(parties)
         self.threshold = threshold
         self._lambda_bits = lambda_bits
@@ -114,8 +122,34 @@ class JointKeys:
             threshold=threshold,
             signer=signer,
             lambda_bits=lambda_bits,
-            probe=lambda j: peers[j].answers(),
+            rotation=PartyRotation(peers, signer, path),
         )
+
+    @property
+    def can_rotate(self) -> bool:
+        """Whether the key can be rotated with the parties (they are reached over the network)."""
+        return self._rotation is not None
+
+    def rotate(self, generation: int) -> bool:
+        """A new joint key by every party, served from now on; whether it was made.
+
+        :meth:`.party_rotation.PartyRotation.rotate` (``generation``: the last applied round);
+        postponed (False) while a party is down or its generation does not finish.
+        """
+        if self._rotation is None:
+            return False
+        new = self._rotation.rotate(generation, self.public)
+        if new is None:
+            return False
+        self.public = new  # same parameters: the decoder and the parties' modulus stay
+        return True
+
+    def prepare(self, round_: int, contributors: Sequence[str]) -> None:
+        """Have the parties expected to decrypt ``round_`` prepare it while it is checked.
+
+        :meth:`.joint_decryptor.JointDecryptor.prepare`; returns at once.
+        """
+        self.decryptor.prepare(round_, contributors)
 
     def open_round(
         self,

@@ -21,6 +21,10 @@ not checked itself, and trusts no single other role for it:
   partial leaves it;
 - the aggregate fetched and checked for the canaries is the one the partial decryption that
   follows decrypts (the last one is kept, read-only, for the same round, set and digest);
+- **prepared ahead, released after**: the combiner tells the participants of a round when it
+  starts checking it (:meth:`KeyHolderParty.prepare`, signed); each fetches the aggregate,
+  hashes it and computes its unflooded products meanwhile (:mod:`.party_prefetch`), and uses
+  them only once a request passed every check above, for that very aggregate;
 - **once per round**: a round's aggregate is answered for one digest only, at most
   ``2 P`` times (canaries and partials, retried with another set of parties after one went
   down), recorded durably before the answer leaves: no replay of a round with another
@@ -51,16 +55,16 @@ from crypto.files import read_checked, write_checked
 from crypto.joint_canary import COMBINATIONS, CanaryCheck
 from crypto.partial_decryptor import PartialDecryptor
 from crypto.signing import BlockSigner, verify_block
-from crypto.threshold import KeyShare, aggregate_digest, flooding_std
+from crypto.threshold import KeyShare, aggregate_digest, flooding_std, prepare_digest
 from fedps.errors import InvalidArgumentError, PolicyError
 from fedps.rpc.keyholder_party_messages import DecryptionRequest, PartyCanaries
+from server.keyholder.party_prefetch import PartyPrefetch, PreparedRound
 
 __all__ = ["KeyHolderParty", "RoundSource"]
 
 _log = logging.getLogger("fedps")
 
 LEDGER_FILE = "decrypted.json"
-_FetchKey = tuple[int, frozenset[str], bytes]
 _GIVEN_KEPT = 64  # canaries remembered for the partial decryptions that follow them
 
 
@@ -130,9 +134,10 @@ class KeyHolderParty:
         self._ledger = _Ledger(state_dir / LEDGER_FILE)
         self._lock = threading.Lock()
         self._given: dict[bytes, bytes] = {}  # request digest -> the canaries it was given
-        #: the last aggregate fetched and checked, by (round, contributors, digest): the
-        #: partial that follows a round's canaries decrypts it without fetching it again
-        self._fetched: tuple[_FetchKey, tuple[list[int], np.ndarray]] | None = None
+        #: the last aggregate fetched and checked (with its products when prepared ahead):
+        #: the partial that follows a round's canaries decrypts it without fetching it again
+        self._fetched: PreparedRound | None = None
+        self._prefetch = PartyPrefetch(self._prepare_round)
 
     @property
     def index(self) -> int:
@@ -147,12 +152,18 @@ class KeyHolderParty:
         PolicyError
             A check of the round failed (the message names it): nothing is computed.
         """
-        blocks, rows = self._checked(request)
-        check = self._canary_check(request, len(blocks))
+        fetched = self._checked(request)
+        check = self._canary_check(
+            len(request.contributors), request.aggregate, len(fetched.blocks)
+        )
         n = self.public.params.poly_modulus_degree
+        ahead = fetched.products_for(request.participants)
         with self._lock:
             self._ledger.admit(request.round, request.aggregate, limit=2 * self.share.parties)
-            values = check.partial(self.share, rows[:, n:], request.participants)
+            if ahead is not None and ahead.canaries is not None:
+                values = check.flooded(ahead.canaries, self.share.modulus)
+            else:
+                values = check.partial(self.share, fetched.rows[:, n:], request.participants)
             unsigned = PartyCanaries(self.index, values.astype("<u8").tobytes(), b"")
             signature = self._signer.sign(unsigned.digest(request.digest()))
             self._given[request.digest()] = unsigned.canaries
@@ -172,9 +183,13 @@ class KeyHolderParty:
             The request is malformed (participants not ``T`` distinct parties with this one).
         """
         round_ = request.round
-        blocks, rows = self._checked(request)
+        fetched = self._checked(request)
+        rows = fetched.rows
         n = self.public.params.poly_modulus_degree
-        self._check_canaries(request, rows, self._canary_check(request, len(blocks)))
+        check = self._canary_check(
+            len(request.contributors), request.aggregate, len(fetched.blocks)
+        )
+        self._check_canaries(request, rows, check)
         sigma = flooding_std(
             self.public.params,
             len(request.contributors),
@@ -190,23 +205,84 @@ class KeyHolderParty:
             len(request.contributors),
             sorted(request.participants),
         )
+        ahead = fetched.products_for(request.participants)
+        if ahead is not None and ahead.product is not None:  # computed ahead, flooded now
+            return self._decryptor.flooded(ahead.product, sigma=sigma)
         return self._decryptor.decrypt(rows[:, n:], participants=request.participants, sigma=sigma)
+
+    def prepare(self, request: DecryptionRequest) -> bool:
+        """Start fetching and computing ``request``'s round ahead; whether it started.
+
+        ``request`` is the combiner's signed prepare (its ``aggregate`` empty, its signature
+        of :func:`crypto.threshold.prepare_digest`). Nothing is released: the products are
+        used only by requests that pass every check (:mod:`.party_prefetch`).
+
+        Raises
+        ------
+        PolicyError
+            The prepare is not signed by the combiner, lists a contributor twice or fewer
+            than the minimum: nothing is fetched.
+        InvalidArgumentError
+            The participants are not ``T`` distinct parties with this one.
+        """
+        round_ = request.round
+        self._check_participants(request)
+        digest = prepare_digest(round_, request.contributors, request.participants)
+        if not verify_block(self._combiner_key, digest, request.signature):
+            raise PolicyError(f"round {round_}: the prepare is not signed by the combiner")
+        contributors = self._checked_set(request)
+        return self._prefetch.start(round_, contributors, request.participants)
 
     def wait_drawn(self, timeout_s: float) -> bool:
         """Wait until the next round's flooding is drawn, at most ``timeout_s``; whether so."""
         return self._decryptor.wait_drawn(timeout_s)
 
-    def _checked(self, request: DecryptionRequest) -> tuple[list[int], np.ndarray]:
-        """The round's aggregate, fetched from the shards once every check of the request passed."""
+    def _checked(self, request: DecryptionRequest) -> PreparedRound:
+        """The round's aggregate, fetched from the shards once every check of the request passed.
+
+        Prepared ahead when the combiner said so (:meth:`prepare`), for this very aggregate.
+        """
         round_ = request.round
+        self._check_participants(request)
+        if not verify_block(self._combiner_key, request.digest(), request.signature):
+            raise PolicyError(f"round {round_}: the request is not signed by the combiner")
+        contributors = self._checked_set(request)
+        closed = self._source.closed_contributors(round_)
+        if contributors != closed:
+            raise PolicyError(
+                f"round {round_}: the contributors asked for are not the {len(closed)} the "
+                "coordinator closed the round with: not decrypted"
+            )
+        key = (round_, contributors)
+        with self._lock:
+            fetched = self._fetched
+        if fetched is not None and (fetched.key, fetched.digest) == (key, request.aggregate):
+            return fetched  # checked for its canaries: kept
+        fetched = self._prefetch.take(round_, contributors)
+        if fetched is None or fetched.digest != request.aggregate:  # not prepared, or another
+            blocks, rows = self._source.aggregate(round_, sorted(contributors))
+            rows.flags.writeable = False  # what was hashed is what is decrypted
+            fetched = PreparedRound(key, blocks, rows, aggregate_digest(blocks, rows))
+        if fetched.digest != request.aggregate:
+            raise PolicyError(
+                f"round {round_}: the shards' aggregate is not the one the combiner verified: "
+                "not decrypted"
+            )
+        with self._lock:
+            self._fetched = fetched
+        return fetched
+
+    def _check_participants(self, request: DecryptionRequest) -> None:
         participants = set(request.participants)
         if self.index not in participants or len(participants) != self.share.threshold:
             raise InvalidArgumentError(
-                f"round {round_}: a request names {self.share.threshold} distinct parties, "
-                f"party {self.index} among them"
+                f"round {request.round}: a request names {self.share.threshold} distinct "
+                f"parties, party {self.index} among them"
             )
-        if not verify_block(self._combiner_key, request.digest(), request.signature):
-            raise PolicyError(f"round {round_}: the request is not signed by the combiner")
+
+    def _checked_set(self, request: DecryptionRequest) -> frozenset[str]:
+        """The request's contributors, once none is listed twice and they are enough."""
+        round_ = request.round
         contributors = frozenset(request.contributors)
         if len(contributors) != len(request.contributors):
             raise PolicyError(f"round {round_}: the request lists a contributor twice")
@@ -215,37 +291,35 @@ class KeyHolderParty:
                 f"round {round_}: {len(contributors)} contributors, fewer than the "
                 f"minimum {self._min_quorum}: not decrypted"
             )
+        return contributors
+
+    def _prepare_round(
+        self, round_: int, contributors: frozenset[str], participants: tuple[int, ...]
+    ) -> PreparedRound:
+        """What :meth:`prepare` computes on its thread: nothing of it leaves as it is."""
         closed = self._source.closed_contributors(round_)
         if contributors != closed:
-            raise PolicyError(
-                f"round {round_}: the contributors asked for are not the {len(closed)} the "
-                "coordinator closed the round with: not decrypted"
-            )
-        key = (round_, contributors, request.aggregate)
-        with self._lock:
-            fetched = self._fetched
-        if fetched is not None and fetched[0] == key:  # checked for its canaries: kept
-            return fetched[1]
+            raise PolicyError(f"round {round_}: a prepare for another set than the closed one")
         blocks, rows = self._source.aggregate(round_, sorted(contributors))
-        if aggregate_digest(blocks, rows) != request.aggregate:
-            raise PolicyError(
-                f"round {round_}: the shards' aggregate is not the one the combiner verified: "
-                "not decrypted"
-            )
-        rows.flags.writeable = False  # what was hashed is what is decrypted
-        with self._lock:
-            self._fetched = (key, (blocks, rows))
-        return blocks, rows
+        rows.flags.writeable = False
+        digest = aggregate_digest(blocks, rows)
+        c1 = rows[:, self.public.params.poly_modulus_degree :]
+        share = self.share
+        check = self._canary_check(len(contributors), digest, len(blocks))
+        return PreparedRound(
+            (round_, contributors),
+            blocks,
+            rows,
+            digest,
+            participants,
+            canaries=check.product(share, c1, participants),
+            product=self._decryptor.product(c1, participants=participants),
+        )
 
-    def _canary_check(self, request: DecryptionRequest, blocks: int) -> CanaryCheck:
+    def _canary_check(self, contributors: int, aggregate: bytes, blocks: int) -> CanaryCheck:
         share = self.share
         return CanaryCheck(
-            self.public.params,
-            share.parties,
-            share.threshold,
-            len(request.contributors),
-            request.aggregate,
-            blocks,
+            self.public.params, share.parties, share.threshold, contributors, aggregate, blocks
         )
 
     def _check_canaries(

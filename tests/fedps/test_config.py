@@ -171,6 +171,8 @@ def test_bad_field_is_named(sections: dict[str, dict[str, object]], expected: st
         ({"tls": {"enabled": False}}, ["tls: ", "insecure = true", "--insecure"]),
         ({"metrics": {"coordinator": "0.0.0.0:9100"}}, ["metrics: ", "loopback", "public"]),
         ({"metrics": {"shards": ["10.0.0.2:9100"]}}, ["metrics: ", "'10.0.0.2:9100'"]),
+        ({"metrics": {"parties": ["10.0.0.2:9100"]}}, ["metrics: ", "'10.0.0.2:9100'"]),
+        ({"metrics": {"parties": ["127.0.0.1:9100"]}}, ["metrics.parties", "one address per"]),
         ({"keyholder": {"parties": 2, "threshold": 3}}, ["keyholder: ", "cannot exceed"]),
         ({"keyholder": {"parties": 3}}, ["keyholder.parties = 3", "cluster.parties"]),
         ({"cluster": {"parties": ["h:1", "h:1"]}}, ["cluster: ", "party addresses"]),

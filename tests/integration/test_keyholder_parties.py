@@ -56,6 +56,10 @@ class _DownFromRound:
         self._answer(request)
         return self._party.partial_decrypt(request)
 
+    def prepare(self, request: DecryptionRequest) -> bool:
+        self._answer(request)
+        return self._party.prepare(request)
+
     def _answer(self, request: DecryptionRequest) -> None:
         if request.round >= self._round:
             raise PeerUnavailableError("party 1 is down")

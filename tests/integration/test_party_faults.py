@@ -4,22 +4,25 @@ The parties, the key holder (their combiner), two shards and the coordinator are
 three clients train in threads. Killing one party leaves the run training; killing a second
 stops the rounds with one line naming the parties that are down (in the coordinator's log, and
 in ``fedps status``), and the run resumes once one of them is back, from its state folder.
+Killing the combiner (the key holder) and starting it again finishes the run too.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 from pathlib import Path
 
 import pytest
 
+from crypto.files import read_checked
 from fedps.runtime.deployment import Deployment
 from server.keyholder.keyholder_party import LEDGER_FILE
 from server.keyholder.party_process import party_folder
 from tests.conftest import RecordingClient, run_clients
 from tests.party_processes import party_config, start_party
-from tests.process_cluster import status, wait_for_round
+from tests.process_cluster import start_role, status, wait_for_round
 from tests.role_processes import run_fedps
 from tests.waiting import wait_for
 
@@ -79,3 +82,46 @@ def test_one_party_down_trains_two_down_wait_with_a_line_and_one_back_resumes(
     assert log.count("key share read back") == 1
     ledger = (party_folder(config.cluster.state_dir, 2) / LEDGER_FILE).read_bytes()
     assert f'"{ROUNDS}"'.encode() in ledger
+
+
+def test_the_combiner_killed_mid_run_and_restarted_finishes_the_run(tmp_path: Path) -> None:
+    # Prepare
+    config, path = party_config(tmp_path, rounds=ROUNDS, clients=CLIENTS)
+    deployment = Deployment(path, config)
+    logs = deployment.log_dir
+    counts: dict[str, int] = {}
+    try:
+        deployment.start_servers()
+        clients = [RecordingClient.open(config, index=i) for i in range(CLIENTS)]
+
+        def restart() -> None:
+            wait_for_round(config, 1)
+            deployment.processes["keyholder"].send_signal(signal.SIGKILL)
+            counts["killed"] = len(status(config).history)
+            start_role(deployment, "keyholder")  # its state folder, the joint context kept
+
+        # Execute
+        thread = threading.Thread(target=restart)
+        thread.start()
+        run_clients(clients)
+        thread.join()
+        final = wait_for_round(config, ROUNDS, finished=True)
+    finally:
+        deployment.stop()
+
+    # Assert: every round applied once, none abandoned, after the restart too
+    assert final.finished and not any(r.abandoned for r in final.history)
+    assert len(final.history) == ROUNDS and counts["killed"] < ROUNDS
+    # the parties kept their shares (no new key generation), and each round was decrypted
+    # by two of them, for one aggregate (their ledgers)
+    for j in (1, 2, 3):
+        assert "key generation finished" in (logs / f"party-{j}.log").read_text()
+    answered = [_ledger(party_folder(config.cluster.state_dir, j) / LEDGER_FILE) for j in (1, 2, 3)]
+    for round_ in range(1, ROUNDS + 1):
+        assert sum(str(round_) in ledger for ledger in answered) >= 2
+
+
+def _ledger(path: Path) -> dict[str, object]:
+    """A party's ledger: the rounds it answered for (none when it has none yet)."""
+    data = read_checked(path, what="a party's ledger", hint="")
+    return {} if data is None else dict(json.loads(data))

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fedps.errors import PolicyError, ShardStalledError, StaleUpdateError
 from server.keyholder.aggregate_verifier import TamperingError
-from server.metrics import CoordinatorMetrics, KeyHolderMetrics, ShardMetrics
+from server.metrics import CoordinatorMetrics, KeyHolderMetrics, PartyMetrics, ShardMetrics
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -192,3 +192,23 @@ def test_the_coordinator_exports_where_the_rounds_time_went() -> None:
     assert got[("fedps_round_phase_seconds_sum", (("phase", "commit_wait"), ("scope", "server")))]
     assert got[("fedps_last_round_phase_seconds", (("phase", "train"),))] == 1.5
     assert not any("client-0" in str(labels) for _, labels in got)
+
+
+def test_a_party_counts_its_answers_and_refusals_and_says_whether_it_holds_its_share() -> None:
+    # Prepare
+    metrics = PartyMetrics("party-2")
+    metrics.ready.set_function(lambda: 1.0)
+    # Execute
+    metrics.answered("canaries", 0.1)
+    metrics.answered("partial", 0.3)
+    metrics.refused("partial", PolicyError("not the set the coordinator closed"))
+    page = generate_latest(metrics.registry).decode()
+    # Assert
+    got = samples(page)
+    answered = (("kind", "partial"), ("outcome", "answered"), ("reason", ""))
+    refused = (("kind", "partial"), ("outcome", "refused"), ("reason", "policy"))
+    assert got[("fedps_party_answers_total", answered)] == 1
+    assert got[("fedps_party_answers_total", refused)] == 1
+    assert got[("fedps_seconds_count", (("operation", "canaries"),))] == 1
+    assert got[("fedps_party_ready", ())] == 1.0
+    assert not {"fedps_tampering_detected_total", "fedps_pushes_total"} & names(page)

@@ -68,6 +68,11 @@ class Switchable:
         self._answering()
         return self.party.partial_decrypt(request)
 
+    def prepare(self, request: DecryptionRequest) -> bool:
+        """The party prepares the round, or :class:`PeerUnavailableError` while it is down."""
+        self._answering()
+        return self.party.prepare(request)
+
     def _answering(self) -> None:
         if not self.up:
             raise PeerUnavailableError(f"party {self.party.index} does not answer")

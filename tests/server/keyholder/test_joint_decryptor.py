@@ -13,6 +13,7 @@ from crypto.canary import CanaryError
 from crypto.signing import BlockSigner
 from fedps.errors import PeerUnavailableError, PolicyError
 from server.keyholder.joint_decryptor import JointDecryptor
+from server.keyholder.keyholder_party import LEDGER_FILE
 from tests.crypto.threshold_keys import PARAMS, Joint, N
 from tests.server.keyholder.party_cluster import COHORT, LAMBDA, Rounds, Switchable, start_parties
 
@@ -86,3 +87,21 @@ def test_a_changed_c1_is_refused_and_nothing_is_decrypted(
     # Execute / Assert
     with pytest.raises(CanaryError):
         combiner.decrypt(1, COHORT, list(range(len(changed))), changed)
+
+
+def test_the_parties_expected_to_decrypt_prepare_the_round(
+    joint: Joint, rows: np.ndarray, tmp_path: Path
+) -> None:
+    # Prepare: party 1 was down at the last round
+    combiner, parties = _cluster(joint, rows, 2, tmp_path)
+    blocks = list(range(len(rows)))
+    parties[1].up = False
+    combiner.decrypt(1, COHORT, blocks, rows)
+    parties[1].up = True
+    # Execute: round 2 prepared (by the two that answered last), then decrypted
+    asked = combiner.prepare(2, COHORT)
+    plain = combiner.decrypt(2, COHORT, blocks, rows)
+    # Assert: those that prepared it decrypted it (party 1, up again, was not asked)
+    assert asked == (2, 3)
+    assert _within_flooding(joint, rows, plain, 2)
+    assert not (tmp_path / "party-1" / LEDGER_FILE).exists()

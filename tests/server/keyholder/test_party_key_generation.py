@@ -30,6 +30,9 @@ def _generations(parties: int, threshold: int) -> dict[int, PartyKeyGeneration]:
     }
     for generation in generations.values():
         generation.start()
+    for sender, source in generations.items():  # every commitment before any deal
+        for target in generations.values():
+            target.commit(sender, source.commitment)
     return generations
 
 
