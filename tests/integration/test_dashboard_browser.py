@@ -41,7 +41,9 @@ ARGS = [
     "--disable-sync",
 ]
 TOKEN = "browser-test-operator-token-0123456789"
-ROUNDS = 5
+# Enough rounds that the page, polling, sees the run at two moments before its end: the demo
+# job's rounds take 0.2 s on an idle machine, and with 5 the page first saw round 4 once.
+ROUNDS = 20
 
 
 @dataclass
