@@ -46,6 +46,7 @@ from fedps.rpc.shard_stub import ShardStub
 from fedps.rpc.transport import channel_credentials
 from fedps.runtime.deployment import write_config
 from tests.conftest import coordinator_status, reached
+from tests.network_namespace import namespaces_unavailable
 from tests.role_processes import wait_serving
 from tests.waiting import HANG_S, wait_for
 
@@ -104,20 +105,6 @@ def _free_subnet() -> str:
     raise RuntimeError("no free 10.77.N.0/24 subnet for the test hosts")
 
 
-def _namespaces_unavailable() -> str | None:
-    if sys.platform != "linux" or shutil.which("ip") is None:
-        return "needs Linux with iproute2 (ip netns)"
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces"
-    probe = f"{PREFIX}probe"
-    try:
-        _ip("netns", "add", probe)
-    except subprocess.CalledProcessError as exc:
-        return f"cannot create a network namespace: {exc.stderr.strip()}"
-    _ip("netns", "del", probe)
-    return None
-
-
 @pytest.fixture
 def subnet() -> str:
     """The test hosts' /24 (its first three octets)."""
@@ -127,7 +114,7 @@ def subnet() -> str:
 @pytest.fixture
 def hosts(subnet: str) -> Iterator[dict[str, str]]:
     """One namespace per host on a bridge; yields {host: its namespace}."""
-    reason = _namespaces_unavailable()
+    reason = namespaces_unavailable()
     if reason:
         pytest.skip(reason)
     _remove_stale_hosts()
