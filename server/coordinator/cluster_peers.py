@@ -221,21 +221,74 @@ class ClusterPeers:
         Every answer but a refusal is asked again until the coordinator stops: the key holder
         may have applied the round (it could not write its state, a shard did not take the
         new version, it restarted), and asking again applies it or returns its result and
-        publishes it again; an applied round is never discarded.
+        publishes it again; an applied round is never discarded. After each failure the
+        shards on the ring are asked for their status (:meth:`_probe_ring`): one lost since
+        the round closed is declared gone in time. If the key holder applied the round, it is
+        asked again on the moved ring (it publishes the version there); if not, nothing was
+        decrypted and :class:`ShardGoneError` sends the round back to its push phase.
 
         Raises
         ------
         PolicyError
             The key holder refused the round (its checks failed; nothing was decrypted).
+        ShardGoneError
+            A shard was declared gone before the key holder applied the round.
         FedPSError
             The last error when the coordinator stopped.
         """
-        application = replace(application, **self.ring.view.fields())
-        return self.retry(
-            lambda: self._keyholder.apply_round(application),
-            f"apply round {application.round}",
-            retry_on=lambda exc: not isinstance(exc, PolicyError),
-        )
+        gone: list[ShardGoneError] = []
+
+        def ask_again(exc: FedPSError) -> bool:
+            refused = isinstance(exc, PolicyError) and not isinstance(exc, ShardStalledError)
+            if refused or self._stop.is_set():
+                return False
+            try:
+                self._probe_ring()
+            except ShardGoneError as moved:
+                if self.model_state().last_round < application.round:
+                    gone.append(moved)  # not applied: the round's pushes move with the ring
+                    return False
+                return True  # applied: asked again on the moved ring, it publishes there
+            return not isinstance(exc, ShardStalledError)
+
+        def ask() -> records.AppliedRound:  # on the ring now: it may move between attempts
+            return self._keyholder.apply_round(replace(application, **self.ring.view.fields()))
+
+        try:
+            return self.retry(
+                ask,
+                f"apply round {application.round}",
+                retry_on=ask_again,
+            )
+        except FedPSError as exc:
+            if gone:
+                raise gone[0] from exc
+            raise
+
+    def _probe_ring(self) -> None:
+        """Ask every shard on the ring for its status once (each within its deadline).
+
+        Raises
+        ------
+        ShardGoneError
+            A shard that did not answer has been unreachable for ``cluster.shard_gone_after_s``:
+            it is off the ring now.
+        """
+
+        def probe(sid: str, shard: ShardStub) -> None:
+            asked_at = self.ring.now()
+            try:
+                shard.get_status(timeout_s=self._misses.deadline_s)
+            except PeerUnavailableError:
+                view = self.ring.unreachable(sid, asked_at)
+                if view is not None:
+                    raise ShardGoneError(f"{sid} is gone (after its round closed)", view) from None
+                return  # silent: not gone yet
+            except FedPSError:
+                pass  # it answered, with an error
+            self.ring.answered(sid)
+
+        fan_out({sid: partial(probe, sid, shard) for sid, shard in self._ring_shards().items()})
 
     # ------------------------------------------------------------------ the shards
     def _check_empty(self, shard: str) -> None:

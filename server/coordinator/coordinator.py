@@ -54,6 +54,7 @@ from server.coordinator.cohort_sampler import CohortSampler
 from server.coordinator.coordinator_settings import CoordinatorSettings
 from server.coordinator.evaluator import Evaluator
 from server.coordinator.privacy_ledger import open_ledger
+from server.coordinator.ring_keeper import ShardGoneError
 from server.coordinator.round_phases import RoundPhases
 from server.coordinator.round_policy import create_round_policy
 from server.coordinator.round_record import (
@@ -447,18 +448,23 @@ class Coordinator:
             return
         committed, commitments = self._phases.freeze(opened)
         record = RoundRecord(round_, opened.version, 0, cohort=len(cohort))
-        try:
-            accepted = self._phases.push(
-                opened, committed, commitments, run_id=self.run_id, resume=resume, record=record
-            )
-        except ShardStalledError as exc:  # the round waits in the checkpoint for a restart
-            self._halt(exc)
-            return
-        if accepted is None:
-            return  # stopping
-        if not record.abandoned:  # a quorum pushed
-            if not self._apply(opened, frozenset(accepted), record):
-                return  # stopping, not refused: a restart continues the round
+        while True:
+            try:
+                accepted = self._phases.push(
+                    opened, committed, commitments, run_id=self.run_id, resume=resume, record=record
+                )
+                if accepted is None:
+                    return  # stopping
+                if not record.abandoned and not self._apply(opened, frozenset(accepted), record):
+                    return  # stopping, not refused: a restart continues the round
+                break
+            except ShardStalledError as exc:  # the round waits in the checkpoint for a restart
+                self._halt(exc)
+                return
+            except ShardGoneError as exc:  # lost after the round closed, nothing decrypted
+                self._phases.moved(opened, exc)
+                resume = None
+        if not record.abandoned:  # a quorum pushed, and the round was applied
             record.metrics = merged_metrics(
                 [opened.metrics[c] for c in accepted if c in opened.metrics]
             )
@@ -466,10 +472,7 @@ class Coordinator:
         self._finish_round(record, started, bytes_before)
 
     def _record_applied(self, opened: OpenRound) -> None:
-        """Record ``opened``, which the key holder applied while we were down.
-
-        Asking again returns its result.
-        """
+        """Record ``opened``, which the key holder applied while we were down (asked again)."""
         record = RoundRecord(opened.round, opened.version, 0, cohort=len(opened.cohort))
         if self._apply(opened, opened.committed, record):
             self._finish_round(record, time.time(), self.bytes_pushed)
@@ -479,13 +482,11 @@ class Coordinator:
 
         Record the new version, or abandon the round if the key holder refused it. False: stopping.
 
-        Only a refusal (:class:`PolicyError`: the checks failed, nothing was decrypted)
-        abandons the round. Any other failure (the key holder could not write its state, a
-        shard did not take the new version, an unexpected error) is asked again until it
-        succeeds: the key holder may have applied the round, and an applied round is never
-        discarded (asking again returns its result and publishes it again). A shard that
-        stalls the round (:class:`ShardStalledError`) stops the run and leaves the round as
-        it is, for a restart to apply once the shard answers.
+        Only a refusal (:class:`PolicyError`: nothing was decrypted) abandons the round; any
+        other failure is asked again (:meth:`ClusterPeers.apply_round`), and a shard declared
+        gone before the round was applied raises :class:`ShardGoneError` (pushed again). A
+        shard that stalls it (:class:`ShardStalledError`) stops the run, the round left as it
+        is for a restart to apply once the shard answers.
         """
         self.closed.add(opened.round, accepted)  # what key-holder parties check
         application = RoundApplication(
@@ -502,6 +503,8 @@ class Coordinator:
                 return False
             self._refused(opened, record, exc)
             return True
+        except ShardGoneError:
+            raise  # not applied: the round's pushes move with the ring (_run_round)
         except FedPSError:  # only once stopping: every other answer is asked again
             return False
         contributors = applied.contributors or tuple(sorted(accepted))  # an older key holder

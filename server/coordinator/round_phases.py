@@ -269,7 +269,7 @@ class RoundPhases:
                         accepted = self._peers.close_round(opened.round, committed)
                     break
                 except ShardGoneError as exc:
-                    self._moved(opened, exc)
+                    self.moved(opened, exc)
                     resume = None  # the push phase starts again on the new ring
         except ShardStalledError:
             raise
@@ -281,7 +281,7 @@ class RoundPhases:
         record.push_seconds = time.time() - frozen_at
         return accepted
 
-    def _moved(self, opened: OpenRound, gone: ShardGoneError) -> None:
+    def moved(self, opened: OpenRound, gone: ShardGoneError) -> None:
         """Start ``opened``'s push phase again on the ring ``gone`` left (see the module)."""
         _log.warning(
             "round %d: %s; its push phase starts again on ring version %d",

@@ -79,3 +79,5 @@ class RoundState:
     entries: dict[str, ClientEntry] = field(default_factory=dict)
     messages: dict[str, int] = field(default_factory=dict)
     closed: bool = False
+    #: the ring its opening carried last (a newer one reopens it, closed or not)
+    ring_version: int = 0

@@ -236,7 +236,6 @@ class Shard:
             ),
         )
         with self._lock:
-            newer = ring.newer_than(self.model.ring_view)
             existing = self._rounds.get(round_)
             if existing is not None and (
                 existing.version,
@@ -244,13 +243,13 @@ class Shard:
                 existing.run_id,
                 existing.commitments,
             ) == (version, members, run_id, commitments):
-                if newer:  # durable first, then followed: the moved blocks come here
-                    self._append(round_, opening)
-                    self.model.adopt(ring)
-                    existing.closed, self._open = False, existing
+                if ring.carried and ring.version > existing.ring_version:  # closed or not
+                    self._append(round_, opening)  # durable first: the moved blocks come here
+                    self.model.adopt(ring)  # unless the key holder's publication adopted it
+                    existing.closed, existing.ring_version = False, ring.version
+                    self._open = existing
                 return
-            if newer:
-                self.model.adopt(ring)  # refuses a ring without this shard before any change
+            self.model.adopt(ring)  # a newer one; refuses a ring without this shard first
             if (
                 existing is not None
                 and self._staleness is not None
@@ -273,6 +272,7 @@ class Shard:
                 _log.warning("%s: round %d replaced by %d", self.shard_id, self._open.round, round_)
                 self._open.closed = True
             state = RoundState(round_, version, dict(members), context_id, run_id, commitments)
+            state.ring_version = ring.version
             self._rounds[round_] = state
             self._open = state
             # The previous round stays until the next opens (the key holder may fetch it

@@ -51,6 +51,7 @@ from server.coordinator.evaluator import Evaluator
 from server.keyholder.keyholder_party import LEDGER_FILE
 from server.keyholder.party_process import party_folder
 from tests.conftest import RecordingClient, run_clients
+from tests.dying_shard import At
 from tests.dying_shard import prefix as dying_prefix
 from tests.network_namespace import isolated_host
 from tests.party_processes import PARTIES, THRESHOLD, flooding_bound, start_party
@@ -160,11 +161,15 @@ def _train_losing_shard_1(
 
 
 def _assert_moved_on(
-    run: _Run, how: str, within: Callable[[Mapping[str, Mapping[str, Any]]], float] | None = None
+    run: _Run,
+    how: str,
+    within: Callable[[Mapping[str, Mapping[str, Any]]], float] | None = None,
+    *,
+    timed: bool = True,
 ) -> None:
     """The ring moved on without shard-1, nothing acknowledged was lost (``within``: as
     :func:`~tests.process_cluster.assert_replayed`), export follows the ring; prints the time
-    from the loss to the next applied round."""
+    from the loss to the next applied round (``timed``: the loss is the test's own)."""
     assert f"{KILLED} declared gone" in run.log, run.log[-4000:]
     assert all(c.session.ring_view.nodes == ("shard-0", "shard-2") for c in run.clients)
     checkpoint = CheckpointStore(run.config.cluster.state_dir / "coordinator").load()
@@ -174,6 +179,8 @@ def _assert_moved_on(
     assert [m["removed"] for m in ring["moves"]] == [KILLED]
     assert_replayed(run.config, run.final, recorded(run.clients), run.log[-4000:], within=within)
     assert_exported(run.config, run.exported)
+    if not timed:
+        return
     loss_to_applied = _applied_at(run.keyholder_log, 2) - run.lost_at
     print(
         f"{run.config.training.model}: shard {how} -> round 2 applied in {loss_to_applied:.1f} s "
@@ -197,6 +204,26 @@ def test_a_shard_sigkilled_for_good_moves_its_blocks_and_loses_nothing(
 
     # Assert: the ring moved on without shard-1, and nothing acknowledged was lost
     _assert_moved_on(run, "killed")
+
+
+@pytest.mark.parametrize(
+    ("mode", "at"), [("sync", "fetch"), ("async", "fetch"), ("sync", "publish")]
+)
+def test_a_shard_lost_after_its_round_closed_moves_its_blocks_and_loses_nothing(
+    tmp_path: Path, mode: str, at: At
+) -> None:
+    # Prepare, Execute: shard-1's process dies (tests.dying_shard) when the key holder fetches
+    # round 2's sums (the round closed, nothing decrypted: its pushes move with the ring) or
+    # when round 2's version is published (the round applied: its version moves with the
+    # ring), and is never restarted
+    run = _train_losing_shard_1(
+        tmp_path, mode, lambda _: None, prefixes={KILLED: dying_prefix(2, at)}
+    )
+
+    # Assert: the ring moved on without shard-1, and nothing acknowledged was lost
+    _assert_moved_on(run, f"lost at the {at} of round 2", timed=False)
+    pushed_again = "round 2: shard-1 is gone (after its round closed)"
+    assert (pushed_again in run.log) == (at == "fetch"), run.log[-4000:]
 
 
 def test_key_holder_parties_decrypt_on_the_moved_ring_when_a_shard_is_lost(
