@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ from tests.network_namespace import isolated_host
 from tests.party_processes import PARTIES, THRESHOLD, flooding_bound, start_party
 from tests.process_cluster import (
     HANG_S,
+    address_of,
     assert_exported,
     assert_replayed,
     cluster_config,
@@ -64,10 +66,12 @@ from tests.process_cluster import (
     keyholder_state,
     recorded,
     replay,
+    role_args,
     start_servers,
     wait_for_round,
 )
 from tests.recording_client import load_recorded
+from tests.role_processes import wait_serving
 from tests.tampering_shard import prefix as tampering_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.faults]
@@ -188,6 +192,11 @@ def _assert_moved_on(
     )
 
 
+def _alive(name: str, process: subprocess.Popen[bytes]) -> None:
+    """Raise if ``process`` (role ``name``) exited."""
+    assert process.poll() is None, f"{name} exited with code {process.returncode}"
+
+
 def _sigkill_shard_1(deployment: Deployment) -> None:
     process = deployment.processes[KILLED]
     process.send_signal(signal.SIGKILL)
@@ -224,6 +233,40 @@ def test_a_shard_lost_after_its_round_closed_moves_its_blocks_and_loses_nothing(
     _assert_moved_on(run, f"lost at the {at} of round 2", timed=False)
     pushed_again = "round 2: shard-1 is gone (after its round closed)"
     assert (pushed_again in run.log) == (at == "fetch"), run.log[-4000:]
+
+
+def test_a_coordinator_and_key_holder_killed_mid_move_finish_it(tmp_path: Path) -> None:
+    # Prepare: shard-1 is SIGKILLed right after it acknowledged client 0's push of round 2;
+    # as soon as the coordinator logs that it declared shard-1 gone (the move under way: the
+    # ring changed, the round's pushes not yet moved), the coordinator and the key holder are
+    # SIGKILLed too and restarted
+    restarted: list[threading.Thread] = []
+
+    def kill_and_restart(deployment: Deployment) -> None:
+        log = deployment.log_dir / "coordinator.log"
+        until = time.monotonic() + HANG_S
+        while f"{KILLED} declared gone" not in log.read_text() and time.monotonic() < until:
+            time.sleep(0.02)
+        for name in ("coordinator", "keyholder"):
+            deployment.processes[name].send_signal(signal.SIGKILL)
+            deployment.processes[name].wait(HANG_S)
+        for name in ("keyholder", "coordinator"):  # shard-1 stays dead: not deployment.check_alive
+            deployment.start(name, *role_args(name))
+            process = deployment.processes[name]
+            wait_serving(address_of(deployment.config, name), partial(_alive, name, process))
+
+    def lose(deployment: Deployment) -> None:
+        _sigkill_shard_1(deployment)
+        restarted.append(threading.Thread(target=kill_and_restart, args=(deployment,)))
+        restarted[0].start()
+
+    # Execute
+    run = _train_losing_shard_1(tmp_path, "sync", lose)
+    restarted[0].join(HANG_S)
+
+    # Assert: the restarted roles finished the move (or made it again): the ring moved on
+    # without shard-1, every round applied with exactly the acknowledged clients
+    _assert_moved_on(run, "killed, with the coordinator and the key holder", timed=False)
 
 
 def test_key_holder_parties_decrypt_on_the_moved_ring_when_a_shard_is_lost(
