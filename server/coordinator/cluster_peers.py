@@ -227,6 +227,10 @@ class ClusterPeers:
         asked again on the moved ring (it publishes the version there); if not, nothing was
         decrypted and :class:`ShardGoneError` sends the round back to its push phase.
 
+        A refusal with a shard on the ring that the key holder quarantined (its proven
+        tampering got the round refused) declares that shard gone: the round is pushed again
+        without it (:class:`ShardGoneError`), and the key holder decrypts it from the others.
+
         Raises
         ------
         PolicyError
@@ -239,8 +243,12 @@ class ClusterPeers:
         gone: list[ShardGoneError] = []
 
         def ask_again(exc: FedPSError) -> bool:
-            refused = isinstance(exc, PolicyError) and not isinstance(exc, ShardStalledError)
-            if refused or self._stop.is_set():
+            if self._stop.is_set():
+                return False
+            if isinstance(exc, PolicyError) and not isinstance(exc, ShardStalledError):
+                moved = self._quarantined_off_ring()
+                if moved is not None:
+                    gone.append(moved)  # refused for a shard on the ring: pushed without it
                 return False
             try:
                 self._probe_ring()
@@ -264,6 +272,19 @@ class ClusterPeers:
             if gone:
                 raise gone[0] from exc
             raise
+
+    def _quarantined_off_ring(self) -> ShardGoneError | None:
+        """Declare gone the shards on the ring the key holder quarantined (on proof).
+
+        The ring without them, as a :class:`ShardGoneError`; None if none was on it, or if the
+        last shard is (no ring is left without it: the refusal stands).
+        """
+        quarantined = self.model_state().quarantined
+        on_ring = sorted(set(quarantined) & set(self.ring.view.nodes))
+        if not on_ring or self.ring.quarantined(quarantined):
+            return None
+        gone = ", ".join(on_ring)
+        return ShardGoneError(f"{gone} is gone (quarantined on proof)", self.ring.view)
 
     def _probe_ring(self) -> None:
         """Ask every shard on the ring for its status once (each within its deadline).

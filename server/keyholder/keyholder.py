@@ -512,10 +512,15 @@ class KeyHolder:
             return result
 
     def _refuse(self, round_: int, exc: PolicyError) -> None:
-        """Never decrypt ``round_``; count a detected tampering against its shard."""
-        self._refused.add(round_)
+        """Never decrypt ``round_``; count a detected tampering against its shard.
+
+        Unless the proof quarantined the shard: the round is then decrypted only from a ring
+        without it (:meth:`.Suspects.check_none_quarantined`), pushed there again.
+        """
         if isinstance(exc, TamperingError):
             self.suspects.detected(round_, exc)
+        if not (isinstance(exc, TamperingError) and exc.shard in self.suspects.quarantined):
+            self._refused.add(round_)
         try:
             self._save_state()
         except OSError as exc:  # the check fails the same way if the round is asked again
