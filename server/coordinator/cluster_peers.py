@@ -47,6 +47,7 @@ from fedps.rpc.shard_messages import ClosedRound, RoundOpening, ShardStatus
 from fedps.rpc.shard_stub import ShardStub
 from fedps.rpc.transport import batched, call_until
 from fedps.sharding.blocks import BlockLayout
+from fedps.sharding.ring_view import RingView
 from server.coordinator.ring_keeper import RingKeeper, ShardGoneError
 from server.shard_misses import ShardMisses
 
@@ -88,6 +89,7 @@ class ClusterPeers:
             known=cluster.shard_ids,
             check_empty=self._check_empty,
         )
+        self._round_ring: RingView | None = None  # the ring the round was opened on (shards)
 
     def _ring_shards(self) -> dict[str, ShardStub]:
         """The shards on the ring now, by shard id."""
@@ -236,11 +238,18 @@ class ClusterPeers:
         PolicyError
             The key holder refused the round (its checks failed; nothing was decrypted).
         ShardGoneError
-            A shard was declared gone before the key holder applied the round.
+            A shard was declared gone, or the operator removed one since the round opened on
+            the shards (:meth:`_check_round_ring`), before the key holder applied the round.
         FedPSError
             The last error when the coordinator stopped.
         """
         gone: list[ShardGoneError] = []
+        try:
+            self._check_round_ring()  # the operator removed a shard since the round opened
+        except ShardGoneError as moved:
+            if self.model_state().last_round < application.round:
+                raise
+            _log.info("round %d is applied: %s", application.round, moved)
 
         def ask_again(exc: FedPSError) -> bool:
             if self._stop.is_set():
@@ -252,6 +261,7 @@ class ClusterPeers:
                 return False
             try:
                 self._probe_ring()
+                self._check_round_ring()
             except ShardGoneError as moved:
                 if self.model_state().last_round < application.round:
                     gone.append(moved)  # not applied: the round's pushes move with the ring
@@ -285,6 +295,21 @@ class ClusterPeers:
             return None
         gone = ", ".join(on_ring)
         return ShardGoneError(f"{gone} is gone (quarantined on proof)", self.ring.view)
+
+    def _check_round_ring(self) -> None:
+        """Raise :class:`ShardGoneError` if the ring moved since the round opened on the shards.
+
+        A shard declared gone while the round opens, is pushed to or closes moves the round
+        itself (:meth:`_bounded`, :meth:`_probe_ring`); the operator removes one at any time
+        (``RemoveShard``): the shards left then own blocks whose pushes went to the removed one.
+        """
+        opened, view = self._round_ring, self.ring.view
+        if opened is not None and view.version != opened.version:
+            raise ShardGoneError(
+                f"the ring moved from version {opened.version} to {view.version} since the "
+                "round opened",
+                view,
+            )
 
     def _probe_ring(self) -> None:
         """Ask every shard on the ring for its status once (each within its deadline).
@@ -372,6 +397,7 @@ class ClusterPeers:
             A shard refused it :data:`REFUSALS` times, or the coordinator stopped.
         """
         members = opening.members
+        self._round_ring = view = self.ring.view
         round_opening = RoundOpening(
             opening.round,
             opening.version,
@@ -379,7 +405,7 @@ class ClusterPeers:
             opening.context_id,
             opening.run_id,
             {u.client_id: u for u in commitments.updates if u.client_id in members},
-            **self.ring.view.fields(),
+            **view.fields(),
         )
         self._on_every_shard("OpenRound", partial(_open_round, opening=round_opening), "open round")
 
