@@ -48,7 +48,7 @@ from fedps.rpc.shard_stub import ShardStub
 from fedps.rpc.transport import batched, call_until
 from fedps.sharding.blocks import BlockLayout
 from fedps.sharding.ring_view import RingView
-from server.coordinator.ring_keeper import RingKeeper, ShardGoneError
+from server.coordinator.ring_keeper import RING_FILE, RingKeeper, ShardGoneError
 from server.shard_misses import ShardMisses
 
 __all__ = ["REFUSALS", "ClusterPeers"]
@@ -88,6 +88,8 @@ class ClusterPeers:
             gone_after_s=cluster.shard_gone_after_s,
             known=cluster.shard_ids,
             check_empty=self._check_empty,
+            path=cluster.state_dir / "coordinator" / RING_FILE,
+            stop=stop,
         )
         self._round_ring: RingView | None = None  # the ring the round was opened on (shards)
 

@@ -20,19 +20,26 @@ the ring it published, never an older one.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
+from crypto.files import private_directory, read_checked, write_checked
 from fedps.errors import ConfigError, FedPSError
 from fedps.sharding.ring_view import RingView
+from fedps.storage.write_retry import write_until_written
 
-__all__ = ["RingKeeper", "RingMove", "ShardGoneError"]
+__all__ = ["RING_FILE", "RingKeeper", "RingMove", "ShardGoneError"]
 
 _log = logging.getLogger("fedps")
+
+#: The ring file's name in the coordinator's state folder.
+RING_FILE = "ring.json"
 
 
 class ShardGoneError(FedPSError):
@@ -77,6 +84,12 @@ class RingKeeper:
         Every configured shard, on the ring or not (None: ``shard_ids``): only these can join.
     check_empty
         Raises unless a shard the operator adds answers and is empty (None: not checked).
+    path
+        Where every change is saved before anyone is told it (a checked state file, 0600;
+        None: nowhere): a coordinator that restarts between a change and its next checkpoint
+        goes on with the ring it published, never an older one (:meth:`load_state_dict`).
+    stop
+        Set when the coordinator stops: ends the retries of a write that fails (a full disk).
     """
 
     def __init__(
@@ -87,7 +100,11 @@ class RingKeeper:
         clock: Callable[[], float] = time.monotonic,
         known: Sequence[str] | None = None,
         check_empty: Callable[[str], None] | None = None,
+        path: Path | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
+        self._path = path
+        self._stop = stop or threading.Event()
         self._lock = threading.Lock()
         self._view = RingView.configured(shard_ids)
         self._known = frozenset(shard_ids if known is None else known)
@@ -147,9 +164,11 @@ class RingKeeper:
             ``shard`` is not on the ring, or it is the last shard.
         """
         with self._lock:
-            self._view = view = self._view.without(shard)
+            view = self._view.without(shard)
+            moves = [*self.moves, RingMove(view.version, shard, reason, time.time())]
+            self._save(view, moves, self._joining)  # durable before anyone reads it
+            self._view, self.moves = view, moves
             self._silent_since.pop(shard, None)
-            self.moves.append(RingMove(view.version, shard, reason, time.time()))
         _log.warning(
             "%s declared gone (%s): ring version %d is %s; its blocks move to them",
             shard,
@@ -194,6 +213,7 @@ class RingKeeper:
             self._check_empty(shard)
         with self._lock:
             self._joinable(shard)
+            self._save(self._view, self.moves, [*self._joining, shard])  # durable when it is said
             self._joining.append(shard)
         _log.warning("%s joins the ring at the next round (added by the operator)", shard)
 
@@ -212,17 +232,21 @@ class RingKeeper:
         Called between rounds: only the blocks each takes move, all to it.
         """
         with self._lock:
-            joining, self._joining = self._joining, []
+            joining, view, moves = self._joining, self._view, list(self.moves)
             for shard in joining:
-                self._view = view = self._view.with_node(shard)
-                self._silent_since.pop(shard, None)
-                self.moves.append(
+                view = view.with_node(shard)
+                moves.append(
                     RingMove(view.version, "", "joined by the operator", time.time(), added=shard)
                 )
+            if joining:
+                self._save(view, moves, [])  # durable before anyone reads it
+            self._view, self.moves, self._joining = view, moves, []
+            for shard, move in zip(joining, moves[len(moves) - len(joining) :], strict=True):
+                self._silent_since.pop(shard, None)
                 _log.warning(
                     "%s joined: ring version %d is %s; the blocks it takes move to it",
                     shard,
-                    view.version,
+                    move.version,
                     ", ".join(view.nodes),
                 )
             return self._view if joining else None
@@ -237,18 +261,56 @@ class RingKeeper:
     def state_dict(self) -> dict[str, Any]:
         """The ring, its moves and the joins to come, JSON-ready (for the checkpoint)."""
         with self._lock:
-            return {
-                "version": self._view.version,
-                "nodes": list(self._view.nodes),
-                "moves": [asdict(m) for m in self.moves],
-                "joining": list(self._joining),
-            }
+            return _state(self._view, self.moves, self._joining)
+
+    def _save(self, view: RingView, moves: list[RingMove], joining: list[str]) -> None:
+        """Write the ring file (``path``), if there is one, until it is written.
+
+        A full disk holds the change, logged, until space is freed (as a checkpoint does).
+        """
+        path = self._path
+        if path is None:
+            return
+        data = json.dumps(_state(view, moves, joining)).encode()
+        private_directory(path.parent)
+        write_until_written(
+            lambda: write_checked(path, data),
+            retry_on=OSError,
+            failure=lambda exc: f"cannot write the shard ring {path} ({exc})",
+            stop=self._stop,
+        )
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """Go on with the ring of :meth:`state_dict` (None: a checkpoint without one)."""
+        """Go on with the ring of :meth:`state_dict` (None: a checkpoint without one).
+
+        Or with the ring file's, if it holds a later version, or the same with joins to come
+        (saved after the checkpoint).
+
+        Raises
+        ------
+        CorruptStateError
+            The ring file is damaged.
+        """
+        saved = None
+        if self._path is not None:
+            hint = "restore it, or move it aside to go on with the checkpoint's ring"
+            data = read_checked(self._path, what="the shard ring", hint=hint)
+            saved = None if data is None else json.loads(data)
+        if saved and (not state or int(saved["version"]) >= int(state["version"])):
+            state = saved
         if not state:
             return
         with self._lock:
             self._view = RingView(int(state["version"]), tuple(state["nodes"]))
             self.moves = [RingMove(**m) for m in state["moves"]]
             self._joining = list(state.get("joining", []))
+
+
+def _state(view: RingView, moves: list[RingMove], joining: list[str]) -> dict[str, Any]:
+    """A ring, its moves and the joins to come, JSON-ready."""
+    return {
+        "version": view.version,
+        "nodes": list(view.nodes),
+        "moves": [asdict(m) for m in moves],
+        "joining": list(joining),
+    }

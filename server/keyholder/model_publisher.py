@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 
 from crypto.signing import BlockSigner
-from fedps.errors import FedPSError, PeerUnavailableError
+from fedps.errors import FedPSError, PeerUnavailableError, ShardStalledError
 from fedps.sharding.blocks import BlockLayout
 from fedps.sharding.ring_view import RingView
 from server.keyholder.global_model import GlobalModel
@@ -67,9 +67,13 @@ class ModelPublisher:
         ------
         PeerUnavailableError
             A shard did not take it (the round stays applied; asking again publishes it).
+        ShardStalledError
+            A shard refused it, or held it open, ``security.max_shard_misses`` times in a row.
         """
         try:
             self.publish(layout)
+        except ShardStalledError:
+            raise  # named: the run stops on it (applied; a restart publishes it)
         except FedPSError as exc:
             message = (
                 f"round {round_} is applied (version {self._model.version}) but not yet published "
@@ -98,6 +102,8 @@ class ModelPublisher:
             self.publish(layout)
         except FedPSError as exc:
             self._shards.follow(before, force=True)
+            if isinstance(exc, ShardStalledError):
+                raise
             raise PeerUnavailableError(
                 f"ring version {view.version}: version {self._model.version} is not yet "
                 f"published to every shard on it ({exc}); asking again publishes it"

@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 import numpy as np
 
 from crypto.signing import model_block_digest
-from fedps.errors import InvalidArgumentError
+from fedps.errors import FedPSError, InvalidArgumentError, PeerUnavailableError, ShardStalledError
 from fedps.rpc.fan_out import fan_out
 from fedps.rpc.messages import ParameterBlock
 from fedps.rpc.shard_messages import AggregatePart, Publication
@@ -58,6 +58,7 @@ class ShardPeers:
         self.ring = ring
         self.view = RingView.configured(ring.nodes)  #: the ring's version and shards
         self.misses = misses
+        self._refusals: dict[str, int] = {}  # publications each shard refused in a row
 
     def follow(self, view: RingView, *, force: bool = False) -> bool:
         """Follow the shard ring ``view`` if it is newer (``force``: whatever its version).
@@ -107,6 +108,9 @@ class ShardPeers:
 
         Raises
         ------
+        ShardStalledError
+            A shard refused ``security.max_shard_misses`` publications in a row, or held that
+            many open past their deadline: named, never asked again forever.
         FedPSError
             A shard did not take it (every shard's call has ended by then).
         """
@@ -141,4 +145,18 @@ class ShardPeers:
             Publication(version, layout.num_blocks, n, tuple(batch), **self.view.fields())
             for batch in batched(signed, lambda p: len(p.values))
         ] or [Publication(version, layout.num_blocks, n, **self.view.fields())]
-        self.clients[sid].publish(messages, timeout_s=PUBLISH_S)
+        shard = self.clients[sid]
+        try:  # a publication held open past its deadline is a miss (ShardMisses)
+            self.misses.call(sid, "Publish", lambda: shard.publish(messages, timeout_s=PUBLISH_S))
+        except PeerUnavailableError:
+            raise
+        except FedPSError as exc:  # refused (a stall is a refusal too: raised as it is)
+            run = self._refusals[sid] = self._refusals.get(sid, 0) + 1
+            if run >= self.misses.limit and not isinstance(exc, ShardStalledError):
+                raise ShardStalledError(
+                    f"{sid} refused the publication of version {version} {run} times in a row "
+                    f"(last: {exc}); every round needs it: restart it or replace it "
+                    "(docs/operations.md)"
+                ) from exc
+            raise
+        self._refusals.pop(sid, None)

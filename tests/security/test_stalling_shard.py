@@ -141,6 +141,59 @@ def test_the_key_holder_names_a_shard_that_holds_its_fetch_open(
     assert (after.shard_misses, after.stalled) == ({STALLER: MISSES}, ())
 
 
+def test_the_key_holder_names_a_shard_that_refuses_its_publications(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: a closed round; shard-1 refuses every publication of a new version (it answers
+    # its status calls, so it is never declared gone: before, the round stayed applied and
+    # unpublished, and the coordinator asked again forever, the shard named in no stop line)
+    refusing = threading.Event()
+    refusing.set()
+    refused: list[int] = []
+    publish = ShardServicer.Publish
+
+    def refuse(self: ShardServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        if self.shard.shard_id == STALLER and refusing.is_set() and self.shard.version:
+            refused.append(1)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "not taking it")
+        return publish(self, request, context)
+
+    monkeypatch.setattr(ShardServicer, "Publish", refuse)
+    cluster = start_cluster(
+        tmp_path,
+        coordinator=False,
+        training={"clients": 3, "min_quorum": 2},
+        security=SECURITY,
+    )
+    try:
+        kh = cluster.keyholder
+        kh.initialize(np.zeros(PARAMS), version=VERSION)
+        driver = RoundDriver(cluster.config, kh.keys.public, run_id=RUN)
+        rng = np.random.default_rng(12)
+        clients = [
+            HandClient(f"client-{i}", rng.uniform(-0.3, 0.3, PARAMS), version=VERSION)
+            for i in range(3)
+        ]
+        driver.committed_round(1, VERSION, clients)
+
+        # Execute: the coordinator's part (asked again after each unavailable answer), until
+        # the key holder names the shard; then the shard is replaced and takes it
+        refusal = _ask_until_refused(driver, clients)
+        refusing.clear()
+        applied = driver.apply(1, VERSION, clients)
+        served = cluster.shards[1].version
+    finally:
+        cluster.stop()
+
+    # Assert: named after MISSES refusals in a row; the round was applied once, and published
+    # once the shard took it
+    assert f"{STALLER} refused the publication of version {VERSION + 1} {MISSES} times" in str(
+        refusal
+    )
+    assert len(refused) == MISSES
+    assert applied.version == VERSION + 1 and served == VERSION + 1
+
+
 class _Clients:
     """Real edge clients, each running in its own thread; what each returned or raised."""
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
+
 import pytest
 
-from fedps.errors import ConfigError, FedPSError
+from fedps.errors import ConfigError, CorruptStateError, FedPSError
 from fedps.sharding.ring_view import RingView
-from server.coordinator.ring_keeper import RingKeeper
+from server.coordinator.ring_keeper import RING_FILE, RingKeeper
 
 SHARDS = ["shard-0", "shard-1", "shard-2"]
 
@@ -78,6 +81,38 @@ def test_the_ring_and_its_moves_survive_a_checkpoint() -> None:
     assert restored.view == RingView(1, ("shard-0", "shard-1"))
     assert restored.moves == keeper.moves
     assert restored.moves[0].reason == "removed by the operator"
+
+
+def test_every_change_is_saved_before_it_is_seen_and_a_restart_never_goes_back(
+    tmp_path: Path,
+) -> None:
+    # Prepare: a keeper saving to a ring file; its checkpoint was taken before any change
+    path = tmp_path / "coordinator" / RING_FILE
+    keeper = RingKeeper(SHARDS, gone_after_s=5.0, known=[*SHARDS, "shard-3"], path=path)
+    checkpointed = keeper.state_dict()
+
+    # Execute: shard-2 removed, shard-3 to join (said to the operator), then a restart from the
+    # older checkpoint
+    keeper.remove("shard-2")
+    keeper.join("shard-3")
+    restored = RingKeeper(SHARDS, gone_after_s=5.0, known=[*SHARDS, "shard-3"], path=path)
+    restored.load_state_dict(checkpointed)
+
+    # Assert: the file is private; the restarted keeper goes on with the newer ring and the
+    # join to come
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert restored.view == RingView(1, ("shard-0", "shard-1"))
+    assert restored.moves == keeper.moves
+    assert restored.status_lines()[-1] == "shard-3 joins at the next round"
+    assert restored.admit_joins() == RingView(2, ("shard-0", "shard-1", "shard-3"))
+    again = RingKeeper(SHARDS, gone_after_s=5.0, path=path)
+    again.load_state_dict(restored.state_dict())
+    assert again.view.version == 2  # the file follows every change, joins included
+
+    # Assert: a damaged ring file stops the restart with one line
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(CorruptStateError, match="shard ring"):
+        RingKeeper(SHARDS, gone_after_s=5.0, path=path).load_state_dict(checkpointed)
 
 
 def test_a_shard_the_operator_adds_joins_at_the_next_round_and_survives_a_checkpoint() -> None:
