@@ -105,7 +105,7 @@ class RingKeeper:
     ) -> None:
         self._path = path
         self._stop = stop or threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # unreachable() removes in it
         self._view = RingView.configured(shard_ids)
         self._known = frozenset(shard_ids if known is None else known)
         self._check_empty = check_empty
@@ -153,7 +153,8 @@ class RingKeeper:
                 return None
             if shard not in self._view.nodes or len(self._view.nodes) == 1:
                 return None
-        return self.remove(shard, f"unreachable for {silent:.1f} s")
+            # in the lock: two last shards silent at once never both pass the check above
+            return self.remove(shard, f"unreachable for {silent:.1f} s")
 
     def remove(self, shard: str, reason: str = "removed by the operator") -> RingView:
         """Remove ``shard`` from the ring (its blocks move along the ring); returns the new ring.
