@@ -91,27 +91,33 @@ def _ask_until_refused(driver: RoundDriver, clients: list[HandClient]) -> ShardS
     raise AssertionError(f"the key holder did not refuse the round after {MISSES} asks")
 
 
+def _keyholder_and_shards(tmp_path: Path) -> Cluster:
+    """The key holder and two shards (no coordinator: the test plays it), on loopback."""
+    return start_cluster(
+        tmp_path, coordinator=False, training={"clients": 3, "min_quorum": 2}, security=SECURITY
+    )
+
+
+def _closed_round(cluster: Cluster, *, seed: int) -> tuple[RoundDriver, list[HandClient]]:
+    """Round 1 committed and pushed by three hand clients, closed; its driver and clients."""
+    cluster.keyholder.initialize(np.zeros(PARAMS), version=VERSION)
+    driver = RoundDriver(cluster.config, cluster.keyholder.keys.public, run_id=RUN)
+    rng = np.random.default_rng(seed)
+    clients = [
+        HandClient(f"client-{i}", rng.uniform(-0.3, 0.3, PARAMS), version=VERSION) for i in range(3)
+    ]
+    driver.committed_round(1, VERSION, clients)
+    return driver, clients
+
+
 def test_the_key_holder_names_a_shard_that_holds_its_fetch_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Prepare: a closed round whose aggregates shard-1 holds back
     stall = Stall(monkeypatch, "FetchAggregate")
-    cluster = start_cluster(
-        tmp_path,
-        coordinator=False,
-        training={"clients": 3, "min_quorum": 2},
-        security=SECURITY,
-    )
+    cluster = _keyholder_and_shards(tmp_path)
     try:
-        kh = cluster.keyholder
-        kh.initialize(np.zeros(PARAMS), version=VERSION)
-        driver = RoundDriver(cluster.config, kh.keys.public, run_id=RUN)
-        rng = np.random.default_rng(11)
-        clients = [
-            HandClient(f"client-{i}", rng.uniform(-0.3, 0.3, PARAMS), version=VERSION)
-            for i in range(3)
-        ]
-        driver.committed_round(1, VERSION, clients)
+        driver, clients = _closed_round(cluster, seed=11)
         keyholder = KeyHolderStub(cluster.config.cluster.keyholder)
 
         # Execute: the coordinator's part, until the key holder names the shard
@@ -159,22 +165,9 @@ def test_the_key_holder_names_a_shard_that_refuses_its_publications(
         return publish(self, request, context)
 
     monkeypatch.setattr(ShardServicer, "Publish", refuse)
-    cluster = start_cluster(
-        tmp_path,
-        coordinator=False,
-        training={"clients": 3, "min_quorum": 2},
-        security=SECURITY,
-    )
+    cluster = _keyholder_and_shards(tmp_path)
     try:
-        kh = cluster.keyholder
-        kh.initialize(np.zeros(PARAMS), version=VERSION)
-        driver = RoundDriver(cluster.config, kh.keys.public, run_id=RUN)
-        rng = np.random.default_rng(12)
-        clients = [
-            HandClient(f"client-{i}", rng.uniform(-0.3, 0.3, PARAMS), version=VERSION)
-            for i in range(3)
-        ]
-        driver.committed_round(1, VERSION, clients)
+        driver, clients = _closed_round(cluster, seed=12)
 
         # Execute: the coordinator's part (asked again after each unavailable answer), until
         # the key holder names the shard; then the shard is replaced and takes it
