@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from crypto.files import private_directory, read_checked, write_checked
-from fedps.errors import ConfigError, FedPSError
+from fedps.errors import ConfigError, PeerUnavailableError
 from fedps.sharding.ring_view import RingView
 from fedps.storage.write_retry import write_until_written
 
@@ -42,8 +42,12 @@ _log = logging.getLogger("fedps")
 RING_FILE = "ring.json"
 
 
-class ShardGoneError(FedPSError):
-    """A shard was declared gone: the ring moved on without it (``view`` is the new ring)."""
+class ShardGoneError(PeerUnavailableError):
+    """A shard was declared gone: the ring moved on without it (``view`` is the new ring).
+
+    The coordinator's own signal, caught where a round moves to the new ring; an unavailable
+    peer, were it ever to cross the wire.
+    """
 
     def __init__(self, message: str, view: RingView) -> None:
         super().__init__(message)
