@@ -209,8 +209,8 @@ class Trainer(abc.ABC):
         """The noise the next round will add, in the order it adds it."""
 
     @abc.abstractmethod
-    def _train_locally(self) -> None:
-        """Train ``self.model`` in place for one round."""
+    def _train_locally(self, only: np.ndarray | None = None) -> None:
+        """Train ``self.model`` in place for one round (``only``: those coordinates alone)."""
 
     def draw_noise_ahead(self) -> None:
         """Start drawing the next round's noise in the background; returns at once.
@@ -274,11 +274,14 @@ class Trainer(abc.ABC):
         """Whether one more round stays within the epsilon budget (if there is one)."""
         return self.budget is None or self.epsilon_after_next_round() <= self.budget
 
-    def train_round(self, global_params: np.ndarray) -> np.ndarray:
+    def train_round(
+        self, global_params: np.ndarray, *, only: np.ndarray | None = None
+    ) -> np.ndarray:
         """Train locally from ``global_params``; return the update (new - old).
 
         The noise drawn ahead is used where it is ready; nothing more is drawn ahead while
-        the round trains.
+        the round trains. ``only``: the coordinates trained (``compression.masked_training``;
+        None: every one); the others stay at ``global_params``.
 
         Raises
         ------
@@ -292,7 +295,7 @@ class Trainer(abc.ABC):
                 f"> budget {self.budget}"
             )
         load_flat(self.model, global_params)
-        self._train_locally()
+        self._train_locally(only)
         update: np.ndarray = flatten_model(self.model) - global_params
         return self._release(update)
 
@@ -389,9 +392,17 @@ class DPTrainer(Trainer):
         self.engine.accountant.history = list(_history(history))
         self.run_id = run_id
 
-    def _train_locally(self) -> None:
+    def _train_locally(self, only: np.ndarray | None = None) -> None:
+        """DP-SGD over the local data; with ``only``, on those coordinates alone.
+
+        Each example's gradient is masked to them before it is clipped (Opacus's hooks: the
+        mask's coordinates get the whole clipping norm), and the others are put back after
+        each step (their noise never lands in the model).
+        """
         self.module.train()
         loss_fn = self._loss
+        masks = None if only is None else _parameter_masks(self.model, only)
+        start = [p.detach().clone() for p in self.model.parameters()]
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Full backward hook")
             losses: list[float] = []
@@ -399,11 +410,43 @@ class DPTrainer(Trainer):
                 for x, y in self.loader:
                     self.optimizer.zero_grad()
                     loss = dp_backward(self.module, loss_fn, x, y)
-                    self.optimizer.step()
+                    if masks is not None:
+                        _masked_step(self.model, masks, start, self.optimizer)
+                    else:
+                        self.optimizer.step()
                     if len(y):
                         losses.append(float(loss.detach()))
         self.optimizer.zero_grad()
         self.last_loss = float(np.mean(losses)) if losses else math.nan
+
+
+def _parameter_masks(model: torch.nn.Module, only: np.ndarray) -> list[torch.Tensor]:
+    """Each parameter's 0/1 mask of the flat coordinates ``only`` (its own shape)."""
+    keep = np.zeros(sum(p.numel() for p in model.parameters()), dtype=np.float32)
+    keep[only] = 1.0
+    masks, at = [], 0
+    for p in model.parameters():
+        masks.append(torch.from_numpy(keep[at : at + p.numel()]).view_as(p).to(p.dtype))
+        at += p.numel()
+    return masks
+
+
+def _masked_step(
+    model: torch.nn.Module,
+    masks: list[torch.Tensor],
+    start: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+) -> None:
+    """One DP-SGD step on the masked coordinates (see :meth:`DPTrainer._train_locally`)."""
+    for p, mask in zip(model.parameters(), masks, strict=True):
+        grad_sample = getattr(p, "grad_sample", None)
+        if grad_sample is None:
+            raise ConfigError("masked training needs per-sample gradients (privacy.clipping)")
+        p.grad_sample = grad_sample * mask  # type: ignore[attr-defined]  # Opacus's attribute
+    optimizer.step()
+    with torch.no_grad():
+        for p, mask, before in zip(model.parameters(), masks, start, strict=True):
+            p.copy_(torch.where(mask.bool(), p, before))
 
 
 class ClientLevelTrainer(Trainer):
@@ -531,7 +574,9 @@ class ClientLevelTrainer(Trainer):
             noised: np.ndarray = update + self.noise_pool.normal(self.noise_std, update.shape)
         return noised
 
-    def _train_locally(self) -> None:
+    def _train_locally(self, only: np.ndarray | None = None) -> None:
+        if only is not None:
+            raise ConfigError("masked training is example-level DP-SGD (privacy.level)")
         self.model.train()
         loss_fn = self._loss
         losses: list[float] = []

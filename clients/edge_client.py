@@ -530,7 +530,7 @@ class EdgeClient:
 
     def _train_step(self, step: TrainStep, params: np.ndarray) -> np.ndarray:
         """Local DP training from ``params`` (the innermost step of the mods' chain)."""
-        return self.trainer.train_round(params)
+        return self.trainer.train_round(params, only=self.pipeline.training_mask(step.round))
 
     def prepare(self, round_: int, version: int, delta: np.ndarray) -> PreparedPush | None:
         """Weight (by :attr:`weight`), clip, encrypt and commit an update.

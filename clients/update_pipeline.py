@@ -167,6 +167,17 @@ class UpdatePipeline:
         round_, update, encrypted = committed
         return self._messages(round_, version, update, encrypted)
 
+    def training_mask(self, round_: int) -> np.ndarray | None:
+        """The coordinates the client trains in ``round_`` (None: every one).
+
+        With ``compression.masked_training``, those the round's mask sends (asked of the key
+        holder before training): the rest of the model stays as pulled.
+        """
+        if not self.session.config.compression.masked_training:
+            return None
+        mask = self._mask(round_)
+        return None if mask is None else mask.indices()
+
     def _mask(self, round_: int) -> SparseMask | None:
         """The shared mask of ``round_`` (None: the key holder did not give its seed)."""
         try:

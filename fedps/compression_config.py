@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = ["CompressionConfig"]
 
 _COMPRESSION_SETTING = re.compile(
-    r"^(?:(?P<density>[0-9]*\.?[0-9]+)(?P<ef>\+ef)?)?(?:(?(density)\+)(?P<bits>[0-9]+)bit)?$"
+    r"^(?:(?P<density>[0-9]*\.?[0-9]+)(?P<ef>\+ef)?(?P<mt>\+mt)?)?(?:(?(density)\+)(?P<bits>[0-9]+)bit)?$"
 )
 
 
@@ -40,6 +40,12 @@ class CompressionConfig(BaseModel):
         description="clients keep the unsent part of each (noised) update and add it to the "
         "next one",
     )
+    masked_training: bool = Field(
+        False,
+        description="clients train only the coordinates the round's mask sends (DP-SGD clips "
+        "each example's gradient on them, and the rest of the model stays as pulled); needs "
+        "a density below 1 and per-sample clipping",
+    )
     bits: int | None = Field(
         None,
         ge=1,
@@ -47,6 +53,14 @@ class CompressionConfig(BaseModel):
         description="quantize each value sent to this many bits and pack several to a "
         "ciphertext coefficient (none: one real value per coefficient)",
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> CompressionConfig:
+        if self.masked_training and self.density >= 1.0:
+            raise ValueError(
+                "compression.masked_training trains the round's mask: set a density below 1"
+            )
+        return self
 
     @property
     def enabled(self) -> bool:
@@ -60,17 +74,19 @@ class CompressionConfig(BaseModel):
 
     @property
     def setting(self) -> str:
-        """The section as one word (:meth:`from_setting`): ``1``, ``0.1+ef``, ``0.1+ef+8bit``."""
+        """The section as one word (:meth:`from_setting`): ``1``, ``0.1+ef``, ``0.2+mt+8bit``."""
         parts = [f"{self.density:g}"] if self.density != 1.0 or self.bits is None else []
         if self.error_feedback:
             parts.append("ef")
+        if self.masked_training:
+            parts.append("mt")
         if self.bits is not None:
             parts.append(f"{self.bits}bit")
         return "+".join(parts)
 
     @classmethod
     def from_setting(cls, text: str) -> CompressionConfig:
-        """The section a word gives (``DENSITY``, ``DENSITY+ef``, ``Bbit``, ``DENSITY[+ef]+Bbit``).
+        """The section a word gives (``DENSITY[+ef][+mt]``, ``Bbit``, ``DENSITY[+ef][+mt]+Bbit``).
 
         Raises
         ------
@@ -81,11 +97,13 @@ class CompressionConfig(BaseModel):
         match = _COMPRESSION_SETTING.match(text.strip())
         if match is None or not (match["density"] or match["bits"]):
             raise ValueError(
-                f"{text!r}: give DENSITY, DENSITY+ef, Bbit or DENSITY[+ef]+Bbit, e.g. 0.1+ef+8bit"
+                f"{text!r}: give DENSITY[+ef][+mt], Bbit or DENSITY[+ef][+mt]+Bbit, "
+                "e.g. 0.2+mt+8bit"
             )
         fields: dict[str, object] = {
             "density": float(match["density"] or 1.0),
             "error_feedback": match["ef"] is not None,
+            "masked_training": match["mt"] is not None,
         }
         if match["bits"]:
             fields["bits"] = int(match["bits"])

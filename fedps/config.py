@@ -537,6 +537,13 @@ class FedPSConfig(_Section):
             )
         if self.compression.quantized:
             self._check_quantized()
+        if self.compression.masked_training and (
+            self.privacy.level != "example" or self.privacy.clipping != "per_sample"
+        ):
+            raise ValueError(
+                'compression.masked_training needs privacy.level = "example" and privacy.clipping'
+                " = \"per_sample\": it clips each example's gradient on the mask's coordinates"
+            )
         parties = self.keyholder.parties
         if parties > 1 and len(self.cluster.parties) != parties:
             raise ValueError(

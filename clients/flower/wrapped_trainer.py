@@ -85,8 +85,10 @@ class WrappedTrainer(ClientLevelTrainer):
         finally:
             self._local = None
 
-    def _train_locally(self) -> None:
+    def _train_locally(self, only: np.ndarray | None = None) -> None:
         """Run the wrapped training on :attr:`model`, which holds the global parameters."""
+        if only is not None:
+            raise ConfigError("masked training is fedps's own DP-SGD, not a wrapped one")
         if self._local is None:
             raise RuntimeError("a WrappedTrainer trains only inside training_with(local)")
         self.model.train()

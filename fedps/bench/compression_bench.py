@@ -32,7 +32,7 @@ def parse_settings(text: str) -> list[dict[str, object]]:
     Raises
     ------
     ConfigError
-        A setting that is not ``DENSITY``, ``DENSITY+ef``, ``Bbit`` or ``DENSITY[+ef]+Bbit``,
+        A setting that is not ``DENSITY[+ef][+mt]``, ``Bbit`` or ``DENSITY[+ef][+mt]+Bbit``,
         a density outside (0, 1], bits outside [1, 16], or no setting.
     """
     settings: list[dict[str, object]] = []

@@ -214,6 +214,8 @@ def run_fedps(
     sections: dict[str, Mapping[str, object]] = {**job.sections(), "he": {"enabled": encrypted}}
     if compression is not None:
         sections["compression"] = compression
+        if compression.get("masked_training"):  # it clips each example's masked gradient
+            sections["privacy"] = {**sections["privacy"], "clipping": "per_sample"}
     if keyholder is not None:
         sections["keyholder"] = keyholder
     with tempfile.TemporaryDirectory(prefix="fedps-bench-") as tmp:

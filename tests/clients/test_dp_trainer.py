@@ -778,6 +778,35 @@ def test_ghost_and_per_sample_clipping_release_the_same_update(data: Dataset) ->
     assert trainers["ghost"].history() == trainers["per_sample"].history()
 
 
+@pytest.mark.privacy
+def test_masked_training_trains_only_the_masks_coordinates(data: Dataset) -> None:
+    # Prepare: three seeded trainers clipping per sample (the same batches and noise); a mask
+    # of a fifth of the coordinates, and one of every coordinate
+    def seeded() -> DPTrainer:
+        config = _config(noise_multiplier=1.0, insecure_reproducible=True, clipping="per_sample")
+        return _trainer(data, config)
+
+    plain, masked, whole = seeded(), seeded(), seeded()
+    start = flatten_model(plain.model)
+    only = np.sort(np.random.default_rng(5).choice(start.size, start.size // 5, replace=False))
+
+    # Execute
+    unmasked = plain.train_round(start)
+    sparse = masked.train_round(start, only=only)
+    full = whole.train_round(start, only=np.arange(start.size))
+
+    # Assert: the other coordinates stay as pulled (not even the noise lands there); the
+    # mask's move, each example's gradient clipped on them alone, so not as unmasked training
+    # moves them; a mask of every coordinate is plain DP-SGD; the spend is the same
+    outside = np.setdiff1d(np.arange(start.size), only)
+    assert not sparse[outside].any() and np.count_nonzero(sparse[only]) > 0.9 * only.size
+    assert not np.allclose(sparse[only], unmasked[only], rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(full, unmasked, rtol=1e-5, atol=1e-7)
+    assert masked.history() == plain.history() == whole.history()
+    with pytest.raises(ConfigError, match="per-sample gradients"):
+        _trainer(data, _config(noise_multiplier=1.0)).train_round(start, only=only)
+
+
 def _normed_task(model: Callable[[], torch.nn.Module]) -> Task:
     """A task on 40 rows of digits whose model is ``model``."""
 

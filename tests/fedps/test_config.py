@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fedps.compression_config import CompressionConfig
 from fedps.config import FedPSConfig, load_config
 from fedps.errors import ConfigError
 from fedps.runtime.deployment import write_config
@@ -416,6 +417,28 @@ def test_compression_is_off_by_default_and_refuses_what_it_cannot_do() -> None:
     with pytest.raises(ConfigError, match=r'training\.mode = "sync".*one mask'):
         load_config(None, compression={"density": 0.1}, training={"mode": "async"})
     assert load_config(None, training={"mode": "async"}).compression.density == 1.0
+
+
+def test_masked_training_needs_a_mask_and_each_examples_gradient() -> None:
+    # Prepare / Execute
+    masked = load_config(
+        None,
+        compression={"density": 0.2, "masked_training": True, "bits": 8},
+        privacy={"clipping": "per_sample"},
+    ).compression
+
+    # Assert: with a density below 1 and per-sample clipping; spelt +mt
+    assert masked.masked_training and masked.setting == "0.2+mt+8bit"
+    assert CompressionConfig.from_setting("0.1+ef+mt") == CompressionConfig(
+        density=0.1, error_feedback=True, masked_training=True
+    )
+    with pytest.raises(ConfigError, match="set a density below 1"):
+        load_config(None, compression={"masked_training": True})
+    for privacy in ({}, {"level": "client"}):  # ghost clipping (the default), client level
+        with pytest.raises(ConfigError, match=r'privacy\.clipping = "per_sample"'):
+            load_config(
+                None, compression={"density": 0.2, "masked_training": True}, privacy=privacy
+            )
 
 
 def test_quantized_packing_needs_encryption_sync_rounds_and_derived_parameters() -> None:

@@ -32,11 +32,14 @@ def _average(sent: list[tuple[float, np.ndarray]]) -> np.ndarray:
     return average
 
 
+@pytest.mark.parametrize("masked_training", [False, True])
 def test_a_compressed_round_applies_the_selected_coordinates_of_every_update(
-    tmp_path: Path,
+    tmp_path: Path, masked_training: bool
 ) -> None:
-    # Prepare
-    cluster = start_cluster(tmp_path, training=_TRAINING, compression={"density": 0.1})
+    # Prepare: density 0.1; with masked training, the clients train the mask alone
+    compression = {"density": 0.1, "masked_training": masked_training}
+    privacy = {"clipping": "per_sample"} if masked_training else {}
+    cluster = start_cluster(tmp_path, training=_TRAINING, compression=compression, privacy=privacy)
     try:
         clients = [RecordingClient.open(cluster.config, index=i) for i in range(2)]
         initial = cluster.coordinator.evaluator.initial_vector()
@@ -60,6 +63,11 @@ def test_a_compressed_round_applies_the_selected_coordinates_of_every_update(
         np.testing.assert_allclose(applied, expected, atol=1e-4)
         assert not np.array_equal(masks[0].indices(), masks[1].indices())
         assert all(m.size < applied.size for m in masks)
+        if masked_training:  # what each client trained was its round's mask, nothing else
+            for round_, mask in enumerate(masks, start=1):
+                trained = np.zeros(applied.size, dtype=bool)
+                trained[mask.indices()] = True
+                assert all(not c.sent[round_][1][~trained].any() for c in clients)
     finally:
         cluster.stop()
 
