@@ -8,18 +8,21 @@ from fedps.bench.compression_bench import parse_settings, render_compression
 from fedps.errors import ConfigError
 
 
-def test_settings_are_densities_with_or_without_error_feedback() -> None:
+def test_settings_are_densities_with_or_without_error_feedback_or_masked_training() -> None:
     # Execute
-    settings = parse_settings("1, 0.1,0.1+ef,.25")
+    settings = parse_settings("1, 0.1,0.1+ef,.25,0.2+mt,0.1+ef+mt")
 
     # Assert
+    off = {"masked_training": False}
     assert settings == [
-        {"density": 1.0, "error_feedback": False},
-        {"density": 0.1, "error_feedback": False},
-        {"density": 0.1, "error_feedback": True},
-        {"density": 0.25, "error_feedback": False},
+        {"density": 1.0, "error_feedback": False, **off},
+        {"density": 0.1, "error_feedback": False, **off},
+        {"density": 0.1, "error_feedback": True, **off},
+        {"density": 0.25, "error_feedback": False, **off},
+        {"density": 0.2, "error_feedback": False, "masked_training": True},
+        {"density": 0.1, "error_feedback": True, "masked_training": True},
     ]
-    for bad in ("", "0.1+feedback", "a", "0.1,-1", "0", "1.5+ef"):
+    for bad in ("", "0.1+feedback", "a", "0.1,-1", "0", "1.5+ef", "1+mt", "0.1+mt+ef", "mt"):
         with pytest.raises(ConfigError, match="--compression"):
             parse_settings(bad)
 
@@ -29,10 +32,11 @@ def test_settings_may_quantize_with_or_without_a_density() -> None:
     settings = parse_settings("8bit,0.1+ef+8bit,0.5+16bit")
 
     # Assert
+    off = {"masked_training": False}
     assert settings == [
-        {"density": 1.0, "error_feedback": False, "bits": 8},
-        {"density": 0.1, "error_feedback": True, "bits": 8},
-        {"density": 0.5, "error_feedback": False, "bits": 16},
+        {"density": 1.0, "error_feedback": False, "bits": 8, **off},
+        {"density": 0.1, "error_feedback": True, "bits": 8, **off},
+        {"density": 0.5, "error_feedback": False, "bits": 16, **off},
     ]
     for bad in ("8bits", "ef+8bit", "0.1+8", "+8bit", "17bit", "0bit", "0.1+8bit+ef"):
         with pytest.raises(ConfigError, match="--compression"):

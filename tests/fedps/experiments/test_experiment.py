@@ -120,9 +120,10 @@ def test_compression_axis_sets_the_compression_section(tmp_path: Path) -> None:
         "compression=0.1+ef+8bit,seed=0",
     ]
     sections = [p.overrides["compression"] for p in points]
-    assert sections[0] == {"density": 1.0, "error_feedback": False, "bits": None}
-    assert sections[1] == {"density": 0.1, "error_feedback": True, "bits": None}
-    assert sections[3] == {"density": 0.1, "error_feedback": True, "bits": 8}
+    off = {"masked_training": False}
+    assert sections[0] == {"density": 1.0, "error_feedback": False, "bits": None, **off}
+    assert sections[1] == {"density": 0.1, "error_feedback": True, "bits": None, **off}
+    assert sections[3] == {"density": 0.1, "error_feedback": True, "bits": 8, **off}
 
 
 def test_centralised_points_hold_all_data_in_one_client(tmp_path: Path) -> None:
