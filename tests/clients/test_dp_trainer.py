@@ -609,10 +609,10 @@ def test_edge_client_records_the_round_before_it_trains(
     train_round = client.trainer.train_round
     on_disk: list[list[list[float]]] = []
 
-    def training(params: np.ndarray) -> np.ndarray:
+    def training(params: np.ndarray, *, only: np.ndarray | None = None) -> np.ndarray:
         ledger = json.loads((tmp_path / LEDGER_FILE).read_text())
         on_disk.append(ledger["entries"][0]["history"])
-        return train_round(params)
+        return train_round(params, only=only)
 
     monkeypatch.setattr(client.trainer, "train_round", training)
 
