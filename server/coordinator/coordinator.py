@@ -432,8 +432,7 @@ class Coordinator:
             record = RoundRecord(round_, self.version, 0, abandoned=True, cohort=len(cohort))
             self._finish_round(record, started, self.bytes_pushed)
             return
-        # The context changes when the key holder rotates keys.
-        with self._timer.phase("open"):
+        with self._timer.phase("open"):  # the context changes when the key holder rotates keys
             self.desk.context_id = self._peers.public_context().context_id
         bytes_before = self.bytes_pushed
         opened = OpenRound(round_, self.version, self._policy.commit_deadline(started), cohort)
@@ -691,9 +690,10 @@ class Coordinator:
         self.version = self._vector_version = int(state["version"])
         self.history = [RoundRecord(**r) for r in state["history"]]
         self.registry.load_state_dict(state["clients"])
-        self._peers.ring.load_state_dict(state.get("ring"))
+        moved = self._peers.ring.load_state_dict(state.get("ring"))  # since the checkpoint
         if state.get("open"):
             self._resume = OpenRound.from_json(state["open"])
+            self._resume.closing &= not moved  # the moved blocks are pushed again first
         if state.get("evaluating") is not None:
             self._unevaluated = int(state["evaluating"])
         self.last_checkpoint = checkpoint.saved_at

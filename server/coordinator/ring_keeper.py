@@ -285,11 +285,12 @@ class RingKeeper:
             stop=self._stop,
         )
 
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+    def load_state_dict(self, state: dict[str, Any] | None) -> bool:
         """Go on with the ring of :meth:`state_dict` (None: a checkpoint without one).
 
         Or with the ring file's, if it holds a later version, or the same with joins to come
-        (saved after the checkpoint).
+        (saved after the checkpoint). Returns whether the file's ring is a later version than
+        the checkpoint's (the ring moved after it was written).
 
         Raises
         ------
@@ -301,14 +302,16 @@ class RingKeeper:
             hint = "restore it, or move it aside to go on with the checkpoint's ring"
             data = read_checked(self._path, what="the shard ring", hint=hint)
             saved = None if data is None else json.loads(data)
-        if saved and (not state or int(saved["version"]) >= int(state["version"])):
+        checkpointed = int(state["version"]) if state else 0
+        if saved and (not state or int(saved["version"]) >= checkpointed):
             state = saved
         if not state:
-            return
+            return False
         with self._lock:
             self._view = RingView(int(state["version"]), tuple(state["nodes"]))
             self.moves = [RingMove(**m) for m in state["moves"]]
             self._joining = list(state.get("joining", []))
+        return self._view.version > checkpointed
 
 
 def _state(view: RingView, moves: list[RingMove], joining: list[str]) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from server.coordinator.checkpoint_store import CheckpointStore
 from server.keyholder.keyholder_party import LEDGER_FILE
 from server.keyholder.party_process import party_folder
 from tests.conftest import RecordingClient, run_clients
+from tests.dying_coordinator import PREFIX as DYING_COORDINATOR
 from tests.dying_shard import At
 from tests.dying_shard import prefix as dying_prefix
 from tests.network_namespace import isolated_host
@@ -234,19 +235,16 @@ def test_a_shard_lost_after_its_round_closed_moves_its_blocks_and_loses_nothing(
 
 def test_a_coordinator_and_key_holder_killed_mid_move_finish_it(tmp_path: Path) -> None:
     # Prepare: shard-1 is SIGKILLed right after it acknowledged client 0's push of round 2;
-    # as soon as the coordinator logs that it declared shard-1 gone (the move under way: the
-    # ring changed, the round's pushes not yet moved), the coordinator and the key holder are
-    # SIGKILLed too and restarted
+    # the coordinator's process dies the moment it saved the ring without shard-1
+    # (tests.dying_coordinator: before anyone is told it, before the round is checkpointed on
+    # it), and the key holder is SIGKILLed with it; both are restarted
     restarted: list[threading.Thread] = []
 
     def kill_and_restart(deployment: Deployment) -> None:
-        log = deployment.log_dir / "coordinator.log"
-        until = time.monotonic() + HANG_S
-        while f"{KILLED} declared gone" not in log.read_text() and time.monotonic() < until:
-            time.sleep(0.02)
-        for name in ("coordinator", "keyholder"):
-            deployment.processes[name].send_signal(signal.SIGKILL)
-            deployment.processes[name].wait(HANG_S)
+        deployment.processes["coordinator"].wait(HANG_S)  # it died moving the ring
+        deployment.processes["keyholder"].send_signal(signal.SIGKILL)
+        deployment.processes["keyholder"].wait(HANG_S)
+        del deployment.prefixes["coordinator"]
         for name in ("keyholder", "coordinator"):  # shard-1 stays dead: not deployment.check_alive
             deployment.start(name, *role_args(name))
             process = deployment.processes[name]
@@ -258,11 +256,13 @@ def test_a_coordinator_and_key_holder_killed_mid_move_finish_it(tmp_path: Path) 
         restarted[0].start()
 
     # Execute
-    run = _train_losing_shard_1(tmp_path, "sync", lose)
+    run = _train_losing_shard_1(tmp_path, "sync", lose, prefixes={"coordinator": DYING_COORDINATOR})
     restarted[0].join(HANG_S)
 
-    # Assert: the restarted roles finished the move (or made it again): the ring moved on
-    # without shard-1, every round applied with exactly the acknowledged clients
+    # Assert: the restarted coordinator went on with the saved ring (not the checkpoint's
+    # older one) and had the round's moved blocks pushed again: every round applied with
+    # exactly the acknowledged clients
+    assert run.log.count(f"{KILLED} declared gone") == 1, run.log[-4000:]
     _assert_moved_on(run, "killed, with the coordinator and the key holder", timed=False)
 
 
