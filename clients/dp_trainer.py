@@ -402,7 +402,7 @@ class DPTrainer(Trainer):
         self.module.train()
         loss_fn = self._loss
         masks = None if only is None else _parameter_masks(self.model, only)
-        start = [p.detach().clone() for p in self.model.parameters()]
+        start = [] if masks is None else [p.detach().clone() for p in self.model.parameters()]
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Full backward hook")
             losses: list[float] = []

@@ -129,6 +129,7 @@ class UpdatePipeline:
         self.timer = timer or RoundTimer()
         self.feedback = feedback
         self._challenges: dict[int, RoundChallenge] = {}  # of the last round asked
+        self._last_mask: SparseMask | None = None  # its coordinates are sorted once, not per use
         self._rounding = np.random.default_rng()  # stochastic rounding: post-processing
 
     def prepare(
@@ -186,7 +187,10 @@ class UpdatePipeline:
             self.failures.failed(KEY_HOLDER, exc, expected=isinstance(exc, RoundClosedError))
             return None
         density = self.session.config.compression.density
-        return SparseMask(self.session.upload_layout, density, mask_seed(seed))
+        mask = SparseMask(self.session.upload_layout, density, mask_seed(seed))
+        if mask != self._last_mask:  # masked training asked for it before prepare() does
+            self._last_mask = mask
+        return self._last_mask
 
     def challenge(self, round_: int) -> RoundChallenge:
         """``round_``'s challenge and pad seeds from the key holder (asked once per round)."""

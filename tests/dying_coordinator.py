@@ -12,12 +12,12 @@ coordinator at the worst moment of a move, which no test process could catch fro
 from __future__ import annotations
 
 import os
-import runpy
 import signal
 import sys
 
 from fedps.sharding.ring_view import RingView
 from server.coordinator.ring_keeper import RingKeeper
+from tests.role_processes import run_command_after_dashes
 
 __all__ = ["PREFIX"]
 
@@ -40,10 +40,8 @@ def _dying() -> None:
 
 def main(argv: list[str]) -> None:
     """Run the coordinator command after ``--`` in ``argv``, dying at its first ring move."""
-    command = argv[argv.index("--") + 1 :]
     _dying()
-    sys.argv = ["fedps", *command[command.index("fedps.cli") + 1 :]]
-    runpy.run_module("fedps.cli", run_name="__main__", alter_sys=True)
+    run_command_after_dashes(argv)
 
 
 if __name__ == "__main__":

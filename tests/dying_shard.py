@@ -20,7 +20,6 @@ processes at that moment, which no test process could catch from outside.
 from __future__ import annotations
 
 import os
-import runpy
 import signal
 import sys
 from collections.abc import Collection
@@ -31,6 +30,7 @@ from fedps.rpc.messages import Aggregate
 from fedps.rpc.shard_messages import PushBatch
 from server.shard.published_model import PublishedModel
 from server.shard.shard import Shard
+from tests.role_processes import run_command_after_dashes
 
 __all__ = ["prefix"]
 
@@ -77,10 +77,8 @@ def _dying(dying: int, at: str) -> None:
 
 def main(argv: list[str]) -> None:
     """Run the shard command after ``--`` in ``argv``, dying in round ``argv[0]`` at ``argv[1]``."""
-    command = argv[argv.index("--") + 1 :]
     _dying(int(argv[0]), argv[1])
-    sys.argv = ["fedps", *command[command.index("fedps.cli") + 1 :]]
-    runpy.run_module("fedps.cli", run_name="__main__", alter_sys=True)
+    run_command_after_dashes(argv)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ roles and run :class:`clients.edge_client.EdgeClient` threads with enrolment tok
 from __future__ import annotations
 
 import os
+import runpy
 import subprocess
 import sys
 import time
@@ -128,3 +129,15 @@ def last_line(text: str) -> str:
     """The last non-empty line of ``text``."""
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else ""
+
+
+def run_command_after_dashes(argv: list[str]) -> None:
+    """Run the ``PYTHON -P -m fedps.cli ...`` command after ``--`` in ``argv`` in this process.
+
+    For a role's command prefix (:attr:`Deployment.prefixes
+    <fedps.runtime.deployment.Deployment.prefixes>`) that changed one of the role's methods
+    first: ``tests.dying_shard``, ``tests.dying_coordinator``, ``tests.tampering_shard``.
+    """
+    command = argv[argv.index("--") + 1 :]
+    sys.argv = ["fedps", *command[command.index("fedps.cli") + 1 :]]
+    runpy.run_module("fedps.cli", run_name="__main__", alter_sys=True)

@@ -11,7 +11,6 @@ processes malicious.
 
 from __future__ import annotations
 
-import runpy
 import sys
 from collections.abc import Collection
 from dataclasses import replace
@@ -19,6 +18,7 @@ from dataclasses import replace
 from crypto.signed_update import SignedUpdate
 from fedps.rpc.messages import Aggregate
 from server.shard.shard import Shard
+from tests.role_processes import run_command_after_dashes
 
 __all__ = ["prefix"]
 
@@ -47,10 +47,8 @@ def _tampering(round_: int) -> None:
 
 def main(argv: list[str]) -> None:
     """Run the shard command after ``--`` in ``argv``, tampering in round ``argv[0]``."""
-    command = argv[argv.index("--") + 1 :]
     _tampering(int(argv[0]))
-    sys.argv = ["fedps", *command[command.index("fedps.cli") + 1 :]]
-    runpy.run_module("fedps.cli", run_name="__main__", alter_sys=True)
+    run_command_after_dashes(argv)
 
 
 if __name__ == "__main__":

@@ -237,21 +237,22 @@ class RingKeeper:
         Called between rounds: only the blocks each takes move, all to it.
         """
         with self._lock:
-            joining, view, moves = self._joining, self._view, list(self.moves)
-            for shard in joining:
-                view = view.with_node(shard)
+            views, moves = [self._view], list(self.moves)
+            for shard in self._joining:
+                views.append(view := views[-1].with_node(shard))
                 moves.append(
                     RingMove(view.version, "", "joined by the operator", time.time(), added=shard)
                 )
+            joining = self._joining
             if joining:
-                self._save(view, moves, [])  # durable before anyone reads it
-            self._view, self.moves, self._joining = view, moves, []
-            for shard, move in zip(joining, moves[len(moves) - len(joining) :], strict=True):
+                self._save(views[-1], moves, [])  # durable before anyone reads it
+            self._view, self.moves, self._joining = views[-1], moves, []
+            for shard, view in zip(joining, views[1:], strict=True):
                 self._silent_since.pop(shard, None)
                 _log.warning(
                     "%s joined: ring version %d is %s; the blocks it takes move to it",
                     shard,
-                    move.version,
+                    view.version,
                     ", ".join(view.nodes),
                 )
             return self._view if joining else None
